@@ -1,0 +1,26 @@
+#include "pipesgd/algo/dsync.h"
+
+#include "pipesgd/core/clock.h"
+
+namespace pipesgd {
+
+DSync::DSync(const MethodConfig& config, Model& model, Transport& transport)
+    : model_(model),
+      transport_(transport),
+      codec_(make_codec(config.codec)),
+      allreduce_(transport, model.layout().total(), *codec_, config.allreduce),
+      sgd_(model.layout().total(), config.sgd),
+      gradients_(model.layout().total()) {}
+
+std::span<float> DSync::begin_iteration(std::int64_t, IterationTimes&) { return gradients_; }
+
+void DSync::end_iteration(std::int64_t t, IterationTimes& times) {
+  Stopwatch communication;
+  allreduce_.run(gradients_, static_cast<Tag>(t));
+  times.wait = times.comm = communication.seconds();
+  Stopwatch update;
+  sgd_.step(model_.parameters(), gradients_, 1.0f / static_cast<float>(transport_.size()));
+  times.update = update.seconds();
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,24 @@
+#pragma once
+// D-Sync (Pipe-SGD's synchronous baseline): compute g(w_t), allreduce it, update, next iteration.
+#include "pipesgd/algo/training_method.h"
+#include "pipesgd/collective/ring_allreduce.h"
+
+namespace pipesgd {
+
+class DSync final : public TrainingMethod {
+ public:
+  DSync(const MethodConfig& config, Model& model, Transport& transport);
+  std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
+  void end_iteration(std::int64_t t, IterationTimes& times) override;
+  void finish(IterationTimes&) override {}
+
+ private:
+  Model& model_;
+  Transport& transport_;
+  std::unique_ptr<Codec> codec_;
+  RingAllreduce allreduce_;
+  Sgd sgd_;
+  std::vector<float> gradients_;
+};
+
+}  // namespace pipesgd

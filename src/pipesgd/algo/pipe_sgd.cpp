@@ -1,0 +1,136 @@
+#include "pipesgd/algo/pipe_sgd.h"
+
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+
+PipeSgd::PipeSgd(const MethodConfig& config, Model& model, Transport& transport)
+    : model_(model),
+      transport_(transport),
+      codec_(make_codec(config.codec)),
+      allreduce_(transport, model.layout().total(), *codec_, config.allreduce),
+      sgd_(model.layout().total(), config.sgd),
+      staleness_(config.staleness),
+      warmup_iterations_(config.warmup_iterations),
+      timeout_(config.allreduce.timeout),
+      gradient_scale_(1.0f / static_cast<float>(transport.size())),
+      queue_(config.staleness) {
+  if (config.staleness < 1) {
+    throw UsageError(concat("--staleness-k must be >= 1, got ", config.staleness));
+  }
+  if (config.warmup_iterations < 0) {
+    throw UsageError(concat("warm-up iterations must be >= 0, got ", config.warmup_iterations));
+  }
+  slots_.resize(staleness_);
+  for (Slot& slot : slots_) slot.gradient.assign(model.layout().total(), 0.0f);
+  comm_thread_ = std::thread([this] { comm_loop(); });
+}
+
+PipeSgd::~PipeSgd() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  comm_thread_.join();
+}
+
+void PipeSgd::comm_loop() {
+  for (;;) {
+    int slot_index;
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] { return stopping_ || queue_size_ > 0; });
+      if (queue_size_ == 0) return;  // stopping with nothing left to do
+      slot_index = queue_[queue_head_];
+    }
+    Slot& slot = slots_[slot_index];  // queued: only this thread touches its gradient now
+    Stopwatch communication;
+    std::exception_ptr failure;
+    try {
+      allreduce_.run(slot.gradient, static_cast<Tag>(slot.iteration));
+    } catch (const std::exception& error) {
+      failure = std::current_exception();
+      transport_.report_failure(error.what());
+    }
+    {
+      std::lock_guard lock(mutex_);
+      queue_head_ = (queue_head_ + 1) % queue_.size();
+      --queue_size_;
+      slot.comm_seconds = communication.seconds();
+      slot.state = SlotState::reduced;
+      if (failure && !comm_failure_) comm_failure_ = failure;
+    }
+    changed_.notify_all();
+    if (failure) return;
+  }
+}
+
+void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times) {
+  Slot& slot = slots_[t % staleness_];
+  Stopwatch waiting;
+  {
+    std::unique_lock lock(mutex_);
+    const bool finished = changed_.wait_for(lock, timeout_, [&] {
+      return slot.state != SlotState::queued || comm_failure_ != nullptr;
+    });
+    if (comm_failure_) std::rethrow_exception(comm_failure_);
+    if (!finished) {
+      throw CommTimeoutError(concat("pipe-sgd: rank ", transport_.rank(),
+                                    " waited more than ",
+                                    std::chrono::duration<double>(timeout_).count(),
+                                    " s for the aggregated gradient of iteration ", slot.iteration));
+    }
+  }
+  times.wait += waiting.seconds();
+  if (slot.state != SlotState::reduced) return;  // nothing in flight for t-K: no update
+  PIPESGD_ASSERT(slot.iteration == t - staleness_);
+  Stopwatch update;
+  sgd_.step(model_.parameters(), slot.gradient, gradient_scale_);
+  times.update += update.seconds();
+  times.comm += slot.comm_seconds;
+  slot.state = SlotState::empty;
+}
+
+std::span<float> PipeSgd::begin_iteration(std::int64_t t, IterationTimes& times) {
+  PIPESGD_ASSERT(t == next_iteration_);
+  if (in_warmup(t)) return slots_[0].gradient;
+  times.pipelined = true;
+  consume_slot(t, times);
+  return slots_[t % staleness_].gradient;
+}
+
+void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
+  next_iteration_ = t + 1;
+  if (in_warmup(t)) {  // D-Sync: allreduce on this thread, then update
+    std::span<float> gradient = slots_[0].gradient;
+    Stopwatch communication;
+    allreduce_.run(gradient, static_cast<Tag>(t));
+    times.wait = times.comm = communication.seconds();
+    Stopwatch update;
+    sgd_.step(model_.parameters(), gradient, gradient_scale_);
+    times.update = update.seconds();
+    return;
+  }
+  const int slot_index = static_cast<int>(t % staleness_);
+  {
+    std::lock_guard lock(mutex_);
+    Slot& slot = slots_[slot_index];
+    PIPESGD_ASSERT(slot.state == SlotState::empty && queue_size_ < queue_.size());
+    slot.state = SlotState::queued;
+    slot.iteration = t;
+    queue_[(queue_head_ + queue_size_) % queue_.size()] = slot_index;
+    ++queue_size_;
+  }
+  changed_.notify_all();
+}
+
+void PipeSgd::finish(IterationTimes& times) {
+  for (int k = 0; k < staleness_; ++k) {
+    const std::int64_t t = next_iteration_ + k;
+    if (!in_warmup(t)) consume_slot(t, times);
+  }
+}
+
+}  // namespace pipesgd

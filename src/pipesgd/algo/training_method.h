@@ -1,0 +1,67 @@
+#pragma once
+// The interface every training method implements, and what the trainer loop calls. The loop is the
+// same for every method:
+//
+//   gradients = method.begin_iteration(t, times)   // wait for / apply what iteration t needs
+//   model.forward_backward(batch, gradients, ...)    // reports segments ready in backward order
+//   method.end_iteration(t, times)                   // communicate (and update, if synchronous)
+//   ...
+//   method.finish(times)                             // apply what is still in flight
+//
+// All calls come from the worker's compute thread. A method may own a comm thread of its own.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pipesgd/collective/allreduce.h"
+#include "pipesgd/collective/codec.h"
+#include "pipesgd/comm/transport.h"
+#include "pipesgd/core/model.h"
+#include "pipesgd/optim/sgd.h"
+
+namespace pipesgd {
+
+// Per-iteration measurements of one worker, in seconds unless named otherwise.
+struct IterationTimes {
+  double update = 0;     // optimizer step(s) on the compute thread
+  double forward = 0;
+  double backward = 0;
+  double wait = 0;       // exposed communication: compute thread blocked on communication
+  double comm = 0;       // allreduce time on the thread that ran it (consumed this iteration)
+  double iteration = 0;  // whole iteration on the compute thread
+  double loss = 0;
+  bool pipelined = false;  // false during warm-up / for synchronous methods
+};
+
+struct MethodConfig {
+  std::string name = "dsync";   // "dsync" | "pipe"
+  std::string codec = "none";
+  int staleness = 2;            // K, pipe only
+  std::int64_t warmup_iterations = 0;  // pipe only: iterations run as D-Sync first
+  SgdOptions sgd;
+  AllreduceOptions allreduce;
+};
+
+class TrainingMethod {
+ public:
+  virtual ~TrainingMethod() = default;
+  // Prepares iteration t (0-based): waits for and applies the updates t depends on. Returns the
+  // buffer backward must write this iteration's local gradient into.
+  virtual std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) = 0;
+  // Called once forward/backward of iteration t wrote the local gradient.
+  virtual void end_iteration(std::int64_t t, IterationTimes& times) = 0;
+  // Applies every update still in flight (pipelined methods); the model's parameters are final after.
+  virtual void finish(IterationTimes& times) = 0;
+};
+
+// Names accepted for --algo in this build.
+std::vector<std::string> method_names();
+
+// Builds a method for one worker. `model` and `transport` must outlive it. Throws UsageError for an
+// unknown method or codec, or K < 1.
+std::unique_ptr<TrainingMethod> make_training_method(const MethodConfig& config, Model& model,
+                                                     Transport& transport);
+
+}  // namespace pipesgd

@@ -1,0 +1,168 @@
+#include "pipesgd/collective/codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+void check_size(std::string_view codec, std::size_t got, std::size_t expected) {
+  if (got != expected) {
+    throw CommError(concat(codec, " message of ", got, " bytes, expected ", expected,
+                           " (corrupt or mismatched peer)"));
+  }
+}
+
+class NoneCodec final : public Codec {
+ public:
+  std::string_view name() const override { return "none"; }
+  bool is_identity() const override { return true; }
+  std::size_t encoded_bytes(std::size_t count) const override { return count * sizeof(float); }
+  std::size_t encode(std::span<const float> values, std::span<std::byte> out) const override {
+    const std::size_t n = encoded_bytes(values.size());
+    PIPESGD_ASSERT(out.size() >= n);
+    if (n) std::memcpy(out.data(), values.data(), n);
+    return n;
+  }
+  void decode(std::span<const std::byte> message, std::span<float> destination) const override {
+    check_size(name(), message.size(), encoded_bytes(destination.size()));
+    if (!message.empty()) std::memcpy(destination.data(), message.data(), message.size());
+  }
+  void decode_add(std::span<const std::byte> message, std::span<float> destination) const override {
+    check_size(name(), message.size(), encoded_bytes(destination.size()));
+    const std::byte* bytes = message.data();
+    float* out = destination.data();
+    const std::size_t n = destination.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      float value;
+      std::memcpy(&value, bytes + i * sizeof(float), sizeof(float));
+      out[i] += value;
+    }
+  }
+  double error_bound(double) const override { return 0; }
+};
+
+class Bf16Codec final : public Codec {
+ public:
+  std::string_view name() const override { return "bf16"; }
+  std::size_t encoded_bytes(std::size_t count) const override { return count * 2; }
+  static std::uint16_t truncate(float value) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &value, 4);
+    auto upper = static_cast<std::uint16_t>(bits >> 16);
+    // A NaN whose payload lives only in the dropped bits would truncate to Inf: keep it a NaN.
+    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) upper |= 0x0040u;
+    return upper;
+  }
+  static float widen(std::uint16_t upper) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(upper) << 16;
+    float value;
+    std::memcpy(&value, &bits, 4);
+    return value;
+  }
+  std::size_t encode(std::span<const float> values, std::span<std::byte> out) const override {
+    const std::size_t n = values.size();
+    PIPESGD_ASSERT(out.size() >= encoded_bytes(n));
+    std::byte* bytes = out.data();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t upper = truncate(values[i]);
+      std::memcpy(bytes + 2 * i, &upper, 2);
+    }
+    return encoded_bytes(n);
+  }
+  void decode(std::span<const std::byte> message, std::span<float> destination) const override {
+    check_size(name(), message.size(), encoded_bytes(destination.size()));
+    const std::byte* bytes = message.data();
+    for (std::size_t i = 0; i < destination.size(); ++i) {
+      std::uint16_t upper;
+      std::memcpy(&upper, bytes + 2 * i, 2);
+      destination[i] = widen(upper);
+    }
+  }
+  void decode_add(std::span<const std::byte> message, std::span<float> destination) const override {
+    check_size(name(), message.size(), encoded_bytes(destination.size()));
+    const std::byte* bytes = message.data();
+    float* out = destination.data();
+    for (std::size_t i = 0; i < destination.size(); ++i) {
+      std::uint16_t upper;
+      std::memcpy(&upper, bytes + 2 * i, 2);
+      out[i] += widen(upper);
+    }
+  }
+  double error_bound(double max_abs) const override { return max_abs * 0x1p-7; }
+};
+
+class Int8Codec final : public Codec {
+ public:
+  std::string_view name() const override { return "int8"; }
+  std::size_t encoded_bytes(std::size_t count) const override {
+    return count == 0 ? 0 : sizeof(float) + count;
+  }
+  std::size_t encode(std::span<const float> values, std::span<std::byte> out) const override {
+    const std::size_t n = values.size();
+    if (n == 0) return 0;
+    PIPESGD_ASSERT(out.size() >= encoded_bytes(n));
+    float max_abs = 0;
+    bool finite = true;
+    for (float v : values) {
+      finite &= std::isfinite(v);
+      max_abs = std::max(max_abs, std::fabs(v));
+    }
+    const float scale = finite ? max_abs / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(out.data(), &scale, sizeof(float));
+    auto* q = reinterpret_cast<std::int8_t*>(out.data() + sizeof(float));
+    if (!(scale > 0)) {  // zero chunk, or poisoned: the payload is ignored by the decoder
+      std::memset(q, 0, n);
+    } else {
+      const float inverse = 1.0f / scale;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float level = std::nearbyint(values[i] * inverse);
+        q[i] = static_cast<std::int8_t>(std::clamp(level, -127.0f, 127.0f));
+      }
+    }
+    return encoded_bytes(n);
+  }
+  template <bool Add>
+  void decode_into(std::span<const std::byte> message, std::span<float> destination) const {
+    const std::size_t n = destination.size();
+    check_size(name(), message.size(), encoded_bytes(n));
+    if (n == 0) return;
+    float scale;
+    std::memcpy(&scale, message.data(), sizeof(float));
+    const auto* q = reinterpret_cast<const std::int8_t*>(message.data() + sizeof(float));
+    float* out = destination.data();
+    if (std::isnan(scale) || std::isinf(scale) || scale < 0) {
+      const float poison = std::numeric_limits<float>::quiet_NaN();
+      for (std::size_t i = 0; i < n; ++i) out[i] = Add ? out[i] + poison : poison;
+      return;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const float value = static_cast<float>(q[i]) * scale;
+      out[i] = Add ? out[i] + value : value;
+    }
+  }
+  void decode(std::span<const std::byte> message, std::span<float> destination) const override {
+    decode_into<false>(message, destination);
+  }
+  void decode_add(std::span<const std::byte> message, std::span<float> destination) const override {
+    decode_into<true>(message, destination);
+  }
+  double error_bound(double max_abs) const override { return max_abs / 254.0 * (1 + 1e-6); }
+};
+
+}  // namespace
+
+std::vector<std::string> codec_names() { return {"none", "bf16", "int8"}; }
+
+std::unique_ptr<Codec> make_codec(std::string_view name) {
+  if (name == "none") return std::make_unique<NoneCodec>();
+  if (name == "bf16") return std::make_unique<Bf16Codec>();
+  if (name == "int8") return std::make_unique<Int8Codec>();
+  throw UsageError(concat("unknown codec '", name, "' (expected none, bf16, int8)"));
+}
+
+}  // namespace pipesgd

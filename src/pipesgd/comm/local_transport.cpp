@@ -1,0 +1,296 @@
+#include "pipesgd/comm/local_transport.h"
+
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace local_detail {
+
+// Messages waiting on one receiving rank: sends addressed to it that found no recv yet, and recvs it
+// posted that found no send yet. Guarded by `mutex`; `changed` is signalled on every completion.
+struct Mailbox {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::shared_ptr<Operation>> unmatched_sends;
+  std::vector<std::shared_ptr<Operation>> unmatched_recvs;
+};
+
+// Emulated NIC state of one rank.
+struct Link {
+  std::mutex mutex;
+  Clock::time_point egress_free{};
+  Clock::time_point ingress_free{};
+};
+
+struct Operation final : RequestState {
+  LocalFabric* fabric = nullptr;
+  Mailbox* mailbox = nullptr;  // the receiving rank's mailbox, whose mutex guards the fields below
+  bool is_send = false;
+  int owner = 0;  // rank that posted the operation
+  int peer = 0;
+  Tag tag = 0;
+  const char* operation = "";
+  std::span<const std::byte> send_bytes;
+  std::span<std::byte> recv_buffer;
+  bool queued = false;
+  bool complete = false;
+  std::size_t bytes = 0;
+  Clock::time_point ready_at{};       // a send: its egress finishes; a recv: the message arrives
+  Clock::time_point recv_ready_at{};  // an unmatched send: when its message arrives at the peer
+  std::string error;
+
+  std::string describe_wait() const {
+    return concat(operation, ": ", is_send ? "send to" : "recv from", " rank ", peer, " (tag ", tag,
+                  ") on rank ", owner);
+  }
+
+  std::size_t wait(Timeout timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    std::unique_lock lock(mailbox->mutex);
+    while (!complete) {
+      if (fabric->failed()) {
+        throw PeerFailedError(concat(describe_wait(), " aborted: ", fabric->failure_message()));
+      }
+      if (mailbox->changed.wait_until(lock, deadline) == std::cv_status::timeout && !complete &&
+          !fabric->failed()) {
+        throw CommTimeoutError(concat(describe_wait(), " timed out after ",
+                                      std::chrono::duration<double>(timeout).count(), " s"));
+      }
+    }
+    const auto ready = ready_at;
+    const std::size_t transferred = bytes;
+    std::string failure = std::move(error);
+    lock.unlock();
+    if (!failure.empty()) throw CommError(concat(describe_wait(), ": ", failure));
+    if (ready > Clock::now()) {
+      // Emulated wire time. A small timer slack keeps microsecond latencies meaningful.
+      thread_local bool slack_set = false;
+      if (!slack_set) {
+        prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+        slack_set = true;
+      }
+      std::this_thread::sleep_until(ready);
+    }
+    return transferred;
+  }
+
+  bool test() override {
+    std::lock_guard lock(mailbox->mutex);
+    return complete && ready_at <= Clock::now();
+  }
+
+  void cancel() override {
+    std::lock_guard lock(mailbox->mutex);
+    if (!queued) return;
+    auto& queue = is_send ? mailbox->unmatched_sends : mailbox->unmatched_recvs;
+    queue.erase(std::find_if(queue.begin(), queue.end(),
+                             [this](const auto& op) { return op.get() == this; }));
+    queued = false;
+  }
+};
+
+// Completes a matched pair; the receiving mailbox's mutex is held by the caller.
+void transfer(Operation& send, Operation& recv) {
+  const std::size_t n = send.send_bytes.size();
+  if (n > recv.recv_buffer.size()) {
+    std::string why = concat("message of ", n, " bytes from rank ", send.owner, " (tag ", send.tag,
+                             ") does not fit the receive buffer of ", recv.recv_buffer.size(),
+                             " bytes");
+    send.error = why;
+    recv.error = why;
+  } else if (n > 0) {
+    std::memcpy(recv.recv_buffer.data(), send.send_bytes.data(), n);
+  }
+  send.bytes = recv.bytes = n;
+  recv.ready_at = std::max(recv.ready_at, Clock::now());
+  send.complete = recv.complete = true;
+  send.queued = recv.queued = false;
+}
+
+class Endpoint final : public Transport {
+ public:
+  Endpoint(LocalFabric& fabric, int rank) : fabric_(fabric), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return fabric_.size(); }
+
+  Request send(int peer, Tag tag, std::span<const std::byte> bytes,
+               const char* operation) override {
+    check_peer(peer, operation);
+    auto op = acquire();
+    op->is_send = true;
+    op->peer = peer;
+    op->tag = tag;
+    op->operation = operation;
+    op->send_bytes = bytes;
+    op->mailbox = fabric_.mailboxes_[peer].get();
+    Clock::time_point arrival{};
+    emulate_wire(peer, bytes.size(), op->ready_at, arrival);
+    bytes_sent_.fetch_add(bytes.size(), std::memory_order_relaxed);
+
+    Mailbox& box = *op->mailbox;
+    {
+      std::lock_guard lock(box.mutex);
+      auto match = std::find_if(box.unmatched_recvs.begin(), box.unmatched_recvs.end(),
+                                [&](const auto& recv) { return recv->peer == rank_ && recv->tag == tag; });
+      if (match != box.unmatched_recvs.end()) {
+        std::shared_ptr<Operation> recv = std::move(*match);
+        box.unmatched_recvs.erase(match);
+        recv->ready_at = arrival;
+        transfer(*op, *recv);
+      } else {
+        op->recv_ready_at = arrival;
+        op->queued = true;
+        box.unmatched_sends.push_back(op);
+      }
+    }
+    box.changed.notify_all();
+    return Request(std::move(op));
+  }
+
+  Request recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) override {
+    check_peer(peer, operation);
+    auto op = acquire();
+    op->is_send = false;
+    op->peer = peer;
+    op->tag = tag;
+    op->operation = operation;
+    op->recv_buffer = buffer;
+    op->mailbox = fabric_.mailboxes_[rank_].get();
+    op->ready_at = Clock::time_point{};
+    Mailbox& box = *op->mailbox;
+    {
+      std::lock_guard lock(box.mutex);
+      auto match = std::find_if(box.unmatched_sends.begin(), box.unmatched_sends.end(),
+                                [&](const auto& send) { return send->owner == peer && send->tag == tag; });
+      if (match != box.unmatched_sends.end()) {
+        std::shared_ptr<Operation> send = std::move(*match);
+        box.unmatched_sends.erase(match);
+        op->ready_at = send->recv_ready_at;
+        transfer(*send, *op);
+      } else {
+        op->queued = true;
+        box.unmatched_recvs.push_back(op);
+      }
+    }
+    box.changed.notify_all();
+    return Request(std::move(op));
+  }
+
+  void report_failure(const std::string& reason) override { fabric_.report_failure(rank_, reason); }
+  std::uint64_t bytes_sent() const override { return bytes_sent_.load(std::memory_order_relaxed); }
+  std::string describe() const override {
+    return concat("local (", fabric_.size(), " ranks as threads, ", pipesgd::describe(fabric_.network()),
+                  ")");
+  }
+
+ private:
+  void check_peer(int peer, const char* operation) const {
+    if (peer < 0 || peer >= fabric_.size()) {
+      throw UsageError(concat(operation, ": rank ", rank_, " addressed peer ", peer,
+                              " outside the world of ", fabric_.size(), " ranks"));
+    }
+  }
+
+  // Reuses a finished Operation (held by nobody else) or makes a new one. After warm-up the pool
+  // covers every operation in flight, so the hot path does not allocate.
+  std::shared_ptr<Operation> acquire() {
+    std::lock_guard lock(pool_mutex_);
+    for (auto& op : pool_) {
+      if (op.use_count() == 1) {
+        reset(*op);
+        return op;
+      }
+    }
+    pool_.push_back(std::make_shared<Operation>());
+    reset(*pool_.back());
+    return pool_.back();
+  }
+
+  void reset(Operation& op) {
+    op.fabric = &fabric_;
+    op.owner = rank_;
+    op.queued = op.complete = false;
+    op.bytes = 0;
+    op.error.clear();
+    op.send_bytes = {};
+    op.recv_buffer = {};
+    op.ready_at = op.recv_ready_at = Clock::time_point{};
+  }
+
+  // Computes when a message of n bytes to `peer` leaves this rank's NIC (send_done) and arrives
+  // at the peer (arrival), and books both NICs.
+  void emulate_wire(int peer, std::size_t n, Clock::time_point& send_done,
+                    Clock::time_point& arrival) {
+    const NetworkSpec& net = fabric_.network();
+    if (!net.emulated() || peer == rank_) {
+      send_done = arrival = Clock::time_point{};
+      return;
+    }
+    const auto wire = std::chrono::duration_cast<Clock::duration>(
+        Seconds(net.bits_per_second > 0 ? static_cast<double>(n) / net.bytes_per_second() : 0.0));
+    const auto latency =
+        std::chrono::duration_cast<Clock::duration>(Seconds(net.latency_seconds));
+    Link& out = *fabric_.links_[rank_];
+    Link& in = *fabric_.links_[peer];
+    std::scoped_lock lock(out.mutex, in.mutex);
+    const auto now = Clock::now();
+    const auto egress_start = std::max(now, out.egress_free);
+    send_done = egress_start + wire;
+    out.egress_free = send_done;
+    arrival = std::max(send_done + latency, in.ingress_free + wire);
+    in.ingress_free = arrival;
+  }
+
+  LocalFabric& fabric_;
+  int rank_;
+  std::mutex pool_mutex_;
+  std::vector<std::shared_ptr<Operation>> pool_;
+  std::atomic<std::uint64_t> bytes_sent_{0};
+};
+
+}  // namespace local_detail
+
+LocalFabric::LocalFabric(int ranks, NetworkSpec network) : ranks_(ranks), network_(std::move(network)) {
+  if (ranks < 1) throw UsageError(concat("--workers must be >= 1, got ", ranks));
+  for (int r = 0; r < ranks; ++r) {
+    mailboxes_.push_back(std::make_unique<local_detail::Mailbox>());
+    links_.push_back(std::make_unique<local_detail::Link>());
+  }
+  for (int r = 0; r < ranks; ++r) {
+    endpoints_.push_back(std::make_unique<local_detail::Endpoint>(*this, r));
+  }
+}
+
+LocalFabric::~LocalFabric() = default;
+
+Transport& LocalFabric::endpoint(int rank) {
+  PIPESGD_ASSERT(rank >= 0 && rank < ranks_);
+  return *endpoints_[rank];
+}
+
+std::string LocalFabric::failure_message() const {
+  std::lock_guard lock(failure_mutex_);
+  return failure_message_;
+}
+
+void LocalFabric::report_failure(int rank, const std::string& reason) {
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (failed_.load()) return;
+    failure_message_ = concat("rank ", rank, " failed: ", reason);
+    failed_.store(true, std::memory_order_release);
+  }
+  for (auto& box : mailboxes_) {
+    std::lock_guard lock(box->mutex);
+    box->changed.notify_all();
+  }
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,91 @@
+#pragma once
+// The Transport interface: point-to-point, non-blocking messages between the ranks of one run.
+// Algorithms (collectives, training methods) only ever see this interface.
+//
+// Matching: a send from rank A to rank B with tag T matches the oldest posted recv on B from A with
+// tag T (FIFO per (peer, tag)). A message must fit the receive buffer.
+// Buffer ownership: a send's bytes and a recv's buffer belong to the transport until the returned
+// Request has completed (wait() returned) or has been destroyed (which cancels it if unmatched).
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace pipesgd {
+
+using Tag = std::uint64_t;
+using Timeout = std::chrono::milliseconds;
+
+// The state of one outstanding operation; implemented by each transport.
+class RequestState {
+ public:
+  virtual ~RequestState() = default;
+  // Blocks until the operation completes; returns the bytes transferred. Throws CommTimeoutError
+  // (naming operation, peer and tag) after `timeout`, PeerFailedError if the run failed.
+  virtual std::size_t wait(Timeout timeout) = 0;
+  // Non-blocking: true once wait() would return without blocking.
+  virtual bool test() = 0;
+  // Called when the Request is dropped before completion: must withdraw the operation so that the
+  // transport never touches the caller's buffer afterwards.
+  virtual void cancel() = 0;
+};
+
+// Handle to one outstanding send or recv. Move-only; dropping an incomplete one cancels it.
+class Request {
+ public:
+  Request() = default;
+  explicit Request(std::shared_ptr<RequestState> state) : state_(std::move(state)) {}
+  Request(Request&&) noexcept = default;
+  Request& operator=(Request&& other) noexcept {
+    if (this != &other) {
+      reset();
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request() { reset(); }
+
+  bool valid() const { return state_ != nullptr; }
+  // Waits for completion and releases the handle; returns bytes transferred.
+  std::size_t wait(Timeout timeout) {
+    std::size_t bytes = state_->wait(timeout);
+    state_.reset();
+    return bytes;
+  }
+  bool test() { return state_ && state_->test(); }
+
+ private:
+  void reset() {
+    if (state_) {
+      state_->cancel();
+      state_.reset();
+    }
+  }
+  std::shared_ptr<RequestState> state_;
+};
+
+// One rank's endpoint. Thread-safety: send/recv may be called concurrently from several threads of
+// the same rank (e.g. the compute thread and the comm thread).
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // `operation` names the caller's operation in error messages; it must be a string literal.
+  virtual Request send(int peer, Tag tag, std::span<const std::byte> bytes,
+                       const char* operation) = 0;
+  virtual Request recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) = 0;
+  // Reports that this rank failed; every other rank's pending and future waits throw
+  // PeerFailedError naming this rank and `reason`. Idempotent.
+  virtual void report_failure(const std::string& reason) = 0;
+  // Total payload bytes this rank has sent so far (for metrics).
+  virtual std::uint64_t bytes_sent() const = 0;
+  // Human-readable description ("local, 4 ranks, 10gbe (10 Gbit/s, 20 us)").
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace pipesgd

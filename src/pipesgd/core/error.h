@@ -1,0 +1,62 @@
+#pragma once
+// Two error tiers.
+//  * Checked errors (classes below): anything a user, a data file or a peer can cause. They carry a
+//    one-line message that names the problem; the CLI prints it and exits non-zero.
+//  * PIPESGD_ASSERT: our own invariants. A failure is a bug in pipesgd; it prints file:line and aborts.
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace pipesgd {
+
+// Base of every checked error.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A flag, flag combination or configuration the user gave is invalid.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A data, calibration or checkpoint file is missing, truncated or malformed.
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Communication failed: a peer, a link or the transport itself.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A wait on a peer did not complete within its timeout.
+class CommTimeoutError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+// Another worker of the same run failed; this worker stops because of it.
+class PeerFailedError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+// Builds a message from any streamable parts: concat("rank ", 3, " timed out").
+template <typename... Parts>
+std::string concat(Parts&&... parts) {
+  std::ostringstream out;
+  (out << ... << std::forward<Parts>(parts));
+  return out.str();
+}
+
+[[noreturn]] void assertion_failed(const char* expression, const char* file, int line);
+
+}  // namespace pipesgd
+
+#define PIPESGD_ASSERT(condition) \
+  ((condition) ? static_cast<void>(0) : ::pipesgd::assertion_failed(#condition, __FILE__, __LINE__))

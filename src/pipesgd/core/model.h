@@ -1,0 +1,66 @@
+#pragma once
+// The model interface every training method runs on. Implemented by the LibTorch adapter
+// (src/pipesgd/torch) and by the pure-C++ SoftmaxRegression (src/pipesgd/models) used by fast tests.
+// Nothing here includes LibTorch.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "pipesgd/core/layout.h"
+
+namespace pipesgd {
+
+// A batch of examples, row-major: inputs has size * features floats, labels has size entries.
+// The model reads it; the caller owns the memory.
+struct Batch {
+  std::span<const float> inputs;
+  std::span<const std::int32_t> labels;
+  std::size_t size = 0;
+  std::size_t features = 0;
+};
+
+// Called on the compute thread during backward, once per segment, in backward order (last layer
+// first), as soon as that segment's gradient is final in the gradient buffer. `backward_seconds` is
+// the time spent on that segment alone (since the previous report or the start of backward).
+using SegmentReadyFn = std::function<void(std::size_t segment, double backward_seconds)>;
+
+struct StepResult {
+  double loss = 0;              // mean loss over the batch
+  double forward_seconds = 0;   // forward pass incl. the loss
+  double backward_seconds = 0;  // whole backward pass
+};
+
+struct Evaluation {
+  double loss_sum = 0;     // summed (not mean) loss over the examples
+  std::size_t correct = 0; // examples whose arg-max prediction equals the label
+  std::size_t count = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Segments in forward order; one per layer (weight and bias together).
+  virtual const Layout& layout() const = 0;
+
+  // The flat parameter buffer (layout().total() floats), owned by the model. Methods update it in
+  // place; the model computes with exactly these values.
+  virtual std::span<float> parameters() = 0;
+
+  // Runs forward and backward on `batch` at the current parameters. `gradients` (layout().total()
+  // floats, owned by the caller) is overwritten with d(mean loss)/d(parameters). `on_ready` may be
+  // empty. Call from one thread at a time.
+  virtual StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                                      const SegmentReadyFn& on_ready) = 0;
+
+  // Loss and accuracy of the current parameters on `batch`; no gradients.
+  virtual Evaluation evaluate(const Batch& batch) = 0;
+};
+
+// Builds one replica. Every call with the same seed must give bit-identical initial parameters.
+using ModelFactory = std::function<std::unique_ptr<Model>(std::uint64_t seed)>;
+
+}  // namespace pipesgd

@@ -1,0 +1,51 @@
+#pragma once
+// In-memory classification datasets: loaded from MNIST-format IDX files or generated synthetically.
+// A Dataset owns its arrays and is immutable after loading, so any number of threads may read it.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipesgd {
+
+// Where the Debian package dataset-fashion-mnist installs Fashion-MNIST.
+constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
+
+struct Dataset {
+  std::size_t size = 0;              // number of examples
+  std::size_t features = 0;          // floats per example
+  std::size_t classes = 0;           // labels are in [0, classes)
+  std::vector<float> inputs;         // size * features, row-major; pixels scaled to [0, 1] (pixel / 255)
+  std::vector<std::int32_t> labels;  // size entries
+  std::string name;                  // for logs, e.g. "fashion-mnist/train"
+};
+
+struct DataSplits {
+  Dataset train;
+  Dataset test;
+};
+
+// Loads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
+// t10k-labels-idx1-ubyte from `dir`; each may be plain or gzip-compressed with a ".gz" suffix (the
+// plain file is used if both exist). Images must be [N, rows, cols], labels [N] with values < 10.
+// Throws DataError with a one-line message; for the default directory the message for a missing
+// directory or file says how to install the data or pass --data-dir.
+DataSplits load_mnist_format(const std::string& dir);
+
+// The end of a "data missing" message for `dir`, starting with "; ". For kDefaultDataDir it says to
+// install the Debian package dataset-fashion-mnist or pass --data-dir; otherwise it lists the files
+// a data directory must hold.
+std::string missing_data_hint(const std::string& dir);
+
+// Feature count and class count of make_synthetic data (the shape of MNIST).
+inline constexpr std::size_t kSyntheticFeatures = 784;
+inline constexpr std::size_t kSyntheticClasses = 10;
+
+// A learnable synthetic task in the shape of MNIST: each class has a random prototype image; an
+// example is its class prototype plus Gaussian noise, clamped to [0, 1]. Labels are uniform random.
+// Deterministic for a seed on every platform (own PRNG, see core/random.h). The train and test
+// splits use separate random streams, so a smaller split is a prefix of a larger one with the same
+// seed. Throws UsageError if train_size or test_size is zero.
+DataSplits make_synthetic(std::size_t train_size, std::size_t test_size, std::uint64_t seed);
+
+}  // namespace pipesgd

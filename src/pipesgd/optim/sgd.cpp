@@ -1,0 +1,45 @@
+#include "pipesgd/optim/sgd.h"
+
+#include <cmath>
+
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+
+Sgd::Sgd(std::size_t count, SgdOptions options) : options_(options), velocity_(count, 0.0f) {
+  if (!(options.learning_rate > 0) || !std::isfinite(options.learning_rate)) {
+    throw UsageError(concat("--lr must be > 0, got ", options.learning_rate));
+  }
+  if (!(options.momentum >= 0 && options.momentum < 1)) {
+    throw UsageError(concat("--momentum must be in [0, 1), got ", options.momentum));
+  }
+  if (!(options.weight_decay >= 0) || !std::isfinite(options.weight_decay)) {
+    throw UsageError(concat("--weight-decay must be >= 0, got ", options.weight_decay));
+  }
+}
+
+void Sgd::step(std::span<float> parameters, std::span<const float> gradients, float gradient_scale,
+               std::size_t offset) {
+  PIPESGD_ASSERT(parameters.size() == gradients.size());
+  PIPESGD_ASSERT(offset + parameters.size() <= velocity_.size());
+  const std::size_t n = parameters.size();
+  float* w = parameters.data();
+  const float* g = gradients.data();
+  float* v = velocity_.data() + offset;
+  const float lr = options_.learning_rate, momentum = options_.momentum,
+              decay = options_.weight_decay;
+  if (momentum == 0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float d = g[i] * gradient_scale + decay * w[i];
+      w[i] -= lr * d;
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const float d = g[i] * gradient_scale + decay * w[i];
+    v[i] = momentum * v[i] + d;
+    w[i] -= lr * v[i];
+  }
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,409 @@
+// The only translation unit that includes LibTorch.
+#include "pipesgd/torch/torch_models.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/models/softmax_regression.h"
+
+namespace pipesgd {
+namespace {
+
+constexpr std::int64_t image_side = 28;
+constexpr std::size_t image_features = 784;
+constexpr std::size_t class_count = 10;
+constexpr std::size_t evaluation_chunk_rows = 1000;
+// Distinct gradient buffers whose views stay cached (a method rotating through K slots needs K).
+constexpr std::size_t gradient_view_cache_capacity = 8;
+
+// LibTorch's default initialisation draws from its global generator; this serialises seeding and
+// construction so concurrent factory calls are deterministic.
+std::mutex construction_mutex;
+
+struct Architecture {
+  torch::nn::Sequential network;
+  std::vector<std::string> segment_names;  // one per layer that has parameters, forward order
+};
+
+Architecture build_mlp() {
+  using torch::nn::Linear;
+  using torch::nn::ReLU;
+  return {torch::nn::Sequential(Linear(784, 500), ReLU(), Linear(500, 500), ReLU(),
+                                Linear(500, 10)),
+          {"fc1", "fc2", "fc3"}};
+}
+
+Architecture build_cnn() {
+  using torch::nn::Conv2d;
+  using torch::nn::Conv2dOptions;
+  using torch::nn::Linear;
+  using torch::nn::MaxPool2d;
+  using torch::nn::MaxPool2dOptions;
+  using torch::nn::ReLU;
+  return {torch::nn::Sequential(
+              torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {1, image_side, image_side})),
+              Conv2d(Conv2dOptions(1, 6, 5).padding(2)), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
+              Conv2d(Conv2dOptions(6, 16, 5)), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
+              torch::nn::Flatten(), Linear(400, 120), ReLU(), Linear(120, 84), ReLU(),
+              Linear(84, 10)),
+          {"conv1", "conv2", "fc1", "fc2", "fc3"}};
+}
+
+// A non-owning float tensor over `data`; the memory must outlive every use of the tensor.
+torch::Tensor view_of(float* data, c10::IntArrayRef sizes) {
+  return torch::from_blob(data, sizes, torch::TensorOptions().dtype(torch::kFloat32));
+}
+
+// A model whose LibTorch parameters are views into its own flat buffer. Built and then used by one
+// thread at a time (the Model contract); autograd runs CPU backward on the calling thread, so the
+// hooks below run on that thread too.
+class TorchModel final : public Model {
+ public:
+  TorchModel(std::string name, Architecture architecture);
+  ~TorchModel() override = default;
+  TorchModel(const TorchModel&) = delete;
+  TorchModel& operator=(const TorchModel&) = delete;
+
+  const Layout& layout() const override { return layout_; }
+  std::span<float> parameters() override { return flat_parameters_; }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                              const SegmentReadyFn& on_ready) override;
+  Evaluation evaluate(const Batch& batch) override;
+
+  std::size_t gradient_copy_count() const { return gradient_copy_count_; }
+  void set_out_of_place_accumulation(bool enabled) { out_of_place_accumulation_ = enabled; }
+
+ private:
+  // Runs after LibTorch's AccumulateGrad node of one parameter (registered once, at construction).
+  class ParameterAccumulatedHook final : public torch::autograd::FunctionPostHook {
+   public:
+    ParameterAccumulatedHook(TorchModel& model, std::size_t parameter_index)
+        : model_(model), parameter_index_(parameter_index) {}
+    torch::autograd::variable_list operator()(
+        const torch::autograd::variable_list& outputs,
+        const torch::autograd::variable_list& /*inputs*/) override {
+      model_.on_parameter_accumulated(parameter_index_);
+      return outputs;
+    }
+
+   private:
+    TorchModel& model_;
+    std::size_t parameter_index_;
+  };
+
+  // Per-parameter views into one caller-owned gradient buffer.
+  struct GradientViews {
+    const float* data = nullptr;
+    std::uint64_t last_used = 0;
+    std::vector<torch::Tensor> views;
+  };
+
+  // Clears the per-backward state and the parameters' grad fields however backward ends, so no
+  // parameter keeps referring to the caller's buffer after forward_backward returns.
+  class BackwardScope {
+   public:
+    BackwardScope(TorchModel& model, std::vector<torch::Tensor>& views, const SegmentReadyFn& on_ready);
+    ~BackwardScope();
+    BackwardScope(const BackwardScope&) = delete;
+    BackwardScope& operator=(const BackwardScope&) = delete;
+
+   private:
+    TorchModel& model_;
+  };
+
+  void validate(const Batch& batch, bool allow_empty) const;
+  std::vector<torch::Tensor>& gradient_views_for(std::span<float> gradients);
+  void on_parameter_accumulated(std::size_t parameter_index);
+  void ensure_gradient_in_buffer(std::size_t parameter_index);
+  void report_completed_segments();
+
+  std::string name_;
+  // Declared before the network: destroyed after the modules whose parameters view it.
+  std::vector<float> flat_parameters_;
+  Layout layout_;
+  torch::nn::Sequential network_;
+  std::vector<torch::Tensor> parameters_;  // the modules' parameters, in layout order
+  std::vector<std::size_t> parameter_offsets_;
+  std::vector<std::size_t> parameter_segments_;
+  std::vector<std::size_t> parameters_per_segment_;
+  // Holding the accumulator nodes keeps them (and their hooks) alive: a parameter refers to its
+  // accumulator only weakly.
+  std::vector<std::shared_ptr<torch::autograd::Node>> gradient_accumulators_;
+  std::array<GradientViews, gradient_view_cache_capacity> gradient_view_cache_;
+  std::uint64_t gradient_view_clock_ = 0;
+
+  // State of the backward pass in progress; only touched on the thread running forward_backward.
+  bool backward_active_ = false;
+  std::vector<torch::Tensor>* active_gradient_views_ = nullptr;
+  const SegmentReadyFn* active_on_ready_ = nullptr;
+  std::vector<std::size_t> accumulated_per_segment_;
+  std::vector<char> segment_complete_;
+  std::size_t segments_reported_ = 0;
+  Clock::time_point last_report_time_;
+
+  std::size_t gradient_copy_count_ = 0;
+  bool out_of_place_accumulation_ = false;
+};
+
+TorchModel::TorchModel(std::string name, Architecture architecture)
+    : name_(std::move(name)), network_(std::move(architecture.network)) {
+  // Lay out one segment per layer that has parameters.
+  std::vector<std::vector<torch::Tensor>> layer_parameters;
+  for (const auto& child : network_->children()) {
+    std::vector<torch::Tensor> own = child->parameters(/*recurse=*/true);
+    if (!own.empty()) layer_parameters.push_back(std::move(own));
+  }
+  PIPESGD_ASSERT(layer_parameters.size() == architecture.segment_names.size());
+  for (std::size_t segment = 0; segment < layer_parameters.size(); ++segment) {
+    std::size_t segment_count = 0;
+    for (const torch::Tensor& parameter : layer_parameters[segment]) {
+      PIPESGD_ASSERT(parameter.scalar_type() == torch::kFloat32 && parameter.is_contiguous());
+      parameter_offsets_.push_back(layout_.total() + segment_count);
+      parameter_segments_.push_back(segment);
+      parameters_.push_back(parameter);
+      segment_count += static_cast<std::size_t>(parameter.numel());
+    }
+    layout_.add(architecture.segment_names[segment], segment_count);
+    parameters_per_segment_.push_back(layer_parameters[segment].size());
+  }
+
+  // Move the initial values into the flat buffer and make every parameter a view into it.
+  flat_parameters_.resize(layout_.total());
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    torch::Tensor& parameter = parameters_[i];
+    float* destination = flat_parameters_.data() + parameter_offsets_[i];
+    std::memcpy(destination, parameter.data_ptr<float>(),
+                static_cast<std::size_t>(parameter.numel()) * sizeof(float));
+    parameter.set_data(view_of(destination, parameter.sizes()));
+    PIPESGD_ASSERT(parameter.data_ptr<float>() == destination && parameter.requires_grad());
+  }
+
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    std::shared_ptr<torch::autograd::Node> accumulator =
+        torch::autograd::impl::grad_accumulator(parameters_[i]);
+    PIPESGD_ASSERT(accumulator != nullptr);
+    accumulator->add_post_hook(std::make_unique<ParameterAccumulatedHook>(*this, i));
+    gradient_accumulators_.push_back(std::move(accumulator));
+  }
+
+  for (GradientViews& entry : gradient_view_cache_) entry.views.reserve(parameters_.size());
+  accumulated_per_segment_.assign(layout_.segment_count(), 0);
+  segment_complete_.assign(layout_.segment_count(), 0);
+}
+
+void TorchModel::validate(const Batch& batch, bool allow_empty) const {
+  if (batch.size == 0 && !allow_empty) {
+    throw UsageError(concat("model '", name_, "': empty batch"));
+  }
+  if (batch.features != image_features) {
+    throw UsageError(concat("model '", name_, "' expects ", image_features,
+                            " features per example (28x28 images), batch has ", batch.features));
+  }
+  if (batch.inputs.size() < batch.size * batch.features || batch.labels.size() < batch.size) {
+    throw UsageError(concat("model '", name_, "': batch of ", batch.size, " examples has only ",
+                            batch.inputs.size(), " input values and ", batch.labels.size(),
+                            " labels"));
+  }
+  for (std::size_t row = 0; row < batch.size; ++row) {
+    const std::int32_t label = batch.labels[row];
+    if (label < 0 || static_cast<std::size_t>(label) >= class_count) {
+      throw UsageError(concat("model '", name_, "': label ", label, " of example ", row,
+                              " is outside [0, ", class_count, ")"));
+    }
+  }
+}
+
+// Read-only tensors over rows [first_row, first_row + rows) of the caller's batch (no copy of the
+// inputs; labels are widened to int64 as cross_entropy requires).
+torch::Tensor input_rows(const Batch& batch, std::size_t first_row, std::size_t rows) {
+  float* data = const_cast<float*>(batch.inputs.data() + first_row * batch.features);
+  return view_of(data, {static_cast<std::int64_t>(rows), static_cast<std::int64_t>(batch.features)});
+}
+
+torch::Tensor label_rows(const Batch& batch, std::size_t first_row, std::size_t rows) {
+  auto* data = const_cast<std::int32_t*>(batch.labels.data() + first_row);
+  return torch::from_blob(data, {static_cast<std::int64_t>(rows)},
+                          torch::TensorOptions().dtype(torch::kInt32))
+      .to(torch::kInt64);
+}
+
+std::vector<torch::Tensor>& TorchModel::gradient_views_for(std::span<float> gradients) {
+  ++gradient_view_clock_;
+  GradientViews* least_recent = &gradient_view_cache_[0];
+  for (GradientViews& entry : gradient_view_cache_) {
+    if (entry.data == gradients.data()) {
+      entry.last_used = gradient_view_clock_;
+      return entry.views;
+    }
+    if (entry.last_used < least_recent->last_used) least_recent = &entry;
+  }
+  least_recent->data = gradients.data();
+  least_recent->last_used = gradient_view_clock_;
+  least_recent->views.clear();  // capacity was reserved at construction
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    least_recent->views.push_back(
+        view_of(gradients.data() + parameter_offsets_[i], parameters_[i].sizes()));
+  }
+  return least_recent->views;
+}
+
+TorchModel::BackwardScope::BackwardScope(TorchModel& model, std::vector<torch::Tensor>& views,
+                                         const SegmentReadyFn& on_ready)
+    : model_(model) {
+  for (std::size_t i = 0; i < model_.parameters_.size(); ++i) {
+    model_.parameters_[i].mutable_grad() = views[i];
+  }
+  std::fill(model_.accumulated_per_segment_.begin(), model_.accumulated_per_segment_.end(), 0);
+  std::fill(model_.segment_complete_.begin(), model_.segment_complete_.end(), 0);
+  model_.segments_reported_ = 0;
+  model_.active_gradient_views_ = &views;
+  model_.active_on_ready_ = &on_ready;
+  model_.last_report_time_ = Clock::now();
+  model_.backward_active_ = true;
+}
+
+TorchModel::BackwardScope::~BackwardScope() {
+  model_.backward_active_ = false;
+  model_.active_gradient_views_ = nullptr;
+  model_.active_on_ready_ = nullptr;
+  for (torch::Tensor& parameter : model_.parameters_) parameter.mutable_grad().reset();
+}
+
+// If LibTorch replaced the parameter's grad instead of accumulating into our view, copies the value
+// into the caller's buffer and points the grad back at the view.
+void TorchModel::ensure_gradient_in_buffer(std::size_t parameter_index) {
+  torch::Tensor& grad = parameters_[parameter_index].mutable_grad();
+  torch::Tensor& view = (*active_gradient_views_)[parameter_index];
+  if (!grad.defined() || grad.data_ptr() == view.data_ptr()) return;
+  torch::NoGradGuard no_grad;
+  view.copy_(grad);
+  grad = view;
+  ++gradient_copy_count_;
+}
+
+void TorchModel::on_parameter_accumulated(std::size_t parameter_index) {
+  if (!backward_active_) return;  // a backward pass not started by forward_backward
+  ensure_gradient_in_buffer(parameter_index);
+  const std::size_t segment = parameter_segments_[parameter_index];
+  if (++accumulated_per_segment_[segment] == parameters_per_segment_[segment]) {
+    segment_complete_[segment] = 1;
+    report_completed_segments();
+  }
+}
+
+// Reports completed segments strictly from the last to the first: a segment that completes before a
+// later one is held back until the later one has been reported.
+void TorchModel::report_completed_segments() {
+  const std::size_t segment_count = layout_.segment_count();
+  while (segments_reported_ < segment_count &&
+         segment_complete_[segment_count - 1 - segments_reported_]) {
+    const std::size_t segment = segment_count - 1 - segments_reported_;
+    const Clock::time_point now = Clock::now();
+    const double seconds = Seconds(now - last_report_time_).count();
+    last_report_time_ = now;
+    ++segments_reported_;
+    if (*active_on_ready_) (*active_on_ready_)(segment, seconds);
+  }
+}
+
+StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gradients,
+                                        const SegmentReadyFn& on_ready) {
+  PIPESGD_ASSERT(gradients.size() == layout_.total());
+  validate(batch, /*allow_empty=*/false);
+  StepResult result;
+
+  Stopwatch forward_watch;
+  const torch::Tensor loss = torch::nn::functional::cross_entropy(
+      network_->forward(input_rows(batch, 0, batch.size)), label_rows(batch, 0, batch.size));
+  result.forward_seconds = forward_watch.seconds();
+
+  Stopwatch backward_watch;
+  std::fill(gradients.begin(), gradients.end(), 0.0f);
+  std::vector<torch::Tensor>& views = gradient_views_for(gradients);
+  {
+    BackwardScope scope(*this, views, on_ready);
+    loss.backward(/*gradient=*/{}, /*retain_graph=*/c10::nullopt,
+                  /*create_graph=*/out_of_place_accumulation_);
+    // Parameters whose hook did not run (none in these architectures) keep a zero gradient.
+    for (std::size_t i = 0; i < parameters_.size(); ++i) ensure_gradient_in_buffer(i);
+    std::fill(segment_complete_.begin(), segment_complete_.end(), 1);
+    report_completed_segments();
+  }
+  result.backward_seconds = backward_watch.seconds();
+  result.loss = loss.item<double>();
+  return result;
+}
+
+Evaluation TorchModel::evaluate(const Batch& batch) {
+  validate(batch, /*allow_empty=*/true);
+  torch::NoGradGuard no_grad;
+  Evaluation evaluation;
+  evaluation.count = batch.size;
+  const auto summed = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+  for (std::size_t first_row = 0; first_row < batch.size; first_row += evaluation_chunk_rows) {
+    const std::size_t rows = std::min(evaluation_chunk_rows, batch.size - first_row);
+    const torch::Tensor labels = label_rows(batch, first_row, rows);
+    const torch::Tensor logits = network_->forward(input_rows(batch, first_row, rows));
+    evaluation.loss_sum += torch::nn::functional::cross_entropy(logits, labels, summed).item<double>();
+    evaluation.correct +=
+        static_cast<std::size_t>(logits.argmax(1).eq(labels).sum().item<std::int64_t>());
+  }
+  return evaluation;
+}
+
+const char* const not_a_torch_model =
+    "not a LibTorch model (expected one built by torch_model_factory(\"mlp\" or \"cnn\"))";
+
+}  // namespace
+
+void init_torch_runtime(int threads) {
+  if (threads < 1) throw UsageError(concat("torch threads must be at least 1, got ", threads));
+  at::set_num_threads(threads);
+  static std::once_flag interop_once;
+  std::call_once(interop_once, [threads] {
+    try {
+      at::set_num_interop_threads(threads);
+    } catch (const c10::Error&) {
+      // Inter-op parallel work already started (or the count was set elsewhere); keep it.
+    }
+  });
+}
+
+std::vector<std::string> torch_model_names() { return {"mlp", "cnn", "softmax"}; }
+
+ModelFactory torch_model_factory(const std::string& name) {
+  if (name == "softmax") return softmax_regression_factory(image_features, class_count);
+  if (name != "mlp" && name != "cnn") {
+    throw UsageError(concat("unknown model '", name, "' (expected mlp, cnn, softmax)"));
+  }
+  return [name](std::uint64_t seed) -> std::unique_ptr<Model> {
+    std::lock_guard<std::mutex> lock(construction_mutex);
+    torch::manual_seed(seed);
+    return std::make_unique<TorchModel>(name, name == "mlp" ? build_mlp() : build_cnn());
+  };
+}
+
+std::size_t torch_gradient_copy_count(const Model& model) {
+  const auto* torch_model = dynamic_cast<const TorchModel*>(&model);
+  if (torch_model == nullptr) throw UsageError(not_a_torch_model);
+  return torch_model->gradient_copy_count();
+}
+
+void set_torch_out_of_place_accumulation_for_testing(Model& model, bool enabled) {
+  auto* torch_model = dynamic_cast<TorchModel*>(&model);
+  if (torch_model == nullptr) throw UsageError(not_a_torch_model);
+  torch_model->set_out_of_place_accumulation(enabled);
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,51 @@
+#pragma once
+// LibTorch-backed models. This header does not include LibTorch; only torch_models.cpp does.
+//
+// Models (inputs: flat [batch, 784] floats, 28x28 images with values in [0, 1]; loss: mean
+// cross-entropy):
+//   mlp  Linear 784-500, ReLU, Linear 500-500, ReLU, Linear 500-10 (648010 parameters);
+//        segments fc1, fc2, fc3.
+//   cnn  LeNet: Conv2d(1,6,5,pad 2), ReLU, MaxPool 2; Conv2d(6,16,5), ReLU, MaxPool 2;
+//        Linear 400-120, ReLU; Linear 120-84, ReLU; Linear 84-10 (61706 parameters);
+//        segments conv1, conv2, fc1, fc2, fc3.
+// Each segment holds one layer's weight then bias. The parameters of the LibTorch modules are views
+// into the model's flat parameter buffer, and backward accumulates straight into the caller's flat
+// gradient buffer; on_ready fires from autograd hooks as each layer's gradient becomes final.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "pipesgd/core/model.h"
+
+namespace pipesgd {
+
+// Sets LibTorch's intra-op thread count (a process-wide setting that every thread picks up) and, the
+// first time only, its inter-op thread count; if inter-op parallel work has already started, that
+// part is skipped. Callers running N workers as threads on few cores pass 1. Throws UsageError if
+// threads < 1. Call before building models; safe to call again.
+void init_torch_runtime(int threads);
+
+// Factory for `name`: "mlp", "cnn", or "softmax" (SoftmaxRegression(784, 10), so the CLI has a single
+// entry point). Throws UsageError("unknown model 'x' (expected mlp, cnn, softmax)") otherwise.
+// The returned factory may be called from several threads at once: LibTorch's default initialisation
+// draws from its global generator (torch::manual_seed(seed)), so construction is serialised by a
+// process-wide mutex; the same seed always gives bit-identical parameters. Note that this reseeds
+// LibTorch's global generator.
+ModelFactory torch_model_factory(const std::string& name);
+
+// The names torch_model_factory accepts, in the order of the error message.
+std::vector<std::string> torch_model_names();
+
+// Diagnostics for models built by torch_model_factory("mlp" | "cnn"); both throw UsageError for any
+// other model.
+//
+// How often a parameter's gradient had to be copied into the caller's gradient buffer because
+// LibTorch replaced the gradient tensor instead of accumulating in place. Zero in normal operation.
+std::size_t torch_gradient_copy_count(const Model& model);
+
+// For tests of the copy fallback: when enabled, backward builds a double-backward graph, which makes
+// LibTorch accumulate out of place (so every parameter takes the copy path). Slower; results stay
+// correct.
+void set_torch_out_of_place_accumulation_for_testing(Model& model, bool enabled);
+
+}  // namespace pipesgd

@@ -1,0 +1,310 @@
+#include "pipesgd/train/trainer.h"
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/comm/local_transport.h"
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/data/sampler.h"
+#include "pipesgd/train/progress.h"
+#include "pipesgd/train/report.h"
+
+namespace pipesgd {
+namespace {
+
+// Tags above this are the trainer's own (epoch-end loss reduction and barrier); below are iterations.
+constexpr Tag kControlTagBase = Tag{1} << 40;
+
+struct RunPlan {
+  std::int64_t iterations_per_epoch = 0;
+  std::int64_t total_iterations = 0;
+  std::int64_t epochs = 0;
+  std::int64_t warmup_iterations = 0;
+  std::int64_t first_measured = 0;  // iterations before this are excluded from the means
+};
+
+RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
+  if (config.workers < 1) throw UsageError(concat("--workers must be >= 1, got ", config.workers));
+  if (config.batch < 1) throw UsageError(concat("--batch must be >= 1, got ", config.batch));
+  if (config.iterations < 0) throw UsageError(concat("--iters must be >= 0, got ", config.iterations));
+  if (config.iterations == 0 && config.epochs < 1) {
+    throw UsageError(concat("--epochs must be >= 1, got ", config.epochs));
+  }
+  if (config.warmup_epochs < 0 || config.warmup_iterations < 0) {
+    throw UsageError("--warmup-epochs and --warmup-iters must be >= 0");
+  }
+  const std::size_t global_batch = static_cast<std::size_t>(config.workers) * config.batch;
+  if (train.size < global_batch) {
+    throw UsageError(concat("the training set has ", train.size, " examples, fewer than one global batch (",
+                            config.workers, " workers x batch ", config.batch, ")"));
+  }
+  RunPlan plan;
+  plan.iterations_per_epoch = static_cast<std::int64_t>(train.size / global_batch);
+  plan.total_iterations =
+      config.iterations > 0 ? config.iterations : config.epochs * plan.iterations_per_epoch;
+  plan.epochs = (plan.total_iterations + plan.iterations_per_epoch - 1) / plan.iterations_per_epoch;
+  plan.warmup_iterations =
+      config.warmup_epochs * plan.iterations_per_epoch + config.warmup_iterations;
+  const std::int64_t steady = std::max<std::int64_t>(0, plan.total_iterations - plan.warmup_iterations);
+  const std::int64_t start_up = std::min<std::int64_t>(10, steady / 10);
+  plan.first_measured = std::min(plan.total_iterations - 1,
+                                 std::min(plan.warmup_iterations, plan.total_iterations) + start_up);
+  plan.first_measured = std::max<std::int64_t>(0, plan.first_measured);
+  return plan;
+}
+
+Evaluation evaluate(Model& model, const Dataset& test) {
+  Evaluation total;
+  for_each_chunk(test, 0, test.size, 1000, [&](const Batch& batch) {
+    Evaluation part = model.evaluate(batch);
+    total.loss_sum += part.loss_sum;
+    total.correct += part.correct;
+    total.count += part.count;
+  });
+  return total;
+}
+
+// What the workers share with the caller; each rank writes only its own entries.
+struct SharedRunState {
+  std::vector<std::vector<IterationTimes>> times;  // [rank][iteration]
+  std::vector<std::uint64_t> bytes_sent;           // per rank
+  std::vector<EpochRecord> epochs;                 // written by rank 0
+  std::vector<std::exception_ptr> failures;        // per rank
+  std::vector<std::vector<float>> final_parameters;
+  double train_seconds = 0;                        // rank 0
+};
+
+void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
+                Transport& transport, const DataSplits& data, SharedRunState& shared) {
+  ShardedSampler sampler(data.train.size, config.workers, rank, config.batch, config.seed);
+  BatchAssembler assembler(data.train, config.batch);
+  MethodConfig method_config = config.method;
+  method_config.warmup_iterations = plan.warmup_iterations;
+  auto method = make_training_method(method_config, model, transport);
+  auto control_codec = make_codec("none");
+  RingAllreduce control(transport, 2, *control_codec, config.method.allreduce);
+  const bool leader = rank == 0;
+  ProgressReporter progress(leader && config.progress, config.method_spec);
+  std::vector<IterationTimes>& times = shared.times[rank];
+  const double samples_per_iteration = static_cast<double>(config.workers * config.batch);
+
+  std::int64_t t = 0;
+  double train_seconds = 0;
+  for (std::int64_t epoch = 0; epoch < plan.epochs; ++epoch) {
+    sampler.start_epoch(static_cast<std::size_t>(epoch));
+    const std::int64_t count = std::min(plan.iterations_per_epoch, plan.total_iterations - t);
+    progress.start_epoch(epoch, plan.epochs, count);
+    Stopwatch epoch_clock;
+    double loss_sum = 0;
+    for (std::int64_t i = 0; i < count; ++i, ++t) {
+      IterationTimes& record = times[t];
+      Stopwatch iteration;
+      std::span<float> gradients = method->begin_iteration(t, record);
+      const Batch batch = assembler.assemble(sampler.batch_indices(static_cast<std::size_t>(i)));
+      const StepResult step = model.forward_backward(batch, gradients, {});
+      record.forward = step.forward_seconds;
+      record.backward = step.backward_seconds;
+      record.loss = step.loss;
+      method->end_iteration(t, record);
+      record.iteration = iteration.seconds();
+      loss_sum += step.loss;
+      if (leader) {
+        progress.update(i + 1, loss_sum / static_cast<double>(i + 1),
+                        samples_per_iteration * static_cast<double>(i + 1) / epoch_clock.seconds());
+      }
+    }
+    if (t == plan.total_iterations) {
+      IterationTimes drain;
+      method->finish(drain);  // apply what is still in flight before the final evaluation
+    }
+    train_seconds += epoch_clock.seconds();
+
+    // Epoch end: mean training loss over all workers (this reduction is also a barrier), then rank 0
+    // evaluates while the others wait at a second barrier, so evaluation never pollutes timings.
+    float reduced[2] = {static_cast<float>(loss_sum), static_cast<float>(count)};
+    control.run(reduced, kControlTagBase + 2 * static_cast<Tag>(epoch));
+    if (leader) {
+      EpochRecord record;
+      record.epoch = epoch + 1;
+      record.iterations = t;
+      record.train_loss = reduced[1] > 0 ? reduced[0] / reduced[1] : 0;
+      record.elapsed_seconds = train_seconds;
+      std::string result = concat("train loss ", record.train_loss);
+      if (config.evaluate) {
+        const Evaluation evaluation = evaluate(model, data.test);
+        record.test_accuracy = evaluation.count ? double(evaluation.correct) / evaluation.count : 0;
+        record.test_loss = evaluation.count ? evaluation.loss_sum / evaluation.count : 0;
+        result += concat(", test accuracy ", record.test_accuracy * 100, "%");
+      }
+      progress.end_epoch(result);
+      shared.epochs.push_back(record);
+    }
+    float token[1] = {0};
+    control.run(token, kControlTagBase + 2 * static_cast<Tag>(epoch) + 1);
+  }
+  shared.bytes_sent[rank] = transport.bytes_sent();
+  if (leader) shared.train_seconds = train_seconds;
+  if (config.keep_parameters) {
+    auto parameters = model.parameters();
+    shared.final_parameters[rank].assign(parameters.begin(), parameters.end());
+  }
+}
+
+// Mean of the measured iterations over all ranks.
+IterationTimes mean_times(const SharedRunState& shared, std::int64_t first, std::int64_t end) {
+  IterationTimes mean;
+  double n = 0;
+  for (const auto& per_rank : shared.times) {
+    for (std::int64_t t = first; t < end; ++t) {
+      const IterationTimes& x = per_rank[t];
+      mean.update += x.update;
+      mean.forward += x.forward;
+      mean.backward += x.backward;
+      mean.wait += x.wait;
+      mean.comm += x.comm;
+      mean.iteration += x.iteration;
+      mean.loss += x.loss;
+      n += 1;
+    }
+  }
+  if (n > 0) {
+    mean.update /= n;
+    mean.forward /= n;
+    mean.backward /= n;
+    mean.wait /= n;
+    mean.comm /= n;
+    mean.iteration /= n;
+    mean.loss /= n;
+  }
+  return mean;
+}
+
+}  // namespace
+
+void apply_method_spec(const std::string& spec, TrainConfig& config) {
+  std::vector<std::string> parts;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t plus = spec.find('+', begin);
+    parts.push_back(spec.substr(begin, plus - begin));
+    if (plus == std::string::npos) break;
+    begin = plus + 1;
+  }
+  const std::vector<std::string> methods = method_names();
+  if (parts[0].empty() || std::find(methods.begin(), methods.end(), parts[0]) == methods.end()) {
+    throw UsageError(concat("unknown algorithm '", parts[0], "' in '", spec,
+                            "' (expected dsync, pipe, optionally followed by +codec)"));
+  }
+  config.method_spec = spec;
+  config.method.name = parts[0];
+  const std::vector<std::string> codecs = codec_names();
+  bool codec_given = false;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    if (std::find(codecs.begin(), codecs.end(), parts[i]) == codecs.end()) {
+      throw UsageError(concat("unknown option '", parts[i], "' in method '", spec,
+                              "' (options are codecs: none, bf16, int8)"));
+    }
+    if (codec_given) throw UsageError(concat("method '", spec, "' names more than one codec"));
+    codec_given = true;
+    config.method.codec = parts[i];
+  }
+}
+
+RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
+                        const DataSplits& data) {
+  const RunPlan plan = plan_run(config, data.train);
+  make_codec(config.method.codec);  // validate before starting threads
+  if (config.method.name == "pipe" && config.method.staleness < 1) {
+    throw UsageError(concat("--staleness-k must be >= 1, got ", config.method.staleness));
+  }
+
+  // Replicas are built one after another: model initialisation may use a global RNG.
+  std::vector<std::unique_ptr<Model>> models;
+  for (int rank = 0; rank < config.workers; ++rank) models.push_back(factory(config.seed));
+  if (models[0]->layout().total() == 0) throw UsageError("the model has no parameters");
+
+  LocalFabric fabric(config.workers, config.network);
+  SharedRunState shared;
+  shared.times.assign(config.workers, std::vector<IterationTimes>(plan.total_iterations));
+  shared.bytes_sent.assign(config.workers, 0);
+  shared.failures.assign(config.workers, nullptr);
+  shared.final_parameters.resize(config.keep_parameters ? config.workers : 0);
+
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < config.workers; ++rank) {
+    workers.emplace_back([&, rank] {
+      Transport& transport = fabric.endpoint(rank);
+      try {
+        run_worker(rank, config, plan, *models[rank], transport, data, shared);
+      } catch (const std::exception& error) {
+        shared.failures[rank] = std::current_exception();
+        transport.report_failure(error.what());
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+
+  // Report the root cause: a worker's own error rather than the others' "peer failed".
+  std::exception_ptr first_failure;
+  for (const auto& failure : shared.failures) {
+    if (!failure) continue;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const PeerFailedError&) {
+      if (!first_failure) first_failure = failure;
+    } catch (...) {
+      std::rethrow_exception(failure);
+    }
+  }
+  if (first_failure) std::rethrow_exception(first_failure);
+
+  RunSummary summary;
+  summary.method_spec = config.method_spec;
+  summary.model = config.model;
+  summary.workers = config.workers;
+  summary.batch = config.batch;
+  summary.network = config.network.name;
+  summary.codec = config.method.codec;
+  summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
+  summary.iterations = plan.total_iterations;
+  summary.measured_iterations = plan.total_iterations - plan.first_measured;
+  summary.mean = mean_times(shared, plan.first_measured, plan.total_iterations);
+  summary.throughput = summary.mean.iteration > 0
+                           ? static_cast<double>(config.workers * config.batch) / summary.mean.iteration
+                           : 0;
+  summary.train_seconds = shared.train_seconds;
+  summary.stages = StageTimes{summary.mean.update, summary.mean.forward, summary.mean.backward,
+                              summary.mean.comm};
+  summary.predicted_sync_iteration = predict_dsync_iteration(summary.stages);
+  summary.predicted_pipe_iteration = predict_pipe_iteration(summary.stages);
+  const bool pipelined = config.method.name == "pipe" && config.method.staleness >= 2 &&
+                         plan.warmup_iterations < plan.total_iterations;
+  summary.predicted_iteration =
+      pipelined ? summary.predicted_pipe_iteration : summary.predicted_sync_iteration;
+  if (config.network.emulated()) {
+    RingCostParameters link;
+    link.alpha = config.network.latency_seconds;
+    link.beta = config.network.bits_per_second > 0 ? 1.0 / config.network.bytes_per_second() : 0;
+    const double bytes = static_cast<double>(models[0]->layout().total()) *
+                         static_cast<double>(make_codec(config.method.codec)->encoded_bytes(1000)) /
+                         1000.0;
+    summary.link_model_comm = ring_allreduce_time(config.workers, bytes, link);
+  }
+  summary.epochs = shared.epochs;
+  if (!summary.epochs.empty()) summary.final_test_accuracy = summary.epochs.back().test_accuracy;
+  std::uint64_t bytes = 0;
+  for (auto b : shared.bytes_sent) bytes += b;
+  summary.bytes_sent_per_iteration =
+      plan.total_iterations ? bytes / config.workers / plan.total_iterations : 0;
+  summary.final_parameters = std::move(shared.final_parameters);
+
+  if (!config.out_dir.empty()) write_run_outputs(config.out_dir, summary, shared.times, plan.iterations_per_epoch);
+  return summary;
+}
+
+}  // namespace pipesgd

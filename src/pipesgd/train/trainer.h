@@ -1,0 +1,75 @@
+#pragma once
+// The training run: N workers (threads over a LocalFabric) train one model with one method on one
+// data set, and the run reports per-iteration timings, per-epoch accuracy and a summary.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pipesgd/algo/training_method.h"
+#include "pipesgd/comm/network_spec.h"
+#include "pipesgd/core/model.h"
+#include "pipesgd/data/dataset.h"
+#include "pipesgd/timing/pipe_timing_model.h"
+
+namespace pipesgd {
+
+struct TrainConfig {
+  std::string method_spec = "dsync";  // as given: name[+codec]
+  MethodConfig method;                // resolved from the spec and the flags
+  int workers = 4;
+  std::string model = "mlp";
+  std::size_t batch = 25;             // per worker
+  std::int64_t epochs = 1;
+  std::int64_t iterations = 0;        // > 0: run exactly this many iterations instead of epochs
+  std::int64_t warmup_epochs = 0;     // pipe: D-Sync epochs first
+  std::int64_t warmup_iterations = 0; // pipe: plus this many D-Sync iterations
+  std::uint64_t seed = 1;
+  NetworkSpec network;
+  std::string out_dir;                // "": write nothing
+  bool progress = true;               // progress output on stderr (bar on a tty, lines otherwise)
+  bool evaluate = true;               // test accuracy after every epoch
+  bool keep_parameters = false;       // return every rank's final parameters (tests)
+};
+
+struct EpochRecord {
+  std::int64_t epoch = 0;
+  std::int64_t iterations = 0;   // iterations run so far
+  double train_loss = 0;         // mean over this epoch's iterations and workers
+  double test_accuracy = -1;     // fraction in [0, 1]; -1 if not evaluated
+  double test_loss = -1;
+  double elapsed_seconds = 0;    // training wall time so far (evaluation excluded)
+};
+
+struct RunSummary {
+  std::string method_spec;
+  std::string model;
+  int workers = 0;
+  std::size_t batch = 0;
+  std::string network;
+  std::string codec;
+  int staleness = 0;
+  std::int64_t iterations = 0;
+  std::int64_t measured_iterations = 0;  // those averaged below (warm-up and start-up excluded)
+  IterationTimes mean;                   // per-iteration means over workers and measured iterations
+  double throughput = 0;                 // samples/s = workers * batch / mean.iteration
+  double train_seconds = 0;              // wall time of all iterations (evaluation excluded)
+  StageTimes stages;                     // the measured stage times the models use
+  double predicted_sync_iteration = 0;   // Eq. 2
+  double predicted_pipe_iteration = 0;   // Eq. 4
+  double predicted_iteration = 0;        // the equation of this method
+  double link_model_comm = 0;            // Eq. 5 from the emulated link (0 without emulation)
+  double final_test_accuracy = -1;
+  std::uint64_t bytes_sent_per_iteration = 0;  // per worker
+  std::vector<EpochRecord> epochs;
+  std::vector<std::vector<float>> final_parameters;  // per rank, if keep_parameters
+};
+
+// Splits "pipe+int8" into the method name and its options; fills config.method. Throws UsageError.
+void apply_method_spec(const std::string& spec, TrainConfig& config);
+
+// Runs the training; throws UsageError / DataError / CommError with a one-line message.
+RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
+                        const DataSplits& data);
+
+}  // namespace pipesgd
