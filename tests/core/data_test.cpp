@@ -33,7 +33,8 @@ using Bytes = std::vector<std::uint8_t>;
 class TempDir {
  public:
   TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "pipesgd_data_test_XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "pipesgd_data_test_XXXXXX").string();
     if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
     path_ = pattern;
   }
@@ -66,7 +67,8 @@ Bytes idx_bytes(std::uint8_t type, const std::vector<std::uint32_t>& dims, const
 
 Bytes counting_payload(std::size_t count) {
   Bytes payload(count);
-  for (std::size_t index = 0; index < count; ++index) payload[index] = static_cast<std::uint8_t>(index * 7);
+  for (std::size_t index = 0; index < count; ++index)
+    payload[index] = static_cast<std::uint8_t>(index * 7);
   return payload;
 }
 
@@ -79,7 +81,8 @@ Bytes random_payload(std::size_t count, std::uint64_t seed) {
 
 void write_plain(const std::string& path, const Bytes& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << path;
 }
 
@@ -173,7 +176,8 @@ TEST(IdxReader, TruncatedAtEveryOffsetPlainAndGzip) {
     write_gzip(gzipped, truncated);
     SCOPED_TRACE("cut at " + std::to_string(cut));
     expect_error<DataError>([&] { pipesgd::read_idx(plain); }, {"data file " + plain, "truncated"});
-    expect_error<DataError>([&] { pipesgd::read_idx(gzipped); }, {"data file " + gzipped, "truncated"});
+    expect_error<DataError>([&] { pipesgd::read_idx(gzipped); },
+                            {"data file " + gzipped, "truncated"});
     expect_error<DataError>([&] { pipesgd::parse_idx(truncated, "memory"); }, {"truncated"});
   }
 }
@@ -183,14 +187,17 @@ TEST(IdxReader, TruncationMessagesGiveExpectedAndFoundBytes) {
   const Bytes full = idx_bytes(0x08, {3, 2, 2}, counting_payload(12));
   const std::string payload_cut = dir.file("payload-cut");
   write_plain(payload_cut, Bytes(full.begin(), full.begin() + 20));
-  expect_error<DataError>([&] { pipesgd::read_idx(payload_cut); },
-                          {"data file " + payload_cut + ": truncated: header says 3x2x2 = 12 bytes of data, found 4"});
+  expect_error<DataError>(
+      [&] { pipesgd::read_idx(payload_cut); },
+      {"data file " + payload_cut + ": truncated: header says 3x2x2 = 12 bytes of data, found 4"});
   const std::string magic_cut = dir.file("magic-cut");
   write_plain(magic_cut, Bytes(full.begin(), full.begin() + 3));
-  expect_error<DataError>([&] { pipesgd::read_idx(magic_cut); }, {"4 bytes of magic number, found 3"});
+  expect_error<DataError>([&] { pipesgd::read_idx(magic_cut); },
+                          {"4 bytes of magic number, found 3"});
   const std::string dims_cut = dir.file("dims-cut");
   write_plain(dims_cut, Bytes(full.begin(), full.begin() + 9));
-  expect_error<DataError>([&] { pipesgd::read_idx(dims_cut); }, {"3 dimensions (12 bytes of sizes), found 5"});
+  expect_error<DataError>([&] { pipesgd::read_idx(dims_cut); },
+                          {"3 dimensions (12 bytes of sizes), found 5"});
 }
 
 TEST(IdxReader, TruncatedGzipStream) {
@@ -204,7 +211,8 @@ TEST(IdxReader, TruncatedGzipStream) {
                           compressed.size() - 8, compressed.size() - 1}) {
     SCOPED_TRACE("cut at " + std::to_string(cut));
     const std::string path = dir.file("cut-" + std::to_string(cut) + ".gz");
-    write_plain(path, Bytes(compressed.begin(), compressed.begin() + static_cast<std::ptrdiff_t>(cut)));
+    write_plain(path,
+                Bytes(compressed.begin(), compressed.begin() + static_cast<std::ptrdiff_t>(cut)));
     expect_error<DataError>([&] { pipesgd::read_idx(path); }, {"data file " + path, "truncated"});
   }
 }
@@ -230,7 +238,8 @@ TEST(IdxReader, WrongMagicIsRejected) {
   bytes[1] = 0x03;
   const std::string path = dir.file("bad-magic");
   write_plain(path, bytes);
-  expect_error<DataError>([&] { pipesgd::read_idx(path); }, {"data file " + path, "not an IDX file", "0x03"});
+  expect_error<DataError>([&] { pipesgd::read_idx(path); },
+                          {"data file " + path, "not an IDX file", "0x03"});
   write_plain(path, {'h', 'e', 'l', 'l', 'o', '\n'});
   expect_error<DataError>([&] { pipesgd::read_idx(path); }, {"not an IDX file"});
 }
@@ -241,28 +250,43 @@ TEST(IdxReader, UnsupportedTypeIsNamed) {
   write_gzip(path, idx_bytes(0x0D, {2}, Bytes(8, 0)));
   expect_error<DataError>([&] { pipesgd::read_idx(path); },
                           {"data file " + path, "unsupported element type 0x0D (32-bit float)"});
-  expect_error<DataError>([&] { pipesgd::parse_idx(idx_bytes(0x09, {1}, {0}), "m"); }, {"0x09 (signed byte)"});
+  expect_error<DataError>([&] { pipesgd::parse_idx(idx_bytes(0x09, {1}, {0}), "m"); },
+                          {"0x09 (signed byte)"});
   expect_error<DataError>([&] { pipesgd::parse_idx(idx_bytes(0x42, {1}, {0}), "m"); }, {"0x42"});
 }
 
 TEST(IdxReader, DimensionCountOutOfRange) {
-  expect_error<DataError>([] { pipesgd::parse_idx(Bytes{0, 0, 8, 0}, "m"); }, {"number of dimensions 0"});
-  expect_error<DataError>([] { pipesgd::parse_idx(idx_bytes(0x08, {1, 1, 1, 1, 1}, {0}), "m"); },
-                          {"number of dimensions 5"});
+  expect_error<DataError>(
+      [] {
+        pipesgd::parse_idx(Bytes{0, 0, 8, 0}, "m");
+      },
+      {"number of dimensions 0"});
+  expect_error<DataError>(
+      [] {
+        pipesgd::parse_idx(idx_bytes(0x08, {1, 1, 1, 1, 1}, {0}), "m");
+      },
+      {"number of dimensions 5"});
 }
 
 TEST(IdxReader, ZeroDimensionIsRejected) {
-  expect_error<DataError>([] { pipesgd::parse_idx(idx_bytes(0x08, {3, 0, 2}, {}), "m"); },
-                          {"dimension 1 is zero"});
+  expect_error<DataError>(
+      [] {
+        pipesgd::parse_idx(idx_bytes(0x08, {3, 0, 2}, {}), "m");
+      },
+      {"dimension 1 is zero"});
 }
 
 TEST(IdxReader, HugeHeaderSizesDoNotOverflowOrAllocate) {
   expect_error<DataError>(
-      [] { pipesgd::parse_idx(idx_bytes(0x08, {0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}, {1, 2}), "m"); },
+      [] {
+        pipesgd::parse_idx(idx_bytes(0x08, {0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}, {1, 2}), "m");
+      },
       {"overflow"});
   // 2^64 - 2^33 + 1 elements fit in size_t; the reader must report truncation, not try to allocate.
   expect_error<DataError>(
-      [] { pipesgd::parse_idx(idx_bytes(0x08, {0xFFFFFFFF, 0xFFFFFFFF}, {1, 2, 3}), "m"); },
+      [] {
+        pipesgd::parse_idx(idx_bytes(0x08, {0xFFFFFFFF, 0xFFFFFFFF}, {1, 2, 3}), "m");
+      },
       {"truncated", "found 3"});
 }
 
@@ -281,14 +305,16 @@ TEST(IdxReader, TrailingBytesAreRejected) {
 TEST(IdxReader, MissingFileAndDirectory) {
   TempDir dir;
   const std::string missing = dir.file("no-such-file.gz");
-  expect_error<DataError>([&] { pipesgd::read_idx(missing); }, {"data file " + missing + ": not found"});
+  expect_error<DataError>([&] { pipesgd::read_idx(missing); },
+                          {"data file " + missing + ": not found"});
   expect_error<DataError>([&] { pipesgd::read_idx(dir.path()); }, {"is a directory"});
 }
 
 TEST(IdxReader, EmptyGzipFileIsTruncated) {
   TempDir dir;
   write_gzip(dir.file("empty.gz"), {});
-  expect_error<DataError>([&] { pipesgd::read_idx(dir.file("empty.gz")); }, {"truncated", "found 0"});
+  expect_error<DataError>([&] { pipesgd::read_idx(dir.file("empty.gz")); },
+                          {"truncated", "found 0"});
 }
 
 // Small in-process fuzz: random mutations of valid files must give an array or a DataError.
@@ -303,7 +329,8 @@ TEST(IdxReader, MutatedInputsNeverCrash) {
     for (std::uint64_t edit = 0; edit < edit_count; ++edit) {
       const std::uint64_t kind = random.uniform_below(3);
       if (kind == 0 && !mutated.empty()) {
-        mutated[random.uniform_below(mutated.size())] = static_cast<std::uint8_t>(random.next_u64());
+        mutated[random.uniform_below(mutated.size())] =
+            static_cast<std::uint8_t>(random.next_u64());
       } else if (kind == 1 && !mutated.empty()) {
         mutated.resize(random.uniform_below(mutated.size()));
       } else {
@@ -357,13 +384,15 @@ struct SplitFiles {
 
 Bytes image_payload(std::size_t count, std::size_t features) {
   Bytes pixels(count * features);
-  for (std::size_t index = 0; index < pixels.size(); ++index) pixels[index] = static_cast<std::uint8_t>(index % 256);
+  for (std::size_t index = 0; index < pixels.size(); ++index)
+    pixels[index] = static_cast<std::uint8_t>(index % 256);
   return pixels;
 }
 
 Bytes label_payload(std::size_t count) {
   Bytes labels(count);
-  for (std::size_t index = 0; index < count; ++index) labels[index] = static_cast<std::uint8_t>((index * 3) % 10);
+  for (std::size_t index = 0; index < count; ++index)
+    labels[index] = static_cast<std::uint8_t>((index * 3) % 10);
   return labels;
 }
 
@@ -405,7 +434,8 @@ TEST(DataLoader, LoadsGzippedTrainAndPlainTest) {
 
 TEST(DataLoader, PixelScaleReachesOne) {
   TempDir dir;
-  write_split(dir, "train", {.count = 50, .rows = 4, .columns = 4});  // 800 pixels: values 0..255 repeat
+  write_split(dir, "train",
+              {.count = 50, .rows = 4, .columns = 4});  // 800 pixels: values 0..255 repeat
   write_split(dir, "t10k", {.count = 1, .rows = 4, .columns = 4});
   const pipesgd::DataSplits splits = pipesgd::load_mnist_format(dir.path());
   EXPECT_EQ(*std::max_element(splits.train.inputs.begin(), splits.train.inputs.end()), 1.0f);
@@ -459,7 +489,8 @@ TEST(DataLoader, ImageSizeMismatchBetweenSplits) {
   TempDir dir;
   write_split(dir, "train", {.count = 5, .rows = 2, .columns = 3});
   write_split(dir, "t10k", {.count = 2, .rows = 3, .columns = 3});
-  expect_error<DataError>([&] { pipesgd::load_mnist_format(dir.path()); }, {"image size mismatch", "6", "9"});
+  expect_error<DataError>([&] { pipesgd::load_mnist_format(dir.path()); },
+                          {"image size mismatch", "6", "9"});
 }
 
 TEST(DataLoader, TruncatedFileInDirectory) {
@@ -477,9 +508,10 @@ TEST(DataLoader, MissingFileNamesIt) {
   write_split(dir, "train", {.count = 5});
   write_split(dir, "t10k", {.count = 2});
   std::filesystem::remove(dir.file("t10k-labels-idx1-ubyte"));
-  expect_error<DataError>([&] { pipesgd::load_mnist_format(dir.path()); },
-                          {"data directory " + dir.path(), "missing t10k-labels-idx1-ubyte (or t10k-labels-idx1-ubyte.gz)",
-                           "--data-dir"});
+  expect_error<DataError>(
+      [&] { pipesgd::load_mnist_format(dir.path()); },
+      {"data directory " + dir.path(),
+       "missing t10k-labels-idx1-ubyte (or t10k-labels-idx1-ubyte.gz)", "--data-dir"});
 }
 
 TEST(DataLoader, MissingDirectory) {
@@ -488,14 +520,17 @@ TEST(DataLoader, MissingDirectory) {
   expect_error<DataError>([&] { pipesgd::load_mnist_format(missing); },
                           {"data directory " + missing + " does not exist", "--data-dir"});
   write_plain(dir.file("a-file"), {1});
-  expect_error<DataError>([&] { pipesgd::load_mnist_format(dir.file("a-file")); }, {"is not a directory"});
+  expect_error<DataError>([&] { pipesgd::load_mnist_format(dir.file("a-file")); },
+                          {"is not a directory"});
 }
 
 TEST(DataLoader, DefaultDirectoryHintNamesPackage) {
-  for (const std::string& dir : {std::string(pipesgd::kDefaultDataDir), std::string(pipesgd::kDefaultDataDir) + "/"}) {
+  for (const std::string& dir :
+       {std::string(pipesgd::kDefaultDataDir), std::string(pipesgd::kDefaultDataDir) + "/"}) {
     const std::string hint = pipesgd::missing_data_hint(dir);
     EXPECT_EQ(hint.rfind("; ", 0), 0u) << hint;
-    EXPECT_NE(hint.find("install the Debian package dataset-fashion-mnist"), std::string::npos) << hint;
+    EXPECT_NE(hint.find("install the Debian package dataset-fashion-mnist"), std::string::npos)
+        << hint;
     EXPECT_NE(hint.find("--data-dir"), std::string::npos) << hint;
   }
   const std::string other = pipesgd::missing_data_hint("/tmp/elsewhere");
@@ -522,7 +557,8 @@ TEST(DataFashionMnist, LoadsRealDataset) {
       ++per_class[static_cast<std::size_t>(label)];
     }
     for (std::size_t count : per_class) EXPECT_EQ(count, dataset->size / 10);
-    const auto [lowest, highest] = std::minmax_element(dataset->inputs.begin(), dataset->inputs.end());
+    const auto [lowest, highest] =
+        std::minmax_element(dataset->inputs.begin(), dataset->inputs.end());
     EXPECT_EQ(*lowest, 0.0f);
     EXPECT_EQ(*highest, 1.0f);
   }
@@ -550,7 +586,7 @@ TEST(Random, SeedsAndStreamsGiveDifferentSequences) {
 TEST(Random, SequenceIsPinned) {
   pipesgd::Random random(12345);
   const std::array<std::uint64_t, 3> expected = {0xC8F337F1F71107CAULL, 0x44B8290CB2D73EE2ULL,
-                                                0x52833E635BC0218CULL};
+                                                 0x52833E635BC0218CULL};
   for (std::uint64_t value : expected) EXPECT_EQ(random.next_u64(), value);
 }
 
@@ -639,9 +675,12 @@ TEST(Synthetic, DeterministicPerSeed) {
 TEST(Synthetic, SmallerSplitIsPrefixOfLarger) {
   const pipesgd::DataSplits small = pipesgd::make_synthetic(20, 5, 4);
   const pipesgd::DataSplits large = pipesgd::make_synthetic(60, 30, 4);
-  EXPECT_TRUE(std::equal(small.train.inputs.begin(), small.train.inputs.end(), large.train.inputs.begin()));
-  EXPECT_TRUE(std::equal(small.train.labels.begin(), small.train.labels.end(), large.train.labels.begin()));
-  EXPECT_TRUE(std::equal(small.test.inputs.begin(), small.test.inputs.end(), large.test.inputs.begin()));
+  EXPECT_TRUE(
+      std::equal(small.train.inputs.begin(), small.train.inputs.end(), large.train.inputs.begin()));
+  EXPECT_TRUE(
+      std::equal(small.train.labels.begin(), small.train.labels.end(), large.train.labels.begin()));
+  EXPECT_TRUE(
+      std::equal(small.test.inputs.begin(), small.test.inputs.end(), large.test.inputs.begin()));
 }
 
 // Learnable: the nearest class mean of the training set classifies the test set well.
@@ -659,7 +698,8 @@ TEST(Synthetic, NearestClassMeanClassifiesTestSet) {
   }
   for (std::size_t label = 0; label < 10; ++label) {
     ASSERT_GT(counts[label], 0u);
-    for (std::size_t feature = 0; feature < features; ++feature) means[label * features + feature] /= counts[label];
+    for (std::size_t feature = 0; feature < features; ++feature)
+      means[label * features + feature] /= counts[label];
   }
   std::size_t correct = 0;
   for (std::size_t example = 0; example < splits.test.size; ++example) {
@@ -668,7 +708,8 @@ TEST(Synthetic, NearestClassMeanClassifiesTestSet) {
     for (std::size_t label = 0; label < 10; ++label) {
       double distance = 0;
       for (std::size_t feature = 0; feature < features; ++feature) {
-        const double difference = splits.test.inputs[example * features + feature] - means[label * features + feature];
+        const double difference =
+            splits.test.inputs[example * features + feature] - means[label * features + feature];
         distance += difference * difference;
       }
       if (distance < best_distance) {
@@ -707,7 +748,8 @@ TEST(ShardedSampler, PermutationIsAPermutationAndShuffled) {
     std::vector<std::uint32_t> sorted = to_vector(sampler.permutation());
     ASSERT_EQ(sorted.size(), 1000u);
     std::size_t fixed_points = 0;
-    for (std::size_t index = 0; index < sorted.size(); ++index) fixed_points += sorted[index] == index;
+    for (std::size_t index = 0; index < sorted.size(); ++index)
+      fixed_points += sorted[index] == index;
     EXPECT_LT(fixed_points, 10u);  // a random permutation has about one
     std::sort(sorted.begin(), sorted.end());
     std::vector<std::uint32_t> identity(1000);
@@ -719,7 +761,8 @@ TEST(ShardedSampler, PermutationIsAPermutationAndShuffled) {
 TEST(ShardedSampler, ShardsAreDisjointAndTileTheGlobalSlice) {
   constexpr std::size_t kSize = 103, kWorkers = 4, kBatch = 5, kSeed = 99;
   std::vector<pipesgd::ShardedSampler> samplers;
-  for (std::size_t rank = 0; rank < kWorkers; ++rank) samplers.emplace_back(kSize, kWorkers, rank, kBatch, kSeed);
+  for (std::size_t rank = 0; rank < kWorkers; ++rank)
+    samplers.emplace_back(kSize, kWorkers, rank, kBatch, kSeed);
   for (std::size_t epoch = 0; epoch < 3; ++epoch) {
     for (pipesgd::ShardedSampler& sampler : samplers) sampler.start_epoch(epoch);
     // Every rank computed the same permutation by itself.
@@ -738,8 +781,9 @@ TEST(ShardedSampler, ShardsAreDisjointAndTileTheGlobalSlice) {
           EXPECT_TRUE(seen_this_epoch.insert(index).second) << "index " << index << " used twice";
         }
       }
-      const std::vector<std::uint32_t> slice(permutation.begin() + static_cast<std::ptrdiff_t>(iteration * 20),
-                                             permutation.begin() + static_cast<std::ptrdiff_t>((iteration + 1) * 20));
+      const std::vector<std::uint32_t> slice(
+          permutation.begin() + static_cast<std::ptrdiff_t>(iteration * 20),
+          permutation.begin() + static_cast<std::ptrdiff_t>((iteration + 1) * 20));
       EXPECT_EQ(concatenated, slice);
       EXPECT_EQ(to_vector(samplers[1].global_batch_indices(iteration)), slice);
     }
@@ -751,7 +795,8 @@ TEST(ShardedSampler, SingleProcessOracleSeesTheSameSamples) {
   constexpr std::size_t kSize = 250, kWorkers = 3, kBatch = 8, kSeed = 2024;
   pipesgd::ShardedSampler oracle(kSize, 1, 0, kWorkers * kBatch, kSeed);
   std::vector<pipesgd::ShardedSampler> samplers;
-  for (std::size_t rank = 0; rank < kWorkers; ++rank) samplers.emplace_back(kSize, kWorkers, rank, kBatch, kSeed);
+  for (std::size_t rank = 0; rank < kWorkers; ++rank)
+    samplers.emplace_back(kSize, kWorkers, rank, kBatch, kSeed);
   ASSERT_EQ(oracle.iterations_per_epoch(), samplers[0].iterations_per_epoch());
   for (std::size_t epoch = 0; epoch < 2; ++epoch) {
     oracle.start_epoch(epoch);
@@ -794,13 +839,18 @@ TEST(ShardedSampler, BatchViewDoesNotMoveAcrossEpochs) {
 }
 
 TEST(ShardedSampler, BadArgumentsAreUsageErrors) {
-  expect_error<UsageError>([] { pipesgd::ShardedSampler(100, 0, 0, 1, 1); }, {"workers", "at least 1"});
-  expect_error<UsageError>([] { pipesgd::ShardedSampler(100, 4, 4, 1, 1); }, {"rank 4", "4 workers"});
+  expect_error<UsageError>([] { pipesgd::ShardedSampler(100, 0, 0, 1, 1); },
+                           {"workers", "at least 1"});
+  expect_error<UsageError>([] { pipesgd::ShardedSampler(100, 4, 4, 1, 1); },
+                           {"rank 4", "4 workers"});
   expect_error<UsageError>([] { pipesgd::ShardedSampler(100, 4, 0, 0, 1); }, {"batch size"});
-  expect_error<UsageError>([] { pipesgd::ShardedSampler(19, 4, 0, 5, 1); }, {"19 examples", "4 workers x 5"});
+  expect_error<UsageError>([] { pipesgd::ShardedSampler(19, 4, 0, 5, 1); },
+                           {"19 examples", "4 workers x 5"});
   const std::size_t huge = std::size_t{1} << 40;
-  expect_error<UsageError>([&] { pipesgd::ShardedSampler(100, huge, 0, huge, 1); }, {"100 examples"});
-  expect_error<UsageError>([] { pipesgd::ShardedSampler((std::size_t{1} << 32) + 1, 1, 0, 1, 1); }, {"larger"});
+  expect_error<UsageError>([&] { pipesgd::ShardedSampler(100, huge, 0, huge, 1); },
+                           {"100 examples"});
+  expect_error<UsageError>([] { pipesgd::ShardedSampler((std::size_t{1} << 32) + 1, 1, 0, 1, 1); },
+                           {"larger"});
   pipesgd::ShardedSampler sampler(103, 4, 0, 5, 1);
   expect_error<UsageError>([&] { sampler.batch_indices(5); }, {"iteration 5", "5 iterations"});
 }
@@ -815,8 +865,10 @@ pipesgd::Dataset small_dataset(std::size_t size, std::size_t features) {
   dataset.classes = 10;
   dataset.name = "small";
   dataset.inputs.resize(size * features);
-  for (std::size_t index = 0; index < dataset.inputs.size(); ++index) dataset.inputs[index] = static_cast<float>(index);
-  for (std::size_t example = 0; example < size; ++example) dataset.labels.push_back(static_cast<std::int32_t>(example % 10));
+  for (std::size_t index = 0; index < dataset.inputs.size(); ++index)
+    dataset.inputs[index] = static_cast<float>(index);
+  for (std::size_t example = 0; example < size; ++example)
+    dataset.labels.push_back(static_cast<std::int32_t>(example % 10));
   return dataset;
 }
 
@@ -829,7 +881,8 @@ TEST(DataBatchAssembler, GathersRowsAndLabelsInOrder) {
   EXPECT_EQ(batch.features, 3u);
   EXPECT_EQ(std::vector<float>(batch.inputs.begin(), batch.inputs.end()),
             (std::vector<float>{33, 34, 35, 0, 1, 2, 15, 16, 17}));
-  EXPECT_EQ(std::vector<std::int32_t>(batch.labels.begin(), batch.labels.end()), (std::vector<std::int32_t>{1, 0, 5}));
+  EXPECT_EQ(std::vector<std::int32_t>(batch.labels.begin(), batch.labels.end()),
+            (std::vector<std::int32_t>{1, 0, 5}));
   // Reuses its buffers: the next batch lives at the same address.
   const std::vector<std::uint32_t> next = {1, 2, 3, 4};
   const pipesgd::Batch second = assembler.assemble(next);
@@ -875,7 +928,8 @@ TEST(DataRange, IsAZeroCopyView) {
   EXPECT_EQ(pipesgd::dataset_range(dataset, 10, 10).size, 0u);
   EXPECT_EQ(pipesgd::dataset_range(dataset, 0, 10).inputs.size(), 30u);
   expect_error<UsageError>([&] { pipesgd::dataset_range(dataset, 4, 3); }, {"[4, 3)"});
-  expect_error<UsageError>([&] { pipesgd::dataset_range(dataset, 0, 11); }, {"[0, 11)", "10 examples"});
+  expect_error<UsageError>([&] { pipesgd::dataset_range(dataset, 0, 11); },
+                           {"[0, 11)", "10 examples"});
 }
 
 TEST(DataRange, ChunksCoverTheRangeInOrder) {
@@ -891,10 +945,12 @@ TEST(DataRange, ChunksCoverTheRangeInOrder) {
   std::size_t calls = 0;
   pipesgd::for_each_chunk(dataset, 3, 3, 4, [&](const pipesgd::Batch&) { ++calls; });
   EXPECT_EQ(calls, 0u);
-  expect_error<UsageError>([&] { pipesgd::for_each_chunk(dataset, 0, 10, 0, [](const pipesgd::Batch&) {}); },
-                           {"chunk size"});
-  expect_error<UsageError>([&] { pipesgd::for_each_chunk(dataset, 0, 11, 3, [](const pipesgd::Batch&) {}); },
-                           {"[0, 11)"});
+  expect_error<UsageError>(
+      [&] { pipesgd::for_each_chunk(dataset, 0, 10, 0, [](const pipesgd::Batch&) {}); },
+      {"chunk size"});
+  expect_error<UsageError>(
+      [&] { pipesgd::for_each_chunk(dataset, 0, 11, 3, [](const pipesgd::Batch&) {}); },
+      {"[0, 11)"});
 }
 
 }  // namespace

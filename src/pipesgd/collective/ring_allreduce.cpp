@@ -1,10 +1,14 @@
 #include "pipesgd/collective/ring_allreduce.h"
 
+#include <algorithm>
+
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
 namespace {
 constexpr const char* kOperation = "ring allreduce";
+constexpr std::size_t kMaxSegments = 4096;  // segments per chunk, bounded by the tag layout
+constexpr int kMaxSteps = 4096;
 
 void expect_bytes(std::size_t got, std::size_t expected, int peer, Tag tag) {
   if (got != expected) {
@@ -18,11 +22,17 @@ RingAllreduce::RingAllreduce(Transport& transport, std::size_t max_count, const 
                              AllreduceOptions options)
     : transport_(transport), codec_(codec), options_(options), max_count_(max_count) {
   const int p = transport.size();
+  if (2 * (p - 1) > kMaxSteps) throw UsageError(concat(kOperation, ": at most 2049 ranks"));
   const std::size_t max_chunk = max_count / p + 1;
-  const std::size_t bytes = codec.encoded_bytes(max_chunk);
-  send_buffer_.resize(bytes);
-  receive_buffers_[0].resize(bytes);
-  receive_buffers_[1].resize(bytes);
+  segment_elements_ = std::max<std::size_t>(1, options.segment_bytes / sizeof(float));
+  segment_elements_ = std::max(segment_elements_, (max_chunk + kMaxSegments - 1) / kMaxSegments);
+  segment_bytes_ = codec.encoded_bytes(segment_elements_);
+  const std::size_t segments = segment_count(max_chunk);
+  const std::size_t region = segments * segment_bytes_;
+  for (auto& buffer : send_buffers_) buffer.resize(region);
+  for (auto& buffer : receive_buffers_) buffer.resize(region);
+  for (auto& requests : receives_) requests.resize(segments);
+  for (auto& requests : sends_) requests.resize(segments);
 }
 
 std::size_t RingAllreduce::chunk_count(std::size_t n, int chunk) const {
@@ -36,6 +46,10 @@ std::size_t RingAllreduce::chunk_offset(std::size_t n, int chunk) const {
   return c * (n / p) + std::min(c, n % p);
 }
 
+std::size_t RingAllreduce::segment_count(std::size_t chunk_elements) const {
+  return std::max<std::size_t>(1, (chunk_elements + segment_elements_ - 1) / segment_elements_);
+}
+
 void RingAllreduce::run(std::span<float> data, Tag tag) {
   const int p = transport_.size();
   const int rank = transport_.rank();
@@ -47,61 +61,88 @@ void RingAllreduce::run(std::span<float> data, Tag tag) {
   const std::size_t n = data.size();
   const int right = (rank + 1) % p;
   const int left = (rank + p - 1) % p;
-  auto chunk = [&](int c) { return data.subspan(chunk_offset(n, c), chunk_count(n, c)); };
-  auto wrap = [p](int c) { return ((c % p) + p) % p; };
+  const int last_step = 2 * (p - 1) - 1;
   const Timeout timeout = options_.timeout;
   const bool identity = codec_.is_identity();
-
-  // Reduce-scatter: after step s, the chunk received holds the sum over s + 2 ranks.
-  for (int step = 0; step < p - 1; ++step) {
-    const Tag message_tag = step_tag(tag, step);
-    std::span<float> outgoing = chunk(wrap(rank - step));
-    std::span<float> incoming = chunk(wrap(rank - step - 1));
-    const std::size_t incoming_bytes = codec_.encoded_bytes(incoming.size());
-    std::span<std::byte> receive_into(receive_buffers_[0].data(), incoming_bytes);
-    Request receive = transport_.recv(left, message_tag, receive_into, kOperation);
+  auto wrap = [p](int c) { return ((c % p) + p) % p; };
+  // Steps 0..p-2 reduce-scatter, p-1..2p-3 allgather. Rank r sends chunk outgoing(s) and receives
+  // incoming(s); incoming(s) == outgoing(s+1), and after the reduce-scatter r owns chunk r+1.
+  auto outgoing = [&](int s) { return s < p - 1 ? wrap(rank - s) : wrap(rank + 1 - (s - (p - 1))); };
+  auto incoming = [&](int s) { return s < p - 1 ? wrap(rank - s - 1) : wrap(rank - (s - (p - 1))); };
+  auto reducing = [&](int s) { return s < p - 1; };
+  // Segment j of chunk c, as elements of `data`.
+  auto segment = [&](int c, std::size_t j) {
+    const std::size_t count = chunk_count(n, c);
+    const std::size_t begin = std::min(count, j * segment_elements_);
+    const std::size_t end = std::min(count, begin + segment_elements_);
+    return data.subspan(chunk_offset(n, c) + begin, end - begin);
+  };
+  auto region = [&](std::vector<std::byte>& buffer, std::size_t j, std::size_t elements) {
+    return std::span<std::byte>(buffer.data() + j * segment_bytes_, codec_.encoded_bytes(elements));
+  };
+  // Encodes segment j of the chunk `values` into the send buffer of step s and posts its send.
+  // `keep_decoded`: the owner keeps exactly what the others will decode.
+  auto send_segment = [&](int s, std::size_t j, std::span<float> values, bool keep_decoded) {
     std::span<const std::byte> message;
     if (identity) {
-      message = std::as_bytes(outgoing);
+      message = std::as_bytes(values);
     } else {
-      const std::size_t used = codec_.encode(outgoing, send_buffer_);
-      message = std::span<const std::byte>(send_buffer_.data(), used);
+      std::span<std::byte> out = region(send_buffers_[s % 2], j, values.size());
+      codec_.encode(values, out);
+      if (keep_decoded) codec_.decode(out, values);
+      message = out;
     }
-    Request send = transport_.send(right, message_tag, message, kOperation);
-    const std::size_t got = receive.wait(timeout);
-    expect_bytes(got, receive_into.size(), left, message_tag);
-    codec_.decode_add(receive_into, incoming);
-    send.wait(timeout);
-  }
+    sends_[s % 2][j] = transport_.send(right, step_tag(tag, s, j), message, kOperation);
+  };
+  auto post_receives = [&](int s) {
+    const int c = incoming(s);
+    const std::size_t segments = segment_count(chunk_count(n, c));
+    for (std::size_t j = 0; j < segments; ++j) {
+      std::span<float> target = segment(c, j);
+      std::span<std::byte> into = identity && !reducing(s)
+                                      ? std::as_writable_bytes(target)
+                                      : region(receive_buffers_[s % 3], j, target.size());
+      receives_[s % 2][j] = transport_.recv(left, step_tag(tag, s, j), into, kOperation);
+    }
+  };
 
-  // Allgather: rank r now owns chunk r+1. It travels p-1 hops around the ring.
-  const int owned = wrap(rank + 1);
-  std::span<const std::byte> forward;  // bytes to send in the current step
-  if (identity) {
-    forward = std::as_bytes(chunk(owned));
-  } else {
-    std::span<float> mine = chunk(owned);
-    const std::size_t used = codec_.encode(mine, send_buffer_);
-    forward = std::span<const std::byte>(send_buffer_.data(), used);
-    codec_.decode(forward, mine);  // keep exactly what every other rank will decode
+  post_receives(0);
+  {
+    const int c = outgoing(0);
+    const std::size_t segments = segment_count(chunk_count(n, c));
+    for (std::size_t j = 0; j < segments; ++j) send_segment(0, j, segment(c, j), p == 1);
   }
-  for (int step = 0; step < p - 1; ++step) {
-    const Tag message_tag = step_tag(tag, p - 1 + step);
-    std::span<float> incoming = chunk(wrap(rank - step));
-    std::span<std::byte> receive_into;
-    if (identity) {
-      receive_into = std::as_writable_bytes(incoming);
-    } else {
-      receive_into = std::span<std::byte>(receive_buffers_[step % 2].data(),
-                                          codec_.encoded_bytes(incoming.size()));
+  for (int s = 0; s <= last_step; ++s) {
+    if (s < last_step) post_receives(s + 1);
+    const int c = incoming(s);
+    const std::size_t segments = segment_count(chunk_count(n, c));
+    for (std::size_t j = 0; j < segments; ++j) {
+      std::span<float> target = segment(c, j);
+      const Tag message_tag = step_tag(tag, s, j);
+      const std::size_t got = receives_[s % 2][j].wait(timeout);
+      if (reducing(s)) {
+        std::span<const std::byte> message(receive_buffers_[s % 3].data() + j * segment_bytes_, got);
+        expect_bytes(got, codec_.encoded_bytes(target.size()), left, message_tag);
+        codec_.decode_add(message, target);
+        // The reduced segment goes on at once: to the next reduce-scatter step, or, after the last
+        // one, as this rank's fully reduced (owned) chunk into the allgather.
+        if (s < last_step) send_segment(s + 1, j, target, s == p - 2);
+      } else {
+        expect_bytes(got, codec_.encoded_bytes(target.size()), left, message_tag);
+        std::span<const std::byte> message;
+        if (identity) {
+          message = std::as_bytes(target);
+        } else {
+          message = std::span<const std::byte>(receive_buffers_[s % 3].data() + j * segment_bytes_, got);
+          codec_.decode(message, target);
+        }
+        if (s < last_step) {  // forward the same bytes, never re-encoded
+          sends_[(s + 1) % 2][j] = transport_.send(right, step_tag(tag, s + 1, j), message, kOperation);
+        }
+      }
     }
-    Request receive = transport_.recv(left, message_tag, receive_into, kOperation);
-    Request send = transport_.send(right, message_tag, forward, kOperation);
-    const std::size_t got = receive.wait(timeout);
-    expect_bytes(got, receive_into.size(), left, message_tag);
-    if (!identity) codec_.decode(receive_into, incoming);
-    send.wait(timeout);
-    forward = std::span<const std::byte>(receive_into.data(), got);
+    const std::size_t sent = segment_count(chunk_count(n, outgoing(s)));
+    for (std::size_t j = 0; j < sent; ++j) sends_[s % 2][j].wait(timeout);
   }
 }
 

@@ -51,15 +51,17 @@ Dataset load_split(const std::string& images_path, const std::string& labels_pat
   {
     const IdxArray labels = read_idx(labels_path);
     if (labels.dims.size() != 1) {
-      throw DataError(concat("data file ", labels_path, ": expected labels with 1 dimension, found ",
-                             labels.dims.size(), " dimensions"));
+      throw DataError(concat("data file ", labels_path,
+                             ": expected labels with 1 dimension, found ", labels.dims.size(),
+                             " dimensions"));
     }
     dataset.labels.resize(labels.data.size());
     for (std::size_t index = 0; index < labels.data.size(); ++index) {
       const std::uint8_t label = labels.data[index];
       if (label >= kMnistClasses) {
         throw DataError(concat("data file ", labels_path, ": label at index ", index, " is ",
-                               static_cast<unsigned>(label), ", expected 0 to ", kMnistClasses - 1));
+                               static_cast<unsigned>(label), ", expected 0 to ",
+                               kMnistClasses - 1));
       }
       dataset.labels[index] = label;
     }
@@ -90,7 +92,8 @@ Dataset load_split(const std::string& images_path, const std::string& labels_pat
 }
 
 std::string directory_label(const std::string& dir) {
-  const std::string name = std::filesystem::path(without_trailing_separators(dir)).filename().string();
+  const std::string name =
+      std::filesystem::path(without_trailing_separators(dir)).filename().string();
   return name.empty() ? std::string("data") : name;
 }
 
@@ -106,7 +109,8 @@ Dataset generate_synthetic_split(std::size_t size, Random& random,
   for (std::size_t example = 0; example < size; ++example) {
     const auto label = static_cast<std::int32_t>(random.uniform_below(kSyntheticClasses));
     dataset.labels[example] = label;
-    const float* prototype = prototypes.data() + static_cast<std::size_t>(label) * kSyntheticFeatures;
+    const float* prototype =
+        prototypes.data() + static_cast<std::size_t>(label) * kSyntheticFeatures;
     float* row = dataset.inputs.data() + example * kSyntheticFeatures;
     for (std::size_t feature = 0; feature < kSyntheticFeatures; ++feature) {
       const double value = prototype[feature] + kSyntheticNoise * random.normal();

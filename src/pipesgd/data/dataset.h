@@ -12,10 +12,10 @@ namespace pipesgd {
 constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
 
 struct Dataset {
-  std::size_t size = 0;              // number of examples
-  std::size_t features = 0;          // floats per example
-  std::size_t classes = 0;           // labels are in [0, classes)
-  std::vector<float> inputs;         // size * features, row-major; pixels scaled to [0, 1] (pixel / 255)
+  std::size_t size = 0;       // number of examples
+  std::size_t features = 0;   // floats per example
+  std::size_t classes = 0;    // labels are in [0, classes)
+  std::vector<float> inputs;  // size * features, row-major; pixels scaled to [0, 1] (pixel / 255)
   std::vector<std::int32_t> labels;  // size entries
   std::string name;                  // for logs, e.g. "fashion-mnist/train"
 };

@@ -16,9 +16,12 @@
 namespace pipesgd {
 namespace {
 
-// Payload is read in chunks of at most this size, and at most this much is reserved up front, so a
-// header that claims a huge size cannot make us allocate memory the file does not back.
-constexpr std::size_t kPayloadChunkBytes = std::size_t{16} << 20;
+// The payload buffer grows only as data arrives: each read asks for as many bytes as were read so
+// far (at least the first size, at most the largest), so a header claiming a huge size cannot make
+// us allocate much more memory than the input actually holds, and large files need few
+// reallocations.
+constexpr std::size_t kFirstPayloadReadBytes = std::size_t{64} << 10;
+constexpr std::size_t kLargestPayloadReadBytes = std::size_t{16} << 20;
 // Trailing bytes are counted up to this limit; beyond it the message says "more than".
 constexpr std::size_t kTrailingBytesCountLimit = std::size_t{1} << 20;
 
@@ -33,13 +36,20 @@ std::string hex_byte(std::uint8_t value) {
 
 const char* idx_type_name(std::uint8_t type) {
   switch (type) {
-    case 0x08: return "unsigned byte";
-    case 0x09: return "signed byte";
-    case 0x0B: return "16-bit integer";
-    case 0x0C: return "32-bit integer";
-    case 0x0D: return "32-bit float";
-    case 0x0E: return "64-bit float";
-    default: return "not an IDX type";
+    case 0x08:
+      return "unsigned byte";
+    case 0x09:
+      return "signed byte";
+    case 0x0B:
+      return "16-bit integer";
+    case 0x0C:
+      return "32-bit integer";
+    case 0x0D:
+      return "32-bit float";
+    case 0x0E:
+      return "64-bit float";
+    default:
+      return "not an IDX type";
   }
 }
 
@@ -92,7 +102,7 @@ class GzipFileSource final : public ByteSource {
     while (total < count) {
       const std::size_t request = std::min<std::size_t>(count - total, 1u << 30);
       const int got = gzread(file_.get(), destination + total, static_cast<unsigned>(request));
-      if (got < 0) fail(path_, concat("read error: ", zlib_error_message()));
+      if (got < 0) fail(path_, describe_zlib_error());
       if (got == 0) break;
       total += static_cast<std::size_t>(got);
     }
@@ -102,7 +112,7 @@ class GzipFileSource final : public ByteSource {
       // Z_BUF_ERROR: the compressed stream ended before its end marker.
       stream_cut_off_ = error_number == Z_BUF_ERROR;
       if (error_number != Z_OK && error_number != Z_BUF_ERROR) {
-        fail(path_, concat("read error: ", zlib_error_message()));
+        fail(path_, describe_zlib_error());
       }
     }
     return total;
@@ -117,15 +127,17 @@ class GzipFileSource final : public ByteSource {
     void operator()(gzFile file) const { gzclose(file); }
   };
 
-  // zlib's message without its "<path>: " prefix (our messages already name the file).
-  std::string zlib_error_message() const {
+  // The current zlib error as a problem description. zlib's own message loses its "<path>: "
+  // prefix, since our messages already name the file.
+  std::string describe_zlib_error() const {
     int error_number = Z_OK;
     const char* message = gzerror(file_.get(), &error_number);
-    if (error_number == Z_ERRNO) return std::strerror(errno);
+    if (error_number == Z_ERRNO) return concat("read error: ", std::strerror(errno));
     std::string text = message != nullptr ? message : "unknown zlib error";
     const std::string prefix = path_ + ": ";
     if (text.compare(0, prefix.size(), prefix) == 0) text.erase(0, prefix.size());
-    return text;
+    if (error_number == Z_DATA_ERROR) return concat("corrupt gzip data: ", text);
+    return concat("read error: ", text);
   }
 
   std::string path_;
@@ -140,6 +152,12 @@ std::string describe_dims(const std::vector<std::uint32_t>& dims) {
     text += std::to_string(dims[index]);
   }
   return text;
+}
+
+// "60000x28x28 = 47040000 bytes" for several dimensions, "10000 bytes" for one.
+std::string describe_payload(const std::vector<std::uint32_t>& dims, std::size_t element_count) {
+  if (dims.size() == 1) return concat(element_count, " bytes");
+  return concat(describe_dims(dims), " = ", element_count, " bytes");
 }
 
 IdxArray parse_from(ByteSource& source, const std::string& source_name) {
@@ -161,13 +179,14 @@ IdxArray parse_from(ByteSource& source, const std::string& source_name) {
   }
   const std::size_t dimension_count = magic[3];
   if (dimension_count < 1 || dimension_count > kIdxMaxDimensions) {
-    fail(source_name, concat("unsupported number of dimensions ", dimension_count, "; expected 1 to ",
-                             kIdxMaxDimensions));
+    fail(source_name, concat("unsupported number of dimensions ", dimension_count,
+                             "; expected 1 to ", kIdxMaxDimensions));
   }
 
   std::array<std::uint8_t, 4 * kIdxMaxDimensions> dimension_bytes{};
   const std::size_t dimension_bytes_expected = 4 * dimension_count;
-  const std::size_t dimension_bytes_got = source.read(dimension_bytes.data(), dimension_bytes_expected);
+  const std::size_t dimension_bytes_got =
+      source.read(dimension_bytes.data(), dimension_bytes_expected);
   if (dimension_bytes_got < dimension_bytes_expected) {
     fail(source_name, concat("truncated: header says ", dimension_count, " dimensions (",
                              dimension_bytes_expected, " bytes of sizes), found ",
@@ -183,31 +202,33 @@ IdxArray parse_from(ByteSource& source, const std::string& source_name) {
     const std::uint32_t size = (std::uint32_t{bytes[0]} << 24) | (std::uint32_t{bytes[1]} << 16) |
                                (std::uint32_t{bytes[2]} << 8) | std::uint32_t{bytes[3]};
     array.dims[index] = size;
-    if (size == 0) {
-      fail(source_name, concat("dimension ", index, " is zero (header sizes ",
-                               describe_dims(array.dims), ")"));
+  }
+  for (std::size_t index = 0; index < dimension_count; ++index) {
+    if (array.dims[index] == 0) {
+      fail(source_name,
+           concat("dimension ", index, " is zero (header sizes ", describe_dims(array.dims), ")"));
     }
   }
   for (std::uint32_t size : array.dims) {
     if (element_count > std::numeric_limits<std::size_t>::max() / size) {
-      fail(source_name, concat("header sizes ", describe_dims(array.dims),
-                               " overflow the element count"));
+      fail(source_name,
+           concat("header sizes ", describe_dims(array.dims), " overflow the element count"));
     }
     element_count *= size;
   }
 
-  // Grow the buffer only as data actually arrives (see kPayloadChunkBytes).
-  array.data.reserve(std::min(element_count, kPayloadChunkBytes * 4));
   std::size_t payload_got = 0;
   while (payload_got < element_count) {
-    const std::size_t request = std::min(element_count - payload_got, kPayloadChunkBytes);
+    const std::size_t read_size =
+        std::clamp(payload_got, kFirstPayloadReadBytes, kLargestPayloadReadBytes);
+    const std::size_t request = std::min(element_count - payload_got, read_size);
     array.data.resize(payload_got + request);
     const std::size_t got = source.read(array.data.data() + payload_got, request);
     payload_got += got;
     if (got < request) {
-      fail(source_name, concat("truncated: header says ", describe_dims(array.dims), " = ",
-                               element_count, " bytes of data, found ", payload_got,
-                               source.end_note()));
+      fail(source_name,
+           concat("truncated: header says ", describe_payload(array.dims, element_count),
+                  " of data, found ", payload_got, source.end_note()));
     }
   }
   PIPESGD_ASSERT(array.data.size() == element_count);
@@ -220,9 +241,9 @@ IdxArray parse_from(ByteSource& source, const std::string& source_name) {
     if (got < trailing.size()) break;
   }
   if (trailing_count > kTrailingBytesCountLimit) {
-    fail(source_name, concat("more than ", kTrailingBytesCountLimit, " unexpected trailing bytes after ",
-                             element_count, " bytes of data (header sizes ",
-                             describe_dims(array.dims), ")"));
+    fail(source_name,
+         concat("more than ", kTrailingBytesCountLimit, " unexpected trailing bytes after ",
+                element_count, " bytes of data (header sizes ", describe_dims(array.dims), ")"));
   }
   if (trailing_count > 0) {
     fail(source_name, concat(trailing_count, " unexpected trailing bytes after ", element_count,

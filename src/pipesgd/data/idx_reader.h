@@ -22,9 +22,9 @@ inline constexpr std::size_t kIdxMaxDimensions = 4;
 
 // A decoded IDX file; owns its data.
 struct IdxArray {
-  std::uint8_t element_type = 0;      // always kIdxTypeUnsignedByte for a returned array
-  std::vector<std::uint32_t> dims;    // 1..kIdxMaxDimensions entries, each >= 1
-  std::vector<std::uint8_t> data;     // product(dims) elements, row-major
+  std::uint8_t element_type = 0;    // always kIdxTypeUnsignedByte for a returned array
+  std::vector<std::uint32_t> dims;  // 1..kIdxMaxDimensions entries, each >= 1
+  std::vector<std::uint8_t> data;   // product(dims) elements, row-major
 
   std::size_t element_count() const { return data.size(); }
 };

@@ -33,14 +33,17 @@ ShardedSampler::ShardedSampler(std::size_t dataset_size, std::size_t workers, st
     throw UsageError(concat("sampler: rank ", rank, " is out of range for ", workers,
                             " workers (expected 0 to ", workers - 1, ")"));
   }
-  if (batch_per_worker == 0) throw UsageError("sampler: the batch size per worker must be at least 1, got 0");
+  if (batch_per_worker == 0)
+    throw UsageError("sampler: the batch size per worker must be at least 1, got 0");
   if (dataset_size > kMaxDatasetSize) {
     throw UsageError(concat("sampler: dataset of ", dataset_size, " examples is larger than the ",
                             kMaxDatasetSize, " supported"));
   }
-  if (batch_per_worker > dataset_size / workers) {  // dataset_size < workers * batch, without overflow
-    throw UsageError(concat("sampler: dataset of ", dataset_size, " examples is smaller than one global batch (",
-                            workers, " workers x ", batch_per_worker, " per worker)"));
+  if (batch_per_worker >
+      dataset_size / workers) {  // dataset_size < workers * batch, without overflow
+    throw UsageError(concat("sampler: dataset of ", dataset_size,
+                            " examples is smaller than one global batch (", workers, " workers x ",
+                            batch_per_worker, " per worker)"));
   }
   global_batch_ = workers * batch_per_worker;
   permutation_.resize(dataset_size);
@@ -89,16 +92,16 @@ BatchAssembler::BatchAssembler(const Dataset& dataset, std::size_t capacity)
 
 Batch BatchAssembler::assemble(std::span<const std::uint32_t> indices) {
   if (indices.size() > capacity_) {
-    throw UsageError(concat("batch assembler: ", indices.size(), " indices exceed the capacity of ",
-                            capacity_));
+    throw UsageError(
+        concat("batch assembler: ", indices.size(), " indices exceed the capacity of ", capacity_));
   }
   const std::size_t features = dataset_.features;
   for (std::size_t row = 0; row < indices.size(); ++row) {
     const std::size_t example = indices[row];
     if (example >= dataset_.size) {
       throw UsageError(concat("batch assembler: index ", example, " at position ", row,
-                              " is out of range for dataset ", dataset_.name, " of ",
-                              dataset_.size, " examples"));
+                              " is out of range for dataset ", dataset_.name, " of ", dataset_.size,
+                              " examples"));
     }
     if (features > 0) {
       std::memcpy(inputs_.data() + row * features, dataset_.inputs.data() + example * features,

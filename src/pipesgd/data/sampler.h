@@ -21,9 +21,9 @@ namespace pipesgd {
 // (seed, epoch) alone, so every rank computes the same permutation independently. At iteration i,
 // worker `rank` gets perm[(i * workers + rank) * batch_per_worker, ... + batch_per_worker); the
 // workers together get the contiguous slice perm[i * global_batch, (i + 1) * global_batch). Hence a
-// single sampler with workers = 1 and batch_per_worker = global_batch and the same seed sees exactly
-// the union of the workers' batches. The last dataset_size % global_batch examples of each epoch's
-// permutation are dropped.
+// single sampler with workers = 1 and batch_per_worker = global_batch and the same seed sees
+// exactly the union of the workers' batches. The last dataset_size % global_batch examples of each
+// epoch's permutation are dropped.
 class ShardedSampler {
  public:
   // Throws UsageError unless workers >= 1, rank < workers, batch_per_worker >= 1,
@@ -66,8 +66,8 @@ class ShardedSampler {
 };
 
 // Gathers examples of a dataset into contiguous buffers owned by the assembler. The dataset must
-// outlive the assembler. The returned Batch points into the assembler and stays valid until the next
-// assemble call or the assembler's destruction.
+// outlive the assembler. The returned Batch points into the assembler and stays valid until the
+// next assemble call or the assembler's destruction.
 class BatchAssembler {
  public:
   // Throws UsageError if capacity is zero.

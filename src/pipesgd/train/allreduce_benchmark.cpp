@@ -105,7 +105,7 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark(
             for (int run = 0; run < runs; ++run) {
               for (std::size_t i = 0; i < count; ++i) data[i] = test_value(rank, i);
               float token = 0;
-              barrier.run(std::span<float>(&token, 1), (Tag{1} << 40) + run);
+              barrier.run(std::span<float>(&token, 1), (Tag{1} << 36) + run);
               Stopwatch timer;
               allreduce.run(data, static_cast<Tag>(run));
               seconds[rank][run] = timer.seconds();

@@ -18,7 +18,7 @@ namespace pipesgd {
 namespace {
 
 // Tags above this are the trainer's own (epoch-end loss reduction and barrier); below are iterations.
-constexpr Tag kControlTagBase = Tag{1} << 40;
+constexpr Tag kControlTagBase = Tag{1} << 36;
 
 struct RunPlan {
   std::int64_t iterations_per_epoch = 0;

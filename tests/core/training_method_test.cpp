@@ -1,0 +1,347 @@
+// Semantics of the training methods on the tiny pure-C++ model: Pipe-SGD's staleness against a
+// hand-computed sequence, K = 1 == D-Sync bit for bit, warm-up, and failure propagation.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "pipesgd/algo/training_method.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/random.h"
+#include "pipesgd/data/dataset.h"
+#include "pipesgd/models/softmax_regression.h"
+#include "pipesgd/train/trainer.h"
+#include "test_world.h"
+
+namespace pipesgd {
+namespace {
+
+constexpr std::size_t kFeatures = 6;
+constexpr std::size_t kClasses = 3;
+constexpr std::size_t kBatch = 4;
+constexpr std::uint64_t kSeed = 7;
+
+// Deterministic per-(rank, iteration) batches, independent of any sampler.
+struct Batches {
+  std::vector<float> inputs;
+  std::vector<std::int32_t> labels;
+  Batch at(int rank, std::int64_t t, int ranks) const {
+    const std::size_t index = static_cast<std::size_t>(t * ranks + rank);
+    Batch batch;
+    batch.inputs = std::span<const float>(inputs).subspan(index * kBatch * kFeatures, kBatch * kFeatures);
+    batch.labels = std::span<const std::int32_t>(labels).subspan(index * kBatch, kBatch);
+    batch.size = kBatch;
+    batch.features = kFeatures;
+    return batch;
+  }
+};
+
+Batches make_batches(int ranks, std::int64_t iterations) {
+  Random random(99);
+  Batches batches;
+  const std::size_t rows = static_cast<std::size_t>(ranks * iterations) * kBatch;
+  for (std::size_t i = 0; i < rows * kFeatures; ++i) batches.inputs.push_back(static_cast<float>(random.uniform() * 2 - 1));
+  for (std::size_t i = 0; i < rows; ++i) batches.labels.push_back(static_cast<std::int32_t>(random.uniform_below(kClasses)));
+  return batches;
+}
+
+struct Observed {
+  std::vector<std::vector<std::vector<float>>> weights_used;  // [rank][t]: weights gradient t saw
+  std::vector<std::vector<float>> final_weights;              // [rank], after finish()
+};
+
+Observed run_method(const MethodConfig& config, int ranks, std::int64_t iterations, const Batches& data) {
+  Observed observed;
+  observed.weights_used.assign(ranks, {});
+  observed.final_weights.assign(ranks, {});
+  run_ranks(ranks, [&](int rank, Transport& transport) {
+    SoftmaxRegression model(kFeatures, kClasses, kSeed);
+    auto method = make_training_method(config, model, transport);
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      IterationTimes times;
+      std::span<float> gradients = method->begin_iteration(t, times);
+      auto parameters = model.parameters();
+      observed.weights_used[rank].emplace_back(parameters.begin(), parameters.end());
+      model.forward_backward(data.at(rank, t, ranks), gradients, {});
+      method->end_iteration(t, times);
+    }
+    IterationTimes times;
+    method->finish(times);
+    auto parameters = model.parameters();
+    observed.final_weights[rank].assign(parameters.begin(), parameters.end());
+  });
+  return observed;
+}
+
+// The hand-computed sequence of Pipe-SGD Alg. 1 with warm-up W and a final drain:
+//   t <  W:  g_t = mean_r g_r(w_t); w <- SGD(w, g_t)                      (D-Sync)
+//   t >= W:  if t-K >= W: w <- SGD(w, g_{t-K});  g_t = mean_r g_r(w_t)   (stale by K-1)
+// SGD as LibTorch: v = m v + (g + wd w); w -= lr v. Computed in double.
+struct Expected {
+  std::vector<std::vector<double>> weights_used;
+  std::vector<double> final_weights;
+};
+
+Expected hand_computed(const SgdOptions& sgd, int K, std::int64_t W, int ranks, std::int64_t iterations,
+                       const Batches& data) {
+  SoftmaxRegression initial(kFeatures, kClasses, kSeed);
+  std::vector<double> w(initial.parameters().begin(), initial.parameters().end());
+  std::vector<double> v(w.size(), 0.0);
+  std::vector<std::vector<double>> gradient_of(iterations + K);
+  auto apply = [&](const std::vector<double>& g) {
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      v[i] = sgd.momentum * v[i] + (g[i] + sgd.weight_decay * w[i]);
+      w[i] -= sgd.learning_rate * v[i];
+    }
+  };
+  Expected expected;
+  for (std::int64_t t = 0; t < iterations + K; ++t) {
+    const bool pipelined = t >= W;
+    if (pipelined && t - K >= W && t - K < iterations) apply(gradient_of[t - K]);
+    if (t >= iterations) continue;  // drain
+    expected.weights_used.push_back(w);
+    std::vector<float> w_float(w.begin(), w.end());
+    std::vector<double> mean(w.size(), 0.0);
+    for (int r = 0; r < ranks; ++r) {
+      auto g = SoftmaxRegression::gradient_for(w_float, data.at(r, t, ranks), kFeatures, kClasses);
+      for (std::size_t i = 0; i < g.size(); ++i) mean[i] += g[i] / ranks;
+    }
+    gradient_of[t] = mean;
+    if (!pipelined) apply(mean);
+  }
+  expected.final_weights = w;
+  return expected;
+}
+
+void expect_close(const std::vector<float>& actual, const std::vector<double>& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_NEAR(actual[i], expected[i], 2e-5 * (1 + std::fabs(expected[i]))) << what << " element " << i;
+  }
+}
+
+struct StalenessCase {
+  int ranks;
+  int staleness;
+  std::int64_t warmup;
+  float momentum;
+};
+
+class PipeStaleness : public ::testing::TestWithParam<StalenessCase> {};
+
+TEST_P(PipeStaleness, WeightsFollowHandComputedSequence) {
+  const StalenessCase c = GetParam();
+  const std::int64_t iterations = 9;
+  const Batches data = make_batches(c.ranks, iterations);
+  MethodConfig config;
+  config.name = "pipe";
+  config.staleness = c.staleness;
+  config.warmup_iterations = c.warmup;
+  config.sgd = SgdOptions{0.5f, c.momentum, 0.01f};
+  const Observed observed = run_method(config, c.ranks, iterations, data);
+  const Expected expected = hand_computed(config.sgd, c.staleness, c.warmup, c.ranks, iterations, data);
+  for (int rank = 0; rank < c.ranks; ++rank) {
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      expect_close(observed.weights_used[rank][t], expected.weights_used[t],
+                   concat("rank ", rank, " weights used at iteration ", t));
+    }
+    expect_close(observed.final_weights[rank], expected.final_weights, concat("rank ", rank, " final"));
+    EXPECT_EQ(observed.final_weights[rank], observed.final_weights[0]) << "replicas diverged";
+  }
+  // The first K pipelined iterations see no update (Alg. 1's zero-initialised slots).
+  for (std::int64_t t = c.warmup + 1; t < std::min<std::int64_t>(iterations, c.warmup + c.staleness); ++t) {
+    EXPECT_EQ(observed.weights_used[0][t], observed.weights_used[0][c.warmup]) << "iteration " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PipeStaleness,
+    ::testing::Values(StalenessCase{1, 2, 0, 0.0f}, StalenessCase{3, 2, 0, 0.0f}, StalenessCase{3, 2, 0, 0.9f},
+                      StalenessCase{4, 3, 0, 0.9f}, StalenessCase{3, 1, 0, 0.9f}, StalenessCase{3, 2, 3, 0.9f},
+                      StalenessCase{2, 2, 20, 0.5f}),
+    [](const auto& info) {
+      const StalenessCase& c = info.param;
+      return concat("p", c.ranks, "_K", c.staleness, "_warmup", c.warmup, c.momentum > 0 ? "_momentum" : "");
+    });
+
+// A wrong staleness must be caught: the K=2 run does not match the K=1 sequence.
+TEST(PipeStaleness, HandComputedSequenceDistinguishesStaleness) {
+  const Batches data = make_batches(3, 6);
+  MethodConfig config;
+  config.name = "pipe";
+  config.staleness = 2;
+  config.sgd = SgdOptions{0.5f, 0.0f, 0.0f};
+  const Observed observed = run_method(config, 3, 6, data);
+  const Expected wrong = hand_computed(config.sgd, 1, 0, 3, 6, data);
+  double largest = 0;
+  for (std::size_t i = 0; i < wrong.final_weights.size(); ++i) {
+    largest = std::max(largest, std::fabs(observed.final_weights[0][i] - wrong.final_weights[i]));
+  }
+  EXPECT_GT(largest, 1e-3);
+}
+
+DataSplits small_data() { return make_synthetic(600, 100, 3); }
+
+TrainConfig tiny_config(const std::string& spec, int workers) {
+  TrainConfig config;
+  apply_method_spec(spec, config);
+  config.workers = workers;
+  config.model = "softmax";
+  config.batch = 5;
+  config.iterations = 25;
+  config.seed = 11;
+  config.progress = false;
+  config.evaluate = false;
+  config.keep_parameters = true;
+  config.method.sgd = SgdOptions{0.1f, 0.9f, 1e-4f};
+  return config;
+}
+
+ModelFactory softmax_factory() { return softmax_regression_factory(784, 10); }
+
+class PipeWithKOne : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(PipeWithKOne, IsBitIdenticalToDSync) {
+  const auto [workers, codec] = GetParam();
+  const DataSplits data = small_data();
+  TrainConfig dsync = tiny_config("dsync+" + codec, workers);
+  TrainConfig pipe = tiny_config("pipe+" + codec, workers);
+  pipe.method.staleness = 1;
+  const RunSummary a = run_training(dsync, softmax_factory(), data);
+  const RunSummary b = run_training(pipe, softmax_factory(), data);
+  for (int rank = 0; rank < workers; ++rank) {
+    ASSERT_EQ(a.final_parameters[rank].size(), b.final_parameters[rank].size());
+    EXPECT_EQ(0, std::memcmp(a.final_parameters[rank].data(), b.final_parameters[rank].data(),
+                             a.final_parameters[rank].size() * sizeof(float)))
+        << "rank " << rank;
+  }
+  // And K = 2 is not (so the comparison above can fail).
+  pipe.method.staleness = 2;
+  const RunSummary c = run_training(pipe, softmax_factory(), data);
+  EXPECT_NE(a.final_parameters[0], c.final_parameters[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PipeWithKOne,
+                         ::testing::Combine(::testing::Values(1, 3, 4), ::testing::Values("none", "bf16", "int8")),
+                         [](const auto& info) {
+                           return concat("p", std::get<0>(info.param), "_", std::get<1>(info.param));
+                         });
+
+TEST(Trainer, WarmupOnlyRunEqualsDSync) {
+  const DataSplits data = small_data();
+  TrainConfig dsync = tiny_config("dsync", 3);
+  TrainConfig pipe = tiny_config("pipe", 3);
+  pipe.warmup_iterations = dsync.iterations;
+  EXPECT_EQ(run_training(dsync, softmax_factory(), data).final_parameters,
+            run_training(pipe, softmax_factory(), data).final_parameters);
+}
+
+TEST(Trainer, ReportsEpochsAndTimings) {
+  const DataSplits data = small_data();
+  TrainConfig config = tiny_config("pipe+int8", 2);
+  config.iterations = 0;
+  config.epochs = 2;
+  config.evaluate = true;
+  const RunSummary summary = run_training(config, softmax_factory(), data);
+  ASSERT_EQ(summary.epochs.size(), 2u);
+  EXPECT_EQ(summary.iterations, 2 * (600 / (2 * 5)));
+  EXPECT_GE(summary.final_test_accuracy, 0.0);
+  EXPECT_LE(summary.final_test_accuracy, 1.0);
+  EXPECT_GT(summary.mean.iteration, 0.0);
+  EXPECT_GT(summary.throughput, 0.0);
+  EXPECT_EQ(summary.codec, "int8");
+  EXPECT_EQ(summary.staleness, 2);
+  EXPECT_DOUBLE_EQ(summary.predicted_pipe_iteration,
+                   std::max(summary.stages.compute(), summary.stages.comm));
+  EXPECT_DOUBLE_EQ(summary.predicted_iteration, summary.predicted_pipe_iteration);
+  EXPECT_GT(summary.bytes_sent_per_iteration, 0u);
+}
+
+TEST(Trainer, LearnsSyntheticData) {
+  const DataSplits data = make_synthetic(2000, 500, 5);
+  for (const std::string spec : {"dsync", "pipe", "pipe+int8"}) {
+    TrainConfig config = tiny_config(spec, 4);
+    config.iterations = 0;
+    config.epochs = 2;
+    config.evaluate = true;
+    const RunSummary summary = run_training(config, softmax_factory(), data);
+    EXPECT_GT(summary.final_test_accuracy, 0.8) << spec;
+  }
+}
+
+TEST(Trainer, RejectsBadConfigurations) {
+  const DataSplits data = small_data();
+  auto expect_usage_error = [&](TrainConfig config, const std::string& fragment) {
+    try {
+      run_training(config, softmax_factory(), data);
+      ADD_FAILURE() << "expected UsageError containing '" << fragment << "'";
+    } catch (const UsageError& error) {
+      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+    }
+  };
+  TrainConfig config = tiny_config("dsync", 0);
+  expect_usage_error(config, "--workers must be >= 1");
+  config = tiny_config("pipe", 2);
+  config.method.staleness = 0;
+  expect_usage_error(config, "--staleness-k must be >= 1");
+  config = tiny_config("dsync", 2);
+  config.batch = 1000;
+  expect_usage_error(config, "fewer than one global batch");
+  config = tiny_config("dsync", 2);
+  config.method.codec = "zip";
+  expect_usage_error(config, "unknown codec 'zip'");
+}
+
+TEST(MethodSpec, ParsesNameAndCodec) {
+  TrainConfig config;
+  apply_method_spec("pipe+int8", config);
+  EXPECT_EQ(config.method.name, "pipe");
+  EXPECT_EQ(config.method.codec, "int8");
+  EXPECT_EQ(config.method_spec, "pipe+int8");
+  for (const std::string bad : {"pipes", "", "+int8", "pipe+", "pipe+gzip", "pipe+int8+bf16"}) {
+    TrainConfig other;
+    EXPECT_THROW(apply_method_spec(bad, other), UsageError) << bad;
+  }
+}
+
+// A model that throws on one rank at one iteration: the others must stop (no hang) and the run
+// must report the root cause, not the others' "peer failed".
+class FailingModel final : public Model {
+ public:
+  FailingModel(std::unique_ptr<Model> inner, bool fails) : inner_(std::move(inner)), fails_(fails) {}
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<float> parameters() override { return inner_->parameters(); }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients, const SegmentReadyFn& ready) override {
+    if (fails_ && ++calls_ == 5) throw DataError("injected failure in forward");
+    return inner_->forward_backward(batch, gradients, ready);
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  bool fails_;
+  int calls_ = 0;
+};
+
+TEST(Trainer, WorkerFailureStopsEveryRankWithRootCause) {
+  const DataSplits data = small_data();
+  for (const std::string spec : {"dsync", "pipe"}) {
+    std::atomic<int> built{0};
+    ModelFactory factory = [&](std::uint64_t seed) -> std::unique_ptr<Model> {
+      const bool fails = built++ == 2;  // replicas are built in rank order: rank 2 fails
+      return std::make_unique<FailingModel>(softmax_factory()(seed), fails);
+    };
+    TrainConfig config = tiny_config(spec, 4);
+    config.method.allreduce.timeout = std::chrono::seconds(60);
+    try {
+      run_training(config, factory, data);
+      ADD_FAILURE() << "expected the injected failure";
+    } catch (const DataError& error) {
+      EXPECT_STREQ(error.what(), "injected failure in forward");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pipesgd
