@@ -350,7 +350,8 @@ TEST(Int8Codec, ErrorBoundIsTightEnoughToCatchALostLevel) {
 // must not push the error past the documented scale / 2 (error_bound).
 TEST(Int8Codec, ErrorBoundHoldsAtRoundingMidpoints) {
   auto codec = make_codec("int8");
-  // Minimal case found by a sweep: 0x1.244892p-1 = 0.570866..., between levels 72 and 73 of 1/127.
+  // 0x1.244892p-1 = 0.570866... lies just off the midpoint between levels 72 and 73 (of 1/127); an
+  // encoder that rounded x * (1 / scale) in float without slack in the bound failed here.
   expect_within_error_bound(*codec, {1.0f, 0x1.244892p-1f});
   for (int level = 0; level < 127; ++level) {
     std::vector<float> values = {1.0f};

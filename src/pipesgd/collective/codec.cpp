@@ -93,10 +93,14 @@ class Bf16Codec final : public Codec {
       out[i] += widen(upper);
     }
   }
-  double error_bound(double max_abs) const override { return max_abs * 0x1p-7; }
+  // Relative 2^-7 for normal numbers; for denormals the truncated bits are worth up to 2^-133.
+  double error_bound(double max_abs) const override { return std::max(max_abs * 0x1p-7, 0x1p-133); }
 };
 
 class Int8Codec final : public Codec {
+  // Below this scale 1 / scale overflows fp32; such (denormal-range) chunks quantize in double.
+  static constexpr float kSmallestFastScale = 1e-36f;
+
  public:
   std::string_view name() const override { return "int8"; }
   std::size_t encoded_bytes(std::size_t count) const override {
@@ -116,20 +120,32 @@ class Int8Codec final : public Codec {
       max_abs = magnitude > max_abs ? magnitude : max_abs;
     }
     const bool finite = !has_nan && std::isfinite(max_abs);
-    const float scale = finite ? max_abs / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    float scale = finite ? max_abs / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    // Round the scale down until 127 * scale <= max|x|, so decoding never overflows (max|x| near
+    // FLT_MAX); values a hair above 127 levels are clamped below.
+    while (finite && scale > 0 && scale * 127.0f > max_abs) scale = std::nextafter(scale, 0.0f);
     std::memcpy(out.data(), &scale, sizeof(float));
     auto* q = reinterpret_cast<std::int8_t*>(out.data() + sizeof(float));
     if (!(scale > 0)) {  // zero chunk, or poisoned: the payload is ignored by the decoder
       std::memset(q, 0, n);
     } else {
-      const float inverse = 1.0f / scale;
       const float* x = values.data();
-      for (std::size_t i = 0; i < n; ++i) {
-        // Round half away from zero; |x * inverse| <= 127 (+ rounding), clamped for safety.
-        float level = x[i] * inverse;
-        level = std::min(127.0f, std::max(-127.0f, level));
-        level += level >= 0 ? 0.5f : -0.5f;
-        q[i] = static_cast<std::int8_t>(static_cast<int>(level));
+      if (scale >= kSmallestFastScale) {
+        const float inverse = 1.0f / scale;
+        for (std::size_t i = 0; i < n; ++i) {
+          // Round half away from zero; |x * inverse| <= 127 (+ rounding), clamped for safety.
+          float level = x[i] * inverse;
+          level = std::min(127.0f, std::max(-127.0f, level));
+          level += level >= 0 ? 0.5f : -0.5f;
+          q[i] = static_cast<std::int8_t>(static_cast<int>(level));
+        }
+      } else {  // 1 / scale would overflow in float: the same rounding, in double
+        const double inverse = 1.0 / static_cast<double>(scale);
+        for (std::size_t i = 0; i < n; ++i) {
+          double level = std::min(127.0, std::max(-127.0, x[i] * inverse));
+          level += level >= 0 ? 0.5 : -0.5;
+          q[i] = static_cast<std::int8_t>(static_cast<int>(level));
+        }
       }
     }
     return encoded_bytes(n);

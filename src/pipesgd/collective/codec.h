@@ -3,10 +3,12 @@
 //
 //  none  fp32 as is.
 //  bf16  16-bit truncation ("T"): keeps the upper 16 bits of each fp32 (sign, 8 exponent bits,
-//        7 mantissa bits), rounding toward zero. |decode(encode(x)) - x| < 2^-7 * |x|.
+//        7 mantissa bits), rounding toward zero. |decode(encode(x)) - x| < max(2^-7 * |x|, 2^-133)
+//        (the second term for denormals).
 //        Denormals keep their upper bits (so tiny values may become 0); +-Inf stays +-Inf; NaN stays
 //        NaN (the quiet bit is forced so truncation can never turn a NaN into Inf).
-//  int8  scalar quantization ("Q"): a message is [fp32 scale][int8 x n], scale = max|x| / 127, each
+//  int8  scalar quantization ("Q"): a message is [fp32 scale][int8 x n], scale = max|x| / 127
+//        (rounded down so that 127 * scale never overflows), each
 //        value round(x / scale) in [-127, 127]. |decode(encode(x)) - x| <= scale / 2 = max|x| / 254
 //        per element of the chunk. An all-zero chunk has scale 0 and decodes to zeros. If the chunk
 //        holds a NaN or Inf, the scale is NaN and the whole chunk decodes to NaN: a non-finite

@@ -51,6 +51,18 @@ std::size_t RingAllreduce::segment_count(std::size_t chunk_elements) const {
 }
 
 void RingAllreduce::run(std::span<float> data, Tag tag) {
+  try {
+    run_steps(data, tag);
+  } catch (...) {
+    // Withdraw everything still posted on `data` or our buffers before the caller sees the error.
+    for (auto& requests : receives_) for (Request& request : requests) request = Request();
+    for (auto& requests : sends_) for (Request& request : requests) request = Request();
+    throw;
+  }
+}
+
+void RingAllreduce::run_steps(std::span<float> data, Tag tag) {
+  PIPESGD_ASSERT(tag < (Tag{1} << 40));
   const int p = transport_.size();
   const int rank = transport_.rank();
   if (data.size() > max_count_) {

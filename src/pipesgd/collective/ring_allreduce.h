@@ -34,6 +34,7 @@ class RingAllreduce final : public Allreduce {
   std::size_t chunk_offset(std::size_t n, int chunk) const;
   std::size_t chunk_count(std::size_t n, int chunk) const;
   std::size_t segment_count(std::size_t chunk_elements) const;
+  void run_steps(std::span<float> data, Tag tag);
 
   Transport& transport_;
   const Codec& codec_;

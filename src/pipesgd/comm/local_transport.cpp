@@ -204,6 +204,8 @@ class Endpoint final : public Transport {
     std::lock_guard lock(pool_mutex_);
     for (auto& op : pool_) {
       if (op.use_count() == 1) {
+        // Pairs with the release of the last other owner's reference: its writes happen-before ours.
+        std::atomic_thread_fence(std::memory_order_acquire);
         reset(*op);
         return op;
       }

@@ -1,5 +1,9 @@
 #include "pipesgd/train/trainer.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <exception>
 #include <filesystem>
@@ -19,6 +23,7 @@ namespace {
 
 // Tags above this are the trainer's own (epoch-end loss reduction and barrier); below are iterations.
 constexpr Tag kControlTagBase = Tag{1} << 36;
+constexpr int kComputeThreadNice = 10;
 
 struct RunPlan {
   std::int64_t iterations_per_epoch = 0;
@@ -86,6 +91,12 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   MethodConfig method_config = config.method;
   method_config.warmup_iterations = plan.warmup_iterations;
   auto method = make_training_method(method_config, model, transport);
+  // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU.
+  // Communication threads (created above, at the default priority) must not queue behind compute:
+  // the compute thread lowers its own priority, which needs no privilege and is inherited by nothing.
+  if (config.deprioritize_compute) {
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kComputeThreadNice);
+  }
   auto control_codec = make_codec("none");
   RingAllreduce control(transport, 2, *control_codec, config.method.allreduce);
   const bool leader = rank == 0;

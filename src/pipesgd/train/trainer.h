@@ -30,6 +30,7 @@ struct TrainConfig {
   bool progress = true;               // progress output on stderr (bar on a tty, lines otherwise)
   bool evaluate = true;               // test accuracy after every epoch
   bool keep_parameters = false;       // return every rank's final parameters (tests)
+  bool deprioritize_compute = true;   // compute threads at nice +10 so comm threads preempt them
 };
 
 struct EpochRecord {
