@@ -2,8 +2,17 @@
 
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/thread_priority.h"
 
 namespace pipesgd {
+namespace {
+int checked_staleness(int staleness) {
+  if (staleness < 1 || staleness > 64) {
+    throw UsageError(concat("--staleness-k must be in [1, 64], got ", staleness));
+  }
+  return staleness;
+}
+}  // namespace
 
 PipeSgd::PipeSgd(const MethodConfig& config, Model& model, Transport& transport)
     : model_(model),
@@ -11,14 +20,11 @@ PipeSgd::PipeSgd(const MethodConfig& config, Model& model, Transport& transport)
       codec_(make_codec(config.codec)),
       allreduce_(transport, model.layout().total(), *codec_, config.allreduce),
       sgd_(model.layout().total(), config.sgd),
-      staleness_(config.staleness),
+      staleness_(checked_staleness(config.staleness)),
       warmup_iterations_(config.warmup_iterations),
       timeout_(config.allreduce.timeout),
       gradient_scale_(1.0f / static_cast<float>(transport.size())),
-      queue_(config.staleness) {
-  if (config.staleness < 1) {
-    throw UsageError(concat("--staleness-k must be >= 1, got ", config.staleness));
-  }
+      queue_(staleness_) {
   if (config.warmup_iterations < 0) {
     throw UsageError(concat("warm-up iterations must be >= 0, got ", config.warmup_iterations));
   }
@@ -37,6 +43,7 @@ PipeSgd::~PipeSgd() {
 }
 
 void PipeSgd::comm_loop() {
+  raise_communication_thread_priority();
   for (;;) {
     int slot_index;
     {

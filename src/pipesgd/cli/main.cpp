@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "pipesgd/comm/network_spec.h"
+#include "pipesgd/comm/timeout.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/torch/torch_models.h"
@@ -24,11 +25,11 @@ struct TrainFlags {
   std::string data_dir;
   std::int64_t epochs = 1;
   std::int64_t iterations = 0;
-  std::uint64_t seed = 1;
+  std::int64_t seed = 1;
   float learning_rate = 0.05f;
   float momentum = 0.9f;
   float weight_decay = 0.0f;
-  std::size_t batch = 25;
+  std::int64_t batch = 25;
   int staleness = 2;
   std::int64_t warmup_epochs = 0;
   std::int64_t warmup_iterations = 0;
@@ -91,23 +92,27 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec) {
   make_codec(flags.codec);  // validate --codec even when the method spec overrides it
   apply_method_spec(method_spec, config);
   config.method.staleness = flags.staleness;
-  if (flags.staleness < 1) throw UsageError(concat("--staleness-k must be >= 1, got ", flags.staleness));
+  if (flags.staleness < 1 || flags.staleness > kMaxStaleness) {
+    throw UsageError(concat("--staleness-k must be in [1, ", kMaxStaleness, "], got ", flags.staleness));
+  }
+  if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
+  if (flags.batch < 1 || flags.batch > static_cast<std::int64_t>(kMaxBatch)) {
+    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", flags.batch));
+  }
   config.method.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
   Sgd validate(0, config.method.sgd);
-  if (!(flags.comm_timeout_seconds > 0)) {
-    throw UsageError(concat("--comm-timeout must be > 0 seconds, got ", flags.comm_timeout_seconds));
+  config.method.allreduce.timeout = timeout_from_seconds(flags.comm_timeout_seconds, "--comm-timeout");
+  if (flags.workers < 1 || flags.workers > kMaxWorkers) {
+    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", flags.workers));
   }
-  config.method.allreduce.timeout =
-      std::chrono::milliseconds(static_cast<std::int64_t>(flags.comm_timeout_seconds * 1000));
-  if (flags.workers < 1) throw UsageError(concat("--workers must be >= 1, got ", flags.workers));
   config.workers = flags.workers;
   config.model = flags.model;
-  config.batch = flags.batch;
+  config.batch = static_cast<std::size_t>(flags.batch);
   config.epochs = flags.epochs;
   config.iterations = flags.iterations;
   config.warmup_epochs = flags.warmup_epochs;
   config.warmup_iterations = flags.warmup_iterations;
-  config.seed = flags.seed;
+  config.seed = static_cast<std::uint64_t>(flags.seed);
   config.network = parse_network_spec(flags.network);
   config.out_dir = flags.out_dir;
   config.progress = !flags.quiet;
@@ -118,7 +123,7 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec) {
 DataSplits load_data(const TrainFlags& flags) {
   if (flags.data == "synthetic") {
     if (!flags.data_dir.empty()) throw UsageError("--data-dir cannot be combined with --data synthetic");
-    return make_synthetic(12000, 2000, flags.seed);
+    return make_synthetic(12000, 2000, static_cast<std::uint64_t>(flags.seed));
   }
   if (flags.data != "fashion-mnist" && flags.data != "mnist-format") {
     throw UsageError(concat("unknown data set '", flags.data, "' (expected fashion-mnist or synthetic)"));
@@ -187,8 +192,10 @@ int run_bench_allreduce(int workers, const std::string& network, const std::stri
   if (!sizes.empty()) config.sizes_bytes = parse_sizes(sizes);
   config.repeats = repeats;
   config.warmup = warmup;
-  if (!(timeout_seconds > 0)) throw UsageError("--comm-timeout must be > 0 seconds");
-  config.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_seconds * 1000));
+  if (workers < 1 || workers > kMaxWorkers) {
+    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", workers));
+  }
+  config.timeout = timeout_from_seconds(timeout_seconds, "--comm-timeout");
   std::printf("pipesgd bench allreduce: %d ranks over LocalTransport (%s), median of %d runs\n\n",
               workers, describe(config.network).c_str(), repeats);
   std::printf("%-10s %-6s %12s %12s %12s %12s %10s\n", "algorithm", "codec", "bytes", "time (us)",
@@ -265,6 +272,14 @@ int main(int argc, char** argv) {
   bench_allreduce->add_option("--comm-timeout", bench_timeout, "Seconds per wait")->capture_default_str();
   bench_allreduce->add_option("--out", bench_out, "Write allreduce.json here");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string command = argv[1];
+    if (command != "train" && command != "compare" && command != "bench") {
+      std::fprintf(stderr, "pipesgd: error: unknown command '%s' (expected train, compare or bench; see --help)\n",
+                   command.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {

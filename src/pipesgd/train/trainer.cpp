@@ -1,9 +1,5 @@
 #include "pipesgd/train/trainer.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <exception>
 #include <filesystem>
@@ -14,6 +10,7 @@
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/thread_priority.h"
 #include "pipesgd/data/sampler.h"
 #include "pipesgd/train/progress.h"
 #include "pipesgd/train/report.h"
@@ -23,7 +20,6 @@ namespace {
 
 // Tags above this are the trainer's own (epoch-end loss reduction and barrier); below are iterations.
 constexpr Tag kControlTagBase = Tag{1} << 36;
-constexpr int kComputeThreadNice = 10;
 
 struct RunPlan {
   std::int64_t iterations_per_epoch = 0;
@@ -34,14 +30,25 @@ struct RunPlan {
 };
 
 RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
-  if (config.workers < 1) throw UsageError(concat("--workers must be >= 1, got ", config.workers));
-  if (config.batch < 1) throw UsageError(concat("--batch must be >= 1, got ", config.batch));
-  if (config.iterations < 0) throw UsageError(concat("--iters must be >= 0, got ", config.iterations));
-  if (config.iterations == 0 && config.epochs < 1) {
-    throw UsageError(concat("--epochs must be >= 1, got ", config.epochs));
+  if (config.workers < 1 || config.workers > kMaxWorkers) {
+    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", config.workers));
   }
-  if (config.warmup_epochs < 0 || config.warmup_iterations < 0) {
-    throw UsageError("--warmup-epochs and --warmup-iters must be >= 0");
+  if (config.batch < 1 || config.batch > kMaxBatch) {
+    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", config.batch));
+  }
+  if (config.iterations < 0 || config.iterations > kMaxIterations) {
+    throw UsageError(concat("--iters must be in [0, ", kMaxIterations, "], got ", config.iterations));
+  }
+  if (config.iterations == 0 && (config.epochs < 1 || config.epochs > kMaxIterations)) {
+    throw UsageError(concat("--epochs must be in [1, ", kMaxIterations, "], got ", config.epochs));
+  }
+  if (config.warmup_epochs < 0 || config.warmup_iterations < 0 ||
+      config.warmup_epochs > kMaxIterations || config.warmup_iterations > kMaxIterations) {
+    throw UsageError(concat("--warmup-epochs and --warmup-iters must be in [0, ", kMaxIterations, "]"));
+  }
+  if (config.method.staleness < 1 || config.method.staleness > kMaxStaleness) {
+    throw UsageError(concat("--staleness-k must be in [1, ", kMaxStaleness, "], got ",
+                            config.method.staleness));
   }
   const std::size_t global_batch = static_cast<std::size_t>(config.workers) * config.batch;
   if (train.size < global_batch) {
@@ -52,6 +59,11 @@ RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
   plan.iterations_per_epoch = static_cast<std::int64_t>(train.size / global_batch);
   plan.total_iterations =
       config.iterations > 0 ? config.iterations : config.epochs * plan.iterations_per_epoch;
+  if (plan.total_iterations > kMaxIterations) {
+    throw UsageError(concat("--epochs ", config.epochs, " x ", plan.iterations_per_epoch,
+                            " iterations per epoch exceeds the ", kMaxIterations,
+                            " iterations a run may have"));
+  }
   plan.epochs = (plan.total_iterations + plan.iterations_per_epoch - 1) / plan.iterations_per_epoch;
   plan.warmup_iterations =
       config.warmup_epochs * plan.iterations_per_epoch + config.warmup_iterations;
@@ -91,12 +103,9 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   MethodConfig method_config = config.method;
   method_config.warmup_iterations = plan.warmup_iterations;
   auto method = make_training_method(method_config, model, transport);
-  // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU.
-  // Communication threads (created above, at the default priority) must not queue behind compute:
-  // the compute thread lowers its own priority, which needs no privilege and is inherited by nothing.
-  if (config.deprioritize_compute) {
-    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kComputeThreadNice);
-  }
+  // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU:
+  // communication threads (created above) must not queue behind compute (core/thread_priority.h).
+  if (config.deprioritize_compute && !realtime_priority_permitted()) lower_compute_thread_priority();
   auto control_codec = make_codec("none");
   RingAllreduce control(transport, 2, *control_codec, config.method.allreduce);
   const bool leader = rank == 0;
@@ -230,9 +239,7 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
                         const DataSplits& data) {
   const RunPlan plan = plan_run(config, data.train);
   make_codec(config.method.codec);  // validate before starting threads
-  if (config.method.name == "pipe" && config.method.staleness < 1) {
-    throw UsageError(concat("--staleness-k must be >= 1, got ", config.method.staleness));
-  }
+  if (!config.out_dir.empty()) ensure_directory(config.out_dir);  // fail before training, not after
 
   // Replicas are built one after another: model initialisation may use a global RNG.
   std::vector<std::unique_ptr<Model>> models;

@@ -14,6 +14,12 @@
 
 namespace pipesgd {
 
+// Bounds of a run, checked before anything is allocated.
+inline constexpr int kMaxWorkers = 1024;
+inline constexpr std::size_t kMaxBatch = std::size_t{1} << 20;
+inline constexpr int kMaxStaleness = 64;
+inline constexpr std::int64_t kMaxIterations = 10'000'000;
+
 struct TrainConfig {
   std::string method_spec = "dsync";  // as given: name[+codec]
   MethodConfig method;                // resolved from the spec and the flags
@@ -30,7 +36,7 @@ struct TrainConfig {
   bool progress = true;               // progress output on stderr (bar on a tty, lines otherwise)
   bool evaluate = true;               // test accuracy after every epoch
   bool keep_parameters = false;       // return every rank's final parameters (tests)
-  bool deprioritize_compute = true;   // compute threads at nice +10 so comm threads preempt them
+  bool deprioritize_compute = true;   // core/thread_priority.h: comm threads preempt compute
 };
 
 struct EpochRecord {

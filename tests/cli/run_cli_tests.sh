@@ -1,0 +1,558 @@
+#!/usr/bin/env bash
+# End-to-end tests of the `pipesgd` command line.
+#
+#   tests/cli/run_cli_tests.sh path/to/pipesgd
+#
+# Prints one line per check (`ok <name>` or `FAIL <name>: why`) and, last, exactly one summary line
+# `N passed, M failed`. Exits 0 only if nothing failed. Needs bash, coreutils `timeout`, python3 and,
+# for the real-data runs, the Fashion-MNIST files in /usr/share/datasets/fashion-mnist (the data
+# fixtures fall back to generated images when those are missing).
+set -u
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 path/to/pipesgd" >&2
+  exit 2
+fi
+BIN=$1
+case $BIN in /*) ;; *) BIN=$PWD/$BIN ;; esac
+if [ ! -x "$BIN" ]; then
+  echo "FAIL setup: $BIN is not an executable"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+command -v python3 >/dev/null || { echo "FAIL setup: python3 not found"; echo "0 passed, 1 failed"; exit 1; }
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/pipesgd-cli-tests.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP/rows" "$TMP/runs"
+REAL_DATA=/usr/share/datasets/fashion-mnist
+
+PASSED=0
+FAILED=0
+pass() { PASSED=$((PASSED + 1)); echo "ok $1"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL $1: $2"; }
+
+# A file's first characters on one line (for FAIL messages).
+excerpt() { head -c "${2:-300}" "$1" | tr '\r\n' '^|'; }
+
+# Every run is bounded in time and, as a guard for the machine shared with other jobs, in memory.
+MEMORY_LIMIT_KB=3000000
+run() { (ulimit -v "$MEMORY_LIMIT_KB" 2>/dev/null; exec timeout -k 5 "${TIMEOUT:-60}" "$BIN" "$@"); }
+
+CRASH_PATTERN='terminate called|Aborted|core dumped|Segmentation fault|Floating point exception|Exception raised from|frame #[0-9]|Traceback|stack trace|internal error'
+
+# Checks the error contract on files $out/$err left by a run that exited with $rc:
+# exit code in the comma-separated list $want; stderr is exactly one newline-terminated line that
+# starts with "pipesgd: error:" and contains $fragment; no crash or stack trace anywhere.
+# Appends the problems to the array WHY.
+check_error_contract() {
+  local rc=$1 want=$2 fragment=$3 out=$4 err=$5
+  if [ "$rc" -eq 124 ]; then
+    WHY+=("hung: stopped by timeout after ${TIMEOUT:-60} s")
+  elif [ "$rc" -eq 137 ]; then
+    WHY+=("SIGKILL (exit 137): hung past the timeout or out of memory")
+  elif [ "$rc" -gt 128 ]; then
+    WHY+=("killed by signal $((rc - 128)) (exit $rc), expected exit $want")
+  elif [[ ",$want," != *",$rc,"* ]]; then
+    WHY+=("exit $rc, expected $want")
+  fi
+  local lines
+  lines=$(awk 'END { print NR }' "$err")
+  if [ "$lines" -ne 1 ]; then WHY+=("stderr has $lines lines, expected 1"); fi
+  if [ -s "$err" ] && [ -n "$(tail -c 1 "$err")" ]; then WHY+=("stderr does not end with a newline"); fi
+  if [[ "$(head -n 1 "$err")" != "pipesgd: error:"* ]]; then WHY+=("stderr does not start with 'pipesgd: error:'"); fi
+  if ! grep -qF -- "$fragment" "$err"; then WHY+=("stderr lacks '$fragment'"); fi
+  if grep -qE "$CRASH_PATTERN" "$out" "$err"; then WHY+=("crash or stack trace in the output"); fi
+}
+
+join_why() { local IFS=';'; echo "${WHY[*]}"; }
+
+# One row of the malformed-input table: row NAME EXPECTED_EXIT FRAGMENT ARGS...
+row() {
+  local name=$1 want=$2 fragment=$3
+  shift 3
+  local out="$TMP/rows/$name.out" err="$TMP/rows/$name.err"
+  run "$@" >"$out" 2>"$err"
+  local rc=$?
+  WHY=()
+  check_error_contract "$rc" "$want" "$fragment" "$out" "$err"
+  if [ ${#WHY[@]} -eq 0 ]; then
+    pass "error/$name"
+  else
+    fail "error/$name" "$(join_why) [pipesgd $* -> stderr: $(excerpt "$err")]"
+  fi
+}
+
+# Runs python3 with the program on stdin and ARGS; the check passes if it exits 0 and prints nothing.
+pycheck() {
+  local name=$1
+  shift
+  local message
+  message=$(python3 - "$@" 2>&1)
+  local rc=$?
+  if [ $rc -eq 0 ] && [ -z "$message" ]; then
+    pass "$name"
+  else
+    fail "$name" "$(printf '%s' "$message" | tr '\n' '|' | head -c 400)"
+  fi
+}
+
+# Passes if a run exited 0; otherwise says how it failed.
+expect_success() {
+  local name=$1 rc=$2 out=$3 err=$4
+  if [ "$rc" -eq 0 ]; then
+    pass "$name"
+  else
+    fail "$name" "exit $rc [stderr: $(excerpt "$err")] [stdout: $(excerpt "$out" 200)]"
+  fi
+}
+
+# Passes if FILE contains every fixed string given.
+expect_contains() {
+  local name=$1 file=$2
+  shift 2
+  local missing=()
+  for text in "$@"; do grep -qF -- "$text" "$file" || missing+=("'$text'"); done
+  if [ ${#missing[@]} -eq 0 ]; then pass "$name"; else fail "$name" "missing ${missing[*]}"; fi
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Data fixtures: small MNIST-format directories, good and broken (200 train / 50 test images).
+FX=$TMP/fixtures
+python3 - "$REAL_DATA" "$FX" <<'EOF' || { echo "FAIL setup: fixture generation failed"; echo "0 passed, 1 failed"; exit 1; }
+import gzip, os, random, struct, sys
+
+real, out = sys.argv[1], sys.argv[2]
+TRAIN, TEST = 200, 50
+
+def source(name, header, count, item):
+    path = os.path.join(real, name + ".gz")
+    if os.path.exists(path):
+        with gzip.open(path) as f:
+            data = f.read(header + count * item)
+        return data[header:]
+    rng = random.Random(len(name))
+    if item == 1:
+        return bytes(rng.randrange(10) for _ in range(count))
+    return bytes(rng.randrange(256) for _ in range(count * item))
+
+train_images = source("train-images-idx3-ubyte", 16, TRAIN, 784)
+train_labels = source("train-labels-idx1-ubyte", 8, TRAIN, 1)
+test_images = source("t10k-images-idx3-ubyte", 16, TEST, 784)
+test_labels = source("t10k-labels-idx1-ubyte", 8, TEST, 1)
+
+def images(count, pixels, rows=28, cols=28, magic=b"\x00\x00\x08\x03"):
+    return magic + struct.pack(">III", count, rows, cols) + pixels
+
+def labels(count, values):
+    return b"\x00\x00\x08\x01" + struct.pack(">I", count) + values
+
+def good():
+    return {
+        "train-images-idx3-ubyte": images(TRAIN, train_images),
+        "train-labels-idx1-ubyte": labels(TRAIN, train_labels),
+        "t10k-images-idx3-ubyte": images(TEST, test_images),
+        "t10k-labels-idx1-ubyte": labels(TEST, test_labels),
+    }
+
+def write(directory, files, gz=False):
+    os.makedirs(os.path.join(out, directory), exist_ok=True)
+    for name, data in files.items():
+        if name.endswith(".gz") or gz:
+            path = os.path.join(out, directory, name if name.endswith(".gz") else name + ".gz")
+            with open(path, "wb") as f:
+                f.write(gzip.compress(data))
+        else:
+            with open(os.path.join(out, directory, name), "wb") as f:
+                f.write(data)
+
+write("good", good(), gz=True)
+
+files = good()  # images header says 200, the file holds 150
+files["train-images-idx3-ubyte"] = images(TRAIN, train_images[: 150 * 784])
+write("truncated", files)
+
+files = good()  # byte-swapped magic, as a little-endian writer would produce
+files["train-images-idx3-ubyte"] = images(TRAIN, train_images, magic=b"\x03\x08\x00\x00")
+write("bad-magic", files)
+
+files = good()  # 200 images, 180 labels
+files["train-labels-idx1-ubyte"] = labels(180, train_labels[:180])
+write("count-mismatch", files)
+
+files = good()  # gzip stream cut in the middle
+compressed = gzip.compress(files.pop("train-images-idx3-ubyte"))
+write("gzip-cut", files)
+with open(os.path.join(out, "gzip-cut", "train-images-idx3-ubyte.gz"), "wb") as f:
+    f.write(compressed[: len(compressed) // 2])
+
+files = good()
+del files["t10k-labels-idx1-ubyte"]
+write("missing-file", files)
+
+files = good()  # label 10 at index 7
+bad = bytearray(train_labels)
+bad[7] = 10
+files["train-labels-idx1-ubyte"] = labels(TRAIN, bytes(bad))
+write("bad-label", files)
+
+files = good()  # valid 10x10 images: the models expect 28x28
+files["train-images-idx3-ubyte"] = images(TRAIN, bytes(TRAIN * 100), 10, 10)
+files["t10k-images-idx3-ubyte"] = images(TEST, bytes(TEST * 100), 10, 10)
+write("small-images", files)
+EOF
+touch "$TMP/regular-file"
+
+# ---------------------------------------------------------------------------------------------------
+# 1. Malformed inputs. Exit 2: usage errors (UsageError, CLI11 parse errors); exit 1: data/runtime.
+Q=(--data synthetic --iters 3 --quiet --no-eval)  # a valid rest of a train command line
+
+row algo-unknown            2 "unknown algorithm 'pipes'" train --algo pipes "${Q[@]}"
+row algo-empty-name         2 "'+int8'"                   train --algo +int8 "${Q[@]}"
+row algo-two-codecs         2 "more than one codec"       train --algo pipe+int8+bf16 "${Q[@]}"
+row codec-unknown           2 "unknown codec 'zstd'"      train --codec zstd "${Q[@]}"
+row algo-codec-unknown      2 "'zstd'"                    train --algo pipe+zstd "${Q[@]}"
+row model-unknown           2 "unknown model 'resnet'"    train --model resnet "${Q[@]}"
+row staleness-zero          2 "--staleness-k"             train --algo pipe --staleness-k 0 "${Q[@]}"
+row workers-zero            2 "--workers must be in"    train "${Q[@]}" --workers 0
+row workers-negative        2 "--workers must be in"    train "${Q[@]}" --workers -3
+row workers-not-a-number    2 "four"                      train "${Q[@]}" --workers four
+row workers-too-large-int   2 "99999999999"               train "${Q[@]}" --workers 99999999999
+row net-unknown-preset      2 "--net '7gbe'"              train --net 7gbe "${Q[@]}"
+row net-bw-not-a-number     2 "--net 'bw=fast'"           train --net bw=fast "${Q[@]}"
+row net-latency-unit        2 "parsecs"                   train --net bw=1Gbit,lat=3parsecs "${Q[@]}"
+row net-zero-bandwidth      2 "--net"                     train --net bw=0Gbit "${Q[@]}"
+row net-unknown-key         2 "--net"                     train --net bw=1Gbit,jitter=3us "${Q[@]}"
+row lr-zero                 2 "--lr"                      train --lr 0 "${Q[@]}"
+row lr-nan                  2 "--lr"                      train --lr nan "${Q[@]}"
+row momentum-above-one      2 "--momentum"                train --momentum 1.5 "${Q[@]}"
+row weight-decay-negative   2 "--weight-decay"            train --weight-decay -1 "${Q[@]}"
+row batch-zero              2 "--batch"                   train --batch 0 "${Q[@]}"
+row batch-negative          2 "--batch"                   train --batch -1 "${Q[@]}"
+row batch-overflow          2 "batch"                     train --batch 4611686018427387904 --data synthetic --iters 3 --workers 4 --quiet --no-eval
+row epochs-zero             2 "--epochs"                  train --epochs 0 --data synthetic --workers 2 --quiet --no-eval
+row iters-negative          2 "--iters must be in"      train --data synthetic --iters -5 --workers 2 --quiet --no-eval
+row iters-huge              1,2 "--iters"                 train --data synthetic --iters 1000000000000 --workers 2 --quiet --no-eval
+row epochs-huge             1,2 "--epochs"                train --data synthetic --epochs 99999999999999999 --workers 2 --quiet --no-eval
+row warmup-negative         2 "--warmup"                  train --algo pipe --warmup-epochs -1 "${Q[@]}"
+row unknown-flag            2 "--frobnicate"              train --frobnicate "${Q[@]}"
+row unexpected-positional   2 "extra"                     train extra "${Q[@]}"
+row unknown-subcommand      2 "frob"                      frob
+row data-unknown            2 "imagenet"                  train --data imagenet --iters 3 --quiet
+row data-synthetic-with-dir 2 "--data-dir"                train --data synthetic --data-dir /tmp --iters 3 --quiet
+row data-dir-nonexistent    1 "/nonexistent"              train --data-dir /nonexistent --iters 3 --quiet
+row data-dir-is-a-file      1 "not a directory"           train --data-dir "$TMP/regular-file" --iters 3 --quiet
+row data-missing-file       1 "t10k-labels-idx1-ubyte"    train --data-dir "$FX/missing-file" --iters 3 --quiet
+row data-truncated-images   1 "truncated"                 train --data-dir "$FX/truncated" --iters 3 --quiet
+row data-wrong-magic        1 "not an IDX file"           train --data-dir "$FX/bad-magic" --iters 3 --quiet
+row data-count-mismatch     1 "count mismatch"            train --data-dir "$FX/count-mismatch" --iters 3 --quiet
+row data-gzip-cut-off       1 "cut off"                   train --data-dir "$FX/gzip-cut" --iters 3 --quiet
+row data-label-out-of-range 1 "label at index 7"          train --data-dir "$FX/bad-label" --iters 3 --quiet
+row data-wrong-image-size   1,2 "784"                     train --data-dir "$FX/small-images" --workers 2 --iters 3 --quiet
+row out-under-regular-file  2 "--out"                     train "${Q[@]}" --out "$TMP/regular-file/run"
+row comm-timeout-zero       2 "--comm-timeout"            train --comm-timeout 0 "${Q[@]}"
+row comm-timeout-negative   2 "--comm-timeout"            train --comm-timeout -5 "${Q[@]}"
+row compare-empty-entry     2 "empty entry"               compare --algos dsync,,pipe "${Q[@]}"
+row compare-empty-list      2 "empty"                     compare --algos "" "${Q[@]}"
+row compare-unknown-algo    2 "'pipes'"                   compare --algos dsync,pipes "${Q[@]}"
+row bench-no-subcommand     2 "subcommand"                bench
+# parse_sizes accepts any multiple of 4 bytes (3K = 3072 is valid), so the odd size is 6 bytes.
+row bench-size-not-multiple-of-4 2 "multiple of 4"        bench allreduce --sizes 6
+row bench-size-unit         2 "'4X'"                      bench allreduce --sizes 4X
+row bench-size-empty-entry  2 "--sizes"                   bench allreduce --sizes 4K,
+row bench-size-too-large    2 "--sizes"                   bench allreduce --sizes 5G
+row bench-codec-unknown     2 "unknown codec 'lz4'"       bench allreduce --codecs none,lz4
+row bench-repeats-zero      2 "--repeats"                 bench allreduce --repeats 0
+row bench-warmup-negative   2 "--warmup"                  bench allreduce --warmup -1
+row bench-workers-zero      2 "--workers"                 bench allreduce --workers 0
+row bench-net-unknown       2 "--net '7gbe'"              bench allreduce --net 7gbe
+row bench-comm-timeout-zero 2 "--comm-timeout"            bench allreduce --comm-timeout 0
+
+# Values that must either work or be rejected as usage errors naming the flag, never fail oddly.
+either_works_or_rejected() {  # NAME FLAG ARGS...
+  local name=$1 flag=$2
+  shift 2
+  local out="$TMP/rows/$name.out" err="$TMP/rows/$name.err"
+  run "$@" >"$out" 2>"$err"
+  local rc=$?
+  if [ "$rc" -eq 0 ] && ! grep -qE "$CRASH_PATTERN" "$out" "$err"; then
+    pass "limits/$name"
+    return
+  fi
+  WHY=()
+  check_error_contract "$rc" 2 "$flag" "$out" "$err"
+  if [ ${#WHY[@]} -eq 0 ]; then
+    pass "limits/$name"
+  else
+    fail "limits/$name" "neither ran (exit 0) nor was rejected as a usage error naming $flag: $(join_why) [pipesgd $* -> stderr: $(excerpt "$err")]"
+  fi
+}
+either_works_or_rejected comm-timeout-huge "--comm-timeout" train --comm-timeout 1e300 "${Q[@]}"
+# ~317 years: a "never time out" value that fits in the int64 milliseconds.
+either_works_or_rejected comm-timeout-1e10 "--comm-timeout" train --comm-timeout 1e10 "${Q[@]}"
+either_works_or_rejected bench-comm-timeout-huge "--comm-timeout" \
+  bench allreduce --comm-timeout 1e300 --workers 4 --sizes 4K,64K --repeats 3 --codecs none
+# K slots of full-size gradients: a K far beyond the run must not exhaust memory (3 GB cap here).
+either_works_or_rejected staleness-huge "--staleness-k" train --algo pipe --staleness-k 100000 "${Q[@]}"
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Help.
+run --help >"$TMP/help.out" 2>"$TMP/help.err"
+rc=$?
+if [ $rc -eq 0 ] && grep -qw train "$TMP/help.out" && grep -qw compare "$TMP/help.out" &&
+   grep -qw bench "$TMP/help.out"; then
+  pass "help/top-level"
+else
+  fail "help/top-level" "exit $rc, stdout: $(excerpt "$TMP/help.out")"
+fi
+
+run train --help >"$TMP/train-help.out" 2>"$TMP/train-help.err"
+rc=$?
+TRAIN_FLAGS=(--algo --workers --model --data --data-dir --epochs --iters --seed --lr --momentum
+             --weight-decay --batch --staleness-k --warmup-epochs --warmup-iters --codec --net
+             --comm-timeout --out --quiet --no-eval)
+missing=()
+for flag in "${TRAIN_FLAGS[@]}"; do
+  grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/train-help.out" || missing+=("$flag")
+done
+if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
+  pass "help/train-lists-every-flag"
+else
+  fail "help/train-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
+fi
+
+run compare --help >"$TMP/compare-help.out" 2>&1
+rc=$?
+missing=()
+for flag in --algos "${TRAIN_FLAGS[@]:1}"; do
+  grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/compare-help.out" || missing+=("$flag")
+done
+if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
+  pass "help/compare-lists-every-flag"
+else
+  fail "help/compare-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
+fi
+
+run bench allreduce --help >"$TMP/bench-help.out" 2>&1
+rc=$?
+missing=()
+for flag in --workers --net --codecs --sizes --repeats --warmup --comm-timeout --out; do
+  grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/bench-help.out" || missing+=("$flag")
+done
+if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
+  pass "help/bench-allreduce-lists-every-flag"
+else
+  fail "help/bench-allreduce-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
+fi
+
+row no-subcommand 2 "subcommand"   # no arguments at all
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Real runs.
+R=$TMP/runs
+have_real_data=0
+[ -e "$REAL_DATA/train-images-idx3-ubyte.gz" ] || [ -e "$REAL_DATA/train-images-idx3-ubyte" ] && have_real_data=1
+
+# 3a. pipe+int8 on Fashion-MNIST (or on the small fixture if the package is missing).
+DATA_ARGS=()
+[ $have_real_data -eq 1 ] || DATA_ARGS=(--data-dir "$FX/good" --batch 5)
+run train --algo pipe+int8 --iters 30 --workers 2 --quiet "${DATA_ARGS[@]}" --out "$R/pipe-int8" \
+  >"$R/pipe-int8.out" 2>"$R/pipe-int8.err"
+rc=$?
+expect_success "train/pipe+int8-exit-0" $rc "$R/pipe-int8.out" "$R/pipe-int8.err"
+pycheck "train/pipe+int8-metrics.jsonl" "$R/pipe-int8/metrics.jsonl" <<'EOF'
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+iterations = [r for r in records if r.get("type") == "iteration"]
+epochs = [r for r in records if r.get("type") == "epoch"]
+assert len(iterations) == 30, f"{len(iterations)} iteration records, expected 30"
+assert len(epochs) >= 1, "no epoch record"
+keys = ["update_s", "forward_s", "backward_s", "wait_s", "comm_s", "iteration_s", "loss"]
+for r in iterations:
+    missing = [k for k in keys if k not in r]
+    assert not missing, f"iteration {r.get('iteration')} lacks {missing}"
+    assert all(isinstance(r[k], (int, float)) for k in keys), f"non-numeric value in {r}"
+assert [r.get("iteration") for r in iterations] == list(range(30)), "iteration numbers are not 0..29"
+EOF
+pycheck "train/pipe+int8-summary.json" "$R/pipe-int8/summary.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s.get("method") == "pipe+int8", f"method {s.get('method')!r}"
+assert s.get("codec") == "int8", f"codec {s.get('codec')!r}"
+assert s.get("workers") == 2, f"workers {s.get('workers')!r}"
+assert s.get("iterations") == 30, f"iterations {s.get('iterations')!r}"
+assert s.get("throughput_samples_per_s", 0) > 0, "throughput_samples_per_s not > 0"
+for key in ["predicted_pipe_eq4_s", "predicted_dsync_eq2_s", "final_test_accuracy"]:
+    assert key in s, f"no {key}"
+assert s["predicted_pipe_eq4_s"] > 0 and s["predicted_dsync_eq2_s"] >= s["predicted_pipe_eq4_s"], \
+    f"Eq. 2 {s['predicted_dsync_eq2_s']} / Eq. 4 {s['predicted_pipe_eq4_s']}"
+assert 0 <= s["final_test_accuracy"] <= 1, f"final_test_accuracy {s['final_test_accuracy']}"
+EOF
+expect_contains "train/report-table" "$R/pipe-int8.out" \
+  update forward backward "exposed wait" "comm thread" "samples/s" "Eq. 2" "Eq. 4"
+if [ -s "$R/pipe-int8.err" ]; then
+  fail "train/quiet-means-no-stderr" "stderr: $(excerpt "$R/pipe-int8.err")"
+else
+  pass "train/quiet-means-no-stderr"
+fi
+
+# 3b. Progress on a non-tty stderr: plain lines, no carriage returns.
+run train --epochs 1 --data synthetic --workers 2 --batch 100 >"$R/progress.out" 2>"$R/progress.err"
+rc=$?
+expect_success "progress/exit-0" $rc "$R/progress.out" "$R/progress.err"
+if grep -q $'\r' "$R/progress.err"; then
+  fail "progress/no-carriage-returns" "stderr has \\r: $(excerpt "$R/progress.err")"
+elif ! grep -qE 'epoch 1/1: [0-9]+/[0-9]+ iterations' "$R/progress.err" ||
+     ! grep -q 'epoch 1/1 done' "$R/progress.err"; then
+  fail "progress/no-carriage-returns" "no plain progress lines: $(excerpt "$R/progress.err")"
+else
+  pass "progress/no-carriage-returns"
+fi
+
+# 3c. compare.
+run compare --algos dsync,pipe,pipe+bf16 --iters 20 --data synthetic --workers 2 --quiet \
+  --out "$R/compare" >"$R/compare.out" 2>"$R/compare.err"
+rc=$?
+expect_success "compare/exit-0" $rc "$R/compare.out" "$R/compare.err"
+pycheck "compare/compare.json" "$R/compare/compare.json" <<'EOF'
+import json, sys
+records = json.load(open(sys.argv[1]))
+assert isinstance(records, list) and len(records) == 3, f"expected a list of 3, got {records!r:.100}"
+methods = [r.get("method") for r in records]
+assert methods == ["dsync", "pipe", "pipe+bf16"], f"methods {methods}"
+for r in records:
+    for key in ["throughput_samples_per_s", "iteration_s", "breakdown", "final_test_accuracy"]:
+        assert key in r, f"{r.get('method')}: no {key}"
+    assert r["throughput_samples_per_s"] > 0, f"{r['method']}: throughput not > 0"
+    assert isinstance(r["breakdown"], dict) and "comm_s" in r["breakdown"], f"{r['method']}: breakdown"
+EOF
+pycheck "compare/per-method-summaries" "$R/compare" <<'EOF'
+import glob, json, os, sys
+found = {}
+for path in glob.glob(os.path.join(sys.argv[1], "*", "summary.json")):
+    found[json.load(open(path)).get("method")] = path
+    assert os.path.exists(os.path.join(os.path.dirname(path), "metrics.jsonl")), f"no metrics.jsonl by {path}"
+missing = [m for m in ["dsync", "pipe", "pipe+bf16"] if m not in found]
+assert not missing, f"no summary.json for {missing} (found {sorted(found)})"
+EOF
+expect_contains "compare/table" "$R/compare.out" dsync pipe pipe+bf16 "samples/s" speedup
+
+# 3d. Emulated networks: the runs work and the link is taken into account.
+net_run() {  # NAME SPEC DESCRIPTION
+  local name=$1 spec=$2 description=$3
+  run train --net "$spec" --iters 10 --data synthetic --workers 2 --quiet --no-eval --out "$R/$name" \
+    >"$R/$name.out" 2>"$R/$name.err"
+  local rc=$?
+  expect_success "net/$name-exit-0" $rc "$R/$name.out" "$R/$name.err"
+  expect_contains "net/$name-described" "$R/$name.out" "$description"
+  pycheck "net/$name-link-model" "$R/$name/summary.json" "$spec" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s.get("network") == sys.argv[2], f"network {s.get('network')!r}"
+assert s.get("link_model_comm_eq5_s", 0) > 0, f"link_model_comm_eq5_s {s.get('link_model_comm_eq5_s')}"
+EOF
+}
+net_run 10gbe 10gbe "10 Gbit/s, 20 us latency"
+net_run custom "bw=2.5Gbit,lat=30us" "2.5 Gbit/s, 30 us latency"
+
+# 3e. bench allreduce.
+run bench allreduce --workers 3 --sizes 4K,64K --repeats 3 --out "$R/bench" >"$R/bench.out" 2>"$R/bench.err"
+rc=$?
+expect_success "bench/exit-0" $rc "$R/bench.out" "$R/bench.err"
+if grep -qE '(^| )ok$' "$R/bench.out" && ! grep -q WRONG "$R/bench.out"; then
+  pass "bench/prints-ok-checks"
+else
+  fail "bench/prints-ok-checks" "stdout: $(excerpt "$R/bench.out" 600)"
+fi
+pycheck "bench/allreduce.json" "$R/bench/allreduce.json" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert isinstance(rows, list) and rows, "no rows"
+for r in rows:
+    for key in ["algorithm", "codec", "bytes", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s"]:
+        assert key in r, f"row lacks {key}: {r}"
+    assert r.get("correct") is True, f"incorrect row {r}"
+    assert r.get("ranks", 3) == 3, f"ranks {r.get('ranks')}"
+    p = 3
+    algbw, busbw = r["algbw_bytes_per_s"], r["busbw_bytes_per_s"]
+    assert algbw > 0, f"algbw {algbw}"
+    expected = algbw * 2 * (p - 1) / p
+    assert abs(busbw - expected) <= 1e-9 * abs(expected), f"busbw {busbw} != algbw*2(p-1)/p = {expected}"
+    assert abs(algbw - r["bytes"] / r["time_s"]) <= 1e-9 * algbw, f"algbw {algbw} != bytes/time_s"
+assert sorted({r["bytes"] for r in rows}) == [4096, 65536], f"sizes {sorted({r['bytes'] for r in rows})}"
+assert sorted({r["codec"] for r in rows}) == ["bf16", "int8", "none"], f"codecs {sorted({r['codec'] for r in rows})}"
+assert len(rows) == 6, f"{len(rows)} rows, expected 2 sizes x 3 codecs"
+EOF
+# --net must slow the benchmark down: 1 ms latency, 2(p-1) = 2 ring steps per allreduce.
+run bench allreduce --workers 2 --sizes 4K --repeats 2 --codecs none --net bw=10Gbit,lat=1ms \
+  --out "$R/bench-net" >"$R/bench-net.out" 2>"$R/bench-net.err"
+rc=$?
+expect_success "bench/net-exit-0" $rc "$R/bench-net.out" "$R/bench-net.err"
+pycheck "bench/net-takes-effect" "$R/bench-net/allreduce.json" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert rows and all(r["time_s"] >= 2e-3 for r in rows), f"times {[r['time_s'] for r in rows]} < 2 ms"
+EOF
+
+# 3f. Determinism and flags that must change the run.
+SYN=(--data synthetic --iters 15 --workers 2 --quiet --no-eval)
+det_run() {  # NAME ARGS...
+  local name=$1
+  shift
+  run train "$@" --out "$R/$name" >"$R/$name.out" 2>"$R/$name.err"
+  local rc=$?
+  expect_success "determinism/$name-exit-0" $rc "$R/$name.out" "$R/$name.err"
+}
+det_run seed1-a --algo dsync "${SYN[@]}" --seed 7
+det_run seed1-b --algo dsync "${SYN[@]}" --seed 7
+det_run seed2 --algo dsync "${SYN[@]}" --seed 8
+det_run lr --algo dsync "${SYN[@]}" --seed 7 --lr 0.01
+det_run momentum --algo dsync "${SYN[@]}" --seed 7 --momentum 0
+det_run weight-decay --algo dsync "${SYN[@]}" --seed 7 --weight-decay 0.5
+det_run pipe-k3 --algo pipe --staleness-k 3 "${SYN[@]}" --seed 7 --warmup-iters 4 --codec bf16 --batch 10
+
+LOSSES='
+import json, sys
+def losses(d):
+    return [json.loads(l)["loss"] for l in open(d + "/metrics.jsonl") if "\"iteration\"" in l]
+'
+pycheck "determinism/same-seed-same-losses" "$R/seed1-a" "$R/seed1-b" <<EOF
+$LOSSES
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert len(a) == 15, f"{len(a)} iteration records"
+assert a == b, f"losses differ: {a[:4]}... vs {b[:4]}..."
+EOF
+for other in seed2:--seed lr:--lr momentum:--momentum weight-decay:--weight-decay; do
+  pycheck "flags/${other#*:}-changes-losses" "$R/seed1-a" "$R/${other%%:*}" <<EOF
+$LOSSES
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert len(b) == 15, f"{len(b)} iteration records"
+assert a != b, "losses identical to the --seed 7 defaults run"
+EOF
+done
+pycheck "flags/pipe-options-in-summary" "$R/pipe-k3" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1] + "/summary.json"))
+got = {k: s.get(k) for k in ["method", "staleness_k", "codec", "batch_per_worker", "final_test_accuracy"]}
+assert got == {"method": "pipe", "staleness_k": 3, "codec": "bf16", "batch_per_worker": 10,
+               "final_test_accuracy": -1}, f"summary {got}"
+records = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+pipelined = [r["pipelined"] for r in records if r.get("type") == "iteration"]
+assert pipelined == [False] * 4 + [True] * 11, f"pipelined flags {pipelined} (--warmup-iters 4)"
+EOF
+
+# 3g. Small gzip-compressed MNIST-format directory given with --data-dir.
+run train --data-dir "$FX/good" --workers 2 --batch 10 --epochs 2 --quiet --out "$R/fixture" \
+  >"$R/fixture.out" 2>"$R/fixture.err"
+rc=$?
+expect_success "data/small-gzip-dir-exit-0" $rc "$R/fixture.out" "$R/fixture.err"
+pycheck "data/small-gzip-dir-epochs" "$R/fixture/summary.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s.get("iterations") == 20, f"iterations {s.get('iterations')} (200 examples / (2 x 10) x 2 epochs)"
+assert [e["epoch"] for e in s.get("epochs", [])] == [1, 2], f"epochs {s.get('epochs')}"
+assert all(0 <= e["test_accuracy"] <= 1 for e in s["epochs"]), "test accuracy out of [0, 1]"
+EOF
+
+echo "$PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]
