@@ -281,10 +281,10 @@ TEST(Trainer, RejectsBadConfigurations) {
     }
   };
   TrainConfig config = tiny_config("dsync", 0);
-  expect_usage_error(config, "--workers must be >= 1");
+  expect_usage_error(config, "--workers must be in [1, 1024], got 0");
   config = tiny_config("pipe", 2);
   config.method.staleness = 0;
-  expect_usage_error(config, "--staleness-k must be >= 1");
+  expect_usage_error(config, "--staleness-k must be in [1, 64], got 0");
   config = tiny_config("dsync", 2);
   config.batch = 1000;
   expect_usage_error(config, "fewer than one global batch");
