@@ -38,7 +38,7 @@ PipeSgd::~PipeSgd() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
-  changed_.notify_all();
+  work_submitted_.notify_all();
   comm_thread_.join();
 }
 
@@ -48,7 +48,7 @@ void PipeSgd::comm_loop() {
     int slot_index;
     {
       std::unique_lock lock(mutex_);
-      changed_.wait(lock, [&] { return stopping_ || queue_size_ > 0; });
+      work_submitted_.wait(lock, [&] { return stopping_ || queue_size_ > 0; });
       if (queue_size_ == 0) return;  // stopping with nothing left to do
       slot_index = queue_[queue_head_];
     }
@@ -69,7 +69,7 @@ void PipeSgd::comm_loop() {
       slot.state = SlotState::reduced;
       if (failure && !comm_failure_) comm_failure_ = failure;
     }
-    changed_.notify_all();
+    slot_reduced_.notify_all();
     if (failure) return;
   }
 }
@@ -79,7 +79,7 @@ void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times) {
   Stopwatch waiting;
   {
     std::unique_lock lock(mutex_);
-    const bool finished = changed_.wait_for(lock, timeout_, [&] {
+    const bool finished = slot_reduced_.wait_for(lock, timeout_, [&] {
       return slot.state != SlotState::queued || comm_failure_ != nullptr;
     });
     if (comm_failure_) std::rethrow_exception(comm_failure_);
@@ -130,7 +130,7 @@ void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
     queue_[(queue_head_ + queue_size_) % queue_.size()] = slot_index;
     ++queue_size_;
   }
-  changed_.notify_all();
+  work_submitted_.notify_one();
 }
 
 void PipeSgd::finish(IterationTimes& times) {

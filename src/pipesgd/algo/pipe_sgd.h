@@ -57,7 +57,8 @@ class PipeSgd final : public TrainingMethod {
 
   std::vector<Slot> slots_;
   std::mutex mutex_;
-  std::condition_variable changed_;
+  std::condition_variable work_submitted_;  // the comm thread waits on it
+  std::condition_variable slot_reduced_;    // the compute thread waits on it
   std::vector<int> queue_;  // circular, capacity K: slots submitted to the comm thread, in order
   std::size_t queue_head_ = 0, queue_size_ = 0;
   bool stopping_ = false;

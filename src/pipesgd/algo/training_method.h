@@ -26,6 +26,7 @@ namespace pipesgd {
 // Per-iteration measurements of one worker, in seconds unless named otherwise.
 struct IterationTimes {
   double update = 0;     // optimizer step(s) on the compute thread
+  double data = 0;       // loading the batch (Alg. 1 line 6)
   double forward = 0;
   double backward = 0;
   double wait = 0;       // exposed communication: compute thread blocked on communication

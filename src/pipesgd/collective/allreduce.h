@@ -13,7 +13,7 @@ struct AllreduceOptions {
   Timeout timeout = std::chrono::seconds(120);  // for every single wait on a peer
   // Messages are cut into segments of about this many fp32 bytes so that reducing one segment
   // overlaps the transfer of the next (pipelining within the allreduce, Pipe-SGD Fig. 3a).
-  std::size_t segment_bytes = 128 * 1024;
+  std::size_t segment_bytes = 512 * 1024;
 };
 
 // An allreduce algorithm, built once for a maximum element count (buffers allocated up front) and

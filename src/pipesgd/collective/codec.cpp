@@ -110,16 +110,19 @@ class Int8Codec final : public Codec {
     const std::size_t n = values.size();
     if (n == 0) return 0;
     PIPESGD_ASSERT(out.size() >= encoded_bytes(n));
-    // One vectorisable pass: the largest magnitude; NaN and Inf both push it to Inf or NaN.
-    float max_abs = 0;
-    bool has_nan = false;
+    // One vectorisable pass over the magnitudes' bit patterns: for non-negative floats the unsigned
+    // order of the bits is the numeric order, and NaN / Inf are exactly the patterns >= 0x7f800000.
+    std::int32_t max_bits = 0;
     const float* x = values.data();
     for (std::size_t i = 0; i < n; ++i) {
-      const float magnitude = std::fabs(x[i]);
-      has_nan |= magnitude != magnitude;
-      max_abs = magnitude > max_abs ? magnitude : max_abs;
+      std::int32_t bits;
+      std::memcpy(&bits, x + i, sizeof bits);
+      bits &= 0x7fffffff;
+      max_bits = bits > max_bits ? bits : max_bits;
     }
-    const bool finite = !has_nan && std::isfinite(max_abs);
+    float max_abs;
+    std::memcpy(&max_abs, &max_bits, sizeof max_abs);
+    const bool finite = max_bits < 0x7f800000;
     float scale = finite ? max_abs / 127.0f : std::numeric_limits<float>::quiet_NaN();
     // Round the scale down until 127 * scale <= max|x|, so decoding never overflows (max|x| near
     // FLT_MAX); values a hair above 127 levels are clamped below.
@@ -129,15 +132,13 @@ class Int8Codec final : public Codec {
     if (!(scale > 0)) {  // zero chunk, or poisoned: the payload is ignored by the decoder
       std::memset(q, 0, n);
     } else {
-      const float* x = values.data();
       if (scale >= kSmallestFastScale) {
         const float inverse = 1.0f / scale;
         for (std::size_t i = 0; i < n; ++i) {
-          // Round half away from zero; |x * inverse| <= 127 (+ rounding), clamped for safety.
+          // Round half away from zero; clamped (x / scale may exceed 127 by float rounding).
           float level = x[i] * inverse;
           level = std::min(127.0f, std::max(-127.0f, level));
-          level += level >= 0 ? 0.5f : -0.5f;
-          q[i] = static_cast<std::int8_t>(static_cast<int>(level));
+          q[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(level + std::copysign(0.5f, level)));
         }
       } else {  // 1 / scale would overflow in float: the same rounding, in double
         const double inverse = 1.0 / static_cast<double>(scale);

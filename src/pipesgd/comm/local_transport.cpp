@@ -13,10 +13,9 @@ namespace pipesgd {
 namespace local_detail {
 
 // Messages waiting on one receiving rank: sends addressed to it that found no recv yet, and recvs it
-// posted that found no send yet. Guarded by `mutex`; `changed` is signalled on every completion.
+// posted that found no send yet. Guarded by `mutex`, which also guards every Operation queued here.
 struct Mailbox {
   std::mutex mutex;
-  std::condition_variable changed;
   std::vector<std::shared_ptr<Operation>> unmatched_sends;
   std::vector<std::shared_ptr<Operation>> unmatched_recvs;
 };
@@ -41,9 +40,11 @@ struct Operation final : RequestState {
   bool queued = false;
   bool complete = false;
   std::size_t bytes = 0;
-  Clock::time_point ready_at{};       // a send: its egress finishes; a recv: the message arrives
+  Clock::time_point ready_at{};       // a recv: when the message arrives (a send: never later than its match)
   Clock::time_point recv_ready_at{};  // an unmatched send: when its message arrives at the peer
   std::string error;
+  // Signalled when this operation completes (or the run fails): only its own waiter wakes up.
+  std::condition_variable completed;
 
   std::string describe_wait() const {
     return concat(operation, ": ", is_send ? "send to" : "recv from", " rank ", peer, " (tag ", tag,
@@ -57,7 +58,7 @@ struct Operation final : RequestState {
       if (fabric->failed()) {
         throw PeerFailedError(concat(describe_wait(), " aborted: ", fabric->failure_message()));
       }
-      if (mailbox->changed.wait_until(lock, deadline) == std::cv_status::timeout && !complete &&
+      if (completed.wait_until(lock, deadline) == std::cv_status::timeout && !complete &&
           !fabric->failed()) {
         throw CommTimeoutError(concat(describe_wait(), " timed out after ",
                                       std::chrono::duration<double>(timeout).count(), " s"));
@@ -111,6 +112,8 @@ void transfer(Operation& send, Operation& recv) {
   recv.ready_at = std::max(recv.ready_at, Clock::now());
   send.complete = recv.complete = true;
   send.queued = recv.queued = false;
+  send.completed.notify_one();
+  recv.completed.notify_one();
 }
 
 class Endpoint final : public Transport {
@@ -130,8 +133,7 @@ class Endpoint final : public Transport {
     op->operation = operation;
     op->send_bytes = bytes;
     op->mailbox = fabric_.mailboxes_[peer].get();
-    Clock::time_point arrival{};
-    emulate_wire(peer, bytes.size(), op->ready_at, arrival);
+    Clock::time_point arrival = emulate_wire(peer, bytes.size());
     bytes_sent_.fetch_add(bytes.size(), std::memory_order_relaxed);
 
     Mailbox& box = *op->mailbox;
@@ -150,7 +152,6 @@ class Endpoint final : public Transport {
         box.unmatched_sends.push_back(op);
       }
     }
-    box.changed.notify_all();
     return Request(std::move(op));
   }
 
@@ -179,7 +180,6 @@ class Endpoint final : public Transport {
         box.unmatched_recvs.push_back(op);
       }
     }
-    box.changed.notify_all();
     return Request(std::move(op));
   }
 
@@ -226,15 +226,12 @@ class Endpoint final : public Transport {
     op.ready_at = op.recv_ready_at = Clock::time_point{};
   }
 
-  // Computes when a message of n bytes to `peer` leaves this rank's NIC (send_done) and arrives
-  // at the peer (arrival), and books both NICs.
-  void emulate_wire(int peer, std::size_t n, Clock::time_point& send_done,
-                    Clock::time_point& arrival) {
+  // Books a message of n bytes to `peer` on this rank's egress and the peer's ingress and returns
+  // when it arrives. The send itself completes as soon as it is matched: the bytes were copied then,
+  // so the buffer is free, and the wire time is carried by the arrival alone (no extra wake-up).
+  Clock::time_point emulate_wire(int peer, std::size_t n) {
     const NetworkSpec& net = fabric_.network();
-    if (!net.emulated() || peer == rank_) {
-      send_done = arrival = Clock::time_point{};
-      return;
-    }
+    if (!net.emulated() || peer == rank_) return Clock::time_point{};
     const auto wire = std::chrono::duration_cast<Clock::duration>(
         Seconds(net.bits_per_second > 0 ? static_cast<double>(n) / net.bytes_per_second() : 0.0));
     const auto latency =
@@ -242,12 +239,11 @@ class Endpoint final : public Transport {
     Link& out = *fabric_.links_[rank_];
     Link& in = *fabric_.links_[peer];
     std::scoped_lock lock(out.mutex, in.mutex);
-    const auto now = Clock::now();
-    const auto egress_start = std::max(now, out.egress_free);
-    send_done = egress_start + wire;
-    out.egress_free = send_done;
-    arrival = std::max(send_done + latency, in.ingress_free + wire);
+    const auto egress_start = std::max(Clock::now(), out.egress_free);
+    out.egress_free = egress_start + wire;
+    const auto arrival = std::max(out.egress_free + latency, in.ingress_free + wire);
     in.ingress_free = arrival;
+    return arrival;
   }
 
   LocalFabric& fabric_;
@@ -289,9 +285,11 @@ void LocalFabric::report_failure(int rank, const std::string& reason) {
     failure_message_ = concat("rank ", rank, " failed: ", reason);
     failed_.store(true, std::memory_order_release);
   }
+  // Only queued (unmatched) operations can be blocked in wait(); wake each of them.
   for (auto& box : mailboxes_) {
     std::lock_guard lock(box->mutex);
-    box->changed.notify_all();
+    for (auto& op : box->unmatched_sends) op->completed.notify_all();
+    for (auto& op : box->unmatched_recvs) op->completed.notify_all();
   }
 }
 

@@ -8,9 +8,10 @@
 //
 // Link emulation (optional, NetworkSpec): every rank has a full-duplex NIC. A message of n bytes
 // leaves the sender's egress after the previous one, taking n/bandwidth, and reaches the receiver
-// `latency` later, queued behind earlier arrivals on the receiver's ingress. A send completes no
-// earlier than its egress finishes; a recv no earlier than its arrival. Waiting sleeps; no CPU is
-// burnt, so emulated communication overlaps with computation exactly as a NIC's would.
+// `latency` later, queued behind earlier arrivals on the receiver's ingress. A recv completes no
+// earlier than its arrival; a send completes when matched (its bytes are copied by then, and its wire
+// time is already booked on both NICs). Waiting sleeps; no CPU is burnt, so emulated communication
+// overlaps with computation as a NIC's would.
 //
 // Thread-safety: all members may be called from any thread; each rank's endpoint may be used by
 // several threads of that rank at once.

@@ -8,12 +8,17 @@
 
 namespace pipesgd {
 
+// Stage times of one iteration. l_up + l_comp of the paper is everything the compute thread does
+// that is not waiting for communication: update, loading the batch, forward, backward and `other`
+// (hooks, bookkeeping, time the thread was descheduled between the timed stages).
 struct StageTimes {
   double update = 0;
+  double data = 0;
   double forward = 0;
   double backward = 0;
+  double other = 0;
   double comm = 0;
-  double compute() const { return update + forward + backward; }
+  double compute() const { return update + data + forward + backward + other; }
 };
 
 inline double predict_dsync_iteration(const StageTimes& t) { return t.compute() + t.comm; }  // Eq. 2

@@ -11,7 +11,8 @@ namespace pipesgd {
 namespace {
 
 nlohmann::json times_to_json(const IterationTimes& t) {
-  return {{"update_s", t.update},   {"forward_s", t.forward}, {"backward_s", t.backward},
+  return {{"update_s", t.update},   {"data_s", t.data},       {"forward_s", t.forward},
+          {"backward_s", t.backward},
           {"wait_s", t.wait},       {"comm_s", t.comm},       {"iteration_s", t.iteration},
           {"loss", t.loss}};
 }
@@ -89,6 +90,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
           {"measured_iterations", s.measured_iterations},
           {"mean", times_to_json(s.mean)},
           {"compute_s", s.stages.compute()},
+          {"other_compute_thread_s", s.stages.other},
           {"throughput_samples_per_s", s.throughput},
           {"iteration_s", s.mean.iteration},
           {"train_s", s.train_seconds},
@@ -114,6 +116,7 @@ void write_run_outputs(const std::string& dir, const RunSummary& summary,
     for (const auto& per_rank : times_per_rank) {
       const IterationTimes& x = per_rank[t];
       mean.update += x.update / ranks;
+      mean.data += x.data / ranks;
       mean.forward += x.forward / ranks;
       mean.backward += x.backward / ranks;
       mean.wait += x.wait / ranks;
@@ -149,15 +152,17 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
       << s.batch << ", codec " << s.codec << ", network " << s.network << ", " << s.iterations
       << " iterations (means over the last " << s.measured_iterations << ")\n\n";
   std::vector<std::vector<std::string>> rows = {
-      {"per iteration (ms)", "update", "forward", "backward", "exposed wait", "comm thread",
-       "iteration", "samples/s"},
-      {"measured", milliseconds(s.mean.update), milliseconds(s.mean.forward),
-       milliseconds(s.mean.backward), milliseconds(s.mean.wait), milliseconds(s.mean.comm),
+      {"per iteration (ms)", "update", "data", "forward", "backward", "other", "compute",
+       "exposed wait", "comm thread", "iteration", "samples/s"},
+      {"measured", milliseconds(s.mean.update), milliseconds(s.mean.data),
+       milliseconds(s.mean.forward), milliseconds(s.mean.backward), milliseconds(s.stages.other),
+       milliseconds(s.stages.compute()), milliseconds(s.mean.wait), milliseconds(s.mean.comm),
        milliseconds(s.mean.iteration), format("%.0f", s.throughput)}};
   print_table(out, rows);
-  out << "\nPipe-SGD timing model from the measured stage times (compute = update + forward + "
-         "backward = "
-      << milliseconds(s.stages.compute()) << " ms, comm = " << milliseconds(s.stages.comm)
+  out << "compute = the compute thread's busy time (iteration - exposed wait) = update + data + "
+         "forward + backward + other (hooks, bookkeeping, descheduling)\n";
+  out << "\nPipe-SGD timing model from the measured stage times (l_up + l_comp = compute = "
+      << milliseconds(s.stages.compute()) << " ms, l_comm = comm thread = " << milliseconds(s.stages.comm)
       << " ms):\n";
   std::vector<std::vector<std::string>> model_rows = {
       {"model", "predicted ms", "measured ms", "measured / predicted"},
@@ -181,13 +186,13 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
 
 void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries) {
   std::vector<std::vector<std::string>> rows = {
-      {"method", "samples/s", "iter ms", "update", "forward", "backward", "exposed wait",
+      {"method", "samples/s", "iter ms", "update", "forward", "backward", "compute", "exposed wait",
        "comm", "predicted ms", "test acc", "speedup"}};
   const double base = summaries.empty() ? 0 : summaries.front().throughput;
   for (const RunSummary& s : summaries) {
     rows.push_back({s.method_spec, format("%.0f", s.throughput), milliseconds(s.mean.iteration),
                     milliseconds(s.mean.update), milliseconds(s.mean.forward),
-                    milliseconds(s.mean.backward), milliseconds(s.mean.wait),
+                    milliseconds(s.mean.backward), milliseconds(s.stages.compute()), milliseconds(s.mean.wait),
                     milliseconds(s.mean.comm), milliseconds(s.predicted_iteration),
                     accuracy(s.final_test_accuracy),
                     format("%.2fx", base > 0 ? s.throughput / base : 0)});

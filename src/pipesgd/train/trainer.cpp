@@ -125,7 +125,9 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
       IterationTimes& record = times[t];
       Stopwatch iteration;
       std::span<float> gradients = method->begin_iteration(t, record);
+      Stopwatch loading;
       const Batch batch = assembler.assemble(sampler.batch_indices(static_cast<std::size_t>(i)));
+      record.data = loading.seconds();
       const StepResult step = model.forward_backward(batch, gradients, {});
       record.forward = step.forward_seconds;
       record.backward = step.backward_seconds;
@@ -183,6 +185,7 @@ IterationTimes mean_times(const SharedRunState& shared, std::int64_t first, std:
     for (std::int64_t t = first; t < end; ++t) {
       const IterationTimes& x = per_rank[t];
       mean.update += x.update;
+      mean.data += x.data;
       mean.forward += x.forward;
       mean.backward += x.backward;
       mean.wait += x.wait;
@@ -194,6 +197,7 @@ IterationTimes mean_times(const SharedRunState& shared, std::int64_t first, std:
   }
   if (n > 0) {
     mean.update /= n;
+    mean.data /= n;
     mean.forward /= n;
     mean.backward /= n;
     mean.wait /= n;
@@ -296,8 +300,11 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
                            ? static_cast<double>(config.workers * config.batch) / summary.mean.iteration
                            : 0;
   summary.train_seconds = shared.train_seconds;
-  summary.stages = StageTimes{summary.mean.update, summary.mean.forward, summary.mean.backward,
-                              summary.mean.comm};
+  // The compute thread is busy for the whole iteration except its exposed waits.
+  const IterationTimes& m = summary.mean;
+  const double busy = m.iteration - m.wait;
+  summary.stages = StageTimes{m.update, m.data, m.forward, m.backward,
+                              std::max(0.0, busy - (m.update + m.data + m.forward + m.backward)), m.comm};
   summary.predicted_sync_iteration = predict_dsync_iteration(summary.stages);
   summary.predicted_pipe_iteration = predict_pipe_iteration(summary.stages);
   const bool pipelined = config.method.name == "pipe" && config.method.staleness >= 2 &&
