@@ -10,8 +10,8 @@
 namespace pipesgd {
 
 struct SgdOptions {
-  float learning_rate = 0.05f;
-  float momentum = 0.9f;
+  float learning_rate = 0.1f;
+  float momentum = 0.0f;
   float weight_decay = 0.0f;
 };
 
