@@ -211,6 +211,9 @@ row algo-unknown            2 "unknown algorithm 'pipes'" train --algo pipes "${
 row algo-empty-name         2 "'+int8'"                   train --algo +int8 "${Q[@]}"
 row algo-two-codecs         2 "more than one codec"       train --algo pipe+int8+bf16 "${Q[@]}"
 row codec-unknown           2 "unknown codec 'zstd'"      train --codec zstd "${Q[@]}"
+row segment-bytes-word      2 "--segment-bytes 'fast'"    train --segment-bytes fast "${Q[@]}"
+row segment-bytes-tiny      2 "at least 4 bytes"          train --segment-bytes 2 "${Q[@]}"
+row bench-segment-bytes     2 "--segment-bytes '1X'"      bench allreduce --segment-bytes 1X --sizes 4K
 row algo-codec-unknown      2 "'zstd'"                    train --algo pipe+zstd "${Q[@]}"
 row model-unknown           2 "unknown model 'resnet'"    train --model resnet "${Q[@]}"
 row staleness-zero          2 "--staleness-k"             train --algo pipe --staleness-k 0 "${Q[@]}"
@@ -454,6 +457,24 @@ EOF
 }
 net_run 10gbe 10gbe "10 Gbit/s, 20 us latency"
 net_run custom "bw=2.5Gbit,lat=30us" "2.5 Gbit/s, 30 us latency"
+
+# 3d'. Allreduce segmenting: auto resolves per method (D-Sync 256 KiB, Pipe-SGD unsegmented); an
+# explicit value applies to both and is reported.
+seg_run() {  # NAME ALGO FLAG EXPECTED
+  local name=$1 algo=$2 flag=$3 expected=$4
+  run train --algo "$algo" --segment-bytes "$flag" --iters 6 --data synthetic --workers 3 --quiet --no-eval \
+    --out "$R/seg-$name" >"$R/seg-$name.out" 2>"$R/seg-$name.err"
+  expect_success "segments/$name-exit-0" $? "$R/seg-$name.out" "$R/seg-$name.err"
+  pycheck "segments/$name-reported" "$R/seg-$name/summary.json" "$expected" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s.get("allreduce_segments") == sys.argv[2], f"allreduce_segments {s.get('allreduce_segments')!r}"
+EOF
+}
+seg_run dsync-auto dsync auto "256 KiB"
+seg_run pipe-auto pipe auto "unsegmented"
+seg_run dsync-none dsync none "unsegmented"
+seg_run pipe-64k pipe 64K "64 KiB"
 
 # 3e. bench allreduce.
 run bench allreduce --workers 3 --sizes 4K,64K --repeats 3 --out "$R/bench" >"$R/bench.out" 2>"$R/bench.err"

@@ -233,7 +233,7 @@ TEST_P(RingAllreduceSegments, SmallSegmentsStillGiveTheSumOnEveryRank) {
 INSTANTIATE_TEST_SUITE_P(
     CodecsAndSegmentSizes, RingAllreduceSegments,
     ::testing::Combine(::testing::Values("none", "bf16", "int8"),
-                       // 0 still means segments of (at least) one element.
+                       // 0 is kAutoSegmentBytes: the ring then uses kDefaultSegmentBytes.
                        ::testing::Values(std::size_t{0}, std::size_t{60}, std::size_t{1000})),
     [](const ::testing::TestParamInfo<SegmentCase>& info) {
       return std::get<0>(info.param) + "_SegmentBytes" + std::to_string(std::get<1>(info.param));
@@ -248,8 +248,12 @@ TEST(RingAllreduceSegments, ResultDoesNotDependOnSegmentingForElementWiseCodecs)
       const std::vector<float> whole = run_allreduce(world_size, 5003, codec_name)[0];
       const std::vector<float> segmented =
           run_allreduce(world_size, 5003, codec_name, with_segment_bytes(36))[0];
+      const std::vector<float> unsegmented =
+          run_allreduce(world_size, 5003, codec_name, with_segment_bytes(kUnsegmented))[0];
       ASSERT_EQ(whole.size(), segmented.size());
       EXPECT_EQ(std::memcmp(whole.data(), segmented.data(), whole.size() * sizeof(float)), 0);
+      ASSERT_EQ(whole.size(), unsegmented.size());
+      EXPECT_EQ(std::memcmp(whole.data(), unsegmented.data(), whole.size() * sizeof(float)), 0);
     }
   }
 }
@@ -437,4 +441,19 @@ TEST(RingAllreduce, AFailedRunLeavesNothingPostedIntoTheCallersData) {
 }
 
 }  // namespace
+}  // namespace pipesgd
+
+namespace pipesgd {
+TEST(SegmentBytesFlag, ParsesAutoNoneAndSizes) {
+  EXPECT_EQ(parse_segment_bytes("auto"), kAutoSegmentBytes);
+  EXPECT_EQ(parse_segment_bytes("none"), kUnsegmented);
+  EXPECT_EQ(parse_segment_bytes("256K"), 256u * 1024);
+  EXPECT_EQ(parse_segment_bytes("1M"), 1024u * 1024);
+  EXPECT_EQ(parse_segment_bytes("4096"), 4096u);
+  for (const char* bad : {"", "fast", "2", "1X", "-5K", "0"}) {
+    EXPECT_THROW(parse_segment_bytes(bad), UsageError) << bad;
+  }
+  EXPECT_EQ(describe_segment_bytes(kUnsegmented), "unsegmented");
+  EXPECT_EQ(describe_segment_bytes(256 * 1024), "256 KiB");
+}
 }  // namespace pipesgd

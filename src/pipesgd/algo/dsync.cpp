@@ -8,7 +8,8 @@ DSync::DSync(const MethodConfig& config, Model& model, Transport& transport)
     : model_(model),
       transport_(transport),
       codec_(make_codec(config.codec)),
-      allreduce_(transport, model.layout().total(), *codec_, config.allreduce),
+      allreduce_(transport, model.layout().total(), *codec_,
+                 resolve_allreduce_options(config.allreduce, kDefaultSegmentBytes)),
       sgd_(model.layout().total(), config.sgd),
       gradients_(model.layout().total()) {}
 

@@ -42,8 +42,18 @@ struct MethodConfig {
   int staleness = 2;            // K, pipe only
   std::int64_t warmup_iterations = 0;  // pipe only: iterations run as D-Sync first
   SgdOptions sgd;
-  AllreduceOptions allreduce;
+  // segment_bytes kAutoSegmentBytes lets the method choose: D-Sync segments (kDefaultSegmentBytes),
+  // because the allreduce is on its critical path and segmenting overlaps reduction with transfer;
+  // Pipe-SGD sends whole chunks (kUnsegmented), as its paper concludes from Eq. 5 vs 6: each segment
+  // adds latency and synchronisation, and the whole allreduce is hidden behind compute anyway.
+  AllreduceOptions allreduce{std::chrono::seconds(120), kAutoSegmentBytes};
 };
+
+// The options a method runs its allreduce with: `auto` segmenting resolved to `method_default`.
+inline AllreduceOptions resolve_allreduce_options(AllreduceOptions options, std::size_t method_default) {
+  if (options.segment_bytes == kAutoSegmentBytes) options.segment_bytes = method_default;
+  return options;
+}
 
 class TrainingMethod {
  public:

@@ -40,6 +40,7 @@ struct TrainFlags {
   std::string codec = "none";
   std::string network = "none";
   double comm_timeout_seconds = 120;
+  std::string segment_bytes = "auto";
   std::string out_dir;
   bool quiet = false;
   bool no_eval = false;
@@ -85,6 +86,10 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--comm-timeout", flags.comm_timeout_seconds,
                      "Seconds any wait on a peer may take before the run fails")
       ->capture_default_str();
+  command.add_option("--segment-bytes", flags.segment_bytes,
+                     "Allreduce message segment size: auto (D-Sync 256K, Pipe-SGD unsegmented), none "
+                     "(unsegmented) or a size such as 256K")
+      ->capture_default_str();
   command.add_option("--out", flags.out_dir, "Write metrics.jsonl and summary.json (compare: compare.json) here");
   command.add_flag("--quiet", flags.quiet, "No progress output");
   command.add_flag("--no-eval", flags.no_eval, "Skip the test-set evaluation after each epoch");
@@ -106,6 +111,7 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec) {
   config.method.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
   Sgd validate(0, config.method.sgd);
   config.method.allreduce.timeout = timeout_from_seconds(flags.comm_timeout_seconds, "--comm-timeout");
+  config.method.allreduce.segment_bytes = parse_segment_bytes(flags.segment_bytes);
   if (flags.workers < 1 || flags.workers > kMaxWorkers) {
     throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", flags.workers));
   }
@@ -187,8 +193,10 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms) {
 
 int run_bench_allreduce(int workers, const std::string& network, const std::string& codecs,
                         const std::string& sizes, int repeats, int warmup, double timeout_seconds,
-                        const std::string& out_dir) {
+                        const std::string& segment_bytes, const std::string& out_dir) {
   AllreduceBenchmarkConfig config;
+  config.segment_bytes = parse_segment_bytes(segment_bytes);
+  if (config.segment_bytes == kAutoSegmentBytes) config.segment_bytes = kDefaultSegmentBytes;
   config.workers = workers;
   config.network = parse_network_spec(network);
   config.codecs = split_list(codecs);
@@ -200,8 +208,9 @@ int run_bench_allreduce(int workers, const std::string& network, const std::stri
     throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", workers));
   }
   config.timeout = timeout_from_seconds(timeout_seconds, "--comm-timeout");
-  std::printf("pipesgd bench allreduce: %d ranks over LocalTransport (%s), median of %d runs\n\n",
-              workers, describe(config.network).c_str(), repeats);
+  std::printf("pipesgd bench allreduce: %d ranks over LocalTransport (%s), segments %s, median of %d runs\n\n",
+              workers, describe(config.network).c_str(),
+              describe_segment_bytes(config.segment_bytes).c_str(), repeats);
   std::printf("%-10s %-6s %12s %12s %12s %12s %10s\n", "algorithm", "codec", "bytes", "time (us)",
               "algbw GB/s", "busbw GB/s", "check");
   std::fflush(stdout);
@@ -214,6 +223,7 @@ int run_bench_allreduce(int workers, const std::string& network, const std::stri
     std::fflush(stdout);
     all_correct &= row.correct;
     rows.push_back({{"algorithm", row.algorithm}, {"codec", row.codec}, {"ranks", row.workers},
+                    {"segments", describe_segment_bytes(config.segment_bytes)},
                     {"bytes", row.bytes}, {"time_s", row.median_seconds},
                     {"min_time_s", row.min_seconds}, {"max_time_s", row.max_seconds},
                     {"algbw_bytes_per_s", row.algbw}, {"busbw_bytes_per_s", row.busbw},
@@ -272,6 +282,7 @@ int main(int argc, char** argv) {
   int bench_workers = 4, bench_repeats = 10, bench_warmup = 2;
   double bench_timeout = 120;
   std::string bench_network = "none", bench_codecs = "none,bf16,int8", bench_sizes, bench_out;
+  std::string bench_segments = "auto";
   bench_allreduce->add_option("--workers", bench_workers, "Ranks (threads)")->capture_default_str();
   bench_allreduce->add_option("--net", bench_network, "Emulated network (as for train)")->capture_default_str();
   bench_allreduce->add_option("--codecs", bench_codecs, "Comma-separated codecs")->capture_default_str();
@@ -279,6 +290,9 @@ int main(int argc, char** argv) {
   bench_allreduce->add_option("--repeats", bench_repeats, "Timed runs per size and codec")->capture_default_str();
   bench_allreduce->add_option("--warmup", bench_warmup, "Untimed runs first")->capture_default_str();
   bench_allreduce->add_option("--comm-timeout", bench_timeout, "Seconds per wait")->capture_default_str();
+  bench_allreduce->add_option("--segment-bytes", bench_segments,
+                              "Message segment size: auto (= 256K), none (unsegmented) or a size")
+      ->capture_default_str();
   bench_allreduce->add_option("--out", bench_out, "Write allreduce.json here");
 
   if (argc > 1 && argv[1][0] != '-') {
@@ -306,7 +320,7 @@ int main(int argc, char** argv) {
     if (compare->parsed()) return run_compare(compare_flags, compare_methods);
     if (bench_allreduce->parsed()) {
       return run_bench_allreduce(bench_workers, bench_network, bench_codecs, bench_sizes, bench_repeats,
-                                 bench_warmup, bench_timeout, bench_out);
+                                 bench_warmup, bench_timeout, bench_segments, bench_out);
     }
   } catch (const UsageError& error) {
     std::fprintf(stderr, "pipesgd: error: %s\n", error.what());

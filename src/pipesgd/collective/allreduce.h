@@ -2,19 +2,32 @@
 // Allreduce: every rank ends with the element-wise sum over all ranks of its `data`.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "pipesgd/comm/transport.h"
 
 namespace pipesgd {
 
+// Segmenting of the allreduce's messages (AllreduceOptions::segment_bytes).
+inline constexpr std::size_t kDefaultSegmentBytes = 256 * 1024;  // best standalone ring time here
+inline constexpr std::size_t kUnsegmented = SIZE_MAX;  // one message per chunk and step
+inline constexpr std::size_t kAutoSegmentBytes = 0;    // training methods: pick their own (see algo/)
+
 struct AllreduceOptions {
   Timeout timeout = std::chrono::seconds(120);  // for every single wait on a peer
   // Messages are cut into segments of about this many fp32 bytes so that reducing one segment
   // overlaps the transfer of the next (pipelining within the allreduce, Pipe-SGD Fig. 3a).
-  std::size_t segment_bytes = 512 * 1024;
+  // Each segment costs a message (latency, a wake-up); kUnsegmented sends whole chunks.
+  std::size_t segment_bytes = kDefaultSegmentBytes;
 };
+
+// Parses --segment-bytes: "auto", "none" (unsegmented) or a size such as 256K or 1M.
+std::size_t parse_segment_bytes(const std::string& text);
+// "256 KiB", "unsegmented" or "auto".
+std::string describe_segment_bytes(std::size_t segment_bytes);
 
 // An allreduce algorithm, built once for a maximum element count (buffers allocated up front) and
 // run many times. Not thread-safe: one thread runs it at a time. Every rank must call run() with the

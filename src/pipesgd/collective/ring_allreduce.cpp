@@ -1,6 +1,7 @@
 #include "pipesgd/collective/ring_allreduce.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "pipesgd/core/error.h"
 
@@ -18,14 +19,41 @@ void expect_bytes(std::size_t got, std::size_t expected, int peer, Tag tag) {
 }
 }  // namespace
 
+std::size_t parse_segment_bytes(const std::string& text) {
+  if (text == "auto") return kAutoSegmentBytes;
+  if (text == "none") return kUnsegmented;
+  char* end = nullptr;
+  const double number = std::strtod(text.c_str(), &end);
+  const std::string unit(end ? end : "");
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  else if (unit == "K" || unit == "KiB") scale = 1024;
+  else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
+  if (end == text.c_str() || scale == 0 || !(number * scale >= 4) || number * scale > 1e12) {
+    throw UsageError(concat("--segment-bytes '", text,
+                            "': expected auto, none or a size of at least 4 bytes such as 256K or 1M"));
+  }
+  return static_cast<std::size_t>(number * scale);
+}
+
+std::string describe_segment_bytes(std::size_t segment_bytes) {
+  if (segment_bytes == kAutoSegmentBytes) return "auto";
+  if (segment_bytes == kUnsegmented) return "unsegmented";
+  if (segment_bytes % 1024 == 0) return concat(segment_bytes / 1024, " KiB");
+  return concat(segment_bytes, " B");
+}
+
 RingAllreduce::RingAllreduce(Transport& transport, std::size_t max_count, const Codec& codec,
                              AllreduceOptions options)
     : transport_(transport), codec_(codec), options_(options), max_count_(max_count) {
   const int p = transport.size();
   if (2 * (p - 1) > kMaxSteps) throw UsageError(concat(kOperation, ": at most 2049 ranks"));
   const std::size_t max_chunk = max_count / p + 1;
-  segment_elements_ = std::max<std::size_t>(1, options.segment_bytes / sizeof(float));
+  const std::size_t requested =
+      options.segment_bytes == kAutoSegmentBytes ? kDefaultSegmentBytes : options.segment_bytes;
+  segment_elements_ = std::max<std::size_t>(1, requested / sizeof(float));
   segment_elements_ = std::max(segment_elements_, (max_chunk + kMaxSegments - 1) / kMaxSegments);
+  segment_elements_ = std::min(segment_elements_, max_chunk);  // kUnsegmented: whole chunks
   segment_bytes_ = codec.encoded_bytes(segment_elements_);
   const std::size_t segments = segment_count(max_chunk);
   const std::size_t region = segments * segment_bytes_;

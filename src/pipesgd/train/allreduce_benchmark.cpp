@@ -92,6 +92,7 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark(
           try {
             AllreduceOptions options;
             options.timeout = config.timeout;
+            options.segment_bytes = config.segment_bytes;
             RingAllreduce allreduce(transport, count, *codec, options);
             auto none = make_codec("none");
             RingAllreduce barrier(transport, 1, *none, options);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "pipesgd/collective/allreduce.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/transport.h"
 
@@ -18,6 +19,7 @@ struct AllreduceBenchmarkConfig {
   int repeats = 10;                      // timed runs per (size, codec)
   int warmup = 2;                        // untimed runs first
   Timeout timeout = std::chrono::seconds(120);
+  std::size_t segment_bytes = kDefaultSegmentBytes;
 };
 
 struct AllreduceBenchmarkRow {

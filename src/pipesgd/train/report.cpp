@@ -85,6 +85,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
           {"batch_per_worker", s.batch},
           {"network", s.network},
           {"codec", s.codec},
+          {"allreduce_segments", s.segmenting},
           {"staleness_k", s.staleness},
           {"iterations", s.iterations},
           {"measured_iterations", s.measured_iterations},
@@ -149,7 +150,8 @@ void write_run_outputs(const std::string& dir, const RunSummary& summary,
 
 void print_run_report(std::ostream& out, const RunSummary& s) {
   out << "\n" << s.method_spec << ": " << s.model << ", " << s.workers << " workers x batch "
-      << s.batch << ", codec " << s.codec << ", network " << s.network << ", " << s.iterations
+      << s.batch << ", codec " << s.codec << ", allreduce segments " << s.segmenting << ", network "
+      << s.network << ", " << s.iterations
       << " iterations (means over the last " << s.measured_iterations << ")\n\n";
   std::vector<std::vector<std::string>> rows = {
       {"per iteration (ms)", "update", "data", "forward", "backward", "other", "compute",

@@ -292,6 +292,9 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
   summary.batch = config.batch;
   summary.network = config.network.name;
   summary.codec = config.method.codec;
+  summary.segmenting = describe_segment_bytes(resolve_allreduce_options(
+      config.method.allreduce, config.method.name == "pipe" ? kUnsegmented : kDefaultSegmentBytes)
+                                                  .segment_bytes);
   summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
   summary.iterations = plan.total_iterations;
   summary.measured_iterations = plan.total_iterations - plan.first_measured;

@@ -55,6 +55,7 @@ struct RunSummary {
   std::size_t batch = 0;
   std::string network;
   std::string codec;
+  std::string segmenting;  // allreduce message segmenting in effect ("256 KiB", "unsegmented")
   int staleness = 0;
   std::int64_t iterations = 0;
   std::int64_t measured_iterations = 0;  // those averaged below (warm-up and start-up excluded)
