@@ -528,7 +528,7 @@ det_run seed1-a --algo dsync "${SYN[@]}" --seed 7
 det_run seed1-b --algo dsync "${SYN[@]}" --seed 7
 det_run seed2 --algo dsync "${SYN[@]}" --seed 8
 det_run lr --algo dsync "${SYN[@]}" --seed 7 --lr 0.01
-det_run momentum --algo dsync "${SYN[@]}" --seed 7 --momentum 0
+det_run momentum --algo dsync "${SYN[@]}" --seed 7 --momentum 0.5
 det_run weight-decay --algo dsync "${SYN[@]}" --seed 7 --weight-decay 0.5
 det_run pipe-k3 --algo pipe --staleness-k 3 "${SYN[@]}" --seed 7 --warmup-iters 4 --codec bf16 --batch 10
 
