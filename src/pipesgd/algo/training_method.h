@@ -34,6 +34,18 @@ struct IterationTimes {
   double iteration = 0;  // whole iteration on the compute thread
   double loss = 0;
   bool pipelined = false;  // false during warm-up / for synchronous methods
+
+  // Adds weight * other to every timing and the loss (for means over workers and iterations).
+  void add_scaled(const IterationTimes& other, double weight) {
+    update += weight * other.update;
+    data += weight * other.data;
+    forward += weight * other.forward;
+    backward += weight * other.backward;
+    wait += weight * other.wait;
+    comm += weight * other.comm;
+    iteration += weight * other.iteration;
+    loss += weight * other.loss;
+  }
 };
 
 struct MethodConfig {

@@ -17,6 +17,12 @@ nlohmann::json times_to_json(const IterationTimes& t) {
           {"loss", t.loss}};
 }
 
+nlohmann::json epoch_to_json(const EpochRecord& e) {
+  return {{"epoch", e.epoch},           {"iterations", e.iterations},
+          {"train_loss", e.train_loss}, {"test_accuracy", e.test_accuracy},
+          {"test_loss", e.test_loss},   {"elapsed_s", e.elapsed_seconds}};
+}
+
 std::ofstream open_for_writing(const std::string& path) {
   std::ofstream out(path);
   if (!out) throw UsageError(concat("cannot write '", path, "'"));
@@ -71,14 +77,7 @@ void ensure_directory(const std::string& dir) {
 
 nlohmann::json summary_to_json(const RunSummary& s) {
   nlohmann::json epochs = nlohmann::json::array();
-  for (const EpochRecord& e : s.epochs) {
-    epochs.push_back({{"epoch", e.epoch},
-                      {"iterations", e.iterations},
-                      {"train_loss", e.train_loss},
-                      {"test_accuracy", e.test_accuracy},
-                      {"test_loss", e.test_loss},
-                      {"elapsed_s", e.elapsed_seconds}});
-  }
+  for (const EpochRecord& e : s.epochs) epochs.push_back(epoch_to_json(e));
   return {{"method", s.method_spec},
           {"model", s.model},
           {"workers", s.workers},
@@ -109,23 +108,12 @@ void write_run_outputs(const std::string& dir, const RunSummary& summary,
                        std::int64_t iterations_per_epoch) {
   ensure_directory(dir);
   std::ofstream metrics = open_for_writing(dir + "/metrics.jsonl");
-  const std::size_t ranks = times_per_rank.size();
+  const double ranks = static_cast<double>(times_per_rank.size());
   std::size_t next_epoch = 0;
   for (std::int64_t t = 0; t < summary.iterations; ++t) {
     IterationTimes mean;
-    bool pipelined = false;
-    for (const auto& per_rank : times_per_rank) {
-      const IterationTimes& x = per_rank[t];
-      mean.update += x.update / ranks;
-      mean.data += x.data / ranks;
-      mean.forward += x.forward / ranks;
-      mean.backward += x.backward / ranks;
-      mean.wait += x.wait / ranks;
-      mean.comm += x.comm / ranks;
-      mean.iteration += x.iteration / ranks;
-      mean.loss += x.loss / ranks;
-      pipelined = x.pipelined;
-    }
+    for (const auto& per_rank : times_per_rank) mean.add_scaled(per_rank[t], 1.0 / ranks);
+    const bool pipelined = times_per_rank.front()[t].pipelined;
     nlohmann::json record = times_to_json(mean);
     record["type"] = "iteration";
     record["iteration"] = t;
@@ -133,16 +121,9 @@ void write_run_outputs(const std::string& dir, const RunSummary& summary,
     record["pipelined"] = pipelined;
     metrics << record.dump() << '\n';
     while (next_epoch < summary.epochs.size() && summary.epochs[next_epoch].iterations == t + 1) {
-      const EpochRecord& e = summary.epochs[next_epoch++];
-      metrics << nlohmann::json{{"type", "epoch"},
-                                {"epoch", e.epoch},
-                                {"iterations", e.iterations},
-                                {"train_loss", e.train_loss},
-                                {"test_accuracy", e.test_accuracy},
-                                {"test_loss", e.test_loss},
-                                {"elapsed_s", e.elapsed_seconds}}
-                     .dump()
-              << '\n';
+      nlohmann::json epoch_record = epoch_to_json(summary.epochs[next_epoch++]);
+      epoch_record["type"] = "epoch";
+      metrics << epoch_record.dump() << '\n';
     }
   }
   open_for_writing(dir + "/summary.json") << summary_to_json(summary).dump(2) << '\n';

@@ -180,30 +180,10 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
 // Mean of the measured iterations over all ranks.
 IterationTimes mean_times(const SharedRunState& shared, std::int64_t first, std::int64_t end) {
   IterationTimes mean;
-  double n = 0;
+  const double n = static_cast<double>(shared.times.size()) * static_cast<double>(end - first);
+  if (n <= 0) return mean;
   for (const auto& per_rank : shared.times) {
-    for (std::int64_t t = first; t < end; ++t) {
-      const IterationTimes& x = per_rank[t];
-      mean.update += x.update;
-      mean.data += x.data;
-      mean.forward += x.forward;
-      mean.backward += x.backward;
-      mean.wait += x.wait;
-      mean.comm += x.comm;
-      mean.iteration += x.iteration;
-      mean.loss += x.loss;
-      n += 1;
-    }
-  }
-  if (n > 0) {
-    mean.update /= n;
-    mean.data /= n;
-    mean.forward /= n;
-    mean.backward /= n;
-    mean.wait /= n;
-    mean.comm /= n;
-    mean.iteration /= n;
-    mean.loss /= n;
+    for (std::int64_t t = first; t < end; ++t) mean.add_scaled(per_rank[t], 1.0 / n);
   }
   return mean;
 }
