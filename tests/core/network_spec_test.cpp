@@ -35,8 +35,9 @@ TEST(NetworkSpecParse, PresetsHaveTheirNominalBandwidthAndAPositiveLatency) {
     EXPECT_EQ(spec.bits_per_second, preset.bits_per_second) << preset.name;
     EXPECT_DOUBLE_EQ(spec.bytes_per_second(), preset.bits_per_second / 8) << preset.name;
     EXPECT_GT(spec.latency_seconds, 0.0) << preset.name;
-    EXPECT_LT(spec.latency_seconds, 1e-3) << preset.name << ": a LAN latency is microseconds";
-    EXPECT_LE(spec.latency_seconds, previous_latency) << preset.name << ": faster class, no slower";
+    // Preset constants, not measured times.
+    EXPECT_GT(1e-3, spec.latency_seconds) << preset.name << ": a LAN latency is microseconds";
+    EXPECT_GE(previous_latency, spec.latency_seconds) << preset.name << ": faster class, no slower";
     previous_latency = spec.latency_seconds;
     EXPECT_TRUE(spec.emulated());
     EXPECT_EQ(spec.name, preset.name);
