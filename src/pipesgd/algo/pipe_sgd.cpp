@@ -50,7 +50,9 @@ void PipeSgd::comm_loop() {
     {
       std::unique_lock lock(mutex_);
       work_submitted_.wait(lock, [&] { return stopping_ || queue_size_ > 0; });
-      if (queue_size_ == 0) return;  // stopping with nothing left to do
+      // finish() drains the queue on the normal path; being stopped with work queued means this
+      // worker is failing, and starting more allreduces would only hold up the unwinding.
+      if (stopping_) return;
       slot_index = queue_[queue_head_];
     }
     Slot& slot = slots_[slot_index];  // queued: only this thread touches its gradient now

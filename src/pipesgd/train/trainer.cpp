@@ -96,16 +96,33 @@ struct SharedRunState {
   double train_seconds = 0;                        // rank 0
 };
 
+void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
+                  Transport& transport, const DataSplits& data, TrainingMethod& method,
+                  SharedRunState& shared);
+
+// Runs one worker.
 void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
                 Transport& transport, const DataSplits& data, SharedRunState& shared) {
-  ShardedSampler sampler(data.train.size, config.workers, rank, config.batch, config.seed);
-  BatchAssembler assembler(data.train, config.batch);
   MethodConfig method_config = config.method;
   method_config.warmup_iterations = plan.warmup_iterations;
   auto method = make_training_method(method_config, model, transport);
   // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU:
   // communication threads (created above) must not queue behind compute (core/thread_priority.h).
   if (config.deprioritize_compute && !realtime_priority_permitted()) lower_compute_thread_priority();
+  try {
+    train_epochs(rank, config, plan, model, transport, data, *method, shared);
+  } catch (const std::exception& error) {
+    // Tell the other ranks before `method` (and its comm thread) unwinds, so they stop waiting now.
+    transport.report_failure(error.what());
+    throw;
+  }
+}
+
+void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
+                  Transport& transport, const DataSplits& data, TrainingMethod& method,
+                  SharedRunState& shared) {
+  ShardedSampler sampler(data.train.size, config.workers, rank, config.batch, config.seed);
+  BatchAssembler assembler(data.train, config.batch);
   auto control_codec = make_codec("none");
   RingAllreduce control(transport, 2, *control_codec, config.method.allreduce);
   const bool leader = rank == 0;
@@ -124,7 +141,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
     for (std::int64_t i = 0; i < count; ++i, ++t) {
       IterationTimes& record = times[t];
       Stopwatch iteration;
-      std::span<float> gradients = method->begin_iteration(t, record);
+      std::span<float> gradients = method.begin_iteration(t, record);
       Stopwatch loading;
       const Batch batch = assembler.assemble(sampler.batch_indices(static_cast<std::size_t>(i)));
       record.data = loading.seconds();
@@ -132,7 +149,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
       record.forward = step.forward_seconds;
       record.backward = step.backward_seconds;
       record.loss = step.loss;
-      method->end_iteration(t, record);
+      method.end_iteration(t, record);
       record.iteration = iteration.seconds();
       loss_sum += step.loss;
       if (leader) {
@@ -142,7 +159,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
     }
     if (t == plan.total_iterations) {
       IterationTimes drain;
-      method->finish(drain);  // apply what is still in flight before the final evaluation
+      method.finish(drain);  // apply what is still in flight before the final evaluation
     }
     train_seconds += epoch_clock.seconds();
 
