@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cstring>
 #include <memory>
@@ -26,6 +27,19 @@ constexpr std::size_t class_count = 10;
 constexpr std::size_t evaluation_chunk_rows = 1000;
 // Distinct gradient buffers whose views stay cached (a method rotating through K slots needs K).
 constexpr std::size_t gradient_view_cache_capacity = 8;
+
+// Intra-op threads requested by init_torch_runtime (0: not set). OpenMP keeps the thread count per
+// calling thread, so every thread that runs a model applies it once itself (see apply_thread_setting).
+std::atomic<int> configured_threads{0};
+
+void apply_thread_setting() {
+  thread_local int applied = 0;
+  const int wanted = configured_threads.load(std::memory_order_relaxed);
+  if (wanted > 0 && applied != wanted) {
+    at::set_num_threads(wanted);
+    applied = wanted;
+  }
+}
 
 // LibTorch's default initialisation draws from its global generator; this serialises seeding and
 // construction so concurrent factory calls are deterministic.
@@ -320,6 +334,7 @@ void TorchModel::report_completed_segments() {
 StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gradients,
                                         const SegmentReadyFn& on_ready) {
   PIPESGD_ASSERT(gradients.size() == layout_.total());
+  apply_thread_setting();
   validate(batch, /*allow_empty=*/false);
   StepResult result;
 
@@ -346,6 +361,7 @@ StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gra
 }
 
 Evaluation TorchModel::evaluate(const Batch& batch) {
+  apply_thread_setting();
   validate(batch, /*allow_empty=*/true);
   torch::NoGradGuard no_grad;
   Evaluation evaluation;
@@ -369,6 +385,7 @@ const char* const not_a_torch_model =
 
 void init_torch_runtime(int threads) {
   if (threads < 1) throw UsageError(concat("torch threads must be at least 1, got ", threads));
+  configured_threads.store(threads, std::memory_order_relaxed);
   at::set_num_threads(threads);
   static std::once_flag interop_once;
   std::call_once(interop_once, [threads] {
