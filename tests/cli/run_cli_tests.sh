@@ -526,6 +526,8 @@ det_run() {  # NAME ARGS...
 }
 det_run seed1-a --algo dsync "${SYN[@]}" --seed 7
 det_run seed1-b --algo dsync "${SYN[@]}" --seed 7
+# The LibTorch thread count is per thread: results must not depend on the caller's OpenMP setting.
+OMP_NUM_THREADS=2 det_run omp2 --algo dsync "${SYN[@]}" --seed 7
 det_run seed2 --algo dsync "${SYN[@]}" --seed 8
 det_run lr --algo dsync "${SYN[@]}" --seed 7 --lr 0.01
 det_run momentum --algo dsync "${SYN[@]}" --seed 7 --momentum 0.5
@@ -537,6 +539,11 @@ import json, sys
 def losses(d):
     return [json.loads(l)["loss"] for l in open(d + "/metrics.jsonl") if "\"iteration\"" in l]
 '
+pycheck "determinism/omp-threads-do-not-change-losses" "$R/seed1-a" "$R/omp2" <<EOF
+$LOSSES
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert len(a) == 15 and a == b, f"losses differ with OMP_NUM_THREADS=2: {a[:3]}... vs {b[:3]}..."
+EOF
 pycheck "determinism/same-seed-same-losses" "$R/seed1-a" "$R/seed1-b" <<EOF
 $LOSSES
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
