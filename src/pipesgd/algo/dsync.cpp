@@ -9,7 +9,7 @@ DSync::DSync(const MethodConfig& config, Model& model, Transport& transport)
       transport_(transport),
       codec_(make_codec(config.codec)),
       allreduce_(transport, model.layout().total(), *codec_,
-                 resolve_allreduce_options(config.allreduce, kDefaultSegmentBytes)),
+                 resolve_allreduce_options(config)),
       sgd_(model.layout().total(), config.sgd),
       gradients_(model.layout().total()) {}
 

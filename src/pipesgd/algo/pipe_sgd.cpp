@@ -7,8 +7,8 @@
 namespace pipesgd {
 namespace {
 int checked_staleness(int staleness) {
-  if (staleness < 1 || staleness > 64) {
-    throw UsageError(concat("--staleness-k must be in [1, 64], got ", staleness));
+  if (staleness < 1 || staleness > kMaxStaleness) {
+    throw UsageError(concat("--staleness-k must be in [1, ", kMaxStaleness, "], got ", staleness));
   }
   return staleness;
 }
@@ -19,7 +19,7 @@ PipeSgd::PipeSgd(const MethodConfig& config, Model& model, Transport& transport)
       transport_(transport),
       codec_(make_codec(config.codec)),
       allreduce_(transport, model.layout().total(), *codec_,
-                 resolve_allreduce_options(config.allreduce, kUnsegmented)),
+                 resolve_allreduce_options(config)),
       sgd_(model.layout().total(), config.sgd),
       staleness_(checked_staleness(config.staleness)),
       warmup_iterations_(config.warmup_iterations),

@@ -61,9 +61,17 @@ struct MethodConfig {
   AllreduceOptions allreduce{std::chrono::seconds(120), kAutoSegmentBytes};
 };
 
-// The options a method runs its allreduce with: `auto` segmenting resolved to `method_default`.
-inline AllreduceOptions resolve_allreduce_options(AllreduceOptions options, std::size_t method_default) {
-  if (options.segment_bytes == kAutoSegmentBytes) options.segment_bytes = method_default;
+inline constexpr int kMaxStaleness = 64;  // upper bound of --staleness-k
+
+// Segment size `auto` stands for with method `name` (see MethodConfig::allreduce).
+inline std::size_t default_segment_bytes(const std::string& name) {
+  return name == "pipe" ? kUnsegmented : kDefaultSegmentBytes;
+}
+
+// The options `config`'s method runs its allreduce with: `auto` segmenting resolved.
+inline AllreduceOptions resolve_allreduce_options(const MethodConfig& config) {
+  AllreduceOptions options = config.allreduce;
+  if (options.segment_bytes == kAutoSegmentBytes) options.segment_bytes = default_segment_bytes(config.name);
   return options;
 }
 

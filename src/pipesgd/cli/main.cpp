@@ -101,20 +101,13 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec) {
   make_codec(flags.codec);  // validate --codec even when the method spec overrides it
   apply_method_spec(method_spec, config);
   config.method.staleness = flags.staleness;
-  if (flags.staleness < 1 || flags.staleness > kMaxStaleness) {
-    throw UsageError(concat("--staleness-k must be in [1, ", kMaxStaleness, "], got ", flags.staleness));
-  }
   if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
   if (flags.batch < 1 || flags.batch > static_cast<std::int64_t>(kMaxBatch)) {
     throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", flags.batch));
   }
   config.method.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
-  Sgd validate(0, config.method.sgd);
   config.method.allreduce.timeout = timeout_from_seconds(flags.comm_timeout_seconds, "--comm-timeout");
   config.method.allreduce.segment_bytes = parse_segment_bytes(flags.segment_bytes);
-  if (flags.workers < 1 || flags.workers > kMaxWorkers) {
-    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", flags.workers));
-  }
   config.workers = flags.workers;
   config.model = flags.model;
   config.batch = static_cast<std::size_t>(flags.batch);
@@ -127,6 +120,7 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec) {
   config.out_dir = flags.out_dir;
   config.progress = !flags.quiet;
   config.evaluate = !flags.no_eval;
+  validate_train_config(config);  // before loading any data
   return config;
 }
 

@@ -25,9 +25,6 @@ class Sgd {
   void step(std::span<float> parameters, std::span<const float> gradients, float gradient_scale,
             std::size_t offset = 0);
 
-  const SgdOptions& options() const { return options_; }
-  std::span<const float> momentum_buffer() const { return velocity_; }
-
  private:
   SgdOptions options_;
   std::vector<float> velocity_;

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <exception>
-#include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include "pipesgd/collective/ring_allreduce.h"
@@ -30,26 +28,6 @@ struct RunPlan {
 };
 
 RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
-  if (config.workers < 1 || config.workers > kMaxWorkers) {
-    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", config.workers));
-  }
-  if (config.batch < 1 || config.batch > kMaxBatch) {
-    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", config.batch));
-  }
-  if (config.iterations < 0 || config.iterations > kMaxIterations) {
-    throw UsageError(concat("--iters must be in [0, ", kMaxIterations, "], got ", config.iterations));
-  }
-  if (config.iterations == 0 && (config.epochs < 1 || config.epochs > kMaxIterations)) {
-    throw UsageError(concat("--epochs must be in [1, ", kMaxIterations, "], got ", config.epochs));
-  }
-  if (config.warmup_epochs < 0 || config.warmup_iterations < 0 ||
-      config.warmup_epochs > kMaxIterations || config.warmup_iterations > kMaxIterations) {
-    throw UsageError(concat("--warmup-epochs and --warmup-iters must be in [0, ", kMaxIterations, "]"));
-  }
-  if (config.method.staleness < 1 || config.method.staleness > kMaxStaleness) {
-    throw UsageError(concat("--staleness-k must be in [1, ", kMaxStaleness, "], got ",
-                            config.method.staleness));
-  }
   const std::size_t global_batch = static_cast<std::size_t>(config.workers) * config.batch;
   if (train.size < global_batch) {
     throw UsageError(concat("the training set has ", train.size, " examples, fewer than one global batch (",
@@ -207,6 +185,31 @@ IterationTimes mean_times(const SharedRunState& shared, std::int64_t first, std:
 
 }  // namespace
 
+void validate_train_config(const TrainConfig& config) {
+  if (config.workers < 1 || config.workers > kMaxWorkers) {
+    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", config.workers));
+  }
+  if (config.batch < 1 || config.batch > kMaxBatch) {
+    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", config.batch));
+  }
+  if (config.iterations < 0 || config.iterations > kMaxIterations) {
+    throw UsageError(concat("--iters must be in [0, ", kMaxIterations, "], got ", config.iterations));
+  }
+  if (config.iterations == 0 && (config.epochs < 1 || config.epochs > kMaxIterations)) {
+    throw UsageError(concat("--epochs must be in [1, ", kMaxIterations, "], got ", config.epochs));
+  }
+  if (config.warmup_epochs < 0 || config.warmup_iterations < 0 ||
+      config.warmup_epochs > kMaxIterations || config.warmup_iterations > kMaxIterations) {
+    throw UsageError(concat("--warmup-epochs and --warmup-iters must be in [0, ", kMaxIterations, "]"));
+  }
+  if (config.method.staleness < 1 || config.method.staleness > kMaxStaleness) {
+    throw UsageError(concat("--staleness-k must be in [1, ", kMaxStaleness, "], got ",
+                            config.method.staleness));
+  }
+  make_codec(config.method.codec);
+  Sgd(0, config.method.sgd);  // throws UsageError for a bad learning rate, momentum or weight decay
+}
+
 void apply_method_spec(const std::string& spec, TrainConfig& config) {
   std::vector<std::string> parts;
   std::size_t begin = 0;
@@ -238,8 +241,8 @@ void apply_method_spec(const std::string& spec, TrainConfig& config) {
 
 RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
                         const DataSplits& data) {
+  validate_train_config(config);  // before starting threads
   const RunPlan plan = plan_run(config, data.train);
-  make_codec(config.method.codec);  // validate before starting threads
   if (!config.out_dir.empty()) ensure_directory(config.out_dir);  // fail before training, not after
 
   // Replicas are built one after another: model initialisation may use a global RNG.
@@ -289,9 +292,7 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
   summary.batch = config.batch;
   summary.network = config.network.name;
   summary.codec = config.method.codec;
-  summary.segmenting = describe_segment_bytes(resolve_allreduce_options(
-      config.method.allreduce, config.method.name == "pipe" ? kUnsegmented : kDefaultSegmentBytes)
-                                                  .segment_bytes);
+  summary.segmenting = describe_segment_bytes(resolve_allreduce_options(config.method).segment_bytes);
   summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
   summary.iterations = plan.total_iterations;
   summary.measured_iterations = plan.total_iterations - plan.first_measured;

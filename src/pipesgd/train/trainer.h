@@ -17,7 +17,6 @@ namespace pipesgd {
 // Bounds of a run, checked before anything is allocated.
 inline constexpr int kMaxWorkers = 1024;
 inline constexpr std::size_t kMaxBatch = std::size_t{1} << 20;
-inline constexpr int kMaxStaleness = 64;
 inline constexpr std::int64_t kMaxIterations = 10'000'000;
 
 struct TrainConfig {
@@ -75,6 +74,10 @@ struct RunSummary {
 
 // Splits "pipe+int8" into the method name and its options; fills config.method. Throws UsageError.
 void apply_method_spec(const std::string& spec, TrainConfig& config);
+
+// Checks everything about `config` that does not depend on the data set; throws UsageError with a
+// one-line message naming the flag. run_training calls it too.
+void validate_train_config(const TrainConfig& config);
 
 // Runs the training; throws UsageError / DataError / CommError with a one-line message.
 RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
