@@ -16,69 +16,13 @@
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/error.h"
+#include "allreduce_test_support.h"
 #include "test_world.h"
 
 namespace pipesgd {
 namespace {
 
 using namespace std::chrono_literals;
-
-// Generous: only reached if the allreduce hangs; the test then fails instead of hanging forever.
-const AllreduceOptions patient_options{60s};
-
-// Small integers in [-20, 20]: any fp32 sum of at most a few such values is exact, in any order.
-float integer_value(int rank, std::size_t index) {
-  return static_cast<float>(static_cast<int>((index * 7 + static_cast<std::size_t>(rank) * 13 + 3) % 41) -
-                            20);
-}
-
-// Both signs, magnitudes from 2^-5 to just under 2^7, varying with rank and index.
-constexpr double largest_mixed_magnitude = 128.0;
-float mixed_value(int rank, std::size_t index) {
-  const std::size_t r = static_cast<std::size_t>(rank);
-  const float mantissa = 1.0f + static_cast<float>((index * 31 + r * 17) % 97) / 97.0f;
-  const int exponent = static_cast<int>((index * 5 + r * 3) % 12) - 5;
-  const float magnitude = std::ldexp(mantissa, exponent);
-  return (index + r) % 3 == 0 ? -magnitude : magnitude;
-}
-
-float value_for(const std::string& codec_name, int rank, std::size_t index) {
-  return codec_name == "none" ? integer_value(rank, index) : mixed_value(rank, index);
-}
-
-std::vector<float> values_of_rank(const std::string& codec_name, int rank, std::size_t count) {
-  std::vector<float> values(count);
-  for (std::size_t i = 0; i < count; ++i) values[i] = value_for(codec_name, rank, i);
-  return values;
-}
-
-// The exact sum over ranks, computed in double.
-std::vector<double> expected_sum(const std::string& codec_name, int world_size, std::size_t count) {
-  std::vector<double> sum(count, 0.0);
-  for (int rank = 0; rank < world_size; ++rank) {
-    for (std::size_t i = 0; i < count; ++i) sum[i] += value_for(codec_name, rank, i);
-  }
-  return sum;
-}
-
-// Per-element error bound of a ring allreduce with a lossy codec, from codec.h's per-encoding bound.
-//
-// An element's result went through p-1 encodings of partial sums (reduce-scatter; only p-2 of them
-// are re-encodings of earlier decoded values, but the bound does not need that) and one encoding of
-// the final sum (allgather), i.e. at most p encodings, each adding at most
-// codec.error_bound(max|chunk being encoded|). Every partial sum is a sum over ranks of values of
-// magnitude <= largest (S = p * largest) plus the errors e accumulated so far, so with
-//   e_0 = 0,  e_k = e_{k-1} + error_bound(S + e_{k-1})   (k = 1..p)
-// the codec error is at most e_p (about p * error_bound(S)). The p-1 fp32 additions of the fused
-// decode-add each round by at most 2^-24 * (S + e_p). The bound returned is their sum.
-double ring_error_bound(const Codec& codec, int world_size, double largest) {
-  const double sum_of_maxima = world_size * largest;
-  double accumulated = 0;
-  for (int encoding = 0; encoding < world_size; ++encoding) {
-    accumulated += codec.error_bound(sum_of_maxima + accumulated);
-  }
-  return accumulated + world_size * 0x1p-24 * (sum_of_maxima + accumulated);
-}
 
 // Runs one allreduce of `count` elements on every rank; returns each rank's result.
 std::vector<std::vector<float>> run_allreduce(int world_size, std::size_t count,
@@ -93,66 +37,6 @@ std::vector<std::vector<float>> run_allreduce(int world_size, std::size_t count,
     results[static_cast<std::size_t>(rank)] = std::move(data);
   });
   return results;
-}
-
-// Every rank's result must be bit-identical to rank 0's.
-void expect_bit_identical_across_ranks(const std::vector<std::vector<float>>& results) {
-  for (std::size_t rank = 1; rank < results.size(); ++rank) {
-    ASSERT_EQ(results[rank].size(), results[0].size()) << "rank " << rank;
-    if (results[0].empty()) continue;
-    const int difference =
-        std::memcmp(results[rank].data(), results[0].data(), results[0].size() * sizeof(float));
-    if (difference != 0) {
-      std::size_t first = 0;
-      while (std::memcmp(&results[rank][first], &results[0][first], sizeof(float)) == 0) ++first;
-      ADD_FAILURE() << "rank " << rank << " differs from rank 0 first at element " << first << ": "
-                    << results[rank][first] << " vs " << results[0][first];
-    }
-  }
-}
-
-// Checks one rank's result against the exact sum: exactly for `none`, within `bound` otherwise.
-void expect_close_to_sum(const std::vector<float>& result, const std::vector<double>& expected,
-                         double bound, bool exact) {
-  ASSERT_EQ(result.size(), expected.size());
-  int reported = 0;
-  for (std::size_t i = 0; i < result.size(); ++i) {
-    const double error = std::fabs(static_cast<double>(result[i]) - expected[i]);
-    const bool good = exact ? static_cast<double>(result[i]) == expected[i] : error <= bound;
-    if (!good && reported++ < 10) {
-      ADD_FAILURE() << "element " << i << ": got " << result[i] << ", expected " << expected[i]
-                    << (exact ? " exactly" : ", error " + std::to_string(error) + " > bound " +
-                                                 std::to_string(bound));
-    }
-  }
-  EXPECT_EQ(reported, 0) << "elements outside the expected result";
-}
-
-// ---------------------------------------------------------------------------------------------
-// Parameterized correctness over world size x count x codec.
-
-enum class CountKind { zero, one, fewer_than_ranks, thousand, million_and_three };
-
-std::size_t count_of(CountKind kind, int world_size) {
-  switch (kind) {
-    case CountKind::zero: return 0;
-    case CountKind::one: return 1;
-    case CountKind::fewer_than_ranks: return static_cast<std::size_t>(world_size - 1);
-    case CountKind::thousand: return 1000;
-    case CountKind::million_and_three: return 1000003;
-  }
-  return 0;
-}
-
-std::string name_of(CountKind kind) {
-  switch (kind) {
-    case CountKind::zero: return "Zero";
-    case CountKind::one: return "One";
-    case CountKind::fewer_than_ranks: return "FewerThanRanks";
-    case CountKind::thousand: return "Thousand";
-    case CountKind::million_and_three: return "MillionAndThree";
-  }
-  return "Unknown";
 }
 
 using RingCase = std::tuple<int, CountKind, std::string>;

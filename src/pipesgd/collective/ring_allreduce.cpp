@@ -3,20 +3,14 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "pipesgd/collective/allreduce_detail.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
 namespace {
+using allreduce_detail::expect_bytes;
 constexpr const char* kOperation = "ring allreduce";
-constexpr std::size_t kMaxSegments = 4096;  // segments per chunk, bounded by the tag layout
 constexpr int kMaxSteps = 4096;
-
-void expect_bytes(std::size_t got, std::size_t expected, int peer, Tag tag) {
-  if (got != expected) {
-    throw CommError(concat(kOperation, ": message from rank ", peer, " (tag ", tag, ") has ", got,
-                           " bytes, expected ", expected, " (ranks disagree on the element count)"));
-  }
-}
 }  // namespace
 
 std::size_t parse_segment_bytes(const std::string& text) {
@@ -49,11 +43,7 @@ RingAllreduce::RingAllreduce(Transport& transport, std::size_t max_count, const 
   const int p = transport.size();
   if (2 * (p - 1) > kMaxSteps) throw UsageError(concat(kOperation, ": at most 2049 ranks"));
   const std::size_t max_chunk = max_count / p + 1;
-  const std::size_t requested =
-      options.segment_bytes == kAutoSegmentBytes ? kDefaultSegmentBytes : options.segment_bytes;
-  segment_elements_ = std::max<std::size_t>(1, requested / sizeof(float));
-  segment_elements_ = std::max(segment_elements_, (max_chunk + kMaxSegments - 1) / kMaxSegments);
-  segment_elements_ = std::min(segment_elements_, max_chunk);  // kUnsegmented: whole chunks
+  segment_elements_ = allreduce_detail::segment_elements_for(options.segment_bytes, max_chunk);
   segment_bytes_ = codec.encoded_bytes(segment_elements_);
   const std::size_t segments = segment_count(max_chunk);
   const std::size_t region = segments * segment_bytes_;
@@ -75,7 +65,7 @@ std::size_t RingAllreduce::chunk_offset(std::size_t n, int chunk) const {
 }
 
 std::size_t RingAllreduce::segment_count(std::size_t chunk_elements) const {
-  return std::max<std::size_t>(1, (chunk_elements + segment_elements_ - 1) / segment_elements_);
+  return allreduce_detail::segment_count(chunk_elements, segment_elements_);
 }
 
 void RingAllreduce::run(std::span<float> data, Tag tag) {
@@ -83,8 +73,8 @@ void RingAllreduce::run(std::span<float> data, Tag tag) {
     run_steps(data, tag);
   } catch (...) {
     // Withdraw everything still posted on `data` or our buffers before the caller sees the error.
-    for (auto& requests : receives_) for (Request& request : requests) request = Request();
-    for (auto& requests : sends_) for (Request& request : requests) request = Request();
+    for (auto& requests : receives_) allreduce_detail::withdraw(requests);
+    for (auto& requests : sends_) allreduce_detail::withdraw(requests);
     throw;
   }
 }
@@ -93,10 +83,7 @@ void RingAllreduce::run_steps(std::span<float> data, Tag tag) {
   PIPESGD_ASSERT(tag < (Tag{1} << 40));
   const int p = transport_.size();
   const int rank = transport_.rank();
-  if (data.size() > max_count_) {
-    throw UsageError(concat(kOperation, ": ", data.size(), " elements exceed the ", max_count_,
-                            " this allreduce was built for"));
-  }
+  allreduce_detail::check_count(kOperation, data.size(), max_count_);
   if (p == 1) return;
   const std::size_t n = data.size();
   const int right = (rank + 1) % p;
@@ -162,13 +149,13 @@ void RingAllreduce::run_steps(std::span<float> data, Tag tag) {
       const std::size_t got = receives_[s % 2][j].wait(timeout);
       if (reducing(s)) {
         std::span<const std::byte> message(receive_buffers_[s % 3].data() + j * segment_bytes_, got);
-        expect_bytes(got, codec_.encoded_bytes(target.size()), left, message_tag);
+        expect_bytes(kOperation, got, codec_.encoded_bytes(target.size()), left, message_tag);
         codec_.decode_add(message, target);
         // The reduced segment goes on at once: to the next reduce-scatter step, or, after the last
         // one, as this rank's fully reduced (owned) chunk into the allgather.
         if (s < last_step) send_segment(s + 1, j, target, s == p - 2);
       } else {
-        expect_bytes(got, codec_.encoded_bytes(target.size()), left, message_tag);
+        expect_bytes(kOperation, got, codec_.encoded_bytes(target.size()), left, message_tag);
         std::span<const std::byte> message;
         if (identity) {
           message = std::as_bytes(target);

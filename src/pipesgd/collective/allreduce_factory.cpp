@@ -1,0 +1,34 @@
+#include "pipesgd/collective/allreduce_factory.h"
+
+#include "pipesgd/collective/halving_doubling_allreduce.h"
+#include "pipesgd/collective/recursive_doubling_allreduce.h"
+#include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/collective/tree_allreduce.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+
+std::vector<std::string> allreduce_algorithm_names() {
+  return {"ring", "recursive-doubling", "halving-doubling", "tree"};
+}
+
+std::unique_ptr<Allreduce> make_allreduce(std::string_view algorithm, Transport& transport,
+                                          std::size_t max_count, const Codec& codec,
+                                          AllreduceOptions options) {
+  if (algorithm == "ring")
+    return std::make_unique<RingAllreduce>(transport, max_count, codec, options);
+  if (algorithm == "recursive-doubling") {
+    return std::make_unique<RecursiveDoublingAllreduce>(transport, max_count, codec, options);
+  }
+  if (algorithm == "halving-doubling") {
+    return std::make_unique<HalvingDoublingAllreduce>(transport, max_count, codec, options);
+  }
+  if (algorithm == "tree")
+    return std::make_unique<TreeAllreduce>(transport, max_count, codec, options);
+  std::string valid;
+  for (const std::string& name : allreduce_algorithm_names())
+    valid += (valid.empty() ? "" : ", ") + name;
+  throw UsageError(concat("unknown allreduce algorithm '", algorithm, "' (expected ", valid, ")"));
+}
+
+}  // namespace pipesgd
