@@ -8,8 +8,7 @@ DSync::DSync(const MethodConfig& config, Model& model, Transport& transport)
     : model_(model),
       transport_(transport),
       codec_(make_codec(config.codec)),
-      allreduce_(transport, model.layout().total(), *codec_,
-                 resolve_allreduce_options(config)),
+      allreduce_(make_method_allreduce(config, transport, model.layout().total(), *codec_)),
       sgd_(model.layout().total(), config.sgd),
       gradients_(model.layout().total()) {}
 
@@ -17,7 +16,7 @@ std::span<float> DSync::begin_iteration(std::int64_t, IterationTimes&) { return 
 
 void DSync::end_iteration(std::int64_t t, IterationTimes& times) {
   Stopwatch communication;
-  allreduce_.run(gradients_, static_cast<Tag>(t));
+  allreduce_->run(gradients_, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(t)));
   times.wait = times.comm = communication.seconds();
   Stopwatch update;
   sgd_.step(model_.parameters(), gradients_, 1.0f / static_cast<float>(transport_.size()));

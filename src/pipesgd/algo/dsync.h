@@ -1,7 +1,7 @@
 #pragma once
 // D-Sync (Pipe-SGD's synchronous baseline): compute g(w_t), allreduce it, update, next iteration.
 #include "pipesgd/algo/training_method.h"
-#include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/collective/allreduce.h"
 
 namespace pipesgd {
 
@@ -16,7 +16,7 @@ class DSync final : public TrainingMethod {
   Model& model_;
   Transport& transport_;
   std::unique_ptr<Codec> codec_;
-  RingAllreduce allreduce_;
+  std::unique_ptr<Allreduce> allreduce_;
   Sgd sgd_;
   std::vector<float> gradients_;
 };

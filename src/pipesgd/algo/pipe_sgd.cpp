@@ -18,8 +18,7 @@ PipeSgd::PipeSgd(const MethodConfig& config, Model& model, Transport& transport)
     : model_(model),
       transport_(transport),
       codec_(make_codec(config.codec)),
-      allreduce_(transport, model.layout().total(), *codec_,
-                 resolve_allreduce_options(config)),
+      allreduce_(make_method_allreduce(config, transport, model.layout().total(), *codec_)),
       sgd_(model.layout().total(), config.sgd),
       staleness_(checked_staleness(config.staleness)),
       warmup_iterations_(config.warmup_iterations),
@@ -44,7 +43,9 @@ PipeSgd::~PipeSgd() {
 }
 
 void PipeSgd::comm_loop() {
-  raise_communication_thread_priority();
+  // A comm thread that sleeps in its waits may preempt compute the moment its data arrives; one that
+  // polls (MPI) must stay at normal priority or it would starve the compute thread.
+  if (transport_.waits_sleep()) raise_communication_thread_priority();
   for (;;) {
     int slot_index;
     {
@@ -59,7 +60,8 @@ void PipeSgd::comm_loop() {
     Stopwatch communication;
     std::exception_ptr failure;
     try {
-      allreduce_.run(slot.gradient, static_cast<Tag>(slot.iteration));
+      allreduce_->run(slot.gradient,
+                     collective_tag(Channel::kGradients, static_cast<std::uint64_t>(slot.iteration)));
     } catch (const std::exception& error) {
       failure = std::current_exception();
       transport_.report_failure(error.what());
@@ -116,7 +118,7 @@ void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
   if (in_warmup(t)) {  // D-Sync: allreduce on this thread, then update
     std::span<float> gradient = slots_[0].gradient;
     Stopwatch communication;
-    allreduce_.run(gradient, static_cast<Tag>(t));
+    allreduce_->run(gradient, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(t)));
     times.wait = times.comm = communication.seconds();
     Stopwatch update;
     sgd_.step(model_.parameters(), gradient, gradient_scale_);

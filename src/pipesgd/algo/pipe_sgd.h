@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "pipesgd/algo/training_method.h"
-#include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/collective/allreduce.h"
 
 namespace pipesgd {
 
@@ -47,7 +47,7 @@ class PipeSgd final : public TrainingMethod {
   Model& model_;
   Transport& transport_;
   std::unique_ptr<Codec> codec_;
-  RingAllreduce allreduce_;  // the comm thread's after warm-up; the compute thread's during it
+  std::unique_ptr<Allreduce> allreduce_;  // the comm thread's after warm-up; the compute thread's during it
   Sgd sgd_;
   const int staleness_;
   const std::int64_t warmup_iterations_;

@@ -2,11 +2,28 @@
 
 #include "pipesgd/algo/dsync.h"
 #include "pipesgd/algo/pipe_sgd.h"
+#include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
 
 std::vector<std::string> method_names() { return {"dsync", "pipe"}; }
+
+std::string resolve_allreduce_algorithm(const MethodConfig& config, int world_size, double bytes) {
+  if (config.allreduce_algorithm != "auto") return config.allreduce_algorithm;
+  const std::vector<std::string> candidates = allreduce_algorithm_names();
+  if (config.calibration) {
+    return choose_allreduce_algorithm(*config.calibration, world_size, bytes, candidates);
+  }
+  return choose_allreduce_algorithm(default_link_parameters(), world_size, bytes, candidates);
+}
+
+std::unique_ptr<Allreduce> make_method_allreduce(const MethodConfig& config, Transport& transport,
+                                                 std::size_t count, const Codec& codec) {
+  const double bytes = static_cast<double>(count) * sizeof(float);
+  return make_allreduce(resolve_allreduce_algorithm(config, transport.size(), bytes), transport, count,
+                        codec, resolve_allreduce_options(config));
+}
 
 std::unique_ptr<TrainingMethod> make_training_method(const MethodConfig& config, Model& model,
                                                      Transport& transport) {

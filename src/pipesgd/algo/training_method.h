@@ -20,6 +20,7 @@
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/optim/sgd.h"
+#include "pipesgd/timing/allreduce_cost_model.h"
 
 namespace pipesgd {
 
@@ -59,9 +60,21 @@ struct MethodConfig {
   // Pipe-SGD sends whole chunks (kUnsegmented), as its paper concludes from Eq. 5 vs 6: each segment
   // adds latency and synchronisation, and the whole allreduce is hidden behind compute anyway.
   AllreduceOptions allreduce{std::chrono::seconds(120), kAutoSegmentBytes};
+  // Allreduce algorithm (collective/allreduce_factory.h) or "auto": the least predicted time for
+  // the gradient's size from `calibration` (nullptr: default_link_parameters()).
+  std::string allreduce_algorithm = "ring";
+  std::shared_ptr<const Calibration> calibration;
 };
 
 inline constexpr int kMaxStaleness = 64;  // upper bound of --staleness-k
+
+// The allreduce algorithm `config` runs for `bytes` per rank on `world_size` ranks: "auto" resolved
+// through the cost model. Throws UsageError for an unknown name.
+std::string resolve_allreduce_algorithm(const MethodConfig& config, int world_size, double bytes);
+
+// Builds the method's gradient allreduce for `count` elements (algorithm resolved as above).
+std::unique_ptr<Allreduce> make_method_allreduce(const MethodConfig& config, Transport& transport,
+                                                 std::size_t count, const Codec& codec);
 
 // Segment size `auto` stands for with method `name` (see MethodConfig::allreduce).
 inline std::size_t default_segment_bytes(const std::string& name) {

@@ -4,13 +4,19 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 
+#include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/timeout.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/data/dataset.h"
+#include "pipesgd/mpi/mpi_library_allreduce.h"
+#include "pipesgd/mpi/mpi_transport.h"
+#include "pipesgd/timing/allreduce_cost_model.h"
 #include "pipesgd/torch/torch_models.h"
 #include "pipesgd/train/allreduce_benchmark.h"
 #include "pipesgd/train/report.h"
@@ -18,6 +24,43 @@
 
 namespace pipesgd {
 namespace {
+
+// The MPI side of a process started by mpirun with --transport mpi: one worker per rank.
+struct MpiSession {
+  MpiSession(int* argc, char*** argv) : runtime(argc, argv), transport(runtime) {}
+  MpiRuntime runtime;
+  MpiTransport transport;
+  bool leader() const { return runtime.rank() == 0; }
+};
+// Set while the process runs under --transport mpi; errors are then reported to the other ranks.
+MpiSession* active_mpi_session = nullptr;
+
+// Checks an algorithm name (or "auto" where allowed) against collective/allreduce_factory.h.
+void check_allreduce_name(const std::string& name, const char* flag, bool auto_allowed) {
+  const std::vector<std::string> names = allreduce_algorithm_names();
+  if (auto_allowed && name == "auto") return;
+  if (std::find(names.begin(), names.end(), name) != names.end()) return;
+  std::string valid;
+  for (const auto& known : names) valid += known + ", ";
+  throw UsageError(concat(flag, " '", name, "': expected ", valid, auto_allowed ? "or auto" : "")); 
+}
+
+// Checks --transport; returns true for mpi.
+bool uses_mpi(const std::string& transport) {
+  if (transport == "local") return false;
+  if (transport == "mpi") return true;
+  throw UsageError(concat("--transport '", transport, "': expected local or mpi"));
+}
+
+// Under MPI the world size comes from mpirun; an explicit --workers must agree with it.
+int resolve_workers(int workers, bool workers_given, MpiSession* session) {
+  if (!session) return workers;
+  if (workers_given && workers != session->runtime.size()) {
+    throw UsageError(concat("--workers ", workers, " does not match the ", session->runtime.size(),
+                            " MPI ranks (mpirun -np); leave --workers out under --transport mpi"));
+  }
+  return session->runtime.size();
+}
 
 // Flags shared by `train` and `compare`, as typed, before validation.
 struct TrainFlags {
@@ -42,13 +85,28 @@ struct TrainFlags {
   double comm_timeout_seconds = 120;
   std::string segment_bytes = "auto";
   std::string out_dir;
+  std::string transport = "local";
+  std::string allreduce = "ring";
+  std::string calibration_file;
   bool quiet = false;
   bool no_eval = false;
+  bool workers_given = false;  // --workers appeared on the command line
 };
 
 void add_train_flags(CLI::App& command, TrainFlags& flags) {
-  command.add_option("--workers", flags.workers, "Workers (threads of this process, one replica each)")
+  command.add_option("--workers", flags.workers,
+                     "Workers: threads of this process (--transport local); under mpi the ranks")
       ->capture_default_str();
+  command.add_option("--transport", flags.transport,
+                     "local (workers are threads of this process) or mpi (one worker per rank of "
+                     "mpirun -np N)")
+      ->capture_default_str();
+  command.add_option("--allreduce", flags.allreduce,
+                     "Allreduce algorithm: ring, recursive-doubling, halving-doubling, tree, or auto "
+                     "(least predicted time from --calibration, else the default model)")
+      ->capture_default_str();
+  command.add_option("--calibration", flags.calibration_file,
+                     "Calibration JSON written by `pipesgd calibrate` (the cost model of --allreduce auto)");
   command.add_option("--model", flags.model, "Model: mlp (784-500-500-10), cnn (LeNet-style), softmax")
       ->capture_default_str();
   command.add_option("--data", flags.data,
@@ -108,7 +166,16 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec) {
   config.method.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
   config.method.allreduce.timeout = timeout_from_seconds(flags.comm_timeout_seconds, "--comm-timeout");
   config.method.allreduce.segment_bytes = parse_segment_bytes(flags.segment_bytes);
-  config.workers = flags.workers;
+  check_allreduce_name(flags.allreduce, "--allreduce", true);
+  config.method.allreduce_algorithm = flags.allreduce;
+  if (!flags.calibration_file.empty()) {
+    if (flags.allreduce != "auto") {
+      throw UsageError("--calibration is only used by --allreduce auto; add --allreduce auto or drop it");
+    }
+    config.method.calibration =
+        std::make_shared<const Calibration>(load_calibration(flags.calibration_file));
+  }
+  config.workers = resolve_workers(flags.workers, flags.workers_given, active_mpi_session);
   config.model = flags.model;
   config.batch = static_cast<std::size_t>(flags.batch);
   config.epochs = flags.epochs;
@@ -117,6 +184,10 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec) {
   config.warmup_iterations = flags.warmup_iterations;
   config.seed = static_cast<std::uint64_t>(flags.seed);
   config.network = parse_network_spec(flags.network);
+  if (active_mpi_session && config.network.emulated()) {
+    throw UsageError("--net emulates links between threads of one process; under --transport mpi the "
+                     "network is the real one (drop --net)");
+  }
   config.out_dir = flags.out_dir;
   config.progress = !flags.quiet;
   config.evaluate = !flags.no_eval;
@@ -147,14 +218,38 @@ std::vector<std::string> split_list(const std::string& text) {
   return items;
 }
 
-int run_train(const TrainFlags& flags, const std::string& method_spec) {
+// Where the workers run: "4 workers (threads), network 10gbe (...)" or "4 workers (MPI ranks)".
+std::string describe_workers(const TrainConfig& config) {
+  if (active_mpi_session) {
+    return concat(config.workers, " workers (", active_mpi_session->transport.describe(), ")");
+  }
+  return concat(config.workers, " workers (threads), network ", describe(config.network));
+}
+
+// Trains over the transport in use: threads over a LocalFabric, or this process's MPI rank.
+RunSummary train_on_transport(const TrainConfig& config, const ModelFactory& factory,
+                              const DataSplits& data) {
+  if (active_mpi_session) {
+    return run_training_rank(config, factory, data, active_mpi_session->transport);
+  }
+  return run_training(config, factory, data);
+}
+
+// Only rank 0 of an MPI run writes to stdout.
+bool prints_results() { return !active_mpi_session || active_mpi_session->leader(); }
+
+int run_train(TrainFlags flags, const std::string& method_spec) {
   TrainConfig config = to_config(flags, method_spec);
+  if (!prints_results()) config.progress = false;
   ModelFactory factory = torch_model_factory(config.model);
   const DataSplits data = load_data(flags);
-  std::cout << "pipesgd train: " << config.method_spec << " on " << config.model << " ("
-            << data.train.name << ", " << data.train.size << " training examples), "
-            << config.workers << " workers, network " << describe(config.network) << std::endl;
-  RunSummary summary = run_training(config, factory, data);
+  if (prints_results()) {
+    std::cout << "pipesgd train: " << config.method_spec << " on " << config.model << " ("
+              << data.train.name << ", " << data.train.size << " training examples), "
+              << describe_workers(config) << std::endl;
+  }
+  RunSummary summary = train_on_transport(config, factory, data);
+  if (!prints_results()) return 0;
   print_run_report(std::cout, summary);
   if (!config.out_dir.empty()) std::cout << "wrote " << config.out_dir << "/{metrics.jsonl,summary.json}\n";
   return 0;
@@ -166,16 +261,21 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms) {
   for (const std::string& spec : specs) configs.push_back(to_config(flags, spec));  // validate all first
   ModelFactory factory = torch_model_factory(flags.model);
   const DataSplits data = load_data(flags);
-  std::cout << "pipesgd compare: " << algorithms << " on " << flags.model << " (" << data.train.name
-            << "), " << flags.workers << " workers, network " << describe(configs[0].network)
-            << std::endl;
+  if (prints_results()) {
+    std::cout << "pipesgd compare: " << algorithms << " on " << flags.model << " (" << data.train.name
+              << "), " << describe_workers(configs[0]) << std::endl;
+  }
   std::vector<RunSummary> summaries;
   for (std::size_t i = 0; i < configs.size(); ++i) {
     TrainConfig& config = configs[i];
+    if (!prints_results()) config.progress = false;
     if (!flags.out_dir.empty()) config.out_dir = concat(flags.out_dir, "/", i + 1, "-", config.method_spec);
-    std::cerr << "[" << i + 1 << "/" << configs.size() << "] " << config.method_spec << std::endl;
-    summaries.push_back(run_training(config, factory, data));
+    if (prints_results()) {
+      std::cerr << "[" << i + 1 << "/" << configs.size() << "] " << config.method_spec << std::endl;
+    }
+    summaries.push_back(train_on_transport(config, factory, data));
   }
+  if (!prints_results()) return 0;
   std::cout << "\n";
   print_compare_table(std::cout, summaries);
   if (!flags.out_dir.empty()) {
@@ -185,56 +285,268 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms) {
   return 0;
 }
 
-int run_bench_allreduce(int workers, const std::string& network, const std::string& codecs,
-                        const std::string& sizes, int repeats, int warmup, double timeout_seconds,
-                        const std::string& segment_bytes, const std::string& out_dir) {
-  AllreduceBenchmarkConfig config;
-  config.segment_bytes = parse_segment_bytes(segment_bytes);
-  if (config.segment_bytes == kAutoSegmentBytes) config.segment_bytes = kDefaultSegmentBytes;
-  config.workers = workers;
-  config.network = parse_network_spec(network);
-  config.codecs = split_list(codecs);
-  for (const auto& codec : config.codecs) make_codec(codec);
-  if (!sizes.empty()) config.sizes_bytes = parse_sizes(sizes);
-  config.repeats = repeats;
-  config.warmup = warmup;
-  if (workers < 1 || workers > kMaxWorkers) {
-    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", workers));
+// Flags of `bench allreduce` and `calibrate`.
+struct BenchFlags {
+  int workers = 4;
+  bool workers_given = false;
+  std::string transport = "local";
+  std::string network = "none";
+  std::string algorithms = "all";
+  std::string codecs = "none,bf16,int8";
+  std::string sizes;
+  int repeats = 10;
+  int warmup = 2;
+  double timeout_seconds = 120;
+  std::string segment_bytes = "auto";
+  std::string calibration_file;
+  std::string out;
+};
+
+void add_bench_flags(CLI::App& command, BenchFlags& flags, bool calibrate) {
+  command.add_option("--workers", flags.workers, "Ranks (threads; under --transport mpi: mpirun -np)")
+      ->capture_default_str();
+  command.add_option("--transport", flags.transport, "local (threads of this process) or mpi")
+      ->capture_default_str();
+  command.add_option("--net", flags.network, "Emulated network (local transport, as for train)")
+      ->capture_default_str();
+  command.add_option("--algos", flags.algorithms,
+                     "Comma-separated algorithms: ring, recursive-doubling, halving-doubling, tree, "
+                     "or all")
+      ->capture_default_str();
+  if (!calibrate) {
+    command.add_option("--codecs", flags.codecs, "Comma-separated codecs")->capture_default_str();
+    command.add_option("--calibration", flags.calibration_file,
+                       "Calibration JSON for the `auto` rows [default: the built-in model]");
   }
-  config.timeout = timeout_from_seconds(timeout_seconds, "--comm-timeout");
-  std::printf("pipesgd bench allreduce: %d ranks over LocalTransport (%s), segments %s, median of %d runs\n\n",
-              workers, describe(config.network).c_str(),
-              describe_segment_bytes(config.segment_bytes).c_str(), repeats);
-  std::printf("%-10s %-6s %12s %12s %12s %12s %10s\n", "algorithm", "codec", "bytes", "time (us)",
-              "algbw GB/s", "busbw GB/s", "check");
-  std::fflush(stdout);
+  command.add_option("--sizes", flags.sizes, "Comma-separated sizes, e.g. 4K,1M,64M [default: 4K..64M x4]");
+  command.add_option("--repeats", flags.repeats, "Timed runs per size and algorithm")->capture_default_str();
+  command.add_option("--warmup", flags.warmup, "Untimed runs first")->capture_default_str();
+  command.add_option("--comm-timeout", flags.timeout_seconds, "Seconds per wait")->capture_default_str();
+  command.add_option("--segment-bytes", flags.segment_bytes,
+                     "Ring and tree message segments: auto (= 256K), none (unsegmented) or a size")
+      ->capture_default_str();
+  command.add_option("--out", flags.out,
+                     calibrate ? "Calibration JSON to write" : "Write allreduce.json here");
+}
+
+struct BenchSetup {
+  std::vector<AllreduceCandidate> candidates;
+  AllreduceBenchmarkConfig config;
+  NetworkSpec network;
+  int workers = 0;
+  std::size_t segment_bytes = kDefaultSegmentBytes;
+  std::vector<std::string> algorithms;
+};
+
+BenchSetup make_bench_setup(const BenchFlags& flags, const std::vector<std::string>& codecs) {
+  BenchSetup setup;
+  setup.segment_bytes = parse_segment_bytes(flags.segment_bytes);
+  if (setup.segment_bytes == kAutoSegmentBytes) setup.segment_bytes = kDefaultSegmentBytes;
+  setup.network = parse_network_spec(flags.network);
+  if (active_mpi_session && setup.network.emulated()) {
+    throw UsageError("--net emulates links between threads of one process; drop it under --transport mpi");
+  }
+  setup.workers = resolve_workers(flags.workers, flags.workers_given, active_mpi_session);
+  if (setup.workers < 1 || setup.workers > kMaxWorkers) {
+    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", setup.workers));
+  }
+  setup.algorithms = flags.algorithms == "all" ? allreduce_algorithm_names() : split_list(flags.algorithms);
+  for (const auto& algorithm : setup.algorithms) check_allreduce_name(algorithm, "--algos", false);
+  for (const auto& codec : codecs) make_codec(codec);
+  if (!flags.sizes.empty()) setup.config.sizes_bytes = parse_sizes(flags.sizes);
+  setup.config.repeats = flags.repeats;
+  setup.config.warmup = flags.warmup;
+  setup.config.timeout = timeout_from_seconds(flags.timeout_seconds, "--comm-timeout");
+  AllreduceOptions options;
+  options.timeout = setup.config.timeout;
+  options.segment_bytes = setup.segment_bytes;
+  setup.candidates = our_allreduce_candidates(setup.algorithms, codecs, options);
+  if (active_mpi_session) {
+    AllreduceCandidate library;
+    library.algorithm = "MPI_Allreduce";
+    library.codec = "none";
+    library.is_reference = true;
+    MpiRuntime* runtime = &active_mpi_session->runtime;
+    library.build = [runtime](Transport&, std::size_t, const Codec&) -> std::unique_ptr<Allreduce> {
+      return std::make_unique<MpiLibraryAllreduce>(*runtime);
+    };
+    setup.candidates.insert(setup.candidates.begin(), std::move(library));
+  }
+  return setup;
+}
+
+std::vector<AllreduceBenchmarkRow> run_benchmark(const BenchSetup& setup,
+                                                 const std::function<void(const AllreduceBenchmarkRow&)>& on_row) {
+  if (active_mpi_session) {
+    return run_allreduce_benchmark_rank(active_mpi_session->transport, setup.candidates, setup.config,
+                                        on_row);
+  }
+  return run_local_allreduce_benchmark(setup.workers, setup.network, setup.candidates, setup.config,
+                                       on_row);
+}
+
+std::string describe_bench_transport(const BenchSetup& setup) {
+  if (active_mpi_session) return active_mpi_session->transport.describe();
+  return concat("LocalTransport, ", setup.workers, " ranks as threads, ", describe(setup.network));
+}
+
+nlohmann::json row_json(const AllreduceBenchmarkRow& row, const std::string& segments) {
+  return {{"algorithm", row.algorithm}, {"codec", row.codec}, {"ranks", row.workers},
+          {"segments", segments}, {"bytes", row.bytes}, {"time_s", row.median_seconds},
+          {"min_time_s", row.min_seconds}, {"max_time_s", row.max_seconds},
+          {"algbw_bytes_per_s", row.algbw}, {"busbw_bytes_per_s", row.busbw},
+          {"max_error", row.max_error}, {"error_bound", row.error_bound},
+          {"matches_reference", row.matches_reference}, {"correct", row.correct}};
+}
+
+int run_bench_allreduce(const BenchFlags& flags) {
+  const std::vector<std::string> codecs = split_list(flags.codecs);
+  const BenchSetup setup = make_bench_setup(flags, codecs);
+  const Calibration calibration = flags.calibration_file.empty()
+                                      ? Calibration{"built-in model", setup.workers,
+                                                    default_link_parameters(), {}, {}}
+                                      : load_calibration(flags.calibration_file);
+  const bool leader = prints_results();
+  const std::string segments = describe_segment_bytes(setup.segment_bytes);
+  if (leader) {
+    std::printf("pipesgd bench allreduce: %s, ring/tree segments %s, median of %d interleaved runs\n",
+                describe_bench_transport(setup).c_str(), segments.c_str(), flags.repeats);
+    std::printf("auto = the algorithm the cost model picks per size (%s)\n\n",
+                flags.calibration_file.empty() ? "built-in model" : flags.calibration_file.c_str());
+    std::printf("%-26s %-6s %10s %11s %10s %10s %9s %7s\n", "algorithm", "codec", "bytes", "time (us)",
+                "algbw GB/s", "busbw GB/s", "vs MPI", "check");
+    std::fflush(stdout);
+  }
   nlohmann::json rows = nlohmann::json::array();
   bool all_correct = true;
-  run_allreduce_benchmark(config, [&](const AllreduceBenchmarkRow& row) {
-    std::printf("%-10s %-6s %12zu %12.1f %12.3f %12.3f %10s\n", row.algorithm.c_str(),
-                row.codec.c_str(), row.bytes, row.median_seconds * 1e6, row.algbw / 1e9,
-                row.busbw / 1e9, row.correct ? "ok" : "WRONG");
+  std::vector<AllreduceBenchmarkRow> size_rows;  // rows of the size being measured
+  auto print_row = [&](const AllreduceBenchmarkRow& row, const std::string& label, double reference_busbw) {
+    const std::string ratio = reference_busbw > 0 ? concat(std::fixed, std::setprecision(2),
+                                                           row.busbw / reference_busbw, "x")
+                                                  : std::string("-");
+    std::printf("%-26s %-6s %10zu %11.1f %10.3f %10.3f %9s %7s\n", label.c_str(), row.codec.c_str(),
+                row.bytes, row.median_seconds * 1e6, row.algbw / 1e9, row.busbw / 1e9, ratio.c_str(),
+                row.correct ? "ok" : "WRONG");
+  };
+  auto flush_size = [&] {
+    if (size_rows.empty()) return;
+    double reference_busbw = 0;
+    for (const auto& row : size_rows) {
+      if (row.algorithm == "MPI_Allreduce") reference_busbw = row.busbw;
+    }
+    for (const auto& row : size_rows) {
+      print_row(row, row.algorithm, reference_busbw);
+      nlohmann::json json = row_json(row, segments);
+      if (reference_busbw > 0) json["busbw_vs_mpi_allreduce"] = row.busbw / reference_busbw;
+      rows.push_back(json);
+    }
+    // auto: per codec, the row of the algorithm the model picks for this size.
+    for (const auto& codec : codecs) {
+      const std::string chosen = choose_allreduce_algorithm(
+          calibration, setup.workers, static_cast<double>(size_rows[0].bytes), setup.algorithms);
+      for (const auto& row : size_rows) {
+        if (row.codec != codec || row.algorithm != chosen) continue;
+        AllreduceBenchmarkRow picked = row;
+        picked.algorithm = "auto";
+        print_row(picked, concat("auto (", chosen, ")"), reference_busbw);
+        nlohmann::json json = row_json(picked, segments);
+        json["chosen"] = chosen;
+        if (reference_busbw > 0) json["busbw_vs_mpi_allreduce"] = row.busbw / reference_busbw;
+        rows.push_back(json);
+      }
+    }
     std::fflush(stdout);
+    size_rows.clear();
+  };
+  run_benchmark(setup, [&](const AllreduceBenchmarkRow& row) {
     all_correct &= row.correct;
-    rows.push_back({{"algorithm", row.algorithm}, {"codec", row.codec}, {"ranks", row.workers},
-                    {"segments", describe_segment_bytes(config.segment_bytes)},
-                    {"bytes", row.bytes}, {"time_s", row.median_seconds},
-                    {"min_time_s", row.min_seconds}, {"max_time_s", row.max_seconds},
-                    {"algbw_bytes_per_s", row.algbw}, {"busbw_bytes_per_s", row.busbw},
-                    {"max_error", row.max_error}, {"error_bound", row.error_bound},
-                    {"correct", row.correct}});
+    if (!size_rows.empty() && size_rows[0].bytes != row.bytes) flush_size();
+    size_rows.push_back(row);
+    if (size_rows.size() == setup.candidates.size()) flush_size();
   });
-  if (!out_dir.empty()) {
-    ensure_directory(out_dir);
-    std::ofstream out(out_dir + "/allreduce.json");
-    if (!out) throw UsageError(concat("cannot write '", out_dir, "/allreduce.json'"));
+  if (!leader) return 0;
+  flush_size();
+  if (!flags.out.empty()) {
+    ensure_directory(flags.out);
+    std::ofstream out(flags.out + "/allreduce.json");
+    if (!out) throw UsageError(concat("cannot write '", flags.out, "/allreduce.json'"));
     out << rows.dump(2) << '\n';
-    std::printf("\nwrote %s/allreduce.json\n", out_dir.c_str());
+    std::printf("\nwrote %s/allreduce.json\n", flags.out.c_str());
   }
   if (!all_correct) {
-    std::fprintf(stderr, "pipesgd: error: an allreduce result was outside its bound\n");
+    std::fprintf(stderr, "pipesgd: error: an allreduce result was wrong or outside its bound\n");
     return 1;
   }
+  return 0;
+}
+
+// `pipesgd calibrate`: times every algorithm (codec none) over the sizes on the live transport, fits
+// the link parameters and each algorithm's a + b*M, prints fit and residuals, saves the JSON.
+int run_calibrate(const BenchFlags& flags) {
+  const BenchSetup setup = make_bench_setup(flags, {"none"});
+  const bool leader = prints_results();
+  const std::string path = flags.out.empty() ? "calibration.json" : flags.out;
+  if (leader) {
+    std::printf("pipesgd calibrate: %s, algorithms", describe_bench_transport(setup).c_str());
+    for (const auto& algorithm : setup.algorithms) std::printf(" %s", algorithm.c_str());
+    std::printf(", median of %d interleaved runs per size\n", flags.repeats);
+    std::fflush(stdout);
+  }
+  if (setup.workers < 2) throw UsageError("calibrate needs at least 2 ranks (--workers or mpirun -np)");
+  std::vector<TimingSample> samples;
+  run_benchmark(setup, [&](const AllreduceBenchmarkRow& row) {
+    if (!row.correct) throw CommError(concat(row.algorithm, " gave a wrong result at ", row.bytes, " bytes"));
+    if (row.algorithm == "MPI_Allreduce") return;
+    samples.push_back({row.algorithm, row.workers, static_cast<double>(row.bytes), row.median_seconds});
+    std::fprintf(stderr, "  measured %-20s %10zu bytes  %10.1f us\n", row.algorithm.c_str(), row.bytes,
+                 row.median_seconds * 1e6);
+  });
+  if (!leader) return 0;
+  Calibration calibration;
+  calibration.transport = active_mpi_session ? "mpi" : concat("local ", setup.network.name);
+  calibration.world_size = setup.workers;
+  calibration.samples = samples;
+  const LinkFit fit = fit_link_parameters(samples);
+  calibration.link = fit.link;
+  std::printf("\nfitted link model (least squares of relative error over all %zu timings):\n",
+              samples.size());
+  std::printf("  alpha = %.3f us per message, beta = %.4f ns per byte (%.2f GB/s), gamma = %.4f ns per "
+              "byte reduced; rms relative residual %.1f%%\n",
+              fit.link.alpha * 1e6, fit.link.beta * 1e9, fit.link.beta > 0 ? 1e-9 / fit.link.beta : 0.0,
+              fit.link.gamma * 1e9, fit.rms_relative_residual * 100);
+  if (!fit.unique) std::printf("  note: %s\n", fit.ambiguity.c_str());
+  std::printf("\nper algorithm, T(M) = a + b*M fitted to its own timings:\n");
+  std::printf("%-20s %12s %14s %14s %12s\n", "algorithm", "a (us)", "b (ns/byte)", "Table II a (us)",
+              "Table II b");
+  for (const auto& algorithm : setup.algorithms) {
+    std::vector<TimingSample> own;
+    for (const auto& sample : samples) {
+      if (sample.algorithm == algorithm) own.push_back(sample);
+    }
+    const LinearCost measured = fit_linear_cost(own);
+    calibration.measured[algorithm] = measured;
+    const LinearCost model = allreduce_cost(algorithm, setup.workers, fit.link);
+    std::printf("%-20s %12.2f %14.4f %14.2f %12.4f\n", algorithm.c_str(), measured.a * 1e6,
+                measured.b * 1e9, model.a * 1e6, model.b * 1e9);
+  }
+  std::printf("\npredicted vs measured:\n%-20s %10s %12s %14s %12s %14s\n", "algorithm", "bytes",
+              "measured us", "link model us", "residual", "own a+bM us");
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const auto& sample = samples[i];
+    std::printf("%-20s %10.0f %12.1f %14.1f %11.1f%% %14.1f\n", sample.algorithm.c_str(), sample.bytes,
+                sample.seconds * 1e6, fit.predicted_seconds[i] * 1e6, fit.relative_residuals[i] * 100,
+                calibration.measured[sample.algorithm].time(sample.bytes) * 1e6);
+  }
+  std::printf("\n--allreduce auto picks:");
+  for (std::size_t bytes : setup.config.sizes_bytes.empty() ? default_benchmark_sizes()
+                                                             : setup.config.sizes_bytes) {
+    std::printf(" %zu B: %s;", bytes,
+                choose_allreduce_algorithm(calibration, setup.workers, static_cast<double>(bytes),
+                                           setup.algorithms)
+                    .c_str());
+  }
+  save_calibration(calibration, path);
+  std::printf("\nwrote %s\n", path.c_str());
   return 0;
 }
 
@@ -250,7 +562,8 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
   CLI::App app{
       "pipesgd: data-parallel training that hides gradient communication behind computation\n"
-      "(D-Sync and Pipe-SGD over ring allreduce with in-ring compression)."};
+      "(D-Sync and Pipe-SGD over ring, recursive-doubling, halving-doubling or tree allreduce with\n"
+      "in-message compression; workers as threads or as MPI ranks)."};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");
 
@@ -272,27 +585,23 @@ int main(int argc, char** argv) {
 
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
-  CLI::App* bench_allreduce = bench->add_subcommand("allreduce", "Allreduce time, algbw and busbw per size and codec");
-  int bench_workers = 4, bench_repeats = 10, bench_warmup = 2;
-  double bench_timeout = 120;
-  std::string bench_network = "none", bench_codecs = "none,bf16,int8", bench_sizes, bench_out;
-  std::string bench_segments = "auto";
-  bench_allreduce->add_option("--workers", bench_workers, "Ranks (threads)")->capture_default_str();
-  bench_allreduce->add_option("--net", bench_network, "Emulated network (as for train)")->capture_default_str();
-  bench_allreduce->add_option("--codecs", bench_codecs, "Comma-separated codecs")->capture_default_str();
-  bench_allreduce->add_option("--sizes", bench_sizes, "Comma-separated sizes, e.g. 4K,1M,64M [default: 4K..64M x4]");
-  bench_allreduce->add_option("--repeats", bench_repeats, "Timed runs per size and codec")->capture_default_str();
-  bench_allreduce->add_option("--warmup", bench_warmup, "Untimed runs first")->capture_default_str();
-  bench_allreduce->add_option("--comm-timeout", bench_timeout, "Seconds per wait")->capture_default_str();
-  bench_allreduce->add_option("--segment-bytes", bench_segments,
-                              "Message segment size: auto (= 256K), none (unsegmented) or a size")
-      ->capture_default_str();
-  bench_allreduce->add_option("--out", bench_out, "Write allreduce.json here");
+  BenchFlags bench_flags;
+  CLI::App* bench_allreduce = bench->add_subcommand(
+      "allreduce", "Allreduce time, algbw, busbw per algorithm, size and codec (interleaved runs)");
+  add_bench_flags(*bench_allreduce, bench_flags, false);
+
+  BenchFlags calibrate_flags;
+  calibrate_flags.repeats = 7;
+  CLI::App* calibrate = app.add_subcommand(
+      "calibrate", "Measure allreduce times, fit the cost model (alpha, beta, gamma; a, b per algorithm)");
+  add_bench_flags(*calibrate, calibrate_flags, true);
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string command = argv[1];
-    if (command != "train" && command != "compare" && command != "bench") {
-      std::fprintf(stderr, "pipesgd: error: unknown command '%s' (expected train, compare or bench; see --help)\n",
+    if (command != "train" && command != "compare" && command != "bench" && command != "calibrate") {
+      std::fprintf(stderr,
+                   "pipesgd: error: unknown command '%s' (expected train, compare, bench or calibrate; "
+                   "see --help)\n",
                    command.c_str());
       return 2;
     }
@@ -307,21 +616,49 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pipesgd: error: %s (see --help)\n", error.what());
     return 2;
   }
+  train_flags.workers_given = train->count("--workers") > 0;
+  compare_flags.workers_given = compare->count("--workers") > 0;
+  bench_flags.workers_given = bench_allreduce->count("--workers") > 0;
+  calibrate_flags.workers_given = calibrate->count("--workers") > 0;
 
+  // --transport mpi: MPI starts here, after the flags parsed (a typo never needs mpirun to report).
+  std::unique_ptr<MpiSession> session;
+  int exit_code = 0;
   try {
-    init_torch_runtime(1);
-    if (train->parsed()) return run_train(train_flags, train_method);
-    if (compare->parsed()) return run_compare(compare_flags, compare_methods);
-    if (bench_allreduce->parsed()) {
-      return run_bench_allreduce(bench_workers, bench_network, bench_codecs, bench_sizes, bench_repeats,
-                                 bench_warmup, bench_timeout, bench_segments, bench_out);
+    const std::string& transport = train->parsed()     ? train_flags.transport
+                                   : compare->parsed() ? compare_flags.transport
+                                   : calibrate->parsed() ? calibrate_flags.transport
+                                                         : bench_flags.transport;
+    if (uses_mpi(transport)) {
+      if (!MpiRuntime::launched_by_mpirun()) {
+        throw UsageError("--transport mpi: start pipesgd with mpirun, e.g. mpirun -np 4 pipesgd train "
+                         "--transport mpi (see README)");
+      }
+      session = std::make_unique<MpiSession>(&argc, &argv);
+      active_mpi_session = session.get();
     }
-  } catch (const UsageError& error) {
-    std::fprintf(stderr, "pipesgd: error: %s\n", error.what());
-    return 2;
+    init_torch_runtime(1);
+    if (train->parsed()) exit_code = run_train(train_flags, train_method);
+    else if (compare->parsed()) exit_code = run_compare(compare_flags, compare_methods);
+    else if (bench_allreduce->parsed()) exit_code = run_bench_allreduce(bench_flags);
+    else if (calibrate->parsed()) exit_code = run_calibrate(calibrate_flags);
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "pipesgd: error: %s\n", error.what());
-    return 1;
+    const bool usage = dynamic_cast<const UsageError*>(&error) != nullptr;
+    exit_code = usage ? 2 : 1;
+    if (!session) {
+      std::fprintf(stderr, "pipesgd: error: %s\n", error.what());
+      return exit_code;
+    }
+    // Under MPI: tell the other ranks at once (they stop with PeerFailedError instead of waiting
+    // for their timeouts), print one line (a usage error once, from rank 0: every rank has the same
+    // flags), and leave without MPI_Finalize, which could wait forever on a dead peer.
+    session->transport.report_failure(error.what());
+    if (!usage || session->leader()) {
+      std::fprintf(stderr, "pipesgd: error: %s%s\n",
+                   usage ? "" : concat("rank ", session->runtime.rank(), ": ").c_str(), error.what());
+    }
+    MpiRuntime::exit_without_finalize(exit_code);
   }
-  return 0;
+  active_mpi_session = nullptr;
+  return exit_code;
 }

@@ -47,8 +47,8 @@ struct Operation final : RequestState {
   std::condition_variable completed;
 
   std::string describe_wait() const {
-    return concat(operation, ": ", is_send ? "send to" : "recv from", " rank ", peer, " (tag ", tag,
-                  ") on rank ", owner);
+    return concat(operation, ": ", is_send ? "send to" : "recv from", " rank ", peer, " (",
+                  describe_tag(tag), ") on rank ", owner);
   }
 
   std::size_t wait(Timeout timeout) override {
@@ -100,8 +100,8 @@ struct Operation final : RequestState {
 void transfer(Operation& send, Operation& recv) {
   const std::size_t n = send.send_bytes.size();
   if (n > recv.recv_buffer.size()) {
-    std::string why = concat("message of ", n, " bytes from rank ", send.owner, " (tag ", send.tag,
-                             ") does not fit the receive buffer of ", recv.recv_buffer.size(),
+    std::string why = concat("message of ", n, " bytes from rank ", send.owner, " (",
+                             describe_tag(send.tag), ") does not fit the receive buffer of ", recv.recv_buffer.size(),
                              " bytes");
     send.error = why;
     recv.error = why;

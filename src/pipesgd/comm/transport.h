@@ -18,6 +18,27 @@ namespace pipesgd {
 using Tag = std::uint64_t;
 using Timeout = std::chrono::milliseconds;
 
+// Tag layout (every transport relies on it; MpiTransport maps it onto MPI communicators and tags):
+//   bits 56-63 channel, bits 24-55 sequence, bits 12-23 step, bits 0-11 segment.
+// A caller starts a collective with collective_tag(channel, sequence); the collective derives the
+// tags of its messages with step_tag() (collective/ring_allreduce.h), filling step and segment.
+// Collectives that may be in flight at once over one transport need distinct tags; MpiTransport
+// additionally needs that two collectives of one channel whose sequences differ by a multiple of
+// kMpiSequenceWindow are never in flight at once (mpi/mpi_transport.h).
+enum class Channel : std::uint8_t {
+  kGradients = 0,  // training methods: sequence = iteration (or iteration * buckets + bucket)
+  kControl = 1,    // the trainer's epoch-end reductions, barriers and result gathering
+  kBenchmark = 2,  // benchmark and calibration barriers and result gathering
+};
+inline constexpr int kChannelCount = 3;
+
+constexpr Tag collective_tag(Channel channel, std::uint64_t sequence) {
+  return (static_cast<Tag>(channel) << 32) | (sequence & 0xffffffffu);
+}
+
+// "tag gradients:17 step 3 segment 0": the fields of a message tag, for error messages.
+std::string describe_tag(Tag tag);
+
 // The state of one outstanding operation; implemented by each transport.
 class RequestState {
  public:
@@ -86,6 +107,9 @@ class Transport {
   virtual std::uint64_t bytes_sent() const = 0;
   // Human-readable description ("local, 4 ranks, 10gbe (10 Gbit/s, 20 us)").
   virtual std::string describe() const = 0;
+  // True if a wait sleeps in the kernel until its operation completes; false if it polls (MPI).
+  // A thread that polls must not run at real-time priority: it would starve the compute threads.
+  virtual bool waits_sleep() const { return true; }
 };
 
 }  // namespace pipesgd

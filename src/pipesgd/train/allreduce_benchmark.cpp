@@ -6,6 +6,7 @@
 #include <exception>
 #include <thread>
 
+#include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/clock.h"
@@ -13,6 +14,8 @@
 
 namespace pipesgd {
 namespace {
+
+constexpr const char* kOperation = "allreduce benchmark";
 
 // Rank r's element i: multiples of 1/4 in [-2, 2], so fp32 sums are exact in any order.
 float test_value(int rank, std::size_t i) {
@@ -26,7 +29,41 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+std::uint64_t checksum(std::span<const float> values) {
+  std::uint64_t hash = 14695981039346656037ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (std::size_t i = 0; i < values.size_bytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  return hash;
+}
+
+// What one rank measured for one candidate at one size; sent to rank 0 as raw bytes.
+struct RankMeasurement {
+  double max_error = 0;
+  double max_reference_difference = 0;
+  std::uint64_t result_checksum = 0;
+};
+
 }  // namespace
+
+std::vector<AllreduceCandidate> our_allreduce_candidates(const std::vector<std::string>& algorithms,
+                                                         const std::vector<std::string>& codecs,
+                                                         AllreduceOptions options) {
+  std::vector<AllreduceCandidate> candidates;
+  for (const std::string& codec : codecs) {
+    make_codec(codec);  // validates the name
+    for (const std::string& algorithm : algorithms) {
+      AllreduceCandidate candidate;
+      candidate.algorithm = algorithm;
+      candidate.codec = codec;
+      candidate.build = [algorithm, options](Transport& transport, std::size_t max_count,
+                                             const Codec& codec_object) -> std::unique_ptr<Allreduce> {
+        return make_allreduce(algorithm, transport, max_count, codec_object, options);
+      };
+      candidates.push_back(std::move(candidate));
+    }
+  }
+  return candidates;
+}
 
 std::vector<std::size_t> default_benchmark_sizes() {
   std::vector<std::size_t> sizes;
@@ -54,8 +91,8 @@ std::vector<std::size_t> parse_sizes(const std::string& text) {
       throw UsageError(concat("--sizes: '", item, "' is not a positive size like 4K or 1M"));
     }
     const auto bytes = static_cast<std::size_t>(number * scale);
-    if (bytes % 4 != 0 || bytes > (std::size_t{1} << 32)) {
-      throw UsageError(concat("--sizes: ", item, " must be a multiple of 4 bytes and at most 4G"));
+    if (bytes % 4 != 0 || bytes > (std::size_t{1} << 31)) {
+      throw UsageError(concat("--sizes: ", item, " must be a multiple of 4 bytes and at most 2G"));
     }
     sizes.push_back(bytes);
     begin = comma + 1;
@@ -63,101 +100,174 @@ std::vector<std::size_t> parse_sizes(const std::string& text) {
   return sizes;
 }
 
-std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark(
+std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
+    Transport& transport, const std::vector<AllreduceCandidate>& candidates,
     const AllreduceBenchmarkConfig& config,
     const std::function<void(const AllreduceBenchmarkRow&)>& on_row) {
-  if (config.workers < 1) throw UsageError(concat("--workers must be >= 1, got ", config.workers));
   if (config.repeats < 1) throw UsageError(concat("--repeats must be >= 1, got ", config.repeats));
   if (config.warmup < 0) throw UsageError(concat("--warmup must be >= 0, got ", config.warmup));
-  std::vector<std::unique_ptr<Codec>> codecs;
-  for (const std::string& name : config.codecs) codecs.push_back(make_codec(name));
+  if (candidates.empty()) throw UsageError("nothing to benchmark");
+  const int p = transport.size();
+  const int rank = transport.rank();
   const std::vector<std::size_t> sizes =
       config.sizes_bytes.empty() ? default_benchmark_sizes() : config.sizes_bytes;
-  const int p = config.workers;
+  std::vector<std::unique_ptr<Codec>> codecs;
+  for (const auto& candidate : candidates) codecs.push_back(make_codec(candidate.codec));
+  const std::size_t reference = static_cast<std::size_t>(
+      std::find_if(candidates.begin(), candidates.end(), [](const auto& c) { return c.is_reference; }) -
+      candidates.begin());
+  const bool has_reference = reference < candidates.size();
+
+  auto none = make_codec("none");
+  AllreduceOptions barrier_options;
+  barrier_options.timeout = config.timeout;
+  RingAllreduce barrier(transport, 1, *none, barrier_options);
+  std::uint64_t sequence = 0;  // of the benchmark channel, shared by barriers and gathering
+  auto next_tag = [&] { return collective_tag(Channel::kBenchmark, sequence++); };
+
+  // test_value(r, i) depends on i only through i % 17: the exact sums repeat.
+  double exact_sum[17];
+  for (std::size_t i = 0; i < 17; ++i) {
+    exact_sum[i] = 0;
+    for (int r = 0; r < p; ++r) exact_sum[i] += test_value(r, i);
+  }
 
   std::vector<AllreduceBenchmarkRow> rows;
+  const int runs = config.warmup + config.repeats;
   for (std::size_t bytes : sizes) {
     const std::size_t count = bytes / sizeof(float);
-    for (const auto& codec : codecs) {
-      LocalFabric fabric(p, config.network);
-      const int runs = config.warmup + config.repeats;
-      std::vector<std::vector<double>> seconds(p, std::vector<double>(runs));
-      std::vector<double> max_error(p, 0);
-      std::vector<std::vector<float>> results(p);
-      std::vector<std::exception_ptr> failures(p);
-      std::vector<std::thread> threads;
-      for (int rank = 0; rank < p; ++rank) {
-        threads.emplace_back([&, rank] {
-          Transport& transport = fabric.endpoint(rank);
-          try {
-            AllreduceOptions options;
-            options.timeout = config.timeout;
-            options.segment_bytes = config.segment_bytes;
-            RingAllreduce allreduce(transport, count, *codec, options);
-            auto none = make_codec("none");
-            RingAllreduce barrier(transport, 1, *none, options);
-            std::vector<float> data(count);
-            // test_value(r, i) depends on i only through i % 17: the exact sums repeat.
-            double exact_sum[17];
-            for (std::size_t i = 0; i < 17; ++i) {
-              exact_sum[i] = 0;
-              for (int r = 0; r < p; ++r) exact_sum[i] += test_value(r, i);
-            }
-            for (int run = 0; run < runs; ++run) {
-              for (std::size_t i = 0; i < count; ++i) data[i] = test_value(rank, i);
-              float token = 0;
-              barrier.run(std::span<float>(&token, 1), (Tag{1} << 36) + run);
-              Stopwatch timer;
-              allreduce.run(data, static_cast<Tag>(run));
-              seconds[rank][run] = timer.seconds();
-              for (std::size_t i = 0; i < count; ++i) {
-                const double error = std::fabs(static_cast<double>(data[i]) - exact_sum[i % 17]);
-                max_error[rank] = std::max(max_error[rank], std::isnan(error) ? INFINITY : error);
-              }
-            }
-            results[rank] = std::move(data);
-          } catch (const std::exception& error) {
-            failures[rank] = std::current_exception();
-            transport.report_failure(error.what());
+    std::vector<std::unique_ptr<Allreduce>> objects;
+    for (std::size_t c = 0; c < candidates.size(); ++c) {
+      objects.push_back(candidates[c].build(transport, count, *codecs[c]));
+    }
+    std::vector<float> data(count);
+    std::vector<float> reference_result(has_reference ? count : 0);
+    // seconds[candidate][run] on this rank
+    std::vector<std::vector<double>> seconds(candidates.size(), std::vector<double>(runs));
+    std::vector<RankMeasurement> measured(candidates.size());
+    for (int run = 0; run < runs; ++run) {
+      // The reference runs first in every round, so the others can be compared with its result.
+      for (std::size_t k = 0; k < candidates.size(); ++k) {
+        const std::size_t c = has_reference ? (k == 0 ? reference : (k <= reference ? k - 1 : k)) : k;
+        for (std::size_t i = 0; i < count; ++i) data[i] = test_value(rank, i);
+        float token = 0;
+        barrier.run(std::span<float>(&token, 1), next_tag());
+        Stopwatch timer;
+        objects[c]->run(data, next_tag());
+        seconds[c][run] = timer.seconds();
+        RankMeasurement& m = measured[c];
+        for (std::size_t i = 0; i < count; ++i) {
+          const double error = std::fabs(static_cast<double>(data[i]) - exact_sum[i % 17]);
+          m.max_error = std::max(m.max_error, std::isnan(error) ? INFINITY : error);
+        }
+        if (has_reference && c == reference) {
+          std::copy(data.begin(), data.end(), reference_result.begin());
+        } else if (has_reference) {
+          for (std::size_t i = 0; i < count; ++i) {
+            const double difference = std::fabs(static_cast<double>(data[i]) - reference_result[i]);
+            m.max_reference_difference =
+                std::max(m.max_reference_difference, std::isnan(difference) ? INFINITY : difference);
           }
-        });
+        }
+        if (run == runs - 1) m.result_checksum = checksum(data);
       }
-      for (auto& thread : threads) thread.join();
-      for (const auto& failure : failures) {
-        if (failure) std::rethrow_exception(failure);
-      }
+    }
 
+    // Rank 0 gathers every rank's timings and measurements.
+    const Tag gather_tag = next_tag();
+    if (rank != 0) {
+      std::vector<Request> sends;
+      for (std::size_t c = 0; c < candidates.size(); ++c) {
+        sends.push_back(transport.send(0, step_tag(gather_tag, 0, 2 * c),
+                                       std::as_bytes(std::span(seconds[c])), kOperation));
+        sends.push_back(transport.send(0, step_tag(gather_tag, 0, 2 * c + 1),
+                                       std::as_bytes(std::span(&measured[c], 1)), kOperation));
+      }
+      for (Request& send : sends) send.wait(config.timeout);
+      continue;
+    }
+    std::vector<double> peer_seconds(runs);
+    for (std::size_t c = 0; c < candidates.size(); ++c) {
+      std::vector<double> slowest = seconds[c];
+      RankMeasurement all = measured[c];
+      bool identical = true;
+      for (int peer = 1; peer < p; ++peer) {
+        RankMeasurement peer_measured;
+        Request times = transport.recv(peer, step_tag(gather_tag, 0, 2 * c),
+                                       std::as_writable_bytes(std::span(peer_seconds)), kOperation);
+        Request others = transport.recv(peer, step_tag(gather_tag, 0, 2 * c + 1),
+                                        std::as_writable_bytes(std::span(&peer_measured, 1)), kOperation);
+        times.wait(config.timeout);
+        others.wait(config.timeout);
+        for (int run = 0; run < runs; ++run) slowest[run] = std::max(slowest[run], peer_seconds[run]);
+        all.max_error = std::max(all.max_error, peer_measured.max_error);
+        all.max_reference_difference =
+            std::max(all.max_reference_difference, peer_measured.max_reference_difference);
+        identical &= peer_measured.result_checksum == measured[c].result_checksum;
+      }
+      const std::vector<double> timed(slowest.begin() + config.warmup, slowest.end());
       AllreduceBenchmarkRow row;
-      row.algorithm = "ring";
-      row.codec = std::string(codec->name());
+      row.algorithm = candidates[c].algorithm;
+      row.codec = candidates[c].codec;
       row.workers = p;
       row.bytes = bytes;
-      std::vector<double> per_run;  // slowest rank of each timed run
-      for (int run = config.warmup; run < runs; ++run) {
-        double slowest = 0;
-        for (int rank = 0; rank < p; ++rank) slowest = std::max(slowest, seconds[rank][run]);
-        per_run.push_back(slowest);
-      }
-      row.median_seconds = median(per_run);
-      row.min_seconds = *std::min_element(per_run.begin(), per_run.end());
-      row.max_seconds = *std::max_element(per_run.begin(), per_run.end());
+      row.median_seconds = median(timed);
+      row.min_seconds = *std::min_element(timed.begin(), timed.end());
+      row.max_seconds = *std::max_element(timed.begin(), timed.end());
       row.algbw = row.median_seconds > 0 ? static_cast<double>(bytes) / row.median_seconds : 0;
       row.busbw = row.algbw * (p > 1 ? 2.0 * (p - 1) / p : 0.0);
-      row.max_error = *std::max_element(max_error.begin(), max_error.end());
-      // Each of the p-1 reduce-scatter steps and the final encoding may add the codec's error of the
-      // largest partial sum (at most p * 2 in magnitude).
-      row.error_bound = p * codec->error_bound(2.0 * p);
-      bool identical = true;
-      for (int rank = 1; rank < p; ++rank) {
-        identical &= results[rank].size() == results[0].size() &&
-                     (count == 0 || std::memcmp(results[rank].data(), results[0].data(),
-                                                count * sizeof(float)) == 0);
-      }
-      row.correct = identical && row.max_error <= row.error_bound;
+      row.max_error = all.max_error;
+      // Each of up to p encodings may add the codec's error of a partial sum of at most 2p.
+      row.error_bound = p * codecs[c]->error_bound(2.0 * p);
+      // Exact codecs must reproduce the reference bit for bit (the sums are exact in any order);
+      // lossy ones must stay within their bound of it.
+      row.matches_reference = !has_reference || c == reference ||
+                              (codecs[c]->is_identity() ? all.max_reference_difference == 0
+                                                        : all.max_reference_difference <= row.error_bound);
+      row.correct = identical && row.max_error <= row.error_bound && row.matches_reference;
       if (on_row) on_row(row);
       rows.push_back(row);
     }
   }
+  return rows;
+}
+
+std::vector<AllreduceBenchmarkRow> run_local_allreduce_benchmark(
+    int workers, const NetworkSpec& network, const std::vector<AllreduceCandidate>& candidates,
+    const AllreduceBenchmarkConfig& config,
+    const std::function<void(const AllreduceBenchmarkRow&)>& on_row) {
+  if (workers < 1) throw UsageError(concat("--workers must be >= 1, got ", workers));
+  LocalFabric fabric(workers, network);
+  std::vector<std::exception_ptr> failures(workers);
+  std::vector<AllreduceBenchmarkRow> rows;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < workers; ++rank) {
+    threads.emplace_back([&, rank] {
+      Transport& transport = fabric.endpoint(rank);
+      try {
+        auto result = run_allreduce_benchmark_rank(transport, candidates, config,
+                                                   rank == 0 ? on_row : nullptr);
+        if (rank == 0) rows = std::move(result);
+      } catch (const std::exception& error) {
+        failures[rank] = std::current_exception();
+        transport.report_failure(error.what());
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  // The root cause, not the others' "peer failed".
+  std::exception_ptr first;
+  for (const auto& failure : failures) {
+    if (!failure) continue;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const PeerFailedError&) {
+      if (!first) first = failure;
+    } catch (...) {
+      throw;
+    }
+  }
+  if (first) std::rethrow_exception(first);
   return rows;
 }
 

@@ -99,6 +99,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
           {"predicted_pipe_eq4_s", s.predicted_pipe_iteration},
           {"link_model_comm_eq5_s", s.link_model_comm},
           {"bytes_sent_per_iteration", s.bytes_sent_per_iteration},
+          {"weights_checksum", concat(std::hex, s.weights_checksum)},
           {"final_test_accuracy", s.final_test_accuracy},
           {"epochs", epochs}};
 }

@@ -16,8 +16,11 @@
 namespace pipesgd {
 namespace {
 
-// Tags above this are the trainer's own (epoch-end loss reduction and barrier); below are iterations.
-constexpr Tag kControlTagBase = Tag{1} << 36;
+// The trainer's own messages (epoch-end loss reduction and barrier, result gathering) use the
+// control channel: epoch e uses sequences 2e and 2e + 1, the final gathering 2 * epochs.
+Tag control_tag(std::int64_t sequence) {
+  return collective_tag(Channel::kControl, static_cast<std::uint64_t>(sequence));
+}
 
 struct RunPlan {
   std::int64_t iterations_per_epoch = 0;
@@ -86,7 +89,9 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   auto method = make_training_method(method_config, model, transport);
   // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU:
   // communication threads (created above) must not queue behind compute (core/thread_priority.h).
-  if (config.deprioritize_compute && !realtime_priority_permitted()) lower_compute_thread_priority();
+  if (config.deprioritize_compute && transport.waits_sleep() && !realtime_priority_permitted()) {
+    lower_compute_thread_priority();
+  }
   try {
     train_epochs(rank, config, plan, model, transport, data, *method, shared);
   } catch (const std::exception& error) {
@@ -144,7 +149,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
     // Epoch end: mean training loss over all workers (this reduction is also a barrier), then rank 0
     // evaluates while the others wait at a second barrier, so evaluation never pollutes timings.
     float reduced[2] = {static_cast<float>(loss_sum), static_cast<float>(count)};
-    control.run(reduced, kControlTagBase + 2 * static_cast<Tag>(epoch));
+    control.run(reduced, control_tag(2 * epoch));
     if (leader) {
       EpochRecord record;
       record.epoch = epoch + 1;
@@ -162,7 +167,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
       shared.epochs.push_back(record);
     }
     float token[1] = {0};
-    control.run(token, kControlTagBase + 2 * static_cast<Tag>(epoch) + 1);
+    control.run(token, control_tag(2 * epoch + 1));
   }
   shared.bytes_sent[rank] = transport.bytes_sent();
   if (leader) shared.train_seconds = train_seconds;
@@ -181,6 +186,96 @@ IterationTimes mean_times(const SharedRunState& shared, std::int64_t first, std:
     for (std::int64_t t = first; t < end; ++t) mean.add_scaled(per_rank[t], 1.0 / n);
   }
   return mean;
+}
+
+// FNV-1a over the bytes of the parameters: equal weights give equal checksums on every transport.
+std::uint64_t checksum_of(std::span<const float> parameters) {
+  std::uint64_t hash = 14695981039346656037ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(parameters.data());
+  for (std::size_t i = 0; i < parameters.size_bytes(); ++i) {
+    hash = (hash ^ bytes[i]) * 1099511628211ull;
+  }
+  return hash;
+}
+
+// When every rank is its own process: ranks 1..p-1 send their per-iteration times and byte counts
+// to rank 0, which needs them for the means. Collective.
+void gather_at_leader(Transport& transport, const TrainConfig& config, const RunPlan& plan,
+                      SharedRunState& shared) {
+  constexpr const char* kOperation = "gathering the run's timings";
+  const Tag base = control_tag(2 * plan.epochs);
+  const Timeout timeout = config.method.allreduce.timeout;
+  const int rank = transport.rank();
+  auto bytes_of_times = [&](int r) { return std::as_writable_bytes(std::span(shared.times[r])); };
+  auto bytes_of_count = [&](int r) {
+    return std::as_writable_bytes(std::span(&shared.bytes_sent[r], 1));
+  };
+  if (rank != 0) {
+    Request times = transport.send(0, step_tag(base, 0, 0), bytes_of_times(rank), kOperation);
+    Request count = transport.send(0, step_tag(base, 0, 1), bytes_of_count(rank), kOperation);
+    times.wait(timeout);
+    count.wait(timeout);
+    return;
+  }
+  for (int peer = 1; peer < transport.size(); ++peer) {
+    Request times = transport.recv(peer, step_tag(base, 0, 0), bytes_of_times(peer), kOperation);
+    Request count = transport.recv(peer, step_tag(base, 0, 1), bytes_of_count(peer), kOperation);
+    if (times.wait(timeout) != bytes_of_times(peer).size() || count.wait(timeout) != sizeof(std::uint64_t)) {
+      throw CommError(concat(kOperation, ": rank ", peer, " ran a different number of iterations"));
+    }
+  }
+}
+
+RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunState& shared,
+                     Model& model, bool write_outputs) {
+  RunSummary summary;
+  summary.method_spec = config.method_spec;
+  summary.model = config.model;
+  summary.workers = config.workers;
+  summary.batch = config.batch;
+  summary.network = config.network.name;
+  summary.codec = config.method.codec;
+  summary.segmenting = describe_segment_bytes(resolve_allreduce_options(config.method).segment_bytes);
+  summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
+  summary.iterations = plan.total_iterations;
+  summary.measured_iterations = plan.total_iterations - plan.first_measured;
+  summary.mean = mean_times(shared, plan.first_measured, plan.total_iterations);
+  summary.throughput = summary.mean.iteration > 0
+                           ? static_cast<double>(config.workers * config.batch) / summary.mean.iteration
+                           : 0;
+  summary.train_seconds = shared.train_seconds;
+  // The compute thread is busy for the whole iteration except its exposed waits.
+  const IterationTimes& m = summary.mean;
+  const double busy = m.iteration - m.wait;
+  summary.stages = StageTimes{m.update, m.data, m.forward, m.backward,
+                              std::max(0.0, busy - (m.update + m.data + m.forward + m.backward)), m.comm};
+  summary.predicted_sync_iteration = predict_dsync_iteration(summary.stages);
+  summary.predicted_pipe_iteration = predict_pipe_iteration(summary.stages);
+  const bool pipelined = config.method.name == "pipe" && config.method.staleness >= 2 &&
+                         plan.warmup_iterations < plan.total_iterations;
+  summary.predicted_iteration =
+      pipelined ? summary.predicted_pipe_iteration : summary.predicted_sync_iteration;
+  if (config.network.emulated()) {
+    RingCostParameters link;
+    link.alpha = config.network.latency_seconds;
+    link.beta = config.network.bits_per_second > 0 ? 1.0 / config.network.bytes_per_second() : 0;
+    const double bytes = static_cast<double>(model.layout().total()) *
+                         static_cast<double>(make_codec(config.method.codec)->encoded_bytes(1000)) /
+                         1000.0;
+    summary.link_model_comm = ring_allreduce_time(config.workers, bytes, link);
+  }
+  summary.epochs = shared.epochs;
+  if (!summary.epochs.empty()) summary.final_test_accuracy = summary.epochs.back().test_accuracy;
+  std::uint64_t bytes = 0;
+  for (auto b : shared.bytes_sent) bytes += b;
+  summary.bytes_sent_per_iteration =
+      plan.total_iterations ? bytes / config.workers / plan.total_iterations : 0;
+  summary.final_parameters = std::move(shared.final_parameters);
+  summary.weights_checksum = checksum_of(model.parameters());
+  if (write_outputs && !config.out_dir.empty()) {
+    write_run_outputs(config.out_dir, summary, shared.times, plan.iterations_per_epoch);
+  }
+  return summary;
 }
 
 }  // namespace
@@ -285,52 +380,35 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
   }
   if (first_failure) std::rethrow_exception(first_failure);
 
-  RunSummary summary;
-  summary.method_spec = config.method_spec;
-  summary.model = config.model;
-  summary.workers = config.workers;
-  summary.batch = config.batch;
-  summary.network = config.network.name;
-  summary.codec = config.method.codec;
-  summary.segmenting = describe_segment_bytes(resolve_allreduce_options(config.method).segment_bytes);
-  summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
-  summary.iterations = plan.total_iterations;
-  summary.measured_iterations = plan.total_iterations - plan.first_measured;
-  summary.mean = mean_times(shared, plan.first_measured, plan.total_iterations);
-  summary.throughput = summary.mean.iteration > 0
-                           ? static_cast<double>(config.workers * config.batch) / summary.mean.iteration
-                           : 0;
-  summary.train_seconds = shared.train_seconds;
-  // The compute thread is busy for the whole iteration except its exposed waits.
-  const IterationTimes& m = summary.mean;
-  const double busy = m.iteration - m.wait;
-  summary.stages = StageTimes{m.update, m.data, m.forward, m.backward,
-                              std::max(0.0, busy - (m.update + m.data + m.forward + m.backward)), m.comm};
-  summary.predicted_sync_iteration = predict_dsync_iteration(summary.stages);
-  summary.predicted_pipe_iteration = predict_pipe_iteration(summary.stages);
-  const bool pipelined = config.method.name == "pipe" && config.method.staleness >= 2 &&
-                         plan.warmup_iterations < plan.total_iterations;
-  summary.predicted_iteration =
-      pipelined ? summary.predicted_pipe_iteration : summary.predicted_sync_iteration;
-  if (config.network.emulated()) {
-    RingCostParameters link;
-    link.alpha = config.network.latency_seconds;
-    link.beta = config.network.bits_per_second > 0 ? 1.0 / config.network.bytes_per_second() : 0;
-    const double bytes = static_cast<double>(models[0]->layout().total()) *
-                         static_cast<double>(make_codec(config.method.codec)->encoded_bytes(1000)) /
-                         1000.0;
-    summary.link_model_comm = ring_allreduce_time(config.workers, bytes, link);
-  }
-  summary.epochs = shared.epochs;
-  if (!summary.epochs.empty()) summary.final_test_accuracy = summary.epochs.back().test_accuracy;
-  std::uint64_t bytes = 0;
-  for (auto b : shared.bytes_sent) bytes += b;
-  summary.bytes_sent_per_iteration =
-      plan.total_iterations ? bytes / config.workers / plan.total_iterations : 0;
-  summary.final_parameters = std::move(shared.final_parameters);
+  return summarize(config, plan, shared, *models[0], true);
+}
 
-  if (!config.out_dir.empty()) write_run_outputs(config.out_dir, summary, shared.times, plan.iterations_per_epoch);
-  return summary;
+RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& factory,
+                             const DataSplits& data, Transport& transport) {
+  validate_train_config(config);
+  if (config.workers != transport.size()) {
+    throw UsageError(concat("--workers ", config.workers, " does not match the ", transport.size(),
+                            " ranks of ", transport.describe()));
+  }
+  const RunPlan plan = plan_run(config, data.train);
+  const int rank = transport.rank();
+  if (rank == 0 && !config.out_dir.empty()) ensure_directory(config.out_dir);
+  std::unique_ptr<Model> model = factory(config.seed);
+  if (model->layout().total() == 0) throw UsageError("the model has no parameters");
+
+  SharedRunState shared;
+  shared.times.assign(config.workers, std::vector<IterationTimes>(plan.total_iterations));
+  shared.bytes_sent.assign(config.workers, 0);
+  shared.failures.assign(config.workers, nullptr);
+  shared.final_parameters.resize(config.keep_parameters ? config.workers : 0);
+  run_worker(rank, config, plan, *model, transport, data, shared);  // reports its own failure
+  try {
+    gather_at_leader(transport, config, plan, shared);
+  } catch (const std::exception& error) {
+    transport.report_failure(error.what());
+    throw;
+  }
+  return summarize(config, plan, shared, *model, rank == 0);
 }
 
 }  // namespace pipesgd

@@ -1,5 +1,5 @@
 #pragma once
-// The training run: N workers (threads over a LocalFabric) train one model with one method on one
+// The training run: N workers (threads over a LocalFabric, or MPI ranks) train one model with one method on one
 // data set, and the run reports per-iteration timings, per-epoch accuracy and a summary.
 #include <cstdint>
 #include <functional>
@@ -68,6 +68,7 @@ struct RunSummary {
   double link_model_comm = 0;            // Eq. 5 from the emulated link (0 without emulation)
   double final_test_accuracy = -1;
   std::uint64_t bytes_sent_per_iteration = 0;  // per worker
+  std::uint64_t weights_checksum = 0;          // FNV-1a of rank 0's final parameters
   std::vector<EpochRecord> epochs;
   std::vector<std::vector<float>> final_parameters;  // per rank, if keep_parameters
 };
@@ -79,8 +80,18 @@ void apply_method_spec(const std::string& spec, TrainConfig& config);
 // one-line message naming the flag. run_training calls it too.
 void validate_train_config(const TrainConfig& config);
 
-// Runs the training; throws UsageError / DataError / CommError with a one-line message.
+// Runs the training with config.workers workers as threads of this process over a LocalFabric
+// (config.network emulates their links). Throws UsageError / DataError / CommError with a one-line
+// message.
 RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
                         const DataSplits& data);
+
+// Runs this process's worker of a run whose workers are the ranks of `transport`, one per process
+// (MpiTransport); config.workers must equal transport.size(). Collective: every rank calls it with
+// the same config and data. Ranks 1..p-1 send their timings to rank 0, so the returned summary is
+// complete on rank 0 only; only rank 0 prints progress and writes config.out_dir. Training is the
+// same computation as run_training with the same config: same weights, bit for bit.
+RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& factory,
+                             const DataSplits& data, Transport& transport);
 
 }  // namespace pipesgd

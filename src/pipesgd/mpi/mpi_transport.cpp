@@ -1,0 +1,309 @@
+#include "pipesgd/mpi/mpi_transport.h"
+
+#include <mpi.h>
+#include <sched.h>
+
+#include <array>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::size_t kFailureNoticeBytes = 512;
+constexpr int kFailureTag = 1;
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+}  // namespace
+
+// One outstanding MPI_Isend or MPI_Irecv. Pooled by the transport: after warm-up no message
+// allocates.
+class MpiRequest final : public RequestState {
+ public:
+  explicit MpiRequest(MpiTransport::Impl& owner) : owner_(owner) {}
+
+  void start(int peer, Tag tag, bool is_send, std::size_t bytes, const char* operation) {
+    peer_ = peer;
+    tag_ = tag;
+    is_send_ = is_send;
+    bytes_ = bytes;
+    operation_ = operation;
+    done_ = false;
+    request_ = MPI_REQUEST_NULL;
+  }
+  MPI_Request* handle() { return &request_; }
+
+  std::size_t wait(Timeout timeout) override;
+  bool test() override;
+  void cancel() override;
+
+  std::string describe_wait() const;
+
+ private:
+  // MPI_Test once; throws CommError if MPI reports an error.
+  bool poll();
+
+  MpiTransport::Impl& owner_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  int peer_ = -1;
+  Tag tag_ = 0;
+  bool is_send_ = false;
+  bool done_ = false;
+  std::size_t bytes_ = 0;
+  const char* operation_ = "";
+};
+
+class MpiTransport::Impl {
+ public:
+  Impl(MpiRuntime& runtime, MpiTransportOptions options) : options_(options) {
+    if (const char* spin = std::getenv("PIPESGD_MPI_SPIN_US")) options_.spin_window = std::chrono::microseconds(std::atoi(spin));
+    if (const char* nap = std::getenv("PIPESGD_MPI_SLEEP_US")) options_.poll_sleep = std::chrono::microseconds(std::atoi(nap));
+    rank_ = runtime.rank();
+    size_ = runtime.size();
+    void* attribute = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &attribute, &found);
+    const long tag_upper_bound = found ? *static_cast<int*>(attribute) : 32767;
+    if (tag_upper_bound < static_cast<long>((kMpiSequenceWindow << 24) - 1)) {
+      throw CommError(concat("MPI_TAG_UB of this MPI library is ", tag_upper_bound,
+                             "; pipesgd needs at least ", (kMpiSequenceWindow << 24) - 1));
+    }
+    for (auto& communicator : channels_) {
+      MPI_Comm_dup(MPI_COMM_WORLD, &communicator);
+      MPI_Comm_set_errhandler(communicator, MPI_ERRORS_RETURN);
+    }
+    MPI_Comm_dup(MPI_COMM_WORLD, &failure_communicator_);
+    MPI_Comm_set_errhandler(failure_communicator_, MPI_ERRORS_RETURN);
+    post_failure_receive();
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int length = 0;
+    MPI_Get_processor_name(name, &length);
+    description_ = concat("mpi (", size_, " ranks, MPI_THREAD_MULTIPLE, ", runtime.library_version(),
+                          ")");
+  }
+
+  ~Impl() {
+    // After a failure, peers may be gone: leave MPI state alone (the process exits without
+    // MPI_Finalize). Otherwise withdraw the posted failure receive and free the communicators.
+    if (failed_.load()) return;
+    {
+      std::lock_guard lock(failure_mutex_);
+      if (failure_request_ != MPI_REQUEST_NULL) {
+        MPI_Cancel(&failure_request_);
+        MPI_Wait(&failure_request_, MPI_STATUS_IGNORE);
+      }
+    }
+    for (auto& communicator : channels_) MPI_Comm_free(&communicator);
+    MPI_Comm_free(&failure_communicator_);
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  Request start(int peer, Tag tag, const std::byte* bytes, std::size_t length, bool is_send,
+                const char* operation) {
+    if (peer < 0 || peer >= size_) {
+      throw UsageError(concat(operation, ": peer rank ", peer, " out of range [0, ", size_, ")"));
+    }
+    const auto channel = static_cast<std::size_t>(tag >> 56);
+    PIPESGD_ASSERT(channel < channels_.size());
+    if (length > static_cast<std::size_t>(INT_MAX)) {
+      throw UsageError(concat(operation, ": message of ", length, " bytes exceeds MPI's 2 GiB limit"));
+    }
+    const std::uint64_t sequence = (tag >> 24) & 0xffffffffu;
+    const int mpi_tag =
+        static_cast<int>(((sequence % kMpiSequenceWindow) << 24) | (tag & 0xffffffu));
+    std::shared_ptr<MpiRequest> request = acquire();
+    request->start(peer, tag, is_send, length, operation);
+    int code;
+    if (is_send) {
+      code = MPI_Isend(bytes, static_cast<int>(length), MPI_BYTE, peer, mpi_tag, channels_[channel],
+                       request->handle());
+      bytes_sent_.fetch_add(length, std::memory_order_relaxed);
+    } else {
+      code = MPI_Irecv(const_cast<std::byte*>(bytes), static_cast<int>(length), MPI_BYTE, peer,
+                       mpi_tag, channels_[channel], request->handle());
+    }
+    if (code != MPI_SUCCESS) {
+      throw CommError(concat(request->describe_wait(), ": ", is_send ? "MPI_Isend" : "MPI_Irecv",
+                             " (MPI tag ", mpi_tag, ") failed: ", mpi_error_text(code)));
+    }
+    return Request(std::move(request));
+  }
+
+  // Throws PeerFailedError if a failure notice has arrived (from any thread's poll).
+  void check_failure(const MpiRequest& waiting) {
+    if (!failed_.load(std::memory_order_acquire)) {
+      std::unique_lock lock(failure_mutex_, std::try_to_lock);
+      if (!lock.owns_lock() || failure_request_ == MPI_REQUEST_NULL) return;
+      int arrived = 0;
+      MPI_Status status;
+      MPI_Test(&failure_request_, &arrived, &status);
+      if (!arrived) return;
+      notice_[kFailureNoticeBytes - 1] = '\0';
+      failure_message_ = concat("rank ", status.MPI_SOURCE, " failed: ", notice_.data());
+      failed_.store(true, std::memory_order_release);
+    }
+    std::string message;
+    {
+      std::lock_guard lock(failure_mutex_);
+      message = failure_message_;
+    }
+    throw PeerFailedError(concat(waiting.describe_wait(), " aborted: ", message));
+  }
+
+  void report_failure(const std::string& reason) {
+    if (failed_.exchange(true)) return;  // we failed already, or learnt of a peer's failure first
+    std::array<char, kFailureNoticeBytes> notice{};
+    std::strncpy(notice.data(), reason.c_str(), notice.size() - 1);
+    std::vector<MPI_Request> sends;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      MPI_Request request;
+      if (MPI_Isend(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, peer, kFailureTag,
+                    failure_communicator_, &request) == MPI_SUCCESS) {
+        sends.push_back(request);
+      }
+    }
+    // Small messages leave eagerly; give them a moment, then abandon what a dead peer never takes.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+    for (MPI_Request& request : sends) {
+      int done = 0;
+      while (!done && Clock::now() < deadline) {
+        MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        if (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      if (!done) MPI_Request_free(&request);
+    }
+    std::lock_guard lock(failure_mutex_);
+    if (failure_message_.empty()) failure_message_ = concat("rank ", rank_, " failed: ", reason);
+  }
+
+  std::uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  const std::string& describe() const { return description_; }
+  const MpiTransportOptions& options() const { return options_; }
+
+ private:
+  void post_failure_receive() {
+    MPI_Irecv(notice_.data(), static_cast<int>(notice_.size()), MPI_CHAR, MPI_ANY_SOURCE, kFailureTag,
+              failure_communicator_, &failure_request_);
+  }
+
+  // Reuses a finished request object (held by nobody else) or makes a new one.
+  std::shared_ptr<MpiRequest> acquire() {
+    std::lock_guard lock(pool_mutex_);
+    for (auto& request : pool_) {
+      if (request.use_count() == 1) return request;
+    }
+    pool_.push_back(std::make_shared<MpiRequest>(*this));
+    return pool_.back();
+  }
+
+  MpiTransportOptions options_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::array<MPI_Comm, kChannelCount> channels_{};
+  MPI_Comm failure_communicator_ = MPI_COMM_NULL;
+  std::atomic<std::uint64_t> bytes_sent_{0};
+  std::string description_;
+
+  std::mutex pool_mutex_;
+  std::vector<std::shared_ptr<MpiRequest>> pool_;
+
+  std::atomic<bool> failed_{false};
+  std::mutex failure_mutex_;  // guards failure_request_, notice_, failure_message_
+  MPI_Request failure_request_ = MPI_REQUEST_NULL;
+  std::array<char, kFailureNoticeBytes> notice_{};
+  std::string failure_message_;
+};
+
+std::string MpiRequest::describe_wait() const {
+  return concat(operation_, ": ", is_send_ ? "send to" : "recv from", " rank ", peer_, " (",
+                describe_tag(tag_), ") on rank ", owner_.rank());
+}
+
+bool MpiRequest::poll() {
+  if (done_) return true;
+  int complete = 0;
+  MPI_Status status;
+  const int code = MPI_Test(&request_, &complete, &status);
+  if (code != MPI_SUCCESS) {
+    throw CommError(concat(describe_wait(), ": MPI_Test failed: ", mpi_error_text(code)));
+  }
+  if (!complete) return false;
+  if (!is_send_) {
+    // (status.MPI_ERROR is only defined for multiple-completion calls; MPI_Test's code says it all.)
+    int received = 0;
+    MPI_Get_count(&status, MPI_BYTE, &received);
+    bytes_ = static_cast<std::size_t>(received);
+  }
+  done_ = true;
+  return true;
+}
+
+std::size_t MpiRequest::wait(Timeout timeout) {
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  const auto spin_until = start + owner_.options().spin_window;
+  for (std::uint64_t polls = 0;; ++polls) {
+    if (poll()) return bytes_;
+    if (polls % 64 == 0) owner_.check_failure(*this);
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      owner_.check_failure(*this);
+      throw CommTimeoutError(concat(describe_wait(), " timed out after ",
+                                    std::chrono::duration<double>(timeout).count(), " s"));
+    }
+    if (now < spin_until) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(owner_.options().poll_sleep);
+    }
+  }
+}
+
+bool MpiRequest::test() { return poll(); }
+
+void MpiRequest::cancel() {
+  if (done_ || request_ == MPI_REQUEST_NULL) return;
+  MPI_Cancel(&request_);
+  // A cancelled receive completes at once; a send that is already being transferred cannot be
+  // cancelled and completes when the peer takes it. Give it a moment, then abandon it.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(100);
+  int complete = 0;
+  while (!complete && Clock::now() < deadline) {
+    MPI_Test(&request_, &complete, MPI_STATUS_IGNORE);
+    if (!complete) sched_yield();
+  }
+  if (!complete) MPI_Request_free(&request_);
+  done_ = true;
+}
+
+MpiTransport::MpiTransport(MpiRuntime& runtime, MpiTransportOptions options)
+    : impl_(std::make_unique<Impl>(runtime, options)) {}
+MpiTransport::~MpiTransport() = default;
+int MpiTransport::rank() const { return impl_->rank(); }
+int MpiTransport::size() const { return impl_->size(); }
+Request MpiTransport::send(int peer, Tag tag, std::span<const std::byte> bytes, const char* operation) {
+  return impl_->start(peer, tag, bytes.data(), bytes.size(), true, operation);
+}
+Request MpiTransport::recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) {
+  return impl_->start(peer, tag, buffer.data(), buffer.size(), false, operation);
+}
+void MpiTransport::report_failure(const std::string& reason) { impl_->report_failure(reason); }
+std::uint64_t MpiTransport::bytes_sent() const { return impl_->bytes_sent(); }
+std::string MpiTransport::describe() const { return impl_->describe(); }
+
+}  // namespace pipesgd

@@ -1,0 +1,67 @@
+#pragma once
+// MpiTransport: the Transport interface over MPI point-to-point messages, one worker per MPI rank.
+//
+// Tags: the channel of a Tag (comm/transport.h) selects one of kChannelCount communicators
+// duplicated from MPI_COMM_WORLD at construction; the MPI tag is
+//   (sequence mod kMpiSequenceWindow) << 24 | step << 12 | segment,
+// which fits the MPI_TAG_UB of OpenMPI (2^31 - 1). MPI matches messages of equal (communicator,
+// source, tag) in posting order, so the mapping is exact as long as two collectives of one channel
+// whose sequences differ by a multiple of kMpiSequenceWindow are never in flight at once. Training
+// methods keep at most kMaxStaleness (64) iterations in flight.
+//
+// Waiting: MPI has no blocking wait with a timeout, so wait() polls MPI_Test: it spins (yielding the
+// CPU between polls, as OpenMPI does when oversubscribed) for MpiTransportOptions::spin_window, then
+// sleeps briefly between polls so that an idle comm thread leaves the cores to compute.
+//
+// Failures: report_failure() sends a notice to every other rank on a dedicated communicator; every
+// rank keeps one receive for it posted, and a wait that sees a notice throws PeerFailedError naming
+// the failed rank and its reason. A rank that dies without a word (killed) is noticed by the
+// timeouts. After a failure the process must exit without MPI_Finalize
+// (MpiRuntime::exit_without_finalize), and a cancelled send may still be read by MPI until then.
+//
+// Thread-safety: send, recv and the Requests may be used from several threads of this rank at once
+// (MPI_THREAD_MULTIPLE); one Request is waited on by one thread.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "pipesgd/comm/transport.h"
+#include "pipesgd/mpi/mpi_runtime.h"
+
+namespace pipesgd {
+
+inline constexpr std::uint64_t kMpiSequenceWindow = 128;
+
+struct MpiTransportOptions {
+  // How long a wait polls without sleeping before it starts sleeping between polls.
+  std::chrono::microseconds spin_window{2000};
+  // The sleep between polls after the spin window.
+  std::chrono::microseconds poll_sleep{20};
+};
+
+class MpiTransport final : public Transport {
+ public:
+  // Collective over MPI_COMM_WORLD (duplicates communicators): every rank constructs it at the same
+  // point. `runtime` must outlive this object.
+  explicit MpiTransport(MpiRuntime& runtime, MpiTransportOptions options = {});
+  ~MpiTransport() override;
+
+  int rank() const override;
+  int size() const override;
+  Request send(int peer, Tag tag, std::span<const std::byte> bytes, const char* operation) override;
+  Request recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) override;
+  void report_failure(const std::string& reason) override;
+  std::uint64_t bytes_sent() const override;
+  std::string describe() const override;
+  bool waits_sleep() const override { return false; }
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pipesgd
