@@ -33,7 +33,7 @@ namespace {
 using namespace std::chrono_literals;
 
 const std::vector<std::string> algorithms = {"ring", "recursive-doubling", "halving-doubling",
-                                             "tree"};
+                                             "tree", "direct"};
 
 // "recursive-doubling" -> "recursive_doubling" (test names allow only letters, digits and '_').
 std::string identifier_of(std::string name) {
@@ -106,6 +106,17 @@ INSTANTIATE_TEST_SUITE_P(AlgorithmsCodecsWorldSizesAndCounts, AllreduceAlgorithm
                                                               CountKind::thousand)),
                          name_of_sum_case);
 
+// The grid of the MPI tests (tests/mpi/mpi_allreduce_test.cpp runs it over MpiTransport with 2-5
+// ranks), here over LocalTransport: counts 0, 1, 7 and 1000003 for world sizes 2 to 5.
+INSTANTIATE_TEST_SUITE_P(SameGridAsTheMpiTests, AllreduceAlgorithmSum,
+                         ::testing::Combine(::testing::ValuesIn(algorithms),
+                                            ::testing::Values("none", "bf16", "int8"),
+                                            ::testing::Values(2, 3, 4, 5),
+                                            ::testing::Values(CountKind::zero, CountKind::one,
+                                                              CountKind::seven,
+                                                              CountKind::million_and_three)),
+                         name_of_sum_case);
+
 // Large vectors: a subset of world sizes (folds of one and of three pairs, a power of two).
 INSTANTIATE_TEST_SUITE_P(AlgorithmsCodecsAndLargeCounts, AllreduceAlgorithmSum,
                          ::testing::Combine(::testing::ValuesIn(algorithms),
@@ -146,7 +157,7 @@ std::uint64_t documented_bytes_sent(const std::string& algorithm, int world_size
   }
   const bool paired = static_cast<std::uint64_t>(rank) < 2 * (p - q);
   const bool sits_out = paired && rank % 2 == 0;
-  if (algorithm == "ring") return 2 * (p - 1) * vector_bytes / p;
+  if (algorithm == "ring" || algorithm == "direct") return 2 * (p - 1) * vector_bytes / p;
   if (algorithm == "recursive-doubling") {
     if (sits_out) return vector_bytes;
     return steps * vector_bytes + (paired ? n * sizeof(float) : 0);  // the result as exact fp32
@@ -477,7 +488,7 @@ TEST(AllreduceAlgorithmFactory, UnknownNameThrowsUsageErrorListingTheValidNames)
     } catch (const UsageError& error) {
       EXPECT_EQ(std::string(error.what()),
                 "unknown allreduce algorithm '" + std::string(bad) +
-                    "' (expected ring, recursive-doubling, halving-doubling, tree)");
+                    "' (expected ring, recursive-doubling, halving-doubling, tree, direct)");
     }
   }
 }

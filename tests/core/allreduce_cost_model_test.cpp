@@ -124,7 +124,7 @@ TEST(AllreduceCostModel, CostIsTheCoefficientsTimesTheLink) {
 
 TEST(AllreduceCostModel, NamesTheFourAlgorithms) {
   EXPECT_EQ(cost_model_algorithm_names(),
-            (std::vector<std::string>{"ring", "recursive-doubling", "halving-doubling", "tree"}));
+            (std::vector<std::string>{"ring", "recursive-doubling", "halving-doubling", "tree", "direct"}));
   EXPECT_TRUE(is_cost_model_algorithm("tree"));
   EXPECT_FALSE(is_cost_model_algorithm("Tree"));
 }

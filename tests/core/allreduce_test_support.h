@@ -151,6 +151,18 @@ inline double tree_error_bound(const Codec& codec, int world_size, double larges
   return sum.error + codec.error_bound(sum.magnitude + sum.error);
 }
 
+// Direct: the owner adds the decode of each other rank's encoded block to its own exact value (one
+// encoding per contribution, one rounding per addition), then encodes the sum once.
+inline double direct_error_bound(const Codec& codec, int world_size, double largest) {
+  PartialSumBound partial{largest, 0};
+  for (int other = 1; other < world_size; ++other) {
+    partial.error += codec.error_bound(largest);
+    partial.magnitude += largest;
+    partial.add_rounding();
+  }
+  return partial.error + codec.error_bound(partial.magnitude + partial.error);
+}
+
 // The bound of the algorithm named as in make_allreduce.
 inline double allreduce_error_bound(const std::string& algorithm, const Codec& codec,
                                     int world_size, double largest) {
@@ -161,6 +173,7 @@ inline double allreduce_error_bound(const std::string& algorithm, const Codec& c
   if (algorithm == "halving-doubling")
     return halving_doubling_error_bound(codec, world_size, largest);
   if (algorithm == "tree") return tree_error_bound(codec, world_size, largest);
+  if (algorithm == "direct") return direct_error_bound(codec, world_size, largest);
   ADD_FAILURE() << "no error bound for " << algorithm;
   return 0;
 }
@@ -205,7 +218,7 @@ inline void expect_close_to_sum(const std::vector<float>& result,
 // ---------------------------------------------------------------------------------------------
 // Element counts of the parameterized tests.
 
-enum class CountKind { zero, one, fewer_than_ranks, thousand, million_and_three };
+enum class CountKind { zero, one, seven, fewer_than_ranks, thousand, million_and_three };
 
 inline std::size_t count_of(CountKind kind, int world_size) {
   switch (kind) {
@@ -213,6 +226,8 @@ inline std::size_t count_of(CountKind kind, int world_size) {
       return 0;
     case CountKind::one:
       return 1;
+    case CountKind::seven:
+      return 7;
     case CountKind::fewer_than_ranks:
       return static_cast<std::size_t>(world_size - 1);
     case CountKind::thousand:
@@ -229,6 +244,8 @@ inline std::string name_of(CountKind kind) {
       return "Zero";
     case CountKind::one:
       return "One";
+    case CountKind::seven:
+      return "Seven";
     case CountKind::fewer_than_ranks:
       return "FewerThanRanks";
     case CountKind::thousand:

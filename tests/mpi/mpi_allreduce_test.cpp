@@ -81,7 +81,7 @@ std::string case_name(const ::testing::TestParamInfo<AlgorithmCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     EveryAlgorithmCodecCount, MpiAllreduceTest,
-    ::testing::Combine(::testing::Values("ring", "recursive-doubling", "halving-doubling", "tree"),
+    ::testing::Combine(::testing::Values("ring", "recursive-doubling", "halving-doubling", "tree", "direct"),
                        ::testing::Values("none", "bf16", "int8"),
                        ::testing::Values(std::size_t{0}, std::size_t{1}, std::size_t{7},
                                          std::size_t{1000003})),
@@ -89,7 +89,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(MpiAllreduceFactory, KnowsEveryAlgorithmOfTheSuite) {
   EXPECT_EQ(allreduce_algorithm_names(),
-            (std::vector<std::string>{"ring", "recursive-doubling", "halving-doubling", "tree"}));
+            (std::vector<std::string>{"ring", "recursive-doubling", "halving-doubling", "tree", "direct"}));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "pipesgd/collective/allreduce_factory.h"
 
+#include "pipesgd/collective/direct_allreduce.h"
 #include "pipesgd/collective/halving_doubling_allreduce.h"
 #include "pipesgd/collective/recursive_doubling_allreduce.h"
 #include "pipesgd/collective/ring_allreduce.h"
@@ -9,7 +10,7 @@
 namespace pipesgd {
 
 std::vector<std::string> allreduce_algorithm_names() {
-  return {"ring", "recursive-doubling", "halving-doubling", "tree"};
+  return {"ring", "recursive-doubling", "halving-doubling", "tree", "direct"};
 }
 
 std::unique_ptr<Allreduce> make_allreduce(std::string_view algorithm, Transport& transport,
@@ -25,6 +26,8 @@ std::unique_ptr<Allreduce> make_allreduce(std::string_view algorithm, Transport&
   }
   if (algorithm == "tree")
     return std::make_unique<TreeAllreduce>(transport, max_count, codec, options);
+  if (algorithm == "direct")
+    return std::make_unique<DirectAllreduce>(transport, max_count, codec, options);
   std::string valid;
   for (const std::string& name : allreduce_algorithm_names())
     valid += (valid.empty() ? "" : ", ") + name;

@@ -4,6 +4,8 @@
 //  recursive-doubling  RecursiveDoublingAllreduce: log2(p) steps of whole vectors; small vectors.
 //  halving-doubling    HalvingDoublingAllreduce (Rabenseifner): bandwidth-optimal, 2 log2(p) steps.
 //  tree                TreeAllreduce: segmented reduce up a binary tree and broadcast down it.
+//  direct              DirectAllreduce: reduce-scatter and allgather with every peer at once, two
+//                      rounds; for shared memory with more ranks than cores.
 // Every algorithm accepts any world size (the ring up to 2049 ranks), any count and every codec,
 // and leaves every rank with a bit-identical result; their headers give the message pattern, bytes
 // sent and codec error.

@@ -11,7 +11,8 @@
 //
 // Waiting: MPI has no blocking wait with a timeout, so wait() polls MPI_Test: it spins (yielding the
 // CPU between polls, as OpenMPI does when oversubscribed) for MpiTransportOptions::spin_window, then
-// sleeps briefly between polls so that an idle comm thread leaves the cores to compute.
+// sleeps briefly between polls so that an idle comm thread leaves the cores to compute. The first
+// few polls of a wait do not even yield: a message about to land costs no system call.
 //
 // Failures: report_failure() sends a notice to every other rank on a dedicated communicator; every
 // rank keeps one receive for it posted, and a wait that sees a notice throws PeerFailedError naming

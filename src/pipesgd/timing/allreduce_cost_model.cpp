@@ -22,8 +22,8 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::array<const char*, 4> kAlgorithmNames = {"ring", "recursive-doubling",
-                                                        "halving-doubling", "tree"};
+constexpr std::array<const char*, 5> kAlgorithmNames = {"ring", "recursive-doubling",
+                                                        "halving-doubling", "tree", "direct"};
 
 std::string known_algorithms_text() {
   std::string text;
@@ -373,7 +373,7 @@ AllreduceCoefficients allreduce_coefficients(std::string_view algorithm, int wor
   }
   if (world_size == 1) return {};
   const double p = world_size;
-  if (algorithm == "ring") {
+  if (algorithm == "ring" || algorithm == "direct") {
     return {2 * (p - 1), 2 * (p - 1) / p, (p - 1) / p};
   }
   if (algorithm == "tree") {

@@ -29,6 +29,11 @@
 //   costs what p = 2 does, and p = 5..7 what p = 4 does. (The implementation also segments and
 //   pipelines large vectors, which this per-level model does not describe; a calibration's
 //   measured a + b·M for "tree" is preferred where it applies, see choose_allreduce_algorithm.)
+//   direct              as ring: the same 2(p-1) messages and bytes per rank, sent p-1 at a time in
+//                       two rounds. A serial NIC pays them one after another, so the alpha-beta
+//                       model cannot tell it from the ring; what it saves is the ring's chain of
+//                       2(p-1) dependent hand-offs, which only a measured a + b*M (calibration)
+//                       shows. Model ties go to the earlier name, i.e. to the ring.
 // p = 1 costs 0 for every algorithm.
 #include <map>
 #include <nlohmann/json_fwd.hpp>
@@ -60,7 +65,7 @@ struct AllreduceCoefficients {
   double reduced = 0;      // bytes summed per byte of the vector
 };
 
-// "ring", "recursive-doubling", "halving-doubling", "tree", in that order.
+// "ring", "recursive-doubling", "halving-doubling", "tree", "direct", in that order.
 std::vector<std::string> cost_model_algorithm_names();
 bool is_cost_model_algorithm(std::string_view algorithm);
 
