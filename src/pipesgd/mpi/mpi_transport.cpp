@@ -5,7 +5,6 @@
 
 #include <array>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -18,6 +17,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kFailureNoticeBytes = 512;
 constexpr int kFailureTag = 1;
+constexpr std::uint64_t kBusyPolls = 32;  // polls before a wait starts yielding the CPU
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -68,8 +68,6 @@ class MpiRequest final : public RequestState {
 class MpiTransport::Impl {
  public:
   Impl(MpiRuntime& runtime, MpiTransportOptions options) : options_(options) {
-    if (const char* spin = std::getenv("PIPESGD_MPI_SPIN_US")) options_.spin_window = std::chrono::microseconds(std::atoi(spin));
-    if (const char* nap = std::getenv("PIPESGD_MPI_SLEEP_US")) options_.poll_sleep = std::chrono::microseconds(std::atoi(nap));
     rank_ = runtime.rank();
     size_ = runtime.size();
     void* attribute = nullptr;
@@ -254,12 +252,14 @@ bool MpiRequest::poll() {
 }
 
 std::size_t MpiRequest::wait(Timeout timeout) {
+  if (poll()) return bytes_;
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   const auto spin_until = start + owner_.options().spin_window;
-  for (std::uint64_t polls = 0;; ++polls) {
+  for (std::uint64_t polls = 1;; ++polls) {
     if (poll()) return bytes_;
     if (polls % 64 == 0) owner_.check_failure(*this);
+    if (polls < kBusyPolls) continue;  // a message that is about to land: poll without a syscall
     const auto now = Clock::now();
     if (now >= deadline) {
       owner_.check_failure(*this);

@@ -37,8 +37,10 @@ namespace pipesgd {
 inline constexpr std::uint64_t kMpiSequenceWindow = 128;
 
 struct MpiTransportOptions {
-  // How long a wait polls without sleeping before it starts sleeping between polls.
-  std::chrono::microseconds spin_window{2000};
+  // How long a wait polls without sleeping before it starts sleeping between polls. Long enough
+  // for any transfer in progress (a sleeping poller stalls MPI's progress, and with it the peer);
+  // only waits on a peer that is busy elsewhere (e.g. still computing) reach the sleeps.
+  std::chrono::microseconds spin_window{20000};
   // The sleep between polls after the spin window.
   std::chrono::microseconds poll_sleep{20};
 };

@@ -29,11 +29,27 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+// A checksum of the result's bits, word by word (any differing bit changes it).
 std::uint64_t checksum(std::span<const float> values) {
   std::uint64_t hash = 14695981039346656037ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
-  for (std::size_t i = 0; i < values.size_bytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  for (float value : values) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    hash = (hash ^ bits) * 1099511628211ull;
+  }
   return hash;
+}
+
+// Largest |a[i] - b[i]| (infinity if any is NaN).
+double max_difference(std::span<const float> a, std::span<const float> b) {
+  float largest = 0;
+  bool nan = false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const float difference = std::fabs(a[i] - b[i]);
+    nan |= difference != difference;
+    largest = std::max(largest, difference);
+  }
+  return nan ? INFINITY : largest;
 }
 
 // What one rank measured for one candidate at one size; sent to rank 0 as raw bytes.
@@ -126,10 +142,11 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
   auto next_tag = [&] { return collective_tag(Channel::kBenchmark, sequence++); };
 
   // test_value(r, i) depends on i only through i % 17: the exact sums repeat.
-  double exact_sum[17];
+  float exact_sum[17];
   for (std::size_t i = 0; i < 17; ++i) {
-    exact_sum[i] = 0;
-    for (int r = 0; r < p; ++r) exact_sum[i] += test_value(r, i);
+    double sum = 0;
+    for (int r = 0; r < p; ++r) sum += test_value(r, i);
+    exact_sum[i] = static_cast<float>(sum);  // exact: multiples of 1/4 of small magnitude
   }
 
   std::vector<AllreduceBenchmarkRow> rows;
@@ -140,7 +157,12 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
     for (std::size_t c = 0; c < candidates.size(); ++c) {
       objects.push_back(candidates[c].build(transport, count, *codecs[c]));
     }
-    std::vector<float> data(count);
+    // Inputs and the exact result, computed once; a run only copies and compares them.
+    std::vector<float> input(count), exact(count), data(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      input[i] = test_value(rank, i);
+      exact[i] = exact_sum[i % 17];
+    }
     std::vector<float> reference_result(has_reference ? count : 0);
     // seconds[candidate][run] on this rank
     std::vector<std::vector<double>> seconds(candidates.size(), std::vector<double>(runs));
@@ -149,25 +171,22 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
       // The reference runs first in every round, so the others can be compared with its result.
       for (std::size_t k = 0; k < candidates.size(); ++k) {
         const std::size_t c = has_reference ? (k == 0 ? reference : (k <= reference ? k - 1 : k)) : k;
-        for (std::size_t i = 0; i < count; ++i) data[i] = test_value(rank, i);
+        std::copy(input.begin(), input.end(), data.begin());
         float token = 0;
         barrier.run(std::span<float>(&token, 1), next_tag());
         Stopwatch timer;
         objects[c]->run(data, next_tag());
         seconds[c][run] = timer.seconds();
+        // Checking waits until every rank is done: a rank that finished early must not take CPU
+        // from the ranks still in the timed operation (ranks may outnumber cores).
+        barrier.run(std::span<float>(&token, 1), next_tag());
         RankMeasurement& m = measured[c];
-        for (std::size_t i = 0; i < count; ++i) {
-          const double error = std::fabs(static_cast<double>(data[i]) - exact_sum[i % 17]);
-          m.max_error = std::max(m.max_error, std::isnan(error) ? INFINITY : error);
-        }
+        m.max_error = std::max(m.max_error, max_difference(data, exact));
         if (has_reference && c == reference) {
           std::copy(data.begin(), data.end(), reference_result.begin());
         } else if (has_reference) {
-          for (std::size_t i = 0; i < count; ++i) {
-            const double difference = std::fabs(static_cast<double>(data[i]) - reference_result[i]);
-            m.max_reference_difference =
-                std::max(m.max_reference_difference, std::isnan(difference) ? INFINITY : difference);
-          }
+          m.max_reference_difference =
+              std::max(m.max_reference_difference, max_difference(data, reference_result));
         }
         if (run == runs - 1) m.result_checksum = checksum(data);
       }
