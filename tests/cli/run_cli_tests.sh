@@ -109,6 +109,11 @@ row algo-unknown            2 "unknown algorithm 'pipes'" train --algo pipes "${
 row algo-empty-name         2 "'+int8'"                   train --algo +int8 "${Q[@]}"
 row algo-two-codecs         2 "more than one codec"       train --algo pipe+int8+bf16 "${Q[@]}"
 row codec-unknown           2 "unknown codec 'zstd'"      train --codec zstd "${Q[@]}"
+row allreduce-unknown       2 "--allreduce 'butterfly': expected ring" train --allreduce butterfly "${Q[@]}"
+row calibration-needs-auto  2 "--calibration is only used by --allreduce auto" train --calibration x.json "${Q[@]}"
+row calibration-missing     1 "cannot open" train --allreduce auto --calibration /nonexistent/c.json "${Q[@]}"
+row bench-unknown-algorithm 2 "--algos 'butterfly'"      bench allreduce --algos butterfly --sizes 4K
+row calibrate-one-rank      2 "at least 2 ranks"         calibrate --workers 1 --sizes 4K
 row segment-bytes-word      2 "--segment-bytes 'fast'"    train --segment-bytes fast "${Q[@]}"
 row segment-bytes-tiny      2 "at least 4 bytes"          train --segment-bytes 2 "${Q[@]}"
 row bench-segment-bytes     2 "--segment-bytes '1X'"      bench allreduce --segment-bytes 1X --sizes 4K
@@ -374,6 +379,35 @@ seg_run pipe-auto pipe auto "unsegmented"
 seg_run dsync-none dsync none "unsegmented"
 seg_run pipe-64k pipe 64K "64 KiB"
 
+# 3d2. The allreduce algorithm: given, or chosen by the cost model (auto), and recorded; a
+# calibration file changes what auto picks.
+algo_run() {  # NAME EXPECTED FLAGS...
+  local name=$1 expected=$2
+  shift 2
+  run train --algo dsync --iters 4 --data synthetic --workers 3 --quiet --no-eval --out "$R/allreduce-$name" \
+    "$@" >"$R/allreduce-$name.out" 2>"$R/allreduce-$name.err"
+  expect_success "allreduce/$name-exit-0" $? "$R/allreduce-$name.out" "$R/allreduce-$name.err"
+  pycheck "allreduce/$name-recorded" "$R/allreduce-$name/summary.json" "$expected" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s.get("allreduce") == sys.argv[2], f"allreduce {s.get('allreduce')!r}, expected {sys.argv[2]!r}"
+EOF
+}
+algo_run default ring
+algo_run tree tree --allreduce tree
+# A calibration in which only the tree is cheap makes auto pick it; one where only direct is cheap,
+# direct.
+for cheap in tree direct; do
+  python3 - "$R/calibration-$cheap.json" "$cheap" <<'EOF'
+import json, sys
+measured = {name: {"a": 1.0, "b": 1e-6} for name in ["ring", "recursive-doubling", "halving-doubling", "tree", "direct"]}
+measured[sys.argv[2]] = {"a": 1e-6, "b": 1e-12}
+json.dump({"format": "pipesgd-allreduce-calibration/1", "transport": "test", "world_size": 3,
+           "link": {"alpha": 1e-5, "beta": 1e-9, "gamma": 1e-9}, "measured": measured}, open(sys.argv[1], "w"))
+EOF
+  algo_run "auto-$cheap" "$cheap" --allreduce auto --calibration "$R/calibration-$cheap.json"
+done
+
 # 3e. bench allreduce.
 run bench allreduce --workers 3 --sizes 4K,64K --repeats 3 --out "$R/bench" >"$R/bench.out" 2>"$R/bench.err"
 rc=$?
@@ -400,7 +434,16 @@ for r in rows:
     assert abs(algbw - r["bytes"] / r["time_s"]) <= 1e-9 * algbw, f"algbw {algbw} != bytes/time_s"
 assert sorted({r["bytes"] for r in rows}) == [4096, 65536], f"sizes {sorted({r['bytes'] for r in rows})}"
 assert sorted({r["codec"] for r in rows}) == ["bf16", "int8", "none"], f"codecs {sorted({r['codec'] for r in rows})}"
-assert len(rows) == 6, f"{len(rows)} rows, expected 2 sizes x 3 codecs"
+algorithms = ["ring", "recursive-doubling", "halving-doubling", "tree", "direct"]
+measured = [r for r in rows if r["algorithm"] != "auto"]
+assert sorted({r["algorithm"] for r in measured}) == sorted(algorithms), f"algorithms {sorted({r['algorithm'] for r in measured})}"
+assert len(measured) == 2 * 3 * len(algorithms), f"{len(measured)} rows, expected 2 sizes x 3 codecs x {len(algorithms)} algorithms"
+auto = [r for r in rows if r["algorithm"] == "auto"]
+assert len(auto) == 2 * 3, f"{len(auto)} auto rows, expected one per size and codec"
+for r in auto:
+    assert r["chosen"] in algorithms, f"auto chose {r['chosen']}"
+    twin = [m for m in measured if m["algorithm"] == r["chosen"] and m["bytes"] == r["bytes"] and m["codec"] == r["codec"]]
+    assert len(twin) == 1 and twin[0]["time_s"] == r["time_s"], f"auto row {r} is not its algorithm's row"
 EOF
 # --net must slow the benchmark down: 1 ms latency, 2(p-1) = 2 ring steps per allreduce.
 run bench allreduce --workers 2 --sizes 4K --repeats 2 --codecs none --net bw=10Gbit,lat=1ms \

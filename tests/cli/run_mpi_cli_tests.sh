@@ -141,7 +141,7 @@ if [ ${#WHY[@]} -eq 0 ]; then
 else
   fail "rank0/prints-one-header-and-one-report" "$(join_why) [stdout: $(excerpt "$out" 400)]"
 fi
-expect_contains "rank0/header-names-mpi" "$out" "3 workers (mpi (3 ranks, MPI_THREAD_MULTIPLE"
+expect_contains "rank0/header-names-mpi" "$out" "3 workers as mpi (3 ranks, MPI_THREAD_MULTIPLE"
 if [ -s "$R/mpi-dsync.err" ]; then
   fail "rank0/quiet-means-no-stderr" "stderr: $(excerpt "$R/mpi-dsync.err")"
 else

@@ -1,5 +1,5 @@
 // Tests of every allreduce algorithm of make_allreduce (ring, recursive doubling, halving-doubling,
-// tree) over LocalFabric: exact sums with `none`, derived error bounds with the lossy codecs,
+// tree, direct) over LocalFabric: exact sums with `none`, derived error bounds with the lossy codecs,
 // bit-identical results on every rank, for any world size (powers of two or not) and any count;
 // reuse, segmenting (tree), the factory, and error handling.
 #include "pipesgd/collective/allreduce_factory.h"
@@ -236,18 +236,22 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(AllreduceAlgorithmTreeSegments, ResultDoesNotDependOnSegmentingForElementWiseCodecs) {
-  // The summation order is fixed by the tree; `none` and `bf16` code element by element, so the
-  // result must be bit-identical whatever the segment size. (int8's scale is per segment.)
-  for (const char* codec_name : {"none", "bf16"}) {
-    for (int world_size : {3, 6}) {
-      SCOPED_TRACE(::testing::Message() << codec_name << ", " << world_size << " ranks");
-      const std::vector<float> whole = run_allreduce("tree", world_size, 5003, codec_name)[0];
-      for (std::size_t segment_bytes : {std::size_t{36}, kUnsegmented}) {
-        const std::vector<float> segmented = run_allreduce("tree", world_size, 5003, codec_name,
-                                                           with_segment_bytes(segment_bytes))[0];
-        ASSERT_EQ(whole.size(), segmented.size());
-        EXPECT_EQ(std::memcmp(whole.data(), segmented.data(), whole.size() * sizeof(float)), 0)
-            << segment_bytes << " segment bytes";
+  // The summation order is fixed by the tree (by the rank order, for direct); `none` and `bf16`
+  // code element by element, so the result must be bit-identical whatever the segment size.
+  // (int8's scale is per segment.)
+  for (const char* algorithm : {"tree", "direct"}) {
+    for (const char* codec_name : {"none", "bf16"}) {
+      for (int world_size : {3, 6}) {
+        SCOPED_TRACE(::testing::Message()
+                     << algorithm << ", " << codec_name << ", " << world_size << " ranks");
+        const std::vector<float> whole = run_allreduce(algorithm, world_size, 5003, codec_name)[0];
+        for (std::size_t segment_bytes : {std::size_t{36}, kUnsegmented}) {
+          const std::vector<float> segmented = run_allreduce(
+              algorithm, world_size, 5003, codec_name, with_segment_bytes(segment_bytes))[0];
+          ASSERT_EQ(whole.size(), segmented.size());
+          EXPECT_EQ(std::memcmp(whole.data(), segmented.data(), whole.size() * sizeof(float)), 0)
+              << segment_bytes << " segment bytes";
+        }
       }
     }
   }

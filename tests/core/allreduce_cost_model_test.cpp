@@ -705,6 +705,34 @@ TEST(CostChoice, MeasuredCostsOverrideTheModelAtTheirWorldSize) {
             choose_allreduce_algorithm(calibration.link, 4, 8, kAllAlgorithms));
 }
 
+// Inside the calibrated range the measured times themselves decide (interpolated in log-log), where a
+// straight line fitted over all sizes would mislead; outside it the fitted line applies.
+TEST(CostChoice, MeasuredTimesInterpolatedInsideTheCalibratedRange) {
+  Calibration calibration;
+  calibration.world_size = 2;
+  calibration.link = {10e-6, 1e-9, 1e-9};
+  // The lines say "direct" everywhere (lower a and b)...
+  calibration.measured["ring"] = {5e-6, 2e-10};
+  calibration.measured["direct"] = {4e-6, 1e-10};
+  // ...but the measurements say the ring is faster at 64 KiB and 256 KiB.
+  calibration.samples = {{"ring", 2, 65536, 20e-6},   {"ring", 2, 262144, 40e-6},
+                         {"direct", 2, 65536, 25e-6}, {"direct", 2, 262144, 55e-6}};
+  const std::vector<std::string> candidates = {"ring", "direct"};
+  EXPECT_EQ(choose_allreduce_algorithm(calibration, 2, 65536, candidates), "ring");
+  EXPECT_EQ(choose_allreduce_algorithm(calibration, 2, 131072, candidates), "ring");
+  // Exact at a measured size; the geometric mean halfway (in log bytes) between two.
+  EXPECT_DOUBLE_EQ(predict_allreduce_seconds(calibration, "ring", 2, 262144), 40e-6);
+  EXPECT_NEAR(predict_allreduce_seconds(calibration, "ring", 2, 131072), std::sqrt(20e-6 * 40e-6),
+              1e-15);
+  // Outside the measured sizes: the fitted lines.
+  EXPECT_DOUBLE_EQ(predict_allreduce_seconds(calibration, "ring", 2, 1 << 20),
+                   calibration.measured["ring"].time(1 << 20));
+  EXPECT_EQ(choose_allreduce_algorithm(calibration, 2, 1 << 20, candidates), "direct");
+  // Another world size: neither samples nor lines apply.
+  EXPECT_DOUBLE_EQ(predict_allreduce_seconds(calibration, "ring", 4, 65536),
+                   allreduce_cost("ring", 4, calibration.link).time(65536));
+}
+
 TEST(CostChoice, TiesGoToTheFirstCandidate) {
   const LinkParameters link = default_link_parameters();
   // One rank: everything costs 0.

@@ -221,7 +221,7 @@ std::vector<std::string> split_list(const std::string& text) {
 // Where the workers run: "4 workers (threads), network 10gbe (...)" or "4 workers (MPI ranks)".
 std::string describe_workers(const TrainConfig& config) {
   if (active_mpi_session) {
-    return concat(config.workers, " workers (", active_mpi_session->transport.describe(), ")");
+    return concat(config.workers, " workers as ", active_mpi_session->transport.describe());
   }
   return concat(config.workers, " workers (threads), network ", describe(config.network));
 }

@@ -15,11 +15,18 @@ DirectAllreduce::DirectAllreduce(Transport& transport, std::size_t max_count, co
                                  AllreduceOptions options)
     : transport_(transport), codec_(codec), options_(options), max_count_(max_count) {
   const auto p = static_cast<std::size_t>(transport.size());
-  max_block_bytes_ = codec.encoded_bytes(max_count / p + 1);
+  const std::size_t max_block = max_count / p + 1;
+  segment_elements_ = allreduce_detail::segment_elements_for(options.segment_bytes, max_block);
+  segment_bytes_ = codec.encoded_bytes(segment_elements_);
+  // A block encoded whole (round 1) or segment by segment (round 0), whichever is larger.
+  max_block_bytes_ = std::max(codec.encoded_bytes(max_block),
+                              allreduce_detail::segment_count(max_block, segment_elements_) *
+                                  segment_bytes_);
   if (!codec.is_identity()) outgoing_.resize(p * max_block_bytes_);
-  incoming_.resize(p * max_block_bytes_);
-  receives_.resize(p);
-  sends_.resize(p);
+  incoming_.resize(std::max(p * 2 * segment_bytes_, p * max_block_bytes_));
+  // Round 0: two receive slots per peer and every segment of every peer's block in flight.
+  receives_.resize(2 * p);
+  sends_.resize(p * allreduce_detail::segment_count(max_block, segment_elements_));
 }
 
 void DirectAllreduce::run(std::span<float> data, Tag tag) {
@@ -53,30 +60,62 @@ void DirectAllreduce::run_rounds(std::span<float> data, Tag tag) {
   const std::span<float> own = block(rank);
   const std::size_t own_bytes = codec_.encoded_bytes(own.size());
 
-  // Round 0: every peer's share of our block arrives; our share of theirs leaves.
-  const Tag scatter_tag = step_tag(tag, 0, 0);
+  // Round 0: every peer's share of our block arrives, in segments; our share of theirs leaves.
+  // Segment j of our block uses tag segment j. Each peer's segments land in two alternating slots
+  // of incoming_, so what is added next is still in cache (the slots are reposted as soon as their
+  // segment has been added).
+  const std::size_t segment = segment_elements_;
+  const std::size_t own_segments = allreduce_detail::segment_count(own.size(), segment);
+  auto segment_of = [&](std::span<float> values, std::size_t j) {
+    const std::size_t begin = std::min(values.size(), j * segment);
+    return values.subspan(begin, std::min(segment, values.size() - begin));
+  };
+  auto slot = [&](int peer, std::size_t j, std::size_t bytes) {
+    return std::span<std::byte>(
+        incoming_.data() + (static_cast<std::size_t>(peer) * 2 + j % 2) * segment_bytes_, bytes);
+  };
+  auto post_receive = [&](int peer, std::size_t j) {
+    const std::size_t bytes = codec_.encoded_bytes(segment_of(own, j).size());
+    receives_[2 * peer + j % 2] =
+        transport_.recv(peer, step_tag(tag, 0, j), slot(peer, j, bytes), kOperation);
+  };
   for (int k = 1; k < p; ++k) {
     const int peer = (rank - k + p) % p;
-    receives_[peer] = transport_.recv(peer, scatter_tag, incoming(peer, own_bytes), kOperation);
+    for (std::size_t j = 0; j < std::min<std::size_t>(2, own_segments); ++j) post_receive(peer, j);
   }
+  std::size_t sends = 0;
   for (int k = 1; k < p; ++k) {
     const int peer = (rank + k) % p;
     const std::span<float> theirs = block(peer);
-    const std::size_t bytes = codec_.encoded_bytes(theirs.size());
-    std::span<const std::byte> message = std::as_bytes(theirs);
-    if (!identity) {
-      codec_.encode(theirs, outgoing(peer, bytes));
-      message = outgoing(peer, bytes);
+    const std::size_t segments = allreduce_detail::segment_count(theirs.size(), segment);
+    std::span<std::byte> encoded;
+    if (!identity) encoded = outgoing(peer, codec_.encoded_bytes(theirs.size()));
+    std::size_t offset = 0;
+    for (std::size_t j = 0; j < segments; ++j) {
+      const std::span<float> values = segment_of(theirs, j);
+      std::span<const std::byte> message = std::as_bytes(values);
+      if (!identity) {
+        std::span<std::byte> out = encoded.subspan(offset, codec_.encoded_bytes(values.size()));
+        codec_.encode(values, out);
+        offset += out.size();
+        message = out;
+      }
+      sends_[sends++] = transport_.send(peer, step_tag(tag, 0, j), message, kOperation);
     }
-    sends_[peer] = transport_.send(peer, scatter_tag, message, kOperation);
   }
-  for (int k = 1; k < p; ++k) {  // fixed order: rank-1, rank-2, ...
-    const int peer = (rank - k + p) % p;
-    expect_bytes(kOperation, receives_[peer].wait(timeout), own_bytes, peer, scatter_tag);
-    codec_.decode_add(incoming(peer, own_bytes), own);
+  for (std::size_t j = 0; j < own_segments; ++j) {
+    const std::span<float> values = segment_of(own, j);
+    const std::size_t bytes = codec_.encoded_bytes(values.size());
+    for (int k = 1; k < p; ++k) {  // fixed order: rank-1, rank-2, ...
+      const int peer = (rank - k + p) % p;
+      const Tag message_tag = step_tag(tag, 0, j);
+      expect_bytes(kOperation, receives_[2 * peer + j % 2].wait(timeout), bytes, peer, message_tag);
+      codec_.decode_add(slot(peer, j, bytes), values);
+      if (j + 2 < own_segments) post_receive(peer, j + 2);
+    }
   }
   // Our sends read `data` (identity) or `outgoing_`; both are rewritten below.
-  for (int k = 1; k < p; ++k) sends_[(rank + k) % p].wait(timeout);
+  for (std::size_t i = 0; i < sends; ++i) sends_[i].wait(timeout);
 
   // Round 1: our reduced block goes to every peer; theirs arrive.
   const Tag gather_tag = step_tag(tag, 1, 0);

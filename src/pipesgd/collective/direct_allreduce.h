@@ -5,9 +5,10 @@
 // Message pattern. The vector is cut into p blocks (n / p elements, plus one for block b < n % p;
 // blocks may be empty); rank b owns block b.
 //  * round 0 (reduce-scatter): rank r sends block b, encoded, to every other rank b (in the order
-//    r+1, r+2, ... so that no rank is everybody's first peer) and receives its own block from every
-//    other rank into one buffer per peer; it decode-adds them into its block in the fixed order
-//    r-1, r-2, ..., r+1 (mod p) as they arrive;
+//    r+1, r+2, ... so that no rank is everybody's first peer), cut into segments
+//    (AllreduceOptions::segment_bytes, each encoded on its own), and receives its own block's
+//    segments from every other rank into two alternating cache-sized slots per peer; it decode-adds
+//    segment j of every peer, in the fixed order r-1, r-2, ..., r+1 (mod p), then segment j+1;
 //  * the owner encodes its fully reduced block once and keeps decode(its own encoding);
 //  * round 1 (allgather): the owner sends that encoding to every other rank, which decodes it into
 //    place.
@@ -48,6 +49,8 @@ class DirectAllreduce final : public Allreduce {
   AllreduceOptions options_;
   std::size_t max_count_;
   std::size_t max_block_bytes_;          // encoded size of the largest block
+  std::size_t segment_elements_;         // round 0 cuts blocks into segments of this many
+  std::size_t segment_bytes_;            // encoded size of a full segment
   std::vector<std::byte> outgoing_;      // lossy codecs: block b encoded at b * max_block_bytes_
   std::vector<std::byte> incoming_;      // peer k's message at k * max_block_bytes_
   std::vector<Request> receives_;        // per peer

@@ -663,6 +663,22 @@ double predict_allreduce_seconds(const Calibration& calibration, std::string_vie
   // Validates the algorithm and world size even when a measurement answers.
   const LinearCost model = allreduce_cost(algorithm, world_size, calibration.link);
   if (world_size == calibration.world_size) {
+    // Inside the measured range: interpolate the measured times themselves (linearly in log
+    // bytes and log time), which follows the curve between the sizes where one straight line
+    // a + b*M fitted over four decades is off by tens of percent.
+    const TimingSample* below = nullptr;
+    const TimingSample* above = nullptr;
+    for (const TimingSample& sample : calibration.samples) {
+      if (sample.algorithm != algorithm || sample.world_size != world_size) continue;
+      if (sample.bytes <= bytes && (!below || sample.bytes > below->bytes)) below = &sample;
+      if (sample.bytes >= bytes && (!above || sample.bytes < above->bytes)) above = &sample;
+    }
+    if (below && above && below->seconds > 0 && above->seconds > 0) {
+      if (above->bytes == below->bytes || bytes <= 0) return below->seconds;
+      const double position =
+          std::log(bytes / below->bytes) / std::log(above->bytes / below->bytes);
+      return below->seconds * std::pow(above->seconds / below->seconds, position);
+    }
     const auto measured = calibration.measured.find(std::string(algorithm));
     if (measured != calibration.measured.end()) return measured->second.time(bytes);
   }

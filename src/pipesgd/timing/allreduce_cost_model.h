@@ -166,9 +166,10 @@ Calibration load_calibration(const std::string& path);
 // ---------------------------------------------------------------------------------------------
 // Choosing an algorithm.
 
-// Predicted seconds of `algorithm` for `bytes` on `world_size` ranks: the measured a + b·M if the
-// calibration has one for this algorithm and was made at this world size, else the model of
-// allreduce_cost() with the calibration's link parameters.
+// Predicted seconds of `algorithm` for `bytes` on `world_size` ranks. If the calibration was made
+// at this world size: between two sizes it measured for this algorithm, the measured times
+// interpolated linearly in log(bytes) and log(time) (exact at the measured sizes); outside them, its
+// measured a + b·M; else the model of allreduce_cost() with the calibration's link parameters.
 double predict_allreduce_seconds(const Calibration& calibration, std::string_view algorithm,
                                  int world_size, double bytes);
 

@@ -85,6 +85,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
           {"network", s.network},
           {"codec", s.codec},
           {"allreduce_segments", s.segmenting},
+          {"allreduce", s.allreduce},
           {"staleness_k", s.staleness},
           {"iterations", s.iterations},
           {"measured_iterations", s.measured_iterations},
@@ -132,7 +133,7 @@ void write_run_outputs(const std::string& dir, const RunSummary& summary,
 
 void print_run_report(std::ostream& out, const RunSummary& s) {
   out << "\n" << s.method_spec << ": " << s.model << ", " << s.workers << " workers x batch "
-      << s.batch << ", codec " << s.codec << ", allreduce segments " << s.segmenting << ", network "
+      << s.batch << ", codec " << s.codec << ", allreduce " << s.allreduce << " (segments " << s.segmenting << "), network "
       << s.network << ", " << s.iterations
       << " iterations (means over the last " << s.measured_iterations << ")\n\n";
   std::vector<std::vector<std::string>> rows = {

@@ -236,6 +236,8 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
   summary.network = config.network.name;
   summary.codec = config.method.codec;
   summary.segmenting = describe_segment_bytes(resolve_allreduce_options(config.method).segment_bytes);
+  summary.allreduce = resolve_allreduce_algorithm(
+      config.method, config.workers, static_cast<double>(model.layout().total()) * sizeof(float));
   summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
   summary.iterations = plan.total_iterations;
   summary.measured_iterations = plan.total_iterations - plan.first_measured;

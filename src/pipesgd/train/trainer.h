@@ -55,6 +55,7 @@ struct RunSummary {
   std::string network;
   std::string codec;
   std::string segmenting;  // allreduce message segmenting in effect ("256 KiB", "unsegmented")
+  std::string allreduce;   // the gradient allreduce's algorithm ("auto" resolved)
   int staleness = 0;
   std::int64_t iterations = 0;
   std::int64_t measured_iterations = 0;  // those averaged below (warm-up and start-up excluded)
