@@ -29,8 +29,11 @@ enum class Channel : std::uint8_t {
   kGradients = 0,  // training methods: sequence = iteration (or iteration * buckets + bucket)
   kControl = 1,    // the trainer's epoch-end reductions, barriers and result gathering
   kBenchmark = 2,  // benchmark and calibration barriers and result gathering
+  // The parameter server (ps/parameter_server.h): sequence = a worker's request or pull count,
+  // step = 0 request / 1 pull reply, segment = shard.
+  kParameterServer = 3,
 };
-inline constexpr int kChannelCount = 3;
+inline constexpr int kChannelCount = 4;
 
 constexpr Tag collective_tag(Channel channel, std::uint64_t sequence) {
   return (static_cast<Tag>(channel) << 32) | (sequence & 0xffffffffu);

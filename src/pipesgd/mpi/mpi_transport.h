@@ -7,7 +7,8 @@
 // which fits the MPI_TAG_UB of OpenMPI (2^31 - 1). MPI matches messages of equal (communicator,
 // source, tag) in posting order, so the mapping is exact as long as two collectives of one channel
 // whose sequences differ by a multiple of kMpiSequenceWindow are never in flight at once. Training
-// methods keep at most kMaxStaleness (64) iterations in flight.
+// methods keep at most kMaxStaleness (64) iterations in flight; the parameter server
+// (ps/parameter_server.h) at most three consecutive sequences per worker-server pair.
 //
 // Waiting: MPI has no blocking wait with a timeout, so wait() polls MPI_Test: it spins (yielding the
 // CPU between polls, as OpenMPI does when oversubscribed) for MpiTransportOptions::spin_window, then

@@ -1,0 +1,400 @@
+#include "pipesgd/ps/parameter_server.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "pipesgd/collective/ring_allreduce.h"  // step_tag
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+
+namespace {
+
+// Request header: two uint64 (kind, version) in the first four floats of a request buffer.
+constexpr std::size_t kRequestHeaderFloats = 4;
+// Reply header: one uint64 (version) in the first two floats of a reply buffer.
+constexpr std::size_t kReplyHeaderFloats = 2;
+constexpr int kRequestStep = 0;
+constexpr int kReplyStep = 1;
+
+enum RequestKind : std::uint64_t { kPush = 1, kPull = 2, kClose = 3 };
+
+Tag ps_tag(std::uint64_t sequence, int step, int shard) {
+  return step_tag(collective_tag(Channel::kParameterServer, sequence), step,
+                  static_cast<std::size_t>(shard));
+}
+
+void write_u64(std::vector<float>& buffer, std::size_t index, std::uint64_t value) {
+  std::memcpy(reinterpret_cast<std::byte*>(buffer.data()) + index * sizeof(std::uint64_t), &value,
+              sizeof value);
+}
+
+std::uint64_t read_u64(const std::vector<float>& buffer, std::size_t index) {
+  std::uint64_t value;
+  std::memcpy(&value,
+              reinterpret_cast<const std::byte*>(buffer.data()) + index * sizeof(std::uint64_t),
+              sizeof value);
+  return value;
+}
+
+void check_world(const Transport& transport, const ShardPlan& plan, int workers) {
+  if (workers < 1) throw UsageError(concat("parameter server: need >= 1 worker, got ", workers));
+  if (transport.size() != workers + plan.servers()) {
+    throw UsageError(concat("parameter server: ", workers, " workers and ", plan.servers(),
+                            " servers need ", workers + plan.servers(),
+                            " ranks, the transport has ", transport.size()));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+struct ParameterServerShard::WorkerState {
+  std::vector<float> request;  // header + shard gradients; the one posted receive
+  std::vector<float> reply;    // version + shard weights (a snapshot: the weights move on)
+  Request receive;
+  Request reply_send;
+  bool receiving = false;
+  Clock::time_point posted_at{};
+  Tag receive_tag = 0;
+  std::uint64_t request_sequence = 0;  // next request's sequence
+  std::uint64_t reply_sequence = 0;    // next reply's sequence
+  bool pushed = false;                 // synchronous: holds its push of the current version
+  bool pull_pending = false;
+  std::uint64_t pull_min_version = 0;
+  bool closed = false;
+};
+
+namespace {
+// Checks the world and the rank; returns the server's shard index.
+int server_shard(const Transport& transport, const ShardPlan& plan, int workers) {
+  check_world(transport, plan, workers);
+  const int shard = transport.rank() - workers;
+  if (shard < 0 || shard >= plan.servers()) {
+    throw UsageError(concat("parameter server: rank ", transport.rank(),
+                            " is a worker rank (workers are 0..", workers - 1, ")"));
+  }
+  return shard;
+}
+}  // namespace
+
+ParameterServerShard::ParameterServerShard(Transport& transport, const ShardPlan& plan, int workers,
+                                           std::span<const float> initial_weights, SgdOptions sgd)
+    : transport_(transport),
+      workers_(workers),
+      shard_(server_shard(transport, plan, workers)),
+      plan_shard_(plan.shard(shard_)),
+      sgd_(plan_shard_.count(), sgd) {
+  if (initial_weights.size() != plan.total()) {
+    throw UsageError(concat("parameter server: initial weights have ", initial_weights.size(),
+                            " elements, the layout has ", plan.total()));
+  }
+  const auto first = initial_weights.begin() + static_cast<std::ptrdiff_t>(plan_shard_.begin);
+  weights_.assign(first, first + static_cast<std::ptrdiff_t>(plan_shard_.count()));
+  sum_.assign(plan_shard_.count(), 0.0f);
+  state_.resize(static_cast<std::size_t>(workers));
+  for (WorkerState& w : state_) {
+    w.request.assign(kRequestHeaderFloats + plan_shard_.count(), 0.0f);
+    w.reply.assign(kReplyHeaderFloats + plan_shard_.count(), 0.0f);
+  }
+}
+
+ParameterServerShard::~ParameterServerShard() = default;
+
+void ParameterServerShard::post_receive(int worker) {
+  WorkerState& w = state_[static_cast<std::size_t>(worker)];
+  PIPESGD_ASSERT(!w.receiving);
+  w.receive_tag = ps_tag(w.request_sequence++, kRequestStep, shard_);
+  w.receive = transport_.recv(worker, w.receive_tag, std::as_writable_bytes(std::span(w.request)),
+                              "ps serve");
+  w.receiving = true;
+  w.posted_at = Clock::now();
+}
+
+void ParameterServerShard::send_reply(int worker, Timeout timeout) {
+  WorkerState& w = state_[static_cast<std::size_t>(worker)];
+  // The previous reply's buffer is reused: the worker received it before asking again (a client
+  // has one pull in flight), so this wait returns at once in a correct run.
+  if (w.reply_send.valid()) w.reply_send.wait(timeout);
+  write_u64(w.reply, 0, version_);
+  std::copy(weights_.begin(), weights_.end(), w.reply.begin() + kReplyHeaderFloats);
+  w.reply_send = transport_.send(worker, ps_tag(w.reply_sequence++, kReplyStep, shard_),
+                                 std::as_bytes(std::span(w.reply)), "ps pull reply");
+  w.pull_pending = false;
+}
+
+void ParameterServerShard::answer_pulls(Timeout timeout) {
+  for (int m = 0; m < workers_; ++m) {
+    const WorkerState& w = state_[static_cast<std::size_t>(m)];
+    if (w.pull_pending && version_ >= w.pull_min_version) send_reply(m, timeout);
+  }
+}
+
+void ParameterServerShard::serve(const ServeOptions& options) {
+  const bool synchronous = options.mode == ServerMode::kSynchronous;
+  const std::size_t count = plan_shard_.count();
+  const std::size_t push_bytes = (kRequestHeaderFloats + count) * sizeof(float);
+  const auto where = [&] {
+    return concat("parameter server shard ", shard_, " on rank ", transport_.rank());
+  };
+
+  for (int m = 0; m < workers_; ++m) {
+    WorkerState& w = state_[static_cast<std::size_t>(m)];
+    std::vector<float> request = std::move(w.request), reply = std::move(w.reply);
+    w = WorkerState{};
+    w.request = std::move(request);
+    w.reply = std::move(reply);
+    post_receive(m);
+  }
+  int open = workers_;
+  int pushed = 0;  // synchronous: workers holding a push of the current version
+  int closed = 0;
+  int idle_rounds = 0;
+  while (open > 0) {
+    bool progress = false;
+    for (int m = 0; m < workers_; ++m) {
+      WorkerState& w = state_[static_cast<std::size_t>(m)];
+      if (!w.receiving || !w.receive.test()) continue;
+      const std::size_t bytes = w.receive.wait(options.timeout);  // complete: returns at once
+      w.receiving = false;
+      progress = true;
+      if (bytes < kRequestHeaderFloats * sizeof(float)) {
+        throw CommError(concat(where(), ": request of ", bytes, " bytes from rank ", m, " (",
+                               describe_tag(w.receive_tag), ") is shorter than its header"));
+      }
+      const std::uint64_t kind = read_u64(w.request, 0);
+      const std::uint64_t version = read_u64(w.request, 1);
+      if (kind == kPush) {
+        if (bytes != push_bytes) {
+          throw CommError(concat(where(), ": push of ", bytes, " bytes from rank ", m, " (",
+                                 describe_tag(w.receive_tag), "), expected ", push_bytes));
+        }
+        const std::span<const float> gradients(w.request.data() + kRequestHeaderFloats, count);
+        if (synchronous) {
+          if (version != version_ || closed > 0) {
+            throw CommError(concat(where(), ": synchronous push of version ", version,
+                                   " from rank ", m, " (", describe_tag(w.receive_tag),
+                                   ") but the shard is at version ", version_,
+                                   closed > 0 ? " and a worker has closed" : ""));
+          }
+          w.pushed = true;  // its buffer holds the gradients until the update; no receive reposted
+          if (++pushed == workers_) {
+            // Sum in worker order 0..M-1: the result does not depend on arrival order.
+            const std::vector<float>& first = state_[0].request;
+            std::copy(first.begin() + kRequestHeaderFloats, first.end(), sum_.begin());
+            for (int k = 1; k < workers_; ++k) {
+              const float* g =
+                  state_[static_cast<std::size_t>(k)].request.data() + kRequestHeaderFloats;
+              for (std::size_t i = 0; i < count; ++i) sum_[i] += g[i];
+            }
+            sgd_.step(weights_, sum_, 1.0f / static_cast<float>(workers_));
+            ++version_;
+            pushed = 0;
+            for (int k = 0; k < workers_; ++k) {
+              state_[static_cast<std::size_t>(k)].pushed = false;
+              post_receive(k);
+            }
+            answer_pulls(options.timeout);
+          }
+        } else {
+          if (version > version_) {
+            throw CommError(concat(where(), ": push of version ", version, " from rank ", m, " (",
+                                   describe_tag(w.receive_tag),
+                                   ") is ahead of the shard's version ", version_));
+          }
+          sgd_.step(weights_, gradients, options.async_scale);
+          ++version_;
+          post_receive(m);
+          answer_pulls(options.timeout);
+        }
+      } else if (kind == kPull) {
+        if (w.pull_pending) {
+          throw CommError(concat(where(), ": second pull from rank ", m, " (",
+                                 describe_tag(w.receive_tag), ") while one is pending"));
+        }
+        w.pull_pending = true;
+        w.pull_min_version = version;
+        post_receive(m);
+        if (version_ >= version) send_reply(m, options.timeout);
+      } else if (kind == kClose) {
+        if (synchronous && pushed > 0) {
+          throw CommError(concat(where(), ": rank ", m, " closed (", describe_tag(w.receive_tag),
+                                 ") while other workers pushed version ", version_));
+        }
+        if (w.pull_pending) {
+          throw CommError(concat(where(), ": rank ", m, " closed (", describe_tag(w.receive_tag),
+                                 ") with a pull of version ", w.pull_min_version, " unanswered"));
+        }
+        w.closed = true;
+        ++closed;
+        --open;
+      } else {
+        throw CommError(concat(where(), ": request of unknown kind ", kind, " from rank ", m, " (",
+                               describe_tag(w.receive_tag), ")"));
+      }
+    }
+    if (progress) {
+      idle_rounds = 0;
+      continue;
+    }
+    const auto now = Clock::now();
+    for (int m = 0; m < workers_; ++m) {
+      const WorkerState& w = state_[static_cast<std::size_t>(m)];
+      if (w.receiving && now - w.posted_at > options.timeout) {
+        const std::string waiting = synchronous
+                                        ? concat("waiting for the push of version ", version_)
+                                        : std::string("waiting for a push, pull or close");
+        throw CommTimeoutError(concat("ps serve: recv from rank ", m, " (",
+                                      describe_tag(w.receive_tag), ") on rank ", transport_.rank(),
+                                      " timed out after ", Seconds(options.timeout).count(), " s (",
+                                      where(), ", ", waiting, ")"));
+      }
+    }
+    // Poll without burning a core: yield a few times, then sleep briefly.
+    if (++idle_rounds < 16) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  for (WorkerState& w : state_) {
+    if (w.reply_send.valid()) w.reply_send.wait(options.timeout);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+std::uint64_t PushHandle::wait(Timeout timeout) {
+  client_->wait_push(sequence_, timeout);
+  return version_;
+}
+
+std::uint64_t PullHandle::wait(Timeout timeout) { return client_->wait_pull(sequence_, timeout); }
+
+ParameterClient::ParameterClient(Transport& transport, const ShardPlan& plan, int workers,
+                                 Timeout timeout)
+    : transport_(transport), plan_(plan), workers_(workers), timeout_(timeout) {
+  check_world(transport, plan, workers);
+  if (transport.rank() >= workers) {
+    throw UsageError(concat("parameter client: rank ", transport.rank(),
+                            " is a server rank (workers are 0..", workers - 1, ")"));
+  }
+  const auto servers = static_cast<std::size_t>(plan.servers());
+  push_buffers_.resize(servers);
+  reply_buffers_.resize(servers);
+  for (std::size_t s = 0; s < servers; ++s) {
+    push_buffers_[s].assign(kRequestHeaderFloats + plan.shards()[s].count(), 0.0f);
+    write_u64(push_buffers_[s], 0, kPush);
+    reply_buffers_[s].assign(kReplyHeaderFloats + plan.shards()[s].count(), 0.0f);
+  }
+  pull_header_.assign(kRequestHeaderFloats, 0.0f);
+  write_u64(pull_header_, 0, kPull);
+  close_header_.assign(kRequestHeaderFloats, 0.0f);
+  write_u64(close_header_, 0, kClose);
+  push_requests_.resize(servers);
+  pull_requests_.resize(servers);
+  reply_requests_.resize(servers);
+}
+
+PushHandle ParameterClient::push(std::span<const float> gradients, std::uint64_t version) {
+  if (closed_) throw UsageError("parameter client: push after close()");
+  if (gradients.size() != plan_.total()) {
+    throw UsageError(concat("parameter client: push of ", gradients.size(),
+                            " gradients, the layout has ", plan_.total()));
+  }
+  if (push_done_ < push_count_) wait_push(push_count_ - 1, timeout_);  // frees the buffers
+  for (int s = 0; s < plan_.servers(); ++s) {
+    const Shard& shard = plan_.shard(s);
+    std::vector<float>& buffer = push_buffers_[static_cast<std::size_t>(s)];
+    write_u64(buffer, 1, version);
+    std::copy(gradients.begin() + static_cast<std::ptrdiff_t>(shard.begin),
+              gradients.begin() + static_cast<std::ptrdiff_t>(shard.end),
+              buffer.begin() + kRequestHeaderFloats);
+    push_requests_[static_cast<std::size_t>(s)] =
+        transport_.send(workers_ + s, request_tag(s), std::as_bytes(std::span(buffer)), "ps push");
+  }
+  ++request_sequence_;
+  return PushHandle(this, push_count_++, version);
+}
+
+PullHandle ParameterClient::pull(std::span<float> weights, std::uint64_t min_version) {
+  if (closed_) throw UsageError("parameter client: pull after close()");
+  if (weights.size() != plan_.total()) {
+    throw UsageError(concat("parameter client: pull into ", weights.size(),
+                            " weights, the layout has ", plan_.total()));
+  }
+  if (pull_done_ < pull_count_) wait_pull(pull_count_ - 1, timeout_);
+  write_u64(pull_header_, 1, min_version);
+  for (int s = 0; s < plan_.servers(); ++s) {
+    const auto index = static_cast<std::size_t>(s);
+    // The reply's receive first, so the server's reply never waits for it.
+    reply_requests_[index] =
+        transport_.recv(workers_ + s, ps_tag(pull_count_, kReplyStep, s),
+                        std::as_writable_bytes(std::span(reply_buffers_[index])), "ps pull reply");
+    pull_requests_[index] = transport_.send(workers_ + s, request_tag(s),
+                                            std::as_bytes(std::span(pull_header_)), "ps pull");
+  }
+  ++request_sequence_;
+  pull_target_ = weights;
+  return PullHandle(this, pull_count_++);
+}
+
+void ParameterClient::wait_push(std::uint64_t sequence, Timeout timeout) {
+  if (sequence < push_done_) return;
+  PIPESGD_ASSERT(sequence == push_done_ && sequence < push_count_);
+  for (Request& request : push_requests_) {
+    if (request.valid()) request.wait(timeout);
+  }
+  ++push_done_;
+}
+
+std::uint64_t ParameterClient::wait_pull(std::uint64_t sequence, Timeout timeout) {
+  if (sequence < pull_done_) {
+    if (sequence + 1 == pull_done_) return pull_version_;
+    throw UsageError("parameter client: waiting a pull handle after a later pull completed");
+  }
+  PIPESGD_ASSERT(sequence == pull_done_ && sequence < pull_count_);
+  std::uint64_t version = ~std::uint64_t{0};
+  for (int s = 0; s < plan_.servers(); ++s) {
+    const auto index = static_cast<std::size_t>(s);
+    const Shard& shard = plan_.shard(s);
+    if (pull_requests_[index].valid()) pull_requests_[index].wait(timeout);
+    const std::size_t bytes = reply_requests_[index].wait(timeout);
+    const std::vector<float>& reply = reply_buffers_[index];
+    if (bytes != reply.size() * sizeof(float)) {
+      throw CommError(concat("ps pull reply from rank ", workers_ + s, " on rank ",
+                             transport_.rank(), ": ", bytes, " bytes, expected ",
+                             reply.size() * sizeof(float)));
+    }
+    version = std::min(version, read_u64(reply, 0));
+    std::copy(reply.begin() + kReplyHeaderFloats, reply.end(),
+              pull_target_.begin() + static_cast<std::ptrdiff_t>(shard.begin));
+  }
+  ++pull_done_;
+  pull_version_ = version;
+  return version;
+}
+
+void ParameterClient::close() {
+  if (closed_) return;
+  if (push_done_ < push_count_) wait_push(push_count_ - 1, timeout_);
+  if (pull_done_ < pull_count_) wait_pull(pull_count_ - 1, timeout_);
+  for (int s = 0; s < plan_.servers(); ++s) {
+    push_requests_[static_cast<std::size_t>(s)] = transport_.send(
+        workers_ + s, request_tag(s), std::as_bytes(std::span(close_header_)), "ps close");
+  }
+  ++request_sequence_;
+  for (Request& request : push_requests_) request.wait(timeout_);
+  closed_ = true;
+}
+
+Tag ParameterClient::request_tag(int shard) const {
+  return ps_tag(request_sequence_, kRequestStep, shard);
+}
+
+}  // namespace pipesgd

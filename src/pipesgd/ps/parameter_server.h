@@ -1,0 +1,180 @@
+#pragma once
+// The sharded parameter server's core, over the Transport interface (no training method yet).
+//
+// Ranks: one Transport holds M workers and S servers. Workers are ranks 0..M-1, servers are ranks
+// M..M+S-1; server rank M + s owns shard s of a ShardPlan (ps/shard_plan.h) and runs one
+// ParameterServerShard. Every worker rank runs one ParameterClient, which talks to all S servers.
+//
+// Protocol (all messages on Channel::kParameterServer, one message per shard):
+//   worker -> server, step 0 (request), sequence = the worker's request count (push, pull and
+//     close requests share one sequence, so a server handles each worker's requests in order),
+//     segment = shard. Payload: a 16-byte header (uint64 kind: push, pull or close; uint64 version)
+//     then, for a push, the shard's fp32 gradients.
+//   server -> worker, step 1 (pull reply), sequence = the worker's pull count, segment = shard.
+//     Payload: the 8-byte version of the weights, then the shard's fp32 weights.
+// A server keeps exactly one receive posted per worker (there is no any-source receive) and polls
+// them with Request::test(). A client keeps at most one push and one pull in flight, so at most
+// three requests of a worker are ever in flight and no two messages of one (worker, server) pair
+// whose sequences differ by a multiple of kMpiSequenceWindow (128) coexist.
+//
+// Versions: a shard's version counts its updates (0 = the initial weights). Synchronous mode: the
+// gradients pushed by the M workers with version t are summed in worker order 0..M-1
+// (deterministic) and applied as one SGD step with gradient scale 1/M; the version becomes t + 1. A
+// push whose version is not the shard's current version is a protocol error (CommError).
+// Asynchronous mode: every push is applied as it arrives with gradient scale `async_scale`, version
+// += 1; the push's version (the weights the gradient was computed on) must not exceed the shard's
+// version. A pull carries a minimum version: the server answers it once its version reaches it (0 =
+// answer with the latest weights at once) and the reply carries the version of the weights sent.
+//
+// Failures: the serve loop polls with Request::test(), which does not report a failed peer, so a
+// server notices a failed worker by the timeout of its posted receive (clients, which wait, notice
+// a failed server at once through the transport).
+//
+// Buffers: every message buffer is allocated at construction; push, pull and the serve loop do not
+// allocate (the transport itself may).
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pipesgd/comm/transport.h"
+#include "pipesgd/optim/sgd.h"
+#include "pipesgd/ps/shard_plan.h"
+
+namespace pipesgd {
+
+enum class ServerMode { kSynchronous, kAsynchronous };
+
+struct ServeOptions {
+  ServerMode mode = ServerMode::kSynchronous;
+  // Asynchronous mode: the gradient scale of each push (e.g. 1, or 1/M).
+  float async_scale = 1.0f;
+  // Every wait on a worker (a posted receive, a reply send) fails with CommTimeoutError after this.
+  Timeout timeout{60000};
+};
+
+// One shard of the parameters, served on a server rank. Thread contract: constructed and served by
+// one thread of the server rank; weights()/version() may be read by that thread after serve()
+// returns.
+class ParameterServerShard {
+ public:
+  // `initial_weights` is the full flat vector (plan.total() elements); the shard copies its range.
+  // The shard index is transport.rank() - workers. Throws UsageError if the transport's size is not
+  // workers + plan.servers(), the rank is not a server rank, or the weights' size is wrong.
+  ParameterServerShard(Transport& transport, const ShardPlan& plan, int workers,
+                       std::span<const float> initial_weights, SgdOptions sgd);
+
+  // Serves the workers until every one of them has closed (ParameterClient::close()). Throws
+  // CommTimeoutError (naming the operation, the worker's rank and the tag) if a worker's message
+  // does not arrive within options.timeout, CommError on a protocol violation (e.g. a synchronous
+  // push of the wrong version), and whatever the transport throws.
+  void serve(const ServeOptions& options);
+  ~ParameterServerShard();
+
+  int shard_index() const { return shard_; }
+  const Shard& shard() const { return plan_shard_; }
+  std::span<const float> weights() const { return weights_; }
+  std::uint64_t version() const { return version_; }
+
+ private:
+  struct WorkerState;
+  void post_receive(int worker);
+  void send_reply(int worker, Timeout timeout);
+  void answer_pulls(Timeout timeout);
+
+  Transport& transport_;
+  int workers_;
+  int shard_;
+  Shard plan_shard_;
+  std::vector<float> weights_;
+  std::vector<float> sum_;  // synchronous mode: the summed gradients
+  Sgd sgd_;
+  std::uint64_t version_ = 0;
+  std::vector<WorkerState> state_;
+};
+
+class ParameterClient;
+
+// A push in flight. wait() returns the version that was pushed once every shard has received it.
+// Cheap to copy; valid until the client's next push() (which completes it first) or destruction.
+class PushHandle {
+ public:
+  std::uint64_t wait(Timeout timeout);
+
+ private:
+  friend class ParameterClient;
+  PushHandle(ParameterClient* client, std::uint64_t sequence, std::uint64_t version)
+      : client_(client), sequence_(sequence), version_(version) {}
+  ParameterClient* client_;
+  std::uint64_t sequence_;
+  std::uint64_t version_;
+};
+
+// A pull in flight (valid until the client's next pull(), which completes it first; waiting it
+// again after that returns its version only while no later pull has completed, else UsageError).
+// wait() copies every shard's weights into the span given to pull() and returns the
+// smallest version among the shards (all shards report the same version in synchronous mode, and
+// whenever the pull asked for a minimum version every shard has reached).
+class PullHandle {
+ public:
+  std::uint64_t wait(Timeout timeout);
+
+ private:
+  friend class ParameterClient;
+  PullHandle(ParameterClient* client, std::uint64_t sequence)
+      : client_(client), sequence_(sequence) {}
+  ParameterClient* client_;
+  std::uint64_t sequence_;
+};
+
+// A worker's endpoint to the servers. Thread contract: not thread-safe; one thread of the worker
+// rank (e.g. its comm thread) calls push/pull/close and waits the handles. At most one push and one
+// pull are in flight: push() and pull() first complete the previous push / pull (waiting up to the
+// client's timeout). The gradients are copied at push(); the weights span of a pull must stay valid
+// until its handle's wait() returned.
+class ParameterClient {
+ public:
+  // Throws UsageError if the transport's size is not workers + plan.servers() or the rank is not a
+  // worker rank. `timeout` bounds the implicit waits of push/pull/close. `plan` must outlive the
+  // client.
+  ParameterClient(Transport& transport, const ShardPlan& plan, int workers,
+                  Timeout timeout = Timeout{60000});
+  ParameterClient(const ParameterClient&) = delete;
+  ParameterClient& operator=(const ParameterClient&) = delete;
+
+  // Sends gradients (plan.total() elements) computed on weights of `version`, one message per
+  // shard.
+  PushHandle push(std::span<const float> gradients, std::uint64_t version);
+  // Asks every shard for its weights once it reached `min_version` (0: the latest at once).
+  PullHandle pull(std::span<float> weights, std::uint64_t min_version = 0);
+  // Completes any push/pull in flight, then tells every server this worker is done. Call once,
+  // after the last pull; a server's serve() returns once all workers closed.
+  void close();
+
+ private:
+  friend class PushHandle;
+  friend class PullHandle;
+  void wait_push(std::uint64_t sequence, Timeout timeout);
+  std::uint64_t wait_pull(std::uint64_t sequence, Timeout timeout);
+  Tag request_tag(int shard) const;
+
+  Transport& transport_;
+  const ShardPlan& plan_;
+  int workers_;
+  Timeout timeout_;
+  bool closed_ = false;
+  std::uint64_t request_sequence_ = 0;
+  // Buffers first: destroyed after the requests that may point into them.
+  std::vector<std::vector<float>> push_buffers_;   // per shard: header + gradients
+  std::vector<std::vector<float>> reply_buffers_;  // per shard: version + weights
+  std::vector<float> pull_header_;                 // the pull request (same for every shard)
+  std::vector<float> close_header_;                // the close request
+  std::span<float> pull_target_;
+  std::uint64_t push_count_ = 0, pull_count_ = 0;  // handles issued
+  std::uint64_t push_done_ = 0, pull_done_ = 0;    // handles completed
+  std::uint64_t pull_version_ = 0;                 // of the last completed pull
+  std::vector<Request> push_requests_;             // per shard
+  std::vector<Request> pull_requests_;             // per shard: the pull request send
+  std::vector<Request> reply_requests_;            // per shard: the reply receive
+};
+
+}  // namespace pipesgd
