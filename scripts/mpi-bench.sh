@@ -10,10 +10,10 @@ out=out/mpi-bench
 mkdir -p "$out"
 for ranks in 2 4; do
   echo "== $ranks ranks: calibrate" >&2
-  mpirun -np "$ranks" --oversubscribe build/pipesgd calibrate --transport mpi \
+  mpirun -np "$ranks" --oversubscribe build/pipesgd calibrate --transport mpi --repeats "${CALIBRATE_REPEATS:-21}" \
     --out "$out/calibration-$ranks.json" | tee "$out/calibrate-$ranks.txt"
   echo "== $ranks ranks: bench allreduce" >&2
   mpirun -np "$ranks" --oversubscribe build/pipesgd bench allreduce --transport mpi --codecs none \
-    --repeats "${REPEATS:-15}" --calibration "$out/calibration-$ranks.json" --out "$out/bench-$ranks" \
+    --repeats "${REPEATS:-41}" --calibration "$out/calibration-$ranks.json" --out "$out/bench-$ranks" \
     | tee "$out/bench-$ranks.txt"
 done
