@@ -102,8 +102,8 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "mpirun -np N)")
       ->capture_default_str();
   command.add_option("--allreduce", flags.allreduce,
-                     "Allreduce algorithm: ring, recursive-doubling, halving-doubling, tree, or auto "
-                     "(least predicted time from --calibration, else the default model)")
+                     "Allreduce algorithm: ring, recursive-doubling, halving-doubling, tree, direct, or "
+                     "auto (least predicted time from --calibration, else the default model)")
       ->capture_default_str();
   command.add_option("--calibration", flags.calibration_file,
                      "Calibration JSON written by `pipesgd calibrate` (the cost model of --allreduce auto)");
@@ -311,7 +311,7 @@ void add_bench_flags(CLI::App& command, BenchFlags& flags, bool calibrate) {
       ->capture_default_str();
   command.add_option("--algos", flags.algorithms,
                      "Comma-separated algorithms: ring, recursive-doubling, halving-doubling, tree, "
-                     "or all")
+                     "direct, or all")
       ->capture_default_str();
   if (!calibrate) {
     command.add_option("--codecs", flags.codecs, "Comma-separated codecs")->capture_default_str();
