@@ -162,6 +162,14 @@ row compare-empty-entry     2 "empty entry"               compare --algos dsync,
 row compare-empty-list      2 "empty"                     compare --algos "" "${Q[@]}"
 row compare-unknown-algo    2 "'pipes'"                   compare --algos dsync,pipes "${Q[@]}"
 row bench-no-subcommand     2 "subcommand"                bench
+row servers-with-dsync      2 "--servers applies only to the parameter-server methods pssync and asgd, not 'dsync'" \
+  train --servers 2 --algo dsync "${Q[@]}"
+row servers-with-pipe       2 "--servers applies only" train --servers 1 --algo pipe "${Q[@]}"
+row servers-negative        2 "--servers must be in"      train --algo pssync --servers -1 "${Q[@]}"
+# The mlp has 3 parameter segments (one per layer): a 4th server would own nothing (ShardPlan).
+row servers-too-many        2 "--servers 4 exceeds the model's 3 parameter segments" \
+  train --algo pssync --servers 4 "${Q[@]}"
+row servers-codec           2 "applies only to dsync and pipe" train --algo asgd+int8 "${Q[@]}"
 # parse_sizes accepts any multiple of 4 bytes (3K = 3072 is valid), so the odd size is 6 bytes.
 row bench-size-not-multiple-of-4 2 "multiple of 4"        bench allreduce --sizes 6
 row bench-size-unit         2 "'4X'"                      bench allreduce --sizes 4X
@@ -216,7 +224,7 @@ run train --help >"$TMP/train-help.out" 2>"$TMP/train-help.err"
 rc=$?
 TRAIN_FLAGS=(--algo --workers --model --data --data-dir --epochs --iters --seed --lr --momentum
              --weight-decay --batch --staleness-k --warmup-epochs --warmup-iters --codec --net
-             --comm-timeout --out --quiet --no-eval)
+             --comm-timeout --out --quiet --no-eval --servers)
 missing=()
 for flag in "${TRAIN_FLAGS[@]}"; do
   grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/train-help.out" || missing+=("$flag")
@@ -342,6 +350,19 @@ missing = [m for m in ["dsync", "pipe", "pipe+bf16"] if m not in found]
 assert not missing, f"no summary.json for {missing} (found {sorted(found)})"
 EOF
 expect_contains "compare/table" "$R/compare.out" dsync pipe pipe+bf16 "samples/s" speedup
+
+# 3d. The parameter-server methods (server threads after the workers).
+run train --algo pssync --data synthetic --iters 5 --workers 2 --servers 1 --quiet \
+  >"$R/pssync.out" 2>"$R/pssync.err"
+rc=$?
+expect_success "train/pssync-exit-0" $rc "$R/pssync.out" "$R/pssync.err"
+expect_contains "train/pssync-report-says-servers" "$R/pssync.out" "2 workers + 1 server" \
+  "none (parameter server)"
+run compare --algos dsync,pssync,asgd --iters 5 --data synthetic --workers 3 --servers 2 --quiet \
+  --no-eval >"$R/ps-compare.out" 2>"$R/ps-compare.err"
+rc=$?
+expect_success "compare/ps-methods-exit-0" $rc "$R/ps-compare.out" "$R/ps-compare.err"
+expect_contains "compare/ps-methods-table" "$R/ps-compare.out" pssync asgd "samples/s"
 
 # 3d. Emulated networks: the runs work and the link is taken into account.
 net_run() {  # NAME SPEC DESCRIPTION

@@ -2,12 +2,13 @@
 
 #include "pipesgd/algo/dsync.h"
 #include "pipesgd/algo/pipe_sgd.h"
+#include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
 
-std::vector<std::string> method_names() { return {"dsync", "pipe"}; }
+std::vector<std::string> method_names() { return {"dsync", "pipe", "pssync", "asgd"}; }
 
 std::string resolve_allreduce_algorithm(const MethodConfig& config, int world_size, double bytes) {
   if (config.allreduce_algorithm != "auto") return config.allreduce_algorithm;
@@ -29,7 +30,10 @@ std::unique_ptr<TrainingMethod> make_training_method(const MethodConfig& config,
                                                      Transport& transport) {
   if (config.name == "dsync") return std::make_unique<DSync>(config, model, transport);
   if (config.name == "pipe") return std::make_unique<PipeSgd>(config, model, transport);
-  throw UsageError(concat("unknown algorithm '", config.name, "' (expected dsync, pipe)"));
+  if (method_uses_servers(config.name)) {
+    return std::make_unique<ParameterServerMethod>(config, model, transport);
+  }
+  throw UsageError(concat("unknown algorithm '", config.name, "' (expected dsync, pipe, pssync, asgd)"));
 }
 
 }  // namespace pipesgd

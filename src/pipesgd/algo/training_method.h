@@ -50,7 +50,10 @@ struct IterationTimes {
 };
 
 struct MethodConfig {
-  std::string name = "dsync";   // "dsync" | "pipe"
+  std::string name = "dsync";   // "dsync" | "pipe" | "pssync" | "asgd"
+  // Parameter-server methods (algo/ps_methods.h): the number S of server ranks, the last S ranks of
+  // the method's transport. 0 for the other methods.
+  int servers = 0;
   std::string codec = "none";
   int staleness = 2;            // K, pipe only
   std::int64_t warmup_iterations = 0;  // pipe only: iterations run as D-Sync first
@@ -104,7 +107,8 @@ class TrainingMethod {
 std::vector<std::string> method_names();
 
 // Builds a method for one worker. `model` and `transport` must outlive it. Throws UsageError for an
-// unknown method or codec, or K < 1.
+// unknown method or codec, or K < 1. For the parameter-server methods `transport` is the run's full
+// transport (workers and servers); for the others it holds exactly the workers.
 std::unique_ptr<TrainingMethod> make_training_method(const MethodConfig& config, Model& model,
                                                      Transport& transport);
 

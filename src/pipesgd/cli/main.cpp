@@ -9,6 +9,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/timeout.h"
@@ -65,6 +66,7 @@ int resolve_workers(int workers, bool workers_given, MpiSession* session) {
 // Flags shared by `train` and `compare`, as typed, before validation.
 struct TrainFlags {
   int workers = 4;
+  int servers = 0;
   std::string model = "mlp";
   std::string data = "fashion-mnist";
   std::string data_dir;
@@ -96,6 +98,10 @@ struct TrainFlags {
 void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--workers", flags.workers,
                      "Workers: threads of this process (--transport local); under mpi the ranks")
+      ->capture_default_str();
+  command.add_option("--servers", flags.servers,
+                     "Parameter-server ranks of pssync and asgd (threads after the workers; 0 = 1 for "
+                     "those methods; rejected by the others)")
       ->capture_default_str();
   command.add_option("--transport", flags.transport,
                      "local (workers are threads of this process) or mpi (one worker per rank of "
@@ -153,7 +159,9 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_flag("--no-eval", flags.no_eval, "Skip the test-set evaluation after each epoch");
 }
 
-TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec) {
+// `compare`: --servers applies to the parameter-server methods of the list only (`train` rejects it
+// for the others).
+TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec, bool compare = false) {
   TrainConfig config;
   config.method.codec = flags.codec;
   make_codec(flags.codec);  // validate --codec even when the method spec overrides it
@@ -176,6 +184,11 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec) {
         std::make_shared<const Calibration>(load_calibration(flags.calibration_file));
   }
   config.workers = resolve_workers(flags.workers, flags.workers_given, active_mpi_session);
+  config.servers = compare && !method_uses_servers(config.method.name) ? 0 : flags.servers;
+  if (active_mpi_session && method_uses_servers(config.method.name)) {
+    throw UsageError(concat("method '", config.method.name,
+                            "' (parameter servers) with --transport mpi is not yet supported; use the local transport"));
+  }
   config.model = flags.model;
   config.batch = static_cast<std::size_t>(flags.batch);
   config.epochs = flags.epochs;
@@ -223,7 +236,10 @@ std::string describe_workers(const TrainConfig& config) {
   if (active_mpi_session) {
     return concat(config.workers, " workers as ", active_mpi_session->transport.describe());
   }
-  return concat(config.workers, " workers (threads), network ", describe(config.network));
+  const int servers = resolved_servers(config);
+  return concat(config.workers, " workers",
+                servers > 0 ? concat(" + ", servers, servers == 1 ? " server" : " servers") : std::string(),
+                " (threads), network ", describe(config.network));
 }
 
 // Trains over the transport in use: threads over a LocalFabric, or this process's MPI rank.
@@ -258,12 +274,17 @@ int run_train(TrainFlags flags, const std::string& method_spec) {
 int run_compare(const TrainFlags& flags, const std::string& algorithms) {
   const std::vector<std::string> specs = split_list(algorithms);
   std::vector<TrainConfig> configs;
-  for (const std::string& spec : specs) configs.push_back(to_config(flags, spec));  // validate all first
+  for (const std::string& spec : specs) configs.push_back(to_config(flags, spec, true));  // validate all first
   ModelFactory factory = torch_model_factory(flags.model);
   const DataSplits data = load_data(flags);
   if (prints_results()) {
+    // The header names the servers if any method of the list has them (the others run without).
+    const TrainConfig* widest = &configs[0];
+    for (const TrainConfig& config : configs) {
+      if (resolved_servers(config) > resolved_servers(*widest)) widest = &config;
+    }
     std::cout << "pipesgd compare: " << algorithms << " on " << flags.model << " (" << data.train.name
-              << "), " << describe_workers(configs[0]) << std::endl;
+              << "), " << describe_workers(*widest) << std::endl;
   }
   std::vector<RunSummary> summaries;
   for (std::size_t i = 0; i < configs.size(); ++i) {
@@ -571,7 +592,8 @@ int main(int argc, char** argv) {
   std::string train_method = "dsync";
   CLI::App* train = app.add_subcommand("train", "Train one method and report the timing breakdown");
   train->add_option("--algo", train_method,
-                    "Method: dsync | pipe, optionally +codec (e.g. pipe+int8)")
+                    "Method: dsync | pipe (optionally +codec, e.g. pipe+int8) | pssync | asgd (parameter "
+                    "server, see --servers)")
       ->capture_default_str();
   add_train_flags(*train, train_flags);
 
@@ -579,7 +601,8 @@ int main(int argc, char** argv) {
   std::string compare_methods = "dsync,pipe,pipe+int8";
   CLI::App* compare = app.add_subcommand("compare", "Train several methods one after another; one table");
   compare->add_option("--algos", compare_methods,
-                      "Comma-separated methods, each name[+codec], e.g. dsync,pipe,pipe+int8")
+                      "Comma-separated methods, each name[+codec] (dsync, pipe, pssync, asgd), e.g. "
+                      "dsync,pipe,pipe+int8,pssync")
       ->capture_default_str();
   add_train_flags(*compare, compare_flags);
 

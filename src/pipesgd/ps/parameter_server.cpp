@@ -241,6 +241,9 @@ void ParameterServerShard::serve(const ServeOptions& options) {
       idle_rounds = 0;
       continue;
     }
+    if (options.stop != nullptr && options.stop->load(std::memory_order_acquire)) {
+      throw PeerFailedError(concat(where(), ": stopped because a worker of the run failed"));
+    }
     const auto now = Clock::now();
     for (int m = 0; m < workers_; ++m) {
       const WorkerState& w = state_[static_cast<std::size_t>(m)];

@@ -32,6 +32,7 @@
 //
 // Buffers: every message buffer is allocated at construction; push, pull and the serve loop do not
 // allocate (the transport itself may).
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -50,6 +51,10 @@ struct ServeOptions {
   float async_scale = 1.0f;
   // Every wait on a worker (a posted receive, a reply send) fails with CommTimeoutError after this.
   Timeout timeout{60000};
+  // If set, serve() throws PeerFailedError once *stop is true (checked while idle): lets the owner
+  // of a local run stop its servers at once when a worker failed, instead of after `timeout`.
+  // Written by any thread, read by the serving thread.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // One shard of the parameters, served on a server rank. Thread contract: constructed and served by

@@ -81,6 +81,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
   return {{"method", s.method_spec},
           {"model", s.model},
           {"workers", s.workers},
+          {"servers", s.servers},
           {"batch_per_worker", s.batch},
           {"network", s.network},
           {"codec", s.codec},
@@ -132,8 +133,9 @@ void write_run_outputs(const std::string& dir, const RunSummary& summary,
 }
 
 void print_run_report(std::ostream& out, const RunSummary& s) {
-  out << "\n" << s.method_spec << ": " << s.model << ", " << s.workers << " workers x batch "
-      << s.batch << ", codec " << s.codec << ", allreduce " << s.allreduce << " (segments " << s.segmenting << "), network "
+  out << "\n" << s.method_spec << ": " << s.model << ", " << s.workers << " workers";
+  if (s.servers > 0) out << " + " << s.servers << (s.servers == 1 ? " server" : " servers");
+  out << " x batch " << s.batch << ", codec " << s.codec << ", allreduce " << s.allreduce << " (segments " << s.segmenting << "), network "
       << s.network << ", " << s.iterations
       << " iterations (means over the last " << s.measured_iterations << ")\n\n";
   std::vector<std::vector<std::string>> rows = {

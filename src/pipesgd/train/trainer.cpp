@@ -1,15 +1,20 @@
 #include "pipesgd/train/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
+#include <memory>
 #include <thread>
 
+#include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
+#include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
 #include "pipesgd/data/sampler.h"
+#include "pipesgd/ps/parameter_server.h"
 #include "pipesgd/train/progress.h"
 #include "pipesgd/train/report.h"
 
@@ -72,7 +77,7 @@ struct SharedRunState {
   std::vector<std::vector<IterationTimes>> times;  // [rank][iteration]
   std::vector<std::uint64_t> bytes_sent;           // per rank
   std::vector<EpochRecord> epochs;                 // written by rank 0
-  std::vector<std::exception_ptr> failures;        // per rank
+  std::vector<std::exception_ptr> failures;        // per rank (workers, then servers)
   std::vector<std::vector<float>> final_parameters;
   double train_seconds = 0;                        // rank 0
 };
@@ -81,11 +86,12 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
                   Transport& transport, const DataSplits& data, TrainingMethod& method,
                   SharedRunState& shared);
 
-// Runs one worker.
+// Runs one worker. `transport` is the run's full transport (servers included, if any).
 void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
                 Transport& transport, const DataSplits& data, SharedRunState& shared) {
   MethodConfig method_config = config.method;
   method_config.warmup_iterations = plan.warmup_iterations;
+  method_config.servers = resolved_servers(config);
   auto method = make_training_method(method_config, model, transport);
   // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU:
   // communication threads (created above) must not queue behind compute (core/thread_priority.h).
@@ -107,7 +113,9 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
   ShardedSampler sampler(data.train.size, config.workers, rank, config.batch, config.seed);
   BatchAssembler assembler(data.train, config.batch);
   auto control_codec = make_codec("none");
-  RingAllreduce control(transport, 2, *control_codec, config.method.allreduce);
+  // The control reductions involve the workers only (ranks 0..M-1), never the server ranks.
+  RankSubsetTransport worker_ranks(transport, config.workers);
+  RingAllreduce control(worker_ranks, 2, *control_codec, config.method.allreduce);
   const bool leader = rank == 0;
   ProgressReporter progress(leader && config.progress, config.method_spec);
   std::vector<IterationTimes>& times = shared.times[rank];
@@ -232,12 +240,16 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
   summary.method_spec = config.method_spec;
   summary.model = config.model;
   summary.workers = config.workers;
+  summary.servers = resolved_servers(config);
   summary.batch = config.batch;
   summary.network = config.network.name;
   summary.codec = config.method.codec;
   summary.segmenting = describe_segment_bytes(resolve_allreduce_options(config.method).segment_bytes);
-  summary.allreduce = resolve_allreduce_algorithm(
-      config.method, config.workers, static_cast<double>(model.layout().total()) * sizeof(float));
+  summary.allreduce =
+      summary.servers > 0
+          ? std::string("none (parameter server)")
+          : resolve_allreduce_algorithm(config.method, config.workers,
+                                        static_cast<double>(model.layout().total()) * sizeof(float));
   summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
   summary.iterations = plan.total_iterations;
   summary.measured_iterations = plan.total_iterations - plan.first_measured;
@@ -282,6 +294,11 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
 
 }  // namespace
 
+int resolved_servers(const TrainConfig& config) {
+  if (!method_uses_servers(config.method.name)) return config.servers;
+  return config.servers == 0 ? 1 : config.servers;
+}
+
 void validate_train_config(const TrainConfig& config) {
   if (config.workers < 1 || config.workers > kMaxWorkers) {
     throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", config.workers));
@@ -303,6 +320,18 @@ void validate_train_config(const TrainConfig& config) {
     throw UsageError(concat("--staleness-k must be in [1, ", kMaxStaleness, "], got ",
                             config.method.staleness));
   }
+  if (config.servers < 0 || config.servers > kMaxServers) {
+    throw UsageError(concat("--servers must be in [0, ", kMaxServers, "], got ", config.servers));
+  }
+  if (method_uses_servers(config.method.name)) {
+    if (config.method.codec != "none") {
+      throw UsageError(concat("method '", config.method.name, "' sends fp32 to its servers; codec '",
+                              config.method.codec, "' applies only to dsync and pipe"));
+    }
+  } else if (config.servers > 0) {
+    throw UsageError(concat("--servers applies only to the parameter-server methods pssync and asgd, not '",
+                            config.method.name, "'"));
+  }
   make_codec(config.method.codec);
   Sgd(0, config.method.sgd);  // throws UsageError for a bad learning rate, momentum or weight decay
 }
@@ -319,7 +348,7 @@ void apply_method_spec(const std::string& spec, TrainConfig& config) {
   const std::vector<std::string> methods = method_names();
   if (parts[0].empty() || std::find(methods.begin(), methods.end(), parts[0]) == methods.end()) {
     throw UsageError(concat("unknown algorithm '", parts[0], "' in '", spec,
-                            "' (expected dsync, pipe, optionally followed by +codec)"));
+                            "' (expected dsync, pipe, pssync, asgd, optionally followed by +codec)"));
   }
   config.method_spec = spec;
   config.method.name = parts[0];
@@ -347,26 +376,57 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
   for (int rank = 0; rank < config.workers; ++rank) models.push_back(factory(config.seed));
   if (models[0]->layout().total() == 0) throw UsageError("the model has no parameters");
 
-  LocalFabric fabric(config.workers, config.network);
+  // Parameter-server methods: S server ranks after the M workers, each serving one shard of the
+  // plan, starting from the replicas' common initial weights (every replica is built from the seed;
+  // copied from rank 0 before any training). The plan is built here so that a bad --servers fails
+  // before any thread starts.
+  const int servers = resolved_servers(config);
+  std::unique_ptr<ShardPlan> shard_plan;
+  std::vector<float> initial_weights;
+  if (servers > 0) {
+    shard_plan = std::make_unique<ShardPlan>(models[0]->layout(), servers);
+    auto parameters = models[0]->parameters();
+    initial_weights.assign(parameters.begin(), parameters.end());
+  }
+  const int ranks = config.workers + servers;
+
+  LocalFabric fabric(ranks, config.network);
   SharedRunState shared;
   shared.times.assign(config.workers, std::vector<IterationTimes>(plan.total_iterations));
   shared.bytes_sent.assign(config.workers, 0);
-  shared.failures.assign(config.workers, nullptr);
+  shared.failures.assign(ranks, nullptr);
   shared.final_parameters.resize(config.keep_parameters ? config.workers : 0);
+  std::atomic<bool> worker_failed{false};  // stops the servers at once (ServeOptions::stop)
 
-  std::vector<std::thread> workers;
+  std::vector<std::thread> threads;
   for (int rank = 0; rank < config.workers; ++rank) {
-    workers.emplace_back([&, rank] {
+    threads.emplace_back([&, rank] {
       Transport& transport = fabric.endpoint(rank);
       try {
         run_worker(rank, config, plan, *models[rank], transport, data, shared);
       } catch (const std::exception& error) {
         shared.failures[rank] = std::current_exception();
         transport.report_failure(error.what());
+        worker_failed.store(true, std::memory_order_release);
       }
     });
   }
-  for (auto& worker : workers) worker.join();
+  for (int rank = config.workers; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      Transport& transport = fabric.endpoint(rank);
+      try {
+        ParameterServerShard shard(transport, *shard_plan, config.workers, initial_weights,
+                                   config.method.sgd);
+        ServeOptions options = serve_options(config.method, config.workers);
+        options.stop = &worker_failed;
+        shard.serve(options);
+      } catch (const std::exception& error) {
+        shared.failures[rank] = std::current_exception();
+        transport.report_failure(error.what());
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
 
   // Report the root cause: a worker's own error rather than the others' "peer failed".
   std::exception_ptr first_failure;
@@ -388,6 +448,10 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
 RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& factory,
                              const DataSplits& data, Transport& transport) {
   validate_train_config(config);
+  if (resolved_servers(config) > 0) {
+    throw UsageError(concat("method '", config.method.name,
+                            "' (parameter servers) with --transport mpi is not yet supported; use the local transport"));
+  }
   if (config.workers != transport.size()) {
     throw UsageError(concat("--workers ", config.workers, " does not match the ", transport.size(),
                             " ranks of ", transport.describe()));

@@ -18,11 +18,13 @@ namespace pipesgd {
 inline constexpr int kMaxWorkers = 1024;
 inline constexpr std::size_t kMaxBatch = std::size_t{1} << 20;
 inline constexpr std::int64_t kMaxIterations = 10'000'000;
+inline constexpr int kMaxServers = 1024;
 
 struct TrainConfig {
   std::string method_spec = "dsync";  // as given: name[+codec]
   MethodConfig method;                // resolved from the spec and the flags
   int workers = 4;
+  int servers = 0;                    // server ranks (pssync, asgd); 0: 1 for those methods
   std::string model = "mlp";
   std::size_t batch = 25;             // per worker
   std::int64_t epochs = 1;
@@ -51,6 +53,7 @@ struct RunSummary {
   std::string method_spec;
   std::string model;
   int workers = 0;
+  int servers = 0;  // parameter-server ranks (0 for the allreduce methods)
   std::size_t batch = 0;
   std::string network;
   std::string codec;
@@ -77,18 +80,24 @@ struct RunSummary {
 // Splits "pipe+int8" into the method name and its options; fills config.method. Throws UsageError.
 void apply_method_spec(const std::string& spec, TrainConfig& config);
 
+// The number of server ranks the run has: config.servers, or 1 if it is 0 and the method needs
+// servers (pssync, asgd); 0 for the other methods.
+int resolved_servers(const TrainConfig& config);
+
 // Checks everything about `config` that does not depend on the data set; throws UsageError with a
 // one-line message naming the flag. run_training calls it too.
 void validate_train_config(const TrainConfig& config);
 
 // Runs the training with config.workers workers as threads of this process over a LocalFabric
-// (config.network emulates their links). Throws UsageError / DataError / CommError with a one-line
+// (config.network emulates their links). Parameter-server methods add resolved_servers(config)
+// server threads as ranks M..M+S-1 of the fabric (their links are emulated like the workers'). Throws UsageError / DataError / CommError with a one-line
 // message.
 RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
                         const DataSplits& data);
 
 // Runs this process's worker of a run whose workers are the ranks of `transport`, one per process
-// (MpiTransport); config.workers must equal transport.size(). Collective: every rank calls it with
+// (MpiTransport); config.workers must equal transport.size(). Parameter-server methods are not yet
+// supported here (UsageError). Collective: every rank calls it with
 // the same config and data. Ranks 1..p-1 send their timings to rank 0, so the returned summary is
 // complete on rank 0 only; only rank 0 prints progress and writes config.out_dir. Training is the
 // same computation as run_training with the same config: same weights, bit for bit.

@@ -1,0 +1,72 @@
+#include "pipesgd/algo/ps_methods.h"
+
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+int worker_count(const MethodConfig& config, const Transport& transport) {
+  if (config.servers < 1) {
+    throw UsageError(concat("method '", config.name, "' needs at least one server, got ", config.servers));
+  }
+  const int workers = transport.size() - config.servers;
+  if (workers < 1) {
+    throw UsageError(concat("method '", config.name, "': ", transport.size(), " ranks leave no worker beside ",
+                            config.servers, " servers"));
+  }
+  return workers;
+}
+
+}  // namespace
+
+bool method_uses_servers(const std::string& name) { return name == "pssync" || name == "asgd"; }
+
+ServeOptions serve_options(const MethodConfig& config, int workers) {
+  ServeOptions options;
+  options.mode = config.name == "asgd" ? ServerMode::kAsynchronous : ServerMode::kSynchronous;
+  options.async_scale = async_gradient_scale(workers);
+  options.timeout = config.allreduce.timeout;
+  return options;
+}
+
+ParameterServerMethod::ParameterServerMethod(const MethodConfig& config, Model& model,
+                                             Transport& transport)
+    : model_(model),
+      synchronous_(config.name != "asgd"),
+      timeout_(config.allreduce.timeout),
+      plan_(model.layout(), config.servers),
+      client_(transport, plan_, worker_count(config, transport), config.allreduce.timeout),
+      gradients_(model.layout().total()) {}
+
+std::span<float> ParameterServerMethod::begin_iteration(std::int64_t, IterationTimes&) {
+  return gradients_;
+}
+
+void ParameterServerMethod::end_iteration(std::int64_t t, IterationTimes& times) {
+  Stopwatch communication;
+  if (synchronous_) {
+    // The servers are at version t when iteration t pushes (one update per iteration).
+    const auto version = static_cast<std::uint64_t>(t);
+    PushHandle push = client_.push(gradients_, version);
+    PullHandle pull = client_.pull(model_.parameters(), version + 1);
+    push.wait(timeout_);
+    version_ = pull.wait(timeout_);
+  } else {
+    PushHandle push = client_.push(gradients_, version_);
+    // The server handles this worker's requests in order: the reply includes this push.
+    PullHandle pull = client_.pull(model_.parameters(), 0);
+    push.wait(timeout_);
+    version_ = pull.wait(timeout_);
+  }
+  times.wait = times.comm = communication.seconds();
+  times.update = 0;  // the update runs on the servers
+}
+
+void ParameterServerMethod::finish(IterationTimes&) {
+  if (closed_) return;
+  closed_ = true;
+  client_.close();
+}
+
+}  // namespace pipesgd

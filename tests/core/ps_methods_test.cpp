@@ -1,0 +1,243 @@
+// The parameter-server methods (algo/ps_methods.h) through run_training on the tiny pure-C++ model:
+// PS-Sync against D-Sync, ASGD with one worker against sequential SGD, the run's wiring (server
+// threads, control allreduce among workers only), usage errors and failure propagation.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "pipesgd/algo/ps_methods.h"
+#include "pipesgd/comm/rank_subset_transport.h"
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/data/dataset.h"
+#include "pipesgd/models/softmax_regression.h"
+#include "pipesgd/train/trainer.h"
+#include "pipesgd/comm/local_transport.h"
+
+namespace pipesgd {
+namespace {
+
+DataSplits small_data() { return make_synthetic(600, 100, 3); }
+
+TrainConfig tiny_config(const std::string& spec, int workers, int servers = 0) {
+  TrainConfig config;
+  apply_method_spec(spec, config);
+  config.workers = workers;
+  config.servers = servers;
+  config.model = "softmax";
+  config.batch = 5;
+  config.iterations = 25;
+  config.seed = 11;
+  config.progress = false;
+  config.evaluate = false;
+  config.keep_parameters = true;
+  config.method.sgd = SgdOptions{0.1f, 0.9f, 1e-4f};
+  return config;
+}
+
+// SoftmaxRegression (784 x 10 weights + 10 biases, 2 segments) with its weight segment split into
+// `pieces` segments of consecutive rows, so that up to pieces + 1 servers can share it. Only the
+// layout differs: the flat vectors, gradients and updates are the inner model's.
+class ResegmentedModel final : public Model {
+ public:
+  ResegmentedModel(std::unique_ptr<Model> inner, std::size_t pieces) : inner_(std::move(inner)) {
+    for (const Segment& segment : inner_->layout().segments()) {
+      const std::size_t parts = segment.count > pieces ? pieces : 1;
+      std::size_t left = segment.count;
+      for (std::size_t p = 0; p < parts; ++p) {
+        const std::size_t count = p + 1 == parts ? left : segment.count / parts;
+        layout_.add(concat(segment.name, ".", p), count);
+        left -= count;
+      }
+    }
+  }
+  const Layout& layout() const override { return layout_; }
+  std::span<float> parameters() override { return inner_->parameters(); }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                              const SegmentReadyFn&) override {
+    return inner_->forward_backward(batch, gradients, {});
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  Layout layout_;
+};
+
+ModelFactory softmax_factory(std::size_t pieces = 1) {
+  ModelFactory inner = softmax_regression_factory(784, 10);
+  if (pieces == 1) return inner;
+  return [inner, pieces](std::uint64_t seed) -> std::unique_ptr<Model> {
+    return std::make_unique<ResegmentedModel>(inner(seed), pieces);
+  };
+}
+
+bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// PS-Sync computes D-Sync's update, w <- SGD(w, (1/M) * sum_r g_r(w)), with the same
+// hyper-parameters, batches and initial weights; only the order of the fp32 gradient sum differs:
+// the servers add g_0 + g_1 + ... + g_{M-1} left to right, D-Sync's ring adds each chunk in ring
+// order starting at a different rank. Two fp32 sums of the same M terms in different orders differ
+// by at most 2 (M - 1) u sum_r |g_r| (u = 2^-24, the standard re-association bound), i.e. ~4e-7
+// relative to the gradient's magnitude for M = 4. Scaled by lr = 0.1 and accumulated over 25
+// iterations through momentum 0.9 (at most 1 / (1 - 0.9) = 10 times) and the (contracting) SGD
+// map, the weights stay within ~25 * 0.1 * 10 * 4e-7 ~ 1e-5 of each other for this model's O(1)
+// gradients; the tolerance below, 2e-5 * (1 + |w|), is that bound with a factor ~2 of margin (and a
+// real protocol error — a lost, doubled or stale gradient — moves weights by ~1e-2). With M = 2 the
+// sums are a + b in both, and fp32 addition is commutative: bit-identical.
+void expect_close_to_dsync(int workers, int servers, std::size_t pieces) {
+  SCOPED_TRACE(concat(workers, " workers, ", servers, " servers"));
+  const DataSplits data = small_data();
+  const RunSummary dsync = run_training(tiny_config("dsync", workers), softmax_factory(pieces), data);
+  const RunSummary pssync =
+      run_training(tiny_config("pssync", workers, servers), softmax_factory(pieces), data);
+  EXPECT_EQ(pssync.servers, servers);
+  ASSERT_EQ(pssync.final_parameters.size(), static_cast<std::size_t>(workers));
+  double largest = 0;
+  for (int rank = 0; rank < workers; ++rank) {
+    const std::vector<float>& expected = dsync.final_parameters[rank];
+    const std::vector<float>& actual = pssync.final_parameters[rank];
+    ASSERT_EQ(actual.size(), expected.size());
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+      ASSERT_NEAR(actual[i], expected[i], 2e-5 * (1 + std::fabs(expected[i]))) << "rank " << rank << " element " << i;
+      largest = std::max(largest, std::fabs(double(actual[i]) - expected[i]));
+    }
+    EXPECT_TRUE(bit_identical(actual, pssync.final_parameters[0])) << "replicas diverged at rank " << rank;
+  }
+  if (workers == 2) {
+    EXPECT_TRUE(bit_identical(pssync.final_parameters[0], dsync.final_parameters[0]));
+  }
+  // The runs moved the weights (so the comparison is not vacuous).
+  const std::vector<float> initial = [&] {
+    auto model = softmax_factory(pieces)(11);
+    auto p = model->parameters();
+    return std::vector<float>(p.begin(), p.end());
+  }();
+  double moved = 0;
+  for (std::size_t i = 0; i < initial.size(); ++i) {
+    moved = std::max(moved, std::fabs(double(pssync.final_parameters[0][i]) - initial[i]));
+  }
+  EXPECT_GT(moved, 1e-2);
+  EXPECT_LT(largest, 2e-5);
+  std::printf("[ pssync ] %d workers, %d servers: largest |pssync - dsync| = %.3g\n", workers, servers, largest);
+}
+
+TEST(PsSync, MatchesDSyncOneServer) { expect_close_to_dsync(4, 1, 1); }
+TEST(PsSync, MatchesDSyncTwoWorkersBitForBit) { expect_close_to_dsync(2, 1, 1); }
+TEST(PsSync, MatchesDSyncThreeServers) { expect_close_to_dsync(4, 3, 4); }
+TEST(PsSync, MatchesDSyncThreeWorkersTwoServers) { expect_close_to_dsync(3, 2, 1); }
+
+TEST(PsSync, DefaultsToOneServer) {
+  const TrainConfig config = tiny_config("pssync", 2);
+  EXPECT_EQ(resolved_servers(config), 1);
+  const RunSummary summary = run_training(config, softmax_factory(), small_data());
+  EXPECT_EQ(summary.servers, 1);
+  EXPECT_EQ(summary.allreduce, "none (parameter server)");
+}
+
+// One worker: each push is applied at once with scale 1/M = 1 and pulled back before the next
+// iteration, which is sequential SGD, i.e. D-Sync on one worker (whose allreduce is the identity).
+TEST(Asgd, OneWorkerEqualsSequentialSgdBitForBit) {
+  const DataSplits data = small_data();
+  const RunSummary sgd = run_training(tiny_config("dsync", 1), softmax_factory(), data);
+  for (int servers : {1, 2}) {
+    const RunSummary asgd = run_training(tiny_config("asgd", 1, servers), softmax_factory(), data);
+    EXPECT_TRUE(bit_identical(asgd.final_parameters[0], sgd.final_parameters[0])) << servers << " servers";
+  }
+  // The comparison is not vacuous: the weights moved.
+  auto initial = softmax_factory()(11);
+  double moved = 0;
+  for (std::size_t i = 0; i < sgd.final_parameters[0].size(); ++i) {
+    moved = std::max(moved, std::fabs(double(sgd.final_parameters[0][i]) - initial->parameters()[i]));
+  }
+  EXPECT_GT(moved, 1e-2);
+}
+
+TEST(Asgd, SeveralWorkersTrain) {
+  TrainConfig config = tiny_config("asgd", 3, 2);
+  config.iterations = 40;
+  const DataSplits data = small_data();
+  const RunSummary summary = run_training(config, softmax_factory(), data);
+  ASSERT_EQ(summary.final_parameters.size(), 3u);
+  for (const auto& parameters : summary.final_parameters) {
+    for (float w : parameters) ASSERT_TRUE(std::isfinite(w));
+  }
+  ASSERT_EQ(summary.epochs.size(), 1u);
+  EXPECT_GT(summary.epochs[0].train_loss, 0);
+  EXPECT_EQ(async_gradient_scale(4), 0.25f);
+}
+
+TEST(ParameterServerMethods, UsageErrors) {
+  const DataSplits data = small_data();
+  try {
+    run_training(tiny_config("dsync", 2, 2), softmax_factory(), data);
+    ADD_FAILURE() << "expected a usage error";
+  } catch (const UsageError& error) {
+    EXPECT_STREQ(error.what(),
+                 "--servers applies only to the parameter-server methods pssync and asgd, not 'dsync'");
+  }
+  // More servers than the model has segments: the ShardPlan's message, before any thread starts.
+  EXPECT_THROW(run_training(tiny_config("pssync", 2, 3), softmax_factory(), data), UsageError);
+  EXPECT_THROW(validate_train_config(tiny_config("pssync", 2, -1)), UsageError);
+  EXPECT_THROW(validate_train_config(tiny_config("pssync+int8", 2, 1)), UsageError);
+  TrainConfig config = tiny_config("asgd", 2, 1);
+  LocalFabric fabric(2);
+  EXPECT_THROW(run_training_rank(config, softmax_factory(), data, fabric.endpoint(0)), UsageError);
+}
+
+TEST(RankSubsetTransport, ShowsTheFirstRanksOnly) {
+  LocalFabric fabric(5);
+  RankSubsetTransport view(fabric.endpoint(1), 3);
+  EXPECT_EQ(view.size(), 3);
+  EXPECT_EQ(view.rank(), 1);
+  EXPECT_THROW(RankSubsetTransport(fabric.endpoint(3), 3), UsageError);
+  EXPECT_THROW(RankSubsetTransport(fabric.endpoint(0), 6), UsageError);
+}
+
+// A model whose replica of rank 2 throws at its 5th forward pass.
+class FailingModel final : public Model {
+ public:
+  FailingModel(std::unique_ptr<Model> inner, bool fails) : inner_(std::move(inner)), fails_(fails) {}
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<float> parameters() override { return inner_->parameters(); }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients, const SegmentReadyFn& ready) override {
+    if (fails_ && ++calls_ == 5) throw DataError("injected failure in forward");
+    return inner_->forward_backward(batch, gradients, ready);
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  bool fails_;
+  int calls_ = 0;
+};
+
+// The servers stop at once (not after their 60 s timeout) and the worker's error is reported.
+TEST(ParameterServerMethods, WorkerFailureStopsServersWithRootCause) {
+  const DataSplits data = small_data();
+  for (const std::string spec : {"pssync", "asgd"}) {
+    std::atomic<int> built{0};
+    ModelFactory factory = [&](std::uint64_t seed) -> std::unique_ptr<Model> {
+      const bool fails = built++ == 2;
+      return std::make_unique<FailingModel>(softmax_factory()(seed), fails);
+    };
+    TrainConfig config = tiny_config(spec, 4, 2);
+    config.method.allreduce.timeout = std::chrono::seconds(60);
+    Stopwatch clock;
+    try {
+      run_training(config, factory, data);
+      ADD_FAILURE() << "expected the injected failure";
+    } catch (const DataError& error) {
+      EXPECT_STREQ(error.what(), "injected failure in forward");
+    }
+    EXPECT_LT(clock.seconds(), 20.0) << spec;
+  }
+}
+
+}  // namespace
+}  // namespace pipesgd
