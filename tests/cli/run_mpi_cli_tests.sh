@@ -80,10 +80,11 @@ timeout 60 mpirun -np 1 --oversubscribe true >"$TMP/mpirun-check.out" 2>&1 ||
 # ---------------------------------------------------------------------------------------------------
 # 1. The same weights over MPI as over threads: the ranks of an MPI run and the worker threads of a
 # local run compute bit-identical allreduces, so the final weights' checksums agree.
-checksum_check() {  # NAME DIR_A DIR_B same|different
-  pycheck "$1" "$2/summary.json" "$3/summary.json" "$4" <<'EOF'
+checksum_check() {  # NAME DIR_A DIR_B same|different [WORKERS, default 3]
+  pycheck "$1" "$2/summary.json" "$3/summary.json" "$4" "${5:-3}" <<'EOF'
 import json, sys
 a, b = (json.load(open(path)) for path in sys.argv[1:3])
+workers = int(sys.argv[4])
 ca, cb = a.get("weights_checksum"), b.get("weights_checksum")
 assert ca and cb, f"weights_checksum missing: {ca!r}, {cb!r}"
 if sys.argv[3] == "same":
@@ -91,8 +92,8 @@ if sys.argv[3] == "same":
 else:
     assert ca != cb, f"weights_checksum {ca} in both runs"
 for s in (a, b):
-    assert s.get("workers") == 3 and s.get("iterations") == 30, \
-        f"workers {s.get('workers')}, iterations {s.get('iterations')} (expected 3, 30)"
+    assert s.get("workers") == workers and s.get("iterations") == 30, \
+        f"workers {s.get('workers')}, iterations {s.get('iterations')} (expected {workers}, 30)"
 EOF
 }
 E=(--iters 30 --quiet --no-eval)  # Fashion-MNIST (the default data)
@@ -120,6 +121,17 @@ checksum_check "weights/dsync-mpi-equals-local" "$R/local-dsync" "$R/mpi-dsync/r
 
 local_vs_mpi pipe --algo pipe
 local_vs_mpi halving-doubling --algo dsync --allreduce halving-doubling
+
+# PS-Sync: mpirun -np 3 --servers 1 is 2 worker ranks and 1 server rank (the last); the servers sum
+# in worker order on both transports, so the weights equal those of 2 worker + 1 server threads.
+run train --workers 2 --servers 1 --algo pssync "${E[@]}" --out "$R/local-pssync" \
+  >"$R/local-pssync.out" 2>"$R/local-pssync.err"
+expect_success "weights/pssync-local-exit-0" $? "$R/local-pssync.out" "$R/local-pssync.err"
+mpi_run 3 -- train --transport mpi --algo pssync --servers 1 "${E[@]}" --out "$R/mpi-pssync" \
+  >"$R/mpi-pssync.out" 2>"$R/mpi-pssync.err"
+expect_success "weights/pssync-mpi-exit-0" $? "$R/mpi-pssync.out" "$R/mpi-pssync.err"
+checksum_check "weights/pssync-mpi-equals-local" "$R/local-pssync" "$R/mpi-pssync" same 2
+expect_contains "weights/pssync-mpi-header" "$R/mpi-pssync.out" "2 workers + 1 server as mpi"
 
 # The control: another seed must change the checksum, or the comparisons above prove nothing.
 mpi_run 3 -- train --transport mpi --algo dsync --seed 2 "${E[@]}" --out "$R/mpi-seed2" \
@@ -215,6 +227,13 @@ mpi_usage_error net-under-mpi 2 "(drop --net)" train --transport mpi --net 10gbe
 mpi_usage_error bench-net-under-mpi 2 "drop it under --transport mpi" \
   bench allreduce --transport mpi --net 10gbe --sizes 4K
 mpi_usage_error calibrate-one-rank 1 "calibrate needs at least 2 ranks" calibrate --transport mpi --sizes 4K
+mpi_usage_error servers-leave-no-worker 2 "--servers 2 leaves no worker among the 2 MPI ranks" \
+  train --transport mpi --algo pssync --servers 2 "${S[@]}"
+mpi_usage_error servers-workers-mismatch 3 "minus 1 server(s)" train --transport mpi --algo pssync --workers 3 "${S[@]}"
+mpi_usage_error servers-compare-mix 3 "compare cannot mix parameter-server methods" \
+  compare --transport mpi --algos dsync,pssync "${S[@]}"
+mpi_usage_error servers-too-many-segments 5 "--servers 4 exceeds the model's 3 parameter segments" \
+  train --transport mpi --algo pssync --servers 4 "${S[@]}"
 
 # Without mpirun, and unknown transports (no MPI involved: the plain error contract).
 row transport-mpi-without-mpirun 2 "start pipesgd with mpirun" train --transport mpi "${S[@]}"

@@ -16,6 +16,7 @@
 #include "pipesgd/models/softmax_regression.h"
 #include "pipesgd/train/trainer.h"
 #include "pipesgd/comm/local_transport.h"
+#include "test_world.h"
 
 namespace pipesgd {
 namespace {
@@ -188,6 +189,22 @@ TEST(ParameterServerMethods, UsageErrors) {
   TrainConfig config = tiny_config("asgd", 2, 1);
   LocalFabric fabric(2);
   EXPECT_THROW(run_training_rank(config, softmax_factory(), data, fabric.endpoint(0)), UsageError);
+}
+
+// One rank per "process" (run_training_rank, as under MPI, here over a LocalFabric): the last S
+// ranks serve, and PS-Sync's weights equal those of run_training's threads bit for bit.
+TEST(PsSync, RankPerProcessEqualsThreads) {
+  const DataSplits data = small_data();
+  const TrainConfig config = tiny_config("pssync", 2, 1);
+  const RunSummary threads = run_training(config, softmax_factory(), data);
+  std::vector<RunSummary> ranks(3);
+  run_ranks(3, [&](int rank, Transport& transport) {
+    ranks[rank] = run_training_rank(config, softmax_factory(), data, transport);
+  });
+  EXPECT_EQ(ranks[0].weights_checksum, threads.weights_checksum);
+  EXPECT_TRUE(bit_identical(ranks[1].final_parameters[1], threads.final_parameters[1]));
+  EXPECT_EQ(ranks[2].servers, 1);  // the server rank's summary
+  EXPECT_EQ(ranks[0].servers, 1);
 }
 
 TEST(RankSubsetTransport, ShowsTheFirstRanksOnly) {

@@ -100,8 +100,9 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "Workers: threads of this process (--transport local); under mpi the ranks")
       ->capture_default_str();
   command.add_option("--servers", flags.servers,
-                     "Parameter-server ranks of pssync and asgd (threads after the workers; 0 = 1 for "
-                     "those methods; rejected by the others)")
+                     "Parameter-server ranks of pssync and asgd (threads after the workers; under "
+                     "--transport mpi the last S ranks of mpirun -np); 0 = 1 for those methods, "
+                     "rejected by the others")
       ->capture_default_str();
   command.add_option("--transport", flags.transport,
                      "local (workers are threads of this process) or mpi (one worker per rank of "
@@ -183,11 +184,23 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec, b
     config.method.calibration =
         std::make_shared<const Calibration>(load_calibration(flags.calibration_file));
   }
-  config.workers = resolve_workers(flags.workers, flags.workers_given, active_mpi_session);
   config.servers = compare && !method_uses_servers(config.method.name) ? 0 : flags.servers;
-  if (active_mpi_session && method_uses_servers(config.method.name)) {
-    throw UsageError(concat("method '", config.method.name,
-                            "' (parameter servers) with --transport mpi is not yet supported; use the local transport"));
+  if (active_mpi_session && method_uses_servers(config.method.name) && flags.servers >= 0) {
+    // Under MPI the last S ranks of mpirun -np N are the servers: N - S workers. (A negative
+    // --servers is left to validate_train_config.)
+    const int ranks = active_mpi_session->runtime.size();
+    const int servers = flags.servers == 0 ? 1 : flags.servers;
+    if (servers >= ranks) {
+      throw UsageError(concat("--servers ", servers, " leaves no worker among the ", ranks,
+                              " MPI ranks (mpirun -np): the last S ranks are the servers"));
+    }
+    if (flags.workers_given && flags.workers != ranks - servers) {
+      throw UsageError(concat("--workers ", flags.workers, " does not match the ", ranks, " MPI ranks (mpirun -np) minus ",
+                              servers, " server(s); leave --workers out under --transport mpi"));
+    }
+    config.workers = ranks - servers;
+  } else {
+    config.workers = resolve_workers(flags.workers, flags.workers_given, active_mpi_session);
   }
   config.model = flags.model;
   config.batch = static_cast<std::size_t>(flags.batch);
@@ -233,13 +246,12 @@ std::vector<std::string> split_list(const std::string& text) {
 
 // Where the workers run: "4 workers (threads), network 10gbe (...)" or "4 workers (MPI ranks)".
 std::string describe_workers(const TrainConfig& config) {
-  if (active_mpi_session) {
-    return concat(config.workers, " workers as ", active_mpi_session->transport.describe());
-  }
   const int servers = resolved_servers(config);
-  return concat(config.workers, " workers",
-                servers > 0 ? concat(" + ", servers, servers == 1 ? " server" : " servers") : std::string(),
-                " (threads), network ", describe(config.network));
+  const std::string workers =
+      concat(config.workers, " workers",
+             servers > 0 ? concat(" + ", servers, servers == 1 ? " server" : " servers") : std::string());
+  if (active_mpi_session) return concat(workers, " as ", active_mpi_session->transport.describe());
+  return concat(workers, " (threads), network ", describe(config.network));
 }
 
 // Trains over the transport in use: threads over a LocalFabric, or this process's MPI rank.
@@ -275,6 +287,17 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms) {
   const std::vector<std::string> specs = split_list(algorithms);
   std::vector<TrainConfig> configs;
   for (const std::string& spec : specs) configs.push_back(to_config(flags, spec, true));  // validate all first
+  if (active_mpi_session) {
+    // Under MPI the servers are ranks of mpirun -np, so the two families would train with different
+    // numbers of workers: not a comparison.
+    for (const TrainConfig& config : configs) {
+      if (config.workers != configs[0].workers) {
+        throw UsageError("under --transport mpi, compare cannot mix parameter-server methods (pssync, asgd: "
+                         "the last --servers ranks serve) with dsync/pipe (every rank a worker); compare them "
+                         "in separate runs");
+      }
+    }
+  }
   ModelFactory factory = torch_model_factory(flags.model);
   const DataSplits data = load_data(flags);
   if (prints_results()) {

@@ -448,19 +448,39 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
 RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& factory,
                              const DataSplits& data, Transport& transport) {
   validate_train_config(config);
-  if (resolved_servers(config) > 0) {
-    throw UsageError(concat("method '", config.method.name,
-                            "' (parameter servers) with --transport mpi is not yet supported; use the local transport"));
-  }
-  if (config.workers != transport.size()) {
-    throw UsageError(concat("--workers ", config.workers, " does not match the ", transport.size(),
-                            " ranks of ", transport.describe()));
+  const int servers = resolved_servers(config);
+  if (config.workers + servers != transport.size()) {
+    throw UsageError(concat("--workers ", config.workers,
+                            servers > 0 ? concat(" + --servers ", servers) : std::string(),
+                            " does not match the ", transport.size(), " ranks of ", transport.describe()));
   }
   const RunPlan plan = plan_run(config, data.train);
   const int rank = transport.rank();
   if (rank == 0 && !config.out_dir.empty()) ensure_directory(config.out_dir);
   std::unique_ptr<Model> model = factory(config.seed);
   if (model->layout().total() == 0) throw UsageError("the model has no parameters");
+
+  if (servers > 0) {
+    // Every rank builds the plan, so a bad --servers is the same usage error on every rank.
+    const ShardPlan shard_plan(model->layout(), servers);
+    if (rank >= config.workers) {
+      // A server rank: serves its shard from the replicas' common initial weights (every rank built
+      // the model from the seed), then returns an empty summary (only rank 0's is printed).
+      try {
+        ParameterServerShard shard(transport, shard_plan, config.workers, model->parameters(),
+                                   config.method.sgd);
+        shard.serve(serve_options(config.method, config.workers));
+      } catch (const std::exception& error) {
+        transport.report_failure(error.what());
+        throw;
+      }
+      RunSummary summary;
+      summary.method_spec = config.method_spec;
+      summary.workers = config.workers;
+      summary.servers = servers;
+      return summary;
+    }
+  }
 
   SharedRunState shared;
   shared.times.assign(config.workers, std::vector<IterationTimes>(plan.total_iterations));
@@ -469,7 +489,9 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
   shared.final_parameters.resize(config.keep_parameters ? config.workers : 0);
   run_worker(rank, config, plan, *model, transport, data, shared);  // reports its own failure
   try {
-    gather_at_leader(transport, config, plan, shared);
+    // The timings are gathered among the workers only.
+    RankSubsetTransport worker_ranks(transport, config.workers);
+    gather_at_leader(worker_ranks, config, plan, shared);
   } catch (const std::exception& error) {
     transport.report_failure(error.what());
     throw;

@@ -96,8 +96,10 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
                         const DataSplits& data);
 
 // Runs this process's worker of a run whose workers are the ranks of `transport`, one per process
-// (MpiTransport); config.workers must equal transport.size(). Parameter-server methods are not yet
-// supported here (UsageError). Collective: every rank calls it with
+// (MpiTransport); config.workers + resolved_servers(config) must equal transport.size(). With a
+// parameter-server method, ranks config.workers.. are the servers: they serve their shard until
+// every worker closed and return a summary with only method_spec, workers and servers set (a server
+// notices a failed worker only by --comm-timeout, see ps/parameter_server.h). Collective: every rank calls it with
 // the same config and data. Ranks 1..p-1 send their timings to rank 0, so the returned summary is
 // complete on rank 0 only; only rank 0 prints progress and writes config.out_dir. Training is the
 // same computation as run_training with the same config: same weights, bit for bit.
