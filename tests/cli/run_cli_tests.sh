@@ -357,7 +357,7 @@ run train --algo pssync --data synthetic --iters 5 --workers 2 --servers 1 --qui
 rc=$?
 expect_success "train/pssync-exit-0" $rc "$R/pssync.out" "$R/pssync.err"
 expect_contains "train/pssync-report-says-servers" "$R/pssync.out" "2 workers + 1 server" \
-  "none (parameter server)"
+  ", parameter server,"
 run compare --algos dsync,pssync,asgd --iters 5 --data synthetic --workers 3 --servers 2 --quiet \
   --no-eval >"$R/ps-compare.out" 2>"$R/ps-compare.err"
 rc=$?

@@ -139,6 +139,8 @@ TEST(PsSync, DefaultsToOneServer) {
   const RunSummary summary = run_training(config, softmax_factory(), small_data());
   EXPECT_EQ(summary.servers, 1);
   EXPECT_EQ(summary.allreduce, "none (parameter server)");
+  EXPECT_EQ(summary.segmenting, "none (parameter server)");
+  EXPECT_EQ(summary.link_model_comm, 0);  // the ring's Eq. 5 says nothing about a server
 }
 
 // One worker: each push is applied at once with scale 1/M = 1 and pulled back before the next

@@ -135,7 +135,13 @@ void write_run_outputs(const std::string& dir, const RunSummary& summary,
 void print_run_report(std::ostream& out, const RunSummary& s) {
   out << "\n" << s.method_spec << ": " << s.model << ", " << s.workers << " workers";
   if (s.servers > 0) out << " + " << s.servers << (s.servers == 1 ? " server" : " servers");
-  out << " x batch " << s.batch << ", codec " << s.codec << ", allreduce " << s.allreduce << " (segments " << s.segmenting << "), network "
+  out << " x batch " << s.batch << ", codec " << s.codec;
+  if (s.servers > 0) {
+    out << ", parameter server";
+  } else {
+    out << ", allreduce " << s.allreduce << " (segments " << s.segmenting << ")";
+  }
+  out << ", network "
       << s.network << ", " << s.iterations
       << " iterations (means over the last " << s.measured_iterations << ")\n\n";
   std::vector<std::vector<std::string>> rows = {

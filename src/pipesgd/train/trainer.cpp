@@ -244,7 +244,8 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
   summary.batch = config.batch;
   summary.network = config.network.name;
   summary.codec = config.method.codec;
-  summary.segmenting = describe_segment_bytes(resolve_allreduce_options(config.method).segment_bytes);
+  summary.segmenting = summary.servers > 0 ? std::string("none (parameter server)")
+                                            : describe_segment_bytes(resolve_allreduce_options(config.method).segment_bytes);
   summary.allreduce =
       summary.servers > 0
           ? std::string("none (parameter server)")
@@ -269,7 +270,7 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
                          plan.warmup_iterations < plan.total_iterations;
   summary.predicted_iteration =
       pipelined ? summary.predicted_pipe_iteration : summary.predicted_sync_iteration;
-  if (config.network.emulated()) {
+  if (config.network.emulated() && summary.servers == 0) {  // Eq. 5 is the ring's, not the server's
     RingCostParameters link;
     link.alpha = config.network.latency_seconds;
     link.beta = config.network.bits_per_second > 0 ? 1.0 / config.network.bytes_per_second() : 0;
