@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "failing_model.h"
 #include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/clock.h"
@@ -218,25 +219,8 @@ TEST(RankSubsetTransport, ShowsTheFirstRanksOnly) {
   EXPECT_THROW(RankSubsetTransport(fabric.endpoint(0), 6), UsageError);
 }
 
-// A model whose replica of rank 2 throws at its 5th forward pass.
-class FailingModel final : public Model {
- public:
-  FailingModel(std::unique_ptr<Model> inner, bool fails) : inner_(std::move(inner)), fails_(fails) {}
-  const Layout& layout() const override { return inner_->layout(); }
-  std::span<float> parameters() override { return inner_->parameters(); }
-  StepResult forward_backward(const Batch& batch, std::span<float> gradients, const SegmentReadyFn& ready) override {
-    if (fails_ && ++calls_ == 5) throw DataError("injected failure in forward");
-    return inner_->forward_backward(batch, gradients, ready);
-  }
-  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
-
- private:
-  std::unique_ptr<Model> inner_;
-  bool fails_;
-  int calls_ = 0;
-};
-
-// The servers stop at once (not after their 60 s timeout) and the worker's error is reported.
+// The servers stop at once (not after their 60 s timeout) and the worker's error is reported
+// (failing_model.h: rank 2's replica throws at its 5th forward pass).
 TEST(ParameterServerMethods, WorkerFailureStopsServersWithRootCause) {
   const DataSplits data = small_data();
   for (const std::string spec : {"pssync", "asgd"}) {

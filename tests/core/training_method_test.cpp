@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "failing_model.h"
 #include "pipesgd/algo/training_method.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/random.h"
@@ -305,25 +306,8 @@ TEST(MethodSpec, ParsesNameAndCodec) {
   }
 }
 
-// A model that throws on one rank at one iteration: the others must stop (no hang) and the run
-// must report the root cause, not the others' "peer failed".
-class FailingModel final : public Model {
- public:
-  FailingModel(std::unique_ptr<Model> inner, bool fails) : inner_(std::move(inner)), fails_(fails) {}
-  const Layout& layout() const override { return inner_->layout(); }
-  std::span<float> parameters() override { return inner_->parameters(); }
-  StepResult forward_backward(const Batch& batch, std::span<float> gradients, const SegmentReadyFn& ready) override {
-    if (fails_ && ++calls_ == 5) throw DataError("injected failure in forward");
-    return inner_->forward_backward(batch, gradients, ready);
-  }
-  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
-
- private:
-  std::unique_ptr<Model> inner_;
-  bool fails_;
-  int calls_ = 0;
-};
-
+// A model that throws on one rank at one iteration (failing_model.h): the others must stop (no hang)
+// and the run must report the root cause, not the others' "peer failed".
 TEST(Trainer, WorkerFailureStopsEveryRankWithRootCause) {
   const DataSplits data = small_data();
   for (const std::string spec : {"dsync", "pipe"}) {
