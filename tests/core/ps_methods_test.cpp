@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "failing_model.h"
+#include "tiny_run.h"
 #include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/clock.h"
@@ -21,24 +22,6 @@
 
 namespace pipesgd {
 namespace {
-
-DataSplits small_data() { return make_synthetic(600, 100, 3); }
-
-TrainConfig tiny_config(const std::string& spec, int workers, int servers = 0) {
-  TrainConfig config;
-  apply_method_spec(spec, config);
-  config.workers = workers;
-  config.servers = servers;
-  config.model = "softmax";
-  config.batch = 5;
-  config.iterations = 25;
-  config.seed = 11;
-  config.progress = false;
-  config.evaluate = false;
-  config.keep_parameters = true;
-  config.method.sgd = SgdOptions{0.1f, 0.9f, 1e-4f};
-  return config;
-}
 
 // SoftmaxRegression (784 x 10 weights + 10 biases, 2 segments) with its weight segment split into
 // `pieces` segments of consecutive rows, so that up to pieces + 1 servers can share it. Only the
@@ -69,8 +52,9 @@ class ResegmentedModel final : public Model {
   Layout layout_;
 };
 
-ModelFactory softmax_factory(std::size_t pieces = 1) {
-  ModelFactory inner = softmax_regression_factory(784, 10);
+// The softmax model with its weight segment cut into `pieces` (more segments for more servers).
+ModelFactory resegmented_softmax_factory(std::size_t pieces) {
+  ModelFactory inner = softmax_factory();
   if (pieces == 1) return inner;
   return [inner, pieces](std::uint64_t seed) -> std::unique_ptr<Model> {
     return std::make_unique<ResegmentedModel>(inner(seed), pieces);
@@ -95,9 +79,10 @@ bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
 void expect_close_to_dsync(int workers, int servers, std::size_t pieces) {
   SCOPED_TRACE(concat(workers, " workers, ", servers, " servers"));
   const DataSplits data = small_data();
-  const RunSummary dsync = run_training(tiny_config("dsync", workers), softmax_factory(pieces), data);
+  const ModelFactory factory = resegmented_softmax_factory(pieces);
+  const RunSummary dsync = run_training(tiny_config("dsync", workers), factory, data);
   const RunSummary pssync =
-      run_training(tiny_config("pssync", workers, servers), softmax_factory(pieces), data);
+      run_training(tiny_config("pssync", workers, servers), factory, data);
   EXPECT_EQ(pssync.servers, servers);
   ASSERT_EQ(pssync.final_parameters.size(), static_cast<std::size_t>(workers));
   double largest = 0;
@@ -116,7 +101,7 @@ void expect_close_to_dsync(int workers, int servers, std::size_t pieces) {
   }
   // The runs moved the weights (so the comparison is not vacuous).
   const std::vector<float> initial = [&] {
-    auto model = softmax_factory(pieces)(11);
+    auto model = resegmented_softmax_factory(pieces)(11);
     auto p = model->parameters();
     return std::vector<float>(p.begin(), p.end());
   }();

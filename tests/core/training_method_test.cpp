@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "failing_model.h"
+#include "tiny_run.h"
 #include "pipesgd/algo/training_method.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/random.h"
@@ -181,25 +182,6 @@ TEST(PipeStaleness, HandComputedSequenceDistinguishesStaleness) {
   }
   EXPECT_GT(largest, 1e-3);
 }
-
-DataSplits small_data() { return make_synthetic(600, 100, 3); }
-
-TrainConfig tiny_config(const std::string& spec, int workers) {
-  TrainConfig config;
-  apply_method_spec(spec, config);
-  config.workers = workers;
-  config.model = "softmax";
-  config.batch = 5;
-  config.iterations = 25;
-  config.seed = 11;
-  config.progress = false;
-  config.evaluate = false;
-  config.keep_parameters = true;
-  config.method.sgd = SgdOptions{0.1f, 0.9f, 1e-4f};
-  return config;
-}
-
-ModelFactory softmax_factory() { return softmax_regression_factory(784, 10); }
 
 class PipeWithKOne : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
