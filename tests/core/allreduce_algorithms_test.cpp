@@ -534,7 +534,6 @@ TEST_P(AllreduceAlgorithmErrors, ARankThatNeverJoinsMakesTheOthersTimeOutNamingO
   for (int world_size : {2, 5}) {
     const int missing = world_size - 1;
     SCOPED_TRACE(::testing::Message() << world_size << " ranks, rank " << missing << " missing");
-    const auto start = std::chrono::steady_clock::now();
     try {
       run_ranks(world_size, [&](int rank, Transport& transport) {
         if (rank == missing) return;
@@ -547,12 +546,12 @@ TEST_P(AllreduceAlgorithmErrors, ARankThatNeverJoinsMakesTheOthersTimeOutNamingO
     } catch (const CommTimeoutError& error) {
       const std::string message = error.what();
       EXPECT_NE(message.find(operation), std::string::npos) << message;
-      EXPECT_NE(message.find("timed out"), std::string::npos) << message;
+      // The given 200 ms timeout fired, not a longer one.
+      EXPECT_NE(message.find("timed out after 0.2 s"), std::string::npos) << message;
       if (world_size == 2) {
         EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
       }
     }
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "no prompt timeout";
   }
 }
 

@@ -12,7 +12,6 @@
 #include "tiny_run.h"
 #include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/comm/rank_subset_transport.h"
-#include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/models/softmax_regression.h"
@@ -204,8 +203,9 @@ TEST(RankSubsetTransport, ShowsTheFirstRanksOnly) {
   EXPECT_THROW(RankSubsetTransport(fabric.endpoint(0), 6), UsageError);
 }
 
-// The servers stop at once (not after their 60 s timeout) and the worker's error is reported
-// (failing_model.h: rank 2's replica throws at its 5th forward pass).
+// The servers stop at once and the worker's error is reported (failing_model.h: rank 2's replica
+// throws at its 5th forward pass). The timeout is an hour: servers that waited for it instead of
+// stopping would hang this test until ctest's own timeout fails it.
 TEST(ParameterServerMethods, WorkerFailureStopsServersWithRootCause) {
   const DataSplits data = small_data();
   for (const std::string spec : {"pssync", "asgd"}) {
@@ -215,15 +215,13 @@ TEST(ParameterServerMethods, WorkerFailureStopsServersWithRootCause) {
       return std::make_unique<FailingModel>(softmax_factory()(seed), fails);
     };
     TrainConfig config = tiny_config(spec, 4, 2);
-    config.method.allreduce.timeout = std::chrono::seconds(60);
-    Stopwatch clock;
+    config.method.allreduce.timeout = std::chrono::hours(1);
     try {
       run_training(config, factory, data);
       ADD_FAILURE() << "expected the injected failure";
     } catch (const DataError& error) {
       EXPECT_STREQ(error.what(), "injected failure in forward");
     }
-    EXPECT_LT(clock.seconds(), 20.0) << spec;
   }
 }
 

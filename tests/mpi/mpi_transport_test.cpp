@@ -106,8 +106,7 @@ TEST(MpiTransport, FailureNoticeReachesEveryRank) {
     std::vector<float> buffer(1);
     const Tag tag = step_tag(collective_tag(Channel::kGradients, 3), 0, 0);
     Request never = transport.recv(1, tag, std::as_writable_bytes(std::span(buffer)), "test receive");
-    const auto start = std::chrono::steady_clock::now();
-    try {
+    try {  // a PeerFailedError (not a CommTimeoutError) shows the notice ended the wait
       never.wait(60s);
       FAIL() << "expected PeerFailedError";
     } catch (const PeerFailedError& error) {
@@ -115,7 +114,6 @@ TEST(MpiTransport, FailureNoticeReachesEveryRank) {
       EXPECT_NE(message.find("rank 1 failed: disk on fire"), std::string::npos) << message;
       EXPECT_NE(message.find("test receive: recv from rank 1"), std::string::npos) << message;
     }
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
