@@ -1,5 +1,6 @@
 // Tests of the allreduce cost model (MG-WFBP Table II, Pipe-SGD Eq. 5), its generalisation to any
 // world size, the fits to timings, the calibration file and the choice of an algorithm.
+#include "temp_dir.h"
 #include "pipesgd/timing/allreduce_cost_model.h"
 
 #include <gtest/gtest.h>
@@ -398,36 +399,6 @@ TEST(LinearCostFit, RejectsMixedOrInsufficientSamples) {
 
 // ---------------------------------------------------------------------------------------------
 // Calibration file.
-
-// A fresh directory under the system temp dir, removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "pipesgd_calibration_test_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    for (const auto& entry : std::filesystem::directory_iterator(path_)) {
-      names.push_back(entry.path().filename().string());
-    }
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-
- private:
-  std::filesystem::path path_;
-};
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/random.h"
 #include "pipesgd/data/dataset.h"
@@ -26,31 +27,9 @@
 namespace {
 
 using pipesgd::DataError;
+using pipesgd::TempDir;
 using pipesgd::UsageError;
 using Bytes = std::vector<std::uint8_t>;
-
-// A fresh directory under the system temp dir, removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "pipesgd_data_test_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // IDX bytes: magic (0, 0, type, dims.size()), big-endian dims, then payload.
 Bytes idx_bytes(std::uint8_t type, const std::vector<std::uint32_t>& dims, const Bytes& payload) {
