@@ -11,17 +11,11 @@
 #include "../core/allreduce_test_support.h"
 #include "mpi_test_world.h"
 #include "pipesgd/collective/allreduce_factory.h"
+#include "pipesgd/core/checksum.h"
 #include "pipesgd/mpi/mpi_library_allreduce.h"
 
 namespace pipesgd {
 namespace {
-
-std::uint64_t checksum(const std::vector<float>& values) {
-  std::uint64_t hash = 14695981039346656037ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
-  for (std::size_t i = 0; i < values.size() * sizeof(float); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
-  return hash;
-}
 
 using AlgorithmCase = std::tuple<std::string, std::string, std::size_t>;  // algorithm, codec, count
 
@@ -64,7 +58,7 @@ TEST_P(MpiAllreduceTest, MatchesClosedFormAndMpiAllreduce) {
     }
   }
   // Bit-identical on every rank.
-  const std::uint64_t mine = checksum(ours);
+  const std::uint64_t mine = checksum_of(ours);
   std::vector<std::uint64_t> all(p);
   MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
   for (int r = 0; r < p; ++r) EXPECT_EQ(all[r], mine) << "rank " << r << " ended with other values";

@@ -485,9 +485,9 @@ int run_bench_allreduce(const BenchFlags& flags) {
       rows.push_back(json);
     }
     // auto: per codec, the row of the algorithm the model picks for this size.
+    const std::string chosen = choose_allreduce_algorithm(
+        calibration, setup.workers, static_cast<double>(size_rows[0].bytes), setup.algorithms);
     for (const auto& codec : codecs) {
-      const std::string chosen = choose_allreduce_algorithm(
-          calibration, setup.workers, static_cast<double>(size_rows[0].bytes), setup.algorithms);
       for (const auto& row : size_rows) {
         if (row.codec != codec || row.algorithm != chosen) continue;
         AllreduceBenchmarkRow picked = row;

@@ -9,6 +9,7 @@
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
+#include "pipesgd/core/checksum.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 
@@ -27,17 +28,6 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const std::size_t n = values.size();
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-// A checksum of the result's bits, word by word (any differing bit changes it).
-std::uint64_t checksum(std::span<const float> values) {
-  std::uint64_t hash = 14695981039346656037ull;
-  for (float value : values) {
-    std::uint32_t bits;
-    std::memcpy(&bits, &value, sizeof bits);
-    hash = (hash ^ bits) * 1099511628211ull;
-  }
-  return hash;
 }
 
 // Largest |a[i] - b[i]| (infinity if any is NaN).
@@ -188,7 +178,7 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
           m.max_reference_difference =
               std::max(m.max_reference_difference, max_difference(data, reference_result));
         }
-        if (run == runs - 1) m.result_checksum = checksum(data);
+        if (run == runs - 1) m.result_checksum = checksum_of(data);
       }
     }
 

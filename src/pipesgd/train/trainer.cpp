@@ -10,6 +10,7 @@
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/comm/rank_subset_transport.h"
+#include "pipesgd/core/checksum.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
@@ -194,16 +195,6 @@ IterationTimes mean_times(const SharedRunState& shared, std::int64_t first, std:
     for (std::int64_t t = first; t < end; ++t) mean.add_scaled(per_rank[t], 1.0 / n);
   }
   return mean;
-}
-
-// FNV-1a over the bytes of the parameters: equal weights give equal checksums on every transport.
-std::uint64_t checksum_of(std::span<const float> parameters) {
-  std::uint64_t hash = 14695981039346656037ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(parameters.data());
-  for (std::size_t i = 0; i < parameters.size_bytes(); ++i) {
-    hash = (hash ^ bytes[i]) * 1099511628211ull;
-  }
-  return hash;
 }
 
 // When every rank is its own process: ranks 1..p-1 send their per-iteration times and byte counts
