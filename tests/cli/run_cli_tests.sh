@@ -162,7 +162,7 @@ row compare-empty-entry     2 "empty entry"               compare --algos dsync,
 row compare-empty-list      2 "empty"                     compare --algos "" "${Q[@]}"
 row compare-unknown-algo    2 "'pipes'"                   compare --algos dsync,pipes "${Q[@]}"
 row bench-no-subcommand     2 "subcommand"                bench
-row servers-with-dsync      2 "--servers applies only to the parameter-server methods pssync and asgd, not 'dsync'" \
+row servers-with-dsync      2 "--servers applies only to the parameter-server methods pssync, asgd, dcasgd and odsgd, not 'dsync'" \
   train --servers 2 --algo dsync "${Q[@]}"
 row servers-with-pipe       2 "--servers applies only" train --servers 1 --algo pipe "${Q[@]}"
 row servers-negative        2 "--servers must be in"      train --algo pssync --servers -1 "${Q[@]}"
@@ -170,6 +170,27 @@ row servers-negative        2 "--servers must be in"      train --algo pssync --
 row servers-too-many        2 "--servers 4 exceeds the model's 3 parameter segments" \
   train --algo pssync --servers 4 "${Q[@]}"
 row servers-codec           2 "applies only to dsync and pipe" train --algo asgd+int8 "${Q[@]}"
+row odsgd-codec             2 "applies only to dsync and pipe" train --algo odsgd+bf16 "${Q[@]}"
+# DC-ASGD, OD-SGD's local updater and the warm-up: bad values, and flags given to a method they do
+# not concern (train rejects them; compare applies them where they belong).
+row dc-variant-unknown      2 "--dc-variant must be c (DC-ASGD-c, constant lambda) or a" \
+  train --algo dcasgd --dc-variant b "${Q[@]}"
+row dc-variant-with-pssync  2 "--dc-variant applies only to dcasgd, not 'pssync'" \
+  train --algo pssync --dc-variant a "${Q[@]}"
+row dc-lambda-negative      2 "--dc-lambda must be >= 0, got -1" train --algo dcasgd --dc-lambda -1 "${Q[@]}"
+row dc-lambda-with-odsgd-sgd 2 "--dc-lambda applies only to dcasgd and odsgd with --local-updater" \
+  train --algo odsgd --dc-lambda 0.1 "${Q[@]}"
+row dc-momentum-with-c      2 "--dc-momentum applies only to dcasgd --dc-variant a" \
+  train --algo dcasgd --dc-momentum 0.5 "${Q[@]}"
+row dc-momentum-one         2 "--dc-momentum must be in [0, 1), got 1" \
+  train --algo dcasgd --dc-variant a --dc-momentum 1 "${Q[@]}"
+row local-updater-unknown   2 "--local-updater must be sgd, dcasgd-c or dcasgd-a, got 'adam'" \
+  train --algo odsgd --local-updater adam "${Q[@]}"
+row local-updater-with-asgd 2 "--local-updater applies only to odsgd, not 'asgd'" \
+  train --algo asgd --local-updater sgd "${Q[@]}"
+row local-lr-zero           2 "--local-lr must be > 0, got 0" train --algo odsgd --local-lr 0 "${Q[@]}"
+row warmup-with-dsync       2 "--warmup-iters applies only to pipe and odsgd, not 'dsync'" \
+  train --algo dsync --warmup-iters 5 "${Q[@]}"
 # parse_sizes accepts any multiple of 4 bytes (3K = 3072 is valid), so the odd size is 6 bytes.
 row bench-size-not-multiple-of-4 2 "multiple of 4"        bench allreduce --sizes 6
 row bench-size-unit         2 "'4X'"                      bench allreduce --sizes 4X
@@ -363,6 +384,31 @@ run compare --algos dsync,pssync,asgd --iters 5 --data synthetic --workers 3 --s
 rc=$?
 expect_success "compare/ps-methods-exit-0" $rc "$R/ps-compare.out" "$R/ps-compare.err"
 expect_contains "compare/ps-methods-table" "$R/ps-compare.out" pssync asgd "samples/s"
+# OD-SGD reports its timing model (Eq. 1-3) measured on its warm-up; DC-ASGD runs; compare prints
+# the od-sgd.txt Table 1 form and applies --dc-*/--local-* only where they belong.
+run train --algo odsgd --data synthetic --iters 40 --warmup-iters 20 --workers 2 --local-updater dcasgd-a \
+  --dc-lambda 0.1 --dc-momentum 0.9 --quiet --out "$R/odsgd" >"$R/odsgd.out" 2>"$R/odsgd.err"
+rc=$?
+expect_success "train/odsgd-exit-0" $rc "$R/odsgd.out" "$R/odsgd.err"
+expect_contains "train/odsgd-timing-model" "$R/odsgd.out" "OD-SGD timing model (od-sgd.txt Eq. 1-3)" \
+  "predicted (Eq. 2, 3)" "improvement rate" "Final train accuracy"
+pycheck "train/odsgd-summary" "$R/odsgd/summary.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+m = s["od_sgd_model"]
+assert m is not None, "no od_sgd_model in summary.json"
+# 20 warm-up iterations: 0..18 synchronous, 19 the switching one; the first 19 // 10 = 1 is start-up.
+assert m["sync_iterations_measured"] == 18, m
+assert m["t_cop_s"] > 0 and m["t_com_s"] > 0 and m["t_com_sync_s"] > 0, m
+assert 0 <= s["final_train_accuracy"] <= 1, s["final_train_accuracy"]
+EOF
+run compare --algos pssync,dcasgd,odsgd,dsync --iters 30 --warmup-iters 12 --data synthetic --workers 2 --dc-variant a \
+  --dc-momentum 0.5 --local-lr 0.05 --quiet >"$R/odsgd-compare.out" 2>"$R/odsgd-compare.err"
+rc=$?
+expect_success "compare/dcasgd-odsgd-exit-0" $rc "$R/odsgd-compare.out" "$R/odsgd-compare.err"
+expect_contains "compare/table-1-form" "$R/odsgd-compare.out" \
+  "Training speed and accuracy (the form of od-sgd.txt Table 1)" "Speed (samples/s)" "Train Acc (%)" \
+  dcasgd odsgd "OD-SGD improvement rate over its synchronous warm-up"
 
 # 3d. Emulated networks: the runs work and the link is taken into account.
 net_run() {  # NAME SPEC DESCRIPTION

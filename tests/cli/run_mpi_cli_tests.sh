@@ -133,6 +133,24 @@ expect_success "weights/pssync-mpi-exit-0" $? "$R/mpi-pssync.out" "$R/mpi-pssync
 checksum_check "weights/pssync-mpi-equals-local" "$R/local-pssync" "$R/mpi-pssync" same 2
 expect_contains "weights/pssync-mpi-header" "$R/mpi-pssync.out" "2 workers + 1 server as mpi"
 
+# OD-SGD: the servers are PS-Sync's and each worker's local update is its own, so the weights are
+# deterministic too: 2 worker ranks + 1 server rank equal 2 worker threads + 1 server thread.
+run train --workers 2 --servers 1 --algo odsgd --warmup-iters 10 --local-updater dcasgd-c "${E[@]}" \
+  --out "$R/local-odsgd" >"$R/local-odsgd.out" 2>"$R/local-odsgd.err"
+expect_success "weights/odsgd-local-exit-0" $? "$R/local-odsgd.out" "$R/local-odsgd.err"
+mpi_run 3 -- train --transport mpi --algo odsgd --warmup-iters 10 --local-updater dcasgd-c "${E[@]}" \
+  --out "$R/mpi-odsgd" >"$R/mpi-odsgd.out" 2>"$R/mpi-odsgd.err"
+expect_success "weights/odsgd-mpi-exit-0" $? "$R/mpi-odsgd.out" "$R/mpi-odsgd.err"
+checksum_check "weights/odsgd-mpi-equals-local" "$R/local-odsgd" "$R/mpi-odsgd" same 2
+expect_contains "weights/odsgd-mpi-timing-model" "$R/mpi-odsgd.out" "OD-SGD timing model"
+
+# DC-ASGD is asynchronous (the weights depend on arrival order): it must run and report, over 2
+# servers.
+mpi_run 4 -- train --transport mpi --algo dcasgd --servers 2 --dc-variant a "${E[@]}" \
+  >"$R/mpi-dcasgd.out" 2>"$R/mpi-dcasgd.err"
+expect_success "train/dcasgd-mpi-exit-0" $? "$R/mpi-dcasgd.out" "$R/mpi-dcasgd.err"
+expect_contains "train/dcasgd-mpi-header" "$R/mpi-dcasgd.out" "2 workers + 2 servers as mpi"
+
 # The control: another seed must change the checksum, or the comparisons above prove nothing.
 mpi_run 3 -- train --transport mpi --algo dsync --seed 2 "${E[@]}" --out "$R/mpi-seed2" \
   >"$R/mpi-seed2.out" 2>"$R/mpi-seed2.err"

@@ -7,12 +7,16 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <limits>
+#include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/layout.h"
+#include "pipesgd/optim/delay_compensation.h"
 #include "pipesgd/optim/sgd.h"
 #include "pipesgd/ps/shard_plan.h"
 #include "test_world.h"
@@ -184,7 +188,7 @@ RunResult run_ps(int workers, int servers, int iterations, ServerMode mode, SgdO
   run_ranks(workers + servers, [&](int rank, Transport& transport) {
     if (rank >= workers) {
       ParameterServerShard shard(transport, plan, workers, w0, sgd);
-      shard.serve({mode, async_scale, kWait});
+      shard.serve(ServeOptions{.mode = mode, .async_scale = async_scale, .timeout = kWait});
       std::copy(shard.weights().begin(), shard.weights().end(),
                 result.server_weights.begin() + static_cast<std::ptrdiff_t>(shard.shard().begin));
       result.server_versions[static_cast<std::size_t>(shard.shard_index())] = shard.version();
@@ -337,6 +341,111 @@ TEST(ParameterServer, AsynchronousManyWorkersApplyEveryPushOnce) {
   }
 }
 
+// DC-ASGD on the server (od-sgd.txt Eq. 4-6), two workers in a fixed order, by hand. Layout {1, 2}
+// (so 2 servers split it), w0 = {1, -2, 0.5}, lr 0.5, scale 1/2, lambda 0.25:
+//   worker 0 pushes g0 = {2, 1, -4} computed on w0 (its backup: it has not pulled, so w0):
+//     w1 = w0 - 0.25 * (g0 + 0) = {0.5, -2.25, 1.5}
+//   worker 1 then pushes g1 = {1, -3, 2}, also computed on w0 (its backup is still w0):
+//     w1 - w0 = {-0.5, -0.25, 1}
+//     c: g1~ = g1 + 0.25 g1^2 (w1 - w0) = {0.875, -3.5625, 3}
+//        w2  = w1 - 0.25 g1~          = {0.28125, -1.359375, 0.75}
+//     a (m = 0.5): MeanSquare = {2, 0.5, 8} after g0, {1.5, 4.75, 6} after g1;
+//        g1~ = {0.8979379, -3.2580927, 2.4082483}, w2 = {0.2755155, -1.4354768, 0.8979379}
+//   worker 0 then pushes g0 again, computed on w1 (which it pulled): w_now - backup_0 = w2 - w1.
+struct CompensationCase {
+  DelayCompensationVariant variant;
+  std::vector<float> w2;
+  double tolerance;
+};
+
+class ServerDelayCompensation : public testing::TestWithParam<std::tuple<CompensationCase, int>> {};
+
+TEST_P(ServerDelayCompensation, CompensatesEachWorkerWithItsBackupByHand) {
+  const auto& [expected, servers] = GetParam();
+  const Layout layout = make_layout({1, 2});
+  const ShardPlan plan(layout, servers);
+  const std::vector<float> w0 = {1.0f, -2.0f, 0.5f};
+  const std::vector<float> g0 = {2.0f, 1.0f, -4.0f}, g1 = {1.0f, -3.0f, 2.0f};
+  ServeOptions options{.mode = ServerMode::kAsynchronous, .async_scale = 0.5f, .timeout = kWait};
+  DelayCompensationOptions compensation;
+  compensation.variant = expected.variant;
+  compensation.lambda = 0.25f;
+  compensation.mean_square_decay = 0.5f;
+  options.delay_compensation = compensation;
+
+  std::vector<float> w1(3), w2(3), w3(3);
+  std::promise<void> first_applied;
+  std::future<void> first_applied_seen = first_applied.get_future();
+  std::promise<void> second_applied;
+  std::future<void> second_applied_seen = second_applied.get_future();
+  run_ranks(2 + servers, [&](int rank, Transport& transport) {
+    if (rank >= 2) {
+      ParameterServerShard shard(transport, plan, 2, w0, SgdOptions{0.5f, 0.0f, 0.0f});
+      shard.serve(options);
+      return;
+    }
+    ParameterClient client(transport, plan, 2, kWait);
+    if (rank == 0) {
+      client.push(g0, 0).wait(kWait);
+      EXPECT_EQ(client.pull(w1, 1).wait(kWait), 1u);  // also makes w1 this worker's backup
+      first_applied.set_value();
+      if (second_applied_seen.wait_for(kWait) != std::future_status::ready) {
+        throw std::runtime_error("worker 1 never pushed");
+      }
+      client.push(g0, 2).wait(kWait);
+      EXPECT_EQ(client.pull(w3, 3).wait(kWait), 3u);
+    } else {
+      if (first_applied_seen.wait_for(kWait) != std::future_status::ready) {
+        throw std::runtime_error("worker 0 never pushed");
+      }
+      client.push(g1, 0).wait(kWait);
+      EXPECT_EQ(client.pull(w2, 2).wait(kWait), 2u);
+      second_applied.set_value();
+    }
+    client.close();
+  });
+  EXPECT_EQ(w1, (std::vector<float>{0.5f, -2.25f, 1.5f}));
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(w2[i], expected.w2[i], expected.tolerance) << i;
+  // Worker 0's second push was computed on w1 (its backup), so it is compensated with w2 - w1.
+  DelayCompensation oracle(3, compensation);
+  std::vector<float> compensated(3);
+  oracle.compensate(g0, w0, w0, compensated);  // the adaptive MeanSquare's history: g0, g1, g0
+  oracle.compensate(g1, w1, w0, compensated);
+  oracle.compensate(g0, w2, w1, compensated);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_FLOAT_EQ(w3[i], w2[i] - 0.25f * compensated[i]) << i;
+    EXPECT_NE(compensated[i], g0[i]) << "the second push of worker 0 was not compensated, " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, ServerDelayCompensation,
+    testing::Combine(testing::Values(CompensationCase{DelayCompensationVariant::kConstant,
+                                                      {0.28125f, -1.359375f, 0.75f}, 0.0},
+                                     CompensationCase{DelayCompensationVariant::kAdaptive,
+                                                      {0.2755155f, -1.4354768f, 0.8979379f}, 1e-6}),
+                     testing::Values(1, 2)));
+
+TEST(ParameterServer, DelayCompensationNeedsAsynchronousMode) {
+  const Layout layout = make_layout({3});
+  const ShardPlan plan(layout, 1);
+  const std::vector<float> w0(3, 0.0f);
+  try {
+    run_ranks(2, [&](int rank, Transport& transport) {
+      if (rank == 0) return;
+      ParameterServerShard shard(transport, plan, 1, w0, {});
+      ServeOptions options{.mode = ServerMode::kSynchronous, .timeout = kWait};
+      options.delay_compensation = DelayCompensationOptions{};
+      shard.serve(options);
+    });
+    FAIL() << "no error";
+  } catch (const UsageError& error) {
+    EXPECT_STREQ(error.what(),
+                 "parameter server shard 0 on rank 1: delay compensation applies to asynchronous "
+                 "serving only");
+  }
+}
+
 TEST(ParameterClient, ServerThatNeverStartsTimesOut) {
   const Layout layout = small_layout();
   const ShardPlan plan(layout, 1);
@@ -367,7 +476,7 @@ TEST(ParameterServer, WorkerThatNeverPushesTimesOut) {
       if (rank == 1) return;  // worker 1 never pushes
       if (rank == 2) {
         ParameterServerShard shard(transport, plan, 2, w0, {});
-        shard.serve({ServerMode::kSynchronous, 1.0f, Timeout{200}});
+        shard.serve(ServeOptions{.mode = ServerMode::kSynchronous, .timeout = Timeout{200}});
         return;
       }
       ParameterClient client(transport, plan, 2, kWait);

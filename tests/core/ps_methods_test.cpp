@@ -136,6 +136,15 @@ TEST(Asgd, OneWorkerEqualsSequentialSgdBitForBit) {
   for (int servers : {1, 2}) {
     const RunSummary asgd = run_training(tiny_config("asgd", 1, servers), softmax_factory(), data);
     EXPECT_TRUE(bit_identical(asgd.final_parameters[0], sgd.final_parameters[0])) << servers << " servers";
+    // DC-ASGD too: with one worker every push was computed on the weights it is applied to, so the
+    // compensation term is lambda g^2 * 0 = 0 exactly.
+    for (const char* variant : {"c", "a"}) {
+      TrainConfig config = tiny_config("dcasgd", 1, servers);
+      config.method.delay_compensation.variant = parse_delay_compensation_variant(variant);
+      const RunSummary dcasgd = run_training(config, softmax_factory(), data);
+      EXPECT_TRUE(bit_identical(dcasgd.final_parameters[0], sgd.final_parameters[0]))
+          << "dcasgd-" << variant << ", " << servers << " servers";
+    }
   }
   // The comparison is not vacuous: the weights moved.
   auto initial = softmax_factory()(11);
@@ -167,7 +176,7 @@ TEST(ParameterServerMethods, UsageErrors) {
     ADD_FAILURE() << "expected a usage error";
   } catch (const UsageError& error) {
     EXPECT_STREQ(error.what(),
-                 "--servers applies only to the parameter-server methods pssync and asgd, not 'dsync'");
+                 "--servers applies only to the parameter-server methods pssync, asgd, dcasgd and odsgd, not 'dsync'");
   }
   // More servers than the model has segments: the ShardPlan's message, before any thread starts.
   EXPECT_THROW(run_training(tiny_config("pssync", 2, 3), softmax_factory(), data), UsageError);
@@ -208,7 +217,8 @@ TEST(RankSubsetTransport, ShowsTheFirstRanksOnly) {
 // stopping would hang this test until ctest's own timeout fails it.
 TEST(ParameterServerMethods, WorkerFailureStopsServersWithRootCause) {
   const DataSplits data = small_data();
-  for (const std::string spec : {"pssync", "asgd"}) {
+  for (const std::string spec : {"pssync", "asgd", "dcasgd", "odsgd"}) {
+    SCOPED_TRACE(spec);
     std::atomic<int> built{0};
     ModelFactory factory = [&](std::uint64_t seed) -> std::unique_ptr<Model> {
       const bool fails = built++ == 2;

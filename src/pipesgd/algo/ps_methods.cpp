@@ -4,9 +4,7 @@
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
-namespace {
-
-int worker_count(const MethodConfig& config, const Transport& transport) {
+int parameter_server_workers(const MethodConfig& config, const Transport& transport) {
   if (config.servers < 1) {
     throw UsageError(concat("method '", config.name, "' needs at least one server, got ", config.servers));
   }
@@ -18,14 +16,19 @@ int worker_count(const MethodConfig& config, const Transport& transport) {
   return workers;
 }
 
-}  // namespace
+bool method_uses_servers(const std::string& name) {
+  return name == "pssync" || name == "asgd" || name == "dcasgd" || name == "odsgd";
+}
 
-bool method_uses_servers(const std::string& name) { return name == "pssync" || name == "asgd"; }
+namespace {
+bool asynchronous(const std::string& name) { return name == "asgd" || name == "dcasgd"; }
+}  // namespace
 
 ServeOptions serve_options(const MethodConfig& config, int workers) {
   ServeOptions options;
-  options.mode = config.name == "asgd" ? ServerMode::kAsynchronous : ServerMode::kSynchronous;
+  options.mode = asynchronous(config.name) ? ServerMode::kAsynchronous : ServerMode::kSynchronous;
   options.async_scale = async_gradient_scale(workers);
+  if (config.name == "dcasgd") options.delay_compensation = config.delay_compensation;
   options.timeout = config.allreduce.timeout;
   return options;
 }
@@ -33,10 +36,10 @@ ServeOptions serve_options(const MethodConfig& config, int workers) {
 ParameterServerMethod::ParameterServerMethod(const MethodConfig& config, Model& model,
                                              Transport& transport)
     : model_(model),
-      synchronous_(config.name != "asgd"),
+      synchronous_(!asynchronous(config.name)),
       timeout_(config.allreduce.timeout),
       plan_(model.layout(), config.servers),
-      client_(transport, plan_, worker_count(config, transport), config.allreduce.timeout),
+      client_(transport, plan_, parameter_server_workers(config, transport), config.allreduce.timeout),
       gradients_(model.layout().total()) {}
 
 std::span<float> ParameterServerMethod::begin_iteration(std::int64_t, IterationTimes&) {

@@ -7,7 +7,8 @@
 //     weights of version t, then pulls the weights of version t + 1 into model.parameters(); the
 //     servers (synchronous mode) sum the M gradients in worker order 0..M-1 and take one SGD step
 //     with gradient scale 1/M, exactly D-Sync's update up to the summation order of the gradients.
-//   ASGD (`asgd`): iteration t pushes the local gradient (tagged with the version of the weights it
+//   ASGD (`asgd`) and DC-ASGD (`dcasgd`, the servers compensate each push for its delay with the
+//   worker's backup weights, od-sgd.txt Eq. 4-6, MethodConfig::delay_compensation): iteration t pushes the local gradient (tagged with the version of the weights it
 //     was computed on) and pulls the latest weights; the servers (asynchronous mode) apply each push
 //     as it arrives with gradient scale 1/M (async_gradient_scale), so that with no staleness M
 //     pushes move the weights as far as one SSGD step of global batch M x batch: the per-sample
@@ -25,8 +26,12 @@
 
 namespace pipesgd {
 
-// True for the methods that need server ranks (pssync, asgd).
+// True for the methods that need server ranks (pssync, asgd, dcasgd, odsgd).
 bool method_uses_servers(const std::string& name);
+
+// The number of worker ranks M of a parameter-server method's transport (size - config.servers).
+// Throws UsageError if config.servers < 1 or no worker rank is left.
+int parameter_server_workers(const MethodConfig& config, const Transport& transport);
 
 // The gradient scale of an asynchronous server with `workers` workers (see above).
 inline float async_gradient_scale(int workers) { return 1.0f / static_cast<float>(workers); }

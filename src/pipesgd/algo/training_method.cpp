@@ -1,6 +1,7 @@
 #include "pipesgd/algo/training_method.h"
 
 #include "pipesgd/algo/dsync.h"
+#include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/pipe_sgd.h"
 #include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/collective/allreduce_factory.h"
@@ -8,7 +9,9 @@
 
 namespace pipesgd {
 
-std::vector<std::string> method_names() { return {"dsync", "pipe", "pssync", "asgd"}; }
+std::vector<std::string> method_names() {
+  return {"dsync", "pipe", "pssync", "asgd", "dcasgd", "odsgd"};
+}
 
 std::string resolve_allreduce_algorithm(const MethodConfig& config, int world_size, double bytes) {
   if (config.allreduce_algorithm != "auto") return config.allreduce_algorithm;
@@ -30,10 +33,11 @@ std::unique_ptr<TrainingMethod> make_training_method(const MethodConfig& config,
                                                      Transport& transport) {
   if (config.name == "dsync") return std::make_unique<DSync>(config, model, transport);
   if (config.name == "pipe") return std::make_unique<PipeSgd>(config, model, transport);
+  if (config.name == "odsgd") return std::make_unique<OneStepDelaySgd>(config, model, transport);
   if (method_uses_servers(config.name)) {
     return std::make_unique<ParameterServerMethod>(config, model, transport);
   }
-  throw UsageError(concat("unknown algorithm '", config.name, "' (expected dsync, pipe, pssync, asgd)"));
+  throw UsageError(concat("unknown algorithm '", config.name, "' (expected dsync, pipe, pssync, asgd, dcasgd, odsgd)"));
 }
 
 }  // namespace pipesgd

@@ -19,6 +19,7 @@
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/model.h"
+#include "pipesgd/optim/delay_compensation.h"
 #include "pipesgd/optim/sgd.h"
 #include "pipesgd/timing/allreduce_cost_model.h"
 
@@ -50,14 +51,23 @@ struct IterationTimes {
 };
 
 struct MethodConfig {
-  std::string name = "dsync";   // "dsync" | "pipe" | "pssync" | "asgd"
+  std::string name = "dsync";   // one of method_names()
   // Parameter-server methods (algo/ps_methods.h): the number S of server ranks, the last S ranks of
   // the method's transport. 0 for the other methods.
   int servers = 0;
   std::string codec = "none";
   int staleness = 2;            // K, pipe only
-  std::int64_t warmup_iterations = 0;  // pipe only: iterations run as D-Sync first
+  // pipe: iterations run as D-Sync first; odsgd: iterations trained on the synchronous global
+  // weights (algo/od_sgd.h).
+  std::int64_t warmup_iterations = 0;
   SgdOptions sgd;
+  // dcasgd: the servers' delay compensation (--dc-variant, --dc-lambda, --dc-momentum); odsgd's
+  // dcasgd-* local updaters use its lambda and m (their variant is the updater's).
+  DelayCompensationOptions delay_compensation;
+  // odsgd: the workers' local updater (--local-updater: sgd, dcasgd-c, dcasgd-a) and its learning
+  // rate (--local-lr; 0 = sgd.learning_rate).
+  std::string local_updater = "sgd";
+  float local_learning_rate = 0;
   // segment_bytes kAutoSegmentBytes lets the method choose: D-Sync segments (kDefaultSegmentBytes),
   // because the allreduce is on its critical path and segmenting overlaps reduction with transfer;
   // Pipe-SGD sends whole chunks (kUnsegmented), as its paper concludes from Eq. 5 vs 6: each segment

@@ -7,8 +7,10 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
+#include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/comm/network_spec.h"
@@ -41,9 +43,7 @@ void check_allreduce_name(const std::string& name, const char* flag, bool auto_a
   const std::vector<std::string> names = allreduce_algorithm_names();
   if (auto_allowed && name == "auto") return;
   if (std::find(names.begin(), names.end(), name) != names.end()) return;
-  std::string valid;
-  for (const auto& known : names) valid += known + ", ";
-  throw UsageError(concat(flag, " '", name, "': expected ", valid, auto_allowed ? "or auto" : "")); 
+  throw UsageError(concat(flag, " '", name, "': expected ", join(names), auto_allowed ? ", or auto" : ""));
 }
 
 // Checks --transport; returns true for mpi.
@@ -90,17 +90,30 @@ struct TrainFlags {
   std::string transport = "local";
   std::string allreduce = "ring";
   std::string calibration_file;
+  // DC-ASGD (dcasgd's servers; odsgd's dcasgd-* local updaters) and OD-SGD's local updater.
+  std::string dc_variant = "c";
+  float dc_lambda = 0.04f;
+  float dc_momentum = 0.95f;
+  std::string local_updater = "sgd";
+  float local_learning_rate = 0;
   bool quiet = false;
   bool no_eval = false;
   bool workers_given = false;  // --workers appeared on the command line
+  std::set<std::string> given;  // the method-specific flags that appeared (see method_flags_given)
 };
+
+// Flags that apply to some methods only: `train` rejects them for the others, `compare` applies
+// them to the methods of its list they concern.
+const std::vector<std::string> kMethodSpecificFlags = {
+    "--dc-variant", "--dc-lambda", "--dc-momentum", "--local-updater", "--local-lr",
+    "--warmup-iters", "--warmup-epochs"};
 
 void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--workers", flags.workers,
                      "Workers: threads of this process (--transport local); under mpi the ranks")
       ->capture_default_str();
   command.add_option("--servers", flags.servers,
-                     "Parameter-server ranks of pssync and asgd (threads after the workers; under "
+                     "Parameter-server ranks of pssync, asgd, dcasgd and odsgd (threads after the workers; under "
                      "--transport mpi the last S ranks of mpirun -np); 0 = 1 for those methods, "
                      "rejected by the others")
       ->capture_default_str();
@@ -135,11 +148,30 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--staleness-k", flags.staleness,
                      "Pipe-SGD iteration dependency K: the update at t uses the gradient of t-K")
       ->capture_default_str();
-  command.add_option("--warmup-epochs", flags.warmup_epochs, "Pipe-SGD: run D-Sync for this many epochs first")
-      ->capture_default_str();
+  command.add_option("--warmup-epochs", flags.warmup_epochs,
+                     "Synchronous epochs first: pipe runs them as D-Sync, odsgd trains them on the "
+                     "global weights [default: 0]");
   command.add_option("--warmup-iters", flags.warmup_iterations,
-                     "Pipe-SGD: run D-Sync for this many (further) iterations first")
+                     concat("Synchronous iterations first, after --warmup-epochs (pipe: D-Sync; odsgd: the "
+                            "warm-up and switching stage) [default: 0; odsgd: ",
+                            kOdSgdDefaultWarmupIterations, " if neither warm-up flag is given]"));
+  command.add_option("--dc-variant", flags.dc_variant,
+                     "dcasgd: the servers' delay compensation, c (DC-ASGD-c, Eq. 4) or a (DC-ASGD-a, "
+                     "Eq. 5-6)")
       ->capture_default_str();
+  command.add_option("--dc-lambda", flags.dc_lambda,
+                     "Delay compensation lambda (dcasgd; odsgd with --local-updater dcasgd-c|dcasgd-a)")
+      ->capture_default_str();
+  command.add_option("--dc-momentum", flags.dc_momentum,
+                     "m of Eq. 6, the decay of DC-ASGD-a's mean square (--dc-variant a; --local-updater "
+                     "dcasgd-a)")
+      ->capture_default_str();
+  command.add_option("--local-updater", flags.local_updater,
+                     "odsgd: how a worker updates the pulled weights with its own gradient: sgd, "
+                     "dcasgd-c or dcasgd-a")
+      ->capture_default_str();
+  command.add_option("--local-lr", flags.local_learning_rate,
+                     "odsgd: the local updater's learning rate [default: --lr]");
   command.add_option("--codec", flags.codec,
                      "Gradient codec inside the allreduce: none, bf16 (16-bit truncation), int8 "
                      "(8-bit quantization); a method's +codec overrides it")
@@ -158,6 +190,55 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--out", flags.out_dir, "Write metrics.jsonl and summary.json (compare: compare.json) here");
   command.add_flag("--quiet", flags.quiet, "No progress output");
   command.add_flag("--no-eval", flags.no_eval, "Skip the test-set evaluation after each epoch");
+}
+
+// Which methods a method-specific flag concerns (given the local updater of odsgd).
+bool flag_applies(const std::string& flag, const std::string& method, const TrainFlags& flags) {
+  const bool adaptive_local = flags.local_updater == "dcasgd-a";
+  const bool compensating_local = flags.local_updater != "sgd";
+  if (flag == "--dc-variant") return method == "dcasgd";
+  if (flag == "--dc-lambda") return method == "dcasgd" || (method == "odsgd" && compensating_local);
+  if (flag == "--dc-momentum") {
+    return (method == "dcasgd" && flags.dc_variant == "a") || (method == "odsgd" && adaptive_local);
+  }
+  if (flag == "--local-updater" || flag == "--local-lr") return method == "odsgd";
+  if (flag == "--warmup-iters" || flag == "--warmup-epochs") return method == "pipe" || method == "odsgd";
+  return true;
+}
+
+std::string flag_users(const std::string& flag) {
+  if (flag == "--dc-variant") return "dcasgd";
+  if (flag == "--dc-lambda") return "dcasgd and odsgd with --local-updater dcasgd-c or dcasgd-a";
+  if (flag == "--dc-momentum") return "dcasgd --dc-variant a and odsgd --local-updater dcasgd-a";
+  if (flag == "--warmup-iters" || flag == "--warmup-epochs") return "pipe and odsgd";
+  return "odsgd";
+}
+
+// The delay-compensation, local-updater and warm-up flags into config.method (config.method.name
+// set). `train` rejects such a flag given for a method it does not concern; `compare` applies it to
+// the methods of its list it concerns (as --servers).
+void apply_method_specific_flags(const TrainFlags& flags, bool compare, TrainConfig& config) {
+  const std::string& method = config.method.name;
+  if (!compare) {
+    for (const std::string& flag : kMethodSpecificFlags) {
+      if (flags.given.count(flag) && !flag_applies(flag, method, flags)) {
+        throw UsageError(concat(flag, " applies only to ", flag_users(flag), ", not '", method, "'"));
+      }
+    }
+  }
+  config.method.delay_compensation.variant = parse_delay_compensation_variant(flags.dc_variant);
+  config.method.delay_compensation.lambda = flags.dc_lambda;
+  config.method.delay_compensation.mean_square_decay = flags.dc_momentum;
+  config.method.local_updater = flags.local_updater;
+  config.method.local_learning_rate = flags.local_learning_rate;
+  if (flags.given.count("--local-lr") && !(flags.local_learning_rate > 0)) {
+    throw UsageError(concat("--local-lr must be > 0, got ", flags.local_learning_rate));
+  }
+  config.warmup_epochs = flags.warmup_epochs;
+  config.warmup_iterations = flags.warmup_iterations;
+  if (method == "odsgd" && !flags.given.count("--warmup-iters") && !flags.given.count("--warmup-epochs")) {
+    config.warmup_iterations = kOdSgdDefaultWarmupIterations;
+  }
 }
 
 // `compare`: --servers applies to the parameter-server methods of the list only (`train` rejects it
@@ -206,8 +287,7 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec, b
   config.batch = static_cast<std::size_t>(flags.batch);
   config.epochs = flags.epochs;
   config.iterations = flags.iterations;
-  config.warmup_epochs = flags.warmup_epochs;
-  config.warmup_iterations = flags.warmup_iterations;
+  apply_method_specific_flags(flags, compare, config);
   config.seed = static_cast<std::uint64_t>(flags.seed);
   config.network = parse_network_spec(flags.network);
   if (active_mpi_session && config.network.emulated()) {
@@ -292,7 +372,8 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms) {
     // numbers of workers: not a comparison.
     for (const TrainConfig& config : configs) {
       if (config.workers != configs[0].workers) {
-        throw UsageError("under --transport mpi, compare cannot mix parameter-server methods (pssync, asgd: "
+        throw UsageError("under --transport mpi, compare cannot mix parameter-server methods (pssync, asgd, "
+                         "dcasgd, odsgd: "
                          "the last --servers ranks serve) with dsync/pipe (every rank a worker); compare them "
                          "in separate runs");
       }
@@ -615,8 +696,8 @@ int main(int argc, char** argv) {
   std::string train_method = "dsync";
   CLI::App* train = app.add_subcommand("train", "Train one method and report the timing breakdown");
   train->add_option("--algo", train_method,
-                    "Method: dsync | pipe (optionally +codec, e.g. pipe+int8) | pssync | asgd (parameter "
-                    "server, see --servers)")
+                    "Method: dsync | pipe (optionally +codec, e.g. pipe+int8) | pssync | asgd | dcasgd | "
+                    "odsgd (parameter server, see --servers)")
       ->capture_default_str();
   add_train_flags(*train, train_flags);
 
@@ -624,8 +705,8 @@ int main(int argc, char** argv) {
   std::string compare_methods = "dsync,pipe,pipe+int8";
   CLI::App* compare = app.add_subcommand("compare", "Train several methods one after another; one table");
   compare->add_option("--algos", compare_methods,
-                      "Comma-separated methods, each name[+codec] (dsync, pipe, pssync, asgd), e.g. "
-                      "dsync,pipe,pipe+int8,pssync")
+                      "Comma-separated methods, each name[+codec] (dsync, pipe, pssync, asgd, dcasgd, "
+                      "odsgd), e.g. pssync,asgd,dcasgd,odsgd,dsync,pipe")
       ->capture_default_str();
   add_train_flags(*compare, compare_flags);
 
@@ -664,6 +745,10 @@ int main(int argc, char** argv) {
   }
   train_flags.workers_given = train->count("--workers") > 0;
   compare_flags.workers_given = compare->count("--workers") > 0;
+  for (const std::string& flag : kMethodSpecificFlags) {
+    if (train->count(flag) > 0) train_flags.given.insert(flag);
+    if (compare->count(flag) > 0) compare_flags.given.insert(flag);
+  }
   bench_flags.workers_given = bench_allreduce->count("--workers") > 0;
   calibrate_flags.workers_given = calibrate->count("--workers") > 0;
 

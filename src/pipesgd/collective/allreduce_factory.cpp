@@ -28,10 +28,8 @@ std::unique_ptr<Allreduce> make_allreduce(std::string_view algorithm, Transport&
     return std::make_unique<TreeAllreduce>(transport, max_count, codec, options);
   if (algorithm == "direct")
     return std::make_unique<DirectAllreduce>(transport, max_count, codec, options);
-  std::string valid;
-  for (const std::string& name : allreduce_algorithm_names())
-    valid += (valid.empty() ? "" : ", ") + name;
-  throw UsageError(concat("unknown allreduce algorithm '", algorithm, "' (expected ", valid, ")"));
+  throw UsageError(concat("unknown allreduce algorithm '", algorithm, "' (expected ",
+                          join(allreduce_algorithm_names()), ")"));
 }
 
 }  // namespace pipesgd

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace pipesgd {
 
@@ -52,6 +53,16 @@ std::string concat(Parts&&... parts) {
   std::ostringstream out;
   (out << ... << std::forward<Parts>(parts));
   return out.str();
+}
+
+// "a, b, c": the names of a list, for messages.
+inline std::string join(const std::vector<std::string>& items, const std::string& separator = ", ") {
+  std::string text;
+  for (const std::string& item : items) {
+    if (!text.empty()) text += separator;
+    text += item;
+  }
+  return text;
 }
 
 [[noreturn]] void assertion_failed(const char* expression, const char* file, int line);

@@ -29,6 +29,7 @@ using SegmentReadyFn = std::function<void(std::size_t segment, double backward_s
 
 struct StepResult {
   double loss = 0;              // mean loss over the batch
+  std::size_t correct = 0;      // examples whose arg-max prediction (before the update) is the label
   double forward_seconds = 0;   // forward pass incl. the loss
   double backward_seconds = 0;  // whole backward pass
 };

@@ -148,6 +148,20 @@ SoftmaxRegression::SoftmaxRegression(std::size_t features, std::size_t classes, 
   weight_gradient_scratch_.resize(classes * features);
 }
 
+namespace {
+// Rows whose most probable class is the label (`rows` holds each row's class probabilities).
+std::size_t count_correct(const Batch& batch, std::size_t classes, std::span<const double> rows) {
+  std::size_t correct = 0;
+  for (std::size_t row = 0; row < batch.size; ++row) {
+    const double* probabilities = rows.data() + row * classes;
+    const std::size_t predicted = static_cast<std::size_t>(
+        std::max_element(probabilities, probabilities + classes) - probabilities);
+    if (predicted == static_cast<std::size_t>(batch.labels[row])) ++correct;
+  }
+  return correct;
+}
+}  // namespace
+
 StepResult SoftmaxRegression::forward_backward(const Batch& batch, std::span<float> gradients,
                                                const SegmentReadyFn& on_ready) {
   PIPESGD_ASSERT(gradients.size() == layout_.total());
@@ -160,6 +174,7 @@ StepResult SoftmaxRegression::forward_backward(const Batch& batch, std::span<flo
   result.loss = forward_probabilities(parameters_, batch, features_, classes_, rows) /
                 static_cast<double>(batch.size);
   result.forward_seconds = forward_watch.seconds();
+  result.correct = count_correct(batch, classes_, rows);
 
   Stopwatch backward_watch;
   Stopwatch segment_watch;
@@ -182,12 +197,7 @@ Evaluation SoftmaxRegression::evaluate(const Batch& batch) {
   Evaluation evaluation;
   evaluation.count = batch.size;
   evaluation.loss_sum = forward_probabilities(parameters_, batch, features_, classes_, rows);
-  for (std::size_t row = 0; row < batch.size; ++row) {
-    const double* probabilities = rows.data() + row * classes_;
-    const std::size_t predicted = static_cast<std::size_t>(
-        std::max_element(probabilities, probabilities + classes_) - probabilities);
-    if (predicted == static_cast<std::size_t>(batch.labels[row])) ++evaluation.correct;
-  }
+  evaluation.correct = count_correct(batch, classes_, rows);
   return evaluation;
 }
 

@@ -122,6 +122,10 @@ void ParameterServerShard::send_reply(int worker, Timeout timeout) {
   if (w.reply_send.valid()) w.reply_send.wait(timeout);
   write_u64(w.reply, 0, version_);
   std::copy(weights_.begin(), weights_.end(), w.reply.begin() + kReplyHeaderFloats);
+  if (!backups_.empty()) {
+    // The worker's next gradient is computed on exactly these weights.
+    std::copy(weights_.begin(), weights_.end(), backups_[static_cast<std::size_t>(worker)].begin());
+  }
   w.reply_send = transport_.send(worker, ps_tag(w.reply_sequence++, kReplyStep, shard_),
                                  std::as_bytes(std::span(w.reply)), "ps pull reply");
   w.pull_pending = false;
@@ -142,6 +146,17 @@ void ParameterServerShard::serve(const ServeOptions& options) {
     return concat("parameter server shard ", shard_, " on rank ", transport_.rank());
   };
 
+  backups_.clear();
+  compensation_.reset();
+  if (options.delay_compensation) {
+    if (synchronous) {
+      throw UsageError(concat(where(), ": delay compensation applies to asynchronous serving only"));
+    }
+    compensation_.emplace(count, *options.delay_compensation);
+    // Every worker starts from the initial weights: the shard's weights before any push.
+    backups_.assign(static_cast<std::size_t>(workers_), weights_);
+    compensated_.assign(count, 0.0f);
+  }
   for (int m = 0; m < workers_; ++m) {
     WorkerState& w = state_[static_cast<std::size_t>(m)];
     std::vector<float> request = std::move(w.request), reply = std::move(w.reply);
@@ -206,7 +221,13 @@ void ParameterServerShard::serve(const ServeOptions& options) {
                                    describe_tag(w.receive_tag),
                                    ") is ahead of the shard's version ", version_));
           }
-          sgd_.step(weights_, gradients, options.async_scale);
+          if (compensation_) {
+            compensation_->compensate(gradients, weights_, backups_[static_cast<std::size_t>(m)],
+                                      compensated_);
+            sgd_.step(weights_, compensated_, options.async_scale);
+          } else {
+            sgd_.step(weights_, gradients, options.async_scale);
+          }
           ++version_;
           post_receive(m);
           answer_pulls(options.timeout);

@@ -23,7 +23,11 @@
 // push whose version is not the shard's current version is a protocol error (CommError).
 // Asynchronous mode: every push is applied as it arrives with gradient scale `async_scale`, version
 // += 1; the push's version (the weights the gradient was computed on) must not exceed the shard's
-// version. A pull carries a minimum version: the server answers it once its version reaches it (0 =
+// version. Asynchronous mode with delay compensation (DC-ASGD, `dcasgd`): the shard keeps, per
+// worker, a backup of the weights it last sent that worker (the initial weights before its first
+// pull); a push of worker m is compensated with them (optim/delay_compensation.h, w_then = backup_m,
+// w_now = the shard's weights) before the SGD step, so a gradient computed on old weights is
+// corrected for how far the weights moved since. A pull carries a minimum version: the server answers it once its version reaches it (0 =
 // answer with the latest weights at once) and the reply carries the version of the weights sent.
 //
 // Failures: the serve loop polls with Request::test(), which does not report a failed peer, so a
@@ -34,10 +38,12 @@
 // allocate (the transport itself may).
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "pipesgd/comm/transport.h"
+#include "pipesgd/optim/delay_compensation.h"
 #include "pipesgd/optim/sgd.h"
 #include "pipesgd/ps/shard_plan.h"
 
@@ -55,6 +61,9 @@ struct ServeOptions {
   // of a local run stop its servers at once when a worker failed, instead of after `timeout`.
   // Written by any thread, read by the serving thread.
   const std::atomic<bool>* stop = nullptr;
+  // Asynchronous mode only: compensate each push for its worker's delay (DC-ASGD). serve() throws
+  // UsageError if set in synchronous mode.
+  std::optional<DelayCompensationOptions> delay_compensation = std::nullopt;
 };
 
 // One shard of the parameters, served on a server rank. Thread contract: constructed and served by
@@ -92,6 +101,11 @@ class ParameterServerShard {
   Shard plan_shard_;
   std::vector<float> weights_;
   std::vector<float> sum_;  // synchronous mode: the summed gradients
+  // Delay compensation (allocated by serve() when enabled): per-worker backups of the weights last
+  // sent, the compensated gradient, and the compensation's state.
+  std::vector<std::vector<float>> backups_;
+  std::vector<float> compensated_;
+  std::optional<DelayCompensation> compensation_;
   Sgd sgd_;
   std::uint64_t version_ = 0;
   std::vector<WorkerState> state_;

@@ -339,9 +339,14 @@ StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gra
   StepResult result;
 
   Stopwatch forward_watch;
-  const torch::Tensor loss = torch::nn::functional::cross_entropy(
-      network_->forward(input_rows(batch, 0, batch.size)), label_rows(batch, 0, batch.size));
+  const torch::Tensor labels = label_rows(batch, 0, batch.size);
+  const torch::Tensor logits = network_->forward(input_rows(batch, 0, batch.size));
+  const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
   result.forward_seconds = forward_watch.seconds();
+  {
+    torch::NoGradGuard no_grad;
+    result.correct = static_cast<std::size_t>(logits.argmax(1).eq(labels).sum().item<std::int64_t>());
+  }
 
   Stopwatch backward_watch;
   std::fill(gradients.begin(), gradients.end(), 0.0f);

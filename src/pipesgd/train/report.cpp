@@ -19,7 +19,8 @@ nlohmann::json times_to_json(const IterationTimes& t) {
 
 nlohmann::json epoch_to_json(const EpochRecord& e) {
   return {{"epoch", e.epoch},           {"iterations", e.iterations},
-          {"train_loss", e.train_loss}, {"test_accuracy", e.test_accuracy},
+          {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
+          {"test_accuracy", e.test_accuracy},
           {"test_loss", e.test_loss},   {"elapsed_s", e.elapsed_seconds}};
 }
 
@@ -64,6 +65,44 @@ void print_table(std::ostream& out, const std::vector<std::vector<std::string>>&
   }
 }
 
+nlohmann::json od_sgd_to_json(const std::optional<OdSgdReport>& report) {
+  if (!report) return nullptr;
+  return {{"sync_iterations_measured", report->sync_iterations},
+          {"t_org_measured_s", report->sync_iteration},
+          {"t_cop_s", report->times.compute},
+          {"t_com_s", report->times.communication},
+          {"t_com_sync_s", report->times.sync_communication},
+          {"t_new_predicted_eq2_s", report->predicted_iteration},
+          {"improvement_rate_predicted_eq3", report->predicted_improvement},
+          {"improvement_rate_measured", report->measured_improvement}};
+}
+
+std::string percent(double fraction) { return format("%.1f%%", fraction * 100); }
+
+// OD-SGD Eq. 1-3 beside the measurement (odsgd runs).
+void print_od_sgd_model(std::ostream& out, const RunSummary& s) {
+  const OdSgdReport& r = *s.od_sgd;
+  out << "\nOD-SGD timing model (od-sgd.txt Eq. 1-3): T_cop = compute thread busy = "
+      << milliseconds(r.times.compute) << " ms, T_com = push + pull on the comm thread = "
+      << milliseconds(r.times.communication) << " ms";
+  if (r.sync_iterations <= 0) {
+    out << "\nT_org and T'_com are measured on the synchronous warm-up iterations, and this run had "
+           "too few: give --warmup-iters 20 or more to see the improvement rate. Eq. 2 predicts T_new = "
+        << milliseconds(r.predicted_iteration) << " ms, measured " << milliseconds(s.mean.iteration)
+        << " ms\n";
+    return;
+  }
+  out << ", T'_com = SSGD push + pull in the " << r.sync_iterations
+      << " measured warm-up iterations = " << milliseconds(r.times.sync_communication) << " ms\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"", "T_org (SSGD) ms", "T_new (OD-SGD) ms", "improvement rate"},
+      {"predicted (Eq. 2, 3)", milliseconds(sync_ps_iteration_time(r.times)),
+       milliseconds(r.predicted_iteration), percent(r.predicted_improvement)},
+      {"measured", milliseconds(r.sync_iteration), milliseconds(s.mean.iteration),
+       percent(r.measured_improvement)}};
+  print_table(out, rows);
+}
+
 }  // namespace
 
 void ensure_directory(const std::string& dir) {
@@ -102,7 +141,9 @@ nlohmann::json summary_to_json(const RunSummary& s) {
           {"link_model_comm_eq5_s", s.link_model_comm},
           {"bytes_sent_per_iteration", s.bytes_sent_per_iteration},
           {"weights_checksum", concat(std::hex, s.weights_checksum)},
+          {"final_train_accuracy", s.final_train_accuracy},
           {"final_test_accuracy", s.final_test_accuracy},
+          {"od_sgd_model", od_sgd_to_json(s.od_sgd)},
           {"epochs", epochs}};
 }
 
@@ -170,27 +211,57 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
     out << "Eq. 5 comm term from the emulated link (gamma = 0): " << milliseconds(s.link_model_comm)
         << " ms per allreduce\n";
   }
-  out << "This method follows " << (s.predicted_iteration == s.predicted_pipe_iteration &&
-                                           s.predicted_pipe_iteration != s.predicted_sync_iteration
-                                       ? "Eq. 4"
-                                       : "Eq. 2")
-      << ". Final test accuracy: " << accuracy(s.final_test_accuracy) << "\n";
+  if (s.od_sgd) {
+    print_od_sgd_model(out, s);
+    out << "This method follows OD-SGD's Eq. 2.";
+  } else {
+    out << "This method follows "
+        << (s.predicted_iteration == s.predicted_pipe_iteration &&
+                    s.predicted_pipe_iteration != s.predicted_sync_iteration
+                ? "Eq. 4"
+                : "Eq. 2")
+        << ".";
+  }
+  out << " Final train accuracy: " << accuracy(s.final_train_accuracy)
+      << ", test accuracy: " << accuracy(s.final_test_accuracy) << "\n";
 }
 
 void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries) {
   std::vector<std::vector<std::string>> rows = {
       {"method", "samples/s", "iter ms", "update", "forward", "backward", "compute", "exposed wait",
-       "comm", "predicted ms", "test acc", "speedup"}};
+       "comm", "predicted ms", "train acc", "test acc", "speedup"}};
   const double base = summaries.empty() ? 0 : summaries.front().throughput;
   for (const RunSummary& s : summaries) {
     rows.push_back({s.method_spec, format("%.0f", s.throughput), milliseconds(s.mean.iteration),
                     milliseconds(s.mean.update), milliseconds(s.mean.forward),
                     milliseconds(s.mean.backward), milliseconds(s.stages.compute()), milliseconds(s.mean.wait),
                     milliseconds(s.mean.comm), milliseconds(s.predicted_iteration),
-                    accuracy(s.final_test_accuracy),
+                    accuracy(s.final_train_accuracy), accuracy(s.final_test_accuracy),
                     format("%.2fx", base > 0 ? s.throughput / base : 0)});
   }
   print_table(out, rows);
+
+  bool parameter_server = false;
+  for (const RunSummary& s : summaries) parameter_server = parameter_server || s.servers > 0;
+  if (parameter_server) {
+    // od-sgd.txt Table 1: training speed and accuracy.
+    out << "\nTraining speed and accuracy (the form of od-sgd.txt Table 1):\n";
+    std::vector<std::vector<std::string>> table = {
+        {"Algorithms", "Speed (samples/s)", "Train Acc (%)", "Test Acc (%)"}};
+    for (const RunSummary& s : summaries) {
+      table.push_back({s.method_spec, format("%.1f", s.throughput),
+                       format("%.3f", s.final_train_accuracy * 100),
+                       s.final_test_accuracy < 0 ? std::string("-")
+                                                 : format("%.3f", s.final_test_accuracy * 100)});
+    }
+    print_table(out, table);
+  }
+  for (const RunSummary& s : summaries) {
+    if (!s.od_sgd || s.od_sgd->sync_iterations <= 0) continue;
+    out << s.method_spec << ": OD-SGD improvement rate over its synchronous warm-up, predicted (Eq. 3) "
+        << percent(s.od_sgd->predicted_improvement) << ", measured "
+        << percent(s.od_sgd->measured_improvement) << "\n";
+  }
 }
 
 void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>& summaries) {
@@ -202,7 +273,9 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                        {"iteration_s", s.mean.iteration},
                        {"breakdown", times_to_json(s.mean)},
                        {"predicted_iteration_s", s.predicted_iteration},
+                       {"final_train_accuracy", s.final_train_accuracy},
                        {"final_test_accuracy", s.final_test_accuracy},
+                       {"od_sgd_model", od_sgd_to_json(s.od_sgd)},
                        {"speedup", summaries.front().throughput > 0
                                        ? s.throughput / summaries.front().throughput
                                        : 0}});

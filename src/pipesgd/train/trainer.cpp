@@ -6,6 +6,7 @@
 #include <memory>
 #include <thread>
 
+#include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
@@ -116,7 +117,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
   auto control_codec = make_codec("none");
   // The control reductions involve the workers only (ranks 0..M-1), never the server ranks.
   RankSubsetTransport worker_ranks(transport, config.workers);
-  RingAllreduce control(worker_ranks, 2, *control_codec, config.method.allreduce);
+  RingAllreduce control(worker_ranks, 3, *control_codec, config.method.allreduce);
   const bool leader = rank == 0;
   ProgressReporter progress(leader && config.progress, config.method_spec);
   std::vector<IterationTimes>& times = shared.times[rank];
@@ -130,6 +131,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
     progress.start_epoch(epoch, plan.epochs, count);
     Stopwatch epoch_clock;
     double loss_sum = 0;
+    double correct = 0;  // training examples predicted right (before their update)
     for (std::int64_t i = 0; i < count; ++i, ++t) {
       IterationTimes& record = times[t];
       Stopwatch iteration;
@@ -144,6 +146,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
       method.end_iteration(t, record);
       record.iteration = iteration.seconds();
       loss_sum += step.loss;
+      correct += static_cast<double>(step.correct);
       if (leader) {
         progress.update(i + 1, loss_sum / static_cast<double>(i + 1),
                         samples_per_iteration * static_cast<double>(i + 1) / epoch_clock.seconds());
@@ -157,15 +160,20 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
 
     // Epoch end: mean training loss over all workers (this reduction is also a barrier), then rank 0
     // evaluates while the others wait at a second barrier, so evaluation never pollutes timings.
-    float reduced[2] = {static_cast<float>(loss_sum), static_cast<float>(count)};
+    // (Counts up to 2^24 are exact in fp32: an epoch of this run has at most that many examples.)
+    float reduced[3] = {static_cast<float>(loss_sum), static_cast<float>(count),
+                        static_cast<float>(correct)};
     control.run(reduced, control_tag(2 * epoch));
     if (leader) {
       EpochRecord record;
       record.epoch = epoch + 1;
       record.iterations = t;
       record.train_loss = reduced[1] > 0 ? reduced[0] / reduced[1] : 0;
+      record.train_accuracy =
+          reduced[1] > 0 ? reduced[2] / (reduced[1] * static_cast<double>(config.batch)) : 0;
       record.elapsed_seconds = train_seconds;
-      std::string result = concat("train loss ", record.train_loss);
+      std::string result = concat("train loss ", record.train_loss, ", train accuracy ",
+                                  record.train_accuracy * 100, "%");
       if (config.evaluate) {
         const Evaluation evaluation = evaluate(model, data.test);
         record.test_accuracy = evaluation.count ? double(evaluation.correct) / evaluation.count : 0;
@@ -225,6 +233,29 @@ void gather_at_leader(Transport& transport, const TrainConfig& config, const Run
   }
 }
 
+// OD-SGD Eq. 1-3 from the run: the synchronous stage is iterations [0, switching), the pipelined
+// stage the measured iterations (whose means are `pipelined`).
+OdSgdReport od_sgd_report(const SharedRunState& shared, std::int64_t switching,
+                          const IterationTimes& pipelined) {
+  OdSgdReport report;
+  report.times.compute = pipelined.iteration - pipelined.wait;
+  report.times.communication = pipelined.comm;
+  const std::int64_t start_up = std::min<std::int64_t>(10, switching / 10);
+  report.sync_iterations = switching - start_up;
+  if (report.sync_iterations > 0) {
+    const IterationTimes sync = mean_times(shared, start_up, switching);
+    report.sync_iteration = sync.iteration;
+    report.times.sync_communication = sync.comm;
+  }
+  report.predicted_iteration = od_sgd_iteration_time(report.times);
+  if (report.sync_iterations > 0 && sync_ps_iteration_time(report.times) > 0 &&
+      report.sync_iteration > 0) {
+    report.predicted_improvement = od_sgd_improvement_rate(report.times);
+    report.measured_improvement = (report.sync_iteration - pipelined.iteration) / report.sync_iteration;
+  }
+  return report;
+}
+
 RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunState& shared,
                      Model& model, bool write_outputs) {
   RunSummary summary;
@@ -270,8 +301,21 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
                          1000.0;
     summary.link_model_comm = ring_allreduce_time(config.workers, bytes, link);
   }
+  if (config.method.name == "odsgd") {
+    // Warm-up iterations (trained on the synchronous global weights) end at the switching
+    // iteration max(N, 1) - 1 (algo/od_sgd.h); skip their start-up like the measured ones'.
+    const std::int64_t switching =
+        std::min(std::max<std::int64_t>(plan.warmup_iterations, 1) - 1, plan.total_iterations);
+    if (switching < plan.total_iterations) {
+      summary.od_sgd = od_sgd_report(shared, switching, summary.mean);
+      summary.predicted_iteration = summary.od_sgd->predicted_iteration;
+    }
+  }
   summary.epochs = shared.epochs;
-  if (!summary.epochs.empty()) summary.final_test_accuracy = summary.epochs.back().test_accuracy;
+  if (!summary.epochs.empty()) {
+    summary.final_test_accuracy = summary.epochs.back().test_accuracy;
+    summary.final_train_accuracy = summary.epochs.back().train_accuracy;
+  }
   std::uint64_t bytes = 0;
   for (auto b : shared.bytes_sent) bytes += b;
   summary.bytes_sent_per_iteration =
@@ -321,11 +365,15 @@ void validate_train_config(const TrainConfig& config) {
                               config.method.codec, "' applies only to dsync and pipe"));
     }
   } else if (config.servers > 0) {
-    throw UsageError(concat("--servers applies only to the parameter-server methods pssync and asgd, not '",
+    throw UsageError(concat("--servers applies only to the parameter-server methods pssync, asgd, dcasgd "
+                            "and odsgd, not '",
                             config.method.name, "'"));
   }
   make_codec(config.method.codec);
   Sgd(0, config.method.sgd);  // throws UsageError for a bad learning rate, momentum or weight decay
+  DelayCompensation(0, config.method.delay_compensation);  // a bad --dc-lambda or --dc-momentum
+  if (config.method.name == "odsgd") LocalUpdater(0, config.method.local_updater, config.method.sgd,
+                                                  config.method.delay_compensation);
 }
 
 void apply_method_spec(const std::string& spec, TrainConfig& config) {
@@ -340,7 +388,7 @@ void apply_method_spec(const std::string& spec, TrainConfig& config) {
   const std::vector<std::string> methods = method_names();
   if (parts[0].empty() || std::find(methods.begin(), methods.end(), parts[0]) == methods.end()) {
     throw UsageError(concat("unknown algorithm '", parts[0], "' in '", spec,
-                            "' (expected dsync, pipe, pssync, asgd, optionally followed by +codec)"));
+                            "' (expected ", join(methods, ", "), ", optionally followed by +codec)"));
   }
   config.method_spec = spec;
   config.method.name = parts[0];

@@ -3,6 +3,7 @@
 // data set, and the run reports per-iteration timings, per-epoch accuracy and a summary.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/data/dataset.h"
+#include "pipesgd/timing/od_sgd_timing_model.h"
 #include "pipesgd/timing/pipe_timing_model.h"
 
 namespace pipesgd {
@@ -24,13 +26,15 @@ struct TrainConfig {
   std::string method_spec = "dsync";  // as given: name[+codec]
   MethodConfig method;                // resolved from the spec and the flags
   int workers = 4;
-  int servers = 0;                    // server ranks (pssync, asgd); 0: 1 for those methods
+  int servers = 0;                    // server ranks (pssync, asgd, dcasgd, odsgd); 0: 1 for those
   std::string model = "mlp";
   std::size_t batch = 25;             // per worker
   std::int64_t epochs = 1;
   std::int64_t iterations = 0;        // > 0: run exactly this many iterations instead of epochs
-  std::int64_t warmup_epochs = 0;     // pipe: D-Sync epochs first
-  std::int64_t warmup_iterations = 0; // pipe: plus this many D-Sync iterations
+  // Synchronous iterations first: pipe runs them as D-Sync, odsgd trains them on the global weights
+  // (algo/od_sgd.h; the CLI gives odsgd kOdSgdDefaultWarmupIterations when neither flag is set).
+  std::int64_t warmup_epochs = 0;
+  std::int64_t warmup_iterations = 0; // plus this many iterations
   std::uint64_t seed = 1;
   NetworkSpec network;
   std::string out_dir;                // "": write nothing
@@ -44,9 +48,24 @@ struct EpochRecord {
   std::int64_t epoch = 0;
   std::int64_t iterations = 0;   // iterations run so far
   double train_loss = 0;         // mean over this epoch's iterations and workers
+  // Fraction of this epoch's training examples (all workers) whose prediction, made on the
+  // weights the worker trained on, was right: the running training accuracy.
+  double train_accuracy = 0;
   double test_accuracy = -1;     // fraction in [0, 1]; -1 if not evaluated
   double test_loss = -1;
   double elapsed_seconds = 0;    // training wall time so far (evaluation excluded)
+};
+
+// OD-SGD's performance model (od-sgd.txt Eq. 1-3) beside the measurement, for odsgd runs: T_org
+// and T'_com from the synchronous warm-up iterations (SSGD on the same servers), T_cop and T_com
+// from the pipelined iterations.
+struct OdSgdReport {
+  std::int64_t sync_iterations = 0;  // warm-up iterations measured (0: T_org, T'_com unknown)
+  double sync_iteration = 0;         // measured T_org (mean warm-up iteration), seconds
+  OdSgdTimes times;                  // T_cop = compute thread busy, T_com = comm thread, T'_com
+  double predicted_iteration = 0;    // Eq. 2: T_new
+  double predicted_improvement = 0;  // Eq. 3 (0 if sync_iterations == 0)
+  double measured_improvement = 0;   // (T_org - measured T_new) / T_org (0 if sync_iterations == 0)
 };
 
 struct RunSummary {
@@ -70,6 +89,8 @@ struct RunSummary {
   double predicted_pipe_iteration = 0;   // Eq. 4
   double predicted_iteration = 0;        // the equation of this method
   double link_model_comm = 0;            // Eq. 5 from the emulated link (0 without emulation)
+  std::optional<OdSgdReport> od_sgd;     // odsgd runs with pipelined iterations measured
+  double final_train_accuracy = 0;       // the last epoch's running training accuracy
   double final_test_accuracy = -1;
   std::uint64_t bytes_sent_per_iteration = 0;  // per worker
   std::uint64_t weights_checksum = 0;          // FNV-1a of rank 0's final parameters

@@ -1,0 +1,199 @@
+#include "pipesgd/algo/od_sgd.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "pipesgd/algo/ps_methods.h"
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/thread_priority.h"
+
+namespace pipesgd {
+
+std::vector<std::string> local_updater_names() { return {"sgd", "dcasgd-c", "dcasgd-a"}; }
+
+namespace {
+
+std::optional<DelayCompensationOptions> local_compensation(const std::string& kind,
+                                                           DelayCompensationOptions options) {
+  if (kind == "sgd") return std::nullopt;
+  if (kind == "dcasgd-c") {
+    options.variant = DelayCompensationVariant::kConstant;
+    return options;
+  }
+  if (kind == "dcasgd-a") {
+    options.variant = DelayCompensationVariant::kAdaptive;
+    return options;
+  }
+  throw UsageError(concat("--local-updater must be sgd, dcasgd-c or dcasgd-a, got '", kind, "'"));
+}
+
+SgdOptions local_sgd(const MethodConfig& config) {
+  SgdOptions options = config.sgd;
+  if (config.local_learning_rate != 0) options.learning_rate = config.local_learning_rate;
+  if (!(options.learning_rate > 0)) {
+    throw UsageError(concat("--local-lr must be > 0, got ", config.local_learning_rate));
+  }
+  return options;
+}
+
+}  // namespace
+
+LocalUpdater::LocalUpdater(std::size_t count, const std::string& kind, SgdOptions sgd,
+                           DelayCompensationOptions compensation)
+    : sgd_(count, sgd) {
+  if (auto options = local_compensation(kind, compensation)) {
+    compensation_.emplace(count, *options);
+    compensated_.assign(count, 0.0f);
+  }
+}
+
+void LocalUpdater::apply(std::span<const float> base, std::span<const float> gradient,
+                         std::span<float> weights) {
+  PIPESGD_ASSERT(base.size() == weights.size() && gradient.size() == weights.size());
+  std::span<const float> step_gradient = gradient;
+  if (compensation_) {
+    // w_now = base (the global weights), w_then = weights (what the gradient was computed on).
+    compensation_->compensate(gradient, base, weights, compensated_);
+    step_gradient = compensated_;
+  }
+  if (base.data() != weights.data()) {
+    std::memcpy(weights.data(), base.data(), weights.size() * sizeof(float));
+  }
+  sgd_.step(weights, step_gradient, 1.0f);
+}
+
+OneStepDelaySgd::OneStepDelaySgd(const MethodConfig& config, Model& model, Transport& transport)
+    : model_(model),
+      transport_(transport),
+      switch_iteration_(std::max<std::int64_t>(config.warmup_iterations, 1) - 1),
+      timeout_(config.allreduce.timeout),
+      plan_(model.layout(), config.servers),
+      client_(transport, plan_, parameter_server_workers(config, transport), config.allreduce.timeout),
+      updater_(model.layout().total(), config.local_updater, local_sgd(config),
+               config.delay_compensation) {
+  if (config.warmup_iterations < 0) {
+    throw UsageError(concat("warm-up iterations must be >= 0, got ", config.warmup_iterations));
+  }
+  const std::size_t count = model.layout().total();
+  for (auto& buffer : gradients_) buffer.assign(count, 0.0f);
+  for (auto& buffer : pulled_) buffer.assign(count, 0.0f);
+  comm_thread_ = std::thread([this] { comm_loop(); });
+}
+
+OneStepDelaySgd::~OneStepDelaySgd() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  job_submitted_.notify_all();
+  comm_thread_.join();
+}
+
+void OneStepDelaySgd::comm_loop() {
+  // As Pipe-SGD's comm thread: raised only when its waits sleep (a polling thread would starve
+  // the compute thread).
+  if (transport_.waits_sleep()) raise_communication_thread_priority();
+  for (std::int64_t t = switch_iteration_;; ++t) {
+    {
+      std::unique_lock lock(mutex_);
+      job_submitted_.wait(lock, [&] { return stopping_ || submitted_ >= t; });
+      if (stopping_) return;  // finish() lets every job complete first on the normal path
+    }
+    // Job t: push g_t (computed on W_t), pull G_{t+1}. The client copies the gradient at push(),
+    // and the pull writes pulled(t + 1), which the compute thread reads only after this job.
+    Stopwatch job;
+    std::exception_ptr failure;
+    try {
+      const auto version = static_cast<std::uint64_t>(t);
+      PushHandle push = client_.push(gradients(t), version);
+      PullHandle pull = client_.pull(pulled(t + 1), version + 1);
+      push.wait(timeout_);
+      const std::uint64_t got = pull.wait(timeout_);
+      if (got != version + 1) {
+        throw CommError(concat("odsgd: rank ", transport_.rank(), " pulled weights of version ", got,
+                               " for iteration ", t, ", expected ", version + 1));
+      }
+    } catch (const std::exception& error) {
+      failure = std::current_exception();
+      transport_.report_failure(error.what());
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (failure) {
+        comm_failure_ = failure;
+      } else {
+        pulled_version_ = t + 1;
+        job_seconds_[(t + 1) % 2] = job.seconds();
+      }
+    }
+    job_done_.notify_all();
+    if (failure) return;
+  }
+}
+
+double OneStepDelaySgd::wait_for_pull(std::int64_t version, IterationTimes& times) {
+  Stopwatch waiting;
+  std::unique_lock lock(mutex_);
+  const bool done = job_done_.wait_for(lock, timeout_, [&] {
+    return pulled_version_ >= version || comm_failure_ != nullptr;
+  });
+  if (comm_failure_) std::rethrow_exception(comm_failure_);
+  if (!done) {
+    throw CommTimeoutError(concat("odsgd: rank ", transport_.rank(), " waited more than ",
+                                  Seconds(timeout_).count(), " s for the pull of the weights of version ",
+                                  version, " (iteration ", version - 1, "'s push and pull)"));
+  }
+  times.wait += waiting.seconds();
+  return job_seconds_[version % 2];
+}
+
+std::span<float> OneStepDelaySgd::begin_iteration(std::int64_t t, IterationTimes&) {
+  PIPESGD_ASSERT(t == next_iteration_ && !finished_);
+  return gradients(t);
+}
+
+void OneStepDelaySgd::end_iteration(std::int64_t t, IterationTimes& times) {
+  next_iteration_ = t + 1;
+  if (t < switch_iteration_) {  // warm-up: SSGD on this thread, W_{t+1} = G_{t+1}
+    Stopwatch communication;
+    const auto version = static_cast<std::uint64_t>(t);
+    PushHandle push = client_.push(gradients(t), version);
+    PullHandle pull = client_.pull(model_.parameters(), version + 1);
+    push.wait(timeout_);
+    pull.wait(timeout_);
+    times.wait = times.comm = communication.seconds();
+    times.update = 0;
+    return;
+  }
+  times.pipelined = true;
+  {
+    std::lock_guard lock(mutex_);
+    submitted_ = t;
+  }
+  job_submitted_.notify_one();
+  // The switching iteration trained on G_{N-1} itself; later ones need G_t from the previous job.
+  std::span<const float> base = model_.parameters();
+  if (t > switch_iteration_) {
+    times.comm = wait_for_pull(t, times);
+    base = pulled(t);
+  }
+  Stopwatch update;
+  updater_.apply(base, gradients(t), model_.parameters());
+  times.update = update.seconds();
+}
+
+void OneStepDelaySgd::finish(IterationTimes& times) {
+  if (finished_) return;
+  finished_ = true;
+  const std::int64_t last = next_iteration_;  // G_last is the final global model
+  if (last > switch_iteration_) {
+    times.comm += wait_for_pull(last, times);
+    std::span<const float> global = pulled(last);
+    std::copy(global.begin(), global.end(), model_.parameters().begin());
+  }
+  // The comm thread is idle (every job it was given is done): the client is this thread's again.
+  client_.close();
+}
+
+}  // namespace pipesgd

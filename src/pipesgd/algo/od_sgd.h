@@ -1,0 +1,109 @@
+#pragma once
+// OD-SGD (od-sgd.txt Alg. 1-2), the worker side; the servers run the synchronous mode of
+// ps/parameter_server.h unchanged (Alg. 1). Let G_v be the servers' weights of version v (G_0 the
+// initial weights; G_{v+1} = SGD step of G_v with the mean of the M gradients of iteration v) and
+// W_t the weights a worker trains on at iteration t, with N = max(warmup_iterations, 1):
+//
+//   warm-up, t < N:    W_t = G_t: iteration t pushes g_t and waits for the pull of G_{t+1} (SSGD,
+//                      exactly PS-Sync).
+//   t >= N:            W_t = LocalUpdate(G_{t-1}, g_{t-1}): the pulled global weights of iteration
+//                      t - 1 updated locally with this worker's own gradient of iteration t - 1.
+//
+// Iteration N - 1 is the switching stage (Alg. 2 lines 8-14, with the paper's wp = N - 1): it trains
+// on G_{N-1} like a warm-up iteration, but hands its push and pull to the comm thread and computes
+// W_N = LocalUpdate(G_{N-1}, g_{N-1}) without waiting for them. From then on iteration t hands
+// "push g_t, pull G_{t+1}" to the comm thread, waits only for G_t (pulled by iteration t - 1's job,
+// while iteration t computed: the overlap that is OD-SGD's point), and computes W_{t+1}. N = 0 and
+// N = 1 are the same: iteration 0 always trains on G_0. finish() waits for the last pull and leaves
+// the global weights G_T in model.parameters(), the same on every worker.
+//
+// Local updaters (--local-updater, learning rate --local-lr):
+//   sgd       W = SGD step of G with g (the run's momentum and weight decay, momentum kept locally)
+//   dcasgd-c  the same step with g compensated per Eq. 4: g + lambda g (.) g (.) (G - W_old)
+//   dcasgd-a  ... per Eq. 5-6 (adaptive lambda / sqrt(MeanSquare + eps))
+// where W_old are the weights g was computed on (optim/delay_compensation.h).
+//
+// Threads: the compute thread calls begin/end/finish; the comm thread (owned here) drives the
+// ParameterClient from the switching stage on (the compute thread drives it during the warm-up and
+// again in finish() once the comm thread is idle). Gradients and pulled weights are double-buffered
+// by iteration parity, so neither thread waits for the other to release a buffer; the job state is
+// guarded by one per-worker mutex. The hot path does not allocate.
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "pipesgd/algo/training_method.h"
+#include "pipesgd/optim/delay_compensation.h"
+#include "pipesgd/optim/sgd.h"
+#include "pipesgd/ps/parameter_server.h"
+#include "pipesgd/ps/shard_plan.h"
+
+namespace pipesgd {
+
+// Warm-up iterations of odsgd when neither --warmup-iters nor --warmup-epochs is given (the paper's
+// setting, od-sgd.txt Sec. 4).
+inline constexpr std::int64_t kOdSgdDefaultWarmupIterations = 200;
+
+// Names accepted by --local-updater.
+std::vector<std::string> local_updater_names();
+
+// A worker's local updater: weights = update of `base` with `gradient`, where `weights` holds on
+// entry the weights `gradient` was computed on (delay compensation needs them). `base` may alias
+// `weights`. Not thread-safe (the compute thread owns it).
+class LocalUpdater {
+ public:
+  // Throws UsageError for an unknown kind or bad options.
+  LocalUpdater(std::size_t count, const std::string& kind, SgdOptions sgd,
+               DelayCompensationOptions compensation);
+  void apply(std::span<const float> base, std::span<const float> gradient, std::span<float> weights);
+
+ private:
+  Sgd sgd_;
+  std::optional<DelayCompensation> compensation_;
+  std::vector<float> compensated_;
+};
+
+class OneStepDelaySgd final : public TrainingMethod {
+ public:
+  // Throws UsageError as ParameterServerMethod does, and for a bad local updater.
+  OneStepDelaySgd(const MethodConfig& config, Model& model, Transport& transport);
+  ~OneStepDelaySgd() override;
+  std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
+  void end_iteration(std::int64_t t, IterationTimes& times) override;
+  // Waits for the last pull, leaves G_T in model.parameters() and closes the client. Idempotent.
+  void finish(IterationTimes& times) override;
+
+ private:
+  std::span<float> gradients(std::int64_t t) { return gradients_[static_cast<std::size_t>(t % 2)]; }
+  std::span<float> pulled(std::int64_t version) { return pulled_[static_cast<std::size_t>(version % 2)]; }
+  // Waits until the comm thread has pulled G_version; returns its job's duration. Compute thread.
+  double wait_for_pull(std::int64_t version, IterationTimes& times);
+  void comm_loop();
+
+  Model& model_;
+  Transport& transport_;
+  const std::int64_t switch_iteration_;  // N - 1
+  const Timeout timeout_;
+  ShardPlan plan_;
+  ParameterClient client_;
+  LocalUpdater updater_;
+  std::vector<float> gradients_[2];
+  std::vector<float> pulled_[2];
+  std::int64_t next_iteration_ = 0;
+  bool finished_ = false;
+
+  std::mutex mutex_;
+  std::condition_variable job_submitted_;  // the comm thread waits on it
+  std::condition_variable job_done_;       // the compute thread waits on it
+  std::int64_t submitted_ = -1;            // the last iteration whose job was handed over
+  std::int64_t pulled_version_ = -1;       // the last version the comm thread pulled
+  double job_seconds_[2] = {0, 0};         // by the parity of the version it pulled
+  bool stopping_ = false;
+  std::exception_ptr comm_failure_;
+  std::thread comm_thread_;
+};
+
+}  // namespace pipesgd

@@ -1,0 +1,52 @@
+#pragma once
+// DC-ASGD's compensation of a delayed gradient (od-sgd.txt Eq. 4-6, after Zheng et al., "Asynchronous
+// SGD with delay compensation"). A gradient g = g(w_then) computed on weights w_then is applied to
+// weights w_now that have moved on; the first-order Taylor correction, with the Hessian
+// approximated by lambda * g (.) g, gives the compensated gradient
+//   constant (DC-ASGD-c, Eq. 4):  g~ = g + lambda * g (.) g (.) (w_now - w_then)
+//   adaptive (DC-ASGD-a, Eq. 5-6): MeanSquare = m * MeanSquare + (1 - m) * g (.) g   (updated first)
+//                                 g~ = g + lambda / sqrt(MeanSquare + epsilon) (.) g (.) g (.) (w_now - w_then)
+// (.) is the element-wise product. The update is then an ordinary optimizer step with g~ in place of
+// g (Eq. 4-5: w_now <- w_now - eta * g~). MeanSquare starts at zero and is kept per element.
+//
+// One object per updater (a server shard, a worker's local updater); not thread-safe.
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace pipesgd {
+
+enum class DelayCompensationVariant { kConstant, kAdaptive };
+
+struct DelayCompensationOptions {
+  DelayCompensationVariant variant = DelayCompensationVariant::kConstant;
+  float lambda = 0.04f;              // --dc-lambda (od-sgd.txt Sec. 4 uses 0.04)
+  float mean_square_decay = 0.95f;   // --dc-momentum: m of Eq. 6 (adaptive only)
+  float epsilon = 1e-7f;             // Eq. 5's epsilon
+};
+
+// "c" or "a" (as --dc-variant takes them). Throws UsageError otherwise.
+DelayCompensationVariant parse_delay_compensation_variant(const std::string& text);
+const char* variant_name(DelayCompensationVariant variant);  // "c" | "a"
+
+class DelayCompensation {
+ public:
+  // Throws UsageError for a negative or non-finite lambda, m outside [0, 1) or epsilon <= 0.
+  DelayCompensation(std::size_t count, DelayCompensationOptions options);
+
+  // Writes g~ of elements [offset, offset + gradient.size()) into `compensated`. `current` holds
+  // w_now and `stale` w_then of the same elements. `compensated` may alias `gradient`; neither may
+  // alias `current` or `stale`. Adaptive: also advances MeanSquare of those elements.
+  void compensate(std::span<const float> gradient, std::span<const float> current,
+                  std::span<const float> stale, std::span<float> compensated, std::size_t offset = 0);
+
+  const DelayCompensationOptions& options() const { return options_; }
+  std::span<const float> mean_square() const { return mean_square_; }
+
+ private:
+  DelayCompensationOptions options_;
+  std::vector<float> mean_square_;  // adaptive only (empty for constant)
+};
+
+}  // namespace pipesgd

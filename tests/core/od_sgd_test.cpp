@@ -1,0 +1,278 @@
+// OD-SGD (algo/od_sgd.h, od-sgd.txt Alg. 1-2) on the tiny pure-C++ model: the weights each worker
+// trains on, iteration by iteration, against an independent replay of Alg. 1-2 from the recorded
+// gradients; the warm-up and switching stage; the local updaters; the final global weights; the
+// local updater alone against hand-computed values; usage errors.
+#include "pipesgd/algo/od_sgd.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "pipesgd/core/error.h"
+#include "pipesgd/train/trainer.h"
+#include "test_world.h"
+#include "tiny_run.h"
+
+namespace pipesgd {
+namespace {
+
+// Records, for every forward_backward call, the parameters it computed on and the gradient it
+// wrote, into vectors owned by the test (the run destroys its models). One per worker; only that
+// worker's compute thread calls it.
+class RecordingModel final : public Model {
+ public:
+  RecordingModel(std::unique_ptr<Model> inner, std::vector<std::vector<float>>& weights,
+                 std::vector<std::vector<float>>& gradients)
+      : inner_(std::move(inner)), weights_(weights), gradients_(gradients) {}
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<float> parameters() override { return inner_->parameters(); }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                              const SegmentReadyFn& ready) override {
+    const auto w = inner_->parameters();
+    weights_.emplace_back(w.begin(), w.end());
+    StepResult result = inner_->forward_backward(batch, gradients, ready);
+    gradients_.emplace_back(gradients.begin(), gradients.end());
+    return result;
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  std::vector<std::vector<float>>& weights_;
+  std::vector<std::vector<float>>& gradients_;
+};
+
+struct RecordedRun {
+  RunSummary summary;
+  std::vector<std::vector<std::vector<float>>> weights, gradients;  // [rank][iteration]
+  std::vector<float> initial;
+};
+
+RecordedRun run_recorded(const TrainConfig& config) {
+  RecordedRun run;
+  run.weights.resize(static_cast<std::size_t>(config.workers));
+  run.gradients.resize(static_cast<std::size_t>(config.workers));
+  std::mutex mutex;
+  std::size_t built = 0;  // run_training builds the replicas in rank order
+  ModelFactory factory = [&](std::uint64_t seed) -> std::unique_ptr<Model> {
+    std::lock_guard lock(mutex);
+    const std::size_t rank = built++;
+    auto inner = softmax_factory()(seed);
+    if (rank == 0) run.initial.assign(inner->parameters().begin(), inner->parameters().end());
+    return std::make_unique<RecordingModel>(std::move(inner), run.weights[rank], run.gradients[rank]);
+  };
+  run.summary = run_training(config, factory, small_data());
+  return run;
+}
+
+// Independent replay of Alg. 1 (the server) with plain SGD (momentum and weight decay 0): G_{t+1} =
+// G_t - lr * ((g_0 + g_1 + ... + g_{M-1}) * (1/M)), summed in worker order as the server does.
+std::vector<std::vector<float>> replay_global_weights(const RecordedRun& run, float lr) {
+  const std::size_t workers = run.gradients.size();
+  const std::size_t iterations = run.gradients[0].size();
+  const std::size_t n = run.initial.size();
+  std::vector<std::vector<float>> global{run.initial};
+  const float scale = 1.0f / static_cast<float>(workers);
+  for (std::size_t t = 0; t < iterations; ++t) {
+    std::vector<float> next = global.back();
+    for (std::size_t i = 0; i < n; ++i) {
+      float sum = run.gradients[0][t][i];
+      for (std::size_t m = 1; m < workers; ++m) sum += run.gradients[m][t][i];
+      next[i] -= lr * (sum * scale);
+    }
+    global.push_back(std::move(next));
+  }
+  return global;
+}
+
+bool equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The property, exactly as Alg. 2: a worker's training weights at iteration t are the
+// global weights G_t during the warm-up (t < N), and from then on the pulled global weights of
+// iteration t - 1, G_{t-1}, updated locally with its own gradient of iteration t - 1:
+//   W_m(t) = G_{t-1} - local_lr * g_m(t-1).
+// Bit for bit: the replay does the same fp32 operations in the same order.
+TEST(OdSgd, TrainingWeightsArePulledGlobalWeightsUpdatedLocallyExactlyAsAlgorithm2) {
+  for (const auto& [workers, servers, warmup] :
+       std::vector<std::tuple<int, int, int>>{{3, 1, 5}, {2, 2, 1}, {1, 1, 3}, {4, 1, 0}}) {
+    SCOPED_TRACE(concat(workers, " workers, ", servers, " servers, warm-up ", warmup));
+    TrainConfig config = tiny_config("odsgd", workers, servers);
+    config.method.sgd = SgdOptions{0.1f, 0.0f, 0.0f};
+    config.method.local_learning_rate = 0.05f;  // not the global rate: shows which one is used
+    config.warmup_iterations = warmup;
+    const RecordedRun run = run_recorded(config);
+    const auto global = replay_global_weights(run, 0.1f);
+    const std::int64_t switching = std::max(warmup, 1);  // N: the first locally updated iteration
+    for (int m = 0; m < workers; ++m) {
+      const auto& w = run.weights[static_cast<std::size_t>(m)];
+      const auto& g = run.gradients[static_cast<std::size_t>(m)];
+      ASSERT_EQ(w.size(), 25u);
+      for (std::size_t t = 0; t < w.size(); ++t) {
+        if (static_cast<std::int64_t>(t) < switching) {
+          ASSERT_TRUE(equal(w[t], global[t])) << "worker " << m << ", warm-up iteration " << t;
+          continue;
+        }
+        std::vector<float> expected = global[t - 1];
+        for (std::size_t i = 0; i < expected.size(); ++i) expected[i] -= 0.05f * g[t - 1][i];
+        ASSERT_TRUE(equal(w[t], expected)) << "worker " << m << ", iteration " << t;
+        // Not vacuous: the local estimate differs from both the stale and the current global weights.
+        ASSERT_FALSE(equal(w[t], global[t - 1])) << t;
+        ASSERT_FALSE(equal(w[t], global[t])) << t;
+      }
+      // finish() leaves the final global weights G_T on every worker.
+      EXPECT_TRUE(equal(run.summary.final_parameters[static_cast<std::size_t>(m)], global[25]))
+          << "worker " << m;
+    }
+  }
+}
+
+// The DC-ASGD local updaters compensate the worker's own gradient for the step from the weights it
+// was computed on to the pulled global weights: W_m(t) = G_{t-1} - local_lr * g~ with
+//   g~ = g + lambda g^2 (G_{t-1} - W_m(t-1))                               (dcasgd-c, Eq. 4)
+// and the adaptive form for dcasgd-a (Eq. 5-6, MeanSquare over this worker's gradients).
+TEST(OdSgd, DelayCompensatingLocalUpdatersFollowEquations4To6) {
+  for (const char* updater : {"dcasgd-c", "dcasgd-a"}) {
+    SCOPED_TRACE(updater);
+    TrainConfig config = tiny_config("odsgd", 2, 1);
+    config.method.sgd = SgdOptions{0.1f, 0.0f, 0.0f};
+    config.method.local_updater = updater;
+    config.method.delay_compensation.lambda = 2.0f;
+    config.method.delay_compensation.mean_square_decay = 0.9f;
+    config.warmup_iterations = 3;
+    const RecordedRun run = run_recorded(config);
+    const auto global = replay_global_weights(run, 0.1f);
+    DelayCompensationOptions options = config.method.delay_compensation;
+    options.variant = std::string(updater) == "dcasgd-c" ? DelayCompensationVariant::kConstant
+                                                         : DelayCompensationVariant::kAdaptive;
+    for (std::size_t m = 0; m < 2; ++m) {
+      const auto& w = run.weights[m];
+      const auto& g = run.gradients[m];
+      const std::size_t n = w[0].size();
+      std::vector<float> mean_square(n, 0.0f);
+      double largest_correction = 0;
+      for (std::size_t t = 3; t < w.size(); ++t) {
+        // Iteration t - 1 >= N - 1 = 2 is where the local update of W(t) happened.
+        const auto& base = global[t - 1];
+        std::vector<float> expected(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          const float gi = g[t - 1][i];
+          const float delay = base[i] - w[t - 1][i];
+          float coefficient = options.lambda;
+          if (options.variant == DelayCompensationVariant::kAdaptive) {
+            mean_square[i] = options.mean_square_decay * mean_square[i] +
+                             (1.0f - options.mean_square_decay) * gi * gi;
+            coefficient = options.lambda / std::sqrt(mean_square[i] + options.epsilon);
+          }
+          const float compensated = gi + coefficient * gi * gi * delay;
+          largest_correction = std::max(largest_correction, double(std::fabs(compensated - gi)));
+          expected[i] = base[i] - 0.1f * (compensated * 1.0f + 0.0f * base[i]);
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+          ASSERT_NEAR(w[t][i], expected[i], 1e-6f * (1.0f + std::fabs(expected[i])))
+              << "worker " << m << ", iteration " << t << ", element " << i;
+        }
+      }
+      EXPECT_GT(largest_correction, 1e-6) << "the compensation never changed a gradient";
+    }
+  }
+}
+
+// With warm-up covering the whole run, OD-SGD is PS-Sync (every iteration trains on G_t).
+TEST(OdSgd, AllWarmUpIsPsSyncBitForBit) {
+  TrainConfig odsgd = tiny_config("odsgd", 3, 2);
+  odsgd.warmup_iterations = 1000;
+  const RunSummary a = run_training(odsgd, softmax_factory(), small_data());
+  const RunSummary b = run_training(tiny_config("pssync", 3, 2), softmax_factory(), small_data());
+  for (std::size_t m = 0; m < 3; ++m) EXPECT_TRUE(equal(a.final_parameters[m], b.final_parameters[m]));
+  EXPECT_FALSE(a.od_sgd.has_value());  // no pipelined iteration: nothing to report
+}
+
+// Momentum and weight decay: the run trains, every worker ends with the same (global) weights, and
+// the report carries OD-SGD's timing model measured on the warm-up.
+TEST(OdSgd, MomentumRunEndsWithOneGlobalModelAndReportsTheTimingModel) {
+  TrainConfig config = tiny_config("odsgd", 3, 1);  // momentum 0.9, weight decay 1e-4
+  config.iterations = 60;
+  config.warmup_iterations = 30;
+  const RunSummary summary = run_training(config, softmax_factory(), small_data());
+  for (std::size_t m = 1; m < 3; ++m) {
+    EXPECT_TRUE(equal(summary.final_parameters[m], summary.final_parameters[0]));
+  }
+  ASSERT_TRUE(summary.od_sgd.has_value());
+  const OdSgdReport& report = *summary.od_sgd;
+  EXPECT_EQ(report.sync_iterations, 29 - 2);  // iterations 0..28 synchronous, 2 of them start-up
+  EXPECT_GT(report.times.compute, 0);
+  EXPECT_GT(report.times.communication, 0);
+  EXPECT_GT(report.times.sync_communication, 0);
+  EXPECT_EQ(report.predicted_iteration, od_sgd_iteration_time(report.times));
+  EXPECT_EQ(report.predicted_improvement, od_sgd_improvement_rate(report.times));
+  EXPECT_DOUBLE_EQ(report.measured_improvement,
+                   (report.sync_iteration - summary.mean.iteration) / report.sync_iteration);
+  EXPECT_EQ(summary.predicted_iteration, report.predicted_iteration);
+}
+
+TEST(OdSgd, RankPerProcessEqualsThreads) {
+  TrainConfig config = tiny_config("odsgd", 2, 1);
+  config.warmup_iterations = 4;
+  const RunSummary threads = run_training(config, softmax_factory(), small_data());
+  std::vector<RunSummary> ranks(3);
+  run_ranks(3, [&](int rank, Transport& transport) {
+    ranks[rank] = run_training_rank(config, softmax_factory(), small_data(), transport);
+  });
+  EXPECT_EQ(ranks[0].weights_checksum, threads.weights_checksum);
+  EXPECT_TRUE(equal(ranks[1].final_parameters[1], threads.final_parameters[1]));
+}
+
+// The local updater alone, by hand: base G = {1, 2}, the weights the gradient was computed on
+// W = {0.5, 3}, g = {2, -1}, lr 0.5.
+//   sgd:      W' = G - 0.5 g = {0, 2.5}
+//   dcasgd-c: lambda 0.5: g~ = g + 0.5 g^2 (G - W) = {2 + 0.5*4*0.5, -1 + 0.5*1*(-1)} = {3, -1.5}
+//             W' = G - 0.5 g~ = {-0.5, 2.75}
+TEST(LocalUpdater, MatchesHandComputedSteps) {
+  DelayCompensationOptions compensation;
+  compensation.lambda = 0.5f;
+  const std::vector<float> base = {1.0f, 2.0f}, gradient = {2.0f, -1.0f};
+  std::vector<float> weights = {0.5f, 3.0f};
+  LocalUpdater sgd(2, "sgd", SgdOptions{0.5f, 0.0f, 0.0f}, compensation);
+  sgd.apply(base, gradient, weights);
+  EXPECT_EQ(weights, (std::vector<float>{0.0f, 2.5f}));
+  weights = {0.5f, 3.0f};
+  LocalUpdater dc(2, "dcasgd-c", SgdOptions{0.5f, 0.0f, 0.0f}, compensation);
+  dc.apply(base, gradient, weights);
+  EXPECT_EQ(weights, (std::vector<float>{-0.5f, 2.75f}));
+  // In place (the switching iteration: the base is the weights themselves): no delay, plain step.
+  weights = {1.0f, 2.0f};
+  dc.apply(weights, gradient, weights);
+  EXPECT_EQ(weights, (std::vector<float>{0.0f, 2.5f}));
+}
+
+TEST(OdSgd, UsageErrors) {
+  auto message = [](TrainConfig config) {
+    try {
+      run_training(config, softmax_factory(), small_data());
+    } catch (const UsageError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  TrainConfig config = tiny_config("odsgd", 2, 1);
+  config.method.local_updater = "adam";
+  EXPECT_EQ(message(config), "--local-updater must be sgd, dcasgd-c or dcasgd-a, got 'adam'");
+  config = tiny_config("odsgd", 2, 1);
+  config.method.local_learning_rate = -1;
+  EXPECT_EQ(message(config), "--local-lr must be > 0, got -1");
+  config = tiny_config("dcasgd", 2, 1);
+  config.method.delay_compensation.lambda = -0.5f;
+  EXPECT_EQ(message(config), "--dc-lambda must be >= 0, got -0.5");
+  config = tiny_config("odsgd+int8", 2, 1);
+  EXPECT_EQ(message(config), "method 'odsgd' sends fp32 to its servers; codec 'int8' applies only to dsync and pipe");
+}
+
+}  // namespace
+}  // namespace pipesgd
