@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <iomanip>
 #include <memory>
 #include <thread>
 
@@ -172,13 +173,15 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
       record.train_accuracy =
           reduced[1] > 0 ? reduced[2] / (reduced[1] * static_cast<double>(config.batch)) : 0;
       record.elapsed_seconds = train_seconds;
-      std::string result = concat("train loss ", record.train_loss, ", train accuracy ",
+      std::string result = concat("train loss ", std::fixed, std::setprecision(4), record.train_loss,
+                                  ", train accuracy ", std::setprecision(2),
                                   record.train_accuracy * 100, "%");
       if (config.evaluate) {
         const Evaluation evaluation = evaluate(model, data.test);
         record.test_accuracy = evaluation.count ? double(evaluation.correct) / evaluation.count : 0;
         record.test_loss = evaluation.count ? evaluation.loss_sum / evaluation.count : 0;
-        result += concat(", test accuracy ", record.test_accuracy * 100, "%");
+        result += concat(", test accuracy ", std::fixed, std::setprecision(2),
+                         record.test_accuracy * 100, "%");
       }
       progress.end_epoch(result);
       shared.epochs.push_back(record);
@@ -248,6 +251,7 @@ OdSgdReport od_sgd_report(const SharedRunState& shared, std::int64_t switching,
     report.times.sync_communication = sync.comm;
   }
   report.predicted_iteration = od_sgd_iteration_time(report.times);
+  report.overlap_bound = std::max(report.times.compute, report.times.communication);
   if (report.sync_iterations > 0 && sync_ps_iteration_time(report.times) > 0 &&
       report.sync_iteration > 0) {
     report.predicted_improvement = od_sgd_improvement_rate(report.times);

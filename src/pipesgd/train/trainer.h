@@ -64,6 +64,10 @@ struct OdSgdReport {
   double sync_iteration = 0;         // measured T_org (mean warm-up iteration), seconds
   OdSgdTimes times;                  // T_cop = compute thread busy, T_com = comm thread, T'_com
   double predicted_iteration = 0;    // Eq. 2: T_new
+  // max(T_cop, T_com): the iteration time of this implementation's pipeline, whose next push waits
+  // for the previous pull (as the paper's comm_buf_ dependency, Fig. 8), so that when T_com > T_cop
+  // an iteration takes T_com rather than Eq. 2's average (T_com + T_cop) / 2.
+  double overlap_bound = 0;
   double predicted_improvement = 0;  // Eq. 3 (0 if sync_iterations == 0)
   double measured_improvement = 0;   // (T_org - measured T_new) / T_org (0 if sync_iterations == 0)
 };
