@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "failing_model.h"
+#include "resegmented_model.h"
 #include "tiny_run.h"
 #include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/comm/rank_subset_transport.h"
@@ -21,44 +22,6 @@
 
 namespace pipesgd {
 namespace {
-
-// SoftmaxRegression (784 x 10 weights + 10 biases, 2 segments) with its weight segment split into
-// `pieces` segments of consecutive rows, so that up to pieces + 1 servers can share it. Only the
-// layout differs: the flat vectors, gradients and updates are the inner model's.
-class ResegmentedModel final : public Model {
- public:
-  ResegmentedModel(std::unique_ptr<Model> inner, std::size_t pieces) : inner_(std::move(inner)) {
-    for (const Segment& segment : inner_->layout().segments()) {
-      const std::size_t parts = segment.count > pieces ? pieces : 1;
-      std::size_t left = segment.count;
-      for (std::size_t p = 0; p < parts; ++p) {
-        const std::size_t count = p + 1 == parts ? left : segment.count / parts;
-        layout_.add(concat(segment.name, ".", p), count);
-        left -= count;
-      }
-    }
-  }
-  const Layout& layout() const override { return layout_; }
-  std::span<float> parameters() override { return inner_->parameters(); }
-  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
-                              const SegmentReadyFn&) override {
-    return inner_->forward_backward(batch, gradients, {});
-  }
-  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
-
- private:
-  std::unique_ptr<Model> inner_;
-  Layout layout_;
-};
-
-// The softmax model with its weight segment cut into `pieces` (more segments for more servers).
-ModelFactory resegmented_softmax_factory(std::size_t pieces) {
-  ModelFactory inner = softmax_factory();
-  if (pieces == 1) return inner;
-  return [inner, pieces](std::uint64_t seed) -> std::unique_ptr<Model> {
-    return std::make_unique<ResegmentedModel>(inner(seed), pieces);
-  };
-}
 
 bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -1,5 +1,6 @@
 #include "pipesgd/algo/training_method.h"
 
+#include "pipesgd/algo/bucketed_dsync.h"
 #include "pipesgd/algo/dsync.h"
 #include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/pipe_sgd.h"
@@ -10,7 +11,14 @@
 namespace pipesgd {
 
 std::vector<std::string> method_names() {
-  return {"dsync", "pipe", "pssync", "asgd", "dcasgd", "odsgd"};
+  return {"dsync", "pipe", "wfbp", "synceasgd", "mgwfbp", "pssync", "asgd", "dcasgd", "odsgd"};
+}
+
+std::string implied_bucket_plan(const std::string& method) {
+  if (method == "wfbp") return "wfbp";
+  if (method == "synceasgd") return "single";
+  if (method == "mgwfbp") return "mgwfbp";
+  return "";
 }
 
 std::string resolve_allreduce_algorithm(const MethodConfig& config, int world_size, double bytes) {
@@ -31,13 +39,20 @@ std::unique_ptr<Allreduce> make_method_allreduce(const MethodConfig& config, Tra
 
 std::unique_ptr<TrainingMethod> make_training_method(const MethodConfig& config, Model& model,
                                                      Transport& transport) {
-  if (config.name == "dsync") return std::make_unique<DSync>(config, model, transport);
+  if (config.name == "dsync" || !implied_bucket_plan(config.name).empty()) {
+    if (config.buckets.empty() && config.name == "dsync") {
+      return std::make_unique<DSync>(config, model, transport);
+    }
+    MethodConfig bucketed = config;
+    if (bucketed.buckets.empty()) bucketed.buckets = implied_bucket_plan(config.name);
+    return std::make_unique<BucketedDSync>(bucketed, model, transport);
+  }
   if (config.name == "pipe") return std::make_unique<PipeSgd>(config, model, transport);
   if (config.name == "odsgd") return std::make_unique<OneStepDelaySgd>(config, model, transport);
   if (method_uses_servers(config.name)) {
     return std::make_unique<ParameterServerMethod>(config, model, transport);
   }
-  throw UsageError(concat("unknown algorithm '", config.name, "' (expected dsync, pipe, pssync, asgd, dcasgd, odsgd)"));
+  throw UsageError(concat("unknown algorithm '", config.name, "' (expected ", join(method_names()), ")"));
 }
 
 }  // namespace pipesgd

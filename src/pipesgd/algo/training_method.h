@@ -77,7 +77,26 @@ struct MethodConfig {
   // the gradient's size from `calibration` (nullptr: default_link_parameters()).
   std::string allreduce_algorithm = "ring";
   std::shared_ptr<const Calibration> calibration;
+  // Layer-wise communication (algo/bucketed_dsync.h), dsync only: the bucket plan
+  // (timing/bucket_plan.h: wfbp, single, mgwfbp, optimal, fixed:<MiB>; "" = one allreduce after
+  // backward on the compute thread, the classic D-Sync), the iterations profiled before planning,
+  // how often to replan (0: never), and the cost model a + b·M of one allreduce the plans use
+  // (set by the trainer: train/planning.h).
+  std::string buckets;
+  std::int64_t profile_iterations = 5;
+  std::int64_t replan_every = 0;
+  LinearCost bucket_cost;
 };
+
+// The methods that are D-Sync with a fixed bucket plan (mg-wfbp.txt's names): wfbp -> "wfbp",
+// synceasgd -> "single", mgwfbp -> "mgwfbp"; "" for any other name.
+std::string implied_bucket_plan(const std::string& method);
+
+// True if `config` runs layer-wise communication (algo/bucketed_dsync.h): a plan given, or implied
+// by the method's name.
+inline bool layer_wise(const MethodConfig& config) {
+  return !config.buckets.empty() || !implied_bucket_plan(config.name).empty();
+}
 
 inline constexpr int kMaxStaleness = 64;  // upper bound of --staleness-k
 
@@ -101,6 +120,14 @@ inline AllreduceOptions resolve_allreduce_options(const MethodConfig& config) {
   return options;
 }
 
+// What a method says about its communication at the end of a run.
+struct MethodReport {
+  std::string plan;                 // the bucket plan in use ("" for methods without buckets)
+  std::size_t allreduce_calls = 0;  // gradient allreduces per iteration (0: not an allreduce method)
+  double predicted_iteration = 0;   // the plan's timeline + update from its profile (0: none)
+  double predicted_non_overlapped = 0;  // the plan's t_c^no (Eq. 8 / 21 minus t_f + t_b)
+};
+
 class TrainingMethod {
  public:
   virtual ~TrainingMethod() = default;
@@ -111,6 +138,10 @@ class TrainingMethod {
   virtual void end_iteration(std::int64_t t, IterationTimes& times) = 0;
   // Applies every update still in flight (pipelined methods); the model's parameters are final after.
   virtual void finish(IterationTimes& times) = 0;
+  // The callback the trainer passes to Model::forward_backward (called on the compute thread, once
+  // per segment in backward order), or nullptr if the method does not need readiness reports.
+  virtual const SegmentReadyFn* segment_ready() { return nullptr; }
+  virtual MethodReport report() const { return {}; }
 };
 
 // Names accepted for --algo in this build.

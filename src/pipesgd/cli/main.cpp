@@ -9,6 +9,7 @@
 #include <iostream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/ps_methods.h"
@@ -22,6 +23,7 @@
 #include "pipesgd/timing/allreduce_cost_model.h"
 #include "pipesgd/torch/torch_models.h"
 #include "pipesgd/train/allreduce_benchmark.h"
+#include "pipesgd/train/planning.h"
 #include "pipesgd/train/report.h"
 #include "pipesgd/train/trainer.h"
 
@@ -96,6 +98,10 @@ struct TrainFlags {
   float dc_momentum = 0.95f;
   std::string local_updater = "sgd";
   float local_learning_rate = 0;
+  // Layer-wise communication (dsync and its plans).
+  std::string buckets;
+  std::int64_t profile_iterations = 5;
+  std::int64_t replan_every = 0;
   bool quiet = false;
   bool no_eval = false;
   bool workers_given = false;  // --workers appeared on the command line
@@ -106,7 +112,7 @@ struct TrainFlags {
 // them to the methods of its list they concern.
 const std::vector<std::string> kMethodSpecificFlags = {
     "--dc-variant", "--dc-lambda", "--dc-momentum", "--local-updater", "--local-lr",
-    "--warmup-iters", "--warmup-epochs"};
+    "--warmup-iters", "--warmup-epochs", "--buckets", "--profile-iters", "--replan-every"};
 
 void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--workers", flags.workers,
@@ -127,7 +133,7 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
       ->capture_default_str();
   command.add_option("--calibration", flags.calibration_file,
                      "Calibration JSON written by `pipesgd calibrate` (the cost model of --allreduce auto)");
-  command.add_option("--model", flags.model, "Model: mlp (784-500-500-10), cnn (LeNet-style), softmax")
+  command.add_option("--model", flags.model, "Model: mlp (784-500-500-10), cnn (LeNet-style), resnet (ResNet-20-style with batch norm), softmax")
       ->capture_default_str();
   command.add_option("--data", flags.data,
                      "Data set: fashion-mnist (MNIST-format files, see --data-dir) or synthetic")
@@ -172,6 +178,18 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
       ->capture_default_str();
   command.add_option("--local-lr", flags.local_learning_rate,
                      "odsgd: the local updater's learning rate [default: --lr]");
+  command.add_option("--buckets", flags.buckets,
+                     "dsync: layer-wise allreduce of buckets of consecutive layers, launched as backward "
+                     "makes them ready: wfbp (one per layer), single (one after backward, SyncEASGD), "
+                     "mgwfbp (MG-WFBP Alg. 1), optimal (exact DP), fixed:<MiB> (DDP-like) [default: none, "
+                     "one allreduce after backward on the compute thread]");
+  command.add_option("--profile-iters", flags.profile_iterations,
+                     "Layer-wise methods: iterations profiled (single bucket) before the plan is computed")
+      ->capture_default_str();
+  command.add_option("--replan-every", flags.replan_every,
+                     "Layer-wise methods: recompute the plan every N iterations from the latest profile "
+                     "(0: never)")
+      ->capture_default_str();
   command.add_option("--codec", flags.codec,
                      "Gradient codec inside the allreduce: none, bf16 (16-bit truncation), int8 "
                      "(8-bit quantization); a method's +codec overrides it")
@@ -203,6 +221,10 @@ bool flag_applies(const std::string& flag, const std::string& method, const Trai
   }
   if (flag == "--local-updater" || flag == "--local-lr") return method == "odsgd";
   if (flag == "--warmup-iters" || flag == "--warmup-epochs") return method == "pipe" || method == "odsgd";
+  if (flag == "--buckets") return method == "dsync";
+  if (flag == "--profile-iters" || flag == "--replan-every") {
+    return method == "dsync" || !implied_bucket_plan(method).empty();
+  }
   return true;
 }
 
@@ -211,6 +233,10 @@ std::string flag_users(const std::string& flag) {
   if (flag == "--dc-lambda") return "dcasgd and odsgd with --local-updater dcasgd-c or dcasgd-a";
   if (flag == "--dc-momentum") return "dcasgd --dc-variant a and odsgd --local-updater dcasgd-a";
   if (flag == "--warmup-iters" || flag == "--warmup-epochs") return "pipe and odsgd";
+  if (flag == "--buckets") return "dsync (wfbp, synceasgd and mgwfbp have their own plans)";
+  if (flag == "--profile-iters" || flag == "--replan-every") {
+    return "the layer-wise methods (dsync with --buckets or +PLAN, wfbp, synceasgd, mgwfbp)";
+  }
   return "odsgd";
 }
 
@@ -234,6 +260,24 @@ void apply_method_specific_flags(const TrainFlags& flags, bool compare, TrainCon
   if (flags.given.count("--local-lr") && !(flags.local_learning_rate > 0)) {
     throw UsageError(concat("--local-lr must be > 0, got ", flags.local_learning_rate));
   }
+  if (flags.given.count("--buckets") && method == "dsync") {
+    // A plan named in the method spec (dsync+optimal) wins over --buckets in compare; train
+    // rejects giving both.
+    if (config.method.buckets.empty()) {
+      config.method.buckets = flags.buckets;
+    } else if (!compare) {
+      throw UsageError(concat("--buckets ", flags.buckets, " and the method's plan '", config.method.buckets,
+                              "': give one"));
+    }
+  }
+  if (!compare && (flags.given.count("--profile-iters") || flags.given.count("--replan-every")) &&
+      !layer_wise(config.method)) {
+    throw UsageError(concat(flags.given.count("--profile-iters") ? "--profile-iters" : "--replan-every",
+                            " applies only to layer-wise communication: add --buckets PLAN (or use wfbp, "
+                            "synceasgd, mgwfbp, dsync+PLAN)"));
+  }
+  config.method.profile_iterations = flags.profile_iterations;
+  config.method.replan_every = flags.replan_every;
   config.warmup_epochs = flags.warmup_epochs;
   config.warmup_iterations = flags.warmup_iterations;
   if (method == "odsgd" && !flags.given.count("--warmup-iters") && !flags.given.count("--warmup-epochs")) {
@@ -259,8 +303,12 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec, b
   check_allreduce_name(flags.allreduce, "--allreduce", true);
   config.method.allreduce_algorithm = flags.allreduce;
   if (!flags.calibration_file.empty()) {
-    if (flags.allreduce != "auto") {
-      throw UsageError("--calibration is only used by --allreduce auto; add --allreduce auto or drop it");
+    if (flags.allreduce != "auto" && !layer_wise(config.method) &&
+        !(flags.given.count("--buckets") && config.method.name == "dsync")) {
+      if (!compare) {
+        throw UsageError("--calibration is only used by --allreduce auto and by the bucket plans of "
+                         "layer-wise methods; add --allreduce auto or drop it");
+      }
     }
     config.method.calibration =
         std::make_shared<const Calibration>(load_calibration(flags.calibration_file));
@@ -675,6 +723,158 @@ int run_calibrate(const BenchFlags& flags) {
   return 0;
 }
 
+// `pipesgd plan`: each bucket plan's buckets and predicted iteration for a model, world size,
+// network and calibration, from a profile of the model measured here (the replicas run at once, as
+// the trainer's workers do), before any training.
+struct PlanFlags {
+  TrainFlags train;  // model, data, workers, batch, net, codec, allreduce, calibration, seed
+  std::string plans = "wfbp,single,mgwfbp,optimal,fixed:25";
+  std::int64_t profile_iterations = 10;
+  std::string out;
+};
+
+void add_plan_flags(CLI::App& command, PlanFlags& flags) {
+  TrainFlags& t = flags.train;
+  command.add_option("--model", t.model, "Model: mlp, cnn, resnet, softmax")->capture_default_str();
+  command.add_option("--workers", t.workers, "World size the plans are for (the profile runs this many replicas at once)")
+      ->capture_default_str();
+  command.add_option("--net", t.network, "Network: none, 1gbe, 10gbe, 25gbe, 100gbe or bw=1Gbit,lat=200us")
+      ->capture_default_str();
+  command.add_option("--calibration", t.calibration_file,
+                     "Calibration JSON of `pipesgd calibrate` (its measured a + b*M is the cost model)");
+  command.add_option("--allreduce", t.allreduce, "Allreduce algorithm whose cost the plans use (or auto)")
+      ->capture_default_str();
+  command.add_option("--codec", t.codec, "Gradient codec (sets the bytes per element on the wire)")
+      ->capture_default_str();
+  command.add_option("--batch", t.batch, "Per-worker batch of the profile")->capture_default_str();
+  command.add_option("--data", t.data, "Data set of the profile: fashion-mnist or synthetic")->capture_default_str();
+  command.add_option("--data-dir", t.data_dir, "Directory of MNIST-format IDX files");
+  command.add_option("--seed", t.seed, "Seed of the model initialisation and data order")->capture_default_str();
+  command.add_option("--plans", flags.plans, "Comma-separated plans: wfbp, single, mgwfbp, optimal, fixed:<MiB>")
+      ->capture_default_str();
+  command.add_option("--profile-iters", flags.profile_iterations, "Iterations profiled per replica")
+      ->capture_default_str();
+  command.add_option("--out", flags.out, "Write the plans and predictions as JSON to this file");
+}
+
+std::string plan_equation(const std::string& name) {
+  if (name == "wfbp") return "Eq. 6-8";
+  if (name == "single") return "t_f + t_b + T(all)";
+  return "Eq. 19-21";
+}
+
+int run_plan(const PlanFlags& flags) {
+  const TrainFlags& t = flags.train;
+  if (t.workers < 1 || t.workers > kMaxWorkers) {
+    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", t.workers));
+  }
+  if (t.batch < 1 || t.batch > static_cast<std::int64_t>(kMaxBatch)) {
+    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", t.batch));
+  }
+  if (flags.profile_iterations < 1 || flags.profile_iterations > 100000) {
+    throw UsageError(concat("--profile-iters must be in [1, 100000], got ", flags.profile_iterations));
+  }
+  if (t.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", t.seed));
+  const std::vector<std::string> plans = split_list(flags.plans);
+  MethodConfig method;
+  method.codec = t.codec;
+  const auto codec = make_codec(t.codec);
+  check_allreduce_name(t.allreduce, "--allreduce", true);
+  method.allreduce_algorithm = t.allreduce;
+  if (!t.calibration_file.empty()) {
+    method.calibration = std::make_shared<const Calibration>(load_calibration(t.calibration_file));
+  }
+  const NetworkSpec network = parse_network_spec(t.network);
+  ModelFactory factory = torch_model_factory(t.model);
+  const DataSplits data = load_data(t);
+  const double bytes_per_element = static_cast<double>(codec->encoded_bytes(1000)) / 1000.0;
+  LayerProfile validate_names;
+  validate_names.bytes = {4};
+  validate_names.backward_seconds = {0};
+  for (const std::string& plan : plans) make_bucket_plan(plan, validate_names, LinearCost{});
+
+  std::cerr << "profiling " << t.model << ": " << t.workers << " replicas at once, "
+            << flags.profile_iterations << " iterations of batch " << t.batch << " each" << std::endl;
+  const MeasuredProfile profile =
+      measure_layer_profile(factory, data, t.workers, static_cast<std::size_t>(t.batch),
+                            flags.profile_iterations, static_cast<std::uint64_t>(t.seed), bytes_per_element);
+  double gradient_bytes = 0, backward = 0;
+  for (double b : profile.layers.bytes) gradient_bytes += b;
+  for (double b : profile.layers.backward_seconds) backward += b;
+  const double fp32_bytes = gradient_bytes / bytes_per_element * sizeof(float);
+  // As a layer-wise run: the calibration file's cost if given, else the allreduce timed here over
+  // the emulated network at the probe sizes.
+  const LinearCost cost = method.calibration
+                              ? planning_cost(method, network, t.workers, fp32_bytes)
+                              : measure_local_allreduce_cost(method, network, t.workers, profile.layers);
+  const std::string algorithm = resolve_allreduce_algorithm(method, t.workers, fp32_bytes);
+
+  std::cout << "pipesgd plan: " << t.model << " (" << profile.layers.bytes.size() << " layers, "
+            << std::fixed << std::setprecision(0) << gradient_bytes << " gradient bytes with codec "
+            << t.codec << "), " << t.workers << " workers, network " << describe(network) << "\n";
+  std::cout << std::setprecision(3) << "allreduce " << algorithm << ": T(M) = a + b*M, a = " << cost.a * 1e3
+            << " ms, b = " << cost.b * 1e9 << " ns/byte (from " << planning_cost_source(method, network, t.workers)
+            << ")\n";
+  std::cout << "profile: t_f (data + forward) = " << profile.layers.forward_seconds * 1e3
+            << " ms, t_b (backward) = " << backward * 1e3 << " ms, update = " << profile.update_seconds * 1e3
+            << " ms per iteration\n\n";
+  nlohmann::json records = nlohmann::json::array();
+  std::vector<std::vector<std::string>> rows = {
+      {"plan", "buckets", "predicted iter ms", "t_c^no ms", "comm ms", "model"}};
+  std::vector<std::string> details;
+  for (const std::string& name : plans) {
+    const BucketPlan plan = make_bucket_plan(name, profile.layers, cost);
+    const PlanTimeline timeline = simulate_plan(profile.layers, cost, plan);
+    const double iteration = timeline.iteration + profile.update_seconds;
+    char cell[3][32];
+    std::snprintf(cell[0], sizeof cell[0], "%.3f", iteration * 1e3);
+    std::snprintf(cell[1], sizeof cell[1], "%.3f", timeline.non_overlapped * 1e3);
+    std::snprintf(cell[2], sizeof cell[2], "%.3f", timeline.communication * 1e3);
+    rows.push_back({name, concat(plan.buckets.size()), cell[0], cell[1], cell[2], plan_equation(plan.name)});
+    details.push_back(concat(name, ": ", describe_plan(plan)));
+    records.push_back({{"plan", name},
+                       {"buckets", plan.buckets.size()},
+                       {"description", describe_plan(plan)},
+                       {"predicted_iteration_s", iteration},
+                       {"predicted_non_overlapped_s", timeline.non_overlapped},
+                       {"communication_s", timeline.communication}});
+  }
+  std::size_t widths[6] = {0, 0, 0, 0, 0, 0};
+  for (const auto& row : rows) {
+    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    for (std::size_t c = 0; c < rows[r].size(); ++c) {
+      const std::string& cell = rows[r][c];
+      const std::string pad(widths[c] - cell.size(), ' ');
+      std::cout << (c == 0 ? cell + pad : "  " + pad + cell);
+    }
+    std::cout << "\n";
+  }
+  std::cout << "\npredicted iter = the timeline's last allreduce finish (t_f + backward with the buckets' "
+               "allreduces launched as their layers are ready, one at a time) + update; t_c^no = the part "
+               "of the communication not hidden behind backward.\n";
+  std::cout << "(dsync without --buckets runs one allreduce after backward: the single plan.)\n";
+  for (const std::string& line : details) std::cout << line << "\n";
+  if (!flags.out.empty()) {
+    std::ofstream file(flags.out);
+    if (!file) throw UsageError(concat("--out '", flags.out, "': cannot write"));
+    nlohmann::json document = {{"model", t.model},
+                               {"workers", t.workers},
+                               {"network", network.name},
+                               {"allreduce", algorithm},
+                               {"a_s", cost.a},
+                               {"b_s_per_byte", cost.b},
+                               {"forward_s", profile.layers.forward_seconds},
+                               {"backward_s", backward},
+                               {"update_s", profile.update_seconds},
+                               {"plans", records}};
+    file << document.dump(2) << "\n";
+    std::cout << "wrote " << flags.out << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace pipesgd
 
@@ -723,12 +923,18 @@ int main(int argc, char** argv) {
       "calibrate", "Measure allreduce times, fit the cost model (alpha, beta, gamma; a, b per algorithm)");
   add_bench_flags(*calibrate, calibrate_flags, true);
 
+  PlanFlags plan_flags;
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Bucket plans for layer-wise allreduce: buckets, predicted iteration and t_c^no per plan");
+  add_plan_flags(*plan, plan_flags);
+
   if (argc > 1 && argv[1][0] != '-') {
     const std::string command = argv[1];
-    if (command != "train" && command != "compare" && command != "bench" && command != "calibrate") {
+    if (command != "train" && command != "compare" && command != "bench" && command != "calibrate" &&
+        command != "plan") {
       std::fprintf(stderr,
-                   "pipesgd: error: unknown command '%s' (expected train, compare, bench or calibrate; "
-                   "see --help)\n",
+                   "pipesgd: error: unknown command '%s' (expected train, compare, bench, calibrate or "
+                   "plan; see --help)\n",
                    command.c_str());
       return 2;
     }
@@ -773,6 +979,7 @@ int main(int argc, char** argv) {
     else if (compare->parsed()) exit_code = run_compare(compare_flags, compare_methods);
     else if (bench_allreduce->parsed()) exit_code = run_bench_allreduce(bench_flags);
     else if (calibrate->parsed()) exit_code = run_calibrate(calibrate_flags);
+    else if (plan->parsed()) exit_code = run_plan(plan_flags);
   } catch (const std::exception& error) {
     const bool usage = dynamic_cast<const UsageError*>(&error) != nullptr;
     exit_code = usage ? 2 : 1;
@@ -783,10 +990,16 @@ int main(int argc, char** argv) {
     // Under MPI: tell the other ranks at once (they stop with PeerFailedError instead of waiting
     // for their timeouts), print one line (a usage error once, from rank 0: every rank has the same
     // flags), and leave without MPI_Finalize, which could wait forever on a dead peer.
-    session->transport.report_failure(error.what());
     if (!usage || session->leader()) {
       std::fprintf(stderr, "pipesgd: error: %s%s\n",
                    usage ? "" : concat("rank ", session->runtime.rank(), ": ").c_str(), error.what());
+      std::fflush(stderr);
+    }
+    session->transport.report_failure(error.what());
+    if (usage && !session->leader()) {
+      // mpirun aborts the job as soon as one rank exits non-zero: give rank 0, which has the same
+      // usage error, time to print the line first.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     MpiRuntime::exit_without_finalize(exit_code);
   }

@@ -32,8 +32,11 @@ enum class Channel : std::uint8_t {
   // The parameter server (ps/parameter_server.h): sequence = a worker's request or pull count,
   // step = 0 request / 1 pull reply, segment = shard.
   kParameterServer = 3,
+  // Layer-wise methods' planning reductions (the per-layer profile the bucket plan is computed
+  // from): sequence = the plan's count.
+  kPlanning = 4,
 };
-inline constexpr int kChannelCount = 4;
+inline constexpr int kChannelCount = 5;
 
 constexpr Tag collective_tag(Channel channel, std::uint64_t sequence) {
   return (static_cast<Tag>(channel) << 32) | (sequence & 0xffffffffu);

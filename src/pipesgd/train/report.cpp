@@ -134,6 +134,10 @@ nlohmann::json summary_to_json(const RunSummary& s) {
           {"allreduce_segments", s.segmenting},
           {"allreduce", s.allreduce},
           {"staleness_k", s.staleness},
+          {"bucket_plan", s.plan},
+          {"allreduce_calls_per_iteration", s.allreduce_calls},
+          {"non_overlapped_comm_s", s.non_overlapped_comm},
+          {"predicted_non_overlapped_comm_s", s.predicted_non_overlapped_comm},
           {"iterations", s.iterations},
           {"measured_iterations", s.measured_iterations},
           {"mean", times_to_json(s.mean)},
@@ -218,6 +222,14 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
     out << "Eq. 5 comm term from the emulated link (gamma = 0): " << milliseconds(s.link_model_comm)
         << " ms per allreduce\n";
   }
+  if (!s.plan.empty()) {
+    out << "\nLayer-wise communication: plan " << s.plan << "; " << s.allreduce_calls
+        << " allreduces per iteration. Non-overlapped communication t_c^no (the wait after backward): "
+        << milliseconds(s.non_overlapped_comm) << " ms measured, " << milliseconds(s.predicted_non_overlapped_comm)
+        << " ms predicted by the plan's timeline (mg-wfbp.txt Eq. 8 / 21); iteration "
+        << milliseconds(s.mean.iteration) << " ms measured, " << milliseconds(s.predicted_iteration)
+        << " ms predicted.\n";
+  }
   if (s.od_sgd) {
     print_od_sgd_model(out, s);
     out << "This method follows OD-SGD's Eq. 2.";
@@ -263,6 +275,24 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
     }
     print_table(out, table);
   }
+  bool layer_wise = false;
+  for (const RunSummary& s : summaries) layer_wise = layer_wise || !s.plan.empty();
+  if (layer_wise) {
+    out << "\nLayer-wise communication (mg-wfbp.txt; predicted = the plan's timeline + update from the "
+           "run's profile):\n";
+    std::vector<std::vector<std::string>> table = {{"method", "allreduces/iter", "iter ms", "predicted ms",
+                                                    "measured/predicted", "t_c^no ms", "predicted t_c^no",
+                                                    "plan"}};
+    for (const RunSummary& s : summaries) {
+      table.push_back({s.method_spec, concat(s.allreduce_calls), milliseconds(s.mean.iteration),
+                       milliseconds(s.predicted_iteration),
+                       format("%.3f", s.predicted_iteration > 0 ? s.mean.iteration / s.predicted_iteration : 0),
+                       s.plan.empty() ? std::string("-") : milliseconds(s.non_overlapped_comm),
+                       s.plan.empty() ? std::string("-") : milliseconds(s.predicted_non_overlapped_comm),
+                       s.plan.empty() ? std::string("(one allreduce after backward)") : s.plan});
+    }
+    print_table(out, table);
+  }
   for (const RunSummary& s : summaries) {
     if (!s.od_sgd || s.od_sgd->sync_iterations <= 0) continue;
     out << s.method_spec << ": OD-SGD improvement rate over its synchronous warm-up, predicted (Eq. 3) "
@@ -283,6 +313,9 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                        {"final_train_accuracy", s.final_train_accuracy},
                        {"final_test_accuracy", s.final_test_accuracy},
                        {"od_sgd_model", od_sgd_to_json(s.od_sgd)},
+                       {"bucket_plan", s.plan},
+                       {"allreduce_calls_per_iteration", s.allreduce_calls},
+                       {"non_overlapped_comm_s", s.non_overlapped_comm},
                        {"speedup", summaries.front().throughput > 0
                                        ? s.throughput / summaries.front().throughput
                                        : 0}});

@@ -18,6 +18,7 @@
 #include "pipesgd/core/thread_priority.h"
 #include "pipesgd/data/sampler.h"
 #include "pipesgd/ps/parameter_server.h"
+#include "pipesgd/train/planning.h"
 #include "pipesgd/train/progress.h"
 #include "pipesgd/train/report.h"
 
@@ -60,6 +61,14 @@ RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
   const std::int64_t start_up = std::min<std::int64_t>(10, steady / 10);
   plan.first_measured = std::min(plan.total_iterations - 1,
                                  std::min(plan.warmup_iterations, plan.total_iterations) + start_up);
+  if (layer_wise(config.method)) {
+    // The profiled iterations run the single-bucket plan: not the plan being measured.
+    const std::int64_t planned = config.method.profile_iterations;
+    plan.first_measured = std::max(
+        plan.first_measured,
+        std::min(plan.total_iterations - 1,
+                 planned + std::min<std::int64_t>(10, std::max<std::int64_t>(0, plan.total_iterations - planned) / 10)));
+  }
   plan.first_measured = std::max<std::int64_t>(0, plan.first_measured);
   return plan;
 }
@@ -83,6 +92,7 @@ struct SharedRunState {
   std::vector<std::exception_ptr> failures;        // per rank (workers, then servers)
   std::vector<std::vector<float>> final_parameters;
   double train_seconds = 0;                        // rank 0
+  MethodReport method_report;                      // rank 0's
 };
 
 void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
@@ -95,6 +105,9 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   MethodConfig method_config = config.method;
   method_config.warmup_iterations = plan.warmup_iterations;
   method_config.servers = resolved_servers(config);
+  method_config.bucket_cost =
+      planning_cost(method_config, config.network, config.workers,
+                    static_cast<double>(model.layout().total()) * sizeof(float));
   auto method = make_training_method(method_config, model, transport);
   // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU:
   // communication threads (created above) must not queue behind compute (core/thread_priority.h).
@@ -103,6 +116,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   }
   try {
     train_epochs(rank, config, plan, model, transport, data, *method, shared);
+    if (rank == 0) shared.method_report = method->report();
   } catch (const std::exception& error) {
     // Tell the other ranks before `method` (and its comm thread) unwinds, so they stop waiting now.
     transport.report_failure(error.what());
@@ -124,6 +138,9 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
   std::vector<IterationTimes>& times = shared.times[rank];
   const double samples_per_iteration = static_cast<double>(config.workers * config.batch);
 
+  static const SegmentReadyFn no_reports;
+  const SegmentReadyFn* ready = method.segment_ready();
+  const SegmentReadyFn& on_ready = ready != nullptr ? *ready : no_reports;
   std::int64_t t = 0;
   double train_seconds = 0;
   for (std::int64_t epoch = 0; epoch < plan.epochs; ++epoch) {
@@ -140,7 +157,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
       Stopwatch loading;
       const Batch batch = assembler.assemble(sampler.batch_indices(static_cast<std::size_t>(i)));
       record.data = loading.seconds();
-      const StepResult step = model.forward_backward(batch, gradients, {});
+      const StepResult step = model.forward_backward(batch, gradients, on_ready);
       record.forward = step.forward_seconds;
       record.backward = step.backward_seconds;
       record.loss = step.loss;
@@ -236,6 +253,23 @@ void gather_at_leader(Transport& transport, const TrainConfig& config, const Run
   }
 }
 
+// Throws UsageError unless `name` is a bucket plan (timing/bucket_plan.h).
+void check_bucket_plan_name(const std::string& name) {
+  LayerProfile one_layer;
+  one_layer.bytes = {4};
+  one_layer.backward_seconds = {0};
+  make_bucket_plan(name, one_layer, LinearCost{});
+}
+
+bool is_bucket_plan_name(const std::string& name) {
+  try {
+    check_bucket_plan_name(name);
+    return true;
+  } catch (const UsageError&) {
+    return false;
+  }
+}
+
 // OD-SGD Eq. 1-3 from the run: the synchronous stage is iterations [0, switching), the pipelined
 // stage the measured iterations (whose means are `pipelined`).
 OdSgdReport od_sgd_report(const SharedRunState& shared, std::int64_t switching,
@@ -278,6 +312,8 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
           : resolve_allreduce_algorithm(config.method, config.workers,
                                         static_cast<double>(model.layout().total()) * sizeof(float));
   summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
+  summary.plan = shared.method_report.plan;
+  summary.allreduce_calls = shared.method_report.allreduce_calls;
   summary.iterations = plan.total_iterations;
   summary.measured_iterations = plan.total_iterations - plan.first_measured;
   summary.mean = mean_times(shared, plan.first_measured, plan.total_iterations);
@@ -304,6 +340,14 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
                          static_cast<double>(make_codec(config.method.codec)->encoded_bytes(1000)) /
                          1000.0;
     summary.link_model_comm = ring_allreduce_time(config.workers, bytes, link);
+  }
+  if (!summary.plan.empty()) {
+    // Layer-wise: the compute thread waits for the buckets after backward only; that wait is t_c^no.
+    summary.non_overlapped_comm = summary.mean.wait;
+    summary.predicted_non_overlapped_comm = shared.method_report.predicted_non_overlapped;
+    if (shared.method_report.predicted_iteration > 0) {
+      summary.predicted_iteration = shared.method_report.predicted_iteration;
+    }
   }
   if (config.method.name == "odsgd") {
     // Warm-up iterations (trained on the synchronous global weights) end at the switching
@@ -368,7 +412,30 @@ void validate_train_config(const TrainConfig& config) {
       throw UsageError(concat("method '", config.method.name, "' sends fp32 to its servers; codec '",
                               config.method.codec, "' applies only to dsync and pipe"));
     }
-  } else if (config.servers > 0) {
+  }
+  const bool dsync_family = config.method.name == "dsync" || !implied_bucket_plan(config.method.name).empty();
+  if (!dsync_family && !config.method.buckets.empty()) {
+    throw UsageError(concat("bucket plans apply to dsync (and wfbp, synceasgd, mgwfbp) only, not '",
+                            config.method.name, "'"));
+  }
+  if (layer_wise(config.method)) {
+    if (config.method.name != "dsync" && !config.method.buckets.empty() &&
+        config.method.buckets != implied_bucket_plan(config.method.name)) {
+      throw UsageError(concat("method '", config.method.name, "' is dsync with the ",
+                              implied_bucket_plan(config.method.name), " plan; for the ", config.method.buckets,
+                              " plan use dsync+", config.method.buckets));
+    }
+    if (config.method.profile_iterations < 1 || config.method.profile_iterations > kMaxIterations) {
+      throw UsageError(concat("--profile-iters must be in [1, ", kMaxIterations, "], got ",
+                              config.method.profile_iterations));
+    }
+    if (config.method.replan_every < 0 || config.method.replan_every > kMaxIterations) {
+      throw UsageError(concat("--replan-every must be in [0, ", kMaxIterations, "] (0: never), got ",
+                              config.method.replan_every));
+    }
+    if (!config.method.buckets.empty()) check_bucket_plan_name(config.method.buckets);
+  }
+  if (!method_uses_servers(config.method.name) && config.servers > 0) {
     throw UsageError(concat("--servers applies only to the parameter-server methods pssync, asgd, dcasgd "
                             "and odsgd, not '",
                             config.method.name, "'"));
@@ -398,10 +465,21 @@ void apply_method_spec(const std::string& spec, TrainConfig& config) {
   config.method.name = parts[0];
   const std::vector<std::string> codecs = codec_names();
   bool codec_given = false;
+  config.method.buckets = implied_bucket_plan(parts[0]);
   for (std::size_t i = 1; i < parts.size(); ++i) {
+    if (parts[0] == "dsync" && is_bucket_plan_name(parts[i])) {
+      if (!config.method.buckets.empty()) {
+        throw UsageError(concat("method '", spec, "' names more than one bucket plan"));
+      }
+      config.method.buckets = parts[i];
+      continue;
+    }
     if (std::find(codecs.begin(), codecs.end(), parts[i]) == codecs.end()) {
       throw UsageError(concat("unknown option '", parts[i], "' in method '", spec,
-                              "' (options are codecs: none, bf16, int8)"));
+                              "' (options are codecs: none, bf16, int8",
+                              parts[0] == "dsync" ? "; and bucket plans: wfbp, single, mgwfbp, optimal, fixed:<MiB>"
+                                                  : "",
+                              ")"));
     }
     if (codec_given) throw UsageError(concat("method '", spec, "' names more than one codec"));
     codec_given = true;

@@ -83,6 +83,10 @@ struct RunSummary {
   std::string segmenting;  // allreduce message segmenting in effect ("256 KiB", "unsegmented")
   std::string allreduce;   // the gradient allreduce's algorithm ("auto" resolved)
   int staleness = 0;
+  std::string plan;                   // layer-wise methods: the bucket plan in use ("" otherwise)
+  std::size_t allreduce_calls = 0;    // gradient allreduces per iteration (0: parameter server)
+  double non_overlapped_comm = 0;     // layer-wise: measured t_c^no (the wait after backward)
+  double predicted_non_overlapped_comm = 0;  // layer-wise: the plan's t_c^no
   std::int64_t iterations = 0;
   std::int64_t measured_iterations = 0;  // those averaged below (warm-up and start-up excluded)
   IterationTimes mean;                   // per-iteration means over workers and measured iterations

@@ -1,0 +1,122 @@
+#pragma once
+// D-Sync with layer-wise communication (mg-wfbp.txt): as backward reports each layer's gradient
+// final, the gradient of a bucket (a contiguous range of layers, timing/bucket_plan.h) is allreduced
+// on this worker's comm thread while backward goes on with the earlier layers; end_iteration waits
+// for the last bucket (that wait is the non-overlapped communication t_c^no), then updates. The
+// training methods `wfbp`, `synceasgd` and `mgwfbp` are this with the wfbp, single and mgwfbp plans;
+// `dsync+optimal`, `dsync+fixed:25` etc. choose another plan. Every plan composes with every codec.
+//
+// Planning: the first `profile_iterations` iterations run the single-bucket plan and record each
+// layer's backward time (from the model's readiness reports), the time before backward (data,
+// forward, bookkeeping) and the update. Then, unless a calibration file gives the cost model
+// (MethodConfig::bucket_cost), the workers time their allreduce at kCostProbes sizes (the cost of
+// this transport and network as it is, software overheads included) for a + b·M. The workers average
+// their profiles and timings (one small allreduce on Channel::kPlanning, so every worker computes
+// the same plan from the same numbers) and compute the plan. With
+// `replan_every` N > 0 the plan is recomputed every N iterations from the iterations since the last
+// plan. A plan is never changed while a bucket is in flight.
+//
+// Tags: bucket b of iteration t uses sequence t * L + b on Channel::kGradients (L = the model's
+// layer count, an upper bound of the bucket count).
+//
+// Threads: the compute thread calls begin/end/finish and the segment-ready callback (from inside
+// forward_backward); the comm thread (owned here) runs the buckets' allreduces in launch order. The
+// job counters are guarded by one per-worker mutex. The hot path does not allocate.
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "pipesgd/algo/training_method.h"
+#include "pipesgd/collective/allreduce.h"
+#include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/core/clock.h"
+#include "pipesgd/timing/bucket_plan.h"
+
+namespace pipesgd {
+
+// The message sizes (bytes, multiples of 4) at which the cost a + b·M is measured: kCostProbes
+// sizes spread log-uniformly from the smallest layer's gradient (at least 4 KiB) to the whole
+// gradient, so the fit covers the buckets any plan can make.
+inline constexpr int kCostProbes = 4;
+std::vector<double> cost_probe_sizes(const LayerProfile& profile);
+
+// Runs `allreduce` on the first size / bytes_per_element floats of `scratch` (which it overwrites;
+// sizes are bytes on the wire, bytes_per_element the codec's encoded size; the allreduce must have
+// been built for at least the largest count) `repeats` times per size and returns the median
+// seconds per size. Collective: every rank calls it with the same sizes and `sequence_base`; the
+// runs use Channel::kPlanning sequences sequence_base, sequence_base + 1, ...
+std::vector<double> measure_allreduce_seconds(Allreduce& allreduce, std::span<float> scratch,
+                                              std::span<const double> sizes, double bytes_per_element,
+                                              int repeats, std::uint64_t sequence_base);
+
+// a + b·M (a, b >= 0) fitted to the median `seconds` at `sizes` (relative least squares).
+LinearCost fit_measured_cost(std::span<const double> sizes, std::span<const double> seconds,
+                             const std::string& algorithm, int workers);
+
+class BucketedDSync final : public TrainingMethod {
+ public:
+  // Throws UsageError for an unknown plan (MethodConfig::buckets), codec or algorithm.
+  BucketedDSync(const MethodConfig& config, Model& model, Transport& transport);
+  ~BucketedDSync() override;
+  std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
+  void end_iteration(std::int64_t t, IterationTimes& times) override;
+  void finish(IterationTimes&) override {}
+  const SegmentReadyFn* segment_ready() override { return &on_segment_ready_; }
+  MethodReport report() const override;
+
+ private:
+  void segment_ready(std::size_t segment, double backward_seconds);
+  void submit_ready_buckets(std::size_t lowest_ready_segment);
+  void replan(std::int64_t plan_number);
+  void comm_loop();
+
+  Model& model_;
+  Transport& transport_;
+  const std::string plan_name_;
+  // The cost model: from the calibration file or the network model (config.bucket_cost) if a
+  // calibration file was given, else measured at every planning step (measure_cost_).
+  LinearCost cost_;
+  const bool measure_cost_;
+  std::string algorithm_;
+  double bytes_per_element_ = 4;  // the codec's encoded bytes per element
+  const std::int64_t profile_iterations_;
+  const std::int64_t replan_every_;
+  const Timeout timeout_;
+  const std::size_t layers_;
+  std::unique_ptr<Codec> codec_;
+  std::unique_ptr<Allreduce> allreduce_;
+  std::unique_ptr<Codec> planning_codec_;
+  RingAllreduce planning_allreduce_;
+  Sgd sgd_;
+  std::vector<float> gradients_;
+  SegmentReadyFn on_segment_ready_;
+
+  // The plan in use (replaced only between iterations) and what it was computed from.
+  BucketPlan plan_;
+  LayerProfile planned_profile_;
+  double planned_update_seconds_ = 0;
+  std::int64_t plans_made_ = 0;
+  // Sums over the iterations since the last plan (compute thread only).
+  std::vector<double> backward_sums_;
+  double before_backward_sum_ = 0, update_sum_ = 0;
+  std::int64_t profiled_iterations_ = 0;
+  // The averaged profile's wire form: L backward times, t_f, update, kCostProbes probe medians.
+  std::vector<float> profile_buffer_;
+  // This iteration (compute thread only).
+  std::int64_t iteration_ = 0;
+  std::size_t next_bucket_ = 0;  // the next bucket to hand to the comm thread
+  Clock::time_point iteration_start_{};
+  double last_update_seconds_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable bucket_submitted_;  // the comm thread waits on it
+  std::condition_variable bucket_reduced_;    // the compute thread waits on it
+  std::size_t submitted_ = 0, reduced_ = 0;   // buckets of the current iteration
+  double comm_seconds_ = 0;                   // allreduce time of the current iteration's buckets
+  bool stopping_ = false;
+  std::exception_ptr comm_failure_;
+  std::thread comm_thread_;
+};
+
+}  // namespace pipesgd

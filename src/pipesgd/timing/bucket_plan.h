@@ -1,0 +1,92 @@
+#pragma once
+// Gradient buckets for layer-wise allreduce: which consecutive layers' gradients are allreduced
+// together, and the iteration time a choice gives under the MG-WFBP timing model (mg-wfbp.txt
+// Eq. 6-9, 21). docs/bucket-planner.md states the model and proves the optimal plan.
+//
+// Model. Segments (layers) are numbered in forward order 0..L-1; the paper's layer l is segment
+// l-1. Backward computes segment L-1 first and segment 0 last. A bucket [begin, end) is ready when
+// backward has finished its lowest segment `begin`. Buckets are allreduced one at a time, in launch
+// order = backward order, on one FIFO channel: a bucket starts at max(its ready time, the previous
+// bucket's finish) and takes T(M) = a + b·M for its M bytes.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "pipesgd/timing/allreduce_cost_model.h"
+
+namespace pipesgd {
+
+// Per-layer measurements the plans are computed from (forward order).
+struct LayerProfile {
+  std::vector<double> bytes;             // per segment: bytes its gradient puts on the wire
+  std::vector<double> backward_seconds;  // per segment: t_b, the backward time of that segment alone
+  double forward_seconds = 0;  // t_f: everything before backward starts (the timeline's origin is 0)
+};
+
+// Segments [begin, end), forward order.
+struct Bucket {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+struct BucketPlan {
+  std::string name;             // "wfbp", "single", "mgwfbp", "optimal", "fixed:25"
+  std::vector<Bucket> buckets;  // in launch order: backward order, the first bucket ends at L
+};
+
+// The timeline of one iteration under a plan.
+struct PlanTimeline {
+  std::vector<double> ready, start, finish;  // per bucket, launch order
+  double backward_end = 0;    // t_f + sum of t_b
+  double iteration = 0;       // the last bucket's finish (Eq. 8 / 21); >= backward_end
+  double non_overlapped = 0;  // t_c^no = iteration - backward_end
+  double communication = 0;   // sum of the buckets' T(M)
+};
+
+// Throws UsageError (one line) if the model has no layers, the profile's vectors differ in size, or
+// a time or size is negative or not finite.
+void validate_layer_profile(const LayerProfile& profile);
+
+// The timeline of `plan`. Throws as validate_layer_profile(), UsageError if the cost's a or b is
+// negative or not finite, and UsageError if the plan does not cover segments 0..L-1 exactly with
+// non-empty contiguous buckets in backward order.
+PlanTimeline simulate_plan(const LayerProfile& profile, const LinearCost& cost,
+                           const BucketPlan& plan);
+
+// WFBP: one bucket per layer. Throws UsageError for 0 layers.
+BucketPlan wfbp_plan(std::size_t layers);
+
+// One bucket of every layer, allreduced after backward (SyncEASGD). Throws UsageError for 0 layers.
+BucketPlan single_plan(std::size_t layers);
+
+// PyTorch DDP-like: fill buckets in backward order and close a bucket as soon as it holds
+// >= bucket_bytes; a layer never splits. So a layer of >= bucket_bytes closes the bucket it joins:
+// it is a bucket of its own when that bucket was empty (first layer, or the previous one just
+// closed), otherwise it ends the partly filled bucket. The last bucket may hold less.
+// Throws UsageError for bucket_bytes not > 0 or not finite, or an invalid profile.
+BucketPlan fixed_size_plan(const LayerProfile& profile, double bucket_bytes);
+
+// MG-WFBP Algorithm 1 (Theorem 1, Eq. 27): layer l merges into layer l-1 when
+// tau_b[l-2] - tau_c[l] < a. Greedy; may be worse than optimal_plan(). Throws as simulate_plan()
+// for an invalid profile or cost.
+BucketPlan mgwfbp_plan(const LayerProfile& profile, const LinearCost& cost);
+
+// The plan of least iteration time (simulate_plan().iteration), by an exact dynamic programme over
+// the last bucket's boundary: O(L^2) time, O(L) memory. Among equally fast last buckets the longest
+// one wins (deterministic). Throws as simulate_plan() for an invalid profile or cost.
+BucketPlan optimal_plan(const LayerProfile& profile, const LinearCost& cost);
+
+// "wfbp" | "single" | "mgwfbp" | "optimal" | "fixed:<MiB>" (e.g. fixed:25, fixed:0.5; MiB = 2^20
+// bytes, > 0 and finite). Throws UsageError naming the valid forms for any other name, and as the
+// plan's function for an invalid profile or cost.
+BucketPlan make_bucket_plan(const std::string& name, const LayerProfile& profile,
+                            const LinearCost& cost);
+
+// {"wfbp", "single", "mgwfbp", "optimal", "fixed:<MiB>"}.
+std::vector<std::string> bucket_plan_names();
+
+// One line for reports, segments in backward order: "4 buckets: [9..7] [6] [5..2] [1..0]",
+// "1 bucket: [0]".
+std::string describe_plan(const BucketPlan& plan);
+
+}  // namespace pipesgd

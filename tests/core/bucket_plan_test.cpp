@@ -1,0 +1,339 @@
+// Gradient bucket plans: the timeline against hand-worked values, the optimal plan against brute
+// force, MG-WFBP Algorithm 1 against a hand-worked Eq. 27 example, the DDP-like fixed-size plan,
+// plan names and validation.
+#include "pipesgd/timing/bucket_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+std::vector<std::pair<std::size_t, std::size_t>> ranges(const BucketPlan& plan) {
+  std::vector<std::pair<std::size_t, std::size_t>> result;
+  for (const Bucket& bucket : plan.buckets) result.emplace_back(bucket.begin, bucket.end);
+  return result;
+}
+
+using Ranges = std::vector<std::pair<std::size_t, std::size_t>>;
+
+// The UsageError message `call` throws, or "" if it throws nothing.
+template <typename Call>
+std::string usage_error_message(Call call) {
+  try {
+    call();
+  } catch (const UsageError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// Every one of the 2^(L-1) plans of contiguous non-empty buckets; bit s-1 of `boundaries` set
+// means a bucket begins at segment s (1 <= s < L).
+BucketPlan partition_plan(std::size_t layers, std::uint32_t boundaries) {
+  BucketPlan plan{"brute", {}};
+  std::size_t end = layers;
+  for (std::size_t segment = layers - 1; segment >= 1; --segment) {
+    if (boundaries & (1u << (segment - 1))) {
+      plan.buckets.push_back({segment, end});
+      end = segment;
+    }
+  }
+  plan.buckets.push_back({0, end});
+  return plan;
+}
+
+struct Instance {
+  LayerProfile profile;
+  LinearCost cost;
+};
+
+// Deterministic random instances, L = 1..12, scaled so communication and computation are of the
+// same order (some layers hide, some do not); a = 0 and b = 0 occur, as do zero-byte layers and
+// zero backward times.
+std::vector<Instance> random_instances() {
+  std::mt19937 generator(20240611);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<Instance> instances;
+  for (int round = 0; round < 30; ++round) {
+    for (std::size_t layers = 1; layers <= 12; ++layers) {
+      Instance instance;
+      for (std::size_t segment = 0; segment < layers; ++segment) {
+        instance.profile.bytes.push_back(unit(generator) < 0.1 ? 0.0 : 1e6 * unit(generator));
+        instance.profile.backward_seconds.push_back(unit(generator) < 0.1 ? 0.0
+                                                                          : 1e-2 * unit(generator));
+      }
+      instance.profile.forward_seconds = 3e-2 * unit(generator);
+      const int cost_kind = round % 4;  // 0: a = 0, 1: b = 0, 2 and 3: both positive
+      instance.cost.a = cost_kind == 0 ? 0.0 : 5e-3 * unit(generator);
+      instance.cost.b = cost_kind == 1 ? 0.0 : 2e-8 * unit(generator);
+      instances.push_back(instance);
+    }
+  }
+  return instances;
+}
+
+TEST(BucketPlanTimeline, MatchesHandWorkedThreeLayerTimeline) {
+  // Segments 0, 1, 2 (forward order): bytes 2, 1, 12; t_b 1, 2, 1; t_f = 1; T(M) = 0.5 + 0.25 M.
+  const LayerProfile profile{{2, 1, 12}, {1, 2, 1}, 1};
+  const LinearCost cost{0.5, 0.25};
+
+  // WFBP, launch order [2], [1], [0]:
+  //   [2]: ready 1 + 1 = 2,  start 2,                     T = 0.5 + 3    = 3.5  -> finish 5.5
+  //   [1]: ready 2 + 2 = 4,  start max(5.5, 4) = 5.5,     T = 0.5 + 0.25 = 0.75 -> finish 6.25
+  //   [0]: ready 4 + 1 = 5,  start max(6.25, 5) = 6.25,   T = 0.5 + 0.5  = 1    -> finish 7.25
+  // backward ends at 5; t_c^no = 7.25 - 5 = 2.25; communication = 3.5 + 0.75 + 1 = 5.25.
+  const PlanTimeline wfbp = simulate_plan(profile, cost, wfbp_plan(3));
+  EXPECT_EQ(wfbp.ready, (std::vector<double>{2, 4, 5}));
+  EXPECT_EQ(wfbp.start, (std::vector<double>{2, 5.5, 6.25}));
+  EXPECT_EQ(wfbp.finish, (std::vector<double>{5.5, 6.25, 7.25}));
+  EXPECT_EQ(wfbp.backward_end, 5);
+  EXPECT_EQ(wfbp.iteration, 7.25);
+  EXPECT_EQ(wfbp.non_overlapped, 2.25);
+  EXPECT_EQ(wfbp.communication, 5.25);
+
+  // Buckets [1..2], [0]:
+  //   [1, 3): ready 1 + 1 + 2 = 4, start 4,                T = 0.5 + 0.25 * 13 = 3.75 -> finish 7.75
+  //   [0, 1): ready 5,             start max(7.75, 5),     T = 1                      -> finish 8.75
+  const PlanTimeline merged = simulate_plan(profile, cost, BucketPlan{"two", {{1, 3}, {0, 1}}});
+  EXPECT_EQ(merged.ready, (std::vector<double>{4, 5}));
+  EXPECT_EQ(merged.start, (std::vector<double>{4, 7.75}));
+  EXPECT_EQ(merged.finish, (std::vector<double>{7.75, 8.75}));
+  EXPECT_EQ(merged.iteration, 8.75);
+  EXPECT_EQ(merged.non_overlapped, 3.75);
+  EXPECT_EQ(merged.communication, 4.75);
+
+  // Single bucket: ready 5, T = 0.5 + 0.25 * 15 = 4.25 -> 9.25.
+  const PlanTimeline single = simulate_plan(profile, cost, single_plan(3));
+  EXPECT_EQ(single.ready, (std::vector<double>{5}));
+  EXPECT_EQ(single.iteration, 9.25);
+  EXPECT_EQ(single.communication, 4.25);
+}
+
+TEST(OptimalBucketPlan, EqualsBruteForceOverAllPartitions) {
+  const std::vector<Instance> instances = random_instances();
+  ASSERT_GE(instances.size(), 200u);
+  int optimal_strictly_better_than_mgwfbp = 0;
+  for (std::size_t index = 0; index < instances.size(); ++index) {
+    const Instance& instance = instances[index];
+    const std::size_t layers = instance.profile.bytes.size();
+    double brute_force_minimum = std::numeric_limits<double>::infinity();
+    for (std::uint32_t boundaries = 0; boundaries < (1u << (layers - 1)); ++boundaries) {
+      const double iteration =
+          simulate_plan(instance.profile, instance.cost, partition_plan(layers, boundaries))
+              .iteration;
+      brute_force_minimum = std::min(brute_force_minimum, iteration);
+    }
+    const BucketPlan optimal = optimal_plan(instance.profile, instance.cost);
+    EXPECT_EQ(optimal.name, "optimal");
+    // The dynamic programme sums in simulate_plan()'s order and max(f, r) + T is monotone in f
+    // also in floating point, so the equality is exact.
+    EXPECT_EQ(simulate_plan(instance.profile, instance.cost, optimal).iteration,
+              brute_force_minimum)
+        << "instance " << index << " with " << layers << " layers: " << describe_plan(optimal);
+    if (brute_force_minimum <
+        simulate_plan(instance.profile, instance.cost, mgwfbp_plan(instance.profile, instance.cost))
+            .iteration)
+      ++optimal_strictly_better_than_mgwfbp;
+  }
+  // The instances are not all trivial: the greedy misses the optimum on some of them.
+  EXPECT_GT(optimal_strictly_better_than_mgwfbp, 0);
+}
+
+TEST(OptimalBucketPlan, IsNoSlowerThanEveryOtherPlan) {
+  for (const Instance& instance : random_instances()) {
+    const std::size_t layers = instance.profile.bytes.size();
+    const double optimal =
+        simulate_plan(instance.profile, instance.cost, optimal_plan(instance.profile, instance.cost))
+            .iteration;
+    const std::vector<BucketPlan> others = {
+        wfbp_plan(layers),
+        single_plan(layers),
+        mgwfbp_plan(instance.profile, instance.cost),
+        fixed_size_plan(instance.profile, 1e6),
+        fixed_size_plan(instance.profile, 2.5e5),
+        make_bucket_plan("fixed:25", instance.profile, instance.cost),
+    };
+    for (const BucketPlan& other : others)
+      EXPECT_LE(optimal, simulate_plan(instance.profile, instance.cost, other).iteration)
+          << other.name << ": " << describe_plan(other);
+  }
+}
+
+TEST(OptimalBucketPlan, MergesWhenLatencyDominatesAndSplitsWhenOverlapPays) {
+  // Three layers of 1 byte, t_b = 1 each, t_f = 0.
+  const LayerProfile profile{{1, 1, 1}, {1, 1, 1}, 0};
+  // Latency only (a = 10, b = 0): one allreduce is best: 3 + 10 = 13 (WFBP: 1 + 30 = 31).
+  EXPECT_EQ(ranges(optimal_plan(profile, {10, 0})), (Ranges{{0, 3}}));
+  // Bandwidth only (a = 0, b = 1): per layer, every transfer hides behind the next layer's
+  // backward: finishes 2, 3, 4; one bucket would finish at 3 + 3 = 6.
+  EXPECT_EQ(ranges(optimal_plan(profile, {0, 1})), (Ranges{{2, 3}, {1, 2}, {0, 1}}));
+  // A single layer is one bucket whatever the cost.
+  EXPECT_EQ(ranges(optimal_plan(LayerProfile{{5}, {1}, 0}, {1, 1})), (Ranges{{0, 1}}));
+}
+
+TEST(MgWfbpPlan, ReproducesHandWorkedMergeDecisionsOfEq27) {
+  // Paper layers 1..5 = segments 0..4. p = 1 byte each; t_b = [1, 3, 0.5, 0.5, 1] for layers
+  // 1..5; t_f = 0; T(M) = 1 + M, so a = 1 and tc = 2 for every layer at first.
+  // tau_b[5] = 0, tau_b[4] = 1, tau_b[3] = 1.5, tau_b[2] = 2, tau_b[1] = 5, tau_b[0] = 6.
+  // tau_c: [5] = 0 + 1 = 1; [4] = max(1 + 2, 1 + 0.5) = 3; [3] = max(5, 2) = 5; [2] = max(7, 5) = 7;
+  //        [1] = max(9, 6) = 9.
+  // l = 5: tau_b[3] - tau_c[5] = 1.5 - 1 = 0.5 < 1 -> merge 5 into 4: tc[5] = 0, p[4] = 2,
+  //        tc[4] = 3. tau_c: [5] = 1, [4] = max(1, 1.5) = 1.5, [3] = max(4.5, 2) = 4.5, ...
+  // l = 4: tau_b[2] - tau_c[4] = 2 - 1.5 = 0.5 < 1 -> merge 4 into 3 (a chain: 5 -> 4 -> 3):
+  //        tc[4] = 0, p[3] = 3, tc[3] = 4. tau_c: [4] = 1.5, [3] = max(1.5, 2) = 2,
+  //        [2] = max(2 + 4, 5) = 6, [1] = max(6 + 2, 6) = 8.
+  // l = 3: tau_b[1] - tau_c[3] = 5 - 2 = 3 >= 1 -> no merge (layer 2 would finish at
+  //        max(2, 5) + T(2) = 10 merged, max(2 + 4, 5) + T(1) = 8 apart).
+  // l = 2: tau_b[0] - tau_c[2] = 6 - 6 = 0 < 1 -> merge 2 into 1: tc[2] = 0, p[1] = 2, tc[1] = 3.
+  // M = {5, 4, 2}: buckets {5, 4, 3} and {2, 1} = segments [2, 5) and [0, 2).
+  const LayerProfile profile{{1, 1, 1, 1, 1}, {1, 3, 0.5, 0.5, 1}, 0};
+  const LinearCost cost{1, 1};
+  const BucketPlan plan = mgwfbp_plan(profile, cost);
+  EXPECT_EQ(plan.name, "mgwfbp");
+  EXPECT_EQ(ranges(plan), (Ranges{{2, 5}, {0, 2}}));
+  EXPECT_EQ(describe_plan(plan), "2 buckets: [4..2] [1..0]");
+  // Its timeline: [2, 5) ready 0 + 1 + 0.5 + 0.5 = 2, T = 4 -> 6; [0, 2) ready 6, T = 3 -> 9.
+  const PlanTimeline timeline = simulate_plan(profile, cost, plan);
+  EXPECT_EQ(timeline.finish, (std::vector<double>{6, 9}));
+  // WFBP would finish at 11: finishes 3, 5, 7 (ready 2), 9 (ready 5), 11 (ready 6).
+  EXPECT_EQ(simulate_plan(profile, cost, wfbp_plan(5)).iteration, 11);
+}
+
+TEST(MgWfbpPlan, KeepsLayersApartWhenBackwardHidesTheirTransfers) {
+  // Layers 1..3 = segments 0..2, p = 1, t_b = 5 each, t_f = 0, T(M) = 1 + M (tc = 2 < t_b).
+  // tau_b[3] = 0, [2] = 5, [1] = 10, [0] = 15. tau_c[3] = 5, [2] = max(7, 10) = 10, [1] = 15.
+  // l = 3: tau_b[1] - tau_c[3] = 10 - 5 = 5 >= 1; l = 2: tau_b[0] - tau_c[2] = 15 - 10 = 5 >= 1.
+  // No merges: the plan is WFBP's.
+  const LayerProfile profile{{1, 1, 1}, {5, 5, 5}, 0};
+  EXPECT_EQ(ranges(mgwfbp_plan(profile, {1, 1})), ranges(wfbp_plan(3)));
+  // A single layer: nothing to merge.
+  EXPECT_EQ(ranges(mgwfbp_plan(LayerProfile{{1}, {1}, 0}, {1, 1})), (Ranges{{0, 1}}));
+}
+
+TEST(BucketPlanFixedSize, ClosesABucketOnceItReachesTheCap) {
+  // Forward bytes [4, 3, 10, 2, 2, 1], cap 5, filled in backward order:
+  //   segment 5 (1): 1; segment 4 (2): 3; segment 3 (2): 5 >= 5 -> close [3, 6)
+  //   segment 2 (10): 10 >= 5 -> close [2, 3): larger than the cap, a bucket of its own
+  //   segment 1 (3): 3; segment 0 (4): 7 >= 5 -> close [0, 2)
+  const LayerProfile profile{{4, 3, 10, 2, 2, 1}, {1, 1, 1, 1, 1, 1}, 0};
+  EXPECT_EQ(ranges(fixed_size_plan(profile, 5)), (Ranges{{3, 6}, {2, 3}, {0, 2}}));
+  // The last bucket may stay under the cap: [2, 6) holds 15 >= 15, then [0, 2) holds only 7.
+  EXPECT_EQ(ranges(fixed_size_plan(profile, 15)), (Ranges{{2, 6}, {0, 2}}));
+  // A cap below every layer is WFBP; a cap above the whole model is a single bucket.
+  EXPECT_EQ(ranges(fixed_size_plan(profile, 0.5)), ranges(wfbp_plan(6)));
+  EXPECT_EQ(ranges(fixed_size_plan(profile, 1000)), (Ranges{{0, 6}}));
+  // As DDP does, a large layer that meets a partly filled bucket joins it and closes it:
+  // segment 2 (2): 2; segment 1 (10): 12 >= 5 -> close [1, 3); segment 0 (1): last bucket [0, 1).
+  EXPECT_EQ(ranges(fixed_size_plan(LayerProfile{{1, 10, 2}, {1, 1, 1}, 0}, 5)),
+            (Ranges{{1, 3}, {0, 1}}));
+  EXPECT_EQ(fixed_size_plan(profile, 5 * 1048576.0).name, "fixed:5");
+  EXPECT_THROW(fixed_size_plan(profile, 0), UsageError);
+  EXPECT_THROW(fixed_size_plan(profile, std::numeric_limits<double>::infinity()), UsageError);
+}
+
+TEST(BucketPlanNames, MakesEveryValidPlan) {
+  const double mebibyte = 1048576.0;
+  const LayerProfile profile{{mebibyte, mebibyte, mebibyte}, {1, 1, 1}, 0};
+  const LinearCost cost{1, 1e-9};
+  EXPECT_EQ(bucket_plan_names(),
+            (std::vector<std::string>{"wfbp", "single", "mgwfbp", "optimal", "fixed:<MiB>"}));
+  EXPECT_EQ(ranges(make_bucket_plan("wfbp", profile, cost)), ranges(wfbp_plan(3)));
+  EXPECT_EQ(make_bucket_plan("wfbp", profile, cost).name, "wfbp");
+  EXPECT_EQ(ranges(make_bucket_plan("single", profile, cost)), (Ranges{{0, 3}}));
+  EXPECT_EQ(make_bucket_plan("single", profile, cost).name, "single");
+  EXPECT_EQ(ranges(make_bucket_plan("mgwfbp", profile, cost)), ranges(mgwfbp_plan(profile, cost)));
+  EXPECT_EQ(ranges(make_bucket_plan("optimal", profile, cost)), ranges(optimal_plan(profile, cost)));
+  const BucketPlan two_mebibytes = make_bucket_plan("fixed:2", profile, cost);
+  EXPECT_EQ(two_mebibytes.name, "fixed:2");
+  EXPECT_EQ(ranges(two_mebibytes), (Ranges{{1, 3}, {0, 1}}));
+  const BucketPlan half_mebibyte = make_bucket_plan("fixed:0.5", profile, cost);
+  EXPECT_EQ(half_mebibyte.name, "fixed:0.5");
+  EXPECT_EQ(ranges(half_mebibyte), ranges(wfbp_plan(3)));
+  EXPECT_EQ(make_bucket_plan("fixed:25", profile, cost).name, "fixed:25");
+}
+
+TEST(BucketPlanNames, RejectsInvalidNamesWithTheValidForms) {
+  const LayerProfile profile{{1, 1}, {1, 1}, 0};
+  const LinearCost cost{1, 1};
+  const auto message = [&](const std::string& name) {
+    return usage_error_message([&] { make_bucket_plan(name, profile, cost); });
+  };
+  const std::string valid = "valid: wfbp, single, mgwfbp, optimal, fixed:<MiB>";
+  for (const std::string name : {"fixed:", "fixed:0", "fixed:-1", "fixed:abc", "fixed:25x",
+                                 "fixed:inf", "fixed:nan", "fixed: 25"})
+    EXPECT_EQ(message(name), "bucket plan \"" + name +
+                                 "\": the size must be a number of MiB > 0, e.g. fixed:25; " + valid);
+  EXPECT_EQ(message("bogus"), "unknown bucket plan \"bogus\"; " + valid);
+  EXPECT_EQ(message("WFBP"), "unknown bucket plan \"WFBP\"; " + valid);
+  EXPECT_EQ(message(""), "unknown bucket plan \"\"; " + valid);
+}
+
+TEST(BucketPlanNames, RejectsAModelWithoutLayers) {
+  const LayerProfile empty;
+  for (const std::string name : {"wfbp", "single", "mgwfbp", "optimal", "fixed:25"})
+    EXPECT_EQ(usage_error_message([&] { make_bucket_plan(name, empty, {1, 1}); }),
+              "the model has no layers")
+        << name;
+  EXPECT_EQ(usage_error_message([] { wfbp_plan(0); }), "the model has no layers");
+  EXPECT_EQ(usage_error_message([] { single_plan(0); }), "the model has no layers");
+}
+
+TEST(BucketPlanNames, DescribesPlansInBackwardOrder) {
+  const BucketPlan plan{"example", {{7, 10}, {6, 7}, {2, 6}, {0, 2}}};
+  EXPECT_EQ(describe_plan(plan), "4 buckets: [9..7] [6] [5..2] [1..0]");
+  EXPECT_EQ(describe_plan(single_plan(1)), "1 bucket: [0]");
+  EXPECT_EQ(describe_plan(single_plan(3)), "1 bucket: [2..0]");
+  EXPECT_EQ(describe_plan(wfbp_plan(3)), "3 buckets: [2] [1] [0]");
+}
+
+TEST(BucketPlanTimeline, RejectsPlansThatDoNotCoverEveryLayerOnce) {
+  const LayerProfile profile{{1, 1, 1}, {1, 1, 1}, 0};
+  const LinearCost cost{1, 1};
+  const auto simulate = [&](std::vector<Bucket> buckets) {
+    return usage_error_message([&] { simulate_plan(profile, cost, BucketPlan{"p", buckets}); });
+  };
+  const std::string prefix = "bucket plan \"p\" does not cover segments 0..2 in backward order: ";
+  EXPECT_EQ(simulate({}), prefix + "it has no buckets");
+  EXPECT_EQ(simulate({{1, 3}}), prefix + "the last bucket begins at 1, not 0");      // gap
+  EXPECT_EQ(simulate({{1, 2}, {0, 1}}), prefix + "bucket 0 is [1, 2) but should end at 3");
+  EXPECT_EQ(simulate({{2, 3}, {0, 3}}), prefix + "bucket 1 is [0, 3) but should end at 2");
+  EXPECT_EQ(simulate({{0, 1}, {1, 3}}), prefix + "bucket 0 is [0, 1) but should end at 3");
+  EXPECT_EQ(simulate({{3, 3}, {0, 3}}), prefix + "bucket 0 is [3, 3), which is empty");
+  EXPECT_EQ(simulate({{0, 4}}), prefix + "bucket 0 is [0, 4) but should end at 3");
+  // Forward order instead of backward order.
+  EXPECT_THROW(simulate_plan(profile, cost, BucketPlan{"p", {{0, 1}, {1, 2}, {2, 3}}}), UsageError);
+}
+
+TEST(BucketPlanTimeline, RejectsInvalidProfilesAndCosts) {
+  const LinearCost cost{1, 1};
+  const BucketPlan plan = wfbp_plan(2);
+  const auto simulate = [&](const LayerProfile& profile, const LinearCost& with_cost) {
+    return usage_error_message([&] { simulate_plan(profile, with_cost, plan); });
+  };
+  EXPECT_EQ(simulate({{1, 1}, {1}, 0}, cost), "layer profile: 2 gradient sizes but 1 backward times");
+  EXPECT_EQ(simulate({{1, -1}, {1, 1}, 0}, cost),
+            "layer profile: segment 1's gradient bytes is -1; it must be finite and >= 0");
+  EXPECT_EQ(simulate({{1, 1}, {1, std::nan("")}, 0}, cost),
+            "layer profile: segment 1's backward time is nan; it must be finite and >= 0");
+  EXPECT_EQ(simulate({{1, 1}, {1, 1}, -2}, cost),
+            "layer profile: the forward time is -2; it must be finite and >= 0");
+  EXPECT_EQ(simulate({{1, 1}, {1, 1}, 0}, {-1, 1}),
+            "allreduce cost: a is -1; it must be finite and >= 0");
+  EXPECT_EQ(simulate({{}, {}, 0}, cost), "the model has no layers");
+  EXPECT_THROW(mgwfbp_plan({{1, 1}, {1, 1}, 0}, {1, std::numeric_limits<double>::infinity()}),
+               UsageError);
+  EXPECT_THROW(optimal_plan({{1, 1}, {1}, 0}, cost), UsageError);
+}
+
+}  // namespace
+}  // namespace pipesgd
