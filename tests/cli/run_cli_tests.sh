@@ -118,7 +118,7 @@ row segment-bytes-word      2 "--segment-bytes 'fast'"    train --segment-bytes 
 row segment-bytes-tiny      2 "at least 4 bytes"          train --segment-bytes 2 "${Q[@]}"
 row bench-segment-bytes     2 "--segment-bytes '1X'"      bench allreduce --segment-bytes 1X --sizes 4K
 row algo-codec-unknown      2 "'zstd'"                    train --algo pipe+zstd "${Q[@]}"
-row model-unknown           2 "unknown model 'resnet'"    train --model resnet "${Q[@]}"
+row model-unknown           2 "unknown model 'vgg'"       train --model vgg "${Q[@]}"
 row staleness-zero          2 "--staleness-k"             train --algo pipe --staleness-k 0 "${Q[@]}"
 row workers-zero            2 "--workers must be in"    train "${Q[@]}" --workers 0
 row workers-negative        2 "--workers must be in"    train "${Q[@]}" --workers -3
@@ -191,6 +191,25 @@ row local-updater-with-asgd 2 "--local-updater applies only to odsgd, not 'asgd'
 row local-lr-zero           2 "--local-lr must be > 0, got 0" train --algo odsgd --local-lr 0 "${Q[@]}"
 row warmup-with-dsync       2 "--warmup-iters applies only to pipe and odsgd, not 'dsync'" \
   train --algo dsync --warmup-iters 5 "${Q[@]}"
+# Layer-wise communication: bucket plans and their flags.
+row buckets-unknown         2 'unknown bucket plan "fastest"' train --buckets fastest "${Q[@]}"
+row buckets-with-pipe       2 "--buckets applies only to dsync" train --algo pipe --buckets wfbp "${Q[@]}"
+row buckets-and-spec-plan   2 "--buckets wfbp and the method's plan 'optimal': give one" \
+  train --algo dsync+optimal --buckets wfbp "${Q[@]}"
+row plan-suffix-on-pipe     2 "unknown option 'optimal' in method 'pipe+optimal'" train --algo pipe+optimal "${Q[@]}"
+row wfbp-other-plan         2 "method 'wfbp' is dsync with the wfbp plan; for the optimal plan use dsync+optimal" \
+  train --algo wfbp+optimal "${Q[@]}"
+row profile-iters-no-plan   2 "--profile-iters applies only to layer-wise communication" \
+  train --profile-iters 3 "${Q[@]}"
+row profile-iters-zero      2 "--profile-iters must be in [1, 10000000], got 0" \
+  train --algo wfbp --profile-iters 0 "${Q[@]}"
+row replan-negative         2 "--replan-every must be in [0, 10000000] (0: never), got -2" \
+  train --algo mgwfbp --replan-every -2 "${Q[@]}"
+row fixed-plan-zero         2 'bucket plan "fixed:0": the size must be a number of MiB > 0' \
+  train --algo dsync+fixed:0 "${Q[@]}"
+row plan-unknown-plan       2 'unknown bucket plan "bogus"' plan --plans wfbp,bogus --data synthetic
+row plan-workers-zero       2 "--workers must be in"      plan --workers 0 --data synthetic
+row plan-profile-zero       2 "--profile-iters must be in" plan --profile-iters 0 --data synthetic
 # parse_sizes accepts any multiple of 4 bytes (3K = 3072 is valid), so the odd size is 6 bytes.
 row bench-size-not-multiple-of-4 2 "multiple of 4"        bench allreduce --sizes 6
 row bench-size-unit         2 "'4X'"                      bench allreduce --sizes 4X
@@ -409,6 +428,44 @@ expect_success "compare/dcasgd-odsgd-exit-0" $rc "$R/odsgd-compare.out" "$R/odsg
 expect_contains "compare/table-1-form" "$R/odsgd-compare.out" \
   "Training speed and accuracy (the form of od-sgd.txt Table 1)" "Speed (samples/s)" "Train Acc (%)" \
   dcasgd odsgd "OD-SGD improvement rate over its synchronous warm-up"
+
+# 3d''. Layer-wise communication: `pipesgd plan` prints every plan with its prediction, and the
+# optimal one is never predicted slower; a layer-wise run reports its plan, calls and t_c^no.
+run plan --model cnn --data synthetic --workers 2 --net bw=1Gbit,lat=200us --profile-iters 3 \
+  --out "$R/plan.json" >"$R/plan.out" 2>"$R/plan.err"
+rc=$?
+expect_success "plan/exit-0" $rc "$R/plan.out" "$R/plan.err"
+expect_contains "plan/table" "$R/plan.out" "predicted iter ms" "t_c^no ms" "wfbp: 5 buckets: [4] [3] [2] [1] [0]" \
+  "single: 1 bucket: [4..0]" "optimal:" "mgwfbp:" "fixed:25:"
+pycheck "plan/json" "$R/plan.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+plans = {p["plan"]: p for p in d["plans"]}
+assert set(plans) == {"wfbp", "single", "mgwfbp", "optimal", "fixed:25"}, sorted(plans)
+best = plans["optimal"]["predicted_iteration_s"]
+for name, p in plans.items():
+    assert best <= p["predicted_iteration_s"] + 1e-12, f"optimal {best} > {name} {p['predicted_iteration_s']}"
+assert d["a_s"] >= 0 and d["b_s_per_byte"] >= 0 and d["backward_s"] > 0, d
+EOF
+run train --algo dsync+optimal+int8 --model cnn --data synthetic --iters 20 --workers 2 --profile-iters 3 \
+  --replan-every 5 --net bw=1Gbit,lat=200us --quiet --no-eval --out "$R/optimal" >"$R/optimal.out" 2>"$R/optimal.err"
+rc=$?
+expect_success "train/layer-wise-exit-0" $rc "$R/optimal.out" "$R/optimal.err"
+expect_contains "train/layer-wise-report" "$R/optimal.out" "Layer-wise communication: plan optimal:" \
+  "allreduces per iteration" "t_c^no"
+pycheck "train/layer-wise-summary" "$R/optimal/summary.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["bucket_plan"].startswith("optimal: "), s["bucket_plan"]
+assert 1 <= s["allreduce_calls_per_iteration"] <= 5, s["allreduce_calls_per_iteration"]
+assert s["codec"] == "int8" and s["non_overlapped_comm_s"] >= 0, s
+EOF
+run compare --algos dsync,wfbp,mgwfbp --model cnn --data synthetic --iters 12 --workers 2 --profile-iters 2 \
+  --quiet --no-eval >"$R/layer-compare.out" 2>"$R/layer-compare.err"
+rc=$?
+expect_success "compare/layer-wise-exit-0" $rc "$R/layer-compare.out" "$R/layer-compare.err"
+expect_contains "compare/layer-wise-table" "$R/layer-compare.out" "Layer-wise communication (mg-wfbp.txt" \
+  "allreduces/iter" "(one allreduce after backward)" "wfbp: 5 buckets"
 
 # 3d. Emulated networks: the runs work and the link is taken into account.
 net_run() {  # NAME SPEC DESCRIPTION

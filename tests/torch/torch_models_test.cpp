@@ -9,6 +9,8 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "pipesgd/core/error.h"
@@ -77,6 +79,90 @@ struct ReferenceCnn : torch::nn::Module {
   }
 };
 
+// ResNet-20 for 28x28 inputs, spelled out block by block. The option-A shortcut is written as a
+// concatenation with zero channels.
+struct ReferenceBlock : torch::nn::Module {
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  std::int64_t in_channels, out_channels, stride;
+  ReferenceBlock(std::int64_t in, std::int64_t out, std::int64_t stride_)
+      : in_channels(in), out_channels(out), stride(stride_) {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3)
+                                                           .stride(stride)
+                                                           .padding(1)
+                                                           .bias(false)));
+    bn1 = register_module("bn1", torch::nn::BatchNorm2d(out));
+    conv2 = register_module(
+        "conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
+    bn2 = register_module("bn2", torch::nn::BatchNorm2d(out));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor shortcut = x;
+    if (stride != 1 || in_channels != out_channels) {
+      using torch::indexing::Slice;
+      const torch::Tensor sub = x.index({Slice(), Slice(), Slice(0, torch::indexing::None, stride),
+                                         Slice(0, torch::indexing::None, stride)});
+      const std::int64_t extra = (out_channels - in_channels) / 2;
+      auto zeros = [&](std::int64_t channels) {
+        return torch::zeros({sub.size(0), channels, sub.size(2), sub.size(3)});
+      };
+      shortcut = torch::cat({zeros(extra), sub, zeros(out_channels - in_channels - extra)}, 1);
+    }
+    const torch::Tensor y = torch::relu(bn1->forward(conv1->forward(x)));
+    return torch::relu(bn2->forward(conv2->forward(y)) + shortcut);
+  }
+};
+
+struct ReferenceResNet : torch::nn::Module {
+  torch::nn::Conv2d conv1{torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)};
+  torch::nn::BatchNorm2d bn1{16};
+  std::vector<std::shared_ptr<ReferenceBlock>> blocks;
+  torch::nn::Linear fc{nullptr};
+  ReferenceResNet() {
+    register_module("conv1", conv1);
+    register_module("bn1", bn1);
+    const std::int64_t widths[] = {16, 32, 64};
+    std::int64_t in = 16;
+    for (int stage = 0; stage < 3; ++stage) {
+      for (int block = 0; block < 3; ++block) {
+        const std::int64_t stride = (stage > 0 && block == 0) ? 2 : 1;
+        blocks.push_back(register_module(
+            "s" + std::to_string(stage + 1) + "b" + std::to_string(block + 1),
+            std::make_shared<ReferenceBlock>(in, widths[stage], stride)));
+        in = widths[stage];
+      }
+    }
+    fc = register_module("fc", torch::nn::Linear(64, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn1->forward(conv1->forward(x.reshape({-1, 1, 28, 28}))));
+    for (const auto& block : blocks) x = block->forward(x);
+    return fc->forward(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+  }
+};
+
+// Copies `params` (flat, layout order) into the parameters of `network`.
+void load_parameters(torch::nn::Module& network, std::span<const float> params) {
+  torch::NoGradGuard no_grad;
+  std::size_t offset = 0;
+  for (torch::Tensor& parameter : network.parameters()) {
+    const auto count = static_cast<std::size_t>(parameter.numel());
+    ASSERT_LE(offset + count, params.size());
+    std::memcpy(parameter.data_ptr<float>(), params.data() + offset, count * sizeof(float));
+    offset += count;
+  }
+  EXPECT_EQ(offset, params.size());
+}
+
+torch::Tensor input_tensor(const OwnedBatch& batch) {
+  return torch::tensor(batch.inputs).reshape(
+      {static_cast<std::int64_t>(batch.labels.size()), static_cast<std::int64_t>(image_features)});
+}
+
+torch::Tensor label_tensor(const OwnedBatch& batch) {
+  return torch::tensor(batch.labels).to(torch::kInt64);
+}
+
 struct ReferenceResult {
   double loss = 0;
   std::vector<float> gradients;
@@ -85,21 +171,10 @@ struct ReferenceResult {
 // Loads `params` (flat, layout order) into a fresh reference network and runs loss.backward().
 template <typename Network>
 ReferenceResult reference_step(std::span<const float> params, const OwnedBatch& batch) {
-  Network network;
-  std::size_t offset = 0;
-  {
-    torch::NoGradGuard no_grad;
-    for (torch::Tensor& parameter : network.parameters()) {
-      const auto count = static_cast<std::size_t>(parameter.numel());
-      std::memcpy(parameter.data_ptr<float>(), params.data() + offset, count * sizeof(float));
-      offset += count;
-    }
-  }
-  EXPECT_EQ(offset, params.size());
-  const torch::Tensor inputs = torch::tensor(batch.inputs).reshape(
-      {static_cast<std::int64_t>(batch.labels.size()), static_cast<std::int64_t>(image_features)});
-  const torch::Tensor labels = torch::tensor(batch.labels).to(torch::kInt64);
-  const torch::Tensor loss = torch::nn::functional::cross_entropy(network.forward(inputs), labels);
+  Network network;  // train mode: BatchNorm uses batch statistics
+  load_parameters(network, params);
+  const torch::Tensor loss =
+      torch::nn::functional::cross_entropy(network.forward(input_tensor(batch)), label_tensor(batch));
   loss.backward();
   ReferenceResult result;
   result.loss = loss.item<double>();
@@ -113,8 +188,16 @@ ReferenceResult reference_step(std::span<const float> params, const OwnedBatch& 
 
 ReferenceResult reference_step(const std::string& name, std::span<const float> params,
                                const OwnedBatch& batch) {
-  return name == "mlp" ? reference_step<ReferenceMlp>(params, batch)
-                       : reference_step<ReferenceCnn>(params, batch);
+  if (name == "mlp") return reference_step<ReferenceMlp>(params, batch);
+  if (name == "cnn") return reference_step<ReferenceCnn>(params, batch);
+  return reference_step<ReferenceResNet>(params, batch);
+}
+
+// Parameter tensors of each architecture (the copy fallback copies each once per backward).
+std::size_t parameter_tensor_count(const std::string& name) {
+  if (name == "mlp") return 3 * 2;
+  if (name == "cnn") return 5 * 2;
+  return 19 + 19 * 2 + 2;  // resnet: 19 conv weights, 19 BatchNorms, fc
 }
 
 // Elementwise |actual - expected| <= 1e-5 * max(|expected|, floor), where the floor (a thousandth of
@@ -160,6 +243,34 @@ TEST_P(TorchModelTest, LayoutHasOneSegmentPerLayer) {
     EXPECT_EQ(layout.total(), 648010u);
     EXPECT_EQ(names, (std::vector<std::string>{"fc1", "fc2", "fc3"}));
     EXPECT_EQ(layout.segment(0).count, 784u * 500 + 500);
+  } else if (GetParam() == "resnet") {
+    // Computed from the architecture: conv3x3 weights 9*in*out, BatchNorm 2*channels, fc 64*10+10.
+    std::vector<std::string> expected_names{"conv1", "bn1"};
+    std::vector<std::size_t> expected_counts{9 * 1 * 16, 2 * 16};
+    std::size_t in = 16;
+    for (std::size_t stage = 1; stage <= 3; ++stage) {
+      const std::size_t width = 16u << (stage - 1);
+      for (std::size_t block = 1; block <= 3; ++block) {
+        const std::string prefix = "s" + std::to_string(stage) + "b" + std::to_string(block) + ".";
+        expected_names.insert(expected_names.end(),
+                              {prefix + "conv1", prefix + "bn1", prefix + "conv2", prefix + "bn2"});
+        expected_counts.insert(expected_counts.end(),
+                               {9 * in * width, 2 * width, 9 * width * width, 2 * width});
+        in = width;
+      }
+    }
+    expected_names.push_back("fc");
+    expected_counts.push_back(64 * 10 + 10);
+    std::size_t expected_total = 0;
+    for (std::size_t count : expected_counts) expected_total += count;
+    EXPECT_EQ(names, expected_names);
+    EXPECT_EQ(layout.segment_count(), 39u);
+    EXPECT_EQ(layout.total(), expected_total);
+    EXPECT_EQ(layout.total(), 269434u);  // the figure documented in torch_models.h
+    for (std::size_t segment = 0; segment < expected_counts.size() && segment < layout.segment_count();
+         ++segment) {
+      EXPECT_EQ(layout.segment(segment).count, expected_counts[segment]) << names[segment];
+    }
   } else {
     EXPECT_EQ(layout.total(), 61706u);
     EXPECT_EQ(names, (std::vector<std::string>{"conv1", "conv2", "fc1", "fc2", "fc3"}));
@@ -205,23 +316,33 @@ TEST_P(TorchModelTest, GradientsMatchPlainLibTorch) {
   EXPECT_GE(step.backward_seconds, 0.0);
   EXPECT_EQ(torch_gradient_copy_count(*model), 0u) << "LibTorch did not accumulate in place";
 
-  // Evaluation agrees with the mean loss of the step, also across the 1000-row chunks.
-  const Evaluation evaluation = model->evaluate(batch.view());
-  EXPECT_NEAR(evaluation.loss_sum / 32, step.loss, 1e-5);
+  // Evaluation agrees with the mean loss of the step, also across the 1000-row chunks (not for
+  // resnet: its evaluation uses BatchNorm's running statistics; see the ResNetModel tests).
+  if (GetParam() != "resnet") {
+    const Evaluation evaluation = model->evaluate(batch.view());
+    EXPECT_NEAR(evaluation.loss_sum / 32, step.loss, 1e-5);
+  }
 }
 
 TEST_P(TorchModelTest, EvaluateChunksLargeBatches) {
   const auto model = build(4);
-  const OwnedBatch batch = make_images(2300, 3);
+  // Past the 1000-row chunk either way; resnet (a few ms per image) only just, to stay fast.
+  const std::size_t rows = GetParam() == "resnet" ? 1010 : 2300;
+  const std::size_t part_rows = rows / 10;
+  const OwnedBatch batch = make_images(rows, 3);
+  // One training step first: resnet then evaluates with running statistics other than the initial
+  // (0, 1).
+  std::vector<float> gradients(model->layout().total());
+  model->forward_backward(make_images(8, 30).view(), gradients, {});
   const Evaluation whole = model->evaluate(batch.view());
-  EXPECT_EQ(whole.count, 2300u);
+  EXPECT_EQ(whole.count, rows);
   double loss_sum = 0;
   std::size_t correct = 0;
-  for (std::size_t first = 0; first < 2300; first += 100) {
+  for (std::size_t first = 0; first < rows; first += part_rows) {
     const Batch part{std::span<const float>(batch.inputs).subspan(first * image_features,
-                                                                  100 * image_features),
-                     std::span<const std::int32_t>(batch.labels).subspan(first, 100), 100,
-                     image_features};
+                                                                  part_rows * image_features),
+                     std::span<const std::int32_t>(batch.labels).subspan(first, part_rows),
+                     part_rows, image_features};
     const Evaluation evaluation = model->evaluate(part);
     loss_sum += evaluation.loss_sum;
     correct += evaluation.correct;
@@ -310,8 +431,7 @@ TEST_P(TorchModelTest, CopyFallbackKeepsCallerBufferCorrect) {
   set_torch_out_of_place_accumulation_for_testing(*model, true);
   std::vector<float> gradients(model->layout().total(), std::numeric_limits<float>::quiet_NaN());
   model->forward_backward(batch.view(), gradients, {});
-  const std::size_t parameter_tensors = 2 * model->layout().segment_count();
-  EXPECT_EQ(torch_gradient_copy_count(*model), parameter_tensors);
+  EXPECT_EQ(torch_gradient_copy_count(*model), parameter_tensor_count(GetParam()));
   expect_close(gradients, reference_step(GetParam(), model->parameters(), batch).gradients);
   expect_ready_reports_in_backward_order(*model, batch);
 
@@ -382,23 +502,103 @@ TEST_P(TorchModelTest, ExceptionFromReadyCallbackLeavesModelUsable) {
   expect_close(gradients, reference_step(GetParam(), model->parameters(), batch).gradients);
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, TorchModelTest, ::testing::Values("mlp", "cnn"),
+INSTANTIATE_TEST_SUITE_P(Architectures, TorchModelTest, ::testing::Values("mlp", "cnn", "resnet"),
                          [](const auto& info) { return info.param; });
 
 TEST(TorchModelFactory, UnknownNameIsAUsageError) {
   try {
-    torch_model_factory("resnet");
+    torch_model_factory("vgg");
     FAIL() << "expected UsageError";
   } catch (const UsageError& error) {
-    EXPECT_STREQ(error.what(), "unknown model 'resnet' (expected mlp, cnn, softmax)");
+    EXPECT_STREQ(error.what(), "unknown model 'vgg' (expected mlp, cnn, resnet, softmax)");
   }
 }
 
 TEST(TorchModelFactory, SoftmaxIsServedByTheSameEntryPoint) {
-  EXPECT_EQ(torch_model_names(), (std::vector<std::string>{"mlp", "cnn", "softmax"}));
+  EXPECT_EQ(torch_model_names(), (std::vector<std::string>{"mlp", "cnn", "resnet", "softmax"}));
   const auto model = torch_model_factory("softmax")(1);
   EXPECT_EQ(model->layout().total(), 784u * 10 + 10);
   EXPECT_THROW(torch_gradient_copy_count(*model), UsageError);
+}
+
+// ResNet-specific behaviour: BatchNorm modes and running statistics, and trainability.
+
+// Mean loss and correct count of a reference ResNet in eval mode.
+std::pair<double, std::size_t> reference_eval(ReferenceResNet& network, const OwnedBatch& batch) {
+  torch::NoGradGuard no_grad;
+  network.eval();
+  const torch::Tensor logits = network.forward(input_tensor(batch));
+  const torch::Tensor labels = label_tensor(batch);
+  return {torch::nn::functional::cross_entropy(logits, labels).item<double>(),
+          static_cast<std::size_t>(logits.argmax(1).eq(labels).sum().item<std::int64_t>())};
+}
+
+TEST(ResNetModel, EvaluateUsesRunningStatisticsAndTrainingUsesBatchStatistics) {
+  init_torch_runtime(1);
+  const auto model = torch_model_factory("resnet")(11);
+  const OwnedBatch train_batch = make_images(8, 11);
+  const OwnedBatch test_batch = make_images(6, 12);
+  const std::vector<float> initial(model->parameters().begin(), model->parameters().end());
+  ReferenceResNet reference;
+  load_parameters(reference, initial);
+
+  // Fresh running statistics (mean 0, variance 1); evaluation is repeatable and matches the
+  // reference in eval mode.
+  const Evaluation first = model->evaluate(test_batch.view());
+  const Evaluation second = model->evaluate(test_batch.view());
+  EXPECT_EQ(first.loss_sum, second.loss_sum);
+  EXPECT_EQ(first.correct, second.correct);
+  auto [reference_loss, reference_correct] = reference_eval(reference, test_batch);
+  EXPECT_NEAR(first.loss_sum / 6, reference_loss, 1e-5 * reference_loss);
+  EXPECT_EQ(first.correct, reference_correct);
+
+  // forward_backward runs in train mode although evaluate() ran last: the loss is the reference's
+  // train-mode loss (batch statistics), which differs from the eval-mode loss on the same batch.
+  std::vector<float> gradients(model->layout().total());
+  const StepResult step = model->forward_backward(train_batch.view(), gradients, {});
+  const ReferenceResult train_reference = reference_step<ReferenceResNet>(initial, train_batch);
+  EXPECT_NEAR(step.loss, train_reference.loss, 1e-5 * train_reference.loss);
+  expect_close(gradients, train_reference.gradients);
+  const Evaluation eval_on_train_batch = model->evaluate(train_batch.view());
+  EXPECT_GT(std::abs(eval_on_train_batch.loss_sum / 8 - step.loss), 1e-4);
+
+  // The step left the parameters alone (they are only changed by the caller) but moved the
+  // running statistics, so the evaluation changes, exactly as the reference's after one train-mode
+  // forward pass on the same batch.
+  EXPECT_TRUE(bit_identical(model->parameters(), initial));
+  const Evaluation after = model->evaluate(test_batch.view());
+  EXPECT_GT(std::abs(after.loss_sum - first.loss_sum), 1e-4 * first.loss_sum);
+  {
+    torch::NoGradGuard no_grad;
+    reference.train();
+    reference.forward(input_tensor(train_batch));
+  }
+  std::tie(reference_loss, reference_correct) = reference_eval(reference, test_batch);
+  EXPECT_NEAR(after.loss_sum / 6, reference_loss, 1e-5 * reference_loss);
+  EXPECT_EQ(after.correct, reference_correct);
+  EXPECT_EQ(model->evaluate(test_batch.view()).loss_sum, after.loss_sum);
+
+  // Running statistics are per-replica state, not parameters: a fresh replica with the same
+  // parameters still evaluates with the initial statistics.
+  const auto untrained = torch_model_factory("resnet")(11);
+  EXPECT_TRUE(bit_identical(untrained->parameters(), model->parameters()));
+  EXPECT_EQ(untrained->evaluate(test_batch.view()).loss_sum, first.loss_sum);
+}
+
+TEST(ResNetModel, SgdStepsReduceTheLossOnAFixedBatch) {
+  init_torch_runtime(1);
+  const auto model = torch_model_factory("resnet")(12);
+  const OwnedBatch batch = make_images(8, 13);
+  std::vector<float> gradients(model->layout().total());
+  std::span<float> params = model->parameters();
+  std::vector<double> losses;
+  for (int step = 0; step < 8; ++step) {
+    losses.push_back(model->forward_backward(batch.view(), gradients, {}).loss);
+    for (std::size_t i = 0; i < params.size(); ++i) params[i] -= 0.05f * gradients[i];
+  }
+  losses.push_back(model->forward_backward(batch.view(), gradients, {}).loss);
+  EXPECT_LT(losses.back(), 0.5 * losses.front()) << "first " << losses.front() << ", last "
+                                                  << losses.back();
 }
 
 TEST(TorchRuntime, RejectsNonPositiveThreadCountAndIsRepeatable) {

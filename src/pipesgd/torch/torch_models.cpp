@@ -10,6 +10,7 @@
 #include <atomic>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -45,17 +46,36 @@ void apply_thread_setting() {
 // construction so concurrent factory calls are deterministic.
 std::mutex construction_mutex;
 
+// A network plus its segments: one per layer that has parameters, in forward order, each listing
+// that layer's parameter tensors in layout order.
 struct Architecture {
-  torch::nn::Sequential network;
-  std::vector<std::string> segment_names;  // one per layer that has parameters, forward order
+  std::shared_ptr<torch::nn::Module> module;  // owns the parameters and BatchNorm buffers
+  std::function<torch::Tensor(const torch::Tensor&)> forward;  // [batch, 784] -> logits [batch, 10]
+  std::vector<std::string> segment_names;
+  std::vector<std::vector<torch::Tensor>> segment_parameters;
 };
+
+// Segments of a Sequential: one per child that has parameters, named by `names` in order.
+Architecture sequential_architecture(torch::nn::Sequential network, std::vector<std::string> names) {
+  Architecture architecture;
+  for (const auto& child : network->children()) {
+    std::vector<torch::Tensor> own = child->parameters(/*recurse=*/true);
+    if (!own.empty()) architecture.segment_parameters.push_back(std::move(own));
+  }
+  architecture.segment_names = std::move(names);
+  architecture.module = network.ptr();
+  architecture.forward = [network](const torch::Tensor& input) mutable {
+    return network->forward(input);
+  };
+  return architecture;
+}
 
 Architecture build_mlp() {
   using torch::nn::Linear;
   using torch::nn::ReLU;
-  return {torch::nn::Sequential(Linear(784, 500), ReLU(), Linear(500, 500), ReLU(),
-                                Linear(500, 10)),
-          {"fc1", "fc2", "fc3"}};
+  return sequential_architecture(
+      torch::nn::Sequential(Linear(784, 500), ReLU(), Linear(500, 500), ReLU(), Linear(500, 10)),
+      {"fc1", "fc2", "fc3"});
 }
 
 Architecture build_cnn() {
@@ -65,13 +85,124 @@ Architecture build_cnn() {
   using torch::nn::MaxPool2d;
   using torch::nn::MaxPool2dOptions;
   using torch::nn::ReLU;
-  return {torch::nn::Sequential(
-              torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {1, image_side, image_side})),
-              Conv2d(Conv2dOptions(1, 6, 5).padding(2)), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
-              Conv2d(Conv2dOptions(6, 16, 5)), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
-              torch::nn::Flatten(), Linear(400, 120), ReLU(), Linear(120, 84), ReLU(),
-              Linear(84, 10)),
-          {"conv1", "conv2", "fc1", "fc2", "fc3"}};
+  return sequential_architecture(
+      torch::nn::Sequential(
+          torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {1, image_side, image_side})),
+          Conv2d(Conv2dOptions(1, 6, 5).padding(2)), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
+          Conv2d(Conv2dOptions(6, 16, 5)), ReLU(), MaxPool2d(MaxPool2dOptions(2)),
+          torch::nn::Flatten(), Linear(400, 120), ReLU(), Linear(120, 84), ReLU(), Linear(84, 10)),
+      {"conv1", "conv2", "fc1", "fc2", "fc3"});
+}
+
+torch::nn::Conv2d conv3x3(std::int64_t in_channels, std::int64_t out_channels, std::int64_t stride) {
+  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, out_channels, 3)
+                               .stride(stride)
+                               .padding(1)
+                               .bias(false));
+}
+
+// ResNet basic block: conv3x3 + BN + ReLU + conv3x3 + BN, plus the shortcut, then ReLU. When the
+// shape changes, the shortcut is option A of He et al.: subsample with the block's stride and pad the
+// new channels with zeros (half before, half after the existing ones); it has no parameters.
+class BasicBlockImpl final : public torch::nn::Module {
+ public:
+  BasicBlockImpl(std::int64_t in_channels, std::int64_t out_channels, std::int64_t stride)
+      : conv1_(register_module("conv1", conv3x3(in_channels, out_channels, stride))),
+        bn1_(register_module("bn1", torch::nn::BatchNorm2d(out_channels))),
+        conv2_(register_module("conv2", conv3x3(out_channels, out_channels, 1))),
+        bn2_(register_module("bn2", torch::nn::BatchNorm2d(out_channels))),
+        stride_(stride),
+        pad_before_((out_channels - in_channels) / 2),
+        pad_after_(out_channels - in_channels - pad_before_) {
+    PIPESGD_ASSERT(out_channels >= in_channels);
+  }
+
+  torch::Tensor forward(const torch::Tensor& input) {
+    torch::Tensor out = torch::relu(bn1_->forward(conv1_->forward(input)));
+    out = bn2_->forward(conv2_->forward(out));
+    return torch::relu(out + shortcut(input));
+  }
+
+ private:
+  torch::Tensor shortcut(const torch::Tensor& input) const {
+    if (stride_ == 1 && pad_before_ == 0 && pad_after_ == 0) return input;
+    torch::Tensor subsampled = input;
+    if (stride_ != 1) {
+      subsampled = input.slice(2, 0, c10::nullopt, stride_).slice(3, 0, c10::nullopt, stride_);
+    }
+    return torch::constant_pad_nd(subsampled, {0, 0, 0, 0, pad_before_, pad_after_}, 0.0);
+  }
+
+  torch::nn::Conv2d conv1_;
+  torch::nn::BatchNorm2d bn1_;
+  torch::nn::Conv2d conv2_;
+  torch::nn::BatchNorm2d bn2_;
+  std::int64_t stride_;
+  std::int64_t pad_before_;
+  std::int64_t pad_after_;
+};
+TORCH_MODULE(BasicBlock);
+
+// ResNet-20 (He et al., CIFAR variant) for 28x28 grey images; see torch_models.h. Submodules are
+// registered in forward order, so named_modules() lists the layers in forward order.
+class ResNetImpl final : public torch::nn::Module {
+ public:
+  ResNetImpl()
+      : conv1_(register_module("conv1", conv3x3(1, 16, 1))),
+        bn1_(register_module("bn1", torch::nn::BatchNorm2d(16))) {
+    std::int64_t in_channels = 16;
+    for (int stage = 1; stage <= 3; ++stage) {
+      const std::int64_t width = std::int64_t{16} << (stage - 1);
+      for (int block = 1; block <= 3; ++block) {
+        const std::int64_t stride = stage > 1 && block == 1 ? 2 : 1;
+        blocks_.push_back(register_module(concat("s", stage, "b", block),
+                                          BasicBlock(in_channels, width, stride)));
+        in_channels = width;
+      }
+    }
+    fc_ = register_module("fc", torch::nn::Linear(64, static_cast<std::int64_t>(class_count)));
+
+    // Kaiming-normal convolutions (fan-out, as torchvision's ResNet); BatchNorm weight 1, bias 0
+    // (LibTorch's default); the linear layer keeps LibTorch's default initialisation.
+    for (const auto& module : modules(/*include_self=*/false)) {
+      if (auto* conv = module->as<torch::nn::Conv2d>()) {
+        torch::nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
+      }
+    }
+  }
+
+  torch::Tensor forward(const torch::Tensor& input) {
+    torch::Tensor x = input.reshape({-1, 1, image_side, image_side});
+    x = torch::relu(bn1_->forward(conv1_->forward(x)));
+    for (BasicBlock& block : blocks_) x = block->forward(x);
+    x = x.mean({2, 3});  // global average pooling
+    return fc_->forward(x);
+  }
+
+ private:
+  torch::nn::Conv2d conv1_;
+  torch::nn::BatchNorm2d bn1_;
+  std::vector<BasicBlock> blocks_;
+  torch::nn::Linear fc_{nullptr};
+};
+TORCH_MODULE(ResNet);
+
+Architecture build_resnet() {
+  ResNet network;
+  Architecture architecture;
+  // One segment per module with parameters of its own (conv: weight; BatchNorm and linear: weight,
+  // bias), named by its path, e.g. "s2b1.bn1".
+  for (const auto& item : network->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    std::vector<torch::Tensor> own = item.value()->parameters(/*recurse=*/false);
+    if (own.empty()) continue;
+    architecture.segment_names.push_back(item.key());
+    architecture.segment_parameters.push_back(std::move(own));
+  }
+  architecture.module = network.ptr();
+  architecture.forward = [network](const torch::Tensor& input) mutable {
+    return network->forward(input);
+  };
+  return architecture;
 }
 
 // A non-owning float tensor over `data`; the memory must outlive every use of the tensor.
@@ -146,7 +277,8 @@ class TorchModel final : public Model {
   // Declared before the network: destroyed after the modules whose parameters view it.
   std::vector<float> flat_parameters_;
   Layout layout_;
-  torch::nn::Sequential network_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::function<torch::Tensor(const torch::Tensor&)> forward_;
   std::vector<torch::Tensor> parameters_;  // the modules' parameters, in layout order
   std::vector<std::size_t> parameter_offsets_;
   std::vector<std::size_t> parameter_segments_;
@@ -171,18 +303,18 @@ class TorchModel final : public Model {
 };
 
 TorchModel::TorchModel(std::string name, Architecture architecture)
-    : name_(std::move(name)), network_(std::move(architecture.network)) {
+    : name_(std::move(name)),
+      module_(std::move(architecture.module)),
+      forward_(std::move(architecture.forward)) {
   // Lay out one segment per layer that has parameters.
-  std::vector<std::vector<torch::Tensor>> layer_parameters;
-  for (const auto& child : network_->children()) {
-    std::vector<torch::Tensor> own = child->parameters(/*recurse=*/true);
-    if (!own.empty()) layer_parameters.push_back(std::move(own));
-  }
+  const std::vector<std::vector<torch::Tensor>>& layer_parameters = architecture.segment_parameters;
   PIPESGD_ASSERT(layer_parameters.size() == architecture.segment_names.size());
+  std::size_t parameter_count = 0;
   for (std::size_t segment = 0; segment < layer_parameters.size(); ++segment) {
     std::size_t segment_count = 0;
     for (const torch::Tensor& parameter : layer_parameters[segment]) {
-      PIPESGD_ASSERT(parameter.scalar_type() == torch::kFloat32 && parameter.is_contiguous());
+      PIPESGD_ASSERT(parameter.defined() && parameter.scalar_type() == torch::kFloat32 &&
+                     parameter.is_contiguous());
       parameter_offsets_.push_back(layout_.total() + segment_count);
       parameter_segments_.push_back(segment);
       parameters_.push_back(parameter);
@@ -190,7 +322,10 @@ TorchModel::TorchModel(std::string name, Architecture architecture)
     }
     layout_.add(architecture.segment_names[segment], segment_count);
     parameters_per_segment_.push_back(layer_parameters[segment].size());
+    parameter_count += layer_parameters[segment].size();
   }
+  // Every parameter of the network belongs to exactly one segment.
+  PIPESGD_ASSERT(parameter_count == module_->parameters(/*recurse=*/true).size());
 
   // Move the initial values into the flat buffer and make every parameter a view into it.
   flat_parameters_.resize(layout_.total());
@@ -339,8 +474,9 @@ StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gra
   StepResult result;
 
   Stopwatch forward_watch;
+  module_->train(true);  // BatchNorm: batch statistics, and the running statistics are updated
   const torch::Tensor labels = label_rows(batch, 0, batch.size);
-  const torch::Tensor logits = network_->forward(input_rows(batch, 0, batch.size));
+  const torch::Tensor logits = forward_(input_rows(batch, 0, batch.size));
   const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
   result.forward_seconds = forward_watch.seconds();
   {
@@ -369,13 +505,14 @@ Evaluation TorchModel::evaluate(const Batch& batch) {
   apply_thread_setting();
   validate(batch, /*allow_empty=*/true);
   torch::NoGradGuard no_grad;
+  module_->eval();  // BatchNorm: running statistics
   Evaluation evaluation;
   evaluation.count = batch.size;
   const auto summed = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
   for (std::size_t first_row = 0; first_row < batch.size; first_row += evaluation_chunk_rows) {
     const std::size_t rows = std::min(evaluation_chunk_rows, batch.size - first_row);
     const torch::Tensor labels = label_rows(batch, first_row, rows);
-    const torch::Tensor logits = network_->forward(input_rows(batch, first_row, rows));
+    const torch::Tensor logits = forward_(input_rows(batch, first_row, rows));
     evaluation.loss_sum += torch::nn::functional::cross_entropy(logits, labels, summed).item<double>();
     evaluation.correct +=
         static_cast<std::size_t>(logits.argmax(1).eq(labels).sum().item<std::int64_t>());
@@ -384,7 +521,8 @@ Evaluation TorchModel::evaluate(const Batch& batch) {
 }
 
 const char* const not_a_torch_model =
-    "not a LibTorch model (expected one built by torch_model_factory(\"mlp\" or \"cnn\"))";
+    "not a LibTorch model (expected one built by torch_model_factory(\"mlp\", \"cnn\" or "
+    "\"resnet\"))";
 
 }  // namespace
 
@@ -402,17 +540,24 @@ void init_torch_runtime(int threads) {
   });
 }
 
-std::vector<std::string> torch_model_names() { return {"mlp", "cnn", "softmax"}; }
+std::vector<std::string> torch_model_names() { return {"mlp", "cnn", "resnet", "softmax"}; }
 
 ModelFactory torch_model_factory(const std::string& name) {
   if (name == "softmax") return softmax_regression_factory(image_features, class_count);
-  if (name != "mlp" && name != "cnn") {
-    throw UsageError(concat("unknown model '", name, "' (expected mlp, cnn, softmax)"));
+  Architecture (*build)() = nullptr;
+  if (name == "mlp") {
+    build = build_mlp;
+  } else if (name == "cnn") {
+    build = build_cnn;
+  } else if (name == "resnet") {
+    build = build_resnet;
+  } else {
+    throw UsageError(concat("unknown model '", name, "' (expected mlp, cnn, resnet, softmax)"));
   }
-  return [name](std::uint64_t seed) -> std::unique_ptr<Model> {
+  return [name, build](std::uint64_t seed) -> std::unique_ptr<Model> {
     std::lock_guard<std::mutex> lock(construction_mutex);
     torch::manual_seed(seed);
-    return std::make_unique<TorchModel>(name, name == "mlp" ? build_mlp() : build_cnn());
+    return std::make_unique<TorchModel>(name, build());
   };
 }
 

@@ -8,9 +8,30 @@
 //   cnn  LeNet: Conv2d(1,6,5,pad 2), ReLU, MaxPool 2; Conv2d(6,16,5), ReLU, MaxPool 2;
 //        Linear 400-120, ReLU; Linear 120-84, ReLU; Linear 84-10 (61706 parameters);
 //        segments conv1, conv2, fc1, fc2, fc3.
-// Each segment holds one layer's weight then bias. The parameters of the LibTorch modules are views
-// into the model's flat parameter buffer, and backward accumulates straight into the caller's flat
-// gradient buffer; on_ready fires from autograd hooks as each layer's gradient becomes final.
+//   resnet  ResNet-20 (He et al., the CIFAR variant) for 28x28 inputs: conv3x3(1,16) + BN + ReLU;
+//        three stages of 3 basic blocks with 16, 32, 64 channels (the first block of stages 2
+//        and 3 has stride 2: 28 -> 14 -> 7); global average pool; Linear 64-10. A basic block is
+//        conv3x3 + BN + ReLU + conv3x3 + BN, plus the shortcut, then ReLU. Convolutions have no
+//        bias. Shortcuts where the shape changes use option A: stride-2 subsampling and
+//        zero-padded channels (half before, half after), no parameters. 269434 parameters in 59
+//        tensors; 39 segments, one per layer with parameters, in forward order:
+//          conv1, bn1,
+//          s1b1.conv1, s1b1.bn1, s1b1.conv2, s1b1.bn2, ... s1b3.bn2,  (stage 1, 16 channels)
+//          s2b1.conv1, ... s2b3.bn2,                                (stage 2, 32 channels)
+//          s3b1.conv1, ... s3b3.bn2,                                (stage 3, 64 channels)
+//          fc.
+//        A conv segment holds the weight only (9 * in * out values); a BN segment weight then bias
+//        (2 * channels). Init: Kaiming-normal convolutions (fan-out, ReLU gain), BN weight 1 and
+//        bias 0, LibTorch's default for fc.
+//        BatchNorm: forward_backward runs in train mode (batch statistics; updates the running
+//        statistics), evaluate() in eval mode (running statistics). The running statistics are
+//        buffers, not parameters: they are not in the flat buffer, never communicated, and stay per
+//        replica (like PyTorch DDP with broadcast_buffers=False), so replicas' evaluate() results can
+//        differ slightly even with identical parameters.
+// Each segment holds one layer's parameters: weight then bias (resnet's conv segments: weight only).
+// The parameters of the LibTorch modules are views into the model's flat parameter buffer, and
+// backward accumulates straight into the caller's flat gradient buffer; on_ready fires from autograd
+// hooks as each layer's gradient becomes final.
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -25,8 +46,9 @@ namespace pipesgd {
 // threads < 1. Call before building models; safe to call again.
 void init_torch_runtime(int threads);
 
-// Factory for `name`: "mlp", "cnn", or "softmax" (SoftmaxRegression(784, 10), so the CLI has a single
-// entry point). Throws UsageError("unknown model 'x' (expected mlp, cnn, softmax)") otherwise.
+// Factory for `name`: "mlp", "cnn", "resnet", or "softmax" (SoftmaxRegression(784, 10), so the CLI has
+// a single entry point). Throws UsageError("unknown model 'x' (expected mlp, cnn, resnet, softmax)")
+// otherwise.
 // The returned factory may be called from several threads at once: LibTorch's default initialisation
 // draws from its global generator (torch::manual_seed(seed)), so construction is serialised by a
 // process-wide mutex; the same seed always gives bit-identical parameters. Note that this reseeds
@@ -36,8 +58,8 @@ ModelFactory torch_model_factory(const std::string& name);
 // The names torch_model_factory accepts, in the order of the error message.
 std::vector<std::string> torch_model_names();
 
-// Diagnostics for models built by torch_model_factory("mlp" | "cnn"); both throw UsageError for any
-// other model.
+// Diagnostics for models built by torch_model_factory("mlp" | "cnn" | "resnet"); both throw UsageError
+// for any other model.
 //
 // How often a parameter's gradient had to be copied into the caller's gradient buffer because
 // LibTorch replaced the gradient tensor instead of accumulating in place. Zero in normal operation.

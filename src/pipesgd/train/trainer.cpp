@@ -467,7 +467,13 @@ void apply_method_spec(const std::string& spec, TrainConfig& config) {
   bool codec_given = false;
   config.method.buckets = implied_bucket_plan(parts[0]);
   for (std::size_t i = 1; i < parts.size(); ++i) {
-    if (parts[0] == "dsync" && is_bucket_plan_name(parts[i])) {
+    const bool names_plan = is_bucket_plan_name(parts[i]) || parts[i].rfind("fixed:", 0) == 0;
+    if (names_plan && !implied_bucket_plan(parts[0]).empty()) {
+      throw UsageError(concat("method '", parts[0], "' is dsync with the ", implied_bucket_plan(parts[0]),
+                              " plan; for the ", parts[i], " plan use dsync+", parts[i]));
+    }
+    if (parts[0] == "dsync" && names_plan) {
+      check_bucket_plan_name(parts[i]);  // e.g. fixed:0, with the plan's own message
       if (!config.method.buckets.empty()) {
         throw UsageError(concat("method '", spec, "' names more than one bucket plan"));
       }
