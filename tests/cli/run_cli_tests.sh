@@ -436,7 +436,7 @@ run plan --model cnn --data synthetic --workers 2 --net bw=1Gbit,lat=200us --pro
 rc=$?
 expect_success "plan/exit-0" $rc "$R/plan.out" "$R/plan.err"
 expect_contains "plan/table" "$R/plan.out" "predicted iter ms" "t_c^no ms" "wfbp: 5 buckets: [4] [3] [2] [1] [0]" \
-  "single: 1 bucket: [4..0]" "optimal:" "mgwfbp:" "fixed:25:"
+  "single: 1 bucket: [4..0]" "optimal:" "mgwfbp:" "fixed:25:" "WFBP is case"
 pycheck "plan/json" "$R/plan.json" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))

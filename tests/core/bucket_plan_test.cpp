@@ -335,5 +335,44 @@ TEST(BucketPlanTimeline, RejectsInvalidProfilesAndCosts) {
   EXPECT_THROW(optimal_plan({{1, 1}, {1}, 0}, cost), UsageError);
 }
 
+// MG-WFBP Sec. III-A's cases, by hand. Three layers (segments 0, 1, 2 = paper layers 1, 2, 3),
+// t_f = 1, a = 1, b = 0 (every allreduce takes 1).
+TEST(MgWfbpCases, ClassifiesTheThreeCasesOfSectionThreeByHand) {
+  LayerProfile profile;
+  profile.bytes = {4, 4, 4};
+  profile.forward_seconds = 1;
+  const LinearCost cost{1.0, 0.0};
+  // Case 1: t_b = {2, 2, 2}: layer 3 ready at 3, comm [3, 4]; layer 2 ready at 5, comm [5, 6];
+  // layer 1 ready at 7, comm [7, 8]. t_c(l) = 1 <= t_b(l-1) = 2: Eq. 11, t_iter = 1 + 6 + 1 = 8.
+  profile.backward_seconds = {2, 2, 2};
+  WfbpCase c = classify_wfbp(profile, cost);
+  EXPECT_EQ(c.number, 1);
+  EXPECT_EQ(c.iteration, 8.0);
+  // Case 2: t_b = {2, 0.5, 0.5} (segments 0, 1, 2): layer 3 ready at 1.5, comm [1.5, 2.5]; layer 2
+  // ready at 2, waits, comm [2.5, 3.5]; layer 1 ready at 4, comm [4, 5]. t_c(3) = 1 > t_b(2) = 0.5,
+  // yet all is hidden before layer 1: Eq. 12, t_iter = 1 + 3 + 1 = 5.
+  profile.backward_seconds = {2, 0.5, 0.5};
+  c = classify_wfbp(profile, cost);
+  EXPECT_EQ(c.number, 2);
+  EXPECT_EQ(c.iteration, 5.0);
+  // Case 3: t_b = {0.5, 0.5, 0.5}: layer 3 ready at 1.5, comm [1.5, 2.5]; layer 2 ready at 2, comm
+  // [2.5, 3.5]; layer 1 ready at 2.5, comm [3.5, 4.5]: busy from layer 3 on, C = 3, Eq. 13:
+  // t_iter = r_3 + t_c(3) + t_c(2) + t_c(1) = 1.5 + 3 = 4.5.
+  profile.backward_seconds = {0.5, 0.5, 0.5};
+  c = classify_wfbp(profile, cost);
+  EXPECT_EQ(c.number, 3);
+  EXPECT_EQ(c.communication_bound_layer, 3u);
+  EXPECT_EQ(c.iteration, 4.5);
+  EXPECT_EQ(c.iteration, simulate_plan(profile, cost, wfbp_plan(3)).iteration);
+  // Case 3 from a lower layer: layer 3's communication hides behind layer 2's long backward, layers
+  // 2 and 1's do not. t_b = {0.5, 2, 0.5}: layer 3 ready 1.5, comm [1.5, 2.5]; layer 2 ready 3.5,
+  // comm [3.5, 4.5]; layer 1 ready 4, comm [4.5, 5.5]: C = 2, t_iter = r_2 + t_c(2) + t_c(1) = 5.5.
+  profile.backward_seconds = {0.5, 2, 0.5};
+  c = classify_wfbp(profile, cost);
+  EXPECT_EQ(c.number, 3);
+  EXPECT_EQ(c.communication_bound_layer, 2u);
+  EXPECT_EQ(c.iteration, 5.5);
+}
+
 }  // namespace
 }  // namespace pipesgd

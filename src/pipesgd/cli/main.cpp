@@ -855,6 +855,16 @@ int run_plan(const PlanFlags& flags) {
                "allreduces launched as their layers are ready, one at a time) + update; t_c^no = the part "
                "of the communication not hidden behind backward.\n";
   std::cout << "(dsync without --buckets runs one allreduce after backward: the single plan.)\n";
+  const WfbpCase wfbp = classify_wfbp(profile.layers, cost);
+  std::cout << "WFBP is case " << wfbp.number << " of mg-wfbp.txt Sec. III-A: ";
+  if (wfbp.number == 3) {
+    std::cout << "communication-bound from layer " << wfbp.communication_bound_layer
+              << " (paper numbering) down, Eq. 13: t_iter = r_C + sum_{j<=C} t_c(j) = ";
+  } else {
+    std::cout << "communication hidden except layer 1's, Eq. " << (wfbp.number == 1 ? 11 : 12)
+              << ": t_iter = t_f + t_b + t_c(1) = ";
+  }
+  std::cout << std::setprecision(3) << wfbp.iteration * 1e3 << " ms (+ update)\n";
   for (const std::string& line : details) std::cout << line << "\n";
   if (!flags.out.empty()) {
     std::ofstream file(flags.out);

@@ -103,6 +103,34 @@ PlanTimeline simulate_plan(const LayerProfile& profile, const LinearCost& cost,
   return timeline;
 }
 
+WfbpCase classify_wfbp(const LayerProfile& profile, const LinearCost& cost) {
+  const std::size_t layers = profile.bytes.size();
+  const PlanTimeline timeline = simulate_plan(profile, cost, wfbp_plan(layers));
+  WfbpCase result;
+  const std::size_t last = layers - 1;  // launch index of segment 0 (paper layer 1)
+  if (timeline.start[last] <= timeline.ready[last]) {
+    // Layer 1's communication starts as backward ends: Eq. 11 / 12.
+    result.number = 2;
+    bool hidden = true;  // t_c(l) <= t_b(l-1) for every l >= 2, i.e. segment s >= 1 vs s - 1
+    for (std::size_t segment = 1; segment < layers; ++segment) {
+      hidden = hidden && cost.time(profile.bytes[segment]) <= profile.backward_seconds[segment - 1];
+    }
+    if (hidden) result.number = 1;
+    result.iteration = timeline.backward_end + cost.time(profile.bytes[0]);
+    return result;
+  }
+  // Case 3: the last launch k whose bucket found the channel idle; from it on the channel is busy.
+  std::size_t k = last;
+  while (k > 0 && timeline.start[k] > timeline.ready[k]) --k;
+  result.number = 3;
+  const std::size_t segment = layers - 1 - k;  // wfbp launches segment L-1-k at index k
+  result.communication_bound_layer = segment + 1;
+  double communication = 0;
+  for (std::size_t j = k; j <= last; ++j) communication += timeline.finish[j] - timeline.start[j];
+  result.iteration = timeline.ready[k] + communication;
+  return result;
+}
+
 BucketPlan wfbp_plan(std::size_t layers) {
   require_layers(layers);
   BucketPlan plan{"wfbp", {}};

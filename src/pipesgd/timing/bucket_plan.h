@@ -85,6 +85,21 @@ BucketPlan make_bucket_plan(const std::string& name, const LayerProfile& profile
 // {"wfbp", "single", "mgwfbp", "optimal", "fixed:<MiB>"}.
 std::vector<std::string> bucket_plan_names();
 
+// MG-WFBP Sec. III-A's three cases of WFBP (one bucket per layer), from its timeline:
+//   1: every layer's communication hides behind the next layer's backward, t_c(l) <= t_b(l-1) for
+//      2 <= l <= L: t_iter = t_f + t_b + t_c(1) (Eq. 11);
+//   2: not so, but every layer's communication still ends before layer 1's is ready, so again
+//      t_iter = t_f + t_b + t_c(1) (Eq. 12);
+//   3: communication-bound from layer C (paper numbering: segment C - 1) down: the channel is busy
+//      without a gap from layer C's ready time r_C on, t_iter = r_C + sum_{j <= C} t_c(j) (Eq. 13).
+// `iteration` is the equation's value; it equals simulate_plan(wfbp_plan)'s iteration.
+struct WfbpCase {
+  int number = 1;
+  std::size_t communication_bound_layer = 0;  // C for case 3 (paper numbering), else 0
+  double iteration = 0;
+};
+WfbpCase classify_wfbp(const LayerProfile& profile, const LinearCost& cost);
+
 // One line for reports, segments in backward order: "4 buckets: [9..7] [6] [5..2] [1..0]",
 // "1 bucket: [0]".
 std::string describe_plan(const BucketPlan& plan);
