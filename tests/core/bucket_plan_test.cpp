@@ -127,11 +127,15 @@ TEST(OptimalBucketPlan, EqualsBruteForceOverAllPartitions) {
     const Instance& instance = instances[index];
     const std::size_t layers = instance.profile.bytes.size();
     double brute_force_minimum = std::numeric_limits<double>::infinity();
+    std::size_t fewest_buckets_at_minimum = layers + 1;
     for (std::uint32_t boundaries = 0; boundaries < (1u << (layers - 1)); ++boundaries) {
-      const double iteration =
-          simulate_plan(instance.profile, instance.cost, partition_plan(layers, boundaries))
-              .iteration;
+      const BucketPlan candidate = partition_plan(layers, boundaries);
+      const double iteration = simulate_plan(instance.profile, instance.cost, candidate).iteration;
+      if (iteration < brute_force_minimum) fewest_buckets_at_minimum = layers + 1;
       brute_force_minimum = std::min(brute_force_minimum, iteration);
+      if (iteration == brute_force_minimum) {
+        fewest_buckets_at_minimum = std::min(fewest_buckets_at_minimum, candidate.buckets.size());
+      }
     }
     const BucketPlan optimal = optimal_plan(instance.profile, instance.cost);
     EXPECT_EQ(optimal.name, "optimal");
@@ -140,6 +144,9 @@ TEST(OptimalBucketPlan, EqualsBruteForceOverAllPartitions) {
     EXPECT_EQ(simulate_plan(instance.profile, instance.cost, optimal).iteration,
               brute_force_minimum)
         << "instance " << index << " with " << layers << " layers: " << describe_plan(optimal);
+    // Of the optimal plans, one with the fewest buckets.
+    EXPECT_EQ(optimal.buckets.size(), fewest_buckets_at_minimum)
+        << "instance " << index << ": " << describe_plan(optimal);
     if (brute_force_minimum <
         simulate_plan(instance.profile, instance.cost, mgwfbp_plan(instance.profile, instance.cost))
             .iteration)
@@ -147,6 +154,50 @@ TEST(OptimalBucketPlan, EqualsBruteForceOverAllPartitions) {
   }
   // The instances are not all trivial: the greedy misses the optimum on some of them.
   EXPECT_GT(optimal_strictly_better_than_mgwfbp, 0);
+}
+
+// With kappa > 0 (each bucket launched during backward delays the rest of backward) the programme
+// over the bucket count is exact too: the least simulated time over all partitions, up to the
+// order of the floating-point additions (ready times summed in another order: 1e-12 relative).
+TEST(OptimalBucketPlan, WithPerBucketComputeEqualsBruteForce) {
+  std::vector<Instance> instances = random_instances();
+  std::mt19937 generator(77);
+  std::uniform_real_distribution<double> fraction(0.0, 1.0);
+  int kappa_changed_the_plan = 0;
+  for (std::size_t index = 0; index < instances.size(); ++index) {
+    Instance instance = instances[index];
+    const std::size_t layers = instance.profile.bytes.size();
+    double backward = 0;
+    for (double t : instance.profile.backward_seconds) backward += t;
+    instance.profile.per_bucket_compute_seconds = fraction(generator) * (backward + 1e-3) / 4;
+    double minimum = std::numeric_limits<double>::infinity();
+    for (std::uint32_t boundaries = 0; boundaries < (1u << (layers - 1)); ++boundaries) {
+      minimum = std::min(minimum, simulate_plan(instance.profile, instance.cost,
+                                                partition_plan(layers, boundaries)).iteration);
+    }
+    const BucketPlan optimal = optimal_plan(instance.profile, instance.cost);
+    const double got = simulate_plan(instance.profile, instance.cost, optimal).iteration;
+    EXPECT_NEAR(got, minimum, 1e-12 * minimum) << "instance " << index << ": " << describe_plan(optimal);
+    LayerProfile without = instance.profile;
+    without.per_bucket_compute_seconds = 0;
+    if (optimal_plan(without, instance.cost).buckets.size() != optimal.buckets.size()) ++kappa_changed_the_plan;
+  }
+  EXPECT_GT(kappa_changed_the_plan, 0);  // not vacuous: kappa matters on some instances
+}
+
+// kappa in the timeline, by hand: 3 layers of t_b = 1, t_f = 0, T = 1 per bucket, kappa = 0.5.
+// wfbp: layer 3 ready 1, comm [1, 2], the rest of backward delayed 0.5: layer 2 ready 2.5, comm
+// [2.5, 3.5], delay 0.5: layer 1 ready 4, comm [4, 5] (the last bucket adds nothing).
+TEST(BucketTimeline, PerBucketComputeDelaysTheRestOfBackward) {
+  LayerProfile profile;
+  profile.bytes = {4, 4, 4};
+  profile.backward_seconds = {1, 1, 1};
+  profile.per_bucket_compute_seconds = 0.5;
+  const PlanTimeline timeline = simulate_plan(profile, LinearCost{1.0, 0.0}, wfbp_plan(3));
+  EXPECT_EQ(timeline.ready, (std::vector<double>{1, 2.5, 4}));
+  EXPECT_EQ(timeline.finish, (std::vector<double>{2, 3.5, 5}));
+  EXPECT_EQ(timeline.backward_end, 4);
+  EXPECT_EQ(simulate_plan(profile, LinearCost{1.0, 0.0}, single_plan(3)).iteration, 4);
 }
 
 TEST(OptimalBucketPlan, IsNoSlowerThanEveryOtherPlan) {

@@ -95,18 +95,18 @@ BucketedDSync::BucketedDSync(const MethodConfig& config, Model& model, Transport
       codec_(make_codec(config.codec)),
       allreduce_(make_method_allreduce(config, transport, model.layout().total(), *codec_)),
       planning_codec_(make_codec("none")),
-      planning_allreduce_(transport, layers_ + 2 + kCostProbes, *planning_codec_, config.allreduce),
+      planning_allreduce_(transport, layers_ + 3 + kCostProbes, *planning_codec_, config.allreduce),
       sgd_(model.layout().total(), config.sgd),
       gradients_(model.layout().total()),
       backward_sums_(layers_, 0.0),
-      profile_buffer_(layers_ + 2 + kCostProbes, 0.0f) {
+      profile_buffer_(layers_ + 3 + kCostProbes, 0.0f) {
   algorithm_ = resolve_allreduce_algorithm(config, transport.size(),
                                            static_cast<double>(model.layout().total()) * sizeof(float));
   if (layers_ == 0) throw UsageError("layer-wise communication needs a model with layers");
   bytes_per_element_ = static_cast<double>(codec_->encoded_bytes(1000)) / 1000.0;
   planned_profile_ = empty_profile(model.layout(), bytes_per_element_);
   make_bucket_plan(plan_name_, planned_profile_, cost_);  // an unknown plan fails here, not later
-  plan_ = single_plan(layers_);                           // while profiling
+  chosen_plan_ = plan_ = single_plan(layers_);            // until the first plan
   on_segment_ready_ = [this](std::size_t segment, double seconds) { segment_ready(segment, seconds); };
   comm_thread_ = std::thread([this] { comm_loop(); });
 }
@@ -160,6 +160,12 @@ void BucketedDSync::comm_loop() {
 
 std::span<float> BucketedDSync::begin_iteration(std::int64_t t, IterationTimes&) {
   iteration_start_ = Clock::now();
+  // The plan of this iteration (the comm thread is idle: the last iteration waited for it).
+  if (t >= cycle_start_ && t < cycle_start_ + profile_iterations_) {
+    plan_ = in_single_phase(t) ? single_plan(layers_) : wfbp_plan(layers_);
+  } else {
+    plan_ = chosen_plan_;
+  }
   {
     std::lock_guard lock(mutex_);  // the comm thread is idle: the last iteration waited for it
     iteration_ = t;
@@ -171,7 +177,7 @@ std::span<float> BucketedDSync::begin_iteration(std::int64_t t, IterationTimes&)
 }
 
 void BucketedDSync::segment_ready(std::size_t segment, double backward_seconds) {
-  if (segment < layers_) backward_sums_[segment] += backward_seconds;
+  if (segment < layers_ && records_single_phase(iteration_)) backward_sums_[segment] += backward_seconds;
   submit_ready_buckets(segment);
 }
 
@@ -215,32 +221,59 @@ void BucketedDSync::end_iteration(std::int64_t t, IterationTimes& times) {
   times.update = update.seconds();
   times.pipelined = true;  // communication overlapped with backward
 
-  // Profile: everything before backward (data, forward, bookkeeping) and the update.
-  before_backward_sum_ += before_backward;
-  update_sum_ += times.update;
-  ++profiled_iterations_;
-  const std::int64_t done = t + 1;
-  const bool first_plan = done == profile_iterations_;
-  const bool again = replan_every_ > 0 && done > profile_iterations_ &&
-                     (done - profile_iterations_) % replan_every_ == 0;
-  if (first_plan || again) replan(plans_made_++);
+  if (t < cycle_start_ || t >= cycle_start_ + profile_iterations_) return;
+  // Profiling. Single-bucket phase: everything before backward (data, forward, bookkeeping), each
+  // layer's backward (segment_ready) and the update. Interference phase (one bucket per layer):
+  // the whole backward, slowed by the allreduces running beside it.
+  if (records_single_phase(t)) {
+    before_backward_sum_ += before_backward;
+    update_sum_ += times.update;
+    ++single_iterations_;
+  } else if (!in_single_phase(t)) {
+    interference_backward_sum_ += times.backward;
+    ++interference_iterations_;
+  }
+  if (t + 1 == cycle_start_ + profile_iterations_) {
+    replan(plans_made_++);
+    if (replan_every_ > 0) cycle_start_ = t + 1 + replan_every_;
+  }
+}
+
+bool BucketedDSync::in_single_phase(std::int64_t t) const {
+  return t - cycle_start_ < profile_iterations_ - profile_iterations_ / 2;
+}
+
+bool BucketedDSync::records_single_phase(std::int64_t t) const {
+  return t >= cycle_start_ && t < cycle_start_ + profile_iterations_ && in_single_phase(t);
 }
 
 void BucketedDSync::replan(std::int64_t plan_number) {
   // Every worker averages the same numbers, so every worker computes the same plan.
-  const double n = static_cast<double>(std::max<std::int64_t>(1, profiled_iterations_));
-  for (std::size_t s = 0; s < layers_; ++s) profile_buffer_[s] = static_cast<float>(backward_sums_[s] / n);
+  const double n = static_cast<double>(std::max<std::int64_t>(1, single_iterations_));
+  double backward = 0;
+  for (std::size_t s = 0; s < layers_; ++s) {
+    profile_buffer_[s] = static_cast<float>(backward_sums_[s] / n);
+    backward += backward_sums_[s] / n;
+  }
   profile_buffer_[layers_] = static_cast<float>(before_backward_sum_ / n);
   profile_buffer_[layers_ + 1] = static_cast<float>(update_sum_ / n);
+  // kappa: the backward time each of the L - 1 buckets launched during backward took from it.
+  double kappa = 0;
+  if (interference_iterations_ > 0 && layers_ > 1) {
+    const double slowed = interference_backward_sum_ / static_cast<double>(interference_iterations_);
+    kappa = std::max(0.0, slowed - backward) / static_cast<double>(layers_ - 1);
+  }
+  profile_buffer_[layers_ + 2] = static_cast<float>(kappa);
   // Planning sequences: 64 per plan, the first for the profile, then the probes.
   const auto sequence = static_cast<std::uint64_t>(plan_number) * 64;
+  const std::size_t kFirstProbe = layers_ + 3;
   const std::vector<double> sizes = cost_probe_sizes(planned_profile_);
   if (measure_cost_) {
     // The gradients were applied: the buffer is free until the next backward.
     const std::vector<double> medians =
         measure_allreduce_seconds(*allreduce_, gradients_, sizes, bytes_per_element_, 3, sequence + 1);
     for (int k = 0; k < kCostProbes; ++k) {
-      profile_buffer_[layers_ + 2 + static_cast<std::size_t>(k)] = static_cast<float>(medians[static_cast<std::size_t>(k)]);
+      profile_buffer_[kFirstProbe + static_cast<std::size_t>(k)] = static_cast<float>(medians[static_cast<std::size_t>(k)]);
     }
   }
   planning_allreduce_.run(profile_buffer_, collective_tag(Channel::kPlanning, sequence));
@@ -248,7 +281,7 @@ void BucketedDSync::replan(std::int64_t plan_number) {
   if (measure_cost_) {
     std::vector<double> seconds(kCostProbes);
     for (int k = 0; k < kCostProbes; ++k) {
-      seconds[static_cast<std::size_t>(k)] = profile_buffer_[layers_ + 2 + static_cast<std::size_t>(k)] / workers;
+      seconds[static_cast<std::size_t>(k)] = profile_buffer_[kFirstProbe + static_cast<std::size_t>(k)] / workers;
     }
     cost_ = fit_measured_cost(sizes, seconds, algorithm_, transport_.size());
   }
@@ -257,20 +290,25 @@ void BucketedDSync::replan(std::int64_t plan_number) {
   }
   planned_profile_.forward_seconds = profile_buffer_[layers_] / workers;
   planned_update_seconds_ = profile_buffer_[layers_ + 1] / workers;
-  plan_ = make_bucket_plan(plan_name_, planned_profile_, cost_);
+  planned_profile_.per_bucket_compute_seconds = profile_buffer_[layers_ + 2] / workers;
+  chosen_plan_ = make_bucket_plan(plan_name_, planned_profile_, cost_);
   std::fill(backward_sums_.begin(), backward_sums_.end(), 0.0);
-  before_backward_sum_ = update_sum_ = 0;
-  profiled_iterations_ = 0;
+  before_backward_sum_ = update_sum_ = interference_backward_sum_ = 0;
+  single_iterations_ = interference_iterations_ = 0;
 }
 
 MethodReport BucketedDSync::report() const {
   MethodReport report;
-  report.plan = concat(plan_name_, ": ", describe_plan(plan_));
-  report.allreduce_calls = plan_.buckets.size();
+  report.plan = concat(plan_name_, ": ", describe_plan(chosen_plan_));
+  report.allreduce_calls = chosen_plan_.buckets.size();
   if (plans_made_ > 0) {
-    const PlanTimeline timeline = simulate_plan(planned_profile_, cost_, plan_);
+    const PlanTimeline timeline = simulate_plan(planned_profile_, cost_, chosen_plan_);
     report.predicted_iteration = timeline.iteration + planned_update_seconds_;
     report.predicted_non_overlapped = timeline.non_overlapped;
+    report.planned = true;
+    report.profile = planned_profile_;
+    report.cost = cost_;
+    report.update_seconds = planned_update_seconds_;
   }
   return report;
 }

@@ -6,15 +6,17 @@
 // training methods `wfbp`, `synceasgd` and `mgwfbp` are this with the wfbp, single and mgwfbp plans;
 // `dsync+optimal`, `dsync+fixed:25` etc. choose another plan. Every plan composes with every codec.
 //
-// Planning: the first `profile_iterations` iterations run the single-bucket plan and record each
-// layer's backward time (from the model's readiness reports), the time before backward (data,
-// forward, bookkeeping) and the update. Then, unless a calibration file gives the cost model
+// Planning: after kProfileWarmupIterations, `profile_iterations` P iterations profile. The first P - P/2 run one bucket
+// and record each layer's backward time (from the model's readiness reports), the time before
+// backward (data, forward, bookkeeping) and the update; the other P/2 run one bucket per layer and
+// record how much the allreduces running beside backward slow it: kappa per bucket
+// (LayerProfile::per_bucket_compute_seconds; 0 if P < 2). Then, unless a calibration file gives the cost model
 // (MethodConfig::bucket_cost), the workers time their allreduce at kCostProbes sizes (the cost of
 // this transport and network as it is, software overheads included) for a + b·M. The workers average
 // their profiles and timings (one small allreduce on Channel::kPlanning, so every worker computes
-// the same plan from the same numbers) and compute the plan. With
-// `replan_every` N > 0 the plan is recomputed every N iterations from the iterations since the last
-// plan. A plan is never changed while a bucket is in flight.
+// the same plan from the same numbers) and compute the plan. With `replan_every` N > 0 a new
+// profiling cycle starts N iterations after each plan. A plan is never changed while a bucket is in
+// flight.
 //
 // Tags: bucket b of iteration t uses sequence t * L + b on Channel::kGradients (L = the model's
 // layer count, an upper bound of the bucket count).
@@ -53,6 +55,11 @@ std::vector<double> measure_allreduce_seconds(Allreduce& allreduce, std::span<fl
 // a + b·M (a, b >= 0) fitted to the median `seconds` at `sizes` (relative least squares).
 LinearCost fit_measured_cost(std::span<const double> sizes, std::span<const double> seconds,
                              const std::string& algorithm, int workers);
+
+// The first iterations of a run pay one-off costs (allocations, LibTorch's kernel selection: the
+// resnet's forward takes 50-60 ms in its first 7 iterations, 33 ms after): they run the single
+// bucket unprofiled, and the first profiling cycle starts after them.
+inline constexpr std::int64_t kProfileWarmupIterations = 8;
 
 class BucketedDSync final : public TrainingMethod {
  public:
@@ -97,11 +104,18 @@ class BucketedDSync final : public TrainingMethod {
   LayerProfile planned_profile_;
   double planned_update_seconds_ = 0;
   std::int64_t plans_made_ = 0;
-  // Sums over the iterations since the last plan (compute thread only).
+  // Profiling cycles (compute thread only): iterations [cycle_start_, cycle_start_ + P) profile,
+  // the first P - P/2 with one bucket, the rest with one bucket per layer; the plan is made at the
+  // end of the cycle; with replan_every N the next cycle starts N iterations later.
+  bool in_single_phase(std::int64_t t) const;
+  bool records_single_phase(std::int64_t t) const;  // t is profiled in the single-bucket phase
+  std::int64_t cycle_start_ = kProfileWarmupIterations;
+  BucketPlan chosen_plan_;  // the plan made at the end of the last cycle
   std::vector<double> backward_sums_;
-  double before_backward_sum_ = 0, update_sum_ = 0;
-  std::int64_t profiled_iterations_ = 0;
-  // The averaged profile's wire form: L backward times, t_f, update, kCostProbes probe medians.
+  double before_backward_sum_ = 0, update_sum_ = 0, interference_backward_sum_ = 0;
+  std::int64_t single_iterations_ = 0, interference_iterations_ = 0;
+  // The averaged profile's wire form: L backward times, t_f, update, kappa, kCostProbes probe
+  // medians.
   std::vector<float> profile_buffer_;
   // This iteration (compute thread only).
   std::int64_t iteration_ = 0;

@@ -29,7 +29,11 @@ class PipeSgd final : public TrainingMethod {
   std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   void finish(IterationTimes& times) override;
-  MethodReport report() const override { return {"", 1, 0, 0}; }
+  MethodReport report() const override {
+    MethodReport report;
+    report.allreduce_calls = 1;
+    return report;
+  }
 
  private:
   enum class SlotState { empty, queued, reduced };

@@ -22,6 +22,7 @@
 #include "pipesgd/optim/delay_compensation.h"
 #include "pipesgd/optim/sgd.h"
 #include "pipesgd/timing/allreduce_cost_model.h"
+#include "pipesgd/timing/bucket_plan.h"
 
 namespace pipesgd {
 
@@ -83,7 +84,7 @@ struct MethodConfig {
   // how often to replan (0: never), and the cost model a + b·M of one allreduce the plans use
   // (set by the trainer: train/planning.h).
   std::string buckets;
-  std::int64_t profile_iterations = 5;
+  std::int64_t profile_iterations = 10;
   std::int64_t replan_every = 0;
   LinearCost bucket_cost;
 };
@@ -126,6 +127,11 @@ struct MethodReport {
   std::size_t allreduce_calls = 0;  // gradient allreduces per iteration (0: not an allreduce method)
   double predicted_iteration = 0;   // the plan's timeline + update from its profile (0: none)
   double predicted_non_overlapped = 0;  // the plan's t_c^no (Eq. 8 / 21 minus t_f + t_b)
+  // Layer-wise methods, once planned: what the plan was computed from (averaged over the workers).
+  bool planned = false;
+  LayerProfile profile;
+  LinearCost cost;
+  double update_seconds = 0;
 };
 
 class TrainingMethod {

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "pipesgd/algo/bucketed_dsync.h"
 #include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/collective/allreduce_factory.h"
@@ -100,7 +101,7 @@ struct TrainFlags {
   float local_learning_rate = 0;
   // Layer-wise communication (dsync and its plans).
   std::string buckets;
-  std::int64_t profile_iterations = 5;
+  std::int64_t profile_iterations = 10;
   std::int64_t replan_every = 0;
   bool quiet = false;
   bool no_eval = false;
@@ -184,7 +185,9 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "mgwfbp (MG-WFBP Alg. 1), optimal (exact DP), fixed:<MiB> (DDP-like) [default: none, "
                      "one allreduce after backward on the compute thread]");
   command.add_option("--profile-iters", flags.profile_iterations,
-                     "Layer-wise methods: iterations profiled (single bucket) before the plan is computed")
+                     "Layer-wise methods: iterations profiled before the plan is computed (the first half "
+                     "with one bucket: per-layer backward times; the rest with one bucket per layer: the "
+                     "slowdown each allreduce causes)")
       ->capture_default_str();
   command.add_option("--replan-every", flags.replan_every,
                      "Layer-wise methods: recompute the plan every N iterations from the latest profile "
@@ -793,20 +796,39 @@ int run_plan(const PlanFlags& flags) {
   validate_names.backward_seconds = {0};
   for (const std::string& plan : plans) make_bucket_plan(plan, validate_names, LinearCost{});
 
-  std::cerr << "profiling " << t.model << ": " << t.workers << " replicas at once, "
-            << flags.profile_iterations << " iterations of batch " << t.batch << " each" << std::endl;
-  const MeasuredProfile profile =
-      measure_layer_profile(factory, data, t.workers, static_cast<std::size_t>(t.batch),
-                            flags.profile_iterations, static_cast<std::uint64_t>(t.seed), bytes_per_element);
+  // The profile is measured exactly as a layer-wise run measures it (algo/bucketed_dsync.h):
+  // --profile-iters iterations of layer-wise D-Sync on --workers threads over the emulated network,
+  // then its planning step (cost model, kappa), whose inputs every plan below is computed from.
+  std::cerr << "profiling " << t.model << ": " << t.workers << " workers (threads), "
+            << kProfileWarmupIterations << " + " << flags.profile_iterations << " iterations of batch "
+            << t.batch << " over network "
+            << describe(network) << std::endl;
+  TrainConfig config;
+  config.method.codec = t.codec;
+  apply_method_spec("dsync+optimal", config);
+  config.method.codec = t.codec;
+  config.method.allreduce_algorithm = t.allreduce;
+  config.method.calibration = method.calibration;
+  config.method.profile_iterations = flags.profile_iterations;
+  config.workers = t.workers;
+  config.model = t.model;
+  config.batch = static_cast<std::size_t>(t.batch);
+  config.iterations = kProfileWarmupIterations + flags.profile_iterations;
+  config.seed = static_cast<std::uint64_t>(t.seed);
+  config.network = network;
+  config.progress = false;
+  config.evaluate = false;
+  const RunSummary run = run_training(config, factory, data);
+  PIPESGD_ASSERT(run.method_report.planned);
+  struct {
+    LayerProfile layers;
+    double update_seconds;
+  } profile{run.method_report.profile, run.method_report.update_seconds};
+  const LinearCost cost = run.method_report.cost;
   double gradient_bytes = 0, backward = 0;
   for (double b : profile.layers.bytes) gradient_bytes += b;
   for (double b : profile.layers.backward_seconds) backward += b;
   const double fp32_bytes = gradient_bytes / bytes_per_element * sizeof(float);
-  // As a layer-wise run: the calibration file's cost if given, else the allreduce timed here over
-  // the emulated network at the probe sizes.
-  const LinearCost cost = method.calibration
-                              ? planning_cost(method, network, t.workers, fp32_bytes)
-                              : measure_local_allreduce_cost(method, network, t.workers, profile.layers);
   const std::string algorithm = resolve_allreduce_algorithm(method, t.workers, fp32_bytes);
 
   std::cout << "pipesgd plan: " << t.model << " (" << profile.layers.bytes.size() << " layers, "
@@ -817,7 +839,8 @@ int run_plan(const PlanFlags& flags) {
             << ")\n";
   std::cout << "profile: t_f (data + forward) = " << profile.layers.forward_seconds * 1e3
             << " ms, t_b (backward) = " << backward * 1e3 << " ms, update = " << profile.update_seconds * 1e3
-            << " ms per iteration\n\n";
+            << " ms per iteration; each allreduce launched during backward slows it by kappa = "
+            << profile.layers.per_bucket_compute_seconds * 1e3 << " ms\n\n";
   nlohmann::json records = nlohmann::json::array();
   std::vector<std::vector<std::string>> rows = {
       {"plan", "buckets", "predicted iter ms", "t_c^no ms", "comm ms", "model"}};
@@ -878,6 +901,7 @@ int run_plan(const PlanFlags& flags) {
                                {"forward_s", profile.layers.forward_seconds},
                                {"backward_s", backward},
                                {"update_s", profile.update_seconds},
+                               {"kappa_s", profile.layers.per_bucket_compute_seconds},
                                {"plans", records}};
     file << document.dump(2) << "\n";
     std::cout << "wrote " << flags.out << "\n";

@@ -74,6 +74,8 @@ void validate_layer_profile(const LayerProfile& profile) {
                                 concat("layer profile: segment ", segment, "'s backward time"));
   }
   require_finite_non_negative(profile.forward_seconds, "layer profile: the forward time");
+  require_finite_non_negative(profile.per_bucket_compute_seconds,
+                              "layer profile: the per-bucket compute time");
 }
 
 PlanTimeline simulate_plan(const LayerProfile& profile, const LinearCost& cost,
@@ -95,6 +97,8 @@ PlanTimeline simulate_plan(const LayerProfile& profile, const LinearCost& cost,
     timeline.start.push_back(start);
     timeline.finish.push_back(channel_free);
     timeline.communication += transfer;
+    // The allreduce launched now runs beside the rest of backward and slows it by kappa.
+    if (&bucket != &plan.buckets.back()) backward_clock += profile.per_bucket_compute_seconds;
   }
   timeline.backward_end = backward_clock;
   timeline.iteration = channel_free;
@@ -217,6 +221,70 @@ BucketPlan mgwfbp_plan(const LayerProfile& profile, const LinearCost& cost) {
   return plan;
 }
 
+namespace {
+
+// Among the plans whose last finish equals `least` (the optimum), one with the fewest buckets: a
+// second dynamic programme over the bucket count k, finish[k][j] = the least finish of a k-bucket
+// plan of the first j layers (the same monotone recurrence, so exact for each k), stopped at the
+// first k that reaches `least`. Returns its last_bucket_after table, or empty if L exceeds
+// kMaxLayersForFewestBuckets (O(L^2) per k, O(L^3) at worst).
+constexpr std::size_t kMaxLayersForFewestBuckets = 512;
+
+// With least = infinity (kappa > 0): runs every k and returns the table of the least finish over
+// all k (the fewest buckets among equals), the ready time of the k-th bucket's layers shifted by
+// kappa (k - 1).
+std::vector<std::size_t> fewest_buckets_at(const LayerProfile& profile, const LinearCost& cost,
+                                           const std::vector<double>& ready, double least) {
+  const std::size_t L = profile.bytes.size();
+  if (L > kMaxLayersForFewestBuckets) return {};
+  const double kappa = profile.per_bucket_compute_seconds;
+  const bool search_all = least == std::numeric_limits<double>::infinity();
+  double best = std::numeric_limits<double>::infinity();
+  std::size_t best_k = 0;
+  const double infinity = std::numeric_limits<double>::infinity();
+  std::vector<double> previous(L + 1, infinity), current(L + 1, infinity);
+  previous[0] = 0;  // zero buckets cover zero layers, channel free
+  std::vector<std::vector<std::size_t>> after;  // after[k-1][j]: i of the k-bucket plan's last bucket
+  for (std::size_t k = 1; k <= L; ++k) {
+    std::fill(current.begin(), current.end(), infinity);
+    std::vector<std::size_t> choice(L + 1, 0);
+    for (std::size_t j = k; j <= L; ++j) {
+      double bytes = 0;
+      for (std::size_t i = j; i-- > k - 1;) {
+        bytes += profile.bytes[L - (i + 1)];
+        if (previous[i] == infinity) continue;
+        // The k-th bucket's layers are ready kappa later for each of the k - 1 buckets before it.
+        const double shifted = ready[j] + kappa * static_cast<double>(k - 1);
+        const double finish = std::max(previous[i], shifted) + cost.time(bytes);
+        if (finish <= current[j]) {
+          current[j] = finish;
+          choice[j] = i;
+        }
+      }
+    }
+    after.push_back(std::move(choice));
+    if (current[L] < best) {
+      best = current[L];
+      best_k = k;
+    }
+    if (!search_all && current[L] <= least) break;
+    std::swap(previous, current);
+  }
+  PIPESGD_ASSERT(best_k > 0);
+  // Rebuild the best_k-bucket plan's boundaries as a last_bucket_after table.
+  std::vector<std::size_t> table(L + 1, 0);
+  std::size_t j = L;
+  for (std::size_t buckets = best_k; buckets > 0; --buckets) {
+    const std::size_t i = after[buckets - 1][j];
+    table[j] = i;
+    j = i;
+  }
+  PIPESGD_ASSERT(j == 0);
+  return table;
+}
+
+}  // namespace
+
 BucketPlan optimal_plan(const LayerProfile& profile, const LinearCost& cost) {
   validate_layer_profile(profile);
   validate_cost(cost);
@@ -247,8 +315,11 @@ BucketPlan optimal_plan(const LayerProfile& profile, const LinearCost& cost) {
   }
 
   BucketPlan plan{"optimal", {}};
-  for (std::size_t j = L; j > 0; j = last_bucket_after[j])
-    plan.buckets.push_back({L - j, L - last_bucket_after[j]});
+  const std::vector<std::size_t> fewest = fewest_buckets_at(
+      profile, cost, ready,
+      profile.per_bucket_compute_seconds > 0 ? std::numeric_limits<double>::infinity() : best_finish[L]);
+  const std::vector<std::size_t>& after = fewest.empty() ? last_bucket_after : fewest;
+  for (std::size_t j = L; j > 0; j = after[j]) plan.buckets.push_back({L - j, L - after[j]});
   std::reverse(plan.buckets.begin(), plan.buckets.end());
   return plan;
 }

@@ -21,6 +21,11 @@ struct LayerProfile {
   std::vector<double> bytes;             // per segment: bytes its gradient puts on the wire
   std::vector<double> backward_seconds;  // per segment: t_b, the backward time of that segment alone
   double forward_seconds = 0;  // t_f: everything before backward starts (the timeline's origin is 0)
+  // kappa: the backward time an allreduce launched during backward takes from it (its CPU time and
+  // wake-ups, where communication shares cores with computation). Every bucket but the last (which
+  // is launched when backward has ended) delays the layers after it by kappa. 0 = the paper's model,
+  // where communication costs the computation nothing.
+  double per_bucket_compute_seconds = 0;
 };
 
 // Segments [begin, end), forward order.
@@ -72,8 +77,15 @@ BucketPlan fixed_size_plan(const LayerProfile& profile, double bucket_bytes);
 BucketPlan mgwfbp_plan(const LayerProfile& profile, const LinearCost& cost);
 
 // The plan of least iteration time (simulate_plan().iteration), by an exact dynamic programme over
-// the last bucket's boundary: O(L^2) time, O(L) memory. Among equally fast last buckets the longest
-// one wins (deterministic). Throws as simulate_plan() for an invalid profile or cost.
+// the last bucket's boundary: O(L^2) time, O(L) memory. Among the plans of least iteration time it
+// returns one with the fewest buckets (a second, exact programme over the bucket count, O(L^2) per
+// count tried; skipped above 512 layers, where ties go to the longest last bucket): every allreduce
+// costs CPU time and wake-ups that the a + b·M model does not charge to the overlapped backward, so
+// of equally fast plans the one with fewer calls is the better one in practice. With
+// per_bucket_compute_seconds > 0 the ready times depend on the bucket count, and the programme over
+// the count (exact for each count) is the optimiser, over every count up to L (O(L^3); above 512
+// layers kappa is ignored). Deterministic.
+// Throws as simulate_plan() for an invalid profile or cost.
 BucketPlan optimal_plan(const LayerProfile& profile, const LinearCost& cost);
 
 // "wfbp" | "single" | "mgwfbp" | "optimal" | "fixed:<MiB>" (e.g. fixed:25, fixed:0.5; MiB = 2^20

@@ -7,6 +7,7 @@
 #include <memory>
 #include <thread>
 
+#include "pipesgd/algo/bucketed_dsync.h"
 #include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/ps_methods.h"
 #include "pipesgd/collective/ring_allreduce.h"
@@ -63,7 +64,7 @@ RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
                                  std::min(plan.warmup_iterations, plan.total_iterations) + start_up);
   if (layer_wise(config.method)) {
     // The profiled iterations run the single-bucket plan: not the plan being measured.
-    const std::int64_t planned = config.method.profile_iterations;
+    const std::int64_t planned = kProfileWarmupIterations + config.method.profile_iterations;
     plan.first_measured = std::max(
         plan.first_measured,
         std::min(plan.total_iterations - 1,
@@ -312,6 +313,7 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
           : resolve_allreduce_algorithm(config.method, config.workers,
                                         static_cast<double>(model.layout().total()) * sizeof(float));
   summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
+  summary.method_report = shared.method_report;
   summary.plan = shared.method_report.plan;
   summary.allreduce_calls = shared.method_report.allreduce_calls;
   summary.iterations = plan.total_iterations;

@@ -83,6 +83,7 @@ struct RunSummary {
   std::string segmenting;  // allreduce message segmenting in effect ("256 KiB", "unsegmented")
   std::string allreduce;   // the gradient allreduce's algorithm ("auto" resolved)
   int staleness = 0;
+  MethodReport method_report;         // rank 0's method's report (layer-wise: its planning inputs)
   std::string plan;                   // layer-wise methods: the bucket plan in use ("" otherwise)
   std::size_t allreduce_calls = 0;    // gradient allreduces per iteration (0: parameter server)
   double non_overlapped_comm = 0;     // layer-wise: measured t_c^no (the wait after backward)
