@@ -121,6 +121,9 @@ checksum_check "weights/dsync-mpi-equals-local" "$R/local-dsync" "$R/mpi-dsync/r
 
 local_vs_mpi pipe --algo pipe
 local_vs_mpi halving-doubling --algo dsync --allreduce halving-doubling
+# Layer-wise: wfbp's buckets are fixed (one per layer), so its weights are deterministic; the
+# planning step (profile averaging, allreduce probes on Channel::kPlanning) runs over MPI too.
+local_vs_mpi wfbp --algo wfbp --profile-iters 4
 
 # PS-Sync: mpirun -np 3 --servers 1 is 2 worker ranks and 1 server rank (the last); the servers sum
 # in worker order on both transports, so the weights equal those of 2 worker + 1 server threads.
