@@ -820,35 +820,33 @@ int run_plan(const PlanFlags& flags) {
   config.evaluate = false;
   const RunSummary run = run_training(config, factory, data);
   PIPESGD_ASSERT(run.method_report.planned);
-  struct {
-    LayerProfile layers;
-    double update_seconds;
-  } profile{run.method_report.profile, run.method_report.update_seconds};
+  const LayerProfile& profile = run.method_report.profile;
+  const double update_seconds = run.method_report.update_seconds;
   const LinearCost cost = run.method_report.cost;
   double gradient_bytes = 0, backward = 0;
-  for (double b : profile.layers.bytes) gradient_bytes += b;
-  for (double b : profile.layers.backward_seconds) backward += b;
+  for (double b : profile.bytes) gradient_bytes += b;
+  for (double b : profile.backward_seconds) backward += b;
   const double fp32_bytes = gradient_bytes / bytes_per_element * sizeof(float);
   const std::string algorithm = resolve_allreduce_algorithm(method, t.workers, fp32_bytes);
 
-  std::cout << "pipesgd plan: " << t.model << " (" << profile.layers.bytes.size() << " layers, "
+  std::cout << "pipesgd plan: " << t.model << " (" << profile.bytes.size() << " layers, "
             << std::fixed << std::setprecision(0) << gradient_bytes << " gradient bytes with codec "
             << t.codec << "), " << t.workers << " workers, network " << describe(network) << "\n";
   std::cout << std::setprecision(3) << "allreduce " << algorithm << ": T(M) = a + b*M, a = " << cost.a * 1e3
             << " ms, b = " << cost.b * 1e9 << " ns/byte (from " << planning_cost_source(method, network, t.workers)
             << ")\n";
-  std::cout << "profile: t_f (data + forward) = " << profile.layers.forward_seconds * 1e3
-            << " ms, t_b (backward) = " << backward * 1e3 << " ms, update = " << profile.update_seconds * 1e3
+  std::cout << "profile: t_f (data + forward) = " << profile.forward_seconds * 1e3
+            << " ms, t_b (backward) = " << backward * 1e3 << " ms, update = " << update_seconds * 1e3
             << " ms per iteration; each allreduce launched during backward slows it by kappa = "
-            << profile.layers.per_bucket_compute_seconds * 1e3 << " ms\n\n";
+            << profile.per_bucket_compute_seconds * 1e3 << " ms\n\n";
   nlohmann::json records = nlohmann::json::array();
   std::vector<std::vector<std::string>> rows = {
       {"plan", "buckets", "predicted iter ms", "t_c^no ms", "comm ms", "model"}};
   std::vector<std::string> details;
   for (const std::string& name : plans) {
-    const BucketPlan plan = make_bucket_plan(name, profile.layers, cost);
-    const PlanTimeline timeline = simulate_plan(profile.layers, cost, plan);
-    const double iteration = timeline.iteration + profile.update_seconds;
+    const BucketPlan plan = make_bucket_plan(name, profile, cost);
+    const PlanTimeline timeline = simulate_plan(profile, cost, plan);
+    const double iteration = timeline.iteration + update_seconds;
     char cell[3][32];
     std::snprintf(cell[0], sizeof cell[0], "%.3f", iteration * 1e3);
     std::snprintf(cell[1], sizeof cell[1], "%.3f", timeline.non_overlapped * 1e3);
@@ -878,7 +876,7 @@ int run_plan(const PlanFlags& flags) {
                "allreduces launched as their layers are ready, one at a time) + update; t_c^no = the part "
                "of the communication not hidden behind backward.\n";
   std::cout << "(dsync without --buckets runs one allreduce after backward: the single plan.)\n";
-  const WfbpCase wfbp = classify_wfbp(profile.layers, cost);
+  const WfbpCase wfbp = classify_wfbp(profile, cost);
   std::cout << "WFBP is case " << wfbp.number << " of mg-wfbp.txt Sec. III-A: ";
   if (wfbp.number == 3) {
     std::cout << "communication-bound from layer " << wfbp.communication_bound_layer
@@ -898,10 +896,10 @@ int run_plan(const PlanFlags& flags) {
                                {"allreduce", algorithm},
                                {"a_s", cost.a},
                                {"b_s_per_byte", cost.b},
-                               {"forward_s", profile.layers.forward_seconds},
+                               {"forward_s", profile.forward_seconds},
                                {"backward_s", backward},
-                               {"update_s", profile.update_seconds},
-                               {"kappa_s", profile.layers.per_bucket_compute_seconds},
+                               {"update_s", update_seconds},
+                               {"kappa_s", profile.per_bucket_compute_seconds},
                                {"plans", records}};
     file << document.dump(2) << "\n";
     std::cout << "wrote " << flags.out << "\n";
