@@ -160,11 +160,18 @@ void BucketedDSync::comm_loop() {
 
 std::span<float> BucketedDSync::begin_iteration(std::int64_t t, IterationTimes&) {
   iteration_start_ = Clock::now();
-  // The plan of this iteration (the comm thread is idle: the last iteration waited for it).
+  // The plan of this iteration (the comm thread is idle: the last iteration waited for it). It is
+  // copied only when it changes, so the steady state does not allocate.
+  PlanInUse wanted = PlanInUse::kChosen;
   if (t >= cycle_start_ && t < cycle_start_ + profile_iterations_) {
-    plan_ = in_single_phase(t) ? single_plan(layers_) : wfbp_plan(layers_);
-  } else {
-    plan_ = chosen_plan_;
+    wanted = in_single_phase(t) ? PlanInUse::kSingle : PlanInUse::kOnePerLayer;
+  }
+  if (wanted != plan_in_use_ || (wanted == PlanInUse::kChosen && plan_version_ != plans_made_)) {
+    plan_ = wanted == PlanInUse::kSingle        ? single_plan(layers_)
+            : wanted == PlanInUse::kOnePerLayer ? wfbp_plan(layers_)
+                                                : chosen_plan_;
+    plan_in_use_ = wanted;
+    plan_version_ = plans_made_;
   }
   {
     std::lock_guard lock(mutex_);  // the comm thread is idle: the last iteration waited for it

@@ -110,6 +110,9 @@ class BucketedDSync final : public TrainingMethod {
   bool in_single_phase(std::int64_t t) const;
   bool records_single_phase(std::int64_t t) const;  // t is profiled in the single-bucket phase
   std::int64_t cycle_start_ = kProfileWarmupIterations;
+  enum class PlanInUse { kSingle, kOnePerLayer, kChosen };
+  PlanInUse plan_in_use_ = PlanInUse::kSingle;  // what plan_ holds
+  std::int64_t plan_version_ = 0;               // plans_made_ when plan_ was last copied
   BucketPlan chosen_plan_;  // the plan made at the end of the last cycle
   std::vector<double> backward_sums_;
   double before_backward_sum_ = 0, update_sum_ = 0, interference_backward_sum_ = 0;
