@@ -254,7 +254,7 @@ either_works_or_rejected staleness-huge "--staleness-k" train --algo pipe --stal
 run --help >"$TMP/help.out" 2>"$TMP/help.err"
 rc=$?
 if [ $rc -eq 0 ] && grep -qw train "$TMP/help.out" && grep -qw compare "$TMP/help.out" &&
-   grep -qw bench "$TMP/help.out"; then
+   grep -qw bench "$TMP/help.out" && grep -qw plan "$TMP/help.out" && grep -qw calibrate "$TMP/help.out"; then
   pass "help/top-level"
 else
   fail "help/top-level" "exit $rc, stdout: $(excerpt "$TMP/help.out")"
@@ -264,7 +264,9 @@ run train --help >"$TMP/train-help.out" 2>"$TMP/train-help.err"
 rc=$?
 TRAIN_FLAGS=(--algo --workers --model --data --data-dir --epochs --iters --seed --lr --momentum
              --weight-decay --batch --staleness-k --warmup-epochs --warmup-iters --codec --net
-             --comm-timeout --out --quiet --no-eval --servers)
+             --comm-timeout --out --quiet --no-eval --servers --transport --allreduce --calibration
+             --segment-bytes --dc-variant --dc-lambda --dc-momentum --local-updater --local-lr
+             --buckets --profile-iters --replan-every)
 missing=()
 for flag in "${TRAIN_FLAGS[@]}"; do
   grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/train-help.out" || missing+=("$flag")
@@ -285,6 +287,19 @@ if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
   pass "help/compare-lists-every-flag"
 else
   fail "help/compare-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
+fi
+
+run plan --help >"$TMP/plan-help.out" 2>&1
+rc=$?
+missing=()
+for flag in --model --workers --net --calibration --allreduce --codec --batch --data --data-dir --seed \
+            --plans --profile-iters --out; do
+  grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/plan-help.out" || missing+=("$flag")
+done
+if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
+  pass "help/plan-lists-every-flag"
+else
+  fail "help/plan-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
 fi
 
 run bench allreduce --help >"$TMP/bench-help.out" 2>&1

@@ -919,8 +919,9 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
   CLI::App app{
       "pipesgd: data-parallel training that hides gradient communication behind computation\n"
-      "(D-Sync and Pipe-SGD over ring, recursive-doubling, halving-doubling or tree allreduce with\n"
-      "in-message compression; workers as threads or as MPI ranks)."};
+      "(D-Sync and Pipe-SGD over ring, recursive-doubling, halving-doubling, tree or direct allreduce\n"
+      "with in-message compression; layer-wise bucketed allreduce (WFBP, MG-WFBP, optimal plans);\n"
+      "parameter-server methods (PS-Sync, ASGD, DC-ASGD, OD-SGD); workers as threads or MPI ranks)."};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");
 
@@ -928,8 +929,9 @@ int main(int argc, char** argv) {
   std::string train_method = "dsync";
   CLI::App* train = app.add_subcommand("train", "Train one method and report the timing breakdown");
   train->add_option("--algo", train_method,
-                    "Method: dsync | pipe (optionally +codec, e.g. pipe+int8) | pssync | asgd | dcasgd | "
-                    "odsgd (parameter server, see --servers)")
+                    "Method: dsync | pipe (optionally +codec, e.g. pipe+int8) | wfbp | synceasgd | mgwfbp "
+                    "| dsync+PLAN (layer-wise buckets: wfbp, single, mgwfbp, optimal, fixed:<MiB>) | "
+                    "pssync | asgd | dcasgd | odsgd (parameter server, see --servers)")
       ->capture_default_str();
   add_train_flags(*train, train_flags);
 
@@ -937,8 +939,9 @@ int main(int argc, char** argv) {
   std::string compare_methods = "dsync,pipe,pipe+int8";
   CLI::App* compare = app.add_subcommand("compare", "Train several methods one after another; one table");
   compare->add_option("--algos", compare_methods,
-                      "Comma-separated methods, each name[+codec] (dsync, pipe, pssync, asgd, dcasgd, "
-                      "odsgd), e.g. pssync,asgd,dcasgd,odsgd,dsync,pipe")
+                      "Comma-separated methods, each name[+plan][+codec] (dsync, pipe, wfbp, synceasgd, "
+                      "mgwfbp, pssync, asgd, dcasgd, odsgd; plans for dsync), e.g. "
+                      "pssync,asgd,dcasgd,odsgd,dsync,pipe or dsync,wfbp,mgwfbp,dsync+optimal")
       ->capture_default_str();
   add_train_flags(*compare, compare_flags);
 
