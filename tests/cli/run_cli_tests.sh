@@ -260,59 +260,36 @@ else
   fail "help/top-level" "exit $rc, stdout: $(excerpt "$TMP/help.out")"
 fi
 
-run train --help >"$TMP/train-help.out" 2>"$TMP/train-help.err"
-rc=$?
+# help_lists_flags NAME FLAGS... -- COMMAND...: COMMAND --help exits 0 and names every flag.
+help_lists_flags() {
+  local name=$1
+  shift
+  local flags=()
+  while [ "$1" != "--" ]; do flags+=("$1"); shift; done
+  shift
+  local out="$TMP/$name-help.out"
+  run "$@" --help >"$out" 2>&1
+  local rc=$? missing=() flag
+  for flag in "${flags[@]}"; do
+    grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$out" || missing+=("$flag")
+  done
+  if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
+    pass "help/$name-lists-every-flag"
+  else
+    fail "help/$name-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
+  fi
+}
 TRAIN_FLAGS=(--algo --workers --model --data --data-dir --epochs --iters --seed --lr --momentum
              --weight-decay --batch --staleness-k --warmup-epochs --warmup-iters --codec --net
              --comm-timeout --out --quiet --no-eval --servers --transport --allreduce --calibration
              --segment-bytes --dc-variant --dc-lambda --dc-momentum --local-updater --local-lr
              --buckets --profile-iters --replan-every)
-missing=()
-for flag in "${TRAIN_FLAGS[@]}"; do
-  grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/train-help.out" || missing+=("$flag")
-done
-if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
-  pass "help/train-lists-every-flag"
-else
-  fail "help/train-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
-fi
-
-run compare --help >"$TMP/compare-help.out" 2>&1
-rc=$?
-missing=()
-for flag in --algos "${TRAIN_FLAGS[@]:1}"; do
-  grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/compare-help.out" || missing+=("$flag")
-done
-if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
-  pass "help/compare-lists-every-flag"
-else
-  fail "help/compare-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
-fi
-
-run plan --help >"$TMP/plan-help.out" 2>&1
-rc=$?
-missing=()
-for flag in --model --workers --net --calibration --allreduce --codec --batch --data --data-dir --seed \
-            --plans --profile-iters --out; do
-  grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/plan-help.out" || missing+=("$flag")
-done
-if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
-  pass "help/plan-lists-every-flag"
-else
-  fail "help/plan-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
-fi
-
-run bench allreduce --help >"$TMP/bench-help.out" 2>&1
-rc=$?
-missing=()
-for flag in --workers --net --codecs --sizes --repeats --warmup --comm-timeout --out; do
-  grep -qE -- "(^|[ ,])$flag([ =,]|$)" "$TMP/bench-help.out" || missing+=("$flag")
-done
-if [ $rc -eq 0 ] && [ ${#missing[@]} -eq 0 ]; then
-  pass "help/bench-allreduce-lists-every-flag"
-else
-  fail "help/bench-allreduce-lists-every-flag" "exit $rc, missing: ${missing[*]:-none}"
-fi
+help_lists_flags train "${TRAIN_FLAGS[@]}" -- train
+help_lists_flags compare --algos "${TRAIN_FLAGS[@]:1}" -- compare
+help_lists_flags plan --model --workers --net --calibration --allreduce --codec --batch --data --data-dir \
+  --seed --plans --profile-iters --out -- plan
+help_lists_flags bench-allreduce --workers --net --codecs --sizes --repeats --warmup --comm-timeout --out \
+  -- bench allreduce
 
 row no-subcommand 2 "subcommand"   # no arguments at all
 

@@ -293,19 +293,9 @@ TEST(MethodSpec, ParsesNameAndCodec) {
 TEST(Trainer, WorkerFailureStopsEveryRankWithRootCause) {
   const DataSplits data = small_data();
   for (const std::string spec : {"dsync", "pipe"}) {
-    std::atomic<int> built{0};
-    ModelFactory factory = [&](std::uint64_t seed) -> std::unique_ptr<Model> {
-      const bool fails = built++ == 2;  // replicas are built in rank order: rank 2 fails
-      return std::make_unique<FailingModel>(softmax_factory()(seed), fails);
-    };
     TrainConfig config = tiny_config(spec, 4);
     config.method.allreduce.timeout = std::chrono::seconds(60);
-    try {
-      run_training(config, factory, data);
-      ADD_FAILURE() << "expected the injected failure";
-    } catch (const DataError& error) {
-      EXPECT_STREQ(error.what(), "injected failure in forward");
-    }
+    expect_failing_rank_is_the_reported_cause(config, data);
   }
 }
 

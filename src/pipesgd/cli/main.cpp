@@ -190,8 +190,8 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "slowdown each allreduce causes)")
       ->capture_default_str();
   command.add_option("--replan-every", flags.replan_every,
-                     "Layer-wise methods: recompute the plan every N iterations from the latest profile "
-                     "(0: never)")
+                     "Layer-wise methods: start a new profiling cycle (and plan) N iterations after each "
+                     "plan (0: never)")
       ->capture_default_str();
   command.add_option("--codec", flags.codec,
                      "Gradient codec inside the allreduce: none, bf16 (16-bit truncation), int8 "
@@ -768,56 +768,44 @@ std::string plan_equation(const std::string& name) {
 
 int run_plan(const PlanFlags& flags) {
   const TrainFlags& t = flags.train;
-  if (t.workers < 1 || t.workers > kMaxWorkers) {
-    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", t.workers));
-  }
-  if (t.batch < 1 || t.batch > static_cast<std::int64_t>(kMaxBatch)) {
-    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", t.batch));
-  }
   if (flags.profile_iterations < 1 || flags.profile_iterations > 100000) {
     throw UsageError(concat("--profile-iters must be in [1, 100000], got ", flags.profile_iterations));
   }
   if (t.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", t.seed));
-  const std::vector<std::string> plans = split_list(flags.plans);
-  MethodConfig method;
-  method.codec = t.codec;
-  const auto codec = make_codec(t.codec);
-  check_allreduce_name(t.allreduce, "--allreduce", true);
-  method.allreduce_algorithm = t.allreduce;
-  if (!t.calibration_file.empty()) {
-    method.calibration = std::make_shared<const Calibration>(load_calibration(t.calibration_file));
+  if (t.batch < 1 || t.batch > static_cast<std::int64_t>(kMaxBatch)) {
+    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", t.batch));
   }
-  const NetworkSpec network = parse_network_spec(t.network);
-  ModelFactory factory = torch_model_factory(t.model);
-  const DataSplits data = load_data(t);
-  const double bytes_per_element = static_cast<double>(codec->encoded_bytes(1000)) / 1000.0;
-  LayerProfile validate_names;
-  validate_names.bytes = {4};
-  validate_names.backward_seconds = {0};
-  for (const std::string& plan : plans) make_bucket_plan(plan, validate_names, LinearCost{});
-
-  // The profile is measured exactly as a layer-wise run measures it (algo/bucketed_dsync.h):
-  // --profile-iters iterations of layer-wise D-Sync on --workers threads over the emulated network,
-  // then its planning step (cost model, kappa), whose inputs every plan below is computed from.
-  std::cerr << "profiling " << t.model << ": " << t.workers << " workers (threads), "
-            << kProfileWarmupIterations << " + " << flags.profile_iterations << " iterations of batch "
-            << t.batch << " over network "
-            << describe(network) << std::endl;
+  const std::vector<std::string> plans = split_list(flags.plans);
+  for (const std::string& plan : plans) check_bucket_plan_name(plan);
+  // The profile is measured exactly as a layer-wise run measures it (algo/bucketed_dsync.h): a run
+  // of layer-wise D-Sync on --workers threads over the emulated network, to the end of its planning
+  // step (cost model, kappa), whose inputs every plan below is computed from.
   TrainConfig config;
-  config.method.codec = t.codec;
   apply_method_spec("dsync+optimal", config);
   config.method.codec = t.codec;
+  check_allreduce_name(t.allreduce, "--allreduce", true);
   config.method.allreduce_algorithm = t.allreduce;
-  config.method.calibration = method.calibration;
+  if (!t.calibration_file.empty()) {
+    config.method.calibration = std::make_shared<const Calibration>(load_calibration(t.calibration_file));
+  }
   config.method.profile_iterations = flags.profile_iterations;
   config.workers = t.workers;
   config.model = t.model;
   config.batch = static_cast<std::size_t>(t.batch);
   config.iterations = kProfileWarmupIterations + flags.profile_iterations;
   config.seed = static_cast<std::uint64_t>(t.seed);
-  config.network = network;
+  config.network = parse_network_spec(t.network);
   config.progress = false;
   config.evaluate = false;
+  validate_train_config(config);  // before loading any data
+  const NetworkSpec& network = config.network;
+  const MethodConfig& method = config.method;
+  ModelFactory factory = torch_model_factory(t.model);
+  const DataSplits data = load_data(t);
+  const double bytes_per_element = static_cast<double>(make_codec(t.codec)->encoded_bytes(1000)) / 1000.0;
+  std::cerr << "profiling " << t.model << ": " << t.workers << " workers (threads), "
+            << kProfileWarmupIterations << " + " << flags.profile_iterations << " iterations of batch "
+            << t.batch << " over network " << describe(network) << std::endl;
   const RunSummary run = run_training(config, factory, data);
   PIPESGD_ASSERT(run.method_report.planned);
   const LayerProfile& profile = run.method_report.profile;
@@ -847,11 +835,9 @@ int run_plan(const PlanFlags& flags) {
     const BucketPlan plan = make_bucket_plan(name, profile, cost);
     const PlanTimeline timeline = simulate_plan(profile, cost, plan);
     const double iteration = timeline.iteration + update_seconds;
-    char cell[3][32];
-    std::snprintf(cell[0], sizeof cell[0], "%.3f", iteration * 1e3);
-    std::snprintf(cell[1], sizeof cell[1], "%.3f", timeline.non_overlapped * 1e3);
-    std::snprintf(cell[2], sizeof cell[2], "%.3f", timeline.communication * 1e3);
-    rows.push_back({name, concat(plan.buckets.size()), cell[0], cell[1], cell[2], plan_equation(plan.name)});
+    rows.push_back({name, concat(plan.buckets.size()), milliseconds(iteration),
+                    milliseconds(timeline.non_overlapped), milliseconds(timeline.communication),
+                    plan_equation(plan.name)});
     details.push_back(concat(name, ": ", describe_plan(plan)));
     records.push_back({{"plan", name},
                        {"buckets", plan.buckets.size()},
@@ -860,18 +846,7 @@ int run_plan(const PlanFlags& flags) {
                        {"predicted_non_overlapped_s", timeline.non_overlapped},
                        {"communication_s", timeline.communication}});
   }
-  std::size_t widths[6] = {0, 0, 0, 0, 0, 0};
-  for (const auto& row : rows) {
-    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
-  }
-  for (std::size_t r = 0; r < rows.size(); ++r) {
-    for (std::size_t c = 0; c < rows[r].size(); ++c) {
-      const std::string& cell = rows[r][c];
-      const std::string pad(widths[c] - cell.size(), ' ');
-      std::cout << (c == 0 ? cell + pad : "  " + pad + cell);
-    }
-    std::cout << "\n";
-  }
+  print_table(std::cout, rows);
   std::cout << "\npredicted iter = the timeline's last allreduce finish (t_f + backward with the buckets' "
                "allreduces launched as their layers are ready, one at a time) + update; t_c^no = the part "
                "of the communication not hidden behind backward.\n";

@@ -324,6 +324,13 @@ BucketPlan optimal_plan(const LayerProfile& profile, const LinearCost& cost) {
   return plan;
 }
 
+void check_bucket_plan_name(const std::string& name) {
+  LayerProfile one_layer;
+  one_layer.bytes = {4};
+  one_layer.backward_seconds = {0};
+  make_bucket_plan(name, one_layer, LinearCost{});
+}
+
 std::vector<std::string> bucket_plan_names() {
   return {"wfbp", "single", "mgwfbp", "optimal", "fixed:<MiB>"};
 }

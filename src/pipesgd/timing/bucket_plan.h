@@ -97,6 +97,9 @@ BucketPlan make_bucket_plan(const std::string& name, const LayerProfile& profile
 // {"wfbp", "single", "mgwfbp", "optimal", "fixed:<MiB>"}.
 std::vector<std::string> bucket_plan_names();
 
+// Throws make_bucket_plan()'s UsageError unless `name` is a plan name (needs no profile).
+void check_bucket_plan_name(const std::string& name);
+
 // MG-WFBP Sec. III-A's three cases of WFBP (one bucket per layer), from its timeline:
 //   1: every layer's communication hides behind the next layer's backward, t_c(l) <= t_b(l-1) for
 //      2 <= l <= L: t_iter = t_f + t_b + t_c(1) (Eq. 11);

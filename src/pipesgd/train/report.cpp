@@ -36,34 +36,10 @@ std::string format(const char* pattern, double value) {
   return text;
 }
 
-std::string milliseconds(double seconds) { return format("%.3f", seconds * 1e3); }
-
 std::string accuracy(double fraction) {
   return fraction < 0 ? std::string("-") : format("%.2f%%", fraction * 100);
 }
 
-// Prints rows of cells as an aligned table (first column left-aligned, the others right-aligned).
-void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  std::vector<std::size_t> widths;
-  for (const auto& row : rows) {
-    widths.resize(std::max(widths.size(), row.size()), 0);
-    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
-  }
-  for (std::size_t r = 0; r < rows.size(); ++r) {
-    std::string line;
-    for (std::size_t c = 0; c < rows[r].size(); ++c) {
-      const std::string& cell = rows[r][c];
-      const std::string pad(widths[c] - cell.size(), ' ');
-      line += c == 0 ? cell + pad : "  " + pad + cell;
-    }
-    out << line << '\n';
-    if (r == 0) {
-      std::size_t total = 0;
-      for (std::size_t w : widths) total += w + 2;
-      out << std::string(total - 2, '-') << '\n';
-    }
-  }
-}
 
 nlohmann::json od_sgd_to_json(const std::optional<OdSgdReport>& report) {
   if (!report) return nullptr;
@@ -111,6 +87,30 @@ void print_od_sgd_model(std::ostream& out, const RunSummary& s) {
 }
 
 }  // namespace
+
+std::string milliseconds(double seconds) { return format("%.3f", seconds * 1e3); }
+
+void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()), 0);
+    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    std::string line;
+    for (std::size_t c = 0; c < rows[r].size(); ++c) {
+      const std::string& cell = rows[r][c];
+      const std::string pad(widths[c] - cell.size(), ' ');
+      line += c == 0 ? cell + pad : "  " + pad + cell;
+    }
+    out << line << '\n';
+    if (r == 0) {
+      std::size_t total = 0;
+      for (std::size_t w : widths) total += w + 2;
+      out << std::string(total - 2, '-') << '\n';
+    }
+  }
+}
 
 void ensure_directory(const std::string& dir) {
   std::error_code error;

@@ -28,6 +28,13 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
 // Writes DIR/compare.json and DIR/<index>-<method>/summary.json for each method.
 void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>& summaries);
 
+// Prints rows of cells as an aligned table: the first row is the header, underlined; the first
+// column left-aligned, the others right-aligned.
+void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows);
+
+// Seconds as milliseconds with 3 decimals, e.g. "12.345".
+std::string milliseconds(double seconds);
+
 // Creates `dir` (and parents) or throws UsageError naming it.
 void ensure_directory(const std::string& dir);
 

@@ -65,10 +65,10 @@ RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
   if (layer_wise(config.method)) {
     // The profiled iterations run the single-bucket plan: not the plan being measured.
     const std::int64_t planned = kProfileWarmupIterations + config.method.profile_iterations;
-    plan.first_measured = std::max(
-        plan.first_measured,
-        std::min(plan.total_iterations - 1,
-                 planned + std::min<std::int64_t>(10, std::max<std::int64_t>(0, plan.total_iterations - planned) / 10)));
+    const std::int64_t after_plan = std::max<std::int64_t>(0, plan.total_iterations - planned);
+    const std::int64_t measured_from = planned + std::min<std::int64_t>(10, after_plan / 10);
+    plan.first_measured =
+        std::max(plan.first_measured, std::min(plan.total_iterations - 1, measured_from));
   }
   plan.first_measured = std::max<std::int64_t>(0, plan.first_measured);
   return plan;
@@ -106,9 +106,11 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   MethodConfig method_config = config.method;
   method_config.warmup_iterations = plan.warmup_iterations;
   method_config.servers = resolved_servers(config);
-  method_config.bucket_cost =
-      planning_cost(method_config, config.network, config.workers,
-                    static_cast<double>(model.layout().total()) * sizeof(float));
+  if (layer_wise(method_config)) {
+    method_config.bucket_cost =
+        planning_cost(method_config, config.network, config.workers,
+                      static_cast<double>(model.layout().total()) * sizeof(float));
+  }
   auto method = make_training_method(method_config, model, transport);
   // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU:
   // communication threads (created above) must not queue behind compute (core/thread_priority.h).
@@ -252,14 +254,6 @@ void gather_at_leader(Transport& transport, const TrainConfig& config, const Run
       throw CommError(concat(kOperation, ": rank ", peer, " ran a different number of iterations"));
     }
   }
-}
-
-// Throws UsageError unless `name` is a bucket plan (timing/bucket_plan.h).
-void check_bucket_plan_name(const std::string& name) {
-  LayerProfile one_layer;
-  one_layer.bytes = {4};
-  one_layer.backward_seconds = {0};
-  make_bucket_plan(name, one_layer, LinearCost{});
 }
 
 bool is_bucket_plan_name(const std::string& name) {
