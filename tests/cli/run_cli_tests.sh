@@ -178,7 +178,7 @@ row dc-variant-unknown      2 "--dc-variant must be c (DC-ASGD-c, constant lambd
 row dc-variant-with-pssync  2 "--dc-variant applies only to dcasgd, not 'pssync'" \
   train --algo pssync --dc-variant a "${Q[@]}"
 row dc-lambda-negative      2 "--dc-lambda must be >= 0, got -1" train --algo dcasgd --dc-lambda -1 "${Q[@]}"
-row dc-lambda-with-odsgd-sgd 2 "--dc-lambda applies only to dcasgd and odsgd with --local-updater" \
+row dc-lambda-with-odsgd-sgd 2 "--dc-lambda applies only to dcasgd, odsgd with --local-updater" \
   train --algo odsgd --dc-lambda 0.1 "${Q[@]}"
 row dc-momentum-with-c      2 "--dc-momentum applies only to dcasgd --dc-variant a" \
   train --algo dcasgd --dc-momentum 0.5 "${Q[@]}"
@@ -189,7 +189,7 @@ row local-updater-unknown   2 "--local-updater must be sgd, dcasgd-c or dcasgd-a
 row local-updater-with-asgd 2 "--local-updater applies only to odsgd, not 'asgd'" \
   train --algo asgd --local-updater sgd "${Q[@]}"
 row local-lr-zero           2 "--local-lr must be > 0, got 0" train --algo odsgd --local-lr 0 "${Q[@]}"
-row warmup-with-dsync       2 "--warmup-iters applies only to pipe and odsgd, not 'dsync'" \
+row warmup-with-dsync       2 "--warmup-iters applies only to pipe, odsgd and sapipe, not 'dsync'" \
   train --algo dsync --warmup-iters 5 "${Q[@]}"
 # Layer-wise communication: bucket plans and their flags.
 row buckets-unknown         2 'unknown bucket plan "fastest"' train --buckets fastest "${Q[@]}"
@@ -210,6 +210,28 @@ row fixed-plan-zero         2 'bucket plan "fixed:0": the size must be a number 
 row plan-unknown-plan       2 'unknown bucket plan "bogus"' plan --plans wfbp,bogus --data synthetic
 row plan-workers-zero       2 "--workers must be in"      plan --workers 0 --data synthetic
 row plan-profile-zero       2 "--profile-iters must be in" plan --profile-iters 0 --data synthetic
+# SAPipe and the optimizer.
+row stale-layers-word       2 "--stale-layers must be auto or a layer count" \
+  train --algo sapipe --stale-layers some "${Q[@]}"
+row stale-layers-too-many   2 "(the model has 3 layers), got '4'" train --algo sapipe --stale-layers 4 "${Q[@]}"
+row stale-layers-with-pipe  2 "--stale-layers applies only to sapipe, not 'pipe'" \
+  train --algo pipe --stale-layers 1 "${Q[@]}"
+row compensation-unknown    2 "unknown --compensation 'dcx' (expected none, dc, wp1, wp2, wp3)" \
+  train --algo sapipe --compensation dcx "${Q[@]}"
+row compensation-with-dsync 2 "--compensation applies only to sapipe, not 'dsync'" \
+  train --compensation dc "${Q[@]}"
+row compensation-twice      2 "method 'sapipe+dc+wp1' names more than one compensation" \
+  train --algo sapipe+dc+wp1 "${Q[@]}"
+row compensation-flag-and-spec 2 "--compensation wp1 and the method's 'dc': give one" \
+  train --algo sapipe+dc --compensation wp1 "${Q[@]}"
+row compensation-on-pipe    2 "unknown option 'dc' in method 'pipe+dc'" train --algo pipe+dc "${Q[@]}"
+row optimizer-unknown       2 "unknown optimizer 'rmsprop' (expected sgd, adam)" train --optimizer rmsprop "${Q[@]}"
+row optimizer-adam-ps       2 "the parameter-server methods run SGD on their servers" \
+  train --algo pssync --optimizer adam "${Q[@]}"
+row adam-with-momentum      2 "--momentum is SGD's; Adam's first-moment decay is --adam-beta1" \
+  train --optimizer adam --momentum 0.9 "${Q[@]}"
+row adam-beta1-one          2 "--adam-beta1 must be in [0, 1), got 1" train --optimizer adam --adam-beta1 1 "${Q[@]}"
+row adam-eps-zero           2 "--adam-eps must be > 0, got 0" train --optimizer adam --adam-eps 0 "${Q[@]}"
 # parse_sizes accepts any multiple of 4 bytes (3K = 3072 is valid), so the odd size is 6 bytes.
 row bench-size-not-multiple-of-4 2 "multiple of 4"        bench allreduce --sizes 6
 row bench-size-unit         2 "'4X'"                      bench allreduce --sizes 4X
@@ -420,6 +442,37 @@ expect_success "compare/dcasgd-odsgd-exit-0" $rc "$R/odsgd-compare.out" "$R/odsg
 expect_contains "compare/table-1-form" "$R/odsgd-compare.out" \
   "Training speed and accuracy (the form of od-sgd.txt Table 1)" "Speed (samples/s)" "Train Acc (%)" \
   dcasgd odsgd "OD-SGD improvement rate over its synchronous warm-up"
+
+# SAPipe: a run reports k, kappa and the compensation column; compare prints the sapipe.txt Table 2
+# form; Adam runs under sapipe.
+run train --algo sapipe+wp3 --model cnn --data synthetic --iters 40 --workers 2 --profile-iters 2 --quiet \
+  --out "$R/sapipe" >"$R/sapipe.out" 2>"$R/sapipe.err"
+rc=$?
+expect_success "train/sapipe-exit-0" $rc "$R/sapipe.out" "$R/sapipe.err"
+expect_contains "train/sapipe-report" "$R/sapipe.out" "SAPipe partial staleness: k = " "kappa = " \
+  "compensation wp3" "Synchronous layers:" "compensation"
+pycheck "train/sapipe-summary" "$R/sapipe/summary.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+r = s["sapipe"]
+assert r is not None and r["layers"] == 5 and 0 <= r["stale_layers"] <= 5, r
+assert r["compensation"] == "wp3" and r["stale_layers_automatic"] is True, r
+assert 0 <= r["stale_fraction"] <= 1 and r["pipeline_start_iteration"] >= 10, r
+assert len(r["forward_s"]) == 5 and all(f > 0 for f in r["forward_s"]), r["forward_s"]
+assert s["mean"]["compensation_s"] >= 0, s["mean"]
+EOF
+run compare --algos dsync,pipe,sapipe,sapipe+dc,sapipe+wp1 --stale-layers 2 --model cnn --data synthetic \
+  --iters 30 --workers 2 --quiet >"$R/sapipe-compare.out" 2>"$R/sapipe-compare.err"
+rc=$?
+expect_success "compare/sapipe-exit-0" $rc "$R/sapipe-compare.out" "$R/sapipe-compare.err"
+expect_contains "compare/table-2-form" "$R/sapipe-compare.out" \
+  "Model performance (the form of sapipe.txt Table 2" "Test Acc (cnn)" "Best SAPipe over pipe" \
+  "sapipe+dc: k = 2 of 5 layers stale" "sapipe+wp1: k = 2 of 5 layers stale"
+run train --algo sapipe --optimizer adam --lr 0.001 --stale-layers 1 --buckets wfbp --data synthetic --iters 20 \
+  --workers 3 --quiet >"$R/sapipe-adam.out" 2>"$R/sapipe-adam.err"
+rc=$?
+expect_success "train/sapipe-adam-exit-0" $rc "$R/sapipe-adam.out" "$R/sapipe-adam.err"
+expect_contains "train/sapipe-adam-report" "$R/sapipe-adam.out" "k = 1 of 3 layers stale" "(--stale-layers)"
 
 # 3d''. Layer-wise communication: `pipesgd plan` prints every plan with its prediction, and the
 # optimal one is never predicted slower; a layer-wise run reports its plan, calls and t_c^no.

@@ -124,6 +124,14 @@ local_vs_mpi halving-doubling --algo dsync --allreduce halving-doubling
 # Layer-wise: wfbp's buckets are fixed (one per layer), so its weights are deterministic; the
 # planning step (profile averaging, allreduce probes on Channel::kPlanning) runs over MPI too.
 local_vs_mpi wfbp --algo wfbp --profile-iters 4
+# SAPipe with a fixed partition (2 stale layers, wfbp buckets for the others: nothing measured decides
+# the weights) and weight prediction; and with --stale-layers auto, whose k comes from the profile
+# averaged over the ranks (it must run; its weights depend on the measured k).
+local_vs_mpi sapipe --algo sapipe+wp3 --stale-layers 2 --buckets wfbp
+mpi_run 3 -- train --transport mpi --algo sapipe+dc --model cnn --data synthetic --iters 40 --profile-iters 2 --quiet \
+  >"$R/mpi-sapipe-auto.out" 2>"$R/mpi-sapipe-auto.err"
+expect_success "sapipe/auto-mpi-exit-0" $? "$R/mpi-sapipe-auto.out" "$R/mpi-sapipe-auto.err"
+expect_contains "sapipe/auto-mpi-report" "$R/mpi-sapipe-auto.out" "SAPipe partial staleness: k = " "compensation dc"
 
 # PS-Sync: mpirun -np 3 --servers 1 is 2 worker ranks and 1 server rank (the last); the servers sum
 # in worker order on both transports, so the weights equal those of 2 worker + 1 server threads.

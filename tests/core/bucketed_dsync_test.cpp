@@ -179,7 +179,7 @@ TEST(LayerWise, UsageErrors) {
   EXPECT_EQ(message(config), "--replan-every must be in [0, 10000000] (0: never), got -1");
   config = tiny_config("pipe", 2);
   config.method.buckets = "wfbp";
-  EXPECT_EQ(message(config), "bucket plans apply to dsync (and wfbp, synceasgd, mgwfbp) only, not 'pipe'");
+  EXPECT_EQ(message(config), "bucket plans apply to dsync (and wfbp, synceasgd, mgwfbp) and sapipe only, not 'pipe'");
 }
 
 TEST(LayerWise, MethodSpecsNamePlansAndCodecs) {

@@ -96,7 +96,7 @@ BucketedDSync::BucketedDSync(const MethodConfig& config, Model& model, Transport
       allreduce_(make_method_allreduce(config, transport, model.layout().total(), *codec_)),
       planning_codec_(make_codec("none")),
       planning_allreduce_(transport, layers_ + 3 + kCostProbes, *planning_codec_, config.allreduce),
-      sgd_(model.layout().total(), config.sgd),
+      optimizer_(make_optimizer(optimizer_options(config), model.layout())),
       gradients_(model.layout().total()),
       backward_sums_(layers_, 0.0),
       profile_buffer_(layers_ + 3 + kCostProbes, 0.0f) {
@@ -224,7 +224,7 @@ void BucketedDSync::end_iteration(std::int64_t t, IterationTimes& times) {
   }
   times.wait = waiting.seconds();
   Stopwatch update;
-  sgd_.step(model_.parameters(), gradients_, 1.0f / static_cast<float>(transport_.size()));
+  optimizer_->step(model_.parameters(), gradients_, 1.0f / static_cast<float>(transport_.size()), 0);
   times.update = update.seconds();
   times.pipelined = true;  // communication overlapped with backward
 

@@ -95,7 +95,7 @@ class BucketedDSync final : public TrainingMethod {
   std::unique_ptr<Allreduce> allreduce_;
   std::unique_ptr<Codec> planning_codec_;
   RingAllreduce planning_allreduce_;
-  Sgd sgd_;
+  std::unique_ptr<Optimizer> optimizer_;
   std::vector<float> gradients_;
   SegmentReadyFn on_segment_ready_;
 

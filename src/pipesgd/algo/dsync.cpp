@@ -9,7 +9,7 @@ DSync::DSync(const MethodConfig& config, Model& model, Transport& transport)
       transport_(transport),
       codec_(make_codec(config.codec)),
       allreduce_(make_method_allreduce(config, transport, model.layout().total(), *codec_)),
-      sgd_(model.layout().total(), config.sgd),
+      optimizer_(make_optimizer(optimizer_options(config), model.layout())),
       gradients_(model.layout().total()) {}
 
 std::span<float> DSync::begin_iteration(std::int64_t, IterationTimes&) { return gradients_; }
@@ -19,7 +19,7 @@ void DSync::end_iteration(std::int64_t t, IterationTimes& times) {
   allreduce_->run(gradients_, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(t)));
   times.wait = times.comm = communication.seconds();
   Stopwatch update;
-  sgd_.step(model_.parameters(), gradients_, 1.0f / static_cast<float>(transport_.size()));
+  optimizer_->step(model_.parameters(), gradients_, 1.0f / static_cast<float>(transport_.size()), 0);
   times.update = update.seconds();
 }
 

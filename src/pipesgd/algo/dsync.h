@@ -22,7 +22,7 @@ class DSync final : public TrainingMethod {
   Transport& transport_;
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Allreduce> allreduce_;
-  Sgd sgd_;
+  std::unique_ptr<Optimizer> optimizer_;
   std::vector<float> gradients_;
 };
 

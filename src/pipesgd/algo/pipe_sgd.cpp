@@ -19,7 +19,7 @@ PipeSgd::PipeSgd(const MethodConfig& config, Model& model, Transport& transport)
       transport_(transport),
       codec_(make_codec(config.codec)),
       allreduce_(make_method_allreduce(config, transport, model.layout().total(), *codec_)),
-      sgd_(model.layout().total(), config.sgd),
+      optimizer_(make_optimizer(optimizer_options(config), model.layout())),
       staleness_(checked_staleness(config.staleness)),
       warmup_iterations_(config.warmup_iterations),
       timeout_(config.allreduce.timeout),
@@ -99,7 +99,7 @@ void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times) {
   if (slot.state != SlotState::reduced) return;  // nothing in flight for t-K: no update
   PIPESGD_ASSERT(slot.iteration == t - staleness_);
   Stopwatch update;
-  sgd_.step(model_.parameters(), slot.gradient, gradient_scale_);
+  optimizer_->step(model_.parameters(), slot.gradient, gradient_scale_, 0);
   times.update += update.seconds();
   times.comm += slot.comm_seconds;
   slot.state = SlotState::empty;
@@ -121,7 +121,7 @@ void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
     allreduce_->run(gradient, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(t)));
     times.wait = times.comm = communication.seconds();
     Stopwatch update;
-    sgd_.step(model_.parameters(), gradient, gradient_scale_);
+    optimizer_->step(model_.parameters(), gradient, gradient_scale_, 0);
     times.update = update.seconds();
     return;
   }

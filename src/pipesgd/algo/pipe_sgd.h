@@ -53,7 +53,7 @@ class PipeSgd final : public TrainingMethod {
   Transport& transport_;
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Allreduce> allreduce_;  // the comm thread's after warm-up; the compute thread's during it
-  Sgd sgd_;
+  std::unique_ptr<Optimizer> optimizer_;
   const int staleness_;
   const std::int64_t warmup_iterations_;
   const Timeout timeout_;

@@ -5,13 +5,24 @@
 #include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/pipe_sgd.h"
 #include "pipesgd/algo/ps_methods.h"
+#include "pipesgd/algo/sapipe.h"
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
 
 std::vector<std::string> method_names() {
-  return {"dsync", "pipe", "wfbp", "synceasgd", "mgwfbp", "pssync", "asgd", "dcasgd", "odsgd"};
+  return {"dsync", "pipe", "wfbp", "synceasgd", "mgwfbp", "sapipe", "pssync", "asgd", "dcasgd", "odsgd"};
+}
+
+OptimizerOptions optimizer_options(const MethodConfig& config) {
+  OptimizerOptions options;
+  options.name = config.optimizer;
+  options.sgd = config.sgd;
+  options.adam = config.adam;
+  options.adam.learning_rate = config.sgd.learning_rate;
+  options.adam.weight_decay = config.sgd.weight_decay;
+  return options;
 }
 
 std::string implied_bucket_plan(const std::string& method) {
@@ -48,6 +59,7 @@ std::unique_ptr<TrainingMethod> make_training_method(const MethodConfig& config,
     return std::make_unique<BucketedDSync>(bucketed, model, transport);
   }
   if (config.name == "pipe") return std::make_unique<PipeSgd>(config, model, transport);
+  if (config.name == "sapipe") return std::make_unique<SaPipe>(config, model, transport);
   if (config.name == "odsgd") return std::make_unique<OneStepDelaySgd>(config, model, transport);
   if (method_uses_servers(config.name)) {
     return std::make_unique<ParameterServerMethod>(config, model, transport);

@@ -11,6 +11,7 @@
 // All calls come from the worker's compute thread. A method may own a comm thread of its own.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,9 +21,11 @@
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/optim/delay_compensation.h"
+#include "pipesgd/optim/optimizer.h"
 #include "pipesgd/optim/sgd.h"
 #include "pipesgd/timing/allreduce_cost_model.h"
 #include "pipesgd/timing/bucket_plan.h"
+#include "pipesgd/timing/partial_staleness.h"
 
 namespace pipesgd {
 
@@ -32,6 +35,7 @@ struct IterationTimes {
   double data = 0;       // loading the batch (Alg. 1 line 6)
   double forward = 0;
   double backward = 0;
+  double compensation = 0;  // sapipe: the stale range's compensated update and weight prediction
   double wait = 0;       // exposed communication: compute thread blocked on communication
   double comm = 0;       // allreduce time on the thread that ran it (consumed this iteration)
   double iteration = 0;  // whole iteration on the compute thread
@@ -41,6 +45,7 @@ struct IterationTimes {
   // Adds weight * other to every timing and the loss (for means over workers and iterations).
   void add_scaled(const IterationTimes& other, double weight) {
     update += weight * other.update;
+    compensation += weight * other.compensation;
     data += weight * other.data;
     forward += weight * other.forward;
     backward += weight * other.backward;
@@ -87,16 +92,56 @@ struct MethodConfig {
   std::int64_t profile_iterations = 10;
   std::int64_t replan_every = 0;
   LinearCost bucket_cost;
+  // sapipe (algo/sapipe.h): how many first layers are stale ("auto" or a count, --stale-layers) and
+  // their compensation (--compensation: none, dc, wp1, wp2, wp3; dc and wp3 use
+  // delay_compensation.lambda). Its synchronous layers use `buckets` (default optimal),
+  // `profile_iterations` and `bucket_cost`; `warmup_iterations` run synchronously first.
+  std::string stale_layers = "auto";
+  std::string compensation = "none";
+  // The optimizer of dsync, pipe, the layer-wise methods and sapipe (--optimizer): "sgd" (`sgd`) or
+  // "adam" (`adam`, its learning rate from sgd.learning_rate). The parameter-server methods run SGD.
+  std::string optimizer = "sgd";
+  AdamOptions adam;
+};
+
+// The optimizer options `config` asks for (Adam's learning rate is --lr).
+OptimizerOptions optimizer_options(const MethodConfig& config);
+
+// One stall check of sapipe's --stale-layers auto (algo/sapipe.h).
+struct StallCheck {
+  std::int64_t iteration = 0;      // the check ran at the end of this iteration
+  std::size_t stale_layers = 0;    // k checked
+  double stall_fraction = 0;       // computation's wait / iteration time (mean over the workers)
+  double cost_scale = 1;           // measured / modelled communication
+  std::size_t next_stale_layers = 0;  // k after the check (== stale_layers: kept)
+};
+
+// What sapipe reports about its partition (algo/sapipe.h).
+struct SapipeReport {
+  std::size_t layers = 0;
+  std::size_t stale_layers = 0;  // k
+  double stale_fraction = 0;     // kappa = stale parameters / all parameters (sapipe.txt Def. 1)
+  bool automatic = false;        // k from the timeline (--stale-layers auto) or given
+  std::string compensation;
+  std::int64_t pipeline_start = 0;  // the first pipelined iteration
+  bool profiled = false;            // the fields below are set
+  std::optional<std::size_t> paper_stale_layers;  // the paper's program (Sec. 3.1) on the same profile
+  double predicted_iteration = 0;  // the simulated steady-state iteration with k (without update)
+  bool predicted_stall = false;     // even k stalls on the timeline
+  std::size_t timeline_stale_layers = 0;  // auto: k from the timeline, before the stall checks
+  std::vector<StallCheck> stall_checks;
+  StalenessProfile profile;         // averaged over the workers
+  LinearCost cost;
 };
 
 // The methods that are D-Sync with a fixed bucket plan (mg-wfbp.txt's names): wfbp -> "wfbp",
 // synceasgd -> "single", mgwfbp -> "mgwfbp"; "" for any other name.
 std::string implied_bucket_plan(const std::string& method);
 
-// True if `config` runs layer-wise communication (algo/bucketed_dsync.h): a plan given, or implied
-// by the method's name.
+// True if `config` runs layer-wise D-Sync (algo/bucketed_dsync.h): dsync with a plan, or a method
+// whose name implies one. (sapipe's synchronous layers use plans too, but it is its own method.)
 inline bool layer_wise(const MethodConfig& config) {
-  return !config.buckets.empty() || !implied_bucket_plan(config.name).empty();
+  return (config.name == "dsync" && !config.buckets.empty()) || !implied_bucket_plan(config.name).empty();
 }
 
 inline constexpr int kMaxStaleness = 64;  // upper bound of --staleness-k
@@ -132,6 +177,7 @@ struct MethodReport {
   LayerProfile profile;
   LinearCost cost;
   double update_seconds = 0;
+  std::optional<SapipeReport> sapipe;  // sapipe runs
 };
 
 class TrainingMethod {

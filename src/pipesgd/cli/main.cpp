@@ -14,6 +14,7 @@
 #include "pipesgd/algo/bucketed_dsync.h"
 #include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/ps_methods.h"
+#include "pipesgd/algo/sapipe.h"
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/timeout.h"
@@ -103,6 +104,12 @@ struct TrainFlags {
   std::string buckets;
   std::int64_t profile_iterations = 10;
   std::int64_t replan_every = 0;
+  // sapipe.
+  std::string stale_layers = "auto";
+  std::string compensation = "none";
+  // The optimizer (dsync, pipe, layer-wise, sapipe).
+  std::string optimizer = "sgd";
+  float adam_beta1 = 0.9f, adam_beta2 = 0.999f, adam_epsilon = 1e-8f;
   bool quiet = false;
   bool no_eval = false;
   bool workers_given = false;  // --workers appeared on the command line
@@ -113,7 +120,8 @@ struct TrainFlags {
 // them to the methods of its list they concern.
 const std::vector<std::string> kMethodSpecificFlags = {
     "--dc-variant", "--dc-lambda", "--dc-momentum", "--local-updater", "--local-lr",
-    "--warmup-iters", "--warmup-epochs", "--buckets", "--profile-iters", "--replan-every"};
+    "--warmup-iters", "--warmup-epochs", "--buckets", "--profile-iters", "--replan-every",
+    "--stale-layers", "--compensation"};
 
 void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--workers", flags.workers,
@@ -167,7 +175,8 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "Eq. 5-6)")
       ->capture_default_str();
   command.add_option("--dc-lambda", flags.dc_lambda,
-                     "Delay compensation lambda (dcasgd; odsgd with --local-updater dcasgd-c|dcasgd-a)")
+                     "Delay compensation lambda (dcasgd; odsgd with --local-updater dcasgd-c|dcasgd-a; "
+                     "sapipe with --compensation dc|wp3, where its default is the paper's 0.2)")
       ->capture_default_str();
   command.add_option("--dc-momentum", flags.dc_momentum,
                      "m of Eq. 6, the decay of DC-ASGD-a's mean square (--dc-variant a; --local-updater "
@@ -193,6 +202,22 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "Layer-wise methods: start a new profiling cycle (and plan) N iterations after each "
                      "plan (0: never)")
       ->capture_default_str();
+  command.add_option("--stale-layers", flags.stale_layers,
+                     "sapipe: how many first layers train on 1-step-stale gradients: auto (the least k whose "
+                     "pipeline never stalls, from the profiled layer times and the allreduce cost) or a count")
+      ->capture_default_str();
+  command.add_option("--compensation", flags.compensation,
+                     "sapipe: staleness compensation of the stale layers: none, dc (delay compensation, "
+                     "Alg. 2), wp1|wp2|wp3 (weight prediction with the local, the synchronized, or the "
+                     "combined gradient, Alg. 3); a method's +dc etc. overrides it")
+      ->capture_default_str();
+  command.add_option("--optimizer", flags.optimizer,
+                     "Optimizer of dsync, pipe, the layer-wise methods and sapipe: sgd or adam (its learning "
+                     "rate is --lr, its L2 --weight-decay); the parameter-server methods run sgd")
+      ->capture_default_str();
+  command.add_option("--adam-beta1", flags.adam_beta1, "Adam: first-moment decay")->capture_default_str();
+  command.add_option("--adam-beta2", flags.adam_beta2, "Adam: second-moment decay")->capture_default_str();
+  command.add_option("--adam-eps", flags.adam_epsilon, "Adam: epsilon")->capture_default_str();
   command.add_option("--codec", flags.codec,
                      "Gradient codec inside the allreduce: none, bf16 (16-bit truncation), int8 "
                      "(8-bit quantization); a method's +codec overrides it")
@@ -218,28 +243,36 @@ bool flag_applies(const std::string& flag, const std::string& method, const Trai
   const bool adaptive_local = flags.local_updater == "dcasgd-a";
   const bool compensating_local = flags.local_updater != "sgd";
   if (flag == "--dc-variant") return method == "dcasgd";
-  if (flag == "--dc-lambda") return method == "dcasgd" || (method == "odsgd" && compensating_local);
+  if (flag == "--dc-lambda") {
+    return method == "dcasgd" || (method == "odsgd" && compensating_local) || method == "sapipe";
+  }
   if (flag == "--dc-momentum") {
     return (method == "dcasgd" && flags.dc_variant == "a") || (method == "odsgd" && adaptive_local);
   }
   if (flag == "--local-updater" || flag == "--local-lr") return method == "odsgd";
-  if (flag == "--warmup-iters" || flag == "--warmup-epochs") return method == "pipe" || method == "odsgd";
-  if (flag == "--buckets") return method == "dsync";
-  if (flag == "--profile-iters" || flag == "--replan-every") {
-    return method == "dsync" || !implied_bucket_plan(method).empty();
+  if (flag == "--warmup-iters" || flag == "--warmup-epochs") {
+    return method == "pipe" || method == "odsgd" || method == "sapipe";
   }
+  if (flag == "--buckets") return method == "dsync" || method == "sapipe";
+  if (flag == "--profile-iters") return method == "dsync" || method == "sapipe" || !implied_bucket_plan(method).empty();
+  if (flag == "--replan-every") return method == "dsync" || !implied_bucket_plan(method).empty();
+  if (flag == "--stale-layers" || flag == "--compensation") return method == "sapipe";
   return true;
 }
 
 std::string flag_users(const std::string& flag) {
   if (flag == "--dc-variant") return "dcasgd";
-  if (flag == "--dc-lambda") return "dcasgd and odsgd with --local-updater dcasgd-c or dcasgd-a";
+  if (flag == "--dc-lambda") return "dcasgd, odsgd with --local-updater dcasgd-c or dcasgd-a, and sapipe";
   if (flag == "--dc-momentum") return "dcasgd --dc-variant a and odsgd --local-updater dcasgd-a";
-  if (flag == "--warmup-iters" || flag == "--warmup-epochs") return "pipe and odsgd";
-  if (flag == "--buckets") return "dsync (wfbp, synceasgd and mgwfbp have their own plans)";
-  if (flag == "--profile-iters" || flag == "--replan-every") {
+  if (flag == "--warmup-iters" || flag == "--warmup-epochs") return "pipe, odsgd and sapipe";
+  if (flag == "--buckets") return "dsync and sapipe (wfbp, synceasgd and mgwfbp have their own plans)";
+  if (flag == "--profile-iters") {
+    return "the layer-wise methods (dsync with --buckets or +PLAN, wfbp, synceasgd, mgwfbp) and sapipe";
+  }
+  if (flag == "--replan-every") {
     return "the layer-wise methods (dsync with --buckets or +PLAN, wfbp, synceasgd, mgwfbp)";
   }
+  if (flag == "--stale-layers" || flag == "--compensation") return "sapipe";
   return "odsgd";
 }
 
@@ -256,14 +289,27 @@ void apply_method_specific_flags(const TrainFlags& flags, bool compare, TrainCon
     }
   }
   config.method.delay_compensation.variant = parse_delay_compensation_variant(flags.dc_variant);
-  config.method.delay_compensation.lambda = flags.dc_lambda;
+  config.method.delay_compensation.lambda =
+      method == "sapipe" && !flags.given.count("--dc-lambda") ? kSapipeDefaultLambda : flags.dc_lambda;
+  if (method == "sapipe") {
+    config.method.stale_layers = flags.stale_layers;
+    if (flags.given.count("--compensation")) {
+      // A compensation named in the method spec (sapipe+dc) wins in compare; train rejects both.
+      if (config.method.compensation == "none" && config.method_spec.find("+none") == std::string::npos) {
+        config.method.compensation = flags.compensation;
+      } else if (!compare) {
+        throw UsageError(concat("--compensation ", flags.compensation, " and the method's '",
+                                config.method.compensation, "': give one"));
+      }
+    }
+  }
   config.method.delay_compensation.mean_square_decay = flags.dc_momentum;
   config.method.local_updater = flags.local_updater;
   config.method.local_learning_rate = flags.local_learning_rate;
   if (flags.given.count("--local-lr") && !(flags.local_learning_rate > 0)) {
     throw UsageError(concat("--local-lr must be > 0, got ", flags.local_learning_rate));
   }
-  if (flags.given.count("--buckets") && method == "dsync") {
+  if (flags.given.count("--buckets") && (method == "dsync" || method == "sapipe")) {
     // A plan named in the method spec (dsync+optimal) wins over --buckets in compare; train
     // rejects giving both.
     if (config.method.buckets.empty()) {
@@ -274,7 +320,7 @@ void apply_method_specific_flags(const TrainFlags& flags, bool compare, TrainCon
     }
   }
   if (!compare && (flags.given.count("--profile-iters") || flags.given.count("--replan-every")) &&
-      !layer_wise(config.method)) {
+      !layer_wise(config.method) && method != "sapipe") {
     throw UsageError(concat(flags.given.count("--profile-iters") ? "--profile-iters" : "--replan-every",
                             " applies only to layer-wise communication: add --buckets PLAN (or use wfbp, "
                             "synceasgd, mgwfbp, dsync+PLAN)"));
@@ -301,6 +347,10 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec, b
     throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", flags.batch));
   }
   config.method.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
+  config.method.optimizer = flags.optimizer;
+  config.method.adam.beta1 = flags.adam_beta1;
+  config.method.adam.beta2 = flags.adam_beta2;
+  config.method.adam.epsilon = flags.adam_epsilon;
   config.method.allreduce.timeout = timeout_from_seconds(flags.comm_timeout_seconds, "--comm-timeout");
   config.method.allreduce.segment_bytes = parse_segment_bytes(flags.segment_bytes);
   check_allreduce_name(flags.allreduce, "--allreduce", true);
@@ -906,6 +956,7 @@ int main(int argc, char** argv) {
   train->add_option("--algo", train_method,
                     "Method: dsync | pipe (optionally +codec, e.g. pipe+int8) | wfbp | synceasgd | mgwfbp "
                     "| dsync+PLAN (layer-wise buckets: wfbp, single, mgwfbp, optimal, fixed:<MiB>) | "
+                    "sapipe (partial staleness; optionally +dc, +wp1, +wp2, +wp3, +PLAN, +codec) | "
                     "pssync | asgd | dcasgd | odsgd (parameter server, see --servers)")
       ->capture_default_str();
   add_train_flags(*train, train_flags);
@@ -914,9 +965,10 @@ int main(int argc, char** argv) {
   std::string compare_methods = "dsync,pipe,pipe+int8";
   CLI::App* compare = app.add_subcommand("compare", "Train several methods one after another; one table");
   compare->add_option("--algos", compare_methods,
-                      "Comma-separated methods, each name[+plan][+codec] (dsync, pipe, wfbp, synceasgd, "
-                      "mgwfbp, pssync, asgd, dcasgd, odsgd; plans for dsync), e.g. "
-                      "pssync,asgd,dcasgd,odsgd,dsync,pipe or dsync,wfbp,mgwfbp,dsync+optimal")
+                      "Comma-separated methods, each name[+plan][+compensation][+codec] (dsync, pipe, wfbp, "
+                      "synceasgd, mgwfbp, sapipe, pssync, asgd, dcasgd, odsgd; plans for dsync and sapipe, "
+                      "compensations for sapipe), e.g. pssync,asgd,dcasgd,odsgd,dsync,pipe or "
+                      "dsync,wfbp,mgwfbp,dsync+optimal or dsync,pipe,sapipe,sapipe+dc,sapipe+wp1,sapipe+wp3")
       ->capture_default_str();
   add_train_flags(*compare, compare_flags);
 

@@ -27,6 +27,12 @@ struct Batch {
 // the time spent on that segment alone (since the previous report or the start of backward).
 using SegmentReadyFn = std::function<void(std::size_t segment, double backward_seconds)>;
 
+// Called on the compute thread during forward, before forward first reads the parameters of
+// segments [first, end). In one forward_backward the calls come in forward order and together cover
+// every segment exactly once; the hook may still change those parameters (a method applies their
+// update there, so communication overlaps the forward of the earlier layers: sapipe.txt Fig. 2).
+using SegmentsNeededFn = std::function<void(std::size_t first, std::size_t end)>;
+
 struct StepResult {
   double loss = 0;              // mean loss over the batch
   std::size_t correct = 0;      // examples whose arg-max prediction (before the update) is the label
@@ -56,6 +62,13 @@ class Model {
   // empty. Call from one thread at a time.
   virtual StepResult forward_backward(const Batch& batch, std::span<float> gradients,
                                       const SegmentReadyFn& on_ready) = 0;
+
+  // True if forward_backward calls the hook of set_forward_hook. A model that does not (the default)
+  // reads every parameter at the start of forward: callers must have them final before the call.
+  virtual bool reports_forward_progress() const { return false; }
+  // Sets the hook forward_backward calls (an empty function: none). Only for models that report
+  // forward progress; evaluate() never calls it.
+  virtual void set_forward_hook(SegmentsNeededFn hook) { (void)hook; }
 
   // Loss and accuracy of the current parameters on `batch`; no gradients.
   virtual Evaluation evaluate(const Batch& batch) = 0;

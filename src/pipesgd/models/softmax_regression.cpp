@@ -171,6 +171,7 @@ StepResult SoftmaxRegression::forward_backward(const Batch& batch, std::span<flo
 
   StepResult result;
   Stopwatch forward_watch;
+  if (forward_hook_) forward_hook_(0, layout_.segment_count());
   result.loss = forward_probabilities(parameters_, batch, features_, classes_, rows) /
                 static_cast<double>(batch.size);
   result.forward_seconds = forward_watch.seconds();

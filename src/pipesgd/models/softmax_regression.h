@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "pipesgd/core/model.h"
@@ -30,9 +31,14 @@ class SoftmaxRegression : public Model {
 
   // Overwrites `gradients` with d(mean loss)/d(parameters); reports the bias segment, then the weight
   // segment (backward order). Throws UsageError for an empty or malformed batch (feature count,
-  // sizes, labels out of [0, classes)).
+  // sizes, labels out of [0, classes)); that check comes before the forward hook.
+  // Forward reads all parameters at once, so the forward hook is called once, as
+  // hook(0, segment_count), before any parameter is read; its time counts in forward_seconds.
   StepResult forward_backward(const Batch& batch, std::span<float> gradients,
                               const SegmentReadyFn& on_ready) override;
+
+  bool reports_forward_progress() const override { return true; }
+  void set_forward_hook(SegmentsNeededFn hook) override { forward_hook_ = std::move(hook); }
 
   // Summed loss and arg-max accuracy (ties go to the lowest class index). An empty batch gives zeros.
   Evaluation evaluate(const Batch& batch) override;
@@ -54,6 +60,7 @@ class SoftmaxRegression : public Model {
   std::size_t classes_;
   Layout layout_;
   std::vector<float> parameters_;
+  SegmentsNeededFn forward_hook_;  // empty: none
   // Scratch reused across calls: per-row class probabilities (then loss derivatives), and the weight
   // gradient accumulated in double before it is rounded into the caller's buffer.
   std::vector<double> row_scratch_;

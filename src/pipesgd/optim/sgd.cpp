@@ -42,4 +42,31 @@ void Sgd::step(std::span<float> parameters, std::span<const float> gradients, fl
   }
 }
 
+// The same float operations, in the same order, as step().
+void Sgd::predict(std::span<const float> parameters, std::span<const float> gradients,
+                  float gradient_scale, std::size_t offset, std::span<float> predicted) const {
+  PIPESGD_ASSERT(parameters.size() == gradients.size());
+  PIPESGD_ASSERT(predicted.size() == parameters.size());
+  PIPESGD_ASSERT(offset + parameters.size() <= velocity_.size());
+  const std::size_t n = parameters.size();
+  const float* w = parameters.data();
+  const float* g = gradients.data();
+  const float* v = velocity_.data() + offset;
+  float* out = predicted.data();
+  const float lr = options_.learning_rate, momentum = options_.momentum,
+              decay = options_.weight_decay;
+  if (momentum == 0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float d = g[i] * gradient_scale + decay * w[i];
+      out[i] = w[i] - lr * d;
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const float d = g[i] * gradient_scale + decay * w[i];
+    const float next_velocity = momentum * v[i] + d;
+    out[i] = w[i] - lr * next_velocity;
+  }
+}
+
 }  // namespace pipesgd

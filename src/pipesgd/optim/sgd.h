@@ -4,8 +4,11 @@
 //   d = scale * g + weight_decay * w;  v = momentum * v + d;  w -= learning_rate * v
 // (the first step's v equals d, as in LibTorch, because v starts at zero).
 // One object per replica; not thread-safe (the compute thread owns it).
+#include <cstddef>
 #include <span>
 #include <vector>
+
+#include "pipesgd/optim/optimizer_interface.h"
 
 namespace pipesgd {
 
@@ -15,7 +18,7 @@ struct SgdOptions {
   float weight_decay = 0.0f;
 };
 
-class Sgd {
+class Sgd final : public Optimizer {
  public:
   // Throws UsageError for a learning rate <= 0, momentum outside [0, 1) or negative weight decay.
   Sgd(std::size_t count, SgdOptions options);
@@ -23,7 +26,36 @@ class Sgd {
   // One update of `parameters` with `gradients * gradient_scale` over elements
   // [offset, offset + parameters.size()) of the flat buffers (momentum is kept per element).
   void step(std::span<float> parameters, std::span<const float> gradients, float gradient_scale,
-            std::size_t offset = 0);
+            std::size_t offset = 0) override;
+
+  // Writes into `predicted` exactly (bit for bit) what step() would leave in `parameters`, without
+  // touching the momentum. `predicted` may alias `parameters`.
+  void predict(std::span<const float> parameters, std::span<const float> gradients, float gradient_scale,
+               std::size_t offset, std::span<float> predicted) const override;
+
+  // The update of one element, for loops that fuse other work into it (optim/fused_update.h):
+  // step(i, w, g) returns the new w[i] and updates the momentum exactly as step() would for
+  // element i with gradient * scale == g (the caller scales); predict(i, w, g) returns what step
+  // would give without changing anything. Valid while this Sgd lives.
+  struct ElementKernel {
+    float learning_rate, momentum, weight_decay;
+    float* velocity;  // indexed by the flat element index
+    float step(std::size_t i, float w, float g) {
+      const float d = g + weight_decay * w;
+      if (momentum == 0) return w - learning_rate * d;
+      velocity[i] = momentum * velocity[i] + d;
+      return w - learning_rate * velocity[i];
+    }
+    float predict(std::size_t i, float w, float g) const {
+      const float d = g + weight_decay * w;
+      if (momentum == 0) return w - learning_rate * d;
+      const float next_velocity = momentum * velocity[i] + d;
+      return w - learning_rate * next_velocity;
+    }
+  };
+  ElementKernel element_kernel() {
+    return {options_.learning_rate, options_.momentum, options_.weight_decay, velocity_.data()};
+  }
 
  private:
   SgdOptions options_;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "pipesgd/timing/allreduce_cost_model.h"
+#include "pipesgd/timing/bucket_plan.h"
 
 namespace pipesgd {
 
@@ -40,6 +41,33 @@ struct StalenessTimeline {
 // stale_layers > m or iterations < 3.
 StalenessTimeline simulate_partial_staleness(const StalenessProfile& profile, const LinearCost& cost,
                                              std::size_t stale_layers, int iterations = 12);
+
+// The same timeline with the communication the sapipe method runs: the first `stale_layers` layers
+// as one allreduce launched when backward has finished layer 0, and the synchronous layers in the
+// buckets of `sync_plan` (a plan over the m - k synchronous layers, its segment indices relative to
+// layer k; ignored when k = m). Throws as above, and UsageError if the plan does not cover the
+// synchronous layers exactly in backward order.
+StalenessTimeline simulate_bucketed_staleness(const StalenessProfile& profile, const LinearCost& cost,
+                                              std::size_t stale_layers, const BucketPlan& sync_plan,
+                                              int iterations = 12);
+
+// What the sapipe method runs with: k and the plan of the synchronous layers.
+struct StalenessPlan {
+  std::size_t stale_layers = 0;
+  BucketPlan sync_plan;       // over layers k..m-1 (relative indices); empty when k = m
+  bool stalls = false;        // even the chosen k stalls (k = m: no k hides the communication)
+  StalenessTimeline timeline; // the chosen k's simulated steady state
+};
+
+// Enumerates k = 0..m: for each, the plan `plan_name` (timing/bucket_plan.h) of the synchronous
+// layers from their sub-profile (backward times, bytes; t_f = the whole forward), simulated by
+// simulate_bucketed_staleness; returns the least k that does not stall, else k = m. Used by sapipe's
+// --stale-layers auto. Throws as above or for an unknown plan.
+StalenessPlan plan_partial_staleness(const StalenessProfile& profile, const LinearCost& cost,
+                                     const std::string& plan_name);
+
+// The sub-profile of layers [first, m) as a LayerProfile (t_f = the whole forward), for the plans.
+LayerProfile synchronous_layer_profile(const StalenessProfile& profile, std::size_t first);
 
 // The least k in 0..m for which simulate_partial_staleness does not stall (m if even k = m stalls:
 // communication exceeds computation and no k hides it). More stale layers never add a stall

@@ -46,26 +46,52 @@ void apply_thread_setting() {
 // construction so concurrent factory calls are deterministic.
 std::mutex construction_mutex;
 
+// [batch, 784] -> logits [batch, 10]. With a non-null `hook`, calls it before the forward first
+// reads the parameters of each group of segments, in forward order, covering every segment once
+// (the SegmentsNeededFn contract); with null, runs the plain forward.
+using ForwardFn =
+    std::function<torch::Tensor(const torch::Tensor& input, const SegmentsNeededFn* hook)>;
+
 // A network plus its segments: one per layer that has parameters, in forward order, each listing
 // that layer's parameter tensors in layout order.
 struct Architecture {
   std::shared_ptr<torch::nn::Module> module;  // owns the parameters and BatchNorm buffers
-  std::function<torch::Tensor(const torch::Tensor&)> forward;  // [batch, 784] -> logits [batch, 10]
+  ForwardFn forward;
   std::vector<std::string> segment_names;
   std::vector<std::vector<torch::Tensor>> segment_parameters;
 };
 
-// Segments of a Sequential: one per child that has parameters, named by `names` in order.
+constexpr std::size_t no_segment = static_cast<std::size_t>(-1);
+
+// Segments of a Sequential: one per child that has parameters, named by `names` in order. With a
+// hook, the children run one by one (the same module calls as SequentialImpl::forward, so the
+// result is bit-identical) and hook(s, s + 1) runs right before the child that owns segment s.
 Architecture sequential_architecture(torch::nn::Sequential network, std::vector<std::string> names) {
   Architecture architecture;
-  for (const auto& child : network->children()) {
-    std::vector<torch::Tensor> own = child->parameters(/*recurse=*/true);
-    if (!own.empty()) architecture.segment_parameters.push_back(std::move(own));
+  std::vector<std::size_t> segment_of_child;  // no_segment for children without parameters
+  for (const torch::nn::AnyModule& child : *network) {
+    std::vector<torch::Tensor> own = child.ptr()->parameters(/*recurse=*/true);
+    if (own.empty()) {
+      segment_of_child.push_back(no_segment);
+    } else {
+      segment_of_child.push_back(architecture.segment_parameters.size());
+      architecture.segment_parameters.push_back(std::move(own));
+    }
   }
+  PIPESGD_ASSERT(!segment_of_child.empty());
   architecture.segment_names = std::move(names);
   architecture.module = network.ptr();
-  architecture.forward = [network](const torch::Tensor& input) mutable {
-    return network->forward(input);
+  architecture.forward = [network, segment_of_child = std::move(segment_of_child)](
+                             const torch::Tensor& input, const SegmentsNeededFn* hook) mutable {
+    if (hook == nullptr) return network->forward(input);
+    torch::Tensor x = input;
+    std::size_t child_index = 0;
+    for (torch::nn::AnyModule& child : *network) {
+      const std::size_t segment = segment_of_child[child_index++];
+      if (segment != no_segment) (*hook)(segment, segment + 1);
+      x = child.forward(x);
+    }
+    return x;
   };
   return architecture;
 }
@@ -143,24 +169,36 @@ class BasicBlockImpl final : public torch::nn::Module {
 };
 TORCH_MODULE(BasicBlock);
 
+// A half-open range of segment indices.
+struct SegmentRange {
+  std::size_t first = 0;
+  std::size_t end = 0;
+};
+
 // ResNet-20 (He et al., CIFAR variant) for 28x28 grey images; see torch_models.h. Submodules are
 // registered in forward order, so named_modules() lists the layers in forward order.
+//
+// Forward runs in parts: the stem (conv1, bn1), each basic block, then fc. Before part p first reads
+// its parameters, forward calls the hook for that part's segment range (set_part_segments).
 class ResNetImpl final : public torch::nn::Module {
  public:
   ResNetImpl()
       : conv1_(register_module("conv1", conv3x3(1, 16, 1))),
         bn1_(register_module("bn1", torch::nn::BatchNorm2d(16))) {
+    part_modules_.push_back({"conv1", "bn1"});
     std::int64_t in_channels = 16;
     for (int stage = 1; stage <= 3; ++stage) {
       const std::int64_t width = std::int64_t{16} << (stage - 1);
       for (int block = 1; block <= 3; ++block) {
         const std::int64_t stride = stage > 1 && block == 1 ? 2 : 1;
-        blocks_.push_back(register_module(concat("s", stage, "b", block),
-                                          BasicBlock(in_channels, width, stride)));
+        const std::string block_name = concat("s", stage, "b", block);
+        blocks_.push_back(register_module(block_name, BasicBlock(in_channels, width, stride)));
+        part_modules_.push_back({block_name});
         in_channels = width;
       }
     }
     fc_ = register_module("fc", torch::nn::Linear(64, static_cast<std::int64_t>(class_count)));
+    part_modules_.push_back({"fc"});
 
     // Kaiming-normal convolutions (fan-out, as torchvision's ResNet); BatchNorm weight 1, bias 0
     // (LibTorch's default); the linear layer keeps LibTorch's default initialisation.
@@ -171,11 +209,31 @@ class ResNetImpl final : public torch::nn::Module {
     }
   }
 
-  torch::Tensor forward(const torch::Tensor& input) {
+  // The top-level modules (names as registered) whose parameters each forward part reads, in
+  // forward order: {conv1, bn1}, one block each, {fc}.
+  const std::vector<std::vector<std::string>>& part_modules() const { return part_modules_; }
+  // The segment range of each part (same order as part_modules()).
+  void set_part_segments(std::vector<SegmentRange> part_segments) {
+    PIPESGD_ASSERT(part_segments.size() == part_modules_.size());
+    part_segments_ = std::move(part_segments);
+  }
+
+  // `hook` may be null (no calls); otherwise set_part_segments must have been called.
+  torch::Tensor forward(const torch::Tensor& input, const SegmentsNeededFn* hook = nullptr) {
+    std::size_t part = 0;
+    const auto before_part = [&] {
+      if (hook != nullptr) (*hook)(part_segments_[part].first, part_segments_[part].end);
+      ++part;
+    };
     torch::Tensor x = input.reshape({-1, 1, image_side, image_side});
+    before_part();
     x = torch::relu(bn1_->forward(conv1_->forward(x)));
-    for (BasicBlock& block : blocks_) x = block->forward(x);
+    for (BasicBlock& block : blocks_) {
+      before_part();
+      x = block->forward(x);
+    }
     x = x.mean({2, 3});  // global average pooling
+    before_part();
     return fc_->forward(x);
   }
 
@@ -184,8 +242,40 @@ class ResNetImpl final : public torch::nn::Module {
   torch::nn::BatchNorm2d bn1_;
   std::vector<BasicBlock> blocks_;
   torch::nn::Linear fc_{nullptr};
+  std::vector<std::vector<std::string>> part_modules_;
+  std::vector<SegmentRange> part_segments_;
 };
 TORCH_MODULE(ResNet);
+
+// The segment range each forward part reads, from the segment names: a segment belongs to the part
+// owning the module it is named after ("s2b1.bn1" belongs to the part of module "s2b1"). Asserts that
+// every segment belongs to exactly one part and that the parts' ranges are non-empty, in forward
+// order and contiguous (so the hook calls cover every segment once, in order).
+std::vector<SegmentRange> forward_part_segments(
+    const std::vector<std::vector<std::string>>& part_modules,
+    const std::vector<std::string>& segment_names) {
+  const auto owns = [](const std::string& module, const std::string& segment) {
+    return segment == module ||
+           (segment.size() > module.size() && segment.compare(0, module.size(), module) == 0 &&
+            segment[module.size()] == '.');
+  };
+  std::vector<SegmentRange> ranges;
+  std::size_t segment = 0;
+  for (const std::vector<std::string>& modules : part_modules) {
+    SegmentRange range{segment, segment};
+    while (range.end < segment_names.size() &&
+           std::any_of(modules.begin(), modules.end(), [&](const std::string& module) {
+             return owns(module, segment_names[range.end]);
+           })) {
+      ++range.end;
+    }
+    PIPESGD_ASSERT(range.end > range.first);
+    ranges.push_back(range);
+    segment = range.end;
+  }
+  PIPESGD_ASSERT(segment == segment_names.size());
+  return ranges;
+}
 
 Architecture build_resnet() {
   ResNet network;
@@ -198,9 +288,12 @@ Architecture build_resnet() {
     architecture.segment_names.push_back(item.key());
     architecture.segment_parameters.push_back(std::move(own));
   }
+  network->set_part_segments(
+      forward_part_segments(network->part_modules(), architecture.segment_names));
   architecture.module = network.ptr();
-  architecture.forward = [network](const torch::Tensor& input) mutable {
-    return network->forward(input);
+  architecture.forward = [network](const torch::Tensor& input,
+                                   const SegmentsNeededFn* hook) mutable {
+    return network->forward(input, hook);
   };
   return architecture;
 }
@@ -225,6 +318,9 @@ class TorchModel final : public Model {
   StepResult forward_backward(const Batch& batch, std::span<float> gradients,
                               const SegmentReadyFn& on_ready) override;
   Evaluation evaluate(const Batch& batch) override;
+  // Every architecture calls the hook from forward_backward (see Architecture::forward).
+  bool reports_forward_progress() const override { return true; }
+  void set_forward_hook(SegmentsNeededFn hook) override { forward_hook_ = std::move(hook); }
 
   std::size_t gradient_copy_count() const { return gradient_copy_count_; }
   void set_out_of_place_accumulation(bool enabled) { out_of_place_accumulation_ = enabled; }
@@ -278,7 +374,8 @@ class TorchModel final : public Model {
   std::vector<float> flat_parameters_;
   Layout layout_;
   std::shared_ptr<torch::nn::Module> module_;
-  std::function<torch::Tensor(const torch::Tensor&)> forward_;
+  ForwardFn forward_;
+  SegmentsNeededFn forward_hook_;  // empty: none
   std::vector<torch::Tensor> parameters_;  // the modules' parameters, in layout order
   std::vector<std::size_t> parameter_offsets_;
   std::vector<std::size_t> parameter_segments_;
@@ -476,7 +573,8 @@ StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gra
   Stopwatch forward_watch;
   module_->train(true);  // BatchNorm: batch statistics, and the running statistics are updated
   const torch::Tensor labels = label_rows(batch, 0, batch.size);
-  const torch::Tensor logits = forward_(input_rows(batch, 0, batch.size));
+  const torch::Tensor logits =
+      forward_(input_rows(batch, 0, batch.size), forward_hook_ ? &forward_hook_ : nullptr);
   const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
   result.forward_seconds = forward_watch.seconds();
   {
@@ -512,7 +610,7 @@ Evaluation TorchModel::evaluate(const Batch& batch) {
   for (std::size_t first_row = 0; first_row < batch.size; first_row += evaluation_chunk_rows) {
     const std::size_t rows = std::min(evaluation_chunk_rows, batch.size - first_row);
     const torch::Tensor labels = label_rows(batch, first_row, rows);
-    const torch::Tensor logits = forward_(input_rows(batch, first_row, rows));
+    const torch::Tensor logits = forward_(input_rows(batch, first_row, rows), /*hook=*/nullptr);
     evaluation.loss_sum += torch::nn::functional::cross_entropy(logits, labels, summed).item<double>();
     evaluation.correct +=
         static_cast<std::size_t>(logits.argmax(1).eq(labels).sum().item<std::int64_t>());

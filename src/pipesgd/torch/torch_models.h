@@ -32,6 +32,12 @@
 // The parameters of the LibTorch modules are views into the model's flat parameter buffer, and
 // backward accumulates straight into the caller's flat gradient buffer; on_ready fires from autograd
 // hooks as each layer's gradient becomes final.
+// Forward hook (Model::set_forward_hook; reports_forward_progress() is true for all three): called
+// from forward_backward only, never from evaluate(). mlp and cnn call hook(s, s + 1) right before the
+// layer of segment s (running the Sequential's layers one by one; bit-identical to the plain
+// forward). resnet calls it per part: hook(0, 2) before the stem (conv1, bn1), hook(2 + 4b, 6 + 4b)
+// before basic block b = 0..8 (its conv1, bn1, conv2, bn2), hook(38, 39) before fc. The hook's time
+// counts in forward_seconds. With no hook the plain forward runs.
 #include <cstddef>
 #include <string>
 #include <vector>

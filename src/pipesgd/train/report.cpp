@@ -11,7 +11,7 @@ namespace pipesgd {
 namespace {
 
 nlohmann::json times_to_json(const IterationTimes& t) {
-  return {{"update_s", t.update},   {"data_s", t.data},       {"forward_s", t.forward},
+  return {{"update_s", t.update},   {"compensation_s", t.compensation}, {"data_s", t.data},       {"forward_s", t.forward},
           {"backward_s", t.backward},
           {"wait_s", t.wait},       {"comm_s", t.comm},       {"iteration_s", t.iteration},
           {"loss", t.loss}};
@@ -55,6 +55,65 @@ nlohmann::json od_sgd_to_json(const std::optional<OdSgdReport>& report) {
 }
 
 std::string percent(double fraction) { return format("%.1f%%", fraction * 100); }
+
+nlohmann::json sapipe_to_json(const std::optional<SapipeReport>& report) {
+  if (!report) return nullptr;
+  nlohmann::json json = {{"layers", report->layers},
+                         {"stale_layers", report->stale_layers},
+                         {"stale_fraction", report->stale_fraction},
+                         {"stale_layers_automatic", report->automatic},
+                         {"compensation", report->compensation},
+                         {"pipeline_start_iteration", report->pipeline_start}};
+  if (report->profiled) {
+    json["paper_program_stale_layers"] =
+        report->paper_stale_layers ? nlohmann::json(*report->paper_stale_layers) : nlohmann::json(nullptr);
+    json["predicted_iteration_s"] = report->predicted_iteration;
+    json["predicted_stall"] = report->predicted_stall;
+    json["forward_s"] = report->profile.forward_seconds;
+    json["backward_s"] = report->profile.backward_seconds;
+    json["cost_a_s"] = report->cost.a;
+    json["cost_b_s_per_byte"] = report->cost.b;
+    json["timeline_stale_layers"] = report->timeline_stale_layers;
+    nlohmann::json checks = nlohmann::json::array();
+    for (const StallCheck& c : report->stall_checks) {
+      checks.push_back({{"iteration", c.iteration},
+                        {"stale_layers", c.stale_layers},
+                        {"stall_fraction", c.stall_fraction},
+                        {"cost_scale", c.cost_scale},
+                        {"next_stale_layers", c.next_stale_layers}});
+    }
+    json["stall_checks"] = checks;
+  }
+  return json;
+}
+
+// The sapipe partition in one line.
+std::string describe_sapipe(const SapipeReport& r) {
+  std::string text = concat("k = ", r.stale_layers, " of ", r.layers, " layers stale, kappa = ",
+                            percent(r.stale_fraction), " of the parameters (");
+  if (r.automatic) {
+    text += "auto: the least k whose simulated pipeline does not stall";
+    if (r.predicted_stall) text += "; none hides the communication, so every layer is stale";
+    if (r.profiled) {
+      text += r.paper_stale_layers ? concat("; the paper's program gives k = ", *r.paper_stale_layers)
+                                   : std::string("; the paper's program has no solution");
+    }
+    if (!r.stall_checks.empty()) {
+      text += concat("; the timeline gave k = ", r.timeline_stale_layers, ", then measured:");
+      for (const StallCheck& check : r.stall_checks) {
+        text += concat(" k = ", check.stale_layers, " waited ", percent(check.stall_fraction),
+                       check.next_stale_layers != check.stale_layers
+                           ? concat(" -> k = ", check.next_stale_layers, " (cost x", format("%.2f", check.cost_scale), ")")
+                           : std::string(" (kept)"),
+                       ";");
+      }
+      text.pop_back();
+    }
+  } else {
+    text += "--stale-layers";
+  }
+  return text + concat("), compensation ", r.compensation, ", pipelined from iteration ", r.pipeline_start);
+}
 
 // OD-SGD Eq. 1-3 beside the measurement (odsgd runs).
 void print_od_sgd_model(std::ostream& out, const RunSummary& s) {
@@ -155,6 +214,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
           {"final_train_accuracy", s.final_train_accuracy},
           {"final_test_accuracy", s.final_test_accuracy},
           {"od_sgd_model", od_sgd_to_json(s.od_sgd)},
+          {"sapipe", sapipe_to_json(s.method_report.sapipe)},
           {"epochs", epochs}};
 }
 
@@ -197,15 +257,15 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
       << s.network << ", " << s.iterations
       << " iterations (means over the last " << s.measured_iterations << ")\n\n";
   std::vector<std::vector<std::string>> rows = {
-      {"per iteration (ms)", "update", "data", "forward", "backward", "other", "compute",
+      {"per iteration (ms)", "update", "compensation", "data", "forward", "backward", "other", "compute",
        "exposed wait", "comm thread", "iteration", "samples/s"},
-      {"measured", milliseconds(s.mean.update), milliseconds(s.mean.data),
+      {"measured", milliseconds(s.mean.update), milliseconds(s.mean.compensation), milliseconds(s.mean.data),
        milliseconds(s.mean.forward), milliseconds(s.mean.backward), milliseconds(s.stages.other),
        milliseconds(s.stages.compute()), milliseconds(s.mean.wait), milliseconds(s.mean.comm),
        milliseconds(s.mean.iteration), format("%.0f", s.throughput)}};
   print_table(out, rows);
-  out << "compute = the compute thread's busy time (iteration - exposed wait) = update + data + "
-         "forward + backward + other (hooks, bookkeeping, descheduling)\n";
+  out << "compute = the compute thread's busy time (iteration - exposed wait) = update + compensation + "
+         "data + forward + backward + other (hooks, bookkeeping, descheduling)\n";
   out << "\nPipe-SGD timing model from the measured stage times (l_up + l_comp = compute = "
       << milliseconds(s.stages.compute()) << " ms, l_comm = comm thread = " << milliseconds(s.stages.comm)
       << " ms):\n";
@@ -222,13 +282,17 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
     out << "Eq. 5 comm term from the emulated link (gamma = 0): " << milliseconds(s.link_model_comm)
         << " ms per allreduce\n";
   }
-  if (!s.plan.empty()) {
+  if (!s.plan.empty() && !s.method_report.sapipe) {
     out << "\nLayer-wise communication: plan " << s.plan << "; " << s.allreduce_calls
         << " allreduces per iteration. Non-overlapped communication t_c^no (the wait after backward): "
         << milliseconds(s.non_overlapped_comm) << " ms measured, " << milliseconds(s.predicted_non_overlapped_comm)
         << " ms predicted by the plan's timeline (mg-wfbp.txt Eq. 8 / 21); iteration "
         << milliseconds(s.mean.iteration) << " ms measured, " << milliseconds(s.predicted_iteration)
         << " ms predicted.\n";
+  }
+  if (s.method_report.sapipe) {
+    out << "\nSAPipe partial staleness: " << describe_sapipe(*s.method_report.sapipe)
+        << ".\nSynchronous layers: " << s.plan << "; " << s.allreduce_calls << " allreduces per iteration.\n";
   }
   if (s.od_sgd) {
     print_od_sgd_model(out, s);
@@ -245,14 +309,50 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
       << ", test accuracy: " << accuracy(s.final_test_accuracy) << "\n";
 }
 
+// sapipe.txt Table 2's form: final test accuracy per method (one run, so no +- column), plus
+// throughput, k and kappa, and the best SAPipe variant's gain over Pipe-SGD.
+void print_sapipe_table(std::ostream& out, const std::vector<RunSummary>& summaries) {
+  const std::string model = summaries.front().model;
+  out << "\nModel performance (the form of sapipe.txt Table 2; one run per method):\n";
+  std::vector<std::vector<std::string>> table = {
+      {"Method", concat("Test Acc (", model, ")"), "Samples/s", "vs pipe", "k", "kappa", "Compensation ms"}};
+  double pipe_accuracy = -1, pipe_throughput = 0, best_sapipe = -1;
+  for (const RunSummary& s : summaries) {
+    if (s.method_spec == "pipe") {
+      pipe_accuracy = s.final_test_accuracy;
+      pipe_throughput = s.throughput;
+    }
+    if (s.method_report.sapipe) best_sapipe = std::max(best_sapipe, s.final_test_accuracy);
+  }
+  for (const RunSummary& s : summaries) {
+    const auto& r = s.method_report.sapipe;
+    table.push_back({s.method_spec,
+                     s.final_test_accuracy < 0 ? std::string("-") : format("%.4f", s.final_test_accuracy),
+                     format("%.0f", s.throughput),
+                     pipe_throughput > 0 ? format("%.3fx", s.throughput / pipe_throughput) : std::string("-"),
+                     r ? concat(r->stale_layers, "/", r->layers) : std::string("-"),
+                     r ? percent(r->stale_fraction) : std::string("-"),
+                     r ? milliseconds(s.mean.compensation) : std::string("-")});
+  }
+  if (pipe_accuracy >= 0 && best_sapipe >= 0) {
+    table.push_back({"Best SAPipe over pipe", format("%+.2f pt", (best_sapipe - pipe_accuracy) * 100), "", "",
+                     "", "", ""});
+  }
+  print_table(out, table);
+  for (const RunSummary& s : summaries) {
+    if (s.method_report.sapipe) out << s.method_spec << ": " << describe_sapipe(*s.method_report.sapipe) << "\n";
+  }
+}
+
 void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries) {
   std::vector<std::vector<std::string>> rows = {
-      {"method", "samples/s", "iter ms", "update", "forward", "backward", "compute", "exposed wait",
-       "comm", "predicted ms", "train acc", "test acc", "speedup"}};
+      {"method", "samples/s", "iter ms", "update", "comp", "forward", "backward", "compute",
+       "exposed wait", "comm", "predicted ms", "train acc", "test acc", "speedup"}};
   const double base = summaries.empty() ? 0 : summaries.front().throughput;
   for (const RunSummary& s : summaries) {
     rows.push_back({s.method_spec, format("%.0f", s.throughput), milliseconds(s.mean.iteration),
-                    milliseconds(s.mean.update), milliseconds(s.mean.forward),
+                    milliseconds(s.mean.update), milliseconds(s.mean.compensation),
+                    milliseconds(s.mean.forward),
                     milliseconds(s.mean.backward), milliseconds(s.stages.compute()), milliseconds(s.mean.wait),
                     milliseconds(s.mean.comm), milliseconds(s.predicted_iteration),
                     accuracy(s.final_train_accuracy), accuracy(s.final_test_accuracy),
@@ -276,7 +376,8 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
     print_table(out, table);
   }
   bool layer_wise = false;
-  for (const RunSummary& s : summaries) layer_wise = layer_wise || !s.plan.empty();
+  // sapipe has a plan for its synchronous layers; its own table below describes it.
+  for (const RunSummary& s : summaries) layer_wise = layer_wise || (!s.plan.empty() && !s.method_report.sapipe);
   if (layer_wise) {
     out << "\nLayer-wise communication (mg-wfbp.txt; predicted = the plan's timeline + update from the "
            "run's profile):\n";
@@ -284,6 +385,7 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
                                                     "measured/predicted", "t_c^no ms", "predicted t_c^no",
                                                     "plan"}};
     for (const RunSummary& s : summaries) {
+      if (s.method_report.sapipe) continue;
       table.push_back({s.method_spec, concat(s.allreduce_calls), milliseconds(s.mean.iteration),
                        milliseconds(s.predicted_iteration),
                        format("%.3f", s.predicted_iteration > 0 ? s.mean.iteration / s.predicted_iteration : 0),
@@ -293,6 +395,9 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
     }
     print_table(out, table);
   }
+  bool sapipe = false;
+  for (const RunSummary& s : summaries) sapipe = sapipe || s.method_report.sapipe.has_value();
+  if (sapipe) print_sapipe_table(out, summaries);
   for (const RunSummary& s : summaries) {
     if (!s.od_sgd || s.od_sgd->sync_iterations <= 0) continue;
     out << s.method_spec << ": OD-SGD improvement rate over its synchronous warm-up, predicted (Eq. 3) "
@@ -313,6 +418,7 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                        {"final_train_accuracy", s.final_train_accuracy},
                        {"final_test_accuracy", s.final_test_accuracy},
                        {"od_sgd_model", od_sgd_to_json(s.od_sgd)},
+                       {"sapipe", sapipe_to_json(s.method_report.sapipe)},
                        {"bucket_plan", s.plan},
                        {"allreduce_calls_per_iteration", s.allreduce_calls},
                        {"non_overlapped_comm_s", s.non_overlapped_comm},

@@ -10,6 +10,7 @@
 #include "pipesgd/algo/bucketed_dsync.h"
 #include "pipesgd/algo/od_sgd.h"
 #include "pipesgd/algo/ps_methods.h"
+#include "pipesgd/algo/sapipe.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/comm/rank_subset_transport.h"
@@ -70,6 +71,15 @@ RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
     plan.first_measured =
         std::max(plan.first_measured, std::min(plan.total_iterations - 1, measured_from));
   }
+  if (config.method.name == "sapipe") {
+    // Iterations before the pipeline starts (warm-up, profiling) are synchronous.
+    MethodConfig method = config.method;
+    method.warmup_iterations = plan.warmup_iterations;
+    const std::int64_t start = sapipe_pipeline_start(method);
+    const std::int64_t after = std::max<std::int64_t>(0, plan.total_iterations - start);
+    plan.first_measured = std::max(plan.first_measured,
+                                   std::min(plan.total_iterations - 1, start + std::min<std::int64_t>(10, after / 10)));
+  }
   plan.first_measured = std::max<std::int64_t>(0, plan.first_measured);
   return plan;
 }
@@ -106,7 +116,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   MethodConfig method_config = config.method;
   method_config.warmup_iterations = plan.warmup_iterations;
   method_config.servers = resolved_servers(config);
-  if (layer_wise(method_config)) {
+  if (layer_wise(method_config) || method_config.name == "sapipe") {
     method_config.bucket_cost =
         planning_cost(method_config, config.network, config.workers,
                       static_cast<double>(model.layout().total()) * sizeof(float));
@@ -306,7 +316,9 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
           ? std::string("none (parameter server)")
           : resolve_allreduce_algorithm(config.method, config.workers,
                                         static_cast<double>(model.layout().total()) * sizeof(float));
-  summary.staleness = config.method.name == "pipe" ? config.method.staleness : 1;
+  summary.staleness = config.method.name == "pipe" ? config.method.staleness
+                      : config.method.name == "sapipe" ? 2
+                                                       : 1;
   summary.method_report = shared.method_report;
   summary.plan = shared.method_report.plan;
   summary.allreduce_calls = shared.method_report.allreduce_calls;
@@ -324,8 +336,9 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
                               std::max(0.0, busy - (m.update + m.data + m.forward + m.backward)), m.comm};
   summary.predicted_sync_iteration = predict_dsync_iteration(summary.stages);
   summary.predicted_pipe_iteration = predict_pipe_iteration(summary.stages);
-  const bool pipelined = config.method.name == "pipe" && config.method.staleness >= 2 &&
-                         plan.warmup_iterations < plan.total_iterations;
+  const bool pipelined = (config.method.name == "pipe" && config.method.staleness >= 2 &&
+                          plan.warmup_iterations < plan.total_iterations) ||
+                         config.method.name == "sapipe";
   summary.predicted_iteration =
       pipelined ? summary.predicted_pipe_iteration : summary.predicted_sync_iteration;
   if (config.network.emulated() && summary.servers == 0) {  // Eq. 5 is the ring's, not the server's
@@ -410,8 +423,20 @@ void validate_train_config(const TrainConfig& config) {
     }
   }
   const bool dsync_family = config.method.name == "dsync" || !implied_bucket_plan(config.method.name).empty();
-  if (!dsync_family && !config.method.buckets.empty()) {
-    throw UsageError(concat("bucket plans apply to dsync (and wfbp, synceasgd, mgwfbp) only, not '",
+  if (config.method.name == "sapipe") {
+    if (config.method.stale_layers != "auto") parse_stale_layers(config.method.stale_layers, kLayersUnknown);
+    const std::vector<std::string> compensations = compensation_names();
+    if (std::find(compensations.begin(), compensations.end(), config.method.compensation) == compensations.end()) {
+      throw UsageError(concat("unknown --compensation '", config.method.compensation, "' (expected ",
+                              join(compensations), ")"));
+    }
+    if (config.method.profile_iterations < 1 || config.method.profile_iterations > kMaxIterations) {
+      throw UsageError(concat("--profile-iters must be in [1, ", kMaxIterations, "], got ",
+                              config.method.profile_iterations));
+    }
+    if (!config.method.buckets.empty()) check_bucket_plan_name(config.method.buckets);
+  } else if (!dsync_family && !config.method.buckets.empty()) {
+    throw UsageError(concat("bucket plans apply to dsync (and wfbp, synceasgd, mgwfbp) and sapipe only, not '",
                             config.method.name, "'"));
   }
   if (layer_wise(config.method)) {
@@ -437,6 +462,16 @@ void validate_train_config(const TrainConfig& config) {
                             config.method.name, "'"));
   }
   make_codec(config.method.codec);
+  if (config.method.optimizer != "sgd" && (method_uses_servers(config.method.name))) {
+    throw UsageError(concat("--optimizer ", config.method.optimizer, ": the parameter-server methods run SGD on "
+                            "their servers; use --optimizer sgd with '", config.method.name, "'"));
+  }
+  if (config.method.optimizer == "adam" && config.method.sgd.momentum != 0) {
+    throw UsageError("--momentum is SGD's; Adam's first-moment decay is --adam-beta1");
+  }
+  Layout one_segment;
+  one_segment.add("check", 1);
+  make_optimizer(optimizer_options(config.method), one_segment);  // a bad --lr, betas, eps, decay
   Sgd(0, config.method.sgd);  // throws UsageError for a bad learning rate, momentum or weight decay
   DelayCompensation(0, config.method.delay_compensation);  // a bad --dc-lambda or --dc-momentum
   if (config.method.name == "odsgd") LocalUpdater(0, config.method.local_updater, config.method.sgd,
@@ -460,7 +495,8 @@ void apply_method_spec(const std::string& spec, TrainConfig& config) {
   config.method_spec = spec;
   config.method.name = parts[0];
   const std::vector<std::string> codecs = codec_names();
-  bool codec_given = false;
+  bool codec_given = false, compensation_given = false;
+  const std::vector<std::string> compensations = compensation_names();
   config.method.buckets = implied_bucket_plan(parts[0]);
   for (std::size_t i = 1; i < parts.size(); ++i) {
     const bool names_plan = is_bucket_plan_name(parts[i]) || parts[i].rfind("fixed:", 0) == 0;
@@ -468,7 +504,14 @@ void apply_method_spec(const std::string& spec, TrainConfig& config) {
       throw UsageError(concat("method '", parts[0], "' is dsync with the ", implied_bucket_plan(parts[0]),
                               " plan; for the ", parts[i], " plan use dsync+", parts[i]));
     }
-    if (parts[0] == "dsync" && names_plan) {
+    if (parts[0] == "sapipe" && !names_plan &&
+        std::find(compensations.begin(), compensations.end(), parts[i]) != compensations.end()) {
+      if (compensation_given) throw UsageError(concat("method '", spec, "' names more than one compensation"));
+      compensation_given = true;
+      config.method.compensation = parts[i];
+      continue;
+    }
+    if ((parts[0] == "dsync" || parts[0] == "sapipe") && names_plan) {
       check_bucket_plan_name(parts[i]);  // e.g. fixed:0, with the plan's own message
       if (!config.method.buckets.empty()) {
         throw UsageError(concat("method '", spec, "' names more than one bucket plan"));
@@ -479,8 +522,10 @@ void apply_method_spec(const std::string& spec, TrainConfig& config) {
     if (std::find(codecs.begin(), codecs.end(), parts[i]) == codecs.end()) {
       throw UsageError(concat("unknown option '", parts[i], "' in method '", spec,
                               "' (options are codecs: none, bf16, int8",
-                              parts[0] == "dsync" ? "; and bucket plans: wfbp, single, mgwfbp, optimal, fixed:<MiB>"
-                                                  : "",
+                              parts[0] == "dsync" || parts[0] == "sapipe"
+                                  ? "; and bucket plans: wfbp, single, mgwfbp, optimal, fixed:<MiB>"
+                                  : "",
+                              parts[0] == "sapipe" ? "; and compensations: none, dc, wp1, wp2, wp3" : "",
                               ")"));
     }
     if (codec_given) throw UsageError(concat("method '", spec, "' names more than one codec"));

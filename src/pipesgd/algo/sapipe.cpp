@@ -1,0 +1,695 @@
+#include "pipesgd/algo/sapipe.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+#include "pipesgd/algo/bucketed_dsync.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/thread_priority.h"
+#include "pipesgd/optim/fused_update.h"
+
+namespace pipesgd {
+namespace {
+
+std::int64_t checked_warmup(std::int64_t iterations) {
+  if (iterations < 0) throw UsageError(concat("warm-up iterations must be >= 0, got ", iterations));
+  return iterations;
+}
+
+std::int64_t checked_profile_iterations(std::int64_t iterations) {
+  if (iterations < 1) throw UsageError(concat("--profile-iters must be >= 1, got ", iterations));
+  return iterations;
+}
+
+float checked_lambda(float lambda) {
+  if (!(lambda >= 0) || !std::isfinite(lambda)) {
+    throw UsageError(concat("--dc-lambda must be >= 0 and finite, got ", lambda));
+  }
+  return lambda;
+}
+
+// The plan of the synchronous layers: --buckets, or the exact optimum by default.
+std::string sync_plan_name(const MethodConfig& config) {
+  const std::string name = config.buckets.empty() ? "optimal" : config.buckets;
+  check_bucket_plan_name(name);
+  return name;
+}
+
+// Plans that need measured times (the others follow from the layer sizes alone).
+bool plan_needs_profile(const std::string& plan) { return plan == "optimal" || plan == "mgwfbp"; }
+
+}  // namespace
+
+std::int64_t sapipe_pipeline_start(const MethodConfig& config) {
+  const bool needs_profile = config.stale_layers == "auto" || plan_needs_profile(sync_plan_name(config));
+  return needs_profile ? std::max(config.warmup_iterations, kProfileWarmupIterations + config.profile_iterations)
+                       : config.warmup_iterations;
+}
+
+std::vector<std::string> compensation_names() { return {"none", "dc", "wp1", "wp2", "wp3"}; }
+
+long parse_stale_layers(const std::string& text, std::size_t layers) {
+  if (text == "auto") return -1;
+  long value = -1;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  const bool parsed = error == std::errc() && end == text.data() + text.size() && value >= 0;
+  if (layers == kLayersUnknown) {
+    if (!parsed) throw UsageError(concat("--stale-layers must be auto or a layer count >= 0, got '", text, "'"));
+  } else if (!parsed || static_cast<std::size_t>(value) > layers) {
+    throw UsageError(concat("--stale-layers must be auto or a layer count in [0, ", layers,
+                            "] (the model has ", layers, " layers), got '", text, "'"));
+  }
+  return value;
+}
+
+namespace {
+SaPipe::Compensation parse_compensation(const std::string& name);
+}
+
+SaPipe::SaPipe(const MethodConfig& config, Model& model, Transport& transport)
+    : model_(model),
+      transport_(transport),
+      layers_(model.layout().segment_count()),
+      requested_stale_layers_(parse_stale_layers(config.stale_layers, layers_)),
+      plan_name_(sync_plan_name(config)),
+      compensation_(parse_compensation(config.compensation)),
+      lambda_(checked_lambda(config.delay_compensation.lambda)),
+      warmup_iterations_(checked_warmup(config.warmup_iterations)),
+      profile_iterations_(checked_profile_iterations(config.profile_iterations)),
+      measure_cost_(config.calibration == nullptr),
+      timeout_(config.allreduce.timeout),
+      gradient_scale_(1.0f / static_cast<float>(transport.size())),
+      cost_(config.bucket_cost),
+      codec_(make_codec(config.codec)),
+      allreduce_(make_method_allreduce(config, transport, model.layout().total(), *codec_)),
+      planning_codec_(make_codec("none")),
+      planning_allreduce_(transport, 2 * layers_ + kCostProbes, *planning_codec_, config.allreduce),
+      optimizer_(make_optimizer(optimizer_options(config), model.layout())),
+      forward_sums_(layers_, 0.0),
+      backward_sums_(layers_, 0.0),
+      profile_buffer_(2 * layers_ + kCostProbes, 0.0f),
+      jobs_(layers_ + 3) {
+  if (layers_ == 0) throw UsageError("sapipe needs a model with layers");
+  algorithm_ = resolve_allreduce_algorithm(config, transport.size(),
+                                           static_cast<double>(model.layout().total()) * sizeof(float));
+  bytes_per_element_ = static_cast<double>(codec_->encoded_bytes(1000)) / 1000.0;
+  const std::size_t total = model.layout().total();
+  for (auto& slot : slots_) slot.assign(total, 0.0f);
+  // The compensation history covers the whole buffer: any layer may become stale (at the plan or a
+  // stall check), and its local gradients and last step must be known by then.
+  if (predicts()) {
+    for (auto& local : local_) local.assign(total, 0.0f);
+  }
+  if (compensation_ == Compensation::kDelay || compensation_ == Compensation::kPredictCombined) {
+    last_step_.assign(total, 0.0f);
+  }
+  for (std::size_t s = 0; s < layers_; ++s) {
+    planned_profile_.forward_seconds.push_back(0);
+    planned_profile_.backward_seconds.push_back(0);
+    planned_profile_.bytes.push_back(static_cast<double>(model.layout().segment(s).count) * bytes_per_element_);
+  }
+  pipeline_start_ = sapipe_pipeline_start(config);
+  if (!(requested_stale_layers_ < 0 || plan_needs_profile(plan_name_))) {
+    const auto k = static_cast<std::size_t>(requested_stale_layers_);
+    BucketPlan plan;
+    if (k < layers_) plan = make_bucket_plan(plan_name_, synchronous_layer_profile(planned_profile_, k), cost_);
+    use_stale_layers(k, plan);
+  }
+  on_segment_ready_ = [this](std::size_t segment, double seconds) { segment_ready(segment, seconds); };
+  if (model_.reports_forward_progress()) {
+    model_.set_forward_hook([this](std::size_t first, std::size_t end) { forward_needs(first, end); });
+  }
+  comm_thread_ = std::thread([this] { comm_loop(); });
+}
+
+namespace {
+SaPipe::Compensation parse_compensation(const std::string& name) {
+  if (name == "none") return SaPipe::Compensation::kNone;
+  if (name == "dc") return SaPipe::Compensation::kDelay;
+  if (name == "wp1") return SaPipe::Compensation::kPredictLocal;
+  if (name == "wp2") return SaPipe::Compensation::kPredictSynchronized;
+  if (name == "wp3") return SaPipe::Compensation::kPredictCombined;
+  throw UsageError(concat("unknown --compensation '", name, "' (expected ", join(compensation_names()), ")"));
+}
+}  // namespace
+
+SaPipe::~SaPipe() {
+  if (model_.reports_forward_progress()) model_.set_forward_hook({});
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  job_submitted_.notify_all();
+  comm_thread_.join();
+}
+
+SaPipe::Range SaPipe::segment_range(std::size_t begin, std::size_t end) const {
+  const Layout& layout = model_.layout();
+  Range range{begin, end, 0, 0};
+  if (begin < end) {
+    range.offset = layout.segment(begin).offset;
+    const Segment& last = layout.segment(end - 1);
+    range.count = last.offset + last.count - range.offset;
+  } else if (begin < layout.segment_count()) {
+    range.offset = layout.segment(begin).offset;
+  } else {
+    range.offset = layout.total();
+  }
+  return range;
+}
+
+void SaPipe::use_stale_layers(std::size_t stale_layers, const BucketPlan& sync_plan) {
+  stale_layers_ = stale_layers;
+  stale_ = segment_range(0, stale_layers);
+  sync_plan_ = sync_plan;
+  sync_buckets_.clear();
+  if (stale_layers < layers_) {
+    for (const Bucket& bucket : sync_plan.buckets) {
+      sync_buckets_.push_back(segment_range(stale_layers + bucket.begin, stale_layers + bucket.end));
+    }
+  }
+  sync_jobs_.assign(sync_buckets_.size(), 0);
+  previous_sync_jobs_.assign(sync_buckets_.size(), 0);
+  // Called between iterations with nothing in flight: the model holds the true weights.
+  const std::span<const float> weights = model_.parameters();
+  if (predicts()) {
+    true_weights_.assign(weights.begin(), weights.begin() + static_cast<std::ptrdiff_t>(stale_.count));
+  }
+  planned_ = true;
+}
+
+void SaPipe::comm_loop() {
+  if (transport_.waits_sleep()) raise_communication_thread_priority();
+  for (;;) {
+    Job* job;
+    {
+      std::unique_lock lock(mutex_);
+      job_submitted_.wait(lock, [&] { return stopping_ || submitted_ > reduced_; });
+      if (stopping_) return;
+      job = &jobs_[reduced_ % jobs_.size()];
+    }
+    // A submitted job's range is not touched by the compute thread until it is reduced.
+    Stopwatch communication;
+    std::exception_ptr failure;
+    try {
+      allreduce_->run(std::span<float>(job->data, job->count),
+                      collective_tag(Channel::kGradients, job->sequence));
+    } catch (const std::exception& error) {
+      failure = std::current_exception();
+      transport_.report_failure(error.what());
+    }
+    {
+      std::lock_guard lock(mutex_);
+      job->comm_seconds = communication.seconds();
+      ++reduced_;
+      if (failure && !comm_failure_) comm_failure_ = failure;
+    }
+    job_reduced_.notify_all();
+    if (failure) return;
+  }
+}
+
+std::uint64_t SaPipe::submit(std::span<float> range, std::uint64_t sequence) {
+  std::uint64_t number;
+  {
+    std::lock_guard lock(mutex_);
+    PIPESGD_ASSERT(submitted_ - reduced_ < jobs_.size());
+    number = submitted_;
+    Job& job = jobs_[number % jobs_.size()];
+    job.data = range.data();
+    job.count = range.size();
+    job.sequence = sequence;
+    job.comm_seconds = 0;
+    ++submitted_;
+  }
+  job_submitted_.notify_one();
+  return number;
+}
+
+const SaPipe::Job& SaPipe::wait_for(std::uint64_t job, const char* what, std::int64_t iteration,
+                                    IterationTimes& times) {
+  Stopwatch waiting;
+  {
+    std::unique_lock lock(mutex_);
+    const bool done = job_reduced_.wait_for(lock, timeout_, [&] {
+      return reduced_ > job || comm_failure_ != nullptr;
+    });
+    if (comm_failure_) std::rethrow_exception(comm_failure_);
+    if (!done) {
+      throw CommTimeoutError(concat("sapipe: rank ", transport_.rank(), " waited more than ",
+                                    Seconds(timeout_).count(), " s for the allreduce of ", what,
+                                    " of iteration ", iteration));
+    }
+  }
+  times.wait += waiting.seconds();
+  const Job& reduced = jobs_[job % jobs_.size()];
+  times.comm += reduced.comm_seconds;
+  return reduced;
+}
+
+bool SaPipe::profiling(std::int64_t t) const {
+  return !planned_ && t >= kProfileWarmupIterations && t < kProfileWarmupIterations + profile_iterations_;
+}
+
+std::span<float> SaPipe::begin_iteration(std::int64_t t, IterationTimes& times) {
+  PIPESGD_ASSERT(t == next_iteration_);
+  iteration_start_ = hook_exit_ = Clock::now();
+  times_ = &times;
+  iteration_ = t;
+  first_ready_seen_ = false;
+  if (t >= 1 && !pipelined(t - 1) && drained_iteration_ != t - 1) {
+    // The last iteration was synchronous: its gradient (the whole buffer, reduced in end_iteration)
+    // is applied now, the stale range without compensation, as D-Sync does.
+    update_stale_range(t - 1, /*predict=*/false, times);
+    step_synchronous_range(segment_range(stale_layers_, layers_), slots_[(t - 1) % 2], times);
+  } else if (t >= 2) {
+    // Pipelined: the stale range takes G(t-2) (reduced by now or waited for); the synchronous
+    // buckets of t-1 are applied by the forward hook, or here for a model without one.
+    if (pipelined(t - 2) && stale_job_valid_[t % 2]) {
+      wait_for(stale_job_[t % 2], "the stale layers", t - 2, times);
+      stale_job_valid_[t % 2] = false;
+      update_stale_range(t - 2, /*predict=*/true, times);
+    } else {
+      update_stale_range(-1, /*predict=*/true, times);
+    }
+  } else if (t >= 1 && pipelined(t - 1)) {
+    update_stale_range(-1, /*predict=*/true, times);  // pipelined from t - 1: L(t-1) is in flight
+  } else if (t >= 1) {
+    update_stale_range(-1, /*predict=*/false, times);  // drained: nothing in flight
+  }
+  if (previous_sync_pending_ && !model_.reports_forward_progress()) {
+    apply_sync_buckets(0, layers_, times);
+  }
+  next_bucket_ = 0;
+  hook_seconds_ = 0;
+  stale_submitted_ = single_submitted_ = false;
+  if (profiling(t)) std::fill(profile_buffer_.begin(), profile_buffer_.end(), 0.0f);
+  hook_exit_ = Clock::now();
+  return slots_[t % 2];
+}
+
+void SaPipe::forward_needs(std::size_t first, std::size_t end) {
+  const Clock::time_point entry = Clock::now();
+  if (profiling(iteration_)) {
+    // The compute since the previous hook (or the iteration's start: data loading) belongs to the
+    // layers forward ran in between: the previous group, or segment 0's share for the first call.
+    const double seconds = Seconds(entry - hook_exit_).count();
+    const std::size_t group_first = first == 0 ? 0 : last_group_first_;
+    const std::size_t group_end = first == 0 ? 1 : first;
+    for (std::size_t s = group_first; s < group_end; ++s) {
+      profile_buffer_[s] += static_cast<float>(seconds / static_cast<double>(group_end - group_first));
+    }
+  }
+  last_group_first_ = first;
+  if (previous_sync_pending_) apply_sync_buckets(first, end, *times_);
+  hook_exit_ = Clock::now();
+  hook_seconds_ += Seconds(hook_exit_ - entry).count();
+}
+
+void SaPipe::apply_sync_buckets(std::size_t first, std::size_t end, IterationTimes& times) {
+  // Buckets are in backward order; forward needs them from the last one (lowest segments) up.
+  while (previous_sync_applied_ < sync_buckets_.size()) {
+    const std::size_t index = sync_buckets_.size() - 1 - previous_sync_applied_;
+    const Range& bucket = sync_buckets_[index];
+    if (bucket.begin >= end) break;  // forward has not reached it yet
+    wait_for(previous_sync_jobs_[index], "a synchronous bucket", iteration_ - 1, times);
+    step_synchronous_range(bucket, slots_[(iteration_ - 1) % 2], times);
+    ++previous_sync_applied_;
+  }
+  (void)first;
+  if (previous_sync_applied_ == sync_buckets_.size()) previous_sync_pending_ = false;
+}
+
+void SaPipe::segment_ready(std::size_t segment, double backward_seconds) {
+  if (segment < layers_ && profiling(iteration_)) {
+    profile_buffer_[layers_ + segment] += static_cast<float>(backward_seconds);
+    if (!first_ready_seen_ && model_.reports_forward_progress()) {
+      // Forward ended `backward_seconds` before this first report: the last group's forward.
+      const double seconds =
+          std::max(0.0, Seconds(Clock::now() - hook_exit_).count() - backward_seconds);
+      for (std::size_t s = last_group_first_; s < layers_; ++s) {
+        profile_buffer_[s] += static_cast<float>(seconds / static_cast<double>(layers_ - last_group_first_));
+      }
+    }
+  }
+  first_ready_seen_ = true;
+  submit_ready(segment);
+}
+
+bool SaPipe::predicts() const {
+  return compensation_ == Compensation::kPredictLocal || compensation_ == Compensation::kPredictSynchronized ||
+         compensation_ == Compensation::kPredictCombined;
+}
+
+bool SaPipe::partition_may_change() const { return !planned_ || check_start_ >= 0; }
+
+void SaPipe::record_local_gradient(std::span<const float> slot, std::size_t offset, std::size_t count) {
+  if (local_[0].empty() || count == 0) return;
+  std::copy_n(slot.begin() + static_cast<std::ptrdiff_t>(offset), count,
+              local_[iteration_ % 2].begin() + static_cast<std::ptrdiff_t>(offset));
+}
+
+void SaPipe::step_synchronous_range(const Range& range, std::span<const float> slot, IterationTimes& times) {
+  if (range.count == 0) return;
+  Stopwatch update;
+  std::span<float> weights = model_.parameters().subspan(range.offset, range.count);
+  std::span<const float> gradient = slot.subspan(range.offset, range.count);
+  if (last_step_.empty() || !partition_may_change()) {
+    optimizer_->step(weights, gradient, gradient_scale_, range.offset);
+  } else {
+    // These layers may become stale: keep their last step for dc / wp3.
+    float* const w = model_.parameters().data();
+    float* const step = last_step_.data();
+    const float* const g = slot.data();
+    const float scale = gradient_scale_;
+    fused_update(*optimizer_, range.offset, range.count, /*steps=*/true, [&](std::size_t i, auto& kernel) {
+      const float old = w[i];
+      w[i] = kernel.step(i, old, g[i] * scale);
+      step[i] = w[i] - old;
+    });
+  }
+  times.update += update.seconds();
+}
+
+void SaPipe::submit_ready(std::size_t lowest_ready_segment) {
+  const std::int64_t t = iteration_;
+  const auto base = static_cast<std::uint64_t>(t) * (layers_ + 1);
+  std::span<float> slot = slots_[t % 2];
+  if (!pipelined(t)) {
+    // Synchronous iteration: the whole gradient in one allreduce once backward is done.
+    if (lowest_ready_segment == 0 && !single_submitted_) {
+      record_local_gradient(slot, 0, partition_may_change() ? slot.size() : stale_.count);
+      stale_job_[t % 2] = submit(slot, base);
+      single_submitted_ = true;
+    }
+    return;
+  }
+  while (next_bucket_ < sync_buckets_.size() && sync_buckets_[next_bucket_].begin >= lowest_ready_segment) {
+    const Range& bucket = sync_buckets_[next_bucket_];
+    if (partition_may_change()) record_local_gradient(slot, bucket.offset, bucket.count);
+    sync_jobs_[next_bucket_] = submit(slot.subspan(bucket.offset, bucket.count), base + next_bucket_);
+    ++next_bucket_;
+  }
+  if (!stale_submitted_ && lowest_ready_segment == 0 && stale_.count > 0) {
+    record_local_gradient(slot, 0, stale_.count);
+    stale_job_[t % 2] = submit(slot.subspan(0, stale_.count), base + layers_);
+    stale_job_valid_[t % 2] = true;
+    stale_submitted_ = true;
+  }
+}
+
+void SaPipe::end_iteration(std::int64_t t, IterationTimes& times) {
+  next_iteration_ = t + 1;
+  // The model's forward time includes the hook's waits and updates, counted in wait and update.
+  times.forward = std::max(0.0, times.forward - hook_seconds_);
+  submit_ready(0);  // a model that reported no (or not every) segment: send the rest now
+  if (!pipelined(t)) {
+    // Synchronous: wait for the whole gradient; it is applied at the start of the next iteration.
+    const Job& job = wait_for(stale_job_[t % 2], "the gradient", t, times);
+    (void)job;
+    if (profiling(t)) {
+      if (!model_.reports_forward_progress()) {
+        // No forward reports: spread the time before backward over the layers like their backward.
+        const double before_backward =
+            std::max(0.0, Seconds(Clock::now() - iteration_start_).count() - times.backward - times.wait);
+        double backward = 0;
+        for (std::size_t s = 0; s < layers_; ++s) backward += profile_buffer_[layers_ + s];
+        for (std::size_t s = 0; s < layers_; ++s) {
+          const double share = backward > 0 ? profile_buffer_[layers_ + s] / backward : 1.0 / static_cast<double>(layers_);
+          profile_buffer_[s] = static_cast<float>(before_backward * share);
+        }
+      }
+      for (std::size_t s = 0; s < layers_; ++s) {
+        forward_sums_[s] += profile_buffer_[s];
+        backward_sums_[s] += profile_buffer_[layers_ + s];
+      }
+      ++profiled_iterations_;
+      if (t + 1 == kProfileWarmupIterations + profile_iterations_) plan_from_profile();
+    }
+    return;
+  }
+  times.pipelined = true;
+  // The synchronous buckets of t are applied in the next forward (or begin_iteration).
+  std::swap(sync_jobs_, previous_sync_jobs_);
+  previous_sync_applied_ = 0;
+  previous_sync_pending_ = !sync_buckets_.empty();
+  if (check_start_ >= 0 && t >= check_start_) check_for_stalls(t, times);
+}
+
+double SaPipe::predicted_communication(const LinearCost& cost) const {
+  double seconds = 0;
+  const double bytes_per_element = bytes_per_element_;
+  auto add = [&](const Range& range) {
+    if (range.count > 0) seconds += cost.time(static_cast<double>(range.count) * bytes_per_element);
+  };
+  add(stale_);
+  for (const Range& bucket : sync_buckets_) add(bucket);
+  return seconds;
+}
+
+void SaPipe::check_for_stalls(std::int64_t t, IterationTimes& times) {
+  check_wait_ += times.wait;
+  check_iteration_ += Seconds(Clock::now() - iteration_start_).count();
+  check_comm_ += times.comm;
+  if (t + 1 < check_start_ + kStallCheckIterations) return;
+  // Every worker decides from the same sums (one small allreduce), so all keep the same k.
+  float sums[3] = {static_cast<float>(check_wait_), static_cast<float>(check_iteration_),
+                   static_cast<float>(check_comm_)};
+  planning_allreduce_.run(std::span<float>(sums, 3),
+                          collective_tag(Channel::kPlanning, static_cast<std::uint64_t>(1 + checks_made_++)));
+  check_wait_ = check_iteration_ = check_comm_ = 0;
+  StallCheck check;
+  check.iteration = t;
+  check.stale_layers = stale_layers_;
+  check.stall_fraction = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  const double modelled = predicted_communication(cost_) * kStallCheckIterations * transport_.size();
+  check.cost_scale = modelled > 0 ? std::max(1.0, static_cast<double>(sums[2]) / modelled) : 1.0;
+  check.next_stale_layers = stale_layers_;
+  if (check.stall_fraction <= kStallTolerance || stale_layers_ == layers_) {
+    stall_checks_.push_back(check);
+    check_start_ = -1;  // settled
+    return;
+  }
+  // Plan again with the cost as measured in the pipeline; never fewer stale layers than now + 1.
+  const LinearCost scaled{cost_.a * check.cost_scale, cost_.b * check.cost_scale};
+  StalenessPlan plan = plan_partial_staleness(planned_profile_, scaled, plan_name_);
+  if (plan.stale_layers <= stale_layers_) {
+    plan.stale_layers = stale_layers_ + 1;
+    plan.sync_plan = {};
+    if (plan.stale_layers < layers_) {
+      plan.sync_plan = make_bucket_plan(plan_name_, synchronous_layer_profile(planned_profile_, plan.stale_layers), scaled);
+    }
+    plan.timeline = simulate_bucketed_staleness(planned_profile_, scaled, plan.stale_layers, plan.sync_plan);
+    plan.stalls = plan.timeline.stalls;
+  }
+  check.next_stale_layers = plan.stale_layers;
+  stall_checks_.push_back(check);
+  // Drain: apply everything in flight (the model then holds the true weights), then restart the
+  // pipeline with the new partition at t + 1.
+  finish(times);
+  cost_ = scaled;
+  staleness_plan_ = plan;
+  use_stale_layers(plan.stale_layers, plan.sync_plan);
+  pipeline_start_ = t + 1;
+  drained_iteration_ = t;
+  previous_sync_pending_ = false;
+  check_start_ = stale_layers_ < layers_ ? t + 1 + 2 : -1;
+}
+
+void SaPipe::plan_from_profile() {
+  // Every worker averages the same numbers, so every worker computes the same k and plan.
+  const double n = static_cast<double>(std::max<std::int64_t>(1, profiled_iterations_));
+  for (std::size_t s = 0; s < layers_; ++s) {
+    profile_buffer_[s] = static_cast<float>(forward_sums_[s] / n);
+    profile_buffer_[layers_ + s] = static_cast<float>(backward_sums_[s] / n);
+  }
+  const std::size_t first_probe = 2 * layers_;
+  LayerProfile sizes_profile;
+  sizes_profile.bytes = planned_profile_.bytes;
+  sizes_profile.backward_seconds.assign(layers_, 0.0);
+  const std::vector<double> sizes = cost_probe_sizes(sizes_profile);
+  if (measure_cost_) {
+    // The other slot held the gradient applied at the start of this iteration: free until the
+    // next backward.
+    const std::vector<double> medians = measure_allreduce_seconds(
+        *allreduce_, slots_[(iteration_ + 1) % 2], sizes, bytes_per_element_, 3, 1);
+    for (int k = 0; k < kCostProbes; ++k) {
+      profile_buffer_[first_probe + static_cast<std::size_t>(k)] = static_cast<float>(medians[static_cast<std::size_t>(k)]);
+    }
+  } else {
+    std::fill(profile_buffer_.begin() + static_cast<std::ptrdiff_t>(first_probe), profile_buffer_.end(), 0.0f);
+  }
+  planning_allreduce_.run(profile_buffer_, collective_tag(Channel::kPlanning, 0));
+  const double workers = transport_.size();
+  for (std::size_t s = 0; s < layers_; ++s) {
+    planned_profile_.forward_seconds[s] = profile_buffer_[s] / workers;
+    planned_profile_.backward_seconds[s] = profile_buffer_[layers_ + s] / workers;
+  }
+  if (measure_cost_) {
+    std::vector<double> seconds(kCostProbes);
+    for (int k = 0; k < kCostProbes; ++k) {
+      seconds[static_cast<std::size_t>(k)] = profile_buffer_[first_probe + static_cast<std::size_t>(k)] / workers;
+    }
+    cost_ = fit_measured_cost(sizes, seconds, algorithm_, transport_.size());
+  }
+  paper_stale_layers_ = paper_stale_layers(planned_profile_, cost_);
+  if (requested_stale_layers_ < 0) {
+    staleness_plan_ = plan_partial_staleness(planned_profile_, cost_, plan_name_);
+    use_stale_layers(staleness_plan_.stale_layers, staleness_plan_.sync_plan);
+    timeline_stale_layers_ = stale_layers_;
+    if (stale_layers_ < layers_) check_start_ = pipeline_start_ + 2;
+  } else {
+    const auto k = static_cast<std::size_t>(requested_stale_layers_);
+    BucketPlan plan;
+    if (k < layers_) plan = make_bucket_plan(plan_name_, synchronous_layer_profile(planned_profile_, k), cost_);
+    staleness_plan_.stale_layers = k;
+    staleness_plan_.sync_plan = plan;
+    staleness_plan_.timeline = simulate_bucketed_staleness(planned_profile_, cost_, k, plan);
+    staleness_plan_.stalls = staleness_plan_.timeline.stalls;
+    use_stale_layers(k, plan);
+  }
+}
+
+void SaPipe::update_stale_range(std::int64_t gradient_iteration, bool predict, IterationTimes& times) {
+  const std::size_t n = stale_.count;
+  if (n == 0) return;
+  const bool predicts = !true_weights_.empty();
+  const bool stale = gradient_iteration >= 0 && pipelined(gradient_iteration);
+  Stopwatch watch;
+  float* const model_weights = model_.parameters().data();
+  float* const weights = predicts ? true_weights_.data() : model_weights;
+  const float* const gradient = gradient_iteration >= 0 ? slots_[gradient_iteration % 2].data() : nullptr;
+  float* const step = last_step_.empty() ? nullptr : last_step_.data();
+  const float scale = gradient_scale_, lambda = lambda_;
+  Optimizer& optimizer = *optimizer_;
+
+  // The true step. Synchronous gradients (warm-up, profiling) and every mode but dc step plainly.
+  if (gradient != nullptr) {
+    if (compensation_ == Compensation::kDelay && stale) {
+      double dot = 0;  // g . D over the whole stale range (Eq. 1's scalar)
+      for (std::size_t i = 0; i < n; ++i) dot += static_cast<double>(gradient[i] * scale) * step[i];
+      const float projection = static_cast<float>(dot);
+      fused_update(optimizer, 0, n, /*steps=*/true, [&](std::size_t i, auto& kernel) {
+        const float g = gradient[i] * scale;
+        const float old = weights[i];
+        weights[i] = kernel.step(i, old, g + lambda * g * projection);
+        step[i] = weights[i] - old;
+      });
+    } else if (step != nullptr) {
+      fused_update(optimizer, 0, n, /*steps=*/true, [&](std::size_t i, auto& kernel) {
+        const float old = weights[i];
+        weights[i] = kernel.step(i, old, gradient[i] * scale);
+        step[i] = weights[i] - old;
+      });
+    } else {
+      fused_update(optimizer, 0, n, /*steps=*/true, [&](std::size_t i, auto& kernel) {
+        weights[i] = kernel.step(i, weights[i], gradient[i] * scale);
+      });
+    }
+  }
+  if (!predicts) {
+    if (compensation_ == Compensation::kNone) {
+      times.update += watch.seconds();
+    } else {
+      times.compensation += watch.seconds();
+    }
+    return;
+  }
+
+  // Weight prediction: the model computes on predict(X, g~) while a gradient is in flight.
+  const std::int64_t t = iteration_;
+  if (!predict || !pipelined(t - 1) || t < 1) {
+    std::copy_n(weights, n, model_weights);
+    times.compensation += watch.seconds();
+    return;
+  }
+  const float* const local_previous = local_[(t - 1) % 2].data();   // L(t-1)
+  const float* const local_before = t >= 2 ? local_[t % 2].data() : nullptr;  // L(t-2)
+  const float* const synchronized = t >= 2 ? slots_[t % 2].data() : nullptr;  // G(t-2)
+  switch (compensation_) {
+    case Compensation::kPredictLocal:
+      fused_update(optimizer, 0, n, /*steps=*/false, [&](std::size_t i, auto& kernel) {
+        model_weights[i] = kernel.predict(i, weights[i], local_previous[i]);
+      });
+      break;
+    case Compensation::kPredictSynchronized:
+      fused_update(optimizer, 0, n, /*steps=*/false, [&](std::size_t i, auto& kernel) {
+        model_weights[i] = kernel.predict(i, weights[i], synchronized ? synchronized[i] * scale : 0.0f);
+      });
+      break;
+    case Compensation::kPredictCombined: {
+      // h = G(t-2)/n - L(t-2)/n: the other workers' part of the latest synchronized gradient.
+      double dot = 0;
+      if (synchronized != nullptr) {
+        for (std::size_t i = 0; i < n; ++i) {
+          dot += static_cast<double>(synchronized[i] * scale - local_before[i] * scale) * step[i];
+        }
+      }
+      const float projection = static_cast<float>(dot);
+      fused_update(optimizer, 0, n, /*steps=*/false, [&](std::size_t i, auto& kernel) {
+        const float h = synchronized ? synchronized[i] * scale - local_before[i] * scale : 0.0f;
+        model_weights[i] = kernel.predict(i, weights[i], h + lambda * h * projection + local_previous[i] * scale);
+      });
+      break;
+    }
+    default:
+      PIPESGD_ASSERT(false);
+  }
+  times.compensation += watch.seconds();
+}
+
+void SaPipe::finish(IterationTimes& times) {
+  times_ = &times;
+  const std::int64_t last = next_iteration_ - 1;
+  if (last < 0 || drained_iteration_ == last) return;  // nothing in flight
+  iteration_ = next_iteration_;  // as if beginning iteration T: applies what T would have applied
+  if (!pipelined(last)) {
+    update_stale_range(last, /*predict=*/false, times);
+    step_synchronous_range(segment_range(stale_layers_, layers_), slots_[last % 2], times);
+    return;
+  }
+  if (previous_sync_pending_) apply_sync_buckets(0, layers_, times);
+  // The stale range: G(T-2) if it was pipelined, then G(T-1), each compensated as usual, no
+  // prediction after: the model ends with the true weights.
+  for (std::int64_t g = last - 1; g <= last; ++g) {
+    if (g < 0 || !pipelined(g) || !stale_job_valid_[g % 2]) continue;
+    wait_for(stale_job_[g % 2], "the stale layers", g, times);
+    stale_job_valid_[g % 2] = false;
+    update_stale_range(g, /*predict=*/false, times);
+  }
+  if (!true_weights_.empty()) {
+    std::copy(true_weights_.begin(), true_weights_.end(), model_.parameters().begin());
+  }
+}
+
+MethodReport SaPipe::report() const {
+  MethodReport report;
+  report.plan = sync_buckets_.empty() ? std::string("(no synchronous layers)")
+                                      : concat(plan_name_, ": ", describe_plan(sync_plan_));
+  report.allreduce_calls = sync_buckets_.size() + (stale_layers_ > 0 ? 1 : 0);
+  SapipeReport sapipe;
+  sapipe.layers = layers_;
+  sapipe.stale_layers = stale_layers_;
+  sapipe.stale_fraction = model_.layout().total() == 0
+                              ? 0.0
+                              : static_cast<double>(stale_.count) / static_cast<double>(model_.layout().total());
+  sapipe.automatic = requested_stale_layers_ < 0;
+  sapipe.profiled = std::any_of(planned_profile_.backward_seconds.begin(),
+                                planned_profile_.backward_seconds.end(), [](double b) { return b > 0; });
+  if (sapipe.profiled) {
+    sapipe.paper_stale_layers = paper_stale_layers_;
+    sapipe.predicted_iteration = staleness_plan_.timeline.iteration;
+    sapipe.predicted_stall = staleness_plan_.stalls;
+    sapipe.timeline_stale_layers = timeline_stale_layers_;
+    sapipe.stall_checks = stall_checks_;
+    sapipe.profile = planned_profile_;
+    sapipe.cost = cost_;
+  }
+  sapipe.compensation = compensation_names()[static_cast<std::size_t>(compensation_)];
+  sapipe.pipeline_start = pipeline_start_;
+  report.sapipe = sapipe;
+  return report;
+}
+
+}  // namespace pipesgd

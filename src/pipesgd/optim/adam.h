@@ -1,0 +1,99 @@
+#pragma once
+// Adam over flat buffers with torch::optim::Adam's semantics (PyTorch 1.13, amsgrad off; the formula
+// is at AdamOptions in optimizer.h). The float arithmetic mirrors LibTorch's CPU kernels operation by
+// operation (bias corrections in double, every other operation in float), so results agree with
+// LibTorch to rounding (LibTorch's vectorised kernels may fuse some multiply-adds).
+// The step count is kept per layout segment, so every range passed to step()/predict() must be whole
+// segments. One object per replica; not thread-safe (the compute thread owns it).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/layout.h"
+#include "pipesgd/optim/optimizer.h"
+
+namespace pipesgd {
+
+class Adam final : public Optimizer {
+ public:
+  // Throws UsageError (naming the flag) for a learning rate <= 0, beta1 or beta2 outside [0, 1),
+  // epsilon <= 0, negative weight decay, or any non-finite option.
+  Adam(const Layout& layout, AdamOptions options);
+
+  // One Adam update of the whole segments covering [offset, offset + parameters.size()); increments
+  // each covered segment's step count.
+  void step(std::span<float> parameters, std::span<const float> gradients, float gradient_scale,
+            std::size_t offset) override;
+
+  // Writes into `predicted` what step() would leave in `parameters` (bit for bit), changing neither
+  // the moments nor the step counts. `predicted` may alias `parameters`.
+  void predict(std::span<const float> parameters, std::span<const float> gradients, float gradient_scale,
+               std::size_t offset, std::span<float> predicted) const override;
+
+  // Steps taken so far by segment `index` of the layout (for tests and checkpoints).
+  std::int64_t step_count(std::size_t index) const { return step_counts_.at(index); }
+
+  // The update of one element of one segment, for loops that fuse other work into it
+  // (optim/fused_update.h): step(i, w, g) returns the new w[i] and updates the moments exactly as
+  // step() would with gradient * scale == g (the caller scales); predict(i, w, g) what the next
+  // step would give, changing nothing. `i` is the flat element index.
+  struct ElementKernel {
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, epsilon, weight_decay;
+    float step_negative_step_size, step_sqrt_bias_correction2;        // this step's constants
+    float predict_negative_step_size, predict_sqrt_bias_correction2;  // the following step's
+    float* exp_avg;
+    float* exp_avg_sq;
+    float step(std::size_t i, float w, float g) {
+      return update(w, g, step_negative_step_size, step_sqrt_bias_correction2, exp_avg[i], exp_avg_sq[i]);
+    }
+    float predict(std::size_t i, float w, float g) const {
+      float m = exp_avg[i], v = exp_avg_sq[i];
+      return update(w, g, predict_negative_step_size, predict_sqrt_bias_correction2, m, v);
+    }
+    float update(float w, float g, float negative_step_size, float sqrt_bias_correction2, float& m,
+                 float& v) const;
+  };
+  // Calls body(begin, end, kernel) for each segment covering [offset, offset + count) (whole
+  // segments), with element range [begin, end). `steps`: the body steps every element (the
+  // segment's count is incremented first; predict looks one step further); false: predict only.
+  template <typename Body>
+  void for_each_segment(std::size_t offset, std::size_t count, bool steps, Body&& body) {
+    const std::size_t end = offset + count;
+    for (std::size_t index = segment_starting_at(offset); index < layout_.segment_count(); ++index) {
+      const Segment& segment = layout_.segment(index);
+      if (segment.offset >= end) break;
+      PIPESGD_ASSERT(segment.offset + segment.count <= end);
+      if (steps) ++step_counts_[index];
+      const StepConstants now = constants_for(std::max<std::int64_t>(1, step_counts_[index]));
+      const StepConstants next = constants_for(step_counts_[index] + 1);
+      ElementKernel kernel{options_.beta1, one_minus_beta1_, options_.beta2, one_minus_beta2_,
+                           options_.epsilon, options_.weight_decay, now.negative_step_size,
+                           now.sqrt_bias_correction2, next.negative_step_size,
+                           next.sqrt_bias_correction2, exp_avg_.data(), exp_avg_sq_.data()};
+      body(segment.offset, segment.offset + segment.count, kernel);
+    }
+  }
+
+ private:
+  // The per-step constants of one segment at step number `step` (1 on the first step).
+  struct StepConstants {
+    float negative_step_size;       // -(lr / (1 - beta1^step))
+    float sqrt_bias_correction2;    // sqrt(1 - beta2^step)
+  };
+  StepConstants constants_for(std::int64_t step) const;
+  // Index of the segment starting at `offset`; asserts that one does.
+  std::size_t segment_starting_at(std::size_t offset) const;
+
+  AdamOptions options_;
+  float one_minus_beta1_;  // float(1 - double(beta1)), as LibTorch's add_ alpha
+  float one_minus_beta2_;  // float(1 - double(beta2)), as LibTorch's addcmul_ value
+  Layout layout_;
+  std::vector<float> exp_avg_;     // m, one per element
+  std::vector<float> exp_avg_sq_;  // v, one per element
+  std::vector<std::int64_t> step_counts_;  // one per segment
+};
+
+}  // namespace pipesgd

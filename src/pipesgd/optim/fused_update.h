@@ -1,0 +1,39 @@
+#pragma once
+// One fused loop over a flat range for updates that do more than the optimizer's step (SAPipe's
+// compensation and weight prediction, algo/sapipe.h): the caller's body runs once per element with
+// a kernel that steps or predicts that element exactly as Optimizer::step / predict would (the same
+// float operations: bit-identical results), so compensation, step and prediction share one pass.
+//
+//   fused_update(optimizer, offset, count, steps, [&](std::size_t i, auto& kernel) {
+//     w[i] = kernel.step(i, w[i], g);          // g already scaled; updates the optimizer's state
+//     p[i] = kernel.predict(i, w[i], g_hat);   // what a further step would give; no state change
+//   });
+//
+// `i` is the element's index in the flat buffers ([offset, offset + count), whole segments).
+// `steps`: the body calls step() on every element (Adam counts the step per segment, and predict()
+// then looks one step past it); false: only predict().
+#include <cstddef>
+
+#include "pipesgd/core/error.h"
+#include "pipesgd/optim/adam.h"
+#include "pipesgd/optim/optimizer.h"
+#include "pipesgd/optim/sgd.h"
+
+namespace pipesgd {
+
+template <typename Body>
+void fused_update(Optimizer& optimizer, std::size_t offset, std::size_t count, bool steps, Body&& body) {
+  if (count == 0) return;
+  if (auto* sgd = dynamic_cast<Sgd*>(&optimizer)) {
+    Sgd::ElementKernel kernel = sgd->element_kernel();
+    for (std::size_t i = offset; i < offset + count; ++i) body(i, kernel);
+    return;
+  }
+  auto* adam = dynamic_cast<Adam*>(&optimizer);
+  PIPESGD_ASSERT(adam != nullptr);
+  adam->for_each_segment(offset, count, steps, [&](std::size_t begin, std::size_t end, Adam::ElementKernel& kernel) {
+    for (std::size_t i = begin; i < end; ++i) body(i, kernel);
+  });
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,23 @@
+#pragma once
+// The Optimizer base class alone, so that optimizers (sgd.h, adam.h) can derive from it while
+// optimizer.h (which includes them) stays the one header callers include. Range rules and the
+// meaning of predict() are documented in optimizer.h.
+#include <cstddef>
+#include <span>
+
+namespace pipesgd {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of `parameters` (elements [offset, offset + n) of the flat buffer) with
+  // `gradients * gradient_scale`.
+  virtual void step(std::span<float> parameters, std::span<const float> gradients, float gradient_scale,
+                    std::size_t offset) = 0;
+  // Writes into `predicted` what step() would leave in `parameters`, changing no state. `predicted`
+  // may alias `parameters`. Same range rules as step().
+  virtual void predict(std::span<const float> parameters, std::span<const float> gradients,
+                       float gradient_scale, std::size_t offset, std::span<float> predicted) const = 0;
+};
+
+}  // namespace pipesgd

@@ -1,0 +1,600 @@
+// SAPipe (algo/sapipe.h) on the tiny pure-C++ models: the limits k = 0 (D-Sync) and k = every layer
+// (Pipe-SGD with K = 2) bit for bit; the weights each worker computes on, iteration by iteration,
+// and the final weights against an independent replay of the header's semantics (the stale range
+// on G(t-2), the synchronous range on G(t-1), dc, wp1, wp2, wp3) from the recorded local gradients;
+// usage errors; the partition report; Adam.
+#include "pipesgd/algo/sapipe.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pipesgd/algo/bucketed_dsync.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/train/trainer.h"
+#include "resegmented_model.h"
+#include "test_world.h"
+#include "tiny_run.h"
+
+namespace pipesgd {
+namespace {
+
+bool equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The models of the equivalence tests: the softmax model (2 segments, reports forward progress)
+// and the same model cut into 14 segments (no forward hook: the synchronous update comes at the
+// start of the iteration).
+enum class TinyModel { kSoftmax, kResegmented14 };
+
+ModelFactory factory_of(TinyModel model) {
+  return model == TinyModel::kSoftmax ? softmax_factory() : resegmented_softmax_factory(7);
+}
+
+std::size_t layers_of(TinyModel model) { return model == TinyModel::kSoftmax ? 2 : 14; }
+
+const char* name_of(TinyModel model) { return model == TinyModel::kSoftmax ? "softmax" : "resegmented14"; }
+
+void expect_same_final_parameters(const RunSummary& a, const RunSummary& b, int workers) {
+  ASSERT_EQ(a.final_parameters.size(), static_cast<std::size_t>(workers));
+  ASSERT_EQ(b.final_parameters.size(), static_cast<std::size_t>(workers));
+  for (std::size_t r = 0; r < a.final_parameters.size(); ++r) {
+    ASSERT_FALSE(a.final_parameters[r].empty());
+    EXPECT_TRUE(equal(a.final_parameters[r], b.final_parameters[r])) << "rank " << r;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. k = 0: every layer synchronous, one bucket: D-Sync bit for bit.
+
+using DSyncLimitParam = std::tuple<int, std::string, TinyModel>;
+
+class SapipeStaleLayersZero : public ::testing::TestWithParam<DSyncLimitParam> {};
+
+TEST_P(SapipeStaleLayersZero, StaleLayersZeroIsDSyncBitForBit) {
+  const auto& [workers, codec, model] = GetParam();
+  TrainConfig sapipe = tiny_config("sapipe", workers);
+  sapipe.method.stale_layers = "0";
+  sapipe.method.buckets = "single";
+  sapipe.method.codec = codec;
+  TrainConfig dsync = tiny_config("dsync", workers);
+  dsync.method.codec = codec;
+  const RunSummary a = run_training(sapipe, factory_of(model), small_data());
+  const RunSummary b = run_training(dsync, factory_of(model), small_data());
+  expect_same_final_parameters(a, b, workers);
+  ASSERT_TRUE(a.method_report.sapipe.has_value());
+  EXPECT_EQ(a.method_report.sapipe->stale_layers, 0u);
+  EXPECT_EQ(a.method_report.sapipe->stale_fraction, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sapipe, SapipeStaleLayersZero,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("none", "bf16", "int8"),
+                       ::testing::Values(TinyModel::kSoftmax, TinyModel::kResegmented14)),
+    [](const ::testing::TestParamInfo<DSyncLimitParam>& info) {
+      return concat(std::get<0>(info.param), "workers_", std::get<1>(info.param), "_",
+                    name_of(std::get<2>(info.param)));
+    });
+
+// ---------------------------------------------------------------------------------------------
+// 2. k = every layer, no compensation, one bucket (no profiling): Pipe-SGD with K = 2 bit for bit,
+// with the same warm-up.
+
+using PipeLimitParam = std::tuple<int, std::string, TinyModel, int>;
+
+class SapipeAllLayersStale : public ::testing::TestWithParam<PipeLimitParam> {};
+
+TEST_P(SapipeAllLayersStale, AllLayersStaleIsPipeK2BitForBit) {
+  const auto& [workers, codec, model, warmup] = GetParam();
+  TrainConfig sapipe = tiny_config("sapipe", workers);
+  sapipe.method.stale_layers = std::to_string(layers_of(model));
+  sapipe.method.compensation = "none";
+  sapipe.method.buckets = "single";
+  sapipe.method.codec = codec;
+  sapipe.warmup_iterations = warmup;
+  TrainConfig pipe = tiny_config("pipe", workers);
+  pipe.method.staleness = 2;
+  pipe.method.codec = codec;
+  pipe.warmup_iterations = warmup;
+  TrainConfig dsync = tiny_config("dsync", workers);
+  dsync.method.codec = codec;
+  const RunSummary a = run_training(sapipe, factory_of(model), small_data());
+  const RunSummary b = run_training(pipe, factory_of(model), small_data());
+  const RunSummary c = run_training(dsync, factory_of(model), small_data());
+  expect_same_final_parameters(a, b, workers);
+  // Not vacuous: the stale updates differ from D-Sync's.
+  EXPECT_FALSE(equal(a.final_parameters[0], c.final_parameters[0]));
+  ASSERT_TRUE(a.method_report.sapipe.has_value());
+  EXPECT_EQ(a.method_report.sapipe->stale_layers, layers_of(model));
+  EXPECT_EQ(a.method_report.sapipe->stale_fraction, 1.0);
+  EXPECT_EQ(a.method_report.sapipe->pipeline_start, warmup);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sapipe, SapipeAllLayersStale,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("none", "int8"),
+                       ::testing::Values(TinyModel::kSoftmax, TinyModel::kResegmented14),
+                       ::testing::Values(0, 3)),
+    [](const ::testing::TestParamInfo<PipeLimitParam>& info) {
+      return concat(std::get<0>(info.param), "workers_", std::get<1>(info.param), "_",
+                    name_of(std::get<2>(info.param)), "_warmup", std::get<3>(info.param));
+    });
+
+// ---------------------------------------------------------------------------------------------
+// 3. The weights computed on, against a replay of the header's semantics.
+
+// Records, for every forward_backward call, the parameters forward read (after the forward hook:
+// the synchronous update is applied there) and the gradient backward wrote, plus the parameters at
+// the call's entry (before the hook). Forwards the inner model's forward hook.
+class RecordingModel final : public Model {
+ public:
+  struct Record {
+    std::vector<std::vector<float>> entry, weights, gradients;  // [iteration]
+  };
+  RecordingModel(std::unique_ptr<Model> inner, Record& record) : inner_(std::move(inner)), record_(record) {}
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<float> parameters() override { return inner_->parameters(); }
+  bool reports_forward_progress() const override { return inner_->reports_forward_progress(); }
+  void set_forward_hook(SegmentsNeededFn hook) override {
+    if (!hook) {
+      inner_->set_forward_hook({});
+      return;
+    }
+    inner_->set_forward_hook([this, hook = std::move(hook)](std::size_t first, std::size_t end) {
+      hook(first, end);
+      // What forward reads for segments [first, end): the parameters now.
+      const Layout& layout = inner_->layout();
+      const std::span<float> w = inner_->parameters();
+      const std::size_t begin = layout.segment(first).offset;
+      const std::size_t stop = layout.segment(end - 1).offset + layout.segment(end - 1).count;
+      std::copy(w.begin() + static_cast<std::ptrdiff_t>(begin), w.begin() + static_cast<std::ptrdiff_t>(stop),
+                current_.begin() + static_cast<std::ptrdiff_t>(begin));
+    });
+  }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                              const SegmentReadyFn& ready) override {
+    const auto w = inner_->parameters();
+    record_.entry.emplace_back(w.begin(), w.end());
+    current_.assign(w.begin(), w.end());
+    // The local gradient of each segment as it is reported ready, before the method's callback
+    // hands it to the comm thread (which reduces it in place).
+    const Layout& layout = inner_->layout();
+    std::vector<float> local(gradients.size(), 0.0f);
+    std::vector<bool> copied(layout.segment_count(), false);
+    auto copy_segment = [&](std::size_t s) {
+      const Segment& segment = layout.segment(s);
+      std::copy_n(gradients.begin() + static_cast<std::ptrdiff_t>(segment.offset), segment.count,
+                  local.begin() + static_cast<std::ptrdiff_t>(segment.offset));
+      copied[s] = true;
+    };
+    SegmentReadyFn recording_ready;
+    if (ready) {
+      recording_ready = [&](std::size_t segment, double seconds) {
+        copy_segment(segment);
+        ready(segment, seconds);
+      };
+    }
+    StepResult result = inner_->forward_backward(batch, gradients, recording_ready);
+    // Segments never reported are sent in end_iteration, after this returns.
+    for (std::size_t s = 0; s < copied.size(); ++s) {
+      if (!copied[s]) copy_segment(s);
+    }
+    record_.weights.push_back(current_);
+    record_.gradients.push_back(std::move(local));
+    return result;
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  Record& record_;
+  std::vector<float> current_;
+};
+
+struct RecordedRun {
+  RunSummary summary;
+  std::vector<RecordingModel::Record> ranks;
+  std::vector<float> initial;
+};
+
+RecordedRun run_recorded(const TrainConfig& config) {
+  RecordedRun run;
+  run.ranks.resize(static_cast<std::size_t>(config.workers));
+  std::mutex mutex;
+  std::size_t built = 0;  // run_training builds the replicas in rank order
+  ModelFactory factory = [&](std::uint64_t seed) -> std::unique_ptr<Model> {
+    std::lock_guard lock(mutex);
+    const std::size_t rank = built++;
+    auto inner = softmax_factory()(seed);
+    if (rank == 0) run.initial.assign(inner->parameters().begin(), inner->parameters().end());
+    return std::make_unique<RecordingModel>(std::move(inner), run.ranks[rank]);
+  };
+  run.summary = run_training(config, factory, small_data());
+  return run;
+}
+
+// The expected weights of the header's semantics, replayed from the recorded local gradients
+// L_r(t) with SGD (learning rate lr, momentum m, no weight decay) on a stale range of S elements
+// (the first S of the flat buffer) and a synchronous rest, pipelined from iteration P:
+//   t < P (synchronous): at the start of t, every element steps with G(t-1)/n (no compensation).
+//   t >= P: at the start of t the stale range X steps with G(t-2)/n if t-2 >= P (dc: compensated
+//   with D, the last step of X), the synchronous range W with G(t-1)/n; for wp the model computes
+//   on predict(X, g~) when t-1 >= P.
+//   finish: W with G(T-1)/n, then X with G(T-2)/n and G(T-1)/n (the pipelined ones, compensated).
+struct Expected {
+  std::vector<std::vector<std::vector<float>>> weights;  // [rank][iteration]
+  std::vector<float> final_weights;
+};
+
+Expected replay(const RecordedRun& run, const std::string& compensation, std::size_t stale, float lr,
+                float momentum, float lambda, std::int64_t pipeline_start) {
+  const std::size_t ranks = run.ranks.size();
+  const auto iterations = static_cast<std::int64_t>(run.ranks[0].gradients.size());
+  const std::size_t total = run.initial.size();
+  const float scale = 1.0f / static_cast<float>(ranks);
+  const std::int64_t P = pipeline_start;
+  // G(t)/n, summed in rank order.
+  std::vector<std::vector<float>> mean(static_cast<std::size_t>(iterations), std::vector<float>(total));
+  for (std::int64_t t = 0; t < iterations; ++t) {
+    for (std::size_t i = 0; i < total; ++i) {
+      float sum = run.ranks[0].gradients[static_cast<std::size_t>(t)][i];
+      for (std::size_t r = 1; r < ranks; ++r) sum += run.ranks[r].gradients[static_cast<std::size_t>(t)][i];
+      mean[static_cast<std::size_t>(t)][i] = sum * scale;
+    }
+  }
+  auto local = [&](std::size_t r, std::int64_t t) -> const std::vector<float>& {
+    return run.ranks[r].gradients[static_cast<std::size_t>(t)];
+  };
+  std::vector<float> w = run.initial;               // X = w[0, S), W = w[S, total)
+  std::vector<float> velocity(total, 0.0f);
+  std::vector<float> last_step(stale, 0.0f);        // D
+  auto sgd_step = [&](std::size_t i, float g) {
+    if (momentum == 0) {
+      w[i] = w[i] - lr * g;
+    } else {
+      velocity[i] = momentum * velocity[i] + g;
+      w[i] = w[i] - lr * velocity[i];
+    }
+  };
+  auto sgd_predict = [&](std::size_t i, float g) {
+    return momentum == 0 ? w[i] - lr * g : w[i] - lr * (momentum * velocity[i] + g);
+  };
+  auto step_stale = [&](std::int64_t t, bool compensate) {
+    const std::vector<float>& g = mean[static_cast<std::size_t>(t)];
+    double dot = 0;
+    if (compensate && compensation == "dc") {
+      for (std::size_t i = 0; i < stale; ++i) dot += static_cast<double>(g[i]) * last_step[i];
+    }
+    for (std::size_t i = 0; i < stale; ++i) {
+      const float gi = compensate && compensation == "dc" ? g[i] + lambda * g[i] * static_cast<float>(dot) : g[i];
+      const float old = w[i];
+      sgd_step(i, gi);
+      last_step[i] = w[i] - old;
+    }
+  };
+  auto step_sync = [&](std::int64_t t) {
+    for (std::size_t i = stale; i < total; ++i) sgd_step(i, mean[static_cast<std::size_t>(t)][i]);
+  };
+  const bool predicts = compensation == "wp1" || compensation == "wp2" || compensation == "wp3";
+
+  Expected expected;
+  expected.weights.resize(ranks);
+  for (std::int64_t t = 0; t < iterations; ++t) {
+    if (t >= 1 && t - 1 < P) {
+      step_stale(t - 1, /*compensate=*/false);
+      step_sync(t - 1);
+    } else if (t >= 1) {
+      if (t - 2 >= P) step_stale(t - 2, /*compensate=*/true);
+      step_sync(t - 1);
+    }
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::vector<float> computed = w;
+      if (predicts && t >= 1 && t - 1 >= P) {
+        std::vector<float> guess(stale, 0.0f);  // g~
+        if (compensation == "wp1") {
+          for (std::size_t i = 0; i < stale; ++i) guess[i] = local(r, t - 1)[i];
+        } else if (compensation == "wp2") {
+          if (t >= 2) {
+            for (std::size_t i = 0; i < stale; ++i) guess[i] = mean[static_cast<std::size_t>(t - 2)][i];
+          }
+        } else {
+          std::vector<float> h(stale, 0.0f);
+          if (t >= 2) {
+            for (std::size_t i = 0; i < stale; ++i) {
+              h[i] = mean[static_cast<std::size_t>(t - 2)][i] - local(r, t - 2)[i] * scale;
+            }
+          }
+          double dot = 0;
+          for (std::size_t i = 0; i < stale; ++i) dot += static_cast<double>(h[i]) * last_step[i];
+          for (std::size_t i = 0; i < stale; ++i) {
+            guess[i] = h[i] + lambda * h[i] * static_cast<float>(dot) + local(r, t - 1)[i] * scale;
+          }
+        }
+        for (std::size_t i = 0; i < stale; ++i) computed[i] = sgd_predict(i, guess[i]);
+      }
+      expected.weights[r].push_back(std::move(computed));
+    }
+  }
+  const std::int64_t last = iterations - 1;
+  if (last < P) {
+    step_stale(last, false);
+    step_sync(last);
+  } else {
+    step_sync(last);
+    for (std::int64_t g = last - 1; g <= last; ++g) {
+      if (g >= 0 && g >= P) step_stale(g, true);
+    }
+  }
+  expected.final_weights = w;
+  return expected;
+}
+
+// Largest |a - b| / (1 + |b|); the check below asserts it stays under 1e-6.
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double largest = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    largest = std::max(largest, std::fabs(double(a[i]) - double(b[i])) / (1.0 + std::fabs(double(b[i]))));
+  }
+  return largest;
+}
+
+std::size_t first_mismatch(const std::vector<float>& a, const std::vector<float>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::fabs(double(a[i]) - double(b[i])) > 1e-6 * (1.0 + std::fabs(double(b[i])))) return i;
+  }
+  return a.size();
+}
+
+double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double largest = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    largest = std::max(largest, std::fabs(double(a[i]) - double(b[i])));
+  }
+  return largest;
+}
+
+struct ReplayCase {
+  std::string compensation;
+  float momentum;
+  int iterations;
+  // How the pipeline starts: "" = at iteration 0 (--buckets single, no warm-up); "warmup2" = two
+  // synchronous warm-up iterations (single); "profile" = --buckets optimal with one profiled
+  // iteration (pipelined from kProfileWarmupIterations + 1).
+  std::string start;
+};
+
+std::string case_name(const ReplayCase& c) {
+  std::string momentum = c.momentum == 0 ? "m0" : "m09";
+  return concat(c.compensation, "_", momentum, "_", c.iterations, "iters", c.start.empty() ? "" : "_", c.start);
+}
+
+TrainConfig replay_config(const ReplayCase& c, const std::string& compensation) {
+  TrainConfig config = tiny_config("sapipe", 2);
+  config.iterations = c.iterations;
+  config.method.sgd = SgdOptions{0.1f, c.momentum, 0.0f};
+  config.method.stale_layers = "1";  // the weight segment; the bias is synchronous
+  config.method.compensation = compensation;
+  config.method.delay_compensation.lambda = 0.2f;
+  config.method.buckets = "single";
+  config.warmup_iterations = 0;
+  if (c.start == "warmup2") config.warmup_iterations = 2;
+  if (c.start == "profile") {
+    config.method.buckets = "optimal";
+    config.method.profile_iterations = 1;
+  }
+  return config;
+}
+
+void PrintTo(const ReplayCase& c, std::ostream* out) { *out << case_name(c); }
+
+class SapipeReplay : public ::testing::TestWithParam<ReplayCase> {};
+
+TEST_P(SapipeReplay, WeightsComputedOnAndFinalWeightsMatchTheHeaderSemantics) {
+  const ReplayCase& c = GetParam();
+  const TrainConfig config = replay_config(c, c.compensation);
+  MethodConfig method = config.method;
+  method.warmup_iterations = config.warmup_iterations;  // as the trainer passes it
+  const std::int64_t start = sapipe_pipeline_start(method);
+  const RecordedRun run = run_recorded(config);
+  ASSERT_EQ(run.ranks.size(), 2u);
+  ASSERT_TRUE(run.summary.method_report.sapipe.has_value());
+  EXPECT_EQ(run.summary.method_report.sapipe->stale_layers, 1u);
+  EXPECT_EQ(run.summary.method_report.sapipe->pipeline_start, start);
+  const std::size_t stale = 784 * 10;
+  const Expected expected = replay(run, c.compensation, stale, 0.1f, c.momentum, 0.2f, start);
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto& record = run.ranks[r];
+    ASSERT_EQ(record.weights.size(), static_cast<std::size_t>(c.iterations));
+    for (std::size_t t = 0; t < record.weights.size(); ++t) {
+      const std::size_t i = first_mismatch(record.weights[t], expected.weights[r][t]);
+      ASSERT_EQ(i, record.weights[t].size())
+          << "rank " << r << ", iteration " << t << ", element " << i << " ("
+          << (i < stale ? "stale weight" : "synchronous bias") << "): got " << record.weights[t][i]
+          << ", expected " << expected.weights[r][t][i] << "; largest relative difference "
+          << relative_difference(record.weights[t], expected.weights[r][t]);
+      // The synchronous update of t-1 is applied inside forward (the hook), not before the call.
+      if (t >= 1 && static_cast<std::int64_t>(t) >= start + 1) {
+        EXPECT_NE(record.entry[t][stale], record.weights[t][stale]) << "rank " << r << ", iteration " << t;
+      }
+    }
+    const std::vector<float>& final_weights = run.summary.final_parameters[r];
+    const std::size_t i = first_mismatch(final_weights, expected.final_weights);
+    ASSERT_EQ(i, final_weights.size()) << "final weights, rank " << r << ", element " << i << ": got "
+                                       << final_weights[i] << ", expected " << expected.final_weights[i];
+  }
+  EXPECT_TRUE(equal(run.summary.final_parameters[0], run.summary.final_parameters[1]));
+
+  // Not vacuous: the compensation changes something (weights computed on or final weights).
+  if (c.compensation != "none") {
+    const RecordedRun plain = run_recorded(replay_config(c, "none"));
+    double largest = max_abs_difference(run.summary.final_parameters[0], plain.summary.final_parameters[0]);
+    for (std::size_t r = 0; r < 2; ++r) {
+      for (std::size_t t = 0; t < run.ranks[r].weights.size(); ++t) {
+        largest = std::max(largest, max_abs_difference(run.ranks[r].weights[t], plain.ranks[r].weights[t]));
+      }
+    }
+    EXPECT_GT(largest, 1e-7) << c.compensation << " computed on exactly the weights of none";
+  }
+}
+
+std::vector<ReplayCase> replay_cases() {
+  std::vector<ReplayCase> cases;
+  for (const char* compensation : {"none", "dc", "wp1", "wp2", "wp3"}) {
+    for (float momentum : {0.0f, 0.9f}) {
+      for (int iterations : {3, 6}) cases.push_back({compensation, momentum, iterations, ""});
+      cases.push_back({compensation, momentum, 8, "warmup2"});
+      cases.push_back({compensation, momentum, 14, "profile"});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sapipe, SapipeReplay, ::testing::ValuesIn(replay_cases()),
+                         [](const ::testing::TestParamInfo<ReplayCase>& info) { return case_name(info.param); });
+
+// ---------------------------------------------------------------------------------------------
+// 4. Usage errors.
+
+std::string usage_error(const TrainConfig& config, const ModelFactory& factory = softmax_factory()) {
+  try {
+    run_training(config, factory, small_data());
+  } catch (const UsageError& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
+std::string spec_error(const std::string& spec) {
+  TrainConfig config;
+  try {
+    apply_method_spec(spec, config);
+  } catch (const UsageError& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(SapipeUsage, UsageErrors) {
+  const std::string foo = spec_error("sapipe+foo");
+  EXPECT_TRUE(contains(foo, "compensation") || contains(foo, "unknown option")) << foo;
+  EXPECT_TRUE(contains(foo, "foo")) << foo;
+
+  TrainConfig config = tiny_config("sapipe", 2);
+  config.method.compensation = "foo";
+  const std::string unknown = usage_error(config);
+  EXPECT_TRUE(contains(unknown, "compensation") || contains(unknown, "unknown option")) << unknown;
+
+  for (const char* stale : {"abc", "-1", "99", "3", "1.5", ""}) {
+    config = tiny_config("sapipe", 2);
+    config.method.stale_layers = stale;
+    const std::string message = usage_error(config);
+    EXPECT_TRUE(contains(message, "--stale-layers")) << "'" << stale << "': " << message;
+  }
+  // The resegmented model has 14 layers: 14 is fine, 15 is not.
+  config = tiny_config("sapipe", 2);
+  config.iterations = 3;
+  config.method.stale_layers = "14";
+  config.method.buckets = "single";
+  EXPECT_EQ(usage_error(config, resegmented_softmax_factory(7)), "no error");
+  config.method.stale_layers = "15";
+  EXPECT_TRUE(contains(usage_error(config, resegmented_softmax_factory(7)), "--stale-layers"));
+
+  EXPECT_TRUE(contains(spec_error("sapipe+dc+wp1"), "more than one compensation")) << spec_error("sapipe+dc+wp1");
+  EXPECT_EQ(spec_error("sapipe+wp3+int8+single"), "no error");
+
+  config = tiny_config("sapipe", 2);
+  config.method.delay_compensation.lambda = -1;
+  EXPECT_TRUE(contains(usage_error(config), "--dc-lambda")) << usage_error(config);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. The partition report.
+
+TEST(SapipeReport, ReportsKAndKappa) {
+  TrainConfig config = tiny_config("sapipe+single", 2);
+  config.method.stale_layers = "1";
+  RunSummary summary = run_training(config, softmax_factory(), small_data());
+  ASSERT_TRUE(summary.method_report.sapipe.has_value());
+  const SapipeReport& given = *summary.method_report.sapipe;
+  EXPECT_EQ(given.stale_layers, 1u);
+  EXPECT_EQ(given.layers, 2u);
+  EXPECT_DOUBLE_EQ(given.stale_fraction, 7840.0 / 7850);
+  EXPECT_FALSE(given.automatic);
+  EXPECT_EQ(given.compensation, "none");
+  EXPECT_EQ(given.pipeline_start, 0);
+
+  config = tiny_config("sapipe", 2);
+  config.method.stale_layers = "auto";
+  config.method.profile_iterations = 2;
+  config.iterations = 25;
+  summary = run_training(config, softmax_factory(), small_data());
+  ASSERT_TRUE(summary.method_report.sapipe.has_value());
+  const SapipeReport& automatic = *summary.method_report.sapipe;
+  EXPECT_TRUE(automatic.automatic);
+  EXPECT_TRUE(automatic.profiled);
+  EXPECT_LE(automatic.stale_layers, 2u);
+  EXPECT_EQ(automatic.layers, 2u);
+  // Pipelined after the warm-up and the profiling (later if a stall check re-planned k).
+  EXPECT_GE(automatic.pipeline_start, kProfileWarmupIterations + 2);
+  const double expected_fraction =
+      automatic.stale_layers == 0 ? 0.0 : automatic.stale_layers == 1 ? 7840.0 / 7850 : 1.0;
+  EXPECT_DOUBLE_EQ(automatic.stale_fraction, expected_fraction);
+  for (std::size_t r = 1; r < summary.final_parameters.size(); ++r) {
+    EXPECT_TRUE(equal(summary.final_parameters[r], summary.final_parameters[0])) << "rank " << r;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Adam.
+
+TEST(SapipeAdam, AdamWorks) {
+  TrainConfig config = tiny_config("sapipe+wp3", 2);
+  config.method.optimizer = "adam";
+  config.method.sgd = SgdOptions{0.01f, 0.0f, 0.0f};
+  config.method.stale_layers = "1";
+  config.method.buckets = "single";
+  const RunSummary summary = run_training(config, softmax_factory(), small_data());
+  EXPECT_TRUE(std::isfinite(summary.mean.loss));
+  EXPECT_GT(summary.mean.loss, 0);
+  const std::unique_ptr<Model> initial = softmax_factory()(config.seed);
+  const std::vector<float> start(initial->parameters().begin(), initial->parameters().end());
+  for (const auto& final_weights : summary.final_parameters) {
+    for (float w : final_weights) ASSERT_TRUE(std::isfinite(w));
+    EXPECT_GT(max_abs_difference(final_weights, start), 1e-4);
+    EXPECT_TRUE(equal(final_weights, summary.final_parameters[0]));
+  }
+
+  for (int warmup : {0, 3}) {
+    SCOPED_TRACE(concat("warm-up ", warmup));
+    TrainConfig sapipe = tiny_config("sapipe", 3);
+    sapipe.method.optimizer = "adam";
+    sapipe.method.sgd = SgdOptions{0.01f, 0.0f, 0.0f};
+    sapipe.method.stale_layers = "2";
+    sapipe.method.compensation = "none";
+    sapipe.method.buckets = "single";
+    sapipe.warmup_iterations = warmup;
+    TrainConfig pipe = tiny_config("pipe", 3);
+    pipe.method.optimizer = "adam";
+    pipe.method.sgd = SgdOptions{0.01f, 0.0f, 0.0f};
+    pipe.method.staleness = 2;
+    pipe.warmup_iterations = warmup;
+    const RunSummary a = run_training(sapipe, softmax_factory(), small_data());
+    const RunSummary b = run_training(pipe, softmax_factory(), small_data());
+    expect_same_final_parameters(a, b, 3);
+  }
+}
+
+}  // namespace
+}  // namespace pipesgd
