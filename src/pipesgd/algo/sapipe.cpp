@@ -551,6 +551,13 @@ void SaPipe::plan_from_profile() {
   }
 }
 
+float SaPipe::bounded_projection(double dot) {
+  const double bound = kDelayCompensationBound / std::max(static_cast<double>(lambda_), 1e-30);
+  if (std::fabs(dot) <= bound) return static_cast<float>(dot);
+  ++bounded_compensations_;
+  return static_cast<float>(dot > 0 ? bound : -bound);
+}
+
 void SaPipe::update_stale_range(std::int64_t gradient_iteration, bool predict, IterationTimes& times) {
   const std::size_t n = stale_.count;
   if (n == 0) return;
@@ -567,9 +574,9 @@ void SaPipe::update_stale_range(std::int64_t gradient_iteration, bool predict, I
   // The true step. Synchronous gradients (warm-up, profiling) and every mode but dc step plainly.
   if (gradient != nullptr) {
     if (compensation_ == Compensation::kDelay && stale) {
-      double dot = 0;  // g . D over the whole stale range (Eq. 1's scalar)
-      for (std::size_t i = 0; i < n; ++i) dot += static_cast<double>(gradient[i] * scale) * step[i];
-      const float projection = static_cast<float>(dot);
+      // g . D over the whole stale range (Eq. 1's scalar).
+      const double dot = sum_terms(n, [&](std::size_t i) { return static_cast<double>(gradient[i] * scale) * step[i]; });
+      const float projection = bounded_projection(dot);
       fused_update(optimizer, 0, n, /*steps=*/true, [&](std::size_t i, auto& kernel) {
         const float g = gradient[i] * scale;
         const float old = weights[i];
@@ -620,13 +627,10 @@ void SaPipe::update_stale_range(std::int64_t gradient_iteration, bool predict, I
       break;
     case Compensation::kPredictCombined: {
       // h = G(t-2)/n - L(t-2)/n: the other workers' part of the latest synchronized gradient.
-      double dot = 0;
-      if (synchronized != nullptr) {
-        for (std::size_t i = 0; i < n; ++i) {
-          dot += static_cast<double>(synchronized[i] * scale - local_before[i] * scale) * step[i];
-        }
-      }
-      const float projection = static_cast<float>(dot);
+      const double dot = synchronized == nullptr ? 0.0 : sum_terms(n, [&](std::size_t i) {
+        return static_cast<double>(synchronized[i] * scale - local_before[i] * scale) * step[i];
+      });
+      const float projection = bounded_projection(dot);
       fused_update(optimizer, 0, n, /*steps=*/false, [&](std::size_t i, auto& kernel) {
         const float h = synchronized ? synchronized[i] * scale - local_before[i] * scale : 0.0f;
         model_weights[i] = kernel.predict(i, weights[i], h + lambda * h * projection + local_previous[i] * scale);
@@ -687,6 +691,7 @@ MethodReport SaPipe::report() const {
     sapipe.cost = cost_;
   }
   sapipe.compensation = compensation_names()[static_cast<std::size_t>(compensation_)];
+  sapipe.bounded_compensations = bounded_compensations_;
   sapipe.pipeline_start = pipeline_start_;
   report.sapipe = sapipe;
   return report;

@@ -34,6 +34,11 @@
 //         W = predict(X, g~) (Alg. 3 line 11; the optimizer's update without changing its state):
 //         wp1 g~ = L(t-1); wp2 g~ = G(t-2)/n;
 //         wp3 g~ = DC(G(t-2)/n - L(t-2)/n, D) + L(t-1)/n, with D the step just taken.
+// The DC term's scalar is bounded: |lambda * (g . D)| <= kDelayCompensationBound = 1 - 1/sqrt(2),
+// the condition lambda * eta * V2 <= 1 - 1/sqrt(2) of sapipe.txt Theorem 3 (DC's error bound holds
+// only there). Unbounded, a loss spike makes the factor 1 + lambda * g . D negative: the step goes
+// uphill, the next D is larger, and the run diverges within a few iterations (seen on cnn with all
+// layers stale). The report counts the bounded updates.
 // No prediction while nothing is in flight (the first pipelined iteration). finish() applies the
 // last gradients (stale ones with their compensation) and leaves the true weights in the model.
 // The update is fused over the flat stale range (optim/fused_update.h): one pass that compensates,
@@ -75,6 +80,7 @@ long parse_stale_layers(const std::string& text, std::size_t layers);
 std::int64_t sapipe_pipeline_start(const MethodConfig& config);
 
 inline constexpr std::int64_t kStallCheckIterations = 10;
+inline constexpr double kDelayCompensationBound = 0.29289321881345254;  // 1 - 1/sqrt(2)
 inline constexpr double kStallTolerance = 0.05;
 
 class SaPipe final : public TrainingMethod {
@@ -130,6 +136,8 @@ class SaPipe final : public TrainingMethod {
   // (predict: something in flight).
   void update_stale_range(std::int64_t gradient_iteration, bool predict, IterationTimes& times);
   void plan_from_profile();
+  // g . D as used by the DC term: bounded so that |lambda * (g . D)| <= kDelayCompensationBound.
+  float bounded_projection(double dot);
   // The stall check of --stale-layers auto at the end of pipelined iteration t (collective).
   void check_for_stalls(std::int64_t t, IterationTimes& times);
   // The communication per iteration the timeline predicts for the current partition under `cost`.
@@ -200,7 +208,8 @@ class SaPipe final : public TrainingMethod {
   IterationTimes* times_ = nullptr;  // the times of the iteration in progress (for the hook)
   Clock::time_point iteration_start_{}, hook_exit_{};
   std::size_t last_group_first_ = 0;
-  double hook_seconds_ = 0;  // this iteration's time inside the forward hook  // the first segment of the forward hook's last call
+  double hook_seconds_ = 0;
+  std::int64_t bounded_compensations_ = 0;  // DC terms bounded (kDelayCompensationBound)  // this iteration's time inside the forward hook  // the first segment of the forward hook's last call
   bool first_ready_seen_ = false;
 
   // Profiling (compute thread only).

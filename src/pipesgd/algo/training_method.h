@@ -123,6 +123,7 @@ struct SapipeReport {
   double stale_fraction = 0;     // kappa = stale parameters / all parameters (sapipe.txt Def. 1)
   bool automatic = false;        // k from the timeline (--stale-layers auto) or given
   std::string compensation;
+  std::int64_t bounded_compensations = 0;  // dc/wp3 updates whose DC scalar was bounded
   std::int64_t pipeline_start = 0;  // the first pipelined iteration
   bool profiled = false;            // the fields below are set
   std::optional<std::size_t> paper_stale_layers;  // the paper's program (Sec. 3.1) on the same profile

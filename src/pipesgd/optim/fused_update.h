@@ -21,6 +21,23 @@
 
 namespace pipesgd {
 
+// sum over i in [0, n) of term(i), in double, with four independent partial sums (a serial double
+// sum is bound by the add's latency). The order is fixed: every rank summing the same terms gets
+// the same bits.
+template <typename Term>
+double sum_terms(std::size_t n, Term&& term) {
+  double partial[4] = {0, 0, 0, 0};
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    partial[0] += term(i);
+    partial[1] += term(i + 1);
+    partial[2] += term(i + 2);
+    partial[3] += term(i + 3);
+  }
+  for (; i < n; ++i) partial[0] += term(i);
+  return (partial[0] + partial[1]) + (partial[2] + partial[3]);
+}
+
 template <typename Body>
 void fused_update(Optimizer& optimizer, std::size_t offset, std::size_t count, bool steps, Body&& body) {
   if (count == 0) return;

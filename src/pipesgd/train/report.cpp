@@ -63,6 +63,7 @@ nlohmann::json sapipe_to_json(const std::optional<SapipeReport>& report) {
                          {"stale_fraction", report->stale_fraction},
                          {"stale_layers_automatic", report->automatic},
                          {"compensation", report->compensation},
+                         {"bounded_compensations", report->bounded_compensations},
                          {"pipeline_start_iteration", report->pipeline_start}};
   if (report->profiled) {
     json["paper_program_stale_layers"] =
@@ -112,7 +113,11 @@ std::string describe_sapipe(const SapipeReport& r) {
   } else {
     text += "--stale-layers";
   }
-  return text + concat("), compensation ", r.compensation, ", pipelined from iteration ", r.pipeline_start);
+  text += concat("), compensation ", r.compensation);
+  if (r.bounded_compensations > 0) {
+    text += concat(" (DC scalar bounded by Theorem 3's condition in ", r.bounded_compensations, " updates)");
+  }
+  return text + concat(", pipelined from iteration ", r.pipeline_start);
 }
 
 // OD-SGD Eq. 1-3 beside the measurement (odsgd runs).
