@@ -342,7 +342,7 @@ bool SaPipe::predicts() const {
          compensation_ == Compensation::kPredictCombined;
 }
 
-bool SaPipe::partition_may_change() const { return !planned_ || check_start_ >= 0; }
+bool SaPipe::partition_may_change() const { return !planned_ || (check_start_ >= 0 && !monitoring_); }
 
 void SaPipe::record_local_gradient(std::span<const float> slot, std::size_t offset, std::size_t count) {
   if (local_[0].empty() || count == 0) return;
@@ -466,9 +466,14 @@ void SaPipe::check_for_stalls(std::int64_t t, IterationTimes& times) {
   const double modelled = predicted_communication(cost_) * kStallCheckIterations * transport_.size();
   check.cost_scale = modelled > 0 ? std::max(1.0, static_cast<double>(sums[2]) / modelled) : 1.0;
   check.next_stale_layers = stale_layers_;
-  if (check.stall_fraction <= kStallTolerance || stale_layers_ == layers_) {
-    stall_checks_.push_back(check);
-    check_start_ = -1;  // settled
+  if (check.stall_fraction <= kStallTolerance) {
+    // Kept. Reported once per k; the run goes on being watched, window after window.
+    if (stall_checks_.empty() || stall_checks_.back().next_stale_layers != stale_layers_ ||
+        stall_checks_.back().stale_layers != stale_layers_) {
+      stall_checks_.push_back(check);
+    }
+    monitoring_ = true;
+    check_start_ = t + 1;
     return;
   }
   // Plan again with the cost as measured in the pipeline; never fewer stale layers than now + 1.
@@ -488,6 +493,17 @@ void SaPipe::check_for_stalls(std::int64_t t, IterationTimes& times) {
   // Drain: apply everything in flight (the model then holds the true weights), then restart the
   // pipeline with the new partition at t + 1.
   finish(times);
+  if (monitoring_) {
+    // The history of the newly stale layers was not kept after the first check passed: their
+    // local gradients and last step start from zero.
+    const Range added = segment_range(stale_layers_, plan.stale_layers);
+    for (auto& local : local_) {
+      if (!local.empty()) std::fill_n(local.begin() + static_cast<std::ptrdiff_t>(added.offset), added.count, 0.0f);
+    }
+    if (!last_step_.empty()) {
+      std::fill_n(last_step_.begin() + static_cast<std::ptrdiff_t>(added.offset), added.count, 0.0f);
+    }
+  }
   cost_ = scaled;
   staleness_plan_ = plan;
   use_stale_layers(plan.stale_layers, plan.sync_plan);

@@ -18,12 +18,14 @@
 // after the warm-up and the profiling; iterations before run synchronously (every layer in one
 // allreduce after backward, waited for in end_iteration, applied at the start of the next).
 // The timeline's cost is measured in isolation; pipelined, communication shares the cores with
-// computation and may take longer. So with auto, the first kStallCheckIterations pipelined
-// iterations (after 2 to settle) are checked: if the computation waited more than
+// computation and may take longer. So with auto, every window of kStallCheckIterations pipelined
+// iterations (the first after 2 to settle) is checked: if the computation waited more than
 // kStallTolerance of the iteration time (averaged over the workers), the cost is scaled by the
 // measured / modelled communication time, k is planned again (at least k + 1), the pipeline is
-// drained (as finish() does) and restarted with the new k; then checked again, until it does not
-// stall or k = m. The report lists each step.
+// drained (as finish() does) and restarted with the new k. k only grows, so this ends by k = m.
+// Until the first window passes, the compensation history (local gradients, last steps) is kept
+// for every layer; a later raise starts the newly stale layers' history from zero. The report
+// lists each change (and the first pass at each k).
 //
 // Compensation (stale range only), with n workers, G(t) the summed gradient of iteration t,
 // L(t) this worker's local gradient of iteration t, X the true weights, D the last step of X:
@@ -79,7 +81,7 @@ long parse_stale_layers(const std::string& text, std::size_t layers);
 // when --stale-layers auto or the synchronous plan (optimal, mgwfbp) needs measured times.
 std::int64_t sapipe_pipeline_start(const MethodConfig& config);
 
-inline constexpr std::int64_t kStallCheckIterations = 10;
+inline constexpr std::int64_t kStallCheckIterations = 20;
 inline constexpr double kDelayCompensationBound = 0.29289321881345254;  // 1 - 1/sqrt(2)
 inline constexpr double kStallTolerance = 0.05;
 
@@ -178,6 +180,7 @@ class SaPipe final : public TrainingMethod {
   std::int64_t check_start_ = -1;  // -1: no check pending
   double check_wait_ = 0, check_iteration_ = 0, check_comm_ = 0;
   std::int64_t checks_made_ = 0;
+  bool monitoring_ = false;  // a check has passed: later windows go on watching (history not kept)
   std::size_t timeline_stale_layers_ = 0;  // k from the timeline before any check raised it
   std::vector<StallCheck> stall_checks_;
   bool planned_ = false;
