@@ -263,23 +263,19 @@ std::span<float> SaPipe::begin_iteration(std::int64_t t, IterationTimes& times) 
     // is applied now, the stale range without compensation, as D-Sync does.
     update_stale_range(t - 1, /*predict=*/false, times);
     step_synchronous_range(segment_range(stale_layers_, layers_), slots_[(t - 1) % 2], times);
-  } else if (t >= 2) {
+  } else if (t >= 2 && pipelined(t - 2) && stale_job_valid_[t % 2]) {
     // Pipelined: the stale range takes G(t-2) (reduced by now or waited for); the synchronous
-    // buckets of t-1 are applied by the forward hook, or here for a model without one.
-    if (pipelined(t - 2) && stale_job_valid_[t % 2]) {
-      wait_for(stale_job_[t % 2], "the stale layers", t - 2, times);
-      stale_job_valid_[t % 2] = false;
-      update_stale_range(t - 2, /*predict=*/true, times);
-    } else {
-      update_stale_range(-1, /*predict=*/true, times);
-    }
-  } else if (t >= 1 && pipelined(t - 1)) {
-    update_stale_range(-1, /*predict=*/true, times);  // pipelined from t - 1: L(t-1) is in flight
+    // buckets of t-1 are applied by the forward hook, or below for a model without one.
+    wait_for(stale_job_[t % 2], "the stale layers", t - 2, times);
+    stale_job_valid_[t % 2] = false;
+    update_stale_range(t - 2, /*predict=*/true, times);
   } else if (t >= 1) {
-    update_stale_range(-1, /*predict=*/false, times);  // drained: nothing in flight
+    // No stale gradient due (the pipeline started at t - 1, or was drained after t - 1): only the
+    // prediction, if L(t-1) is in flight.
+    update_stale_range(-1, /*predict=*/true, times);
   }
   if (previous_sync_pending_ && !model_.reports_forward_progress()) {
-    apply_sync_buckets(0, layers_, times);
+    apply_sync_buckets(layers_, times);
   }
   next_bucket_ = 0;
   hook_seconds_ = 0;
@@ -302,12 +298,12 @@ void SaPipe::forward_needs(std::size_t first, std::size_t end) {
     }
   }
   last_group_first_ = first;
-  if (previous_sync_pending_) apply_sync_buckets(first, end, *times_);
+  if (previous_sync_pending_) apply_sync_buckets(end, *times_);
   hook_exit_ = Clock::now();
   hook_seconds_ += Seconds(hook_exit_ - entry).count();
 }
 
-void SaPipe::apply_sync_buckets(std::size_t first, std::size_t end, IterationTimes& times) {
+void SaPipe::apply_sync_buckets(std::size_t end, IterationTimes& times) {
   // Buckets are in backward order; forward needs them from the last one (lowest segments) up.
   while (previous_sync_applied_ < sync_buckets_.size()) {
     const std::size_t index = sync_buckets_.size() - 1 - previous_sync_applied_;
@@ -317,7 +313,6 @@ void SaPipe::apply_sync_buckets(std::size_t first, std::size_t end, IterationTim
     step_synchronous_range(bucket, slots_[(iteration_ - 1) % 2], times);
     ++previous_sync_applied_;
   }
-  (void)first;
   if (previous_sync_applied_ == sync_buckets_.size()) previous_sync_pending_ = false;
 }
 
@@ -669,7 +664,7 @@ void SaPipe::finish(IterationTimes& times) {
     step_synchronous_range(segment_range(stale_layers_, layers_), slots_[last % 2], times);
     return;
   }
-  if (previous_sync_pending_) apply_sync_buckets(0, layers_, times);
+  if (previous_sync_pending_) apply_sync_buckets(layers_, times);
   // The stale range: G(T-2) if it was pipelined, then G(T-1), each compensated as usual, no
   // prediction after: the model ends with the true weights.
   for (std::int64_t g = last - 1; g <= last; ++g) {

@@ -132,8 +132,9 @@ class SaPipe final : public TrainingMethod {
   void segment_ready(std::size_t segment, double backward_seconds);
   void submit_ready(std::size_t lowest_ready_segment);
   void forward_needs(std::size_t first, std::size_t end);
-  // Applies the synchronous buckets of the previous iteration that intersect segments [first, end).
-  void apply_sync_buckets(std::size_t first, std::size_t end, IterationTimes& times);
+  // Applies (waiting for them) the synchronous buckets of the previous iteration not yet applied
+  // that start below segment `end`: forward is about to read segments below `end`.
+  void apply_sync_buckets(std::size_t end, IterationTimes& times);
   // The stale range's update with G(gradient_iteration) (or none: -1), then the prediction
   // (predict: something in flight).
   void update_stale_range(std::int64_t gradient_iteration, bool predict, IterationTimes& times);
