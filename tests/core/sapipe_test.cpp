@@ -423,7 +423,9 @@ TEST_P(SapipeReplay, WeightsComputedOnAndFinalWeightsMatchTheHeaderSemantics) {
   EXPECT_EQ(run.summary.method_report.sapipe->pipeline_start, start);
   const std::size_t stale = 784 * 10;
   const Expected expected = replay(run, c.compensation, stale, 0.1f, c.momentum, c.lambda, start);
-  if (c.lambda != 0.2f) EXPECT_EQ(run.summary.method_report.sapipe->bounded_compensations, 0);
+  if (c.lambda != 0.2f) {
+    EXPECT_EQ(run.summary.method_report.sapipe->bounded_compensations, 0);
+  }
   for (std::size_t r = 0; r < 2; ++r) {
     const auto& record = run.ranks[r];
     ASSERT_EQ(record.weights.size(), static_cast<std::size_t>(c.iterations));

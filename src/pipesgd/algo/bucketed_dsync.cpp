@@ -10,11 +10,6 @@
 namespace pipesgd {
 namespace {
 
-std::int64_t checked_profile_iterations(std::int64_t iterations) {
-  if (iterations < 1) throw UsageError(concat("--profile-iters must be >= 1, got ", iterations));
-  return iterations;
-}
-
 std::int64_t checked_replan_every(std::int64_t every) {
   if (every < 0) throw UsageError(concat("--replan-every must be >= 0 (0: never), got ", every));
   return every;
@@ -31,6 +26,11 @@ LayerProfile empty_profile(const Layout& layout, double bytes_per_element) {
 }
 
 }  // namespace
+
+std::int64_t checked_profile_iterations(std::int64_t iterations) {
+  if (iterations < 1) throw UsageError(concat("--profile-iters must be >= 1, got ", iterations));
+  return iterations;
+}
 
 std::vector<double> cost_probe_sizes(const LayerProfile& profile) {
   double smallest = 0, total = 0;

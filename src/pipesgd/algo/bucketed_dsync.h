@@ -61,6 +61,9 @@ LinearCost fit_measured_cost(std::span<const double> sizes, std::span<const doub
 // bucket unprofiled, and the first profiling cycle starts after them.
 inline constexpr std::int64_t kProfileWarmupIterations = 8;
 
+// --profile-iters as given, or UsageError if < 1 (the layer-wise methods and sapipe).
+std::int64_t checked_profile_iterations(std::int64_t iterations);
+
 class BucketedDSync final : public TrainingMethod {
  public:
   // Throws UsageError for an unknown plan (MethodConfig::buckets), codec or algorithm.

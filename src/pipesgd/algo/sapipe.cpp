@@ -17,11 +17,6 @@ std::int64_t checked_warmup(std::int64_t iterations) {
   return iterations;
 }
 
-std::int64_t checked_profile_iterations(std::int64_t iterations) {
-  if (iterations < 1) throw UsageError(concat("--profile-iters must be >= 1, got ", iterations));
-  return iterations;
-}
-
 float checked_lambda(float lambda) {
   if (!(lambda >= 0) || !std::isfinite(lambda)) {
     throw UsageError(concat("--dc-lambda must be >= 0 and finite, got ", lambda));

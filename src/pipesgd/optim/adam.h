@@ -6,6 +6,7 @@
 // The step count is kept per layout segment, so every range passed to step()/predict() must be whole
 // segments. One object per replica; not thread-safe (the compute thread owns it).
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -53,8 +54,22 @@ class Adam final : public Optimizer {
       float m = exp_avg[i], v = exp_avg_sq[i];
       return update(w, g, predict_negative_step_size, predict_sqrt_bias_correction2, m, v);
     }
+    // Mirrors LibTorch 1.13's Adam::step on CPU float tensors, for one element:
+    //   grad = grad.add(p, weight_decay)                    (only if weight_decay != 0)
+    //   exp_avg.mul_(beta1).add_(grad, 1 - beta1)
+    //   exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+    //   denom = (exp_avg_sq.sqrt() / sqrt(bias_correction2)).add_(eps)
+    //   p.addcdiv_(exp_avg, denom, -step_size)
+    // Returns the new weight and updates `m`, `v`.
     float update(float w, float g, float negative_step_size, float sqrt_bias_correction2, float& m,
-                 float& v) const;
+                 float& v) const {
+      float d = g;
+      if (weight_decay != 0) d = d + weight_decay * w;
+      m = m * beta1 + one_minus_beta1 * d;
+      v = v * beta2 + one_minus_beta2 * d * d;
+      const float denom = std::sqrt(v) / sqrt_bias_correction2 + epsilon;
+      return w + negative_step_size * m / denom;
+    }
   };
   // Calls body(begin, end, kernel) for each segment covering [offset, offset + count) (whole
   // segments), with element range [begin, end). `steps`: the body steps every element (the
@@ -67,12 +82,7 @@ class Adam final : public Optimizer {
       if (segment.offset >= end) break;
       PIPESGD_ASSERT(segment.offset + segment.count <= end);
       if (steps) ++step_counts_[index];
-      const StepConstants now = constants_for(std::max<std::int64_t>(1, step_counts_[index]));
-      const StepConstants next = constants_for(step_counts_[index] + 1);
-      ElementKernel kernel{options_.beta1, one_minus_beta1_, options_.beta2, one_minus_beta2_,
-                           options_.epsilon, options_.weight_decay, now.negative_step_size,
-                           now.sqrt_bias_correction2, next.negative_step_size,
-                           next.sqrt_bias_correction2, exp_avg_.data(), exp_avg_sq_.data()};
+      ElementKernel kernel = kernel_at(step_counts_[index]);
       body(segment.offset, segment.offset + segment.count, kernel);
     }
   }
@@ -84,6 +94,9 @@ class Adam final : public Optimizer {
     float sqrt_bias_correction2;    // sqrt(1 - beta2^step)
   };
   StepConstants constants_for(std::int64_t step) const;
+  // The kernel of a segment that has taken `steps` steps (step() uses max(1, steps), predict()
+  // steps + 1). It may write the moments only through step().
+  ElementKernel kernel_at(std::int64_t steps) const;
   // Index of the segment starting at `offset`; asserts that one does.
   std::size_t segment_starting_at(std::size_t offset) const;
 
