@@ -10,6 +10,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   openmpi-bin libopenmpi-dev
   dataset-fashion-mnist
+  clang libclang-rt-14-dev llvm  # scripts/fuzz.sh: libFuzzer, sanitizers, llvm-symbolizer
 )
 
 missing=()

@@ -673,6 +673,12 @@ void SaPipe::finish(IterationTimes& times) {
   }
 }
 
+std::uint64_t SaPipe::replica_checksum(Model& model) const {
+  if (true_weights_.empty()) return checksum_of(model.parameters());
+  const std::span<const float> parameters = model.parameters();
+  return checksum_of(true_weights_) * 31 + checksum_of(parameters.subspan(true_weights_.size()));
+}
+
 MethodReport SaPipe::report() const {
   MethodReport report;
   report.plan = sync_buckets_.empty() ? std::string("(no synchronous layers)")

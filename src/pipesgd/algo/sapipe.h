@@ -99,6 +99,9 @@ class SaPipe final : public TrainingMethod {
   void finish(IterationTimes& times) override;
   const SegmentReadyFn* segment_ready() override { return &on_segment_ready_; }
   MethodReport report() const override;
+  // With weight prediction the model's stale range holds this worker's prediction: the true weights
+  // are checked instead.
+  std::uint64_t replica_checksum(Model& model) const override;
 
  private:
   struct Job {

@@ -15,6 +15,11 @@ std::vector<std::string> method_names() {
   return {"dsync", "pipe", "wfbp", "synceasgd", "mgwfbp", "sapipe", "pssync", "asgd", "dcasgd", "odsgd"};
 }
 
+bool replicas_identical(const std::string& method) {
+  return method == "dsync" || method == "pipe" || method == "sapipe" || method == "pssync" ||
+         !implied_bucket_plan(method).empty();
+}
+
 OptimizerOptions optimizer_options(const MethodConfig& config) {
   OptimizerOptions options;
   options.name = config.optimizer;

@@ -19,6 +19,7 @@
 #include "pipesgd/collective/allreduce.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/comm/transport.h"
+#include "pipesgd/core/checksum.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/optim/delay_compensation.h"
 #include "pipesgd/optim/optimizer.h"
@@ -195,7 +196,16 @@ class TrainingMethod {
   // per segment in backward order), or nullptr if the method does not need readiness reports.
   virtual const SegmentReadyFn* segment_ready() { return nullptr; }
   virtual MethodReport report() const { return {}; }
+  // A checksum of what every replica of a synchronous method holds identically between iterations
+  // (--check-consistency): the model's parameters, unless the method keeps its true weights
+  // elsewhere (sapipe's weight prediction).
+  virtual std::uint64_t replica_checksum(Model& model) const { return checksum_of(model.parameters()); }
 };
+
+// Methods whose replicas hold identical weights between iterations (dsync and its plans, pipe,
+// sapipe, pssync): --check-consistency stops them at the first difference. (asgd, dcasgd and odsgd
+// replicas differ by design.)
+bool replicas_identical(const std::string& method);
 
 // Names accepted for --algo in this build.
 std::vector<std::string> method_names();

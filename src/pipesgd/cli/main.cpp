@@ -110,6 +110,10 @@ struct TrainFlags {
   // The optimizer (dsync, pipe, layer-wise, sapipe).
   std::string optimizer = "sgd";
   float adam_beta1 = 0.9f, adam_beta2 = 0.999f, adam_epsilon = 1e-8f;
+  // Reliability.
+  std::string on_nonfinite = "stop";
+  std::int64_t check_consistency = 0;
+  std::string inject_fault;
   bool quiet = false;
   bool no_eval = false;
   bool workers_given = false;  // --workers appeared on the command line
@@ -218,6 +222,18 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--adam-beta1", flags.adam_beta1, "Adam: first-moment decay")->capture_default_str();
   command.add_option("--adam-beta2", flags.adam_beta2, "Adam: second-moment decay")->capture_default_str();
   command.add_option("--adam-eps", flags.adam_epsilon, "Adam: epsilon")->capture_default_str();
+  command.add_option("--on-nonfinite", flags.on_nonfinite,
+                     "A NaN or Inf in a worker's gradient, found before it is sent: stop (the run ends naming "
+                     "the rank, layer and iteration) or skip (that layer's gradient is replaced by zeros, "
+                     "with a warning)")
+      ->capture_default_str();
+  command.add_option("--check-consistency", flags.check_consistency,
+                     "Every N iterations the workers compare a checksum of their weights; a difference "
+                     "stops the run naming the ranks (dsync, its plans, pipe, sapipe, pssync; 0: never)")
+      ->capture_default_str();
+  command.add_option("--inject-fault", flags.inject_fault,
+                     "Testing: rank=R,iter=N,kind=crash|hang makes worker R die (crash) or go silent "
+                     "(hang) at the start of iteration N; the others must exit within --comm-timeout");
   command.add_option("--codec", flags.codec,
                      "Gradient codec inside the allreduce: none, bf16 (16-bit truncation), int8 "
                      "(8-bit quantization); a method's +codec overrides it")
@@ -348,6 +364,9 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec, b
   }
   config.method.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
   config.method.optimizer = flags.optimizer;
+  config.on_nonfinite = flags.on_nonfinite;
+  config.check_consistency = flags.check_consistency;
+  if (!flags.inject_fault.empty()) config.fault = parse_fault_injection(flags.inject_fault);
   config.method.adam.beta1 = flags.adam_beta1;
   config.method.adam.beta2 = flags.adam_beta2;
   config.method.adam.epsilon = flags.adam_epsilon;

@@ -176,8 +176,12 @@ class Int8Codec final : public Codec {
   void decode_add(std::span<const std::byte> message, std::span<float> destination) const override {
     decode_into<true>(message, destination);
   }
-  // scale / 2, plus float rounding of the scale, of x / scale and of q * scale.
-  double error_bound(double max_abs) const override { return max_abs / 254.0 * (1 + 1e-4); }
+  // scale / 2, plus float rounding of the scale, of x / scale and of q * scale. A denormal scale is
+  // a multiple of 2^-149 (possibly 0), so a value clamped to level 127 may lose up to 127 * 2^-149;
+  // no error exceeds max_abs itself (x and its decoded value share a sign and |both| <= max_abs).
+  double error_bound(double max_abs) const override {
+    return std::max(max_abs / 254.0 * (1 + 1e-4), std::min(max_abs, 0x1p-142));
+  }
 };
 
 }  // namespace

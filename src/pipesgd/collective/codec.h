@@ -10,9 +10,10 @@
 //  int8  scalar quantization ("Q"): a message is [fp32 scale][int8 x n], scale = max|x| / 127
 //        (rounded down so that 127 * scale never overflows), each
 //        value round(x / scale) in [-127, 127]. |decode(encode(x)) - x| <= scale / 2 = max|x| / 254
-//        per element of the chunk. An all-zero chunk has scale 0 and decodes to zeros. If the chunk
-//        holds a NaN or Inf, the scale is NaN and the whole chunk decodes to NaN: a non-finite
-//        gradient is poisoned loudly, never silently clipped.
+//        per element of the chunk, or min(max|x|, 2^-142) if larger (tiny chunks, whose denormal
+//        scale is rounded to a multiple of 2^-149). An all-zero chunk has scale 0 and decodes to
+//        zeros. If the chunk holds a NaN or Inf, the scale is NaN and the whole chunk decodes to
+//        NaN: a non-finite gradient is poisoned loudly, never silently clipped.
 //
 // Codecs are stateless and thread-safe. Decoders validate the message size against the expected
 // element count and throw CommError on a mismatch (a peer can send anything).

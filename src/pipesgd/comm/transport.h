@@ -35,8 +35,10 @@ enum class Channel : std::uint8_t {
   // Layer-wise methods' planning reductions (the per-layer profile the bucket plan is computed
   // from): sequence = the plan's count.
   kPlanning = 4,
+  // The trainer's replica consistency checks (--check-consistency): sequence = the check's count.
+  kConsistency = 5,
 };
-inline constexpr int kChannelCount = 5;
+inline constexpr int kChannelCount = 6;
 
 constexpr Tag collective_tag(Channel channel, std::uint64_t sequence) {
   return (static_cast<Tag>(channel) << 32) | (sequence & 0xffffffffu);

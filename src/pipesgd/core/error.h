@@ -47,6 +47,18 @@ class PeerFailedError : public CommError {
   using CommError::CommError;
 };
 
+// A gradient is not finite (NaN or Inf) and --on-nonfinite stop is in effect.
+class NumericalError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Replicas that must hold identical weights do not (--check-consistency).
+class ReplicaDivergenceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Builds a message from any streamable parts: concat("rank ", 3, " timed out").
 template <typename... Parts>
 std::string concat(Parts&&... parts) {

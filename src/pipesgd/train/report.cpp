@@ -216,6 +216,8 @@ nlohmann::json summary_to_json(const RunSummary& s) {
           {"link_model_comm_eq5_s", s.link_model_comm},
           {"bytes_sent_per_iteration", s.bytes_sent_per_iteration},
           {"weights_checksum", concat(std::hex, s.weights_checksum)},
+          {"nonfinite_gradients_skipped", s.nonfinite_skipped},
+          {"consistency_checks_passed", s.consistency_checks},
           {"final_train_accuracy", s.final_train_accuracy},
           {"final_test_accuracy", s.final_test_accuracy},
           {"od_sgd_model", od_sgd_to_json(s.od_sgd)},
@@ -309,6 +311,12 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
                 ? "Eq. 4"
                 : "Eq. 2")
         << ".";
+  }
+  if (s.consistency_checks > 0) {
+    out << " Replica consistency: " << s.consistency_checks << " checks, every replica identical.";
+  }
+  if (s.nonfinite_skipped > 0) {
+    out << " Non-finite gradients skipped (layers zeroed): " << s.nonfinite_skipped << ".";
   }
   out << " Final train accuracy: " << accuracy(s.final_train_accuracy)
       << ", test accuracy: " << accuracy(s.final_test_accuracy) << "\n";

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <iomanip>
 #include <memory>
 #include <thread>
@@ -81,6 +84,10 @@ RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
                                    std::min(plan.total_iterations - 1, start + std::min<std::int64_t>(10, after / 10)));
   }
   plan.first_measured = std::max<std::int64_t>(0, plan.first_measured);
+  if (config.fault.active() && config.fault.iteration >= plan.total_iterations) {
+    throw UsageError(concat("--inject-fault: iteration ", config.fault.iteration, " is past the run's last (",
+                            plan.total_iterations - 1, ")"));
+  }
   return plan;
 }
 
@@ -104,6 +111,86 @@ struct SharedRunState {
   std::vector<std::vector<float>> final_parameters;
   double train_seconds = 0;                        // rank 0
   MethodReport method_report;                      // rank 0's
+  std::vector<std::int64_t> nonfinite_skipped;     // per rank: layers zeroed by --on-nonfinite skip
+  std::vector<std::int64_t> current_iteration;     // per rank: the iteration its compute thread is in
+  std::int64_t consistency_checks = 0;             // rank 0: --check-consistency checks passed
+  // Fault injection: set once any worker failed (threads only; nullptr when each rank is a
+  // process), and whether a crash ends a thread or the process.
+  const std::atomic<bool>* any_worker_failed = nullptr;
+  bool rank_is_process = false;
+};
+
+// True if every element of `values` is finite (no NaN or Inf): the exponent bits of none are all
+// ones. An integer OR over the bits, so the loop vectorizes.
+bool all_finite(std::span<const float> values) {
+  std::uint32_t all_ones_seen = 0;
+  for (float value : values) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    all_ones_seen |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return all_ones_seen == 0;
+}
+
+// Worker `rank` fails as --inject-fault asks, at the start of `iteration`. Never returns.
+[[noreturn]] void inject_fault(const FaultInjection& fault, const SharedRunState& shared, Timeout timeout) {
+  if (fault.kind == FaultInjection::Kind::kCrash) {
+    if (shared.rank_is_process) std::raise(SIGKILL);
+    throw InjectedFault{};
+  }
+  // Hang: alive but silent. A thread ends (silently) once another worker has failed, or after
+  // twice the comm timeout at the latest; a process sleeps until it is killed.
+  const auto give_up = Clock::now() + 2 * timeout + std::chrono::seconds(10);
+  while (shared.rank_is_process || Clock::now() < give_up) {
+    if (shared.any_worker_failed != nullptr && shared.any_worker_failed->load(std::memory_order_acquire)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  throw InjectedFault{};
+}
+
+// The replicas' weight checksums, compared every --check-consistency iterations. Collective over
+// the workers; throws ReplicaDivergenceError (the same on every worker) at a difference.
+class ConsistencyCheck {
+ public:
+  ConsistencyCheck(Transport& workers, const AllreduceOptions& options)
+      : codec_(make_codec("none")),
+        allreduce_(workers, 4 * static_cast<std::size_t>(workers.size()), *codec_, options),
+        rank_(workers.rank()),
+        pieces_(4 * static_cast<std::size_t>(workers.size())) {}
+
+  // Returns normally if every worker's checksum equals rank 0's.
+  void run(std::uint64_t checksum, std::int64_t iteration, std::uint64_t sequence) {
+    // 16 bits per float: exact in fp32, so the sum (all other slots zero) reproduces every checksum.
+    std::fill(pieces_.begin(), pieces_.end(), 0.0f);
+    for (int k = 0; k < 4; ++k) {
+      pieces_[4 * static_cast<std::size_t>(rank_) + static_cast<std::size_t>(k)] =
+          static_cast<float>((checksum >> (16 * k)) & 0xffffu);
+    }
+    allreduce_.run(pieces_, collective_tag(Channel::kConsistency, sequence));
+    const std::size_t ranks = pieces_.size() / 4;
+    std::vector<std::uint64_t> sums(ranks, 0);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (int k = 0; k < 4; ++k) {
+        sums[r] |= static_cast<std::uint64_t>(pieces_[4 * r + static_cast<std::size_t>(k)]) << (16 * k);
+      }
+    }
+    std::vector<std::string> differing;
+    for (std::size_t r = 1; r < ranks; ++r) {
+      if (sums[r] != sums[0]) differing.push_back(concat(r, " (", std::hex, sums[r], std::dec, ")"));
+    }
+    if (!differing.empty()) {
+      throw ReplicaDivergenceError(concat("replicas diverged by iteration ", iteration,
+                                          ": the weights of rank", differing.size() > 1 ? "s " : " ",
+                                          join(differing), " differ from rank 0's (", std::hex, sums[0],
+                                          std::dec, ") (--check-consistency)"));
+    }
+  }
+
+ private:
+  std::unique_ptr<Codec> codec_;
+  RingAllreduce allreduce_;
+  int rank_;
+  std::vector<float> pieces_;
 };
 
 void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
@@ -130,6 +217,10 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   try {
     train_epochs(rank, config, plan, model, transport, data, *method, shared);
     if (rank == 0) shared.method_report = method->report();
+  } catch (const CommTimeoutError& error) {
+    // The one line names the peer, the operation and the tag; add where this worker was.
+    transport.report_failure(error.what());
+    throw CommTimeoutError(concat(error.what(), " (worker ", rank, " at iteration ", shared.current_iteration[rank], ")"));
   } catch (const std::exception& error) {
     // Tell the other ranks before `method` (and its comm thread) unwinds, so they stop waiting now.
     transport.report_failure(error.what());
@@ -153,7 +244,41 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
 
   static const SegmentReadyFn no_reports;
   const SegmentReadyFn* ready = method.segment_ready();
-  const SegmentReadyFn& on_ready = ready != nullptr ? *ready : no_reports;
+  const SegmentReadyFn& method_ready = ready != nullptr ? *ready : no_reports;
+  std::unique_ptr<ConsistencyCheck> consistency;
+  if (config.check_consistency > 0) {
+    consistency = std::make_unique<ConsistencyCheck>(worker_ranks, config.method.allreduce);
+  }
+  // --on-nonfinite: every segment's gradient is checked as backward reports it final, before the
+  // method may send it; a model that reports no segment is checked after backward.
+  const Layout& layout = model.layout();
+  const bool skip_nonfinite = config.on_nonfinite == "skip";
+  std::span<float> gradients;
+  std::int64_t iteration_in_progress = 0;
+  std::size_t segments_checked = 0;
+  std::string nonfinite_layer;  // "stop": the first non-finite layer of this iteration
+  std::int64_t& skipped = shared.nonfinite_skipped[rank];
+  auto check_segment = [&](std::size_t segment) -> bool {  // false: do not pass it on
+    ++segments_checked;
+    if (!nonfinite_layer.empty()) return false;  // "stop": nothing more goes to the method
+    const std::span<float> values = layout.slice(gradients, segment);
+    if (all_finite(values)) return true;
+    if (!skip_nonfinite) {
+      if (nonfinite_layer.empty()) nonfinite_layer = layout.segment(segment).name;
+      return false;
+    }
+    std::fill(values.begin(), values.end(), 0.0f);
+    if (++skipped <= 10) {
+      std::cerr << concat("pipesgd: warning: rank ", rank, ": non-finite gradient in layer '",
+                          layout.segment(segment).name, "' at iteration ", iteration_in_progress,
+                          " replaced by zeros (--on-nonfinite skip)", skipped == 10 ? "; further ones not shown" : "",
+                          "\n");
+    }
+    return true;
+  };
+  const SegmentReadyFn on_ready = [&](std::size_t segment, double seconds) {
+    if (check_segment(segment) && method_ready) method_ready(segment, seconds);
+  };
   std::int64_t t = 0;
   double train_seconds = 0;
   for (std::int64_t epoch = 0; epoch < plan.epochs; ++epoch) {
@@ -165,8 +290,15 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
     double correct = 0;  // training examples predicted right (before their update)
     for (std::int64_t i = 0; i < count; ++i, ++t) {
       IterationTimes& record = times[t];
+      shared.current_iteration[rank] = t;
+      if (config.fault.active() && config.fault.rank == rank && config.fault.iteration == t) {
+        inject_fault(config.fault, shared, config.method.allreduce.timeout);
+      }
       Stopwatch iteration;
-      std::span<float> gradients = method.begin_iteration(t, record);
+      gradients = method.begin_iteration(t, record);
+      iteration_in_progress = t;
+      segments_checked = 0;
+      nonfinite_layer.clear();
       Stopwatch loading;
       const Batch batch = assembler.assemble(sampler.batch_indices(static_cast<std::size_t>(i)));
       record.data = loading.seconds();
@@ -174,8 +306,22 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
       record.forward = step.forward_seconds;
       record.backward = step.backward_seconds;
       record.loss = step.loss;
+      if (segments_checked < layout.segment_count()) {
+        // The model reported not every segment: check them all now (before end_iteration sends).
+        for (std::size_t s = 0; s < layout.segment_count(); ++s) check_segment(s);
+      }
+      if (!nonfinite_layer.empty()) {
+        throw NumericalError(concat("rank ", rank, ": non-finite gradient (NaN or Inf) in layer '", nonfinite_layer,
+                                    "' at iteration ", t, ", loss ", step.loss,
+                                    " (--on-nonfinite stop; lower --lr, or skip such gradients with "
+                                    "--on-nonfinite skip)"));
+      }
       method.end_iteration(t, record);
       record.iteration = iteration.seconds();
+      if (consistency && (t + 1) % config.check_consistency == 0) {
+        consistency->run(method.replica_checksum(model), t, static_cast<std::uint64_t>((t + 1) / config.check_consistency));
+        if (leader) ++shared.consistency_checks;
+      }
       loss_sum += step.loss;
       correct += static_cast<double>(step.correct);
       if (leader) {
@@ -319,6 +465,8 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
   summary.staleness = config.method.name == "pipe" ? config.method.staleness
                       : config.method.name == "sapipe" ? 2
                                                        : 1;
+  for (std::int64_t skipped : shared.nonfinite_skipped) summary.nonfinite_skipped += skipped;
+  summary.consistency_checks = shared.consistency_checks;
   summary.method_report = shared.method_report;
   summary.plan = shared.method_report.plan;
   summary.allreduce_calls = shared.method_report.allreduce_calls;
@@ -461,6 +609,22 @@ void validate_train_config(const TrainConfig& config) {
                             "and odsgd, not '",
                             config.method.name, "'"));
   }
+  if (config.on_nonfinite != "stop" && config.on_nonfinite != "skip") {
+    throw UsageError(concat("--on-nonfinite must be stop or skip, got '", config.on_nonfinite, "'"));
+  }
+  if (config.check_consistency < 0 || config.check_consistency > kMaxIterations) {
+    throw UsageError(concat("--check-consistency must be in [0, ", kMaxIterations, "] (0: never), got ",
+                            config.check_consistency));
+  }
+  if (config.check_consistency > 0 && !replicas_identical(config.method.name)) {
+    throw UsageError(concat("--check-consistency: the replicas of '", config.method.name,
+                            "' differ by design (each worker trains on its own weights); it applies to "
+                            "dsync and its plans, pipe, sapipe and pssync"));
+  }
+  if (config.fault.active() && config.fault.rank >= config.workers) {
+    throw UsageError(concat("--inject-fault: rank ", config.fault.rank, " is not a worker (the run has ",
+                            config.workers, " workers: ranks 0-", config.workers - 1, ")"));
+  }
   make_codec(config.method.codec);
   if (config.method.optimizer != "sgd" && (method_uses_servers(config.method.name))) {
     throw UsageError(concat("--optimizer ", config.method.optimizer, ": the parameter-server methods run SGD on "
@@ -565,7 +729,10 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
   shared.bytes_sent.assign(config.workers, 0);
   shared.failures.assign(ranks, nullptr);
   shared.final_parameters.resize(config.keep_parameters ? config.workers : 0);
+  shared.nonfinite_skipped.assign(config.workers, 0);
+  shared.current_iteration.assign(config.workers, 0);
   std::atomic<bool> worker_failed{false};  // stops the servers at once (ServeOptions::stop)
+  shared.any_worker_failed = &worker_failed;
 
   std::vector<std::thread> threads;
   for (int rank = 0; rank < config.workers; ++rank) {
@@ -573,6 +740,8 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
       Transport& transport = fabric.endpoint(rank);
       try {
         run_worker(rank, config, plan, *models[rank], transport, data, shared);
+      } catch (const InjectedFault&) {
+        // --inject-fault: this worker "died" without a word; the others find out by their timeouts.
       } catch (const std::exception& error) {
         shared.failures[rank] = std::current_exception();
         transport.report_failure(error.what());
@@ -656,6 +825,9 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
   shared.bytes_sent.assign(config.workers, 0);
   shared.failures.assign(config.workers, nullptr);
   shared.final_parameters.resize(config.keep_parameters ? config.workers : 0);
+  shared.nonfinite_skipped.assign(config.workers, 0);
+  shared.current_iteration.assign(config.workers, 0);
+  shared.rank_is_process = true;
   run_worker(rank, config, plan, *model, transport, data, shared);  // reports its own failure
   try {
     // The timings are gathered among the workers only.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pipesgd/algo/training_method.h"
+#include "pipesgd/train/fault_injection.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/data/dataset.h"
@@ -42,6 +43,15 @@ struct TrainConfig {
   bool evaluate = true;               // test accuracy after every epoch
   bool keep_parameters = false;       // return every rank's final parameters (tests)
   bool deprioritize_compute = true;   // core/thread_priority.h: comm threads preempt compute
+  // Reliability. --on-nonfinite: a NaN or Inf in a worker's gradient, found before it is
+  // communicated, stops the run with a NumericalError naming the rank, layer and iteration ("stop")
+  // or is replaced by zeros in that layer with a warning ("skip"). --check-consistency N: every N
+  // iterations the workers compare a checksum of their weights (methods with identical replicas
+  // only); a difference stops the run with a ReplicaDivergenceError naming the ranks. --inject-fault:
+  // train/fault_injection.h.
+  std::string on_nonfinite = "stop";
+  std::int64_t check_consistency = 0;
+  FaultInjection fault;
 };
 
 struct EpochRecord {
@@ -103,6 +113,8 @@ struct RunSummary {
   double final_test_accuracy = -1;
   std::uint64_t bytes_sent_per_iteration = 0;  // per worker
   std::uint64_t weights_checksum = 0;          // FNV-1a of rank 0's final parameters
+  std::int64_t nonfinite_skipped = 0;          // --on-nonfinite skip: layers zeroed, all workers
+  std::int64_t consistency_checks = 0;         // --check-consistency: checks passed
   std::vector<EpochRecord> epochs;
   std::vector<std::vector<float>> final_parameters;  // per rank, if keep_parameters
 };
