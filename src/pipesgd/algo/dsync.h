@@ -11,6 +11,8 @@ class DSync final : public TrainingMethod {
   std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   void finish(IterationTimes&) override {}
+  void save_state(CheckpointWriter& out) override { optimizer_->save_state(out, "method."); }
+  void load_state(const CheckpointReader& in, std::int64_t) override { optimizer_->load_state(in, "method."); }
   MethodReport report() const override {
     MethodReport report;
     report.allreduce_calls = 1;

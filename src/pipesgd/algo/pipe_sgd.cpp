@@ -138,6 +138,51 @@ void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
   work_submitted_.notify_one();
 }
 
+void PipeSgd::save_state(CheckpointWriter& out) {
+  {
+    std::unique_lock lock(mutex_);
+    const bool drained = slot_reduced_.wait_for(lock, timeout_, [&] { return queue_size_ == 0 || comm_failure_ != nullptr; });
+    if (comm_failure_) std::rethrow_exception(comm_failure_);
+    if (!drained) {
+      throw CommTimeoutError(concat("pipe-sgd: rank ", transport_.rank(), " waited more than ",
+                                    std::chrono::duration<double>(timeout_).count(),
+                                    " s for its allreduces in flight before a checkpoint"));
+    }
+  }
+  optimizer_->save_state(out, "method.");
+  out.add_int("method.pipe.slots", staleness_);
+  for (int k = 0; k < staleness_; ++k) {
+    const Slot& slot = slots_[static_cast<std::size_t>(k)];
+    const std::string name = concat("method.pipe.slot", k, ".");
+    out.add_int(name + "reduced", slot.state == SlotState::reduced ? 1 : 0);
+    out.add_int(name + "iteration", slot.iteration);
+    if (slot.state == SlotState::reduced) out.add(name + "gradient", std::span<const float>(slot.gradient));
+  }
+}
+
+void PipeSgd::load_state(const CheckpointReader& in, std::int64_t next_iteration) {
+  optimizer_->load_state(in, "method.");
+  if (in.integer("method.pipe.slots") != staleness_) {
+    throw DataError(concat("checkpoint '", in.origin(), "': written with --staleness-k ",
+                           in.integer("method.pipe.slots"), ", this run has ", staleness_));
+  }
+  for (int k = 0; k < staleness_; ++k) {
+    Slot& slot = slots_[static_cast<std::size_t>(k)];
+    const std::string name = concat("method.pipe.slot", k, ".");
+    slot.iteration = in.integer(name + "iteration");
+    slot.state = in.integer(name + "reduced") != 0 ? SlotState::reduced : SlotState::empty;
+    if (slot.state == SlotState::reduced) {
+      const std::span<const float> gradient = in.floats(name + "gradient");
+      if (gradient.size() != slot.gradient.size()) {
+        throw DataError(concat("checkpoint '", in.origin(), "': slot gradient of ", gradient.size(),
+                               " values for a model of ", slot.gradient.size()));
+      }
+      std::copy(gradient.begin(), gradient.end(), slot.gradient.begin());
+    }
+  }
+  next_iteration_ = next_iteration;
+}
+
 void PipeSgd::finish(IterationTimes& times) {
   for (int k = 0; k < staleness_; ++k) {
     const std::int64_t t = next_iteration_ + k;

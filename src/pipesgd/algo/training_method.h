@@ -19,6 +19,7 @@
 #include "pipesgd/collective/allreduce.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/comm/transport.h"
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/checksum.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/optim/delay_compensation.h"
@@ -40,6 +41,7 @@ struct IterationTimes {
   double wait = 0;       // exposed communication: compute thread blocked on communication
   double comm = 0;       // allreduce time on the thread that ran it (consumed this iteration)
   double iteration = 0;  // whole iteration on the compute thread
+  double checkpoint = 0; // writing this worker's checkpoint after the iteration (not in `iteration`)
   double loss = 0;
   bool pipelined = false;  // false during warm-up / for synchronous methods
 
@@ -53,6 +55,7 @@ struct IterationTimes {
     wait += weight * other.wait;
     comm += weight * other.comm;
     iteration += weight * other.iteration;
+    checkpoint += weight * other.checkpoint;
     loss += weight * other.loss;
   }
 };
@@ -200,7 +203,18 @@ class TrainingMethod {
   // (--check-consistency): the model's parameters, unless the method keeps its true weights
   // elsewhere (sapipe's weight prediction).
   virtual std::uint64_t replica_checksum(Model& model) const { return checksum_of(model.parameters()); }
+  // Checkpoints (--checkpoint-dir). save_state, called after end_iteration(t), writes what this
+  // worker's method needs to go on exactly with iteration t + 1 (it waits for the communication in
+  // flight, applying nothing); load_state, called on a freshly built method before
+  // begin_iteration(t + 1), reads it back. The model's parameters are saved by the trainer. The
+  // defaults throw UsageError: the method cannot be checkpointed (checked before training by
+  // method_supports_checkpoints).
+  virtual void save_state(CheckpointWriter& out);
+  virtual void load_state(const CheckpointReader& in, std::int64_t next_iteration);
 };
+
+// True if `config`'s method implements save_state / load_state.
+bool method_supports_checkpoints(const MethodConfig& config);
 
 // Methods whose replicas hold identical weights between iterations (dsync and its plans, pipe,
 // sapipe, pssync): --check-consistency stops them at the first difference. (asgd, dcasgd and odsgd

@@ -111,6 +111,9 @@ struct TrainFlags {
   std::string optimizer = "sgd";
   float adam_beta1 = 0.9f, adam_beta2 = 0.999f, adam_epsilon = 1e-8f;
   // Reliability.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  bool resume = false;
   std::string on_nonfinite = "stop";
   std::int64_t check_consistency = 0;
   std::string inject_fault;
@@ -222,6 +225,15 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--adam-beta1", flags.adam_beta1, "Adam: first-moment decay")->capture_default_str();
   command.add_option("--adam-beta2", flags.adam_beta2, "Adam: second-moment decay")->capture_default_str();
   command.add_option("--adam-eps", flags.adam_epsilon, "Adam: epsilon")->capture_default_str();
+  command.add_option("--checkpoint-dir", flags.checkpoint_dir,
+                     "Directory of checkpoints: written every --checkpoint-every iterations (atomically, with a "
+                     "checksum; the 2 newest complete ones are kept), read by --resume");
+  command.add_option("--checkpoint-every", flags.checkpoint_every,
+                     "Write a checkpoint every N iterations (dsync and pipe; 0: never)")
+      ->capture_default_str();
+  command.add_flag("--resume", flags.resume,
+                   "Continue from the newest complete, valid checkpoint in --checkpoint-dir (torn or corrupt "
+                   "ones are skipped with a warning); the result is bit-identical to an uninterrupted run");
   command.add_option("--on-nonfinite", flags.on_nonfinite,
                      "A NaN or Inf in a worker's gradient, found before it is sent: stop (the run ends naming "
                      "the rank, layer and iteration) or skip (that layer's gradient is replaced by zeros, "
@@ -365,6 +377,9 @@ TrainConfig to_config(const TrainFlags& flags, const std::string& method_spec, b
   config.method.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
   config.method.optimizer = flags.optimizer;
   config.on_nonfinite = flags.on_nonfinite;
+  config.checkpoint_dir = flags.checkpoint_dir;
+  config.checkpoint_every = flags.checkpoint_every;
+  config.resume = flags.resume;
   config.check_consistency = flags.check_consistency;
   if (!flags.inject_fault.empty()) config.fault = parse_fault_injection(flags.inject_fault);
   config.method.adam.beta1 = flags.adam_beta1;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -45,6 +47,26 @@ std::size_t Adam::segment_starting_at(std::size_t offset) const {
                                       [](const Segment& s, std::size_t o) { return s.offset < o; });
   PIPESGD_ASSERT(found != segments.end() && found->offset == offset);
   return static_cast<std::size_t>(found - segments.begin());
+}
+
+void Adam::save_state(CheckpointWriter& out, const std::string& prefix) const {
+  out.add(prefix + "adam.exp_avg", std::span<const float>(exp_avg_));
+  out.add(prefix + "adam.exp_avg_sq", std::span<const float>(exp_avg_sq_));
+  out.add(prefix + "adam.steps", std::as_bytes(std::span<const std::int64_t>(step_counts_)));
+}
+
+void Adam::load_state(const CheckpointReader& in, const std::string& prefix) {
+  const std::span<const float> m = in.floats(prefix + "adam.exp_avg");
+  const std::span<const float> v = in.floats(prefix + "adam.exp_avg_sq");
+  const std::span<const std::byte> steps = in.bytes(prefix + "adam.steps");
+  if (m.size() != exp_avg_.size() || v.size() != exp_avg_sq_.size() ||
+      steps.size() != step_counts_.size() * sizeof(std::int64_t)) {
+    throw DataError(concat("checkpoint '", in.origin(), "': Adam state of another size (",
+                           m.size(), " moments for ", exp_avg_.size(), " parameters)"));
+  }
+  std::copy(m.begin(), m.end(), exp_avg_.begin());
+  std::copy(v.begin(), v.end(), exp_avg_sq_.begin());
+  std::memcpy(step_counts_.data(), steps.data(), steps.size());
 }
 
 Adam::ElementKernel Adam::kernel_at(std::int64_t steps) const {

@@ -34,6 +34,9 @@ class Adam final : public Optimizer {
   void predict(std::span<const float> parameters, std::span<const float> gradients, float gradient_scale,
                std::size_t offset, std::span<float> predicted) const override;
 
+  void save_state(CheckpointWriter& out, const std::string& prefix) const override;
+  void load_state(const CheckpointReader& in, const std::string& prefix) override;
+
   // Steps taken so far by segment `index` of the layout (for tests and checkpoints).
   std::int64_t step_count(std::size_t index) const { return step_counts_.at(index); }
 

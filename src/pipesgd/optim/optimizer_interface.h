@@ -4,8 +4,12 @@
 // meaning of predict() are documented in optimizer.h.
 #include <cstddef>
 #include <span>
+#include <string>
 
 namespace pipesgd {
+
+class CheckpointWriter;
+class CheckpointReader;
 
 class Optimizer {
  public:
@@ -18,6 +22,10 @@ class Optimizer {
   // may alias `parameters`. Same range rules as step().
   virtual void predict(std::span<const float> parameters, std::span<const float> gradients,
                        float gradient_scale, std::size_t offset, std::span<float> predicted) const = 0;
+  // Checkpoints: the optimizer's state (momentum, moments, step counts) as sections named
+  // `prefix` + ...; load_state throws DataError if a section is missing or has the wrong size.
+  virtual void save_state(CheckpointWriter& out, const std::string& prefix) const = 0;
+  virtual void load_state(const CheckpointReader& in, const std::string& prefix) = 0;
 };
 
 }  // namespace pipesgd

@@ -1,7 +1,9 @@
 #include "pipesgd/optim/sgd.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -40,6 +42,19 @@ void Sgd::step(std::span<float> parameters, std::span<const float> gradients, fl
     v[i] = momentum * v[i] + d;
     w[i] -= lr * v[i];
   }
+}
+
+void Sgd::save_state(CheckpointWriter& out, const std::string& prefix) const {
+  out.add(prefix + "sgd.velocity", std::span<const float>(velocity_));
+}
+
+void Sgd::load_state(const CheckpointReader& in, const std::string& prefix) {
+  const std::span<const float> velocity = in.floats(prefix + "sgd.velocity");
+  if (velocity.size() != velocity_.size()) {
+    throw DataError(concat("checkpoint '", in.origin(), "': ", velocity.size(), " SGD momentum values for ",
+                           velocity_.size(), " parameters (a checkpoint of another model?)"));
+  }
+  std::copy(velocity.begin(), velocity.end(), velocity_.begin());
 }
 
 // The same float operations, in the same order, as step().

@@ -53,6 +53,9 @@ class Sgd final : public Optimizer {
       return w - learning_rate * next_velocity;
     }
   };
+  void save_state(CheckpointWriter& out, const std::string& prefix) const override;
+  void load_state(const CheckpointReader& in, const std::string& prefix) override;
+
   ElementKernel element_kernel() {
     return {options_.learning_rate, options_.momentum, options_.weight_decay, velocity_.data()};
   }

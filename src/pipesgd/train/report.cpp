@@ -13,7 +13,7 @@ namespace {
 nlohmann::json times_to_json(const IterationTimes& t) {
   return {{"update_s", t.update},   {"compensation_s", t.compensation}, {"data_s", t.data},       {"forward_s", t.forward},
           {"backward_s", t.backward},
-          {"wait_s", t.wait},       {"comm_s", t.comm},       {"iteration_s", t.iteration},
+          {"wait_s", t.wait},       {"comm_s", t.comm},       {"iteration_s", t.iteration}, {"checkpoint_s", t.checkpoint},
           {"loss", t.loss}};
 }
 
@@ -218,6 +218,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
           {"weights_checksum", concat(std::hex, s.weights_checksum)},
           {"nonfinite_gradients_skipped", s.nonfinite_skipped},
           {"consistency_checks_passed", s.consistency_checks},
+          {"resumed_from_iteration", s.resumed_from},
           {"final_train_accuracy", s.final_train_accuracy},
           {"final_test_accuracy", s.final_test_accuracy},
           {"od_sgd_model", od_sgd_to_json(s.od_sgd)},
@@ -312,6 +313,7 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
                 : "Eq. 2")
         << ".";
   }
+  if (s.resumed_from >= 0) out << " Resumed at iteration " << s.resumed_from << " from its checkpoint.";
   if (s.consistency_checks > 0) {
     out << " Replica consistency: " << s.consistency_checks << " checks, every replica identical.";
   }

@@ -5,9 +5,11 @@
 #include <csignal>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <iomanip>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "pipesgd/algo/bucketed_dsync.h"
@@ -17,6 +19,7 @@
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/comm/rank_subset_transport.h"
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/checksum.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
@@ -118,7 +121,95 @@ struct SharedRunState {
   // process), and whether a crash ends a thread or the process.
   const std::atomic<bool>* any_worker_failed = nullptr;
   bool rank_is_process = false;
+  // --resume: the checkpoint set the workers continue from (read by each worker for its part).
+  std::optional<CheckpointSet> resume_from;
 };
+
+std::string rank_part(int rank) { return concat("rank", rank); }
+
+// What a checkpoint must match to be resumed by this run.
+std::string run_fingerprint(const TrainConfig& config, const RunPlan& plan) {
+  return concat("method ", config.method_spec, ", model ", config.model, ", ", config.workers, " workers, batch ",
+                config.batch, ", seed ", config.seed, ", ", plan.total_iterations, " iterations");
+}
+
+// The parts a complete checkpoint of this run has.
+std::vector<std::string> checkpoint_parts(const TrainConfig& config) {
+  std::vector<std::string> parts{"shared"};
+  for (int r = 0; r < config.workers; ++r) parts.push_back(rank_part(r));
+  return parts;
+}
+
+// --resume: the newest complete valid checkpoint of this run in config.checkpoint_dir, its shared
+// part read into `shared` (epoch records). Throws UsageError if there is none or it is another run's.
+void find_resume_point(const TrainConfig& config, const RunPlan& plan, SharedRunState& shared, bool leader) {
+  auto warn = [&](const std::string& line) {
+    if (leader) std::cerr << "pipesgd: warning: " << line << "\n";
+  };
+  shared.resume_from = find_newest_valid_checkpoint(config.checkpoint_dir, checkpoint_parts(config), warn);
+  if (!shared.resume_from) {
+    throw UsageError(concat("--resume: no complete, valid checkpoint in '", config.checkpoint_dir, "'"));
+  }
+  const CheckpointReader shared_part = CheckpointReader::read_file(shared.resume_from->parts.at("shared"));
+  const std::string written_by(shared_part.string("run"));
+  if (written_by != run_fingerprint(config, plan)) {
+    throw UsageError(concat("--resume: the checkpoint in '", config.checkpoint_dir, "' is of another run (",
+                            written_by, "; this run: ", run_fingerprint(config, plan), ")"));
+  }
+  const std::span<const float> epochs = shared_part.floats("epochs");
+  for (std::size_t k = 0; k + 7 <= epochs.size(); k += 7) {
+    EpochRecord record;
+    record.epoch = static_cast<std::int64_t>(epochs[k]);
+    record.iterations = static_cast<std::int64_t>(epochs[k + 1]);
+    record.train_loss = epochs[k + 2];
+    record.train_accuracy = epochs[k + 3];
+    record.test_accuracy = epochs[k + 4];
+    record.test_loss = epochs[k + 5];
+    record.elapsed_seconds = epochs[k + 6];
+    shared.epochs.push_back(record);
+  }
+}
+
+// A resumed run measures its means from 10 iterations after where it resumed.
+void resume_plan(RunPlan& plan, std::int64_t start) {
+  plan.first_measured = std::max(plan.first_measured,
+                                 std::min(plan.total_iterations - 1, start + std::min<std::int64_t>(10, (plan.total_iterations - start) / 10)));
+}
+
+void ensure_checkpoint_directory(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error || !std::filesystem::is_directory(dir)) {
+    throw UsageError(concat("--checkpoint-dir '", dir, "': cannot create directory",
+                            error ? concat(" (", error.message(), ")") : std::string()));
+  }
+}
+
+// Writes this worker's part of the checkpoint after iteration t (and rank 0 the shared part).
+void write_checkpoint(const TrainConfig& config, const RunPlan& plan, int rank, std::int64_t t, Model& model,
+                      TrainingMethod& method, double epoch_loss_sum, double epoch_correct, SharedRunState& shared) {
+  CheckpointWriter part;
+  part.add_int("next_iteration", t + 1);
+  part.add("model.parameters", std::span<const float>(model.parameters()));
+  const double sums[2] = {epoch_loss_sum, epoch_correct};
+  part.add("epoch_sums", std::as_bytes(std::span<const double>(sums)));
+  method.save_state(part);
+  part.write_atomically(checkpoint_path(config.checkpoint_dir, t + 1, rank_part(rank)));
+  if (rank != 0) return;
+  CheckpointWriter common;
+  common.add_string("run", run_fingerprint(config, plan));
+  common.add_int("next_iteration", t + 1);
+  std::vector<float> epochs;
+  for (const EpochRecord& e : shared.epochs) {
+    for (double value : {double(e.epoch), double(e.iterations), e.train_loss, e.train_accuracy, e.test_accuracy,
+                         e.test_loss, e.elapsed_seconds}) {
+      epochs.push_back(static_cast<float>(value));
+    }
+  }
+  common.add("epochs", std::span<const float>(epochs));
+  common.write_atomically(checkpoint_path(config.checkpoint_dir, t + 1, "shared"));
+  prune_checkpoints(config.checkpoint_dir, 2, checkpoint_parts(config));
+}
 
 // True if every element of `values` is finite (no NaN or Inf): the exponent bits of none are all
 // ones. An integer OR over the bits, so the loop vectorizes.
@@ -281,14 +372,38 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
   };
   std::int64_t t = 0;
   double train_seconds = 0;
-  for (std::int64_t epoch = 0; epoch < plan.epochs; ++epoch) {
+  // --resume: this worker's part of the checkpoint: weights, method state, its place in the epoch.
+  std::int64_t start = 0;
+  double resumed_loss_sum = 0, resumed_correct = 0;
+  if (shared.resume_from) {
+    const CheckpointReader part = CheckpointReader::read_file(shared.resume_from->parts.at(rank_part(rank)));
+    start = part.integer("next_iteration");
+    const std::span<const float> weights = part.floats("model.parameters");
+    if (weights.size() != model.parameters().size()) {
+      throw DataError(concat("checkpoint '", part.origin(), "': ", weights.size(), " weights for a model of ",
+                             model.parameters().size()));
+    }
+    std::copy(weights.begin(), weights.end(), model.parameters().begin());
+    method.load_state(part, start);
+    const std::span<const std::byte> sums = part.bytes("epoch_sums");
+    if (sums.size() != 2 * sizeof(double)) throw DataError(concat("checkpoint '", part.origin(), "': bad epoch_sums"));
+    double values[2];
+    std::memcpy(values, sums.data(), sizeof values);
+    resumed_loss_sum = values[0];
+    resumed_correct = values[1];
+    if (leader) train_seconds = shared.epochs.empty() ? 0.0 : shared.epochs.back().elapsed_seconds;
+  }
+  t = start;
+  for (std::int64_t epoch = start / plan.iterations_per_epoch; epoch < plan.epochs; ++epoch) {
     sampler.start_epoch(static_cast<std::size_t>(epoch));
-    const std::int64_t count = std::min(plan.iterations_per_epoch, plan.total_iterations - t);
+    const std::int64_t epoch_start = epoch * plan.iterations_per_epoch;
+    const std::int64_t count = std::min(plan.iterations_per_epoch, plan.total_iterations - epoch_start);
     progress.start_epoch(epoch, plan.epochs, count);
     Stopwatch epoch_clock;
-    double loss_sum = 0;
-    double correct = 0;  // training examples predicted right (before their update)
-    for (std::int64_t i = 0; i < count; ++i, ++t) {
+    const bool resumed_epoch = t > epoch_start;
+    double loss_sum = resumed_epoch ? resumed_loss_sum : 0;
+    double correct = resumed_epoch ? resumed_correct : 0;  // training examples predicted right (before their update)
+    for (std::int64_t i = t - epoch_start; i < count; ++i, ++t) {
       IterationTimes& record = times[t];
       shared.current_iteration[rank] = t;
       if (config.fault.active() && config.fault.rank == rank && config.fault.iteration == t) {
@@ -321,6 +436,12 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
       if (consistency && (t + 1) % config.check_consistency == 0) {
         consistency->run(method.replica_checksum(model), t, static_cast<std::uint64_t>((t + 1) / config.check_consistency));
         if (leader) ++shared.consistency_checks;
+      }
+      if (config.checkpoint_every > 0 && (t + 1) % config.checkpoint_every == 0 && t + 1 < plan.total_iterations) {
+        Stopwatch writing;
+        write_checkpoint(config, plan, rank, t, model, method, loss_sum + step.loss,
+                         correct + static_cast<double>(step.correct), shared);
+        record.checkpoint = writing.seconds();
       }
       loss_sum += step.loss;
       correct += static_cast<double>(step.correct);
@@ -467,6 +588,7 @@ RunSummary summarize(const TrainConfig& config, const RunPlan& plan, SharedRunSt
                                                        : 1;
   for (std::int64_t skipped : shared.nonfinite_skipped) summary.nonfinite_skipped += skipped;
   summary.consistency_checks = shared.consistency_checks;
+  summary.resumed_from = shared.resume_from ? shared.resume_from->iteration : -1;
   summary.method_report = shared.method_report;
   summary.plan = shared.method_report.plan;
   summary.allreduce_calls = shared.method_report.allreduce_calls;
@@ -609,6 +731,20 @@ void validate_train_config(const TrainConfig& config) {
                             "and odsgd, not '",
                             config.method.name, "'"));
   }
+  if (config.checkpoint_every < 0 || config.checkpoint_every > kMaxIterations) {
+    throw UsageError(concat("--checkpoint-every must be in [0, ", kMaxIterations, "] (0: never), got ",
+                            config.checkpoint_every));
+  }
+  if ((config.checkpoint_every > 0 || config.resume) && config.checkpoint_dir.empty()) {
+    throw UsageError(concat(config.resume ? "--resume" : "--checkpoint-every", " needs --checkpoint-dir DIR"));
+  }
+  if (!config.checkpoint_dir.empty() && config.checkpoint_every == 0 && !config.resume) {
+    throw UsageError("--checkpoint-dir needs --checkpoint-every N (to write checkpoints) or --resume (to read one)");
+  }
+  if ((config.checkpoint_every > 0 || config.resume) && !method_supports_checkpoints(config.method)) {
+    throw UsageError(concat("checkpoints are implemented for dsync (one allreduce after backward) and pipe; not yet for '",
+                            config.method_spec, "'"));
+  }
   if (config.on_nonfinite != "stop" && config.on_nonfinite != "skip") {
     throw UsageError(concat("--on-nonfinite must be stop or skip, got '", config.on_nonfinite, "'"));
   }
@@ -701,8 +837,14 @@ void apply_method_spec(const std::string& spec, TrainConfig& config) {
 RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
                         const DataSplits& data) {
   validate_train_config(config);  // before starting threads
-  const RunPlan plan = plan_run(config, data.train);
+  RunPlan plan = plan_run(config, data.train);
   if (!config.out_dir.empty()) ensure_directory(config.out_dir);  // fail before training, not after
+  if (config.checkpoint_every > 0) ensure_checkpoint_directory(config.checkpoint_dir);
+  SharedRunState shared;
+  if (config.resume) {
+    find_resume_point(config, plan, shared, true);
+    resume_plan(plan, shared.resume_from->iteration);
+  }
 
   // Replicas are built one after another: model initialisation may use a global RNG.
   std::vector<std::unique_ptr<Model>> models;
@@ -724,7 +866,6 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
   const int ranks = config.workers + servers;
 
   LocalFabric fabric(ranks, config.network);
-  SharedRunState shared;
   shared.times.assign(config.workers, std::vector<IterationTimes>(plan.total_iterations));
   shared.bytes_sent.assign(config.workers, 0);
   shared.failures.assign(ranks, nullptr);
@@ -792,9 +933,16 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
                             servers > 0 ? concat(" + --servers ", servers) : std::string(),
                             " does not match the ", transport.size(), " ranks of ", transport.describe()));
   }
-  const RunPlan plan = plan_run(config, data.train);
+  RunPlan plan = plan_run(config, data.train);
   const int rank = transport.rank();
   if (rank == 0 && !config.out_dir.empty()) ensure_directory(config.out_dir);
+  if (config.checkpoint_every > 0) ensure_checkpoint_directory(config.checkpoint_dir);
+  SharedRunState shared;
+  if (config.resume) {
+    // Every rank reads the same directory (a shared file system across hosts).
+    find_resume_point(config, plan, shared, rank == 0);
+    resume_plan(plan, shared.resume_from->iteration);
+  }
   std::unique_ptr<Model> model = factory(config.seed);
   if (model->layout().total() == 0) throw UsageError("the model has no parameters");
 
@@ -820,7 +968,6 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
     }
   }
 
-  SharedRunState shared;
   shared.times.assign(config.workers, std::vector<IterationTimes>(plan.total_iterations));
   shared.bytes_sent.assign(config.workers, 0);
   shared.failures.assign(config.workers, nullptr);

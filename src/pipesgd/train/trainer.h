@@ -49,6 +49,13 @@ struct TrainConfig {
   // iterations the workers compare a checksum of their weights (methods with identical replicas
   // only); a difference stops the run with a ReplicaDivergenceError naming the ranks. --inject-fault:
   // train/fault_injection.h.
+  // Checkpoints: every `checkpoint_every` iterations each worker writes its part (weights, method
+  // and optimizer state, its position in the epoch) and rank 0 the shared part (epoch records, the
+  // run's fingerprint) to checkpoint_dir, atomically (core/checkpoint.h); `resume` continues from
+  // the newest complete valid set there, skipping torn or corrupt ones with a warning.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  bool resume = false;
   std::string on_nonfinite = "stop";
   std::int64_t check_consistency = 0;
   FaultInjection fault;
@@ -115,6 +122,7 @@ struct RunSummary {
   std::uint64_t weights_checksum = 0;          // FNV-1a of rank 0's final parameters
   std::int64_t nonfinite_skipped = 0;          // --on-nonfinite skip: layers zeroed, all workers
   std::int64_t consistency_checks = 0;         // --check-consistency: checks passed
+  std::int64_t resumed_from = -1;              // --resume: the iteration the run continued from
   std::vector<EpochRecord> epochs;
   std::vector<std::vector<float>> final_parameters;  // per rank, if keep_parameters
 };
