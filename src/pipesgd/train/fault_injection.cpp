@@ -46,8 +46,16 @@ FaultInjection parse_fault_injection(const std::string& text) {
       } else {
         throw UsageError(concat("--inject-fault: kind must be crash or hang, got '", value, "'"));
       }
+    } else if (key == "at") {
+      if (value == "iteration") {
+        fault.during_checkpoint = false;
+      } else if (value == "checkpoint") {
+        fault.during_checkpoint = true;
+      } else {
+        throw UsageError(concat("--inject-fault: at must be iteration or checkpoint, got '", value, "'"));
+      }
     } else {
-      throw UsageError(concat("--inject-fault: unknown key '", key, "' (keys: rank, iter, kind)"));
+      throw UsageError(concat("--inject-fault: unknown key '", key, "' (keys: rank, iter, kind, at)"));
     }
     if (comma == std::string::npos) break;
     begin = comma + 1;

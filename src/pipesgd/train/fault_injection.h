@@ -1,5 +1,7 @@
 #pragma once
-// --inject-fault rank=R,iter=N,kind=crash|hang: makes worker R fail at the start of iteration N, for
+// --inject-fault rank=R,iter=N,kind=crash|hang[,at=iteration|checkpoint]: makes worker R fail at the
+// start of iteration N (at=iteration, the default), or halfway through writing its checkpoint after
+// iteration N (at=checkpoint: a torn temporary file is left behind, as a crash mid-write would), for
 // testing what the other workers do (they must exit with one line naming the peer, the operation
 // and the iteration within --comm-timeout, never hang).
 //   crash  the worker stops without telling anyone, as a killed process: under --transport local
@@ -17,6 +19,7 @@ struct FaultInjection {
   int rank = -1;  // -1: no fault
   std::int64_t iteration = 0;
   Kind kind = Kind::kCrash;
+  bool during_checkpoint = false;  // at=checkpoint
   bool active() const { return rank >= 0; }
 };
 

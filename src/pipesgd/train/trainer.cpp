@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <iomanip>
 #include <memory>
@@ -185,6 +186,8 @@ void ensure_checkpoint_directory(const std::string& dir) {
   }
 }
 
+[[noreturn]] void inject_fault(const FaultInjection& fault, const SharedRunState& shared, Timeout timeout);
+
 // Writes this worker's part of the checkpoint after iteration t (and rank 0 the shared part).
 void write_checkpoint(const TrainConfig& config, const RunPlan& plan, int rank, std::int64_t t, Model& model,
                       TrainingMethod& method, double epoch_loss_sum, double epoch_correct, SharedRunState& shared) {
@@ -194,7 +197,18 @@ void write_checkpoint(const TrainConfig& config, const RunPlan& plan, int rank, 
   const double sums[2] = {epoch_loss_sum, epoch_correct};
   part.add("epoch_sums", std::as_bytes(std::span<const double>(sums)));
   method.save_state(part);
-  part.write_atomically(checkpoint_path(config.checkpoint_dir, t + 1, rank_part(rank)));
+  const std::filesystem::path path = checkpoint_path(config.checkpoint_dir, t + 1, rank_part(rank));
+  if (config.fault.active() && config.fault.during_checkpoint && config.fault.rank == rank &&
+      config.fault.iteration == t) {
+    // --inject-fault at=checkpoint: die halfway through the write. The atomic write would leave
+    // exactly this: a partial temporary file, never a torn file under the final name.
+    const std::vector<std::byte> bytes = part.serialize();
+    std::ofstream torn(path.parent_path() / concat(".", path.filename().string(), ".tmp.injected"), std::ios::binary);
+    torn.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size() / 2));
+    torn.close();
+    inject_fault(config.fault, shared, config.method.allreduce.timeout);
+  }
+  part.write_atomically(path);
   if (rank != 0) return;
   CheckpointWriter common;
   common.add_string("run", run_fingerprint(config, plan));
@@ -406,7 +420,8 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
     for (std::int64_t i = t - epoch_start; i < count; ++i, ++t) {
       IterationTimes& record = times[t];
       shared.current_iteration[rank] = t;
-      if (config.fault.active() && config.fault.rank == rank && config.fault.iteration == t) {
+      if (config.fault.active() && !config.fault.during_checkpoint && config.fault.rank == rank &&
+          config.fault.iteration == t) {
         inject_fault(config.fault, shared, config.method.allreduce.timeout);
       }
       Stopwatch iteration;
@@ -756,6 +771,11 @@ void validate_train_config(const TrainConfig& config) {
     throw UsageError(concat("--check-consistency: the replicas of '", config.method.name,
                             "' differ by design (each worker trains on its own weights); it applies to "
                             "dsync and its plans, pipe, sapipe and pssync"));
+  }
+  if (config.fault.active() && config.fault.during_checkpoint &&
+      (config.checkpoint_every == 0 || (config.fault.iteration + 1) % config.checkpoint_every != 0)) {
+    throw UsageError(concat("--inject-fault at=checkpoint: no checkpoint is written after iteration ",
+                            config.fault.iteration, " (--checkpoint-every ", config.checkpoint_every, ")"));
   }
   if (config.fault.active() && config.fault.rank >= config.workers) {
     throw UsageError(concat("--inject-fault: rank ", config.fault.rank, " is not a worker (the run has ",
