@@ -232,6 +232,25 @@ row adam-with-momentum      2 "--momentum is SGD's; Adam's first-moment decay is
   train --optimizer adam --momentum 0.9 "${Q[@]}"
 row adam-beta1-one          2 "--adam-beta1 must be in [0, 1), got 1" train --optimizer adam --adam-beta1 1 "${Q[@]}"
 row adam-eps-zero           2 "--adam-eps must be > 0, got 0" train --optimizer adam --adam-eps 0 "${Q[@]}"
+# Reliability: --on-nonfinite, --check-consistency, --inject-fault (train/fault_injection.h).
+row on-nonfinite-unknown    2 "--on-nonfinite must be stop or skip" train --on-nonfinite maybe "${Q[@]}"
+row check-consistency-negative 2 "--check-consistency" train --check-consistency -1 "${Q[@]}"
+row check-consistency-asgd  2 "differ by design"          train --algo asgd --check-consistency 5 "${Q[@]}"
+row inject-fault-no-iter    2 "'iter' is missing"         train --inject-fault rank=1 "${Q[@]}"
+row inject-fault-not-worker 2 "is not a worker"           train --inject-fault rank=9,iter=1,kind=crash "${Q[@]}"
+row inject-fault-past-run   2 "past the run"              train --inject-fault rank=1,iter=99999999,kind=crash "${Q[@]}"
+row inject-fault-bad-kind   2 "kind must be crash or hang" train --inject-fault rank=1,iter=1,kind=explode "${Q[@]}"
+# Runtime failures (exit 1, one line): a diverging run stops at the first non-finite gradient, naming
+# the layer; a crashed worker makes the others time out within --comm-timeout, naming the iteration.
+row nonfinite-stops         1 "non-finite gradient (NaN or Inf) in layer" \
+  train --data synthetic --iters 20 --lr 1e4 --quiet --no-eval
+row fault-crash-times-out   1 "at iteration" \
+  train --data synthetic --iters 20 --inject-fault rank=1,iter=3,kind=crash --comm-timeout 2 --quiet --no-eval
+if grep -qF "timed out" "$TMP/rows/fault-crash-times-out.err"; then
+  pass "error/fault-crash-times-out-says-timed-out"
+else
+  fail "error/fault-crash-times-out-says-timed-out" "stderr: $(excerpt "$TMP/rows/fault-crash-times-out.err")"
+fi
 # parse_sizes accepts any multiple of 4 bytes (3K = 3072 is valid), so the odd size is 6 bytes.
 row bench-size-not-multiple-of-4 2 "multiple of 4"        bench allreduce --sizes 6
 row bench-size-unit         2 "'4X'"                      bench allreduce --sizes 4X

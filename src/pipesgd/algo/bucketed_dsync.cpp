@@ -211,13 +211,13 @@ void BucketedDSync::end_iteration(std::int64_t t, IterationTimes& times) {
   Stopwatch waiting;
   {
     std::unique_lock lock(mutex_);
-    const bool done = bucket_reduced_.wait_for(lock, timeout_, [&] {
+    const bool done = bucket_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] {
       return reduced_ == plan_.buckets.size() || comm_failure_ != nullptr;
     });
     if (comm_failure_) std::rethrow_exception(comm_failure_);
     if (!done) {
       throw CommTimeoutError(concat("layer-wise dsync: rank ", transport_.rank(), " waited more than ",
-                                    Seconds(timeout_).count(), " s for bucket ", reduced_, " of ",
+                                    Seconds(comm_thread_wait(timeout_)).count(), " s for bucket ", reduced_, " of ",
                                     plan_.buckets.size(), " of iteration ", t));
     }
     times.comm = comm_seconds_;

@@ -135,13 +135,13 @@ void OneStepDelaySgd::comm_loop() {
 double OneStepDelaySgd::wait_for_pull(std::int64_t version, IterationTimes& times) {
   Stopwatch waiting;
   std::unique_lock lock(mutex_);
-  const bool done = job_done_.wait_for(lock, timeout_, [&] {
+  const bool done = job_done_.wait_for(lock, comm_thread_wait(timeout_), [&] {
     return pulled_version_ >= version || comm_failure_ != nullptr;
   });
   if (comm_failure_) std::rethrow_exception(comm_failure_);
   if (!done) {
     throw CommTimeoutError(concat("odsgd: rank ", transport_.rank(), " waited more than ",
-                                  Seconds(timeout_).count(), " s for the pull of the weights of version ",
+                                  Seconds(comm_thread_wait(timeout_)).count(), " s for the pull of the weights of version ",
                                   version, " (iteration ", version - 1, "'s push and pull)"));
   }
   times.wait += waiting.seconds();

@@ -84,14 +84,14 @@ void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times) {
   Stopwatch waiting;
   {
     std::unique_lock lock(mutex_);
-    const bool finished = slot_reduced_.wait_for(lock, timeout_, [&] {
+    const bool finished = slot_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] {
       return slot.state != SlotState::queued || comm_failure_ != nullptr;
     });
     if (comm_failure_) std::rethrow_exception(comm_failure_);
     if (!finished) {
       throw CommTimeoutError(concat("pipe-sgd: rank ", transport_.rank(),
                                     " waited more than ",
-                                    std::chrono::duration<double>(timeout_).count(),
+                                    Seconds(comm_thread_wait(timeout_)).count(),
                                     " s for the aggregated gradient of iteration ", slot.iteration));
     }
   }
@@ -141,11 +141,11 @@ void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
 void PipeSgd::save_state(CheckpointWriter& out) {
   {
     std::unique_lock lock(mutex_);
-    const bool drained = slot_reduced_.wait_for(lock, timeout_, [&] { return queue_size_ == 0 || comm_failure_ != nullptr; });
+    const bool drained = slot_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] { return queue_size_ == 0 || comm_failure_ != nullptr; });
     if (comm_failure_) std::rethrow_exception(comm_failure_);
     if (!drained) {
       throw CommTimeoutError(concat("pipe-sgd: rank ", transport_.rank(), " waited more than ",
-                                    std::chrono::duration<double>(timeout_).count(),
+                                    Seconds(comm_thread_wait(timeout_)).count(),
                                     " s for its allreduces in flight before a checkpoint"));
     }
   }

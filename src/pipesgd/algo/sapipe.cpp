@@ -227,13 +227,13 @@ const SaPipe::Job& SaPipe::wait_for(std::uint64_t job, const char* what, std::in
   Stopwatch waiting;
   {
     std::unique_lock lock(mutex_);
-    const bool done = job_reduced_.wait_for(lock, timeout_, [&] {
+    const bool done = job_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] {
       return reduced_ > job || comm_failure_ != nullptr;
     });
     if (comm_failure_) std::rethrow_exception(comm_failure_);
     if (!done) {
       throw CommTimeoutError(concat("sapipe: rank ", transport_.rank(), " waited more than ",
-                                    Seconds(timeout_).count(), " s for the allreduce of ", what,
+                                    Seconds(comm_thread_wait(timeout_)).count(), " s for the allreduce of ", what,
                                     " of iteration ", iteration));
     }
   }

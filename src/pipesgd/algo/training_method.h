@@ -149,7 +149,14 @@ inline bool layer_wise(const MethodConfig& config) {
   return (config.name == "dsync" && !config.buckets.empty()) || !implied_bucket_plan(config.name).empty();
 }
 
-inline constexpr int kMaxStaleness = 64;  // upper bound of --staleness-k
+inline constexpr int kMaxStaleness = 64;
+
+// How long a compute thread waits for its own comm thread: longer than the comm thread's waits on
+// its peers (--comm-timeout), so that a silent peer is reported by the comm thread's error, which
+// names the peer, the operation and the tag. This bound only catches a comm thread that stopped.
+inline Timeout comm_thread_wait(Timeout timeout) {
+  return std::chrono::duration_cast<Timeout>(2 * timeout + std::chrono::seconds(1));
+}  // upper bound of --staleness-k
 
 // The allreduce algorithm `config` runs for `bytes` per rank on `world_size` ranks: "auto" resolved
 // through the cost model. Throws UsageError for an unknown name.

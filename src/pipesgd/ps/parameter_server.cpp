@@ -270,7 +270,7 @@ void ParameterServerShard::serve(const ServeOptions& options) {
       const WorkerState& w = state_[static_cast<std::size_t>(m)];
       if (w.receiving && now - w.posted_at > options.timeout) {
         const std::string waiting = synchronous
-                                        ? concat("waiting for the push of version ", version_)
+                                        ? concat("waiting for the push of version ", version_, ", i.e. at iteration ", version_)
                                         : std::string("waiting for a push, pull or close");
         throw CommTimeoutError(concat("ps serve: recv from rank ", m, " (",
                                       describe_tag(w.receive_tag), ") on rank ", transport_.rank(),

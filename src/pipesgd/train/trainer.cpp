@@ -7,6 +7,8 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <iostream>
 #include <iomanip>
 #include <memory>
@@ -188,9 +190,35 @@ void ensure_checkpoint_directory(const std::string& dir) {
 
 [[noreturn]] void inject_fault(const FaultInjection& fault, const SharedRunState& shared, Timeout timeout);
 
-// Writes this worker's part of the checkpoint after iteration t (and rank 0 the shared part).
+// Writes checkpoint files on a thread of its own, so the compute thread pays only for copying the
+// state (CheckpointWriter copies every section when it is added) and not for writing and syncing
+// it. One write in flight per worker: the next submit waits for the last one to be on disk. A write
+// failure is rethrown by the next submit() or by finish(). Compute thread only.
+class BackgroundCheckpointWriter {
+ public:
+  using Files = std::vector<std::pair<std::filesystem::path, CheckpointWriter>>;
+  // Writes `files` in order (each atomically), then runs `after` (e.g. pruning), in the background.
+  void submit(Files files, std::function<void()> after) {
+    finish();
+    pending_ = std::async(std::launch::async, [files = std::move(files), after = std::move(after)] {
+      for (const auto& [path, file] : files) file.write_atomically(path);
+      if (after) after();
+    });
+  }
+  // Waits for the write in flight; rethrows its failure.
+  void finish() {
+    if (pending_.valid()) pending_.get();
+  }
+
+ private:
+  std::future<void> pending_;  // its destructor waits for a write in flight (never a torn file)
+};
+
+// Writes this worker's part of the checkpoint after iteration t (and rank 0 the shared part); the
+// files are written by `writer` in the background.
 void write_checkpoint(const TrainConfig& config, const RunPlan& plan, int rank, std::int64_t t, Model& model,
-                      TrainingMethod& method, double epoch_loss_sum, double epoch_correct, SharedRunState& shared) {
+                      TrainingMethod& method, double epoch_loss_sum, double epoch_correct, SharedRunState& shared,
+                      BackgroundCheckpointWriter& writer) {
   CheckpointWriter part;
   part.add_int("next_iteration", t + 1);
   part.add("model.parameters", std::span<const float>(model.parameters()));
@@ -208,8 +236,12 @@ void write_checkpoint(const TrainConfig& config, const RunPlan& plan, int rank, 
     torn.close();
     inject_fault(config.fault, shared, config.method.allreduce.timeout);
   }
-  part.write_atomically(path);
-  if (rank != 0) return;
+  BackgroundCheckpointWriter::Files files;
+  files.emplace_back(path, std::move(part));
+  if (rank != 0) {
+    writer.submit(std::move(files), {});
+    return;
+  }
   CheckpointWriter common;
   common.add_string("run", run_fingerprint(config, plan));
   common.add_int("next_iteration", t + 1);
@@ -221,8 +253,10 @@ void write_checkpoint(const TrainConfig& config, const RunPlan& plan, int rank, 
     }
   }
   common.add("epochs", std::span<const float>(epochs));
-  common.write_atomically(checkpoint_path(config.checkpoint_dir, t + 1, "shared"));
-  prune_checkpoints(config.checkpoint_dir, 2, checkpoint_parts(config));
+  files.emplace_back(checkpoint_path(config.checkpoint_dir, t + 1, "shared"), std::move(common));
+  writer.submit(std::move(files), [dir = config.checkpoint_dir, parts = checkpoint_parts(config)] {
+    prune_checkpoints(dir, 2, parts);
+  });
 }
 
 // True if every element of `values` is finite (no NaN or Inf): the exponent bits of none are all
@@ -386,6 +420,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
   };
   std::int64_t t = 0;
   double train_seconds = 0;
+  BackgroundCheckpointWriter checkpoint_writer;
   // --resume: this worker's part of the checkpoint: weights, method state, its place in the epoch.
   std::int64_t start = 0;
   double resumed_loss_sum = 0, resumed_correct = 0;
@@ -455,7 +490,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
       if (config.checkpoint_every > 0 && (t + 1) % config.checkpoint_every == 0 && t + 1 < plan.total_iterations) {
         Stopwatch writing;
         write_checkpoint(config, plan, rank, t, model, method, loss_sum + step.loss,
-                         correct + static_cast<double>(step.correct), shared);
+                         correct + static_cast<double>(step.correct), shared, checkpoint_writer);
         record.checkpoint = writing.seconds();
       }
       loss_sum += step.loss;
@@ -501,6 +536,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
     float token[1] = {0};
     control.run(token, control_tag(2 * epoch + 1));
   }
+  checkpoint_writer.finish();  // the last checkpoint is on disk before the run reports success
   shared.bytes_sent[rank] = transport.bytes_sent();
   if (leader) shared.train_seconds = train_seconds;
   if (config.keep_parameters) {

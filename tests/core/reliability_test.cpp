@@ -1,0 +1,514 @@
+// The trainer's reliability features (train/trainer.h): --on-nonfinite stop|skip (a NaN or Inf in a
+// worker's gradient is found before it is communicated), --check-consistency N (the replicas of the
+// synchronous methods compare weight checksums) and --inject-fault (train/fault_injection.h: one
+// worker crashes or hangs; the others must stop with a CommError naming where they were).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipesgd/algo/training_method.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/model.h"
+#include "pipesgd/train/fault_injection.h"
+#include "pipesgd/train/trainer.h"
+#include "tiny_run.h"
+
+namespace pipesgd {
+namespace {
+
+// gmock is not linked: substring checks with readable failures.
+::testing::AssertionResult Contains(const std::string& text, const std::string& fragment) {
+  if (text.find(fragment) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' lacks '" << fragment << "'";
+}
+::testing::AssertionResult Lacks(const std::string& text, const std::string& fragment) {
+  if (text.find(fragment) == std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' contains '" << fragment << "'";
+}
+
+// --- Models ------------------------------------------------------------------------------------
+
+// What GradientTamperingModel writes into the gradient of one segment at one iteration.
+enum class Tamper { kNaN, kInf, kZeros };
+
+struct GradientInjection {
+  int rank = 0;                 // the replica that tampers (replicas are built in rank order)
+  std::int64_t iteration = 0;   // its forward_backward call with this index (= the iteration)
+  std::size_t segment = 0;      // the segment of the gradient buffer
+  Tamper tamper = Tamper::kNaN;
+  bool report_segments = true;  // false: report no segment (the trainer checks after backward)
+};
+
+constexpr std::size_t kTamperedElement = 7;  // inside every segment of the softmax model (10 biases)
+
+// Behaves like `inner` but, if `tampers`, changes the gradient of one segment at one iteration after
+// the inner backward and before the segments are reported ready (it reports them itself, in
+// backward order, after the inner call, as ResegmentedModel does): NaN or +Inf in one element, or
+// zeros in the whole segment (what --on-nonfinite skip must make of the NaN).
+class GradientTamperingModel final : public Model {
+ public:
+  GradientTamperingModel(std::unique_ptr<Model> inner, bool tampers, GradientInjection injection)
+      : inner_(std::move(inner)), tampers_(tampers), injection_(injection) {}
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<float> parameters() override { return inner_->parameters(); }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                              const SegmentReadyFn& on_ready) override {
+    StepResult result = inner_->forward_backward(batch, gradients, {});
+    if (tampers_ && calls_ == injection_.iteration) {
+      const std::span<float> values = layout().slice(gradients, injection_.segment);
+      switch (injection_.tamper) {
+        case Tamper::kNaN: values[kTamperedElement] = std::numeric_limits<float>::quiet_NaN(); break;
+        case Tamper::kInf: values[kTamperedElement] = std::numeric_limits<float>::infinity(); break;
+        case Tamper::kZeros: std::fill(values.begin(), values.end(), 0.0f); break;
+      }
+    }
+    ++calls_;
+    if (on_ready && injection_.report_segments) {
+      for (std::size_t s = layout().segment_count(); s-- > 0;) on_ready(s, 0.0);
+    }
+    return result;
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  bool tampers_;
+  GradientInjection injection_;
+  std::int64_t calls_ = 0;
+};
+
+// A fresh factory per run (it counts the replicas it built to know their ranks).
+ModelFactory tampering_factory(GradientInjection injection) {
+  auto built = std::make_shared<std::atomic<int>>(0);
+  return [built, injection](std::uint64_t seed) -> std::unique_ptr<Model> {
+    const bool tampers = (*built)++ == injection.rank;
+    return std::make_unique<GradientTamperingModel>(softmax_factory()(seed), tampers, injection);
+  };
+}
+
+// Behaves like `inner` but, on rank `rank`, adds `delta` to parameter 0 at the start of its
+// forward_backward of iteration `iteration`: that replica's weights silently diverge.
+class ParameterNudgeModel final : public Model {
+ public:
+  ParameterNudgeModel(std::unique_ptr<Model> inner, bool nudges, std::int64_t iteration, float delta)
+      : inner_(std::move(inner)), nudges_(nudges), iteration_(iteration), delta_(delta) {}
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<float> parameters() override { return inner_->parameters(); }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                              const SegmentReadyFn& on_ready) override {
+    if (nudges_ && calls_ == iteration_) inner_->parameters()[0] += delta_;
+    ++calls_;
+    StepResult result = inner_->forward_backward(batch, gradients, {});
+    if (on_ready) {
+      for (std::size_t s = layout().segment_count(); s-- > 0;) on_ready(s, 0.0);
+    }
+    return result;
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  bool nudges_;
+  std::int64_t iteration_;
+  float delta_;
+  std::int64_t calls_ = 0;
+};
+
+ModelFactory nudge_factory(int rank, std::int64_t iteration, float delta) {
+  auto built = std::make_shared<std::atomic<int>>(0);
+  return [built, rank, iteration, delta](std::uint64_t seed) -> std::unique_ptr<Model> {
+    const bool nudges = (*built)++ == rank;
+    return std::make_unique<ParameterNudgeModel>(softmax_factory()(seed), nudges, iteration, delta);
+  };
+}
+
+// --- Configurations ----------------------------------------------------------------------------
+
+// tiny_config for `method`, with the method-specific settings these tests use: sapipe with one
+// stale layer, wp1 and a single bucket (no profiling); pssync and odsgd with one server (odsgd with
+// 2 warm-up iterations).
+TrainConfig method_config(const std::string& method, int workers) {
+  if (method == "pssync" || method == "odsgd") {
+    TrainConfig config = tiny_config(method, workers, 1);
+    if (method == "odsgd") config.warmup_iterations = 2;
+    return config;
+  }
+  TrainConfig config = tiny_config(method, workers);
+  if (method == "sapipe") {
+    config.method.stale_layers = "1";
+    config.method.compensation = "wp1";
+    config.method.buckets = "single";
+  }
+  return config;
+}
+
+bool all_finite(const std::vector<float>& values) {
+  for (float value : values) {
+    if (!std::isfinite(value)) return false;
+  }
+  return true;
+}
+
+// --- 1. Non-finite gradients, --on-nonfinite stop ----------------------------------------------
+
+std::string tamper_name(Tamper tamper) {
+  return tamper == Tamper::kNaN ? "NaN" : tamper == Tamper::kInf ? "+Inf" : "zeros";
+}
+
+// Runs `config` with `injection` and expects the NumericalError of the tampering rank (the root
+// cause, not another rank's PeerFailedError or CommError) naming its rank, layer and iteration.
+void expect_numerical_error(const TrainConfig& config, const GradientInjection& injection) {
+  const std::string layer = softmax_factory()(1)->layout().segment(injection.segment).name;
+  try {
+    run_training(config, tampering_factory(injection), small_data());
+    ADD_FAILURE() << "expected a NumericalError";
+  } catch (const NumericalError& error) {
+    const std::string message = error.what();
+    EXPECT_TRUE(Contains(message, concat("rank ", injection.rank, ":")));
+    EXPECT_TRUE(Contains(message, concat("layer '", layer, "'")));
+    EXPECT_TRUE(Contains(message, concat("at iteration ", injection.iteration, ",")));
+    EXPECT_TRUE(Contains(message, "non-finite gradient (NaN or Inf)"));
+    EXPECT_TRUE(Contains(message, "--on-nonfinite"));
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected the tampering rank's NumericalError (the root cause), got "
+                  << (dynamic_cast<const PeerFailedError*>(&error) ? "PeerFailedError"
+                      : dynamic_cast<const CommError*>(&error)     ? "CommError"
+                                                                   : "another error")
+                  << ": " << error.what();
+  }
+}
+
+TEST(ReliabilityNonFinite, StopNamesRankLayerAndIteration) {
+  for (const std::string method : {"dsync", "pipe", "wfbp", "sapipe"}) {
+    for (const int workers : {1, 3}) {
+      for (const Tamper tamper : {Tamper::kNaN, Tamper::kInf}) {
+        GradientInjection injection;
+        injection.rank = workers - 2 < 0 ? 0 : 1;
+        injection.iteration = tamper == Tamper::kNaN ? 7 : 12;
+        injection.segment = tamper == Tamper::kNaN ? 0 : 1;  // linear.weight, linear.bias
+        injection.tamper = tamper;
+        SCOPED_TRACE(concat(method, ", ", workers, " workers, ", tamper_name(tamper), " on rank ", injection.rank,
+                            " at iteration ", injection.iteration));
+        expect_numerical_error(method_config(method, workers), injection);
+      }
+    }
+  }
+}
+
+// A model that reports no segment ready: the trainer checks every segment after backward, before
+// end_iteration communicates.
+TEST(ReliabilityNonFinite, StopWhenTheModelReportsNoSegment) {
+  for (const std::string method : {"dsync", "pipe"}) {
+    SCOPED_TRACE(method);
+    GradientInjection injection;
+    injection.rank = 2;
+    injection.iteration = 4;
+    injection.segment = 0;
+    injection.report_segments = false;
+    expect_numerical_error(method_config(method, 3), injection);
+  }
+}
+
+TEST(ReliabilityNonFinite, FiniteRunIsNotStopped) {
+  GradientInjection none;
+  none.rank = -1;
+  const RunSummary summary = run_training(method_config("dsync", 3), tampering_factory(none), small_data());
+  EXPECT_EQ(summary.nonfinite_skipped, 0);
+  EXPECT_EQ(summary.iterations, 25);
+}
+
+// --- 2. Non-finite gradients, --on-nonfinite skip ----------------------------------------------
+
+void expect_identical_finite_replicas(const RunSummary& summary, int workers) {
+  ASSERT_EQ(summary.final_parameters.size(), static_cast<std::size_t>(workers));
+  for (int rank = 0; rank < workers; ++rank) {
+    EXPECT_TRUE(all_finite(summary.final_parameters[rank])) << "rank " << rank;
+    EXPECT_EQ(summary.final_parameters[rank], summary.final_parameters[0]) << "rank " << rank << " differs from rank 0";
+  }
+}
+
+TEST(ReliabilityNonFinite, SkipReplacesTheLayerByZeros) {
+  constexpr int kWorkers = 3;
+  for (const std::string method : {"dsync", "pipe", "wfbp", "sapipe"}) {
+    for (const Tamper tamper : {Tamper::kNaN, Tamper::kInf}) {
+      SCOPED_TRACE(concat(method, ", ", tamper_name(tamper)));
+      TrainConfig config = method_config(method, kWorkers);
+      config.on_nonfinite = "skip";
+      GradientInjection injection;
+      injection.rank = 1;
+      injection.iteration = 9;
+      injection.segment = tamper == Tamper::kNaN ? 0 : 1;
+      injection.tamper = tamper;
+      const RunSummary skipped = run_training(config, tampering_factory(injection), small_data());
+      EXPECT_EQ(skipped.iterations, 25);
+      EXPECT_EQ(skipped.nonfinite_skipped, 1);
+      expect_identical_finite_replicas(skipped, kWorkers);
+
+      // The same run with that segment's gradient zeros at that iteration on that rank.
+      GradientInjection zeros = injection;
+      zeros.tamper = Tamper::kZeros;
+      const RunSummary zeroed = run_training(config, tampering_factory(zeros), small_data());
+      EXPECT_EQ(zeroed.nonfinite_skipped, 0);
+      ASSERT_EQ(zeroed.final_parameters.size(), skipped.final_parameters.size());
+      for (int rank = 0; rank < kWorkers; ++rank) {
+        EXPECT_EQ(skipped.final_parameters[rank], zeroed.final_parameters[rank])
+            << "rank " << rank << ": skipping the " << tamper_name(tamper)
+            << " is not the same as a zero gradient in that layer";
+      }
+
+      // The zeros changed the run (else the comparison above proves nothing).
+      GradientInjection none;
+      none.rank = -1;
+      const RunSummary clean = run_training(config, tampering_factory(none), small_data());
+      EXPECT_EQ(clean.nonfinite_skipped, 0);
+      EXPECT_NE(clean.final_parameters[0], zeroed.final_parameters[0]);
+    }
+  }
+}
+
+TEST(ReliabilityNonFinite, SkipWhenTheModelReportsNoSegment) {
+  TrainConfig config = method_config("dsync", 3);
+  config.on_nonfinite = "skip";
+  GradientInjection injection;
+  injection.rank = 0;
+  injection.iteration = 3;
+  injection.segment = 1;
+  injection.report_segments = false;
+  const RunSummary skipped = run_training(config, tampering_factory(injection), small_data());
+  EXPECT_EQ(skipped.nonfinite_skipped, 1);
+  expect_identical_finite_replicas(skipped, 3);
+  injection.tamper = Tamper::kZeros;
+  const RunSummary zeroed = run_training(config, tampering_factory(injection), small_data());
+  EXPECT_EQ(skipped.final_parameters, zeroed.final_parameters);
+}
+
+// Every rank's NaN at the same iteration, in both layers: each layer of each rank counts once.
+TEST(ReliabilityNonFinite, SkipCountsEveryLayerOfEveryRank) {
+  TrainConfig config = method_config("dsync", 2);
+  config.on_nonfinite = "skip";
+  // Two injections per replica (segment 0 at iteration 5, segment 1 at iteration 5): a wrapper
+  // around a wrapper.
+  ModelFactory factory = [](std::uint64_t seed) -> std::unique_ptr<Model> {
+    GradientInjection weight{0, 5, 0, Tamper::kNaN, false};
+    GradientInjection bias{0, 5, 1, Tamper::kNaN, true};
+    auto inner = std::make_unique<GradientTamperingModel>(softmax_factory()(seed), true, weight);
+    return std::make_unique<GradientTamperingModel>(std::move(inner), true, bias);
+  };
+  const RunSummary summary = run_training(config, factory, small_data());
+  EXPECT_EQ(summary.nonfinite_skipped, 4);
+  expect_identical_finite_replicas(summary, 2);
+}
+
+// --- 3. --check-consistency ---------------------------------------------------------------------
+
+TEST(ReliabilityConsistency, PassesForTheSynchronousMethods) {
+  for (const std::string method : {"dsync", "pipe", "sapipe", "pssync"}) {
+    SCOPED_TRACE(method);
+    TrainConfig config = method_config(method, 3);
+    config.check_consistency = 1;
+    const RunSummary summary = run_training(config, softmax_factory(), small_data());
+    EXPECT_EQ(summary.consistency_checks, 25);
+    // The checks do not change the training.
+    const RunSummary unchecked = run_training(method_config(method, 3), softmax_factory(), small_data());
+    EXPECT_EQ(unchecked.consistency_checks, 0);
+    EXPECT_EQ(summary.final_parameters, unchecked.final_parameters);
+  }
+  TrainConfig every4 = method_config("dsync", 3);
+  every4.check_consistency = 4;  // after iterations 3, 7, ..., 23
+  EXPECT_EQ(run_training(every4, softmax_factory(), small_data()).consistency_checks, 6);
+}
+
+void expect_divergence(const TrainConfig& config, const std::string& rank, std::int64_t iteration) {
+  try {
+    run_training(config, nudge_factory(2, 5, 1e-3f), small_data());
+    ADD_FAILURE() << "expected a ReplicaDivergenceError";
+  } catch (const ReplicaDivergenceError& error) {
+    const std::string message = error.what();
+    EXPECT_TRUE(Contains(message, concat("iteration ", iteration, ":")));
+    EXPECT_TRUE(Contains(message, concat("rank ", rank, " (")));
+    EXPECT_TRUE(Lacks(message, "ranks ")) << "only rank 2 diverged";
+    EXPECT_TRUE(Contains(message, "--check-consistency"));
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected a ReplicaDivergenceError, got: " << error.what();
+  }
+}
+
+TEST(ReliabilityConsistency, DivergedReplicaIsNamed) {
+  for (const std::string method : {"dsync", "pipe"}) {
+    SCOPED_TRACE(method);
+    TrainConfig config = method_config(method, 3);
+    config.check_consistency = 1;
+    expect_divergence(config, "2", 5);
+    config.check_consistency = 4;  // checks after iterations 3 and 7
+    expect_divergence(config, "2", 7);
+    // Without checks the run completes, with rank 2's weights differing.
+    config.check_consistency = 0;
+    const RunSummary summary = run_training(config, nudge_factory(2, 5, 1e-3f), small_data());
+    EXPECT_EQ(summary.final_parameters[0], summary.final_parameters[1]);
+    EXPECT_NE(summary.final_parameters[0], summary.final_parameters[2]);
+  }
+}
+
+TEST(ReliabilityConsistency, ValidateRejectsMethodsWhoseReplicasDiffer) {
+  for (const std::string method : {"asgd", "dcasgd", "odsgd"}) {
+    SCOPED_TRACE(method);
+    TrainConfig config = tiny_config(method, 2, 1);
+    config.check_consistency = 1;
+    try {
+      validate_train_config(config);
+      ADD_FAILURE() << "expected a UsageError";
+    } catch (const UsageError& error) {
+      EXPECT_TRUE(Contains(error.what(), "differ by design"));
+      EXPECT_TRUE(Contains(error.what(), "--check-consistency"));
+    }
+    config.check_consistency = 0;
+    EXPECT_NO_THROW(validate_train_config(config));
+  }
+  TrainConfig negative = tiny_config("dsync", 2);
+  negative.check_consistency = -1;
+  EXPECT_THROW(validate_train_config(negative), UsageError);
+  TrainConfig huge = tiny_config("dsync", 2);
+  huge.check_consistency = kMaxIterations + 1;
+  EXPECT_THROW(validate_train_config(huge), UsageError);
+  TrainConfig fine = tiny_config("pssync", 2, 1);
+  fine.check_consistency = 3;
+  EXPECT_NO_THROW(validate_train_config(fine));
+}
+
+TEST(ReliabilityNonFinite, ValidateRejectsAnUnknownPolicy) {
+  for (const std::string policy : {"maybe", "", "Stop", "SKIP"}) {
+    TrainConfig config = tiny_config("dsync", 2);
+    config.on_nonfinite = policy;
+    try {
+      validate_train_config(config);
+      ADD_FAILURE() << "expected a UsageError for '" << policy << "'";
+    } catch (const UsageError& error) {
+      EXPECT_TRUE(Contains(error.what(), "--on-nonfinite must be stop or skip"));
+    }
+  }
+}
+
+// --- 4. Fault injection -------------------------------------------------------------------------
+
+TEST(ReliabilityFaultParse, ValidForms) {
+  FaultInjection fault = parse_fault_injection("rank=1,iter=5,kind=crash");
+  EXPECT_TRUE(fault.active());
+  EXPECT_EQ(fault.rank, 1);
+  EXPECT_EQ(fault.iteration, 5);
+  EXPECT_EQ(fault.kind, FaultInjection::Kind::kCrash);
+
+  fault = parse_fault_injection("kind=hang,iter=0,rank=3");
+  EXPECT_EQ(fault.rank, 3);
+  EXPECT_EQ(fault.iteration, 0);
+  EXPECT_EQ(fault.kind, FaultInjection::Kind::kHang);
+
+  fault = parse_fault_injection("iter=123456789,kind=crash,rank=0");
+  EXPECT_TRUE(fault.active());
+  EXPECT_EQ(fault.rank, 0);
+  EXPECT_EQ(fault.iteration, 123456789);
+  EXPECT_EQ(fault.kind, FaultInjection::Kind::kCrash);
+
+  EXPECT_FALSE(FaultInjection{}.active());
+}
+
+TEST(ReliabilityFaultParse, ErrorsNameTheFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "expected key=value"},
+      {"rank=1", "'iter' is missing"},
+      {"rank=1,iter=2", "'kind' is missing"},
+      {"iter=2,kind=crash", "'rank' is missing"},
+      {"rank=1,iter=2,kind=crash,when=now", "unknown key 'when'"},
+      {"rank=1,iter=2,kind=crash,rank=2", "'rank' given twice"},
+      {"rank=1,iter=2,iter=3,kind=crash", "'iter' given twice"},
+      {"rank=1,iter=2,kind=explode", "kind must be crash or hang"},
+      {"rank=1,iter=2,kind=", "kind must be crash or hang"},
+      {"rank=1,iter=2,kind=Crash", "kind must be crash or hang"},
+      {"rank=-1,iter=2,kind=crash", "rank must be an integer >= 0"},
+      {"rank=one,iter=2,kind=crash", "rank must be an integer >= 0"},
+      {"rank=,iter=2,kind=crash", "rank must be an integer >= 0"},
+      {"rank=1x,iter=2,kind=crash", "rank must be an integer >= 0"},
+      {"rank=99999999999,iter=2,kind=crash", "rank must be an integer >= 0"},
+      {"rank=1,iter=-5,kind=crash", "iter must be an integer >= 0"},
+      {"rank=1,iter=2.5,kind=crash", "iter must be an integer >= 0"},
+      {"rank=1,iter=,kind=crash", "iter must be an integer >= 0"},
+      {"rank=1,iter=2,kind=crash,", "expected key=value"},
+      {",rank=1,iter=2,kind=crash", "expected key=value"},
+      {"rank=1;iter=2;kind=crash", "rank must be an integer >= 0"},
+      {"rank 1", "expected key=value"},
+  };
+  for (const auto& [text, fragment] : cases) {
+    SCOPED_TRACE(text);
+    try {
+      parse_fault_injection(text);
+      ADD_FAILURE() << "expected a UsageError";
+    } catch (const UsageError& error) {
+      EXPECT_TRUE(Contains(error.what(), "--inject-fault"));
+      EXPECT_TRUE(Contains(error.what(), fragment));
+    }
+  }
+}
+
+TEST(ReliabilityFaultParse, RunRejectsFaultsOutsideTheRun) {
+  TrainConfig config = method_config("dsync", 3);
+  config.fault = parse_fault_injection("rank=3,iter=1,kind=crash");
+  try {
+    run_training(config, softmax_factory(), small_data());
+    ADD_FAILURE() << "expected a UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_TRUE(Contains(error.what(), "--inject-fault"));
+    EXPECT_TRUE(Contains(error.what(), "is not a worker"));
+  }
+  config.fault = parse_fault_injection("rank=2,iter=25,kind=crash");  // iterations 0..24
+  try {
+    run_training(config, softmax_factory(), small_data());
+    ADD_FAILURE() << "expected a UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_TRUE(Contains(error.what(), "--inject-fault"));
+    EXPECT_TRUE(Contains(error.what(), "past the run"));
+  }
+  // pssync: a server rank is not a worker either.
+  TrainConfig ps = method_config("pssync", 2);
+  ps.fault = parse_fault_injection("rank=2,iter=1,kind=hang");
+  EXPECT_THROW(run_training(ps, softmax_factory(), small_data()), UsageError);
+}
+
+class ReliabilityFault : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReliabilityFault, OtherWorkersStopWithACommError) {
+  for (const auto kind : {FaultInjection::Kind::kCrash, FaultInjection::Kind::kHang}) {
+    const bool crash = kind == FaultInjection::Kind::kCrash;
+    SCOPED_TRACE(crash ? "crash" : "hang");
+    TrainConfig config = method_config(GetParam(), 3);
+    config.method.allreduce.timeout = std::chrono::seconds(1);
+    config.fault.rank = 1;
+    config.fault.iteration = 5;
+    config.fault.kind = kind;
+    try {
+      run_training(config, softmax_factory(), small_data());
+      ADD_FAILURE() << "expected a CommError";
+    } catch (const CommError& error) {
+      const std::string message = error.what();
+      // The one line says what happened: a wait timed out, or a peer failed.
+      EXPECT_TRUE(message.find("timed out") != std::string::npos || message.find("failed") != std::string::npos)
+          << "neither 'timed out' nor 'failed' in: " << message;
+      if (dynamic_cast<const CommTimeoutError*>(&error) != nullptr) {
+        // ... and, for a timeout, where the worker was (run_worker: " (worker R at iteration T)").
+        EXPECT_TRUE(Contains(message, " at iteration ")) << "the timeout does not name the iteration";
+      }
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "expected a CommError, got: " << error.what();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ReliabilityMethods, ReliabilityFault, ::testing::Values("dsync", "pipe", "wfbp", "pssync", "odsgd"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace pipesgd
