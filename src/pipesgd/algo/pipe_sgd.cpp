@@ -172,6 +172,13 @@ void PipeSgd::load_state(const CheckpointReader& in, std::int64_t next_iteration
     slot.iteration = in.integer(name + "iteration");
     slot.state = in.integer(name + "reduced") != 0 ? SlotState::reduced : SlotState::empty;
     if (slot.state == SlotState::reduced) {
+      // A slot holds g_sum[i] for i in [next - K, next), in slot i % K, after the warm-up.
+      if (slot.iteration < std::max<std::int64_t>(warmup_iterations_, next_iteration - staleness_) ||
+          slot.iteration >= next_iteration || slot.iteration % staleness_ != k) {
+        throw DataError(concat("checkpoint '", in.origin(), "': slot ", k, " holds the gradient of iteration ",
+                               slot.iteration, ", which iteration ", next_iteration, " with warm-up ",
+                               warmup_iterations_, " cannot have in flight"));
+      }
       const std::span<const float> gradient = in.floats(name + "gradient");
       if (gradient.size() != slot.gradient.size()) {
         throw DataError(concat("checkpoint '", in.origin(), "': slot gradient of ", gradient.size(),

@@ -41,7 +41,7 @@ struct IterationTimes {
   double wait = 0;       // exposed communication: compute thread blocked on communication
   double comm = 0;       // allreduce time on the thread that ran it (consumed this iteration)
   double iteration = 0;  // whole iteration on the compute thread
-  double checkpoint = 0; // writing this worker's checkpoint after the iteration (not in `iteration`)
+  double checkpoint = 0; // this worker's checkpoint after the iteration (its state copied; in `iteration`)
   double loss = 0;
   bool pipelined = false;  // false during warm-up / for synchronous methods
 

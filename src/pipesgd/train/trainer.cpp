@@ -131,9 +131,14 @@ struct SharedRunState {
 std::string rank_part(int rank) { return concat("rank", rank); }
 
 // What a checkpoint must match to be resumed by this run.
+// Everything that changes the math of the continuation is in it.
 std::string run_fingerprint(const TrainConfig& config, const RunPlan& plan) {
-  return concat("method ", config.method_spec, ", model ", config.model, ", ", config.workers, " workers, batch ",
-                config.batch, ", seed ", config.seed, ", ", plan.total_iterations, " iterations");
+  const MethodConfig& m = config.method;
+  return concat("method ", config.method_spec, " (codec ", m.codec, ", K ", m.staleness, ", warm-up ",
+                plan.warmup_iterations, ", optimizer ", m.optimizer, " lr ", m.sgd.learning_rate, " momentum ",
+                m.sgd.momentum, " decay ", m.sgd.weight_decay, "), model ", config.model, ", ", config.workers,
+                " workers, batch ", config.batch, ", seed ", config.seed, ", ", plan.total_iterations,
+                " iterations");
 }
 
 // The parts a complete checkpoint of this run has.
@@ -149,18 +154,30 @@ void find_resume_point(const TrainConfig& config, const RunPlan& plan, SharedRun
   auto warn = [&](const std::string& line) {
     if (leader) std::cerr << "pipesgd: warning: " << line << "\n";
   };
+  auto check_fingerprint = [&](const CheckpointReader& shared_part) {
+    const std::string written_by(shared_part.string("run"));
+    if (written_by != run_fingerprint(config, plan)) {
+      throw UsageError(concat("--resume: the checkpoint in '", config.checkpoint_dir, "' is of another run (",
+                              written_by, "; this run: ", run_fingerprint(config, plan), ")"));
+    }
+  };
   shared.resume_from = find_newest_valid_checkpoint(config.checkpoint_dir, checkpoint_parts(config), warn);
   if (!shared.resume_from) {
+    // Say so if the directory holds another run's checkpoints (e.g. of another worker count).
+    const auto any = find_newest_valid_checkpoint(config.checkpoint_dir, {"shared"}, [](const std::string&) {});
+    if (any) check_fingerprint(CheckpointReader::read_file(any->parts.at("shared")));
     throw UsageError(concat("--resume: no complete, valid checkpoint in '", config.checkpoint_dir, "'"));
   }
   const CheckpointReader shared_part = CheckpointReader::read_file(shared.resume_from->parts.at("shared"));
-  const std::string written_by(shared_part.string("run"));
-  if (written_by != run_fingerprint(config, plan)) {
-    throw UsageError(concat("--resume: the checkpoint in '", config.checkpoint_dir, "' is of another run (",
-                            written_by, "; this run: ", run_fingerprint(config, plan), ")"));
+  check_fingerprint(shared_part);
+  const std::span<const std::byte> bytes = shared_part.bytes("epochs");
+  constexpr std::size_t kFields = 7;
+  if (bytes.size() % (kFields * sizeof(double)) != 0) {
+    throw DataError(concat("checkpoint '", shared_part.origin(), "': epoch records of ", bytes.size(), " bytes"));
   }
-  const std::span<const float> epochs = shared_part.floats("epochs");
-  for (std::size_t k = 0; k + 7 <= epochs.size(); k += 7) {
+  std::vector<double> epochs(bytes.size() / sizeof(double));
+  std::memcpy(epochs.data(), bytes.data(), bytes.size());
+  for (std::size_t k = 0; k + kFields <= epochs.size(); k += kFields) {
     EpochRecord record;
     record.epoch = static_cast<std::int64_t>(epochs[k]);
     record.iterations = static_cast<std::int64_t>(epochs[k + 1]);
@@ -245,14 +262,14 @@ void write_checkpoint(const TrainConfig& config, const RunPlan& plan, int rank, 
   CheckpointWriter common;
   common.add_string("run", run_fingerprint(config, plan));
   common.add_int("next_iteration", t + 1);
-  std::vector<float> epochs;
+  std::vector<double> epochs;
   for (const EpochRecord& e : shared.epochs) {
     for (double value : {double(e.epoch), double(e.iterations), e.train_loss, e.train_accuracy, e.test_accuracy,
                          e.test_loss, e.elapsed_seconds}) {
-      epochs.push_back(static_cast<float>(value));
+      epochs.push_back(value);
     }
   }
-  common.add("epochs", std::span<const float>(epochs));
+  common.add("epochs", std::as_bytes(std::span<const double>(epochs)));
   files.emplace_back(checkpoint_path(config.checkpoint_dir, t + 1, "shared"), std::move(common));
   writer.submit(std::move(files), [dir = config.checkpoint_dir, parts = checkpoint_parts(config)] {
     prune_checkpoints(dir, 2, parts);
@@ -482,7 +499,6 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
                                     "--on-nonfinite skip)"));
       }
       method.end_iteration(t, record);
-      record.iteration = iteration.seconds();
       if (consistency && (t + 1) % config.check_consistency == 0) {
         consistency->run(method.replica_checksum(model), t, static_cast<std::uint64_t>((t + 1) / config.check_consistency));
         if (leader) ++shared.consistency_checks;
@@ -493,6 +509,7 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
                          correct + static_cast<double>(step.correct), shared, checkpoint_writer);
         record.checkpoint = writing.seconds();
       }
+      record.iteration = iteration.seconds();
       loss_sum += step.loss;
       correct += static_cast<double>(step.correct);
       if (leader) {
@@ -537,6 +554,13 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
     control.run(token, control_tag(2 * epoch + 1));
   }
   checkpoint_writer.finish();  // the last checkpoint is on disk before the run reports success
+  if (config.checkpoint_every > 0) {
+    // Every worker's writes are done (a barrier on the consistency channel, whose sequence 0 no
+    // check uses): now the newest sets are complete and pruning leaves exactly the 2 newest.
+    float token[1] = {0};
+    control.run(token, collective_tag(Channel::kConsistency, 0));
+    if (leader) prune_checkpoints(config.checkpoint_dir, 2, checkpoint_parts(config));
+  }
   shared.bytes_sent[rank] = transport.bytes_sent();
   if (leader) shared.train_seconds = train_seconds;
   if (config.keep_parameters) {
@@ -929,6 +953,7 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
   shared.nonfinite_skipped.assign(config.workers, 0);
   shared.current_iteration.assign(config.workers, 0);
   std::atomic<bool> worker_failed{false};  // stops the servers at once (ServeOptions::stop)
+  std::atomic<bool> injected_fault_ended{false};  // a worker ended by --inject-fault
   shared.any_worker_failed = &worker_failed;
 
   std::vector<std::thread> threads;
@@ -939,6 +964,7 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
         run_worker(rank, config, plan, *models[rank], transport, data, shared);
       } catch (const InjectedFault&) {
         // --inject-fault: this worker "died" without a word; the others find out by their timeouts.
+        injected_fault_ended.store(true, std::memory_order_release);
       } catch (const std::exception& error) {
         shared.failures[rank] = std::current_exception();
         transport.report_failure(error.what());
@@ -976,6 +1002,11 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
     }
   }
   if (first_failure) std::rethrow_exception(first_failure);
+  if (injected_fault_ended.load(std::memory_order_acquire)) {
+    // No other worker was there to notice (a single worker): the run did not complete.
+    throw CommError(concat("worker ", config.fault.rank, " was stopped by --inject-fault at iteration ",
+                           config.fault.iteration, " and no other worker was left to report it"));
+  }
 
   return summarize(config, plan, shared, *models[0], true);
 }

@@ -1,0 +1,578 @@
+// Checkpoint / resume of a training run (train/trainer.h: --checkpoint-dir, --checkpoint-every,
+// --resume) for the methods that implement it (dsync, pipe): a run interrupted by a crashed worker
+// and resumed from its newest complete valid checkpoint ends with exactly the weights (bit for bit,
+// on every rank) of the same run never interrupted; torn or corrupt checkpoints are skipped;
+// leftover temporary files are ignored; old checkpoints are pruned; misuse is a UsageError.
+// (Everything runs the softmax model through run_training; a crash is --inject-fault kind=crash with
+// a 1 s comm timeout, so the surviving workers stop quickly.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "pipesgd/core/checkpoint.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/model.h"
+#include "pipesgd/train/fault_injection.h"
+#include "pipesgd/train/trainer.h"
+#include "temp_dir.h"
+#include "tiny_run.h"
+
+namespace pipesgd {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::int64_t kIterations = 60;
+constexpr std::int64_t kEvery = 10;
+constexpr std::int64_t kCrashAt = 37;  // after checkpoint 30, before 40
+
+::testing::AssertionResult Contains(const std::string& text, const std::string& fragment) {
+  if (text.find(fragment) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' lacks '" << fragment << "'";
+}
+
+const DataSplits& data() {
+  static const DataSplits splits = small_data();
+  return splits;
+}
+
+// One method configuration of the parameterized tests.
+struct Variant {
+  const char* name;
+  const char* spec;
+  int staleness = 2;
+  const char* optimizer = "sgd";
+  SgdOptions sgd{0.1f, 0.0f, 0.0f};
+  std::int64_t warmup_iterations = 0;
+};
+
+const Variant kVariants[] = {
+    {"dsync", "dsync"},
+    {"pipe", "pipe", 2},
+    {"pipe_k3", "pipe", 3},
+    {"pipe_int8", "pipe+int8", 2},
+    {"dsync_momentum_decay", "dsync", 2, "sgd", SgdOptions{0.1f, 0.9f, 1e-4f}},
+    {"pipe_adam", "pipe", 2, "adam", SgdOptions{0.01f, 0.0f, 0.0f}},
+    {"pipe_warmup5", "pipe", 2, "sgd", SgdOptions{0.1f, 0.0f, 0.0f}, 5},
+};
+
+TrainConfig make_config(const Variant& variant, int workers) {
+  TrainConfig config = tiny_config(variant.spec, workers);
+  config.iterations = kIterations;
+  config.keep_parameters = true;
+  config.method.staleness = variant.staleness;
+  config.method.optimizer = variant.optimizer;
+  config.method.sgd = variant.sgd;
+  config.warmup_iterations = variant.warmup_iterations;
+  return config;
+}
+
+TrainConfig checkpointing(TrainConfig config, const std::string& dir) {
+  config.checkpoint_dir = dir;
+  config.checkpoint_every = kEvery;
+  return config;
+}
+
+TrainConfig crashing(TrainConfig config, std::int64_t iteration = kCrashAt) {
+  config.fault.rank = config.workers - 1;
+  config.fault.iteration = iteration;
+  config.fault.kind = FaultInjection::Kind::kCrash;
+  config.method.allreduce.timeout = std::chrono::seconds(1);
+  return config;
+}
+
+TrainConfig resuming(TrainConfig config, const std::string& dir, bool keep_writing = true) {
+  config.checkpoint_dir = dir;
+  config.checkpoint_every = keep_writing ? kEvery : 0;
+  config.resume = true;
+  return config;
+}
+
+// How a run whose worker crashed ended. With several workers the others must stop with an error
+// (never a UsageError: the configuration was fine). With one worker there is nobody to notice: the
+// crashed thread ends silently and run_training returns; the summary then lacks rank 0's final
+// parameters (it never finished).
+enum class CrashOutcome { kThrew, kReturned };
+
+CrashOutcome run_crashing(const TrainConfig& config) {
+  try {
+    RunSummary summary = run_training(config, softmax_factory(), data());
+    EXPECT_EQ(config.workers, 1) << "a run with a crashed worker among " << config.workers
+                                 << " returned normally";
+    EXPECT_TRUE(summary.final_parameters.empty() || summary.final_parameters[0].empty())
+        << "the crashed (only) worker reported final parameters";
+    return CrashOutcome::kReturned;
+  } catch (const UsageError& error) {
+    ADD_FAILURE() << "the crashing run failed with a UsageError: " << error.what();
+    return CrashOutcome::kThrew;
+  } catch (const std::exception&) {
+    return CrashOutcome::kThrew;
+  }
+}
+
+::testing::AssertionResult BitIdentical(const RunSummary& expected, const RunSummary& actual) {
+  if (expected.final_parameters.size() != actual.final_parameters.size()) {
+    return ::testing::AssertionFailure() << "ranks: " << expected.final_parameters.size() << " vs "
+                                         << actual.final_parameters.size();
+  }
+  for (std::size_t r = 0; r < expected.final_parameters.size(); ++r) {
+    const auto& a = expected.final_parameters[r];
+    const auto& b = actual.final_parameters[r];
+    if (a.empty()) return ::testing::AssertionFailure() << "rank " << r << " has no final parameters";
+    if (a.size() != b.size()) {
+      return ::testing::AssertionFailure() << "rank " << r << ": " << a.size() << " vs " << b.size()
+                                           << " parameters";
+    }
+    if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0) {
+      std::size_t first = 0, differing = 0;
+      for (std::size_t i = a.size(); i-- > 0;) {
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+          first = i;
+          ++differing;
+        }
+      }
+      return ::testing::AssertionFailure() << "rank " << r << ": " << differing << " of " << a.size()
+                                           << " parameters differ; first at " << first << ": "
+                                           << a[first] << " vs " << b[first];
+    }
+  }
+  if (expected.weights_checksum != actual.weights_checksum) {
+    return ::testing::AssertionFailure() << "weights_checksum differs";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The run trained: every parameter is finite (memcmp of two NaN runs would pass as well).
+::testing::AssertionResult Trained(const RunSummary& summary) {
+  if (summary.final_parameters.empty() || summary.final_parameters[0].empty()) {
+    return ::testing::AssertionFailure() << "no final parameters";
+  }
+  for (const auto& rank : summary.final_parameters) {
+    for (float value : rank) {
+      if (!std::isfinite(value)) return ::testing::AssertionFailure() << "non-finite parameter";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::string name_of(std::int64_t iteration, const std::string& part) {
+  return checkpoint_path("", iteration, part).filename().string();
+}
+
+// The checkpoint iterations present in `dir` (any part).
+std::vector<std::int64_t> iterations_in(const TempDir& dir) {
+  std::vector<std::int64_t> found;
+  for (const std::string& entry : dir.entries()) {
+    if (entry.rfind("checkpoint-", 0) != 0) continue;
+    const std::int64_t iteration = std::stoll(entry.substr(11, 12));
+    if (found.empty() || found.back() != iteration) found.push_back(iteration);
+  }
+  return found;
+}
+
+std::vector<std::string> complete_set(std::int64_t iteration, int workers) {
+  std::vector<std::string> names;
+  for (int r = 0; r < workers; ++r) names.push_back(name_of(iteration, "rank" + std::to_string(r)));
+  names.push_back(name_of(iteration, "shared"));
+  return names;
+}
+
+void truncate_to_half(const std::string& path) {
+  const auto size = fs::file_size(path);
+  ASSERT_GT(size, 40u);
+  fs::resize_file(path, size / 2);
+}
+
+void flip_byte(const std::string& path, std::uintmax_t offset) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(file) << path;
+  file.seekg(static_cast<std::streamoff>(offset));
+  char byte = 0;
+  file.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x10);
+  file.seekp(static_cast<std::streamoff>(offset));
+  file.write(&byte, 1);
+  ASSERT_TRUE(file) << path;
+}
+
+// ---- 1. interrupt + resume == uninterrupted ----------------------------------------------------
+
+class CheckpointResume : public ::testing::TestWithParam<std::tuple<Variant, int>> {};
+
+TEST_P(CheckpointResume, InterruptAndResumeIsBitIdentical) {
+  const Variant& variant = std::get<0>(GetParam());
+  const int workers = std::get<1>(GetParam());
+  const TrainConfig config = make_config(variant, workers);
+
+  const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
+  ASSERT_TRUE(Trained(uninterrupted));
+  ASSERT_EQ(uninterrupted.final_parameters.size(), static_cast<std::size_t>(workers));
+  EXPECT_EQ(uninterrupted.resumed_from, -1);
+
+  {  // Writing checkpoints does not change the math.
+    TempDir dir;
+    const RunSummary with_checkpoints = run_training(checkpointing(config, dir.path()), softmax_factory(), data());
+    EXPECT_TRUE(BitIdentical(uninterrupted, with_checkpoints)) << "checkpointing changed the weights";
+    EXPECT_EQ(with_checkpoints.resumed_from, -1);
+  }
+
+  TempDir dir;
+  const CrashOutcome outcome = run_crashing(crashing(checkpointing(config, dir.path())));
+  // With one worker nobody is left to notice the crash: the run reports it itself.
+  EXPECT_EQ(outcome, CrashOutcome::kThrew);
+  // Checkpoint 30 is complete; 40 was never reached.
+  for (const std::string& name : complete_set(30, workers)) {
+    EXPECT_TRUE(fs::exists(dir.file(name))) << name;
+  }
+  EXPECT_FALSE(fs::exists(dir.file(name_of(40, "shared"))));
+
+  const RunSummary resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
+  EXPECT_EQ(resumed.resumed_from, 30);
+  EXPECT_EQ(resumed.iterations, kIterations);
+  EXPECT_TRUE(Trained(resumed));
+  EXPECT_TRUE(BitIdentical(uninterrupted, resumed)) << "the resumed run's weights differ";
+  // The epoch records (train loss and accuracy summed over the resumed epoch) match too.
+  ASSERT_EQ(resumed.epochs.size(), uninterrupted.epochs.size());
+  for (std::size_t e = 0; e < resumed.epochs.size(); ++e) {
+    EXPECT_EQ(resumed.epochs[e].iterations, uninterrupted.epochs[e].iterations) << "epoch " << e;
+    EXPECT_EQ(resumed.epochs[e].train_loss, uninterrupted.epochs[e].train_loss) << "epoch " << e;
+    EXPECT_EQ(resumed.epochs[e].train_accuracy, uninterrupted.epochs[e].train_accuracy) << "epoch " << e;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CheckpointResumeMethods, CheckpointResume,
+                         ::testing::Combine(::testing::ValuesIn(kVariants), ::testing::Values(1, 3)),
+                         [](const ::testing::TestParamInfo<CheckpointResume::ParamType>& info) {
+                           return std::string(std::get<0>(info.param).name) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "workers";
+                         });
+
+// A crash after an epoch boundary (3 workers: 40 iterations per epoch) resumes from 50 with the
+// first epoch's record read back from the shared part.
+TEST(CheckpointResumeTest, ResumesAfterAnEpochBoundary) {
+  const TrainConfig config = make_config(kVariants[1], 3);  // pipe
+  const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
+  ASSERT_EQ(uninterrupted.epochs.size(), 2u);
+  TempDir dir;
+  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()), 55)), CrashOutcome::kThrew);
+  const RunSummary resumed = run_training(resuming(config, dir.path(), false), softmax_factory(), data());
+  EXPECT_EQ(resumed.resumed_from, 50);
+  EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
+  ASSERT_EQ(resumed.epochs.size(), 2u);
+  // Epoch 1's record is restored from the checkpoint, which stores the records as float32.
+  EXPECT_EQ(resumed.epochs[0].epoch, 1);
+  EXPECT_EQ(resumed.epochs[0].iterations, 40);
+  EXPECT_FLOAT_EQ(resumed.epochs[0].train_loss, uninterrupted.epochs[0].train_loss);
+  EXPECT_FLOAT_EQ(resumed.epochs[0].train_accuracy, uninterrupted.epochs[0].train_accuracy);
+  EXPECT_EQ(resumed.epochs[1].train_loss, uninterrupted.epochs[1].train_loss);
+  EXPECT_EQ(resumed.epochs[1].train_accuracy, uninterrupted.epochs[1].train_accuracy);
+}
+
+// The comparison is sensitive: continuing the same checkpoint with another learning rate (not part
+// of the run's fingerprint) gives other weights.
+TEST(CheckpointResumeTest, ComparisonDetectsADifferentContinuation) {
+  const TrainConfig config = make_config(kVariants[0], 3);  // dsync
+  const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
+  TempDir dir;
+  run_crashing(crashing(checkpointing(config, dir.path())));
+  TrainConfig other = resuming(config, dir.path(), false);
+  other.method.sgd.learning_rate = 0.05f;
+  // The learning rate is part of the run's fingerprint: such a resume is refused...
+  try {
+    run_training(other, softmax_factory(), data());
+    ADD_FAILURE() << "a resume with another learning rate was accepted";
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("is of another run"), std::string::npos) << error.what();
+  }
+  // ...and the comparison these tests rely on does see a different continuation.
+  TrainConfig slower = config;
+  slower.method.sgd.learning_rate = 0.05f;
+  EXPECT_FALSE(BitIdentical(uninterrupted, run_training(slower, softmax_factory(), data())));
+  const RunSummary resumed = run_training(resuming(config, dir.path(), false), softmax_factory(), data());
+  EXPECT_EQ(resumed.resumed_from, 30);
+  EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
+}
+
+// ---- 2. torn / corrupt newest checkpoint --------------------------------------------------------
+
+enum class Damage { kTruncate, kFlipByte };
+
+class CheckpointResumeDamage : public ::testing::TestWithParam<std::tuple<int, Damage>> {};
+
+TEST_P(CheckpointResumeDamage, FallsBackPastATruncatedOrCorruptCheckpoint) {
+  const Variant& variant = kVariants[std::get<0>(GetParam())];
+  const TrainConfig config = make_config(variant, 3);
+  const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
+
+  TempDir dir;
+  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()))), CrashOutcome::kThrew);
+  const std::string damaged = dir.file("checkpoint-000000000030-rank1.psgd");
+  ASSERT_TRUE(fs::exists(damaged));
+  for (const std::string& name : complete_set(20, 3)) ASSERT_TRUE(fs::exists(dir.file(name))) << name;
+  if (std::get<1>(GetParam()) == Damage::kTruncate) {
+    truncate_to_half(damaged);
+  } else {
+    flip_byte(damaged, fs::file_size(damaged) / 2);
+  }
+
+  ::testing::internal::CaptureStderr();
+  std::optional<RunSummary> resumed;
+  try {
+    resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
+  } catch (const std::exception& error) {
+    ::testing::internal::GetCapturedStderr();
+    FAIL() << "resume failed: " << error.what();
+  }
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(resumed->resumed_from, 20);
+  EXPECT_TRUE(BitIdentical(uninterrupted, *resumed));
+  EXPECT_TRUE(Contains(warnings, "checkpoint-000000000030-rank1.psgd")) << "the skipped file is not named";
+}
+
+INSTANTIATE_TEST_SUITE_P(CheckpointResumeDamaged, CheckpointResumeDamage,
+                         ::testing::Combine(::testing::Values(0, 2),  // dsync, pipe staleness 3
+                                            ::testing::Values(Damage::kTruncate, Damage::kFlipByte)),
+                         [](const ::testing::TestParamInfo<CheckpointResumeDamage::ParamType>& info) {
+                           return std::string(kVariants[std::get<0>(info.param)].name) +
+                                  (std::get<1>(info.param) == Damage::kTruncate ? "_truncated" : "_flipped");
+                         });
+
+// ---- 3. leftover temporary files ----------------------------------------------------------------
+
+TEST(CheckpointResumeTest, LeftoverTemporaryFilesAreIgnored) {
+  const TrainConfig config = make_config(kVariants[0], 3);
+  const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
+  TempDir dir;
+  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()))), CrashOutcome::kThrew);
+  // A torn write of a newer checkpoint (garbage), and a complete-looking temporary copy of a valid
+  // part under a temporary name: neither is a checkpoint.
+  const std::string torn = "." + name_of(40, "rank0") + ".tmp.4242.abcdef";
+  { std::ofstream(dir.file(torn), std::ios::binary) << "PSGDCKPT torn"; }
+  const std::string old_temp = "." + name_of(30, "rank2") + ".tmp.4242.012345";
+  fs::copy_file(dir.file(name_of(30, "rank2")), dir.file(old_temp));
+  for (int r = 0; r < 3; ++r) {  // a whole "set" at 45 under temporary names
+    fs::copy_file(dir.file(name_of(30, "rank" + std::to_string(r))),
+                  dir.file("." + name_of(45, "rank" + std::to_string(r)) + ".tmp.1.x"));
+  }
+  fs::copy_file(dir.file(name_of(30, "shared")), dir.file("." + name_of(45, "shared") + ".tmp.1.x"));
+
+  ::testing::internal::CaptureStderr();
+  const RunSummary resumed =
+      run_training(resuming(config, dir.path(), /*keep_writing=*/false), softmax_factory(), data());
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(resumed.resumed_from, 30);
+  EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
+  EXPECT_EQ(warnings.find(".tmp."), std::string::npos) << "temporary files were warned about: " << warnings;
+  // Resuming only reads: nothing in the directory changed (pruning of temporaries: below).
+  EXPECT_TRUE(fs::exists(dir.file(torn)));
+  EXPECT_TRUE(fs::exists(dir.file(old_temp)));
+}
+
+// ---- 4. usage errors -----------------------------------------------------------------------------
+
+// Runs `config` expecting a UsageError whose message contains `fragment`.
+void expect_usage_error(const TrainConfig& config, const std::string& fragment) {
+  try {
+    run_training(config, softmax_factory(), data());
+    ADD_FAILURE() << "no UsageError (expected '" << fragment << "')";
+  } catch (const UsageError& error) {
+    EXPECT_TRUE(Contains(error.what(), fragment));
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "not a UsageError: " << error.what() << " (expected '" << fragment << "')";
+  }
+}
+
+TEST(CheckpointResumeTest, UsageErrors) {
+  const TrainConfig config = make_config(kVariants[0], 2);
+  {
+    TempDir empty;
+    expect_usage_error(resuming(config, empty.path()), "no complete, valid checkpoint");
+    expect_usage_error(resuming(config, empty.file("missing")), "no complete, valid checkpoint");
+  }
+  {
+    TempDir dir;  // a complete checkpoint of another run
+    TrainConfig short_run = checkpointing(config, dir.path());
+    short_run.iterations = 30;
+    run_training(short_run, softmax_factory(), data());
+    ASSERT_TRUE(fs::exists(dir.file(name_of(20, "shared"))));
+    TrainConfig same = resuming(config, dir.path());
+    same.iterations = 30;
+    EXPECT_EQ(run_training(same, softmax_factory(), data()).resumed_from, 20);  // the control
+
+    TrainConfig other_seed = same;
+    other_seed.seed = config.seed + 1;
+    expect_usage_error(other_seed, "is of another run");
+    TrainConfig other_method = same;
+    apply_method_spec("pipe", other_method);
+    expect_usage_error(other_method, "is of another run");
+    TrainConfig other_length = same;
+    other_length.iterations = 40;
+    expect_usage_error(other_length, "is of another run");
+    TrainConfig other_batch = same;
+    other_batch.batch = 4;
+    expect_usage_error(other_batch, "is of another run");
+  }
+
+  TrainConfig no_dir = config;
+  no_dir.checkpoint_every = 10;
+  expect_usage_error(no_dir, "needs --checkpoint-dir");
+  TrainConfig resume_no_dir = config;
+  resume_no_dir.resume = true;
+  expect_usage_error(resume_no_dir, "needs --checkpoint-dir");
+
+  TempDir dir;
+  TrainConfig dir_only = config;
+  dir_only.checkpoint_dir = dir.path();
+  expect_usage_error(dir_only, "--checkpoint-dir needs --checkpoint-every");
+  TrainConfig negative = checkpointing(config, dir.path());
+  negative.checkpoint_every = -1;
+  expect_usage_error(negative, "--checkpoint-every must be in");
+
+  for (const char* spec : {"odsgd", "sapipe", "wfbp"}) {
+    SCOPED_TRACE(spec);
+    TrainConfig other = tiny_config(spec, 2);
+    other.checkpoint_dir = dir.file(std::string("never_") + spec);
+    other.checkpoint_every = 10;
+    expect_usage_error(other, "checkpoints are implemented for dsync");
+    EXPECT_FALSE(fs::exists(other.checkpoint_dir)) << "the directory was created before validation";
+    other.checkpoint_every = 0;
+    other.resume = true;
+    expect_usage_error(other, "checkpoints are implemented for dsync");
+  }
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+// Resuming a pipe checkpoint written in the pipelined phase with a longer --warmup-iters (the
+// fingerprint does not name it) must be refused with an error, not crash the process. Run in a
+// child process: today the pipe method's internal assertion aborts.
+TEST(CheckpointResumeTest, ResumeWithAnotherWarmupIsRefusedNotACrash) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  TrainConfig config = checkpointing(make_config(kVariants[1], 1), dir.path());  // pipe, no warm-up
+  config.iterations = 30;
+  run_training(config, softmax_factory(), data());
+  ASSERT_TRUE(fs::exists(dir.file(name_of(20, "shared"))));
+  TrainConfig longer_warmup = resuming(config, dir.path(), false);
+  longer_warmup.warmup_iterations = 25;  // iterations 20..24 would now be synchronous
+  EXPECT_EXIT(
+      {
+        try {
+          run_training(longer_warmup, softmax_factory(), data());
+        } catch (const Error&) {
+          std::exit(0);  // refused with one of pipesgd's errors: fine
+        }
+        std::exit(3);  // resumed silently
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// ---- 5. pruning -----------------------------------------------------------------------------------
+
+// A leftover temporary file of an old iteration, planted before the run: pruning removes it.
+std::string plant_old_temporary(const TempDir& dir) {
+  const std::string name = "." + name_of(5, "rank0") + ".tmp.77.leftover";
+  std::ofstream(dir.file(name), std::ios::binary) << "torn";
+  return name;
+}
+
+std::vector<std::string> expected_after_60(int workers) {
+  std::vector<std::string> expected = complete_set(40, workers);
+  for (const std::string& name : complete_set(50, workers)) expected.push_back(name);
+  std::sort(expected.begin(), expected.end());
+  return expected;
+}
+
+// Checkpoints are written after iterations 10..50 (none after the last, 60: t + 1 < total); pruning
+// keeps the two newest complete ones, 40 and 50, and deletes leftover temporaries of older ones.
+TEST(CheckpointResumeTest, PruningKeepsTheTwoNewestCompleteCheckpoints) {
+  TempDir dir;
+  const std::string leftover = plant_old_temporary(dir);
+  run_training(checkpointing(make_config(kVariants[0], 1), dir.path()), softmax_factory(), data());
+  EXPECT_EQ(dir.entries(), expected_after_60(1));
+  EXPECT_EQ(iterations_in(dir), (std::vector<std::int64_t>{40, 50}));
+  EXPECT_FALSE(fs::exists(dir.file(leftover)));
+}
+
+// Behaves like `inner`, except that on ranks other than 0 the first parameters() call after the
+// forward_backward of iteration `slow_iteration` sleeps: those ranks write their checkpoint parts
+// for slow_iteration + 1 late (a slow disk), long after rank 0 wrote its parts.
+class LateWriterModel final : public Model {
+ public:
+  LateWriterModel(std::unique_ptr<Model> inner, bool slow, std::int64_t slow_iteration)
+      : inner_(std::move(inner)), slow_(slow), slow_iteration_(slow_iteration) {}
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<float> parameters() override {
+    if (slow_ && calls_ == slow_iteration_ + 1) {
+      slow_ = false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    return inner_->parameters();
+  }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                              const SegmentReadyFn& on_ready) override {
+    StepResult result = inner_->forward_backward(batch, gradients, on_ready);
+    ++calls_;
+    return result;
+  }
+  bool reports_forward_progress() const override { return inner_->reports_forward_progress(); }
+  void set_forward_hook(SegmentsNeededFn hook) override { inner_->set_forward_hook(std::move(hook)); }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  bool slow_;
+  std::int64_t slow_iteration_;
+  std::int64_t calls_ = 0;
+};
+
+// A fresh factory per run: replicas are built in rank order.
+ModelFactory late_writer_factory(std::int64_t slow_iteration) {
+  auto built = std::make_shared<std::atomic<int>>(0);
+  return [built, slow_iteration](std::uint64_t seed) -> std::unique_ptr<Model> {
+    const bool slow = (*built)++ != 0;
+    return std::make_unique<LateWriterModel>(softmax_factory()(seed), slow, slow_iteration);
+  };
+}
+
+// The same with 3 workers. Rank 0 prunes right after writing its own parts; the contract (keep the
+// 2 newest complete) must hold however far the other ranks are with theirs: here ranks 1 and 2 write
+// checkpoint 50 late.
+TEST(CheckpointResumeTest, PruningWithSeveralWorkersKeepsTheTwoNewest) {
+  for (const bool late : {false, true}) {
+    SCOPED_TRACE(late ? "ranks 1, 2 write checkpoint 50 late" : "no delay");
+    TempDir dir;
+    const std::string leftover = plant_old_temporary(dir);
+    const TrainConfig config = checkpointing(make_config(kVariants[0], 3), dir.path());
+    const RunSummary summary =
+        run_training(config, late ? late_writer_factory(49) : softmax_factory(), data());
+    ASSERT_TRUE(Trained(summary));
+    // Always: 40 and 50 complete, nothing older than 30, the old temporary gone.
+    for (std::int64_t it : {40, 50}) {
+      for (const std::string& name : complete_set(it, 3)) EXPECT_TRUE(fs::exists(dir.file(name))) << name;
+    }
+    const std::vector<std::int64_t> iterations = iterations_in(dir);
+    ASSERT_FALSE(iterations.empty());
+    EXPECT_GE(iterations.front(), 30);
+    EXPECT_FALSE(fs::exists(dir.file(leftover)));
+    // The contract: exactly 40 and 50.
+    EXPECT_EQ(dir.entries(), expected_after_60(3))
+        << "more than the 2 newest checkpoints remained: rank 0 pruned before the other ranks had "
+        << "written their parts of the newest one, so it counted that one as incomplete";
+  }
+}
+
+}  // namespace
+}  // namespace pipesgd
