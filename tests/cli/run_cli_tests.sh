@@ -493,6 +493,37 @@ rc=$?
 expect_success "train/sapipe-adam-exit-0" $rc "$R/sapipe-adam.out" "$R/sapipe-adam.err"
 expect_contains "train/sapipe-adam-report" "$R/sapipe-adam.out" "k = 1 of 3 layers stale" "(--stale-layers)"
 
+# Checkpoints: flag combinations, then a crash at iteration 25 and a resume from 20 that ends with
+# the uninterrupted run's weights.
+mkdir -p "$TMP/empty-checkpoints"
+row checkpoint-every-no-dir 2 "--checkpoint-every needs --checkpoint-dir DIR" train --checkpoint-every 5 "${Q[@]}"
+row checkpoint-dir-alone    2 "--checkpoint-dir needs --checkpoint-every N" train --checkpoint-dir "$TMP/ck-alone" "${Q[@]}"
+row checkpoint-odsgd        2 "not yet for 'odsgd'" train --algo odsgd --checkpoint-dir "$TMP/ck-o" --checkpoint-every 5 "${Q[@]}"
+row resume-empty-dir        2 "--resume: no complete, valid checkpoint" \
+  train --resume --checkpoint-dir "$TMP/empty-checkpoints" "${Q[@]}"
+row fault-at-no-checkpoint  2 "no checkpoint is written after iteration 1" \
+  train --inject-fault rank=1,iter=1,kind=crash,at=checkpoint "${Q[@]}"
+run train --data synthetic --algo pipe --iters 40 --quiet --no-eval --out "$R/ck-full" >"$R/ck-full.out" 2>"$R/ck-full.err"
+expect_success "checkpoint/full-exit-0" $? "$R/ck-full.out" "$R/ck-full.err"
+run train --data synthetic --algo pipe --iters 40 --quiet --no-eval --checkpoint-dir "$R/ck" --checkpoint-every 10 \
+  --inject-fault rank=2,iter=25,kind=crash --comm-timeout 2 >"$R/ck-crash.out" 2>"$R/ck-crash.err"
+rc=$?
+if [ "$rc" -eq 1 ] && grep -qF "timed out" "$R/ck-crash.err"; then
+  pass "checkpoint/crash-exits-1-timed-out"
+else
+  fail "checkpoint/crash-exits-1-timed-out" "exit $rc; $(excerpt "$R/ck-crash.err")"
+fi
+run train --data synthetic --algo pipe --iters 40 --quiet --no-eval --checkpoint-dir "$R/ck" --resume \
+  --out "$R/ck-resumed" >"$R/ck-resumed.out" 2>"$R/ck-resumed.err"
+expect_success "checkpoint/resume-exit-0" $? "$R/ck-resumed.out" "$R/ck-resumed.err"
+expect_contains "checkpoint/resume-says-where" "$R/ck-resumed.out" "Resumed at iteration 20 from its checkpoint"
+pycheck "checkpoint/resume-equals-uninterrupted" "$R/ck-full/summary.json" "$R/ck-resumed/summary.json" <<'PYEOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["weights_checksum"] == b["weights_checksum"], (a["weights_checksum"], b["weights_checksum"])
+assert b["resumed_from_iteration"] == 20, b["resumed_from_iteration"]
+PYEOF
+
 # 3d''. Layer-wise communication: `pipesgd plan` prints every plan with its prediction, and the
 # optimal one is never predicted slower; a layer-wise run reports its plan, calls and t_c^no.
 run plan --model cnn --data synthetic --workers 2 --net bw=1Gbit,lat=200us --profile-iters 3 \

@@ -124,6 +124,24 @@ local_vs_mpi halving-doubling --algo dsync --allreduce halving-doubling
 # Layer-wise: wfbp's buckets are fixed (one per layer), so its weights are deterministic; the
 # planning step (profile averaging, allreduce probes on Channel::kPlanning) runs over MPI too.
 local_vs_mpi wfbp --algo wfbp --profile-iters 4
+# Checkpoints over MPI: rank 2 killed at iteration 25 (--inject-fault crash: SIGKILL), the run
+# resumed from the checkpoint after iteration 20 ends with the uninterrupted run's weights.
+mpi_run 3 -- train --transport mpi --algo pipe "${E[@]}" --out "$R/mpi-ck-full" \
+  >"$R/mpi-ck-full.out" 2>"$R/mpi-ck-full.err"
+expect_success "checkpoint/mpi-full-exit-0" $? "$R/mpi-ck-full.out" "$R/mpi-ck-full.err"
+mpi_run 3 -- train --transport mpi --algo pipe "${E[@]}" --checkpoint-dir "$R/mpi-ck" --checkpoint-every 10 \
+  --inject-fault rank=2,iter=25,kind=crash --comm-timeout 5 >"$R/mpi-ck-crash.out" 2>"$R/mpi-ck-crash.err"
+rc=$?
+if [ "$rc" -ne 0 ] && [ -f "$R/mpi-ck/checkpoint-000000000020-rank2.psgd" ]; then
+  pass "checkpoint/mpi-crash-exits-non-zero-with-checkpoint-20"
+else
+  fail "checkpoint/mpi-crash-exits-non-zero-with-checkpoint-20" "exit $rc; $(ls "$R/mpi-ck" 2>&1 | tr '\n' ' ')"
+fi
+mpi_run 3 -- train --transport mpi --algo pipe "${E[@]}" --checkpoint-dir "$R/mpi-ck" --resume \
+  --out "$R/mpi-ck-resumed" >"$R/mpi-ck-resumed.out" 2>"$R/mpi-ck-resumed.err"
+expect_success "checkpoint/mpi-resume-exit-0" $? "$R/mpi-ck-resumed.out" "$R/mpi-ck-resumed.err"
+checksum_check "checkpoint/mpi-resume-equals-uninterrupted" "$R/mpi-ck-full" "$R/mpi-ck-resumed" same
+
 # SAPipe with a fixed partition (2 stale layers, wfbp buckets for the others: nothing measured decides
 # the weights) and weight prediction; and with --stale-layers auto, whose k comes from the profile
 # averaged over the ranks (it must run; its weights depend on the measured k).
@@ -405,6 +423,8 @@ d, t, crash = sys.argv[1], sys.argv[2], sys.argv[3]
 clause = (r"(?P<op>[a-z-]+ allreduce): (?:send to|recv from) rank (?P<peer>\d) "
           r"\(tag (?:gradients|control):\d+ step \d+ segment \d+\) on rank (?P<me>\d) ")
 timed_out = f"timed out after {t} s"
+def is_timeout(how):  # the trainer adds where the worker was: " (worker R at iteration T)"
+    return re.fullmatch(re.escape(timed_out) + r"( \(worker \d+ at iteration \d+\))?", how) is not None
 problems, own_waits_on_1 = [], 0
 for rank, other in ((0, 2), (2, 0)):
     text = open(f"{d}/rank{rank}.err").read()
@@ -425,14 +445,14 @@ for rank, other in ((0, 2), (2, 0)):
                         f"(tag ...) on rank {rank} ...': {line!r}")
         continue
     peer, how = int(m["peer"]), m["how"]
-    if how == timed_out and peer == 1:
+    if is_timeout(how) and peer == 1:
         own_waits_on_1 += 1
-    elif how == timed_out and peer == other:
+    elif is_timeout(how) and peer == other:
         pass  # the race described above
     elif how.startswith(f"aborted: rank {other} failed: "):
         reason = how[len(f"aborted: rank {other} failed: "):]
         r = re.fullmatch(clause + "(?P<how>.*)", reason)
-        if not (r and int(r["me"]) == other and int(r["peer"]) in (1, rank) and r["how"] == timed_out):
+        if not (r and int(r["me"]) == other and int(r["peer"]) in (1, rank) and is_timeout(r["how"])):
             problems.append(f"rank {rank}: rank {other}'s failure is not a wait on rank 1 or {rank} "
                             f"that {timed_out}: {line!r}")
     else:
