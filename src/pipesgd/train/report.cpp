@@ -176,11 +176,11 @@ void print_table(std::ostream& out, const std::vector<std::vector<std::string>>&
   }
 }
 
-void ensure_directory(const std::string& dir) {
+void ensure_directory(const std::string& dir, const std::string& flag) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error || !std::filesystem::is_directory(dir)) {
-    throw UsageError(concat("--out '", dir, "': cannot create directory",
+    throw UsageError(concat(flag, " '", dir, "': cannot create directory",
                             error ? concat(" (", error.message(), ")") : std::string()));
   }
 }

@@ -35,7 +35,7 @@ void print_table(std::ostream& out, const std::vector<std::vector<std::string>>&
 // Seconds as milliseconds with 3 decimals, e.g. "12.345".
 std::string milliseconds(double seconds);
 
-// Creates `dir` (and parents) or throws UsageError naming it.
-void ensure_directory(const std::string& dir);
+// Creates `dir` (and parents) or throws UsageError naming it and the flag that gave it.
+void ensure_directory(const std::string& dir, const std::string& flag = "--out");
 
 }  // namespace pipesgd

@@ -196,15 +196,6 @@ void resume_plan(RunPlan& plan, std::int64_t start) {
                                  std::min(plan.total_iterations - 1, start + std::min<std::int64_t>(10, (plan.total_iterations - start) / 10)));
 }
 
-void ensure_checkpoint_directory(const std::string& dir) {
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error || !std::filesystem::is_directory(dir)) {
-    throw UsageError(concat("--checkpoint-dir '", dir, "': cannot create directory",
-                            error ? concat(" (", error.message(), ")") : std::string()));
-  }
-}
-
 [[noreturn]] void inject_fault(const FaultInjection& fault, const SharedRunState& shared, Timeout timeout);
 
 // Writes checkpoint files on a thread of its own, so the compute thread pays only for copying the
@@ -919,7 +910,7 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
   validate_train_config(config);  // before starting threads
   RunPlan plan = plan_run(config, data.train);
   if (!config.out_dir.empty()) ensure_directory(config.out_dir);  // fail before training, not after
-  if (config.checkpoint_every > 0) ensure_checkpoint_directory(config.checkpoint_dir);
+  if (config.checkpoint_every > 0) ensure_directory(config.checkpoint_dir, "--checkpoint-dir");
   SharedRunState shared;
   if (config.resume) {
     find_resume_point(config, plan, shared, true);
@@ -1023,7 +1014,7 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
   RunPlan plan = plan_run(config, data.train);
   const int rank = transport.rank();
   if (rank == 0 && !config.out_dir.empty()) ensure_directory(config.out_dir);
-  if (config.checkpoint_every > 0) ensure_checkpoint_directory(config.checkpoint_dir);
+  if (config.checkpoint_every > 0) ensure_directory(config.checkpoint_dir, "--checkpoint-dir");
   SharedRunState shared;
   if (config.resume) {
     // Every rank reads the same directory (a shared file system across hosts).
