@@ -44,6 +44,18 @@ std::int64_t sapipe_pipeline_start(const MethodConfig& config) {
 
 std::vector<std::string> compensation_names() { return {"none", "dc", "wp1", "wp2", "wp3"}; }
 
+namespace {
+// --compensation's value as the enum (declared in the order of compensation_names()).
+SaPipe::Compensation parse_compensation(const std::string& name) {
+  const std::vector<std::string> names = compensation_names();
+  const auto found = std::find(names.begin(), names.end(), name);
+  if (found == names.end()) {
+    throw UsageError(concat("unknown --compensation '", name, "' (expected ", join(names), ")"));
+  }
+  return static_cast<SaPipe::Compensation>(found - names.begin());
+}
+}  // namespace
+
 long parse_stale_layers(const std::string& text, std::size_t layers) {
   if (text == "auto") return -1;
   long value = -1;
@@ -58,10 +70,6 @@ long parse_stale_layers(const std::string& text, std::size_t layers) {
   return value;
 }
 
-namespace {
-SaPipe::Compensation parse_compensation(const std::string& name);
-}
-
 SaPipe::SaPipe(const MethodConfig& config, Model& model, Transport& transport)
     : model_(model),
       transport_(transport),
@@ -70,7 +78,6 @@ SaPipe::SaPipe(const MethodConfig& config, Model& model, Transport& transport)
       plan_name_(sync_plan_name(config)),
       compensation_(parse_compensation(config.compensation)),
       lambda_(checked_lambda(config.delay_compensation.lambda)),
-      warmup_iterations_(checked_warmup(config.warmup_iterations)),
       profile_iterations_(checked_profile_iterations(config.profile_iterations)),
       measure_cost_(config.calibration == nullptr),
       timeout_(config.allreduce.timeout),
@@ -86,6 +93,7 @@ SaPipe::SaPipe(const MethodConfig& config, Model& model, Transport& transport)
       profile_buffer_(2 * layers_ + kCostProbes, 0.0f),
       jobs_(layers_ + 3) {
   if (layers_ == 0) throw UsageError("sapipe needs a model with layers");
+  checked_warmup(config.warmup_iterations);
   algorithm_ = resolve_allreduce_algorithm(config, transport.size(),
                                            static_cast<double>(model.layout().total()) * sizeof(float));
   bytes_per_element_ = static_cast<double>(codec_->encoded_bytes(1000)) / 1000.0;
@@ -117,17 +125,6 @@ SaPipe::SaPipe(const MethodConfig& config, Model& model, Transport& transport)
   }
   comm_thread_ = std::thread([this] { comm_loop(); });
 }
-
-namespace {
-SaPipe::Compensation parse_compensation(const std::string& name) {
-  if (name == "none") return SaPipe::Compensation::kNone;
-  if (name == "dc") return SaPipe::Compensation::kDelay;
-  if (name == "wp1") return SaPipe::Compensation::kPredictLocal;
-  if (name == "wp2") return SaPipe::Compensation::kPredictSynchronized;
-  if (name == "wp3") return SaPipe::Compensation::kPredictCombined;
-  throw UsageError(concat("unknown --compensation '", name, "' (expected ", join(compensation_names()), ")"));
-}
-}  // namespace
 
 SaPipe::~SaPipe() {
   if (model_.reports_forward_progress()) model_.set_forward_hook({});

@@ -157,7 +157,6 @@ class SaPipe final : public TrainingMethod {
   const std::string plan_name_;
   const Compensation compensation_;
   const float lambda_;
-  const std::int64_t warmup_iterations_;
   const std::int64_t profile_iterations_;
   const bool measure_cost_;
   const Timeout timeout_;
