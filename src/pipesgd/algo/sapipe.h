@@ -43,8 +43,9 @@
 // layers stale). The report counts the bounded updates.
 // No prediction while nothing is in flight (the first pipelined iteration). finish() applies the
 // last gradients (stale ones with their compensation) and leaves the true weights in the model.
-// The update is fused over the flat stale range (optim/fused_update.h): one pass that compensates,
-// steps and predicts, after one reduction pass for the scalar g . D when dc or wp3 needs it.
+// The update is fused over the flat stale range (optim/fused_update.h), never per tensor: one pass
+// that compensates (dc), steps and records the step; for wp one more pass that predicts; and before
+// the compensated pass a reduction for the scalar g . D when dc or wp3 needs it.
 //
 // Tags: job j of iteration t uses sequence t * (m + 1) + j on Channel::kGradients, j = the bucket
 // index (backward order) for synchronous buckets and m for the stale range.
