@@ -240,6 +240,10 @@ row inject-fault-no-iter    2 "'iter' is missing"         train --inject-fault r
 row inject-fault-not-worker 2 "is not a worker"           train --inject-fault rank=9,iter=1,kind=crash "${Q[@]}"
 row inject-fault-past-run   2 "past the run"              train --inject-fault rank=1,iter=99999999,kind=crash "${Q[@]}"
 row inject-fault-bad-kind   2 "kind must be crash or hang" train --inject-fault rank=1,iter=1,kind=explode "${Q[@]}"
+row inject-fault-bad-at     2 "at must be iteration, checkpoint, allreduce or push" train --inject-fault rank=1,iter=1,kind=crash,at=backward "${Q[@]}"
+row inject-fault-push-dsync 2 "at=push: 'dsync' runs no parameter servers" train --algo dsync --inject-fault rank=1,iter=1,kind=crash,at=push "${Q[@]}"
+row inject-fault-allreduce-pssync 2 "at=allreduce: 'pssync' pushes to parameter servers" \
+  train --algo pssync --inject-fault rank=1,iter=1,kind=crash,at=allreduce "${Q[@]}"
 # Runtime failures (exit 1, one line): a diverging run stops at the first non-finite gradient, naming
 # the layer; a crashed worker makes the others time out within --comm-timeout, naming the iteration.
 row nonfinite-stops         1 "non-finite gradient (NaN or Inf) in layer" \
@@ -250,6 +254,15 @@ if grep -qF "timed out" "$TMP/rows/fault-crash-times-out.err"; then
   pass "error/fault-crash-times-out-says-timed-out"
 else
   fail "error/fault-crash-times-out-says-timed-out" "stderr: $(excerpt "$TMP/rows/fault-crash-times-out.err")"
+fi
+# Mid-operation: worker 1 dies after sending part of iteration 3's allreduce; the others still name
+# the iteration within --comm-timeout.
+row fault-crash-mid-allreduce 1 "at iteration" \
+  train --data synthetic --iters 20 --inject-fault rank=1,iter=3,kind=crash,at=allreduce --comm-timeout 2 --quiet --no-eval
+if grep -qE "timed out|failed" "$TMP/rows/fault-crash-mid-allreduce.err"; then
+  pass "error/fault-crash-mid-allreduce-says-timed-out"
+else
+  fail "error/fault-crash-mid-allreduce-says-timed-out" "stderr: $(excerpt "$TMP/rows/fault-crash-mid-allreduce.err")"
 fi
 # parse_sizes accepts any multiple of 4 bytes (3K = 3072 is valid), so the odd size is 6 bytes.
 row bench-size-not-multiple-of-4 2 "multiple of 4"        bench allreduce --sizes 6
@@ -498,7 +511,6 @@ expect_contains "train/sapipe-adam-report" "$R/sapipe-adam.out" "k = 1 of 3 laye
 mkdir -p "$TMP/empty-checkpoints"
 row checkpoint-every-no-dir 2 "--checkpoint-every needs --checkpoint-dir DIR" train --checkpoint-every 5 "${Q[@]}"
 row checkpoint-dir-alone    2 "--checkpoint-dir needs --checkpoint-every N" train --checkpoint-dir "$TMP/ck-alone" "${Q[@]}"
-row checkpoint-odsgd        2 "not yet for 'odsgd'" train --algo odsgd --checkpoint-dir "$TMP/ck-o" --checkpoint-every 5 "${Q[@]}"
 row resume-empty-dir        2 "--resume: no complete, valid checkpoint" \
   train --resume --checkpoint-dir "$TMP/empty-checkpoints" "${Q[@]}"
 row fault-at-no-checkpoint  2 "no checkpoint is written after iteration 1" \
@@ -518,6 +530,36 @@ run train --data synthetic --algo pipe --iters 40 --quiet --no-eval --checkpoint
 expect_success "checkpoint/resume-exit-0" $? "$R/ck-resumed.out" "$R/ck-resumed.err"
 expect_contains "checkpoint/resume-says-where" "$R/ck-resumed.out" "Resumed at iteration 20 from its checkpoint"
 pycheck "checkpoint/resume-equals-uninterrupted" "$R/ck-full/summary.json" "$R/ck-resumed/summary.json" <<'PYEOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["weights_checksum"] == b["weights_checksum"], (a["weights_checksum"], b["weights_checksum"])
+assert b["resumed_from_iteration"] == 20, b["resumed_from_iteration"]
+PYEOF
+# A layer-wise method checkpoints too: wfbp writes checkpoints 10 and 20, then resumes from 20.
+run train --data synthetic --algo wfbp --iters 30 --quiet --no-eval --checkpoint-dir "$R/ck-wfbp" --checkpoint-every 10 \
+  >"$R/ck-wfbp.out" 2>"$R/ck-wfbp.err"
+expect_success "checkpoint/wfbp-exit-0" $? "$R/ck-wfbp.out" "$R/ck-wfbp.err"
+run train --data synthetic --algo wfbp --iters 30 --quiet --no-eval --checkpoint-dir "$R/ck-wfbp" --resume \
+  >"$R/ck-wfbp-resumed.out" 2>"$R/ck-wfbp-resumed.err"
+expect_success "checkpoint/wfbp-resume-exit-0" $? "$R/ck-wfbp-resumed.out" "$R/ck-wfbp-resumed.err"
+expect_contains "checkpoint/wfbp-resume-says-where" "$R/ck-wfbp-resumed.out" "Resumed at iteration 20 from its checkpoint"
+# And a parameter-server method: odsgd (2 servers, warm-up 5) killed at 25 and resumed from 20, with
+# every server's shard part in the set, ends with the uninterrupted run's weights.
+O=(--data synthetic --algo odsgd --servers 2 --warmup-iters 5 --iters 40 --quiet --no-eval)
+run train "${O[@]}" --out "$R/ck-odsgd-full" >"$R/ck-odsgd-full.out" 2>"$R/ck-odsgd-full.err"
+expect_success "checkpoint/odsgd-full-exit-0" $? "$R/ck-odsgd-full.out" "$R/ck-odsgd-full.err"
+run train "${O[@]}" --checkpoint-dir "$R/ck-odsgd" --checkpoint-every 10 --inject-fault rank=1,iter=25,kind=crash \
+  --comm-timeout 2 >"$R/ck-odsgd-crash.out" 2>"$R/ck-odsgd-crash.err"
+rc=$?
+if [ "$rc" -eq 1 ] && [ -f "$R/ck-odsgd/checkpoint-000000000020-server1.psgd" ]; then
+  pass "checkpoint/odsgd-crash-exits-1-with-server-parts"
+else
+  fail "checkpoint/odsgd-crash-exits-1-with-server-parts" "exit $rc; $(excerpt "$R/ck-odsgd-crash.err")"
+fi
+run train "${O[@]}" --checkpoint-dir "$R/ck-odsgd" --resume --out "$R/ck-odsgd-resumed" \
+  >"$R/ck-odsgd-resumed.out" 2>"$R/ck-odsgd-resumed.err"
+expect_success "checkpoint/odsgd-resume-exit-0" $? "$R/ck-odsgd-resumed.out" "$R/ck-odsgd-resumed.err"
+pycheck "checkpoint/odsgd-resume-equals-uninterrupted" "$R/ck-odsgd-full/summary.json" "$R/ck-odsgd-resumed/summary.json" <<'PYEOF'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 assert a["weights_checksum"] == b["weights_checksum"], (a["weights_checksum"], b["weights_checksum"])

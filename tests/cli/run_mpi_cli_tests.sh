@@ -173,6 +173,22 @@ mpi_run 3 -- train --transport mpi --algo odsgd --warmup-iters 10 --local-update
 expect_success "weights/odsgd-mpi-exit-0" $? "$R/mpi-odsgd.out" "$R/mpi-odsgd.err"
 checksum_check "weights/odsgd-mpi-equals-local" "$R/local-odsgd" "$R/mpi-odsgd" same 2
 expect_contains "weights/odsgd-mpi-timing-model" "$R/mpi-odsgd.out" "OD-SGD timing model"
+# OD-SGD checkpoints over MPI: worker rank 1 killed at iteration 25; the server rank writes its
+# shard's part of every set; resumed from the newest complete set, the weights equal the run above.
+mpi_run 3 -- train --transport mpi --algo odsgd --warmup-iters 10 --local-updater dcasgd-c "${E[@]}" \
+  --checkpoint-dir "$R/mpi-ck-odsgd" --checkpoint-every 10 --inject-fault rank=1,iter=25,kind=crash --comm-timeout 5 \
+  >"$R/mpi-ck-odsgd-crash.out" 2>"$R/mpi-ck-odsgd-crash.err"
+rc=$?
+if [ "$rc" -ne 0 ] && [ -f "$R/mpi-ck-odsgd/checkpoint-000000000010-server0.psgd" ]; then
+  pass "checkpoint/mpi-odsgd-crash-exits-non-zero-with-a-server-part"
+else
+  fail "checkpoint/mpi-odsgd-crash-exits-non-zero-with-a-server-part" "exit $rc; $(ls "$R/mpi-ck-odsgd" 2>&1 | tr '\n' ' ')"
+fi
+mpi_run 3 -- train --transport mpi --algo odsgd --warmup-iters 10 --local-updater dcasgd-c "${E[@]}" \
+  --checkpoint-dir "$R/mpi-ck-odsgd" --resume --out "$R/mpi-ck-odsgd-resumed" \
+  >"$R/mpi-ck-odsgd-resumed.out" 2>"$R/mpi-ck-odsgd-resumed.err"
+expect_success "checkpoint/mpi-odsgd-resume-exit-0" $? "$R/mpi-ck-odsgd-resumed.out" "$R/mpi-ck-odsgd-resumed.err"
+checksum_check "checkpoint/mpi-odsgd-resume-equals-uninterrupted" "$R/local-odsgd" "$R/mpi-ck-odsgd-resumed" same 2
 
 # DC-ASGD is asynchronous (the weights depend on arrival order): it must run and report, over 2
 # servers.

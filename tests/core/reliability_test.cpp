@@ -7,12 +7,16 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "pipesgd/algo/training_method.h"
+#include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/train/fault_injection.h"
@@ -509,6 +513,158 @@ TEST_P(ReliabilityFault, OtherWorkersStopWithACommError) {
 
 INSTANTIATE_TEST_SUITE_P(ReliabilityMethods, ReliabilityFault, ::testing::Values("dsync", "pipe", "wfbp", "pssync", "odsgd"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// --- 5. Faults in the middle of an operation (at=allreduce, at=push) ---------------------------------
+
+TEST(ReliabilityMidOperationFault, ParseAndValidate) {
+  FaultInjection fault = parse_fault_injection("rank=1,iter=2,kind=crash,at=allreduce");
+  EXPECT_EQ(fault.point, FaultInjection::Point::kAllreduce);
+  EXPECT_FALSE(fault.during_checkpoint());
+  EXPECT_TRUE(fault.in_operation());
+  fault = parse_fault_injection("at=push,rank=1,iter=2,kind=hang");
+  EXPECT_EQ(fault.point, FaultInjection::Point::kPush);
+  fault = parse_fault_injection("rank=1,iter=2,kind=hang,at=checkpoint");
+  EXPECT_TRUE(fault.during_checkpoint());
+  EXPECT_FALSE(fault.in_operation());
+  EXPECT_THROW(parse_fault_injection("rank=1,iter=2,kind=hang,at=backward"), UsageError);
+
+  TrainConfig dsync = method_config("dsync", 3);
+  dsync.fault = parse_fault_injection("rank=1,iter=2,kind=crash,at=push");
+  try {
+    run_training(dsync, softmax_factory(), small_data());
+    ADD_FAILURE() << "expected a UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_TRUE(Contains(error.what(), "at=push"));
+  }
+  TrainConfig pssync = method_config("pssync", 2);
+  pssync.fault = parse_fault_injection("rank=1,iter=2,kind=crash,at=allreduce");
+  try {
+    run_training(pssync, softmax_factory(), small_data());
+    ADD_FAILURE() << "expected a UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_TRUE(Contains(error.what(), "at=allreduce"));
+  }
+}
+
+// The decorator forwards everything until armed, then fails on exactly the promised send.
+TEST(ReliabilityMidOperationFault, DecoratorFiresOnTheIntendedSend) {
+  LocalFabric fabric(2);
+  int fired = 0;
+  FaultInjectingTransport faulty(fabric.endpoint(0), FaultInjection::Point::kAllreduce, 2, [&] {
+    ++fired;
+    throw InjectedFault{};
+  });
+  const float value[1] = {1.0f};
+  const auto bytes = std::as_bytes(std::span<const float>(value));
+  float got[1] = {0};
+  auto exchange = [&](Tag tag) {
+    Request send = faulty.send(1, tag, bytes, "test");
+    Request recv = fabric.endpoint(1).recv(0, tag, std::as_writable_bytes(std::span<float>(got)), "test");
+    recv.wait(std::chrono::seconds(5));
+    send.wait(std::chrono::seconds(5));
+  };
+  const Tag iteration4 = step_tag(collective_tag(Channel::kGradients, 4), 0, 0);
+  const Tag iteration5 = step_tag(collective_tag(Channel::kGradients, 5), 0, 0);
+  const Tag iteration5_next = step_tag(collective_tag(Channel::kGradients, 5), 1, 0);
+  exchange(iteration5);  // not armed: forwarded
+  faulty.arm(5);
+  exchange(iteration4);  // an earlier allreduce still in flight: not counted
+  exchange(step_tag(collective_tag(Channel::kControl, 5), 0, 0));  // not a gradient allreduce
+  exchange(iteration5);  // the first message of iteration 5's allreduce goes out
+  EXPECT_EQ(fired, 0);
+  EXPECT_THROW(faulty.send(1, iteration5_next, bytes, "test"), InjectedFault);
+  EXPECT_EQ(fired, 1);
+  EXPECT_TRUE(faulty.fired());
+  exchange(iteration5_next);  // fires once only
+
+  // Push: only push requests (kind 1) of version >= the minimum count; with fire_on 1 the first fails.
+  int push_fired = 0;
+  FaultInjectingTransport pushes(fabric.endpoint(0), FaultInjection::Point::kPush, 1, [&] {
+    ++push_fired;
+    throw InjectedFault{};
+  });
+  pushes.arm(3);
+  std::uint64_t pull[2] = {2, 3}, old_push[2] = {1, 2}, push[2] = {1, 3};
+  const Tag request = step_tag(collective_tag(Channel::kParameterServer, 7), 0, 0);
+  std::uint64_t received[2];
+  for (auto* header : {pull, old_push}) {
+    Request send = pushes.send(1, request, std::as_bytes(std::span<const std::uint64_t>(header, 2)), "ps");
+    Request recv = fabric.endpoint(1).recv(0, request, std::as_writable_bytes(std::span<std::uint64_t>(received)), "ps");
+    recv.wait(std::chrono::seconds(5));
+    send.wait(std::chrono::seconds(5));
+  }
+  EXPECT_EQ(push_fired, 0);
+  EXPECT_THROW(pushes.send(1, request, std::as_bytes(std::span<const std::uint64_t>(push)), "ps push"), InjectedFault);
+  EXPECT_EQ(push_fired, 1);
+}
+
+struct MidOperationCase {
+  std::string method;
+  FaultInjection::Point point;
+  std::int64_t iteration;
+  int servers = 0;
+  std::int64_t warmup = 0;
+  std::string name;
+};
+
+class ReliabilityMidOperation : public ::testing::TestWithParam<MidOperationCase> {};
+
+TEST_P(ReliabilityMidOperation, OtherWorkersNameTheFaultyRank) {
+  const MidOperationCase& c = GetParam();
+  for (const auto kind : {FaultInjection::Kind::kCrash, FaultInjection::Kind::kHang}) {
+    const bool crash = kind == FaultInjection::Kind::kCrash;
+    SCOPED_TRACE(crash ? "crash" : "hang");
+    TrainConfig config = method_config(c.method, 3);
+    config.servers = c.servers;
+    config.warmup_iterations = c.warmup;
+    config.method.allreduce.timeout = std::chrono::seconds(1);
+    config.fault.rank = 1;
+    config.fault.iteration = c.iteration;
+    config.fault.kind = kind;
+    config.fault.point = c.point;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      run_training(config, softmax_factory(), small_data());
+      ADD_FAILURE() << "expected a CommError";
+    } catch (const CommError& error) {
+      const std::string message = error.what();
+      EXPECT_TRUE(dynamic_cast<const CommTimeoutError*>(&error) != nullptr ||
+                  dynamic_cast<const PeerFailedError*>(&error) != nullptr)
+          << message;
+      // The line names the peer this survivor waited on: the faulty rank 1, or (a race: a survivor
+      // blocked behind another survivor that is stuck on rank 1 may time out first; with servers, the
+      // server stuck on rank 1's push) another rank of the run. run_training prefers a timeout on a
+      // silent peer, so most runs name rank 1.
+      EXPECT_TRUE(Contains(message, " rank ")) << "no peer is named";
+      std::printf("[ midfault ] %s %s: %s\n", c.name.c_str(), crash ? "crash" : "hang",
+                  message.find("from rank 1 ") != std::string::npos || message.find("to rank 1 ") != std::string::npos
+                      ? "names rank 1"
+                      : "names another rank");
+      EXPECT_TRUE(Contains(message, " at iteration ")) << "the iteration is not named";
+      EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line";
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "expected a CommError, got: " << error.what();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("[ midfault ] %s %s: survivors stopped after %.2f s\n", c.name.c_str(), crash ? "crash" : "hang",
+                seconds);
+    EXPECT_LT(seconds, 30.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ReliabilityMidOperationMethods, ReliabilityMidOperation,
+    ::testing::Values(MidOperationCase{"dsync", FaultInjection::Point::kAllreduce, 5, 0, 0, "dsync_allreduce"},
+                      MidOperationCase{"pipe", FaultInjection::Point::kAllreduce, 5, 0, 0, "pipe_allreduce"},
+                      MidOperationCase{"wfbp", FaultInjection::Point::kAllreduce, 5, 0, 0, "wfbp_allreduce"},
+                      MidOperationCase{"sapipe", FaultInjection::Point::kAllreduce, 15, 0, 0, "sapipe_allreduce"},
+                      MidOperationCase{"pssync", FaultInjection::Point::kPush, 5, 1, 0, "pssync_push_1server"},
+                      MidOperationCase{"pssync", FaultInjection::Point::kPush, 5, 2, 0, "pssync_push_2servers"},
+                      MidOperationCase{"odsgd", FaultInjection::Point::kPush, 5, 1, 10, "odsgd_warmup_push_1server"},
+                      MidOperationCase{"odsgd", FaultInjection::Point::kPush, 5, 2, 10, "odsgd_warmup_push_2servers"},
+                      MidOperationCase{"odsgd", FaultInjection::Point::kPush, 15, 1, 10, "odsgd_comm_push_1server"},
+                      MidOperationCase{"odsgd", FaultInjection::Point::kPush, 15, 2, 10, "odsgd_comm_push_2servers"}),
+    [](const ::testing::TestParamInfo<MidOperationCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace pipesgd

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
@@ -82,6 +83,64 @@ LinearCost fit_measured_cost(std::span<const double> sizes, std::span<const doub
   }
 }
 
+void save_doubles(CheckpointWriter& out, std::string name, std::span<const double> values) {
+  out.add(std::move(name), std::as_bytes(values));
+}
+
+std::vector<double> load_doubles(const CheckpointReader& in, const std::string& name, std::size_t count) {
+  const std::span<const std::byte> bytes = in.bytes(name);
+  if (bytes.size() != count * sizeof(double)) {
+    throw DataError(concat("checkpoint '", in.origin(), "': section '", name, "' holds ", bytes.size(),
+                           " bytes, expected ", count, " doubles"));
+  }
+  std::vector<double> values(count);
+  if (count > 0) std::memcpy(values.data(), bytes.data(), bytes.size());
+  for (double value : values) {
+    if (!std::isfinite(value)) {
+      throw DataError(concat("checkpoint '", in.origin(), "': section '", name, "' holds a non-finite value"));
+    }
+  }
+  return values;
+}
+
+void save_bucket_plan(CheckpointWriter& out, const std::string& prefix, const BucketPlan& plan) {
+  std::vector<std::int64_t> bounds;
+  for (const Bucket& bucket : plan.buckets) {
+    bounds.push_back(static_cast<std::int64_t>(bucket.begin));
+    bounds.push_back(static_cast<std::int64_t>(bucket.end));
+  }
+  out.add_string(prefix + "name", plan.name);
+  out.add(prefix + "bounds", std::as_bytes(std::span<const std::int64_t>(bounds)));
+}
+
+BucketPlan load_bucket_plan(const CheckpointReader& in, const std::string& prefix, std::size_t layers) {
+  BucketPlan plan;
+  plan.name = std::string(in.string(prefix + "name"));
+  const std::span<const std::byte> bytes = in.bytes(prefix + "bounds");
+  const std::size_t pair_bytes = 2 * sizeof(std::int64_t);
+  auto invalid = [&](const std::string& why) {
+    return DataError(concat("checkpoint '", in.origin(), "': bucket plan '", prefix, "' ", why, " (a plan over ",
+                            layers, " layers)"));
+  };
+  if (bytes.size() % pair_bytes != 0 || bytes.size() / pair_bytes > layers) {
+    throw invalid(concat("of ", bytes.size(), " bytes"));
+  }
+  std::vector<std::int64_t> bounds(bytes.size() / sizeof(std::int64_t));
+  if (!bounds.empty()) std::memcpy(bounds.data(), bytes.data(), bytes.size());
+  // Launch order: the first bucket ends at `layers`, each next one ends where the previous began.
+  auto expected_end = static_cast<std::int64_t>(layers);
+  for (std::size_t k = 0; k < bounds.size(); k += 2) {
+    if (bounds[k + 1] != expected_end || bounds[k] < 0 || bounds[k] >= bounds[k + 1]) {
+      throw invalid(concat("has bucket [", bounds[k], ", ", bounds[k + 1], ") where one ending at ",
+                           expected_end, " belongs"));
+    }
+    plan.buckets.push_back({static_cast<std::size_t>(bounds[k]), static_cast<std::size_t>(bounds[k + 1])});
+    expected_end = bounds[k];
+  }
+  if (expected_end != 0) throw invalid(concat("leaves layers [0, ", expected_end, ") out"));
+  return plan;
+}
+
 BucketedDSync::BucketedDSync(const MethodConfig& config, Model& model, Transport& transport)
     : model_(model),
       transport_(transport),
@@ -146,6 +205,8 @@ void BucketedDSync::comm_loop() {
     } catch (const std::exception& error) {
       failure = std::current_exception();
       transport_.report_failure(error.what());
+    } catch (...) {  // a silent death (--inject-fault): reported to no one, rethrown on compute
+      failure = std::current_exception();
     }
     {
       std::lock_guard lock(mutex_);
@@ -302,6 +363,91 @@ void BucketedDSync::replan(std::int64_t plan_number) {
   std::fill(backward_sums_.begin(), backward_sums_.end(), 0.0);
   before_backward_sum_ = update_sum_ = interference_backward_sum_ = 0;
   single_iterations_ = interference_iterations_ = 0;
+}
+
+void BucketedDSync::save_state(CheckpointWriter& out) {
+  {
+    std::lock_guard lock(mutex_);
+    PIPESGD_ASSERT(submitted_ == reduced_);  // end_iteration waited for every bucket
+  }
+  optimizer_->save_state(out, "method.");
+  const std::string prefix = "method.layerwise.";
+  out.add_int(prefix + "layers", static_cast<std::int64_t>(layers_));
+  out.add_int(prefix + "profile_iterations", profile_iterations_);
+  out.add_int(prefix + "replan_every", replan_every_);
+  out.add_int(prefix + "plans_made", plans_made_);
+  out.add_int(prefix + "cycle_start", cycle_start_);
+  save_bucket_plan(out, prefix + "chosen_plan.", chosen_plan_);
+  save_doubles(out, prefix + "planned_backward_seconds", planned_profile_.backward_seconds);
+  const double planned[] = {planned_profile_.forward_seconds, planned_profile_.per_bucket_compute_seconds,
+                            planned_update_seconds_, cost_.a, cost_.b};
+  save_doubles(out, prefix + "planned_scalars", planned);
+  save_doubles(out, prefix + "backward_sums", backward_sums_);
+  const double sums[] = {before_backward_sum_, update_sum_, interference_backward_sum_};
+  save_doubles(out, prefix + "profiling_sums", sums);
+  out.add_int(prefix + "single_iterations", single_iterations_);
+  out.add_int(prefix + "interference_iterations", interference_iterations_);
+}
+
+void BucketedDSync::load_state(const CheckpointReader& in, std::int64_t next_iteration) {
+  optimizer_->load_state(in, "method.");
+  const std::string prefix = "method.layerwise.";
+  auto refuse = [&](const std::string& why) { return DataError(concat("checkpoint '", in.origin(), "': ", why)); };
+  auto expect_setting = [&](const char* name, const char* option, std::int64_t expected) {
+    const std::int64_t saved = in.integer(prefix + name);
+    if (saved != expected) throw refuse(concat("written with ", option, " ", saved, ", this run has ", expected));
+  };
+  if (in.integer(prefix + "layers") != static_cast<std::int64_t>(layers_)) {
+    throw refuse(concat("written for a model of ", in.integer(prefix + "layers"), " layers, this one has ", layers_));
+  }
+  expect_setting("profile_iterations", "--profile-iters", profile_iterations_);
+  expect_setting("replan_every", "--replan-every", replan_every_);
+  const std::int64_t plans_made = in.integer(prefix + "plans_made");
+  const std::int64_t cycle_start = in.integer(prefix + "cycle_start");
+  // The first plan is made at the end of iteration kProfileWarmupIterations + P - 1.
+  const bool first_plan_due = next_iteration >= kProfileWarmupIterations + profile_iterations_;
+  if (plans_made < 0 || plans_made > next_iteration || (plans_made > 0) != first_plan_due) {
+    throw refuse(concat(plans_made, " plans made before iteration ", next_iteration, " with --profile-iters ",
+                        profile_iterations_));
+  }
+  const bool cycle_valid = replan_every_ == 0
+                               ? cycle_start == kProfileWarmupIterations
+                               : cycle_start >= kProfileWarmupIterations && cycle_start <= next_iteration + replan_every_;
+  if (!cycle_valid) {
+    throw refuse(concat("profiling cycle starting at iteration ", cycle_start, " before iteration ", next_iteration,
+                        " with --replan-every ", replan_every_));
+  }
+  const std::int64_t single_iterations = in.integer(prefix + "single_iterations");
+  const std::int64_t interference_iterations = in.integer(prefix + "interference_iterations");
+  if (single_iterations < 0 || interference_iterations < 0 ||
+      single_iterations + interference_iterations > profile_iterations_) {
+    throw refuse(concat(single_iterations, " + ", interference_iterations, " profiled iterations with --profile-iters ",
+                        profile_iterations_));
+  }
+  BucketPlan chosen = load_bucket_plan(in, prefix + "chosen_plan.", layers_);
+  const std::vector<double> backward = load_doubles(in, prefix + "planned_backward_seconds", layers_);
+  const std::vector<double> planned = load_doubles(in, prefix + "planned_scalars", 5);
+  const std::vector<double> backward_sums = load_doubles(in, prefix + "backward_sums", layers_);
+  const std::vector<double> sums = load_doubles(in, prefix + "profiling_sums", 3);
+
+  plans_made_ = plans_made;
+  cycle_start_ = cycle_start;
+  chosen_plan_ = std::move(chosen);
+  planned_profile_.backward_seconds = backward;
+  planned_profile_.forward_seconds = planned[0];
+  planned_profile_.per_bucket_compute_seconds = planned[1];
+  planned_update_seconds_ = planned[2];
+  cost_ = LinearCost{planned[3], planned[4]};
+  backward_sums_ = backward_sums;
+  before_backward_sum_ = sums[0];
+  update_sum_ = sums[1];
+  interference_backward_sum_ = sums[2];
+  single_iterations_ = single_iterations;
+  interference_iterations_ = interference_iterations;
+  // begin_iteration copies the plan the next iteration needs.
+  plan_ = single_plan(layers_);
+  plan_in_use_ = PlanInUse::kSingle;
+  plan_version_ = -1;
 }
 
 MethodReport BucketedDSync::report() const {

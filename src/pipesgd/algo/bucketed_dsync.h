@@ -64,6 +64,17 @@ inline constexpr std::int64_t kProfileWarmupIterations = 8;
 // --profile-iters as given, or UsageError if < 1 (the layer-wise methods and sapipe).
 std::int64_t checked_profile_iterations(std::int64_t iterations);
 
+// Checkpoint sections shared by the layer-wise methods (and sapipe). Doubles are stored bit for bit.
+void save_doubles(CheckpointWriter& out, std::string name, std::span<const double> values);
+// The `count` doubles of section `name`; DataError naming the file if missing or of another count.
+std::vector<double> load_doubles(const CheckpointReader& in, const std::string& name, std::size_t count);
+// A bucket plan as sections `prefix` + "name" and + "bounds" (begin, end per bucket).
+void save_bucket_plan(CheckpointWriter& out, const std::string& prefix, const BucketPlan& plan);
+// The plan saved by save_bucket_plan, checked to be a plan over `layers` layers (buckets in launch
+// order, contiguous, the first ending at `layers`, the last beginning at 0; none for 0 layers);
+// DataError naming the file otherwise.
+BucketPlan load_bucket_plan(const CheckpointReader& in, const std::string& prefix, std::size_t layers);
+
 class BucketedDSync final : public TrainingMethod {
  public:
   // Throws UsageError for an unknown plan (MethodConfig::buckets), codec or algorithm.
@@ -74,6 +85,12 @@ class BucketedDSync final : public TrainingMethod {
   void finish(IterationTimes&) override {}
   const SegmentReadyFn* segment_ready() override { return &on_segment_ready_; }
   MethodReport report() const override;
+  // Nothing is in flight after end_iteration. Saved: the optimizer state and the planning state
+  // (the chosen plan and what it came from, the profiling cycle and its partial sums), so a resumed
+  // run uses the same buckets as the uninterrupted one (bucket boundaries change how the
+  // allreduce sums, hence the rounding) and never profiles again what was profiled.
+  void save_state(CheckpointWriter& out) override;
+  void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;
 
  private:
   void segment_ready(std::size_t segment, double backward_seconds);

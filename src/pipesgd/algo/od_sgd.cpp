@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "pipesgd/algo/ps_methods.h"
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
@@ -63,6 +64,16 @@ void LocalUpdater::apply(std::span<const float> base, std::span<const float> gra
   sgd_.step(weights, step_gradient, 1.0f);
 }
 
+void LocalUpdater::save_state(CheckpointWriter& out, const std::string& prefix) const {
+  sgd_.save_state(out, prefix);
+  if (compensation_) compensation_->save_state(out, prefix);
+}
+
+void LocalUpdater::load_state(const CheckpointReader& in, const std::string& prefix) {
+  sgd_.load_state(in, prefix);
+  if (compensation_) compensation_->load_state(in, prefix);
+}
+
 OneStepDelaySgd::OneStepDelaySgd(const MethodConfig& config, Model& model, Transport& transport)
     : model_(model),
       transport_(transport),
@@ -71,7 +82,8 @@ OneStepDelaySgd::OneStepDelaySgd(const MethodConfig& config, Model& model, Trans
       plan_(model.layout(), config.servers),
       client_(transport, plan_, parameter_server_workers(config, transport), config.allreduce.timeout),
       updater_(model.layout().total(), config.local_updater, local_sgd(config),
-               config.delay_compensation) {
+               config.delay_compensation),
+      next_job_(switch_iteration_) {
   if (config.warmup_iterations < 0) {
     throw UsageError(concat("warm-up iterations must be >= 0, got ", config.warmup_iterations));
   }
@@ -94,11 +106,13 @@ void OneStepDelaySgd::comm_loop() {
   // As Pipe-SGD's comm thread: raised only when its waits sleep (a polling thread would starve
   // the compute thread).
   if (transport_.waits_sleep()) raise_communication_thread_priority();
-  for (std::int64_t t = switch_iteration_;; ++t) {
+  for (;;) {
+    std::int64_t t;
     {
       std::unique_lock lock(mutex_);
-      job_submitted_.wait(lock, [&] { return stopping_ || submitted_ >= t; });
+      job_submitted_.wait(lock, [&] { return stopping_ || submitted_ >= next_job_; });
       if (stopping_) return;  // finish() lets every job complete first on the normal path
+      t = next_job_++;
     }
     // Job t: push g_t (computed on W_t), pull G_{t+1}. The client copies the gradient at push(),
     // and the pull writes pulled(t + 1), which the compute thread reads only after this job.
@@ -117,6 +131,8 @@ void OneStepDelaySgd::comm_loop() {
     } catch (const std::exception& error) {
       failure = std::current_exception();
       transport_.report_failure(error.what());
+    } catch (...) {  // a silent death (--inject-fault): reported to no one, rethrown on compute
+      failure = std::current_exception();
     }
     {
       std::lock_guard lock(mutex_);
@@ -181,6 +197,41 @@ void OneStepDelaySgd::end_iteration(std::int64_t t, IterationTimes& times) {
   Stopwatch update;
   updater_.apply(base, gradients(t), model_.parameters());
   times.update = update.seconds();
+}
+
+void OneStepDelaySgd::save_state(CheckpointWriter& out) {
+  const std::int64_t next = next_iteration_;
+  if (next > switch_iteration_) {  // job next - 1 pulls G_next
+    IterationTimes waited;
+    wait_for_pull(next, waited);
+    out.add("method.odsgd.global_weights", std::span<const float>(pulled(next)));
+  }
+  updater_.save_state(out, "method.odsgd.local.");
+  client_.mark_checkpoint(next);
+}
+
+void OneStepDelaySgd::load_state(const CheckpointReader& in, std::int64_t next_iteration) {
+  PIPESGD_ASSERT(next_iteration_ == 0 && !finished_);
+  updater_.load_state(in, "method.odsgd.local.");
+  next_iteration_ = next_iteration;
+  if (next_iteration <= switch_iteration_) {
+    if (in.has("method.odsgd.global_weights")) {
+      throw DataError(concat("checkpoint '", in.origin(), "': global weights of a pipelined iteration at iteration ",
+                             next_iteration, ", inside the warm-up of ", switch_iteration_ + 1, " iterations"));
+    }
+    return;
+  }
+  const std::span<const float> global = in.floats("method.odsgd.global_weights");
+  if (global.size() != pulled(next_iteration).size()) {
+    throw DataError(concat("checkpoint '", in.origin(), "': ", global.size(), " global weights for a model of ",
+                           pulled(next_iteration).size()));
+  }
+  std::copy(global.begin(), global.end(), pulled(next_iteration).begin());
+  std::lock_guard lock(mutex_);
+  // As if job next - 1 had just completed: the comm thread's next job is iteration next's.
+  pulled_version_ = next_iteration;
+  submitted_ = next_iteration - 1;
+  next_job_ = next_iteration;
 }
 
 void OneStepDelaySgd::finish(IterationTimes& times) {

@@ -59,6 +59,9 @@ class LocalUpdater {
   LocalUpdater(std::size_t count, const std::string& kind, SgdOptions sgd,
                DelayCompensationOptions compensation);
   void apply(std::span<const float> base, std::span<const float> gradient, std::span<float> weights);
+  // Checkpoints: the local momentum and, for dcasgd-a, MeanSquare (sections `prefix` + ...).
+  void save_state(CheckpointWriter& out, const std::string& prefix) const;
+  void load_state(const CheckpointReader& in, const std::string& prefix);
 
  private:
   Sgd sgd_;
@@ -75,6 +78,12 @@ class OneStepDelaySgd final : public TrainingMethod {
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   // Waits for the last pull, leaves G_T in model.parameters() and closes the client. Idempotent.
   void finish(IterationTimes& times) override;
+  // Checkpoints after iteration t (n = t + 1): past the switching stage, waits for job t and saves
+  // G_n (the global weights iteration n updates locally; model.parameters() holds W_n) and the
+  // local updater's state; then sends the servers this worker's checkpoint marker of n (the comm
+  // thread is idle until job n is handed over, so the compute thread drives the client).
+  void save_state(CheckpointWriter& out) override;
+  void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;
 
  private:
   std::span<float> gradients(std::int64_t t) { return gradients_[static_cast<std::size_t>(t % 2)]; }
@@ -99,6 +108,7 @@ class OneStepDelaySgd final : public TrainingMethod {
   std::condition_variable job_submitted_;  // the comm thread waits on it
   std::condition_variable job_done_;       // the compute thread waits on it
   std::int64_t submitted_ = -1;            // the last iteration whose job was handed over
+  std::int64_t next_job_;                  // the iteration of the comm thread's next job
   std::int64_t pulled_version_ = -1;       // the last version the comm thread pulled
   double job_seconds_[2] = {0, 0};         // by the parity of the version it pulled
   bool stopping_ = false;

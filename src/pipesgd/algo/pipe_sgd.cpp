@@ -65,6 +65,8 @@ void PipeSgd::comm_loop() {
     } catch (const std::exception& error) {
       failure = std::current_exception();
       transport_.report_failure(error.what());
+    } catch (...) {  // a silent death (--inject-fault): reported to no one, rethrown on compute
+      failure = std::current_exception();
     }
     {
       std::lock_guard lock(mutex_);

@@ -1,5 +1,6 @@
 #include "pipesgd/algo/ps_methods.h"
 
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 
@@ -64,6 +65,24 @@ void ParameterServerMethod::end_iteration(std::int64_t t, IterationTimes& times)
   }
   times.wait = times.comm = communication.seconds();
   times.update = 0;  // the update runs on the servers
+  next_iteration_ = t + 1;
+}
+
+void ParameterServerMethod::save_state(CheckpointWriter& out) {
+  out.add_int("method.ps.version", static_cast<std::int64_t>(version_));
+  client_.mark_checkpoint(next_iteration_);
+}
+
+void ParameterServerMethod::load_state(const CheckpointReader& in, std::int64_t next_iteration) {
+  const std::int64_t version = in.integer("method.ps.version");
+  // Synchronous: iteration t pulled version t + 1. Asynchronous: at least one update per push made.
+  if (synchronous_ ? version != next_iteration : version < 0) {
+    throw DataError(concat("checkpoint '", in.origin(), "': weights of version ", version, " for iteration ",
+                           next_iteration, synchronous_ ? concat(" (a synchronous run is at version ", next_iteration, ")")
+                                                        : std::string()));
+  }
+  version_ = static_cast<std::uint64_t>(version);
+  next_iteration_ = next_iteration;
 }
 
 void ParameterServerMethod::finish(IterationTimes&) {

@@ -48,6 +48,10 @@ class ParameterServerMethod final : public TrainingMethod {
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   // Closes the client (servers return once every worker closed). Idempotent.
   void finish(IterationTimes& times) override;
+  // Checkpoints: the version of the weights in model.parameters(); save_state also sends the
+  // servers this worker's checkpoint marker (ps/parameter_server.h, "Checkpoints").
+  void save_state(CheckpointWriter& out) override;
+  void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;
 
  private:
   Model& model_;
@@ -57,6 +61,7 @@ class ParameterServerMethod final : public TrainingMethod {
   ParameterClient client_;
   std::vector<float> gradients_;
   std::uint64_t version_ = 0;  // of the weights in model.parameters()
+  std::int64_t next_iteration_ = 0;
   bool closed_ = false;
 };
 

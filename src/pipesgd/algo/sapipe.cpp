@@ -190,6 +190,8 @@ void SaPipe::comm_loop() {
     } catch (const std::exception& error) {
       failure = std::current_exception();
       transport_.report_failure(error.what());
+    } catch (...) {  // a silent death (--inject-fault): reported to no one, rethrown on compute
+      failure = std::current_exception();
     }
     {
       std::lock_guard lock(mutex_);
@@ -668,6 +670,250 @@ void SaPipe::finish(IterationTimes& times) {
   if (!true_weights_.empty()) {
     std::copy(true_weights_.begin(), true_weights_.end(), model_.parameters().begin());
   }
+}
+
+std::uint64_t SaPipe::restored_job() {
+  std::lock_guard lock(mutex_);
+  PIPESGD_ASSERT(submitted_ == reduced_);
+  const std::uint64_t number = submitted_;
+  jobs_[number % jobs_.size()] = Job{};
+  ++submitted_;
+  ++reduced_;
+  return number;
+}
+
+void SaPipe::save_state(CheckpointWriter& out) {
+  {
+    std::unique_lock lock(mutex_);
+    const bool drained = job_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] {
+      return reduced_ == submitted_ || comm_failure_ != nullptr;
+    });
+    if (comm_failure_) std::rethrow_exception(comm_failure_);
+    if (!drained) {
+      throw CommTimeoutError(concat("sapipe: rank ", transport_.rank(), " waited more than ",
+                                    Seconds(comm_thread_wait(timeout_)).count(),
+                                    " s for its allreduces in flight before a checkpoint"));
+    }
+  }
+  optimizer_->save_state(out, "method.");
+  const std::string prefix = "method.sapipe.";
+  out.add_int(prefix + "layers", static_cast<std::int64_t>(layers_));
+  out.add_int(prefix + "requested_stale_layers", requested_stale_layers_);
+  out.add_int(prefix + "compensation", static_cast<std::int64_t>(compensation_));
+  out.add_int(prefix + "profile_iterations", profile_iterations_);
+  out.add_int(prefix + "planned", planned_ ? 1 : 0);
+  out.add_int(prefix + "stale_layers", static_cast<std::int64_t>(stale_layers_));
+  if (planned_) save_bucket_plan(out, prefix + "sync_plan.", sync_plan_);
+  out.add_int(prefix + "pipeline_start", pipeline_start_);
+  out.add_int(prefix + "drained_iteration", drained_iteration_);
+  out.add_int(prefix + "check_start", check_start_);
+  out.add_int(prefix + "checks_made", checks_made_);
+  out.add_int(prefix + "monitoring", monitoring_ ? 1 : 0);
+  out.add_int(prefix + "timeline_stale_layers", static_cast<std::int64_t>(timeline_stale_layers_));
+  out.add_int(prefix + "paper_stale_layers",
+              paper_stale_layers_ ? static_cast<std::int64_t>(*paper_stale_layers_) : -1);
+  out.add_int(prefix + "bounded_compensations", bounded_compensations_);
+  out.add_int(prefix + "profiled_iterations", profiled_iterations_);
+  out.add_int(prefix + "stale_job_valid0", stale_job_valid_[0] ? 1 : 0);
+  out.add_int(prefix + "stale_job_valid1", stale_job_valid_[1] ? 1 : 0);
+  out.add_int(prefix + "previous_sync_pending", previous_sync_pending_ ? 1 : 0);
+  const double scalars[] = {cost_.a, cost_.b, check_wait_, check_iteration_, check_comm_,
+                            staleness_plan_.timeline.iteration, staleness_plan_.timeline.compute,
+                            staleness_plan_.timeline.wait, staleness_plan_.stalls ? 1.0 : 0.0,
+                            staleness_plan_.timeline.stalls ? 1.0 : 0.0};
+  save_doubles(out, prefix + "scalars", scalars);
+  save_doubles(out, prefix + "planned_forward_seconds", planned_profile_.forward_seconds);
+  save_doubles(out, prefix + "planned_backward_seconds", planned_profile_.backward_seconds);
+  save_doubles(out, prefix + "forward_sums", forward_sums_);
+  save_doubles(out, prefix + "backward_sums", backward_sums_);
+  std::vector<double> checks;
+  for (const StallCheck& check : stall_checks_) {
+    checks.insert(checks.end(), {static_cast<double>(check.iteration), static_cast<double>(check.stale_layers),
+                                 check.stall_fraction, check.cost_scale, static_cast<double>(check.next_stale_layers)});
+  }
+  save_doubles(out, prefix + "stall_checks", checks);
+  out.add(prefix + "slot0", std::span<const float>(slots_[0]));
+  out.add(prefix + "slot1", std::span<const float>(slots_[1]));
+  out.add(prefix + "local0", std::span<const float>(local_[0]));
+  out.add(prefix + "local1", std::span<const float>(local_[1]));
+  out.add(prefix + "true_weights", std::span<const float>(true_weights_));
+  out.add(prefix + "last_step", std::span<const float>(last_step_));
+}
+
+void SaPipe::load_state(const CheckpointReader& in, std::int64_t next_iteration) {
+  optimizer_->load_state(in, "method.");
+  const std::string prefix = "method.sapipe.";
+  auto refuse = [&](const std::string& why) { return DataError(concat("checkpoint '", in.origin(), "': ", why)); };
+  auto integer = [&](const char* name) { return in.integer(prefix + name); };
+  auto flag = [&](const char* name) {
+    const std::int64_t value = integer(name);
+    if (value != 0 && value != 1) throw refuse(concat("section '", prefix, name, "' is ", value, ", not 0 or 1"));
+    return value == 1;
+  };
+  auto stale_layers_text = [](std::int64_t value) { return value < 0 ? std::string("auto") : concat(value); };
+  // What this run was configured with.
+  if (integer("layers") != static_cast<std::int64_t>(layers_)) {
+    throw refuse(concat("written for a model of ", integer("layers"), " layers, this one has ", layers_));
+  }
+  if (integer("requested_stale_layers") != requested_stale_layers_) {
+    throw refuse(concat("written with --stale-layers ", stale_layers_text(integer("requested_stale_layers")),
+                        ", this run has ", stale_layers_text(requested_stale_layers_)));
+  }
+  const std::vector<std::string> compensations = compensation_names();
+  const std::int64_t compensation = integer("compensation");
+  if (compensation != static_cast<std::int64_t>(compensation_)) {
+    const bool known = compensation >= 0 && compensation < static_cast<std::int64_t>(compensations.size());
+    throw refuse(concat("written with --compensation ",
+                        known ? compensations[static_cast<std::size_t>(compensation)] : concat("#", compensation),
+                        ", this run has ", compensations[static_cast<std::size_t>(compensation_)]));
+  }
+  if (integer("profile_iterations") != profile_iterations_) {
+    throw refuse(concat("written with --profile-iters ", integer("profile_iterations"), ", this run has ",
+                        profile_iterations_));
+  }
+  // The partition and the iteration it was saved at.
+  const bool automatic = requested_stale_layers_ < 0;
+  const bool planned = flag("planned");
+  const bool planned_at_construction = planned_;
+  const std::int64_t plan_iteration = kProfileWarmupIterations + profile_iterations_;  // planned from then on
+  if (planned != (planned_at_construction || next_iteration >= plan_iteration)) {
+    throw refuse(concat(planned ? "planned" : "not planned", " before iteration ", next_iteration,
+                        " (the plan is made before iteration ", plan_iteration, ")"));
+  }
+  const std::int64_t stale_layers = integer("stale_layers");
+  if (stale_layers < 0 || stale_layers > static_cast<std::int64_t>(layers_) || (!planned && stale_layers != 0) ||
+      (planned && !automatic && stale_layers != requested_stale_layers_)) {
+    throw refuse(concat("k = ", stale_layers, " stale layers, which this run (--stale-layers ",
+                        stale_layers_text(requested_stale_layers_), ", a model of ", layers_,
+                        " layers) cannot have"));
+  }
+  const auto k = static_cast<std::size_t>(stale_layers);
+  BucketPlan sync_plan;
+  if (planned) sync_plan = load_bucket_plan(in, prefix + "sync_plan.", layers_ - k);
+  const std::int64_t pipeline_start = integer("pipeline_start");
+  const std::int64_t drained_iteration = integer("drained_iteration");
+  // The pipeline starts where this run's configuration says, or later where a stall check of
+  // --stale-layers auto drained and restarted it (after the previous iteration).
+  const bool restarted = automatic && drained_iteration >= 0 && drained_iteration == pipeline_start - 1 &&
+                         pipeline_start > pipeline_start_ && pipeline_start <= next_iteration;
+  if (!(pipeline_start == pipeline_start_ && drained_iteration == -1) && !restarted) {
+    throw refuse(concat("pipeline started at iteration ", pipeline_start, " (drained after ", drained_iteration,
+                        "), this run starts it at ", pipeline_start_, " and resumes at ", next_iteration));
+  }
+  const std::int64_t check_start = integer("check_start");
+  const std::int64_t checks_made = integer("checks_made");
+  if (check_start < -1 || (check_start >= 0 && (!automatic || check_start > next_iteration + 2)) || checks_made < 0 ||
+      checks_made > next_iteration) {
+    throw refuse(concat("stall check state (window from ", check_start, ", ", checks_made,
+                        " checks) impossible before iteration ", next_iteration));
+  }
+  const std::int64_t timeline_stale_layers = integer("timeline_stale_layers");
+  const std::int64_t paper = integer("paper_stale_layers");
+  if (timeline_stale_layers < 0 || timeline_stale_layers > stale_layers || paper < -1 ||
+      paper > static_cast<std::int64_t>(layers_)) {
+    throw refuse(concat("k from the timeline ", timeline_stale_layers, " / the paper's ", paper, " with k = ",
+                        stale_layers, " of ", layers_, " layers"));
+  }
+  const std::int64_t profiled_iterations = integer("profiled_iterations");
+  const std::int64_t bounded_compensations = integer("bounded_compensations");
+  if (profiled_iterations < 0 || profiled_iterations > profile_iterations_ || bounded_compensations < 0) {
+    throw refuse(concat(profiled_iterations, " profiled iterations, ", bounded_compensations, " bounded compensations"));
+  }
+  // Reduced stale gradients still to apply: G(g) in slot g % 2 for pipelined g in [next - 2, next).
+  const Range stale_range = segment_range(0, k);
+  bool stale_valid[2];
+  for (int slot = 0; slot < 2; ++slot) {
+    stale_valid[slot] = flag(slot == 0 ? "stale_job_valid0" : "stale_job_valid1");
+    const std::int64_t g = (next_iteration - 1) % 2 == slot ? next_iteration - 1 : next_iteration - 2;
+    if (stale_valid[slot] && (g < pipeline_start || stale_range.count == 0)) {
+      throw refuse(concat("slot ", slot, " holds a stale gradient of iteration ", g,
+                          ", which is not pipelined with k = ", k, " (pipeline start ", pipeline_start, ")"));
+    }
+  }
+  const bool sync_pending = flag("previous_sync_pending");
+  if (sync_pending && (next_iteration - 1 < pipeline_start || k == layers_)) {
+    throw refuse(concat("synchronous buckets of iteration ", next_iteration - 1, " pending, which is not pipelined"));
+  }
+  const std::vector<double> scalars = load_doubles(in, prefix + "scalars", 10);
+  const std::vector<double> planned_forward = load_doubles(in, prefix + "planned_forward_seconds", layers_);
+  const std::vector<double> planned_backward = load_doubles(in, prefix + "planned_backward_seconds", layers_);
+  const std::vector<double> forward_sums = load_doubles(in, prefix + "forward_sums", layers_);
+  const std::vector<double> backward_sums = load_doubles(in, prefix + "backward_sums", layers_);
+  const std::size_t check_values = in.bytes(prefix + "stall_checks").size() / sizeof(double);
+  if (check_values % 5 != 0) throw refuse(concat("stall checks of ", check_values, " values"));
+  const std::vector<double> checks = load_doubles(in, prefix + "stall_checks", check_values);
+  for (std::size_t c = 0; c < checks.size(); c += 5) {
+    const auto layer_count = static_cast<double>(layers_);
+    if (checks[c] < 0 || checks[c] >= static_cast<double>(next_iteration) || checks[c + 1] < 0 ||
+        checks[c + 1] > layer_count || checks[c + 4] < 0 || checks[c + 4] > layer_count) {
+      throw refuse(concat("stall check ", c / 5, " (iteration ", checks[c], ", k ", checks[c + 1], " -> ",
+                          checks[c + 4], ") impossible before iteration ", next_iteration));
+    }
+  }
+  // The buffers: each as large as this run keeps it.
+  auto load_buffer = [&](const char* name, std::vector<float>& buffer) {
+    const std::span<const float> values = in.floats(prefix + name);
+    if (values.size() != buffer.size()) {
+      throw refuse(concat("section '", prefix, name, "' holds ", values.size(), " values, this run keeps ",
+                          buffer.size()));
+    }
+    std::copy(values.begin(), values.end(), buffer.begin());
+  };
+  load_buffer("slot0", slots_[0]);
+  load_buffer("slot1", slots_[1]);
+  load_buffer("local0", local_[0]);
+  load_buffer("local1", local_[1]);
+  load_buffer("last_step", last_step_);
+
+  // Everything read is valid: restore.
+  if (planned) use_stale_layers(k, sync_plan);  // sizes true_weights_ for the stale range
+  planned_ = planned;
+  load_buffer("true_weights", true_weights_);
+  pipeline_start_ = pipeline_start;
+  drained_iteration_ = drained_iteration;
+  check_start_ = check_start;
+  checks_made_ = checks_made;
+  monitoring_ = flag("monitoring");
+  timeline_stale_layers_ = static_cast<std::size_t>(timeline_stale_layers);
+  paper_stale_layers_ = paper < 0 ? std::nullopt : std::optional<std::size_t>(static_cast<std::size_t>(paper));
+  bounded_compensations_ = bounded_compensations;
+  profiled_iterations_ = profiled_iterations;
+  cost_ = LinearCost{scalars[0], scalars[1]};
+  check_wait_ = scalars[2];
+  check_iteration_ = scalars[3];
+  check_comm_ = scalars[4];
+  staleness_plan_.stale_layers = k;
+  staleness_plan_.sync_plan = sync_plan;
+  staleness_plan_.timeline.iteration = scalars[5];
+  staleness_plan_.timeline.compute = scalars[6];
+  staleness_plan_.timeline.wait = scalars[7];
+  staleness_plan_.stalls = scalars[8] != 0;
+  staleness_plan_.timeline.stalls = scalars[9] != 0;
+  planned_profile_.forward_seconds = planned_forward;
+  planned_profile_.backward_seconds = planned_backward;
+  forward_sums_ = forward_sums;
+  backward_sums_ = backward_sums;
+  stall_checks_.clear();
+  for (std::size_t c = 0; c < checks.size(); c += 5) {
+    StallCheck check;
+    check.iteration = static_cast<std::int64_t>(checks[c]);
+    check.stale_layers = static_cast<std::size_t>(checks[c + 1]);
+    check.stall_fraction = checks[c + 2];
+    check.cost_scale = checks[c + 3];
+    check.next_stale_layers = static_cast<std::size_t>(checks[c + 4]);
+    stall_checks_.push_back(check);
+  }
+  // The reduced gradients still to apply, as jobs already done.
+  for (int slot = 0; slot < 2; ++slot) {
+    stale_job_valid_[slot] = stale_valid[slot];
+    if (stale_valid[slot]) stale_job_[slot] = restored_job();
+  }
+  previous_sync_pending_ = sync_pending;
+  previous_sync_applied_ = 0;
+  if (sync_pending) {
+    for (std::uint64_t& job : previous_sync_jobs_) job = restored_job();
+  }
+  next_iteration_ = next_iteration;
 }
 
 std::uint64_t SaPipe::replica_checksum(Model& model) const {

@@ -103,6 +103,15 @@ class SaPipe final : public TrainingMethod {
   // With weight prediction the model's stale range holds this worker's prediction: the true weights
   // are checked instead.
   std::uint64_t replica_checksum(Model& model) const override;
+  // save_state waits for the allreduces in flight (applying nothing) and saves the optimizer, both
+  // gradient slots, the compensation history (local gradients, last steps, true weights: whichever
+  // the compensation keeps), which reduced gradients are still to be applied, and the partition
+  // with what decides it later (k, the synchronous plan, planned or not, the pipeline start, the
+  // stall checks and their window sums, the profile and cost). load_state restores them after
+  // checking them against this run (--stale-layers, --compensation, the model's layers) and
+  // `next_iteration`: a resumed run goes on with the same k and plan without profiling again.
+  void save_state(CheckpointWriter& out) override;
+  void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;
 
  private:
   struct Job {
@@ -123,6 +132,8 @@ class SaPipe final : public TrainingMethod {
   // Jobs (compute thread): submit returns the job's number; wait_for blocks until it is reduced.
   std::uint64_t submit(std::span<float> range, std::uint64_t sequence);
   const Job& wait_for(std::uint64_t job, const char* what, std::int64_t iteration, IterationTimes& times);
+  // A job that is already reduced (its data restored from a checkpoint), for wait_for.
+  std::uint64_t restored_job();
   bool predicts() const;  // wp1, wp2, wp3
   // True until the partition is final (before the plan; while a stall check is pending): then the
   // compensation history (local gradients, last steps) is kept for every layer.

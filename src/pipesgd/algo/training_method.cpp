@@ -15,18 +15,6 @@ std::vector<std::string> method_names() {
   return {"dsync", "pipe", "wfbp", "synceasgd", "mgwfbp", "sapipe", "pssync", "asgd", "dcasgd", "odsgd"};
 }
 
-void TrainingMethod::save_state(CheckpointWriter&) {
-  throw UsageError("this method cannot be checkpointed");
-}
-
-void TrainingMethod::load_state(const CheckpointReader&, std::int64_t) {
-  throw UsageError("this method cannot be checkpointed");
-}
-
-bool method_supports_checkpoints(const MethodConfig& config) {
-  return (config.name == "dsync" && config.buckets.empty()) || config.name == "pipe";
-}
-
 bool replicas_identical(const std::string& method) {
   return method == "dsync" || method == "pipe" || method == "sapipe" || method == "pssync" ||
          !implied_bucket_plan(method).empty();

@@ -213,15 +213,12 @@ class TrainingMethod {
   // Checkpoints (--checkpoint-dir). save_state, called after end_iteration(t), writes what this
   // worker's method needs to go on exactly with iteration t + 1 (it waits for the communication in
   // flight, applying nothing); load_state, called on a freshly built method before
-  // begin_iteration(t + 1), reads it back. The model's parameters are saved by the trainer. The
-  // defaults throw UsageError: the method cannot be checkpointed (checked before training by
-  // method_supports_checkpoints).
-  virtual void save_state(CheckpointWriter& out);
-  virtual void load_state(const CheckpointReader& in, std::int64_t next_iteration);
+  // begin_iteration(t + 1), reads it back, throwing DataError naming the file for anything the
+  // file holds that this method cannot continue from. The model's parameters are saved by the
+  // trainer. Every method implements both.
+  virtual void save_state(CheckpointWriter& out) = 0;
+  virtual void load_state(const CheckpointReader& in, std::int64_t next_iteration) = 0;
 };
-
-// True if `config`'s method implements save_state / load_state.
-bool method_supports_checkpoints(const MethodConfig& config);
 
 // Methods whose replicas hold identical weights between iterations (dsync and its plans, pipe,
 // sapipe, pssync): --check-consistency stops them at the first difference. (asgd, dcasgd and odsgd

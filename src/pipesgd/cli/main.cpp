@@ -229,7 +229,7 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "Directory of checkpoints: written every --checkpoint-every iterations (atomically, with a "
                      "checksum; the 2 newest complete ones are kept), read by --resume");
   command.add_option("--checkpoint-every", flags.checkpoint_every,
-                     "Write a checkpoint every N iterations (dsync and pipe; 0: never)")
+                     "Write a checkpoint every N iterations (every method; parameter servers write their shards too; 0: never)")
       ->capture_default_str();
   command.add_flag("--resume", flags.resume,
                    "Continue from the newest complete, valid checkpoint in --checkpoint-dir (torn or corrupt "
@@ -244,8 +244,11 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "stops the run naming the ranks (dsync, its plans, pipe, sapipe, pssync; 0: never)")
       ->capture_default_str();
   command.add_option("--inject-fault", flags.inject_fault,
-                     "Testing: rank=R,iter=N,kind=crash|hang makes worker R die (crash) or go silent "
-                     "(hang) at the start of iteration N; the others must exit within --comm-timeout");
+                     "Testing: rank=R,iter=N,kind=crash|hang[,at=iteration|checkpoint|allreduce|push] "
+                     "makes worker R die (crash) or go silent (hang) at the start of iteration N "
+                     "(at=iteration), mid-write of its checkpoint after N (at=checkpoint), mid-way through "
+                     "N's gradient allreduce (at=allreduce, allreduce methods) or N's push to the servers "
+                     "(at=push, pssync, asgd, dcasgd, odsgd); the others must exit within --comm-timeout");
   command.add_option("--codec", flags.codec,
                      "Gradient codec inside the allreduce: none, bf16 (16-bit truncation), int8 "
                      "(8-bit quantization); a method's +codec overrides it")

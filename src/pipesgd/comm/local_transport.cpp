@@ -61,7 +61,8 @@ struct Operation final : RequestState {
       if (completed.wait_until(lock, deadline) == std::cv_status::timeout && !complete &&
           !fabric->failed()) {
         throw CommTimeoutError(concat(describe_wait(), " timed out after ",
-                                      std::chrono::duration<double>(timeout).count(), " s"));
+                                      std::chrono::duration<double>(timeout).count(), " s"),
+                               peer);
       }
     }
     const auto ready = ready_at;

@@ -5,12 +5,12 @@
 namespace pipesgd {
 
 std::string describe_tag(Tag tag) {
-  const auto channel = static_cast<unsigned>(tag >> 56);
+  const TagFields fields = decode_tag(tag);
   const char* names[kChannelCount] = {"gradients", "control", "benchmark", "ps", "planning", "consistency"};
-  const std::string channel_name =
-      channel < static_cast<unsigned>(kChannelCount) ? names[channel] : concat("channel", channel);
-  return concat("tag ", channel_name, ":", (tag >> 24) & 0xffffffffu, " step ", (tag >> 12) & 0xfff,
-                " segment ", tag & 0xfff);
+  const std::string channel_name = fields.channel < static_cast<unsigned>(kChannelCount)
+                                       ? names[fields.channel]
+                                       : concat("channel", fields.channel);
+  return concat("tag ", channel_name, ":", fields.sequence, " step ", fields.step, " segment ", fields.segment);
 }
 
 }  // namespace pipesgd

@@ -44,6 +44,18 @@ constexpr Tag collective_tag(Channel channel, std::uint64_t sequence) {
   return (static_cast<Tag>(channel) << 32) | (sequence & 0xffffffffu);
 }
 
+// The fields of a message tag (the layout above).
+struct TagFields {
+  unsigned channel;  // a Channel, or an unknown value from a foreign tag
+  std::uint64_t sequence;
+  unsigned step;
+  unsigned segment;
+};
+constexpr TagFields decode_tag(Tag tag) {
+  return {static_cast<unsigned>(tag >> 56), (tag >> 24) & 0xffffffffu, static_cast<unsigned>((tag >> 12) & 0xfff),
+          static_cast<unsigned>(tag & 0xfff)};
+}
+
 // "tag gradients:17 step 3 segment 0": the fields of a message tag, for error messages.
 std::string describe_tag(Tag tag);
 

@@ -38,7 +38,13 @@ class CommError : public Error {
 // A wait on a peer did not complete within its timeout.
 class CommTimeoutError : public CommError {
  public:
-  using CommError::CommError;
+  // `peer`: the rank whose message was waited for, or -1 when the wait was not on one peer (e.g. a
+  // compute thread waiting for its own comm thread).
+  explicit CommTimeoutError(const std::string& message, int peer = -1) : CommError(message), peer_(peer) {}
+  int peer() const { return peer_; }
+
+ private:
+  int peer_;
 };
 
 // Another worker of the same run failed; this worker stops because of it.

@@ -264,7 +264,8 @@ std::size_t MpiRequest::wait(Timeout timeout) {
     if (now >= deadline) {
       owner_.check_failure(*this);
       throw CommTimeoutError(concat(describe_wait(), " timed out after ",
-                                    std::chrono::duration<double>(timeout).count(), " s"));
+                                    std::chrono::duration<double>(timeout).count(), " s"),
+                             peer_);
     }
     if (now < spin_until) {
       sched_yield();

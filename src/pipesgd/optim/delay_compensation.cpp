@@ -1,7 +1,9 @@
 #include "pipesgd/optim/delay_compensation.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -56,6 +58,20 @@ void DelayCompensation::compensate(std::span<const float> gradient, std::span<co
     mean_square[i] = m * mean_square[i] + (1.0f - m) * gi * gi;
     out[i] = gi + lambda / std::sqrt(mean_square[i] + epsilon) * gi * gi * (now[i] - then[i]);
   }
+}
+
+void DelayCompensation::save_state(CheckpointWriter& out, const std::string& prefix) const {
+  if (!mean_square_.empty()) out.add(prefix + "dc.mean_square", std::span<const float>(mean_square_));
+}
+
+void DelayCompensation::load_state(const CheckpointReader& in, const std::string& prefix) {
+  if (mean_square_.empty()) return;
+  const std::span<const float> values = in.floats(prefix + "dc.mean_square");
+  if (values.size() != mean_square_.size()) {
+    throw DataError(concat("checkpoint '", in.origin(), "': ", values.size(), " DC-ASGD-a MeanSquare values for ",
+                           mean_square_.size(), " parameters"));
+  }
+  std::copy(values.begin(), values.end(), mean_square_.begin());
 }
 
 }  // namespace pipesgd

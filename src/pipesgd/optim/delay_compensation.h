@@ -17,6 +17,9 @@
 
 namespace pipesgd {
 
+class CheckpointWriter;
+class CheckpointReader;
+
 enum class DelayCompensationVariant { kConstant, kAdaptive };
 
 struct DelayCompensationOptions {
@@ -43,6 +46,10 @@ class DelayCompensation {
 
   const DelayCompensationOptions& options() const { return options_; }
   std::span<const float> mean_square() const { return mean_square_; }
+  // Checkpoints: MeanSquare (adaptive) as section `prefix` + "dc.mean_square"; nothing for the
+  // constant variant. load_state throws DataError if the section is missing or of another size.
+  void save_state(CheckpointWriter& out, const std::string& prefix) const;
+  void load_state(const CheckpointReader& in, const std::string& prefix);
 
  private:
   DelayCompensationOptions options_;

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "pipesgd/collective/ring_allreduce.h"  // step_tag
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 
@@ -19,7 +20,7 @@ constexpr std::size_t kReplyHeaderFloats = 2;
 constexpr int kRequestStep = 0;
 constexpr int kReplyStep = 1;
 
-enum RequestKind : std::uint64_t { kPush = 1, kPull = 2, kClose = 3 };
+enum RequestKind : std::uint64_t { kPush = 1, kPull = 2, kClose = 3, kCheckpoint = 4 };
 
 Tag ps_tag(std::uint64_t sequence, int step, int shard) {
   return step_tag(collective_tag(Channel::kParameterServer, sequence), step,
@@ -67,6 +68,7 @@ struct ParameterServerShard::WorkerState {
   bool pull_pending = false;
   std::uint64_t pull_min_version = 0;
   bool closed = false;
+  bool at_checkpoint = false;          // sent its checkpoint marker; its requests are held
 };
 
 namespace {
@@ -156,7 +158,21 @@ void ParameterServerShard::serve(const ServeOptions& options) {
     // Every worker starts from the initial weights: the shard's weights before any push.
     backups_.assign(static_cast<std::size_t>(workers_), weights_);
     compensated_.assign(count, 0.0f);
+    if (restored_) {  // or from where the checkpoint left it
+      const std::span<const float> backups = restored_->floats("server.dc.backups");
+      if (backups.size() != static_cast<std::size_t>(workers_) * count) {
+        throw DataError(concat("checkpoint '", restored_->origin(), "': ", backups.size(),
+                               " DC-ASGD backup weights, shard ", shard_, " of ", workers_, " workers needs ",
+                               static_cast<std::size_t>(workers_) * count));
+      }
+      for (std::size_t m = 0; m < backups_.size(); ++m) {
+        std::copy_n(backups.begin() + static_cast<std::ptrdiff_t>(m * count), count, backups_[m].begin());
+      }
+      compensation_->load_state(*restored_, "server.");
+    }
   }
+  std::int64_t checkpoint_iteration = -1;  // of the markers received so far
+  int marked = 0;                          // workers whose checkpoint marker arrived
   for (int m = 0; m < workers_; ++m) {
     WorkerState& w = state_[static_cast<std::size_t>(m)];
     std::vector<float> request = std::move(w.request), reply = std::move(w.reply);
@@ -190,11 +206,14 @@ void ParameterServerShard::serve(const ServeOptions& options) {
         }
         const std::span<const float> gradients(w.request.data() + kRequestHeaderFloats, count);
         if (synchronous) {
-          if (version != version_ || closed > 0) {
+          if (version != version_ || closed > 0 || marked > 0) {
             throw CommError(concat(where(), ": synchronous push of version ", version,
                                    " from rank ", m, " (", describe_tag(w.receive_tag),
                                    ") but the shard is at version ", version_,
-                                   closed > 0 ? " and a worker has closed" : ""));
+                                   closed > 0 ? " and a worker has closed" : "",
+                                   marked > 0 ? concat(" and other workers marked a checkpoint of iteration ",
+                                                       checkpoint_iteration)
+                                              : std::string()));
           }
           w.pushed = true;  // its buffer holds the gradients until the update; no receive reposted
           if (++pushed == workers_) {
@@ -241,7 +260,38 @@ void ParameterServerShard::serve(const ServeOptions& options) {
         w.pull_min_version = version;
         post_receive(m);
         if (version_ >= version) send_reply(m, options.timeout);
+      } else if (kind == kCheckpoint) {
+        const auto iteration = static_cast<std::int64_t>(version);
+        if (!options.on_checkpoint) {
+          throw CommError(concat(where(), ": checkpoint marker from rank ", m, " (", describe_tag(w.receive_tag),
+                                 ") but this server writes no checkpoints"));
+        }
+        if (w.pull_pending || closed > 0 || (synchronous && pushed > 0) ||
+            (checkpoint_iteration >= 0 && iteration != checkpoint_iteration)) {
+          throw CommError(concat(where(), ": checkpoint marker of iteration ", iteration, " from rank ", m, " (",
+                                 describe_tag(w.receive_tag), ") ",
+                                 w.pull_pending        ? std::string("with its pull unanswered")
+                                 : closed > 0          ? std::string("after a worker closed")
+                                 : synchronous && pushed > 0
+                                     ? concat("while other workers pushed version ", version_)
+                                     : concat("while other workers marked iteration ", checkpoint_iteration)));
+        }
+        checkpoint_iteration = iteration;
+        w.at_checkpoint = true;  // its receive stays unposted: later requests wait for the cut
+        if (++marked == workers_) {
+          options.on_checkpoint(*this, iteration);
+          checkpoint_iteration = -1;
+          marked = 0;
+          for (int k = 0; k < workers_; ++k) {
+            state_[static_cast<std::size_t>(k)].at_checkpoint = false;
+            post_receive(k);
+          }
+        }
       } else if (kind == kClose) {
+        if (marked > 0) {
+          throw CommError(concat(where(), ": rank ", m, " closed (", describe_tag(w.receive_tag),
+                                 ") while other workers marked a checkpoint of iteration ", checkpoint_iteration));
+        }
         if (synchronous && pushed > 0) {
           throw CommError(concat(where(), ": rank ", m, " closed (", describe_tag(w.receive_tag),
                                  ") while other workers pushed version ", version_));
@@ -275,7 +325,8 @@ void ParameterServerShard::serve(const ServeOptions& options) {
         throw CommTimeoutError(concat("ps serve: recv from rank ", m, " (",
                                       describe_tag(w.receive_tag), ") on rank ", transport_.rank(),
                                       " timed out after ", Seconds(options.timeout).count(), " s (",
-                                      where(), ", ", waiting, ")"));
+                                      where(), ", ", waiting, ")"),
+                               m);
       }
     }
     // Poll without burning a core: yield a few times, then sleep briefly.
@@ -290,8 +341,48 @@ void ParameterServerShard::serve(const ServeOptions& options) {
   }
 }
 
+void ParameterServerShard::save_state(CheckpointWriter& out) const {
+  out.add_int("server.shard", shard_);
+  out.add_int("server.version", static_cast<std::int64_t>(version_));
+  out.add("server.weights", std::span<const float>(weights_));
+  sgd_.save_state(out, "server.");
+  if (compensation_) {
+    std::vector<float> backups;
+    backups.reserve(backups_.size() * weights_.size());
+    for (const std::vector<float>& backup : backups_) backups.insert(backups.end(), backup.begin(), backup.end());
+    out.add("server.dc.backups", std::span<const float>(backups));
+    compensation_->save_state(out, "server.");
+  }
+}
+
+void ParameterServerShard::load_state(const CheckpointReader& in) {
+  if (in.integer("server.shard") != shard_) {
+    throw DataError(concat("checkpoint '", in.origin(), "': holds shard ", in.integer("server.shard"),
+                           ", read by the server of shard ", shard_));
+  }
+  const std::int64_t version = in.integer("server.version");
+  if (version < 0) throw DataError(concat("checkpoint '", in.origin(), "': server version ", version));
+  const std::span<const float> weights = in.floats("server.weights");
+  if (weights.size() != weights_.size()) {
+    throw DataError(concat("checkpoint '", in.origin(), "': ", weights.size(), " weights for shard ", shard_,
+                           " of ", weights_.size()));
+  }
+  sgd_.load_state(in, "server.");
+  std::copy(weights.begin(), weights.end(), weights_.begin());
+  version_ = static_cast<std::uint64_t>(version);
+  restored_ = in;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Client
+
+std::optional<std::uint64_t> push_version_of_request(std::span<const std::byte> message) {
+  std::uint64_t header[2];
+  if (message.size() < sizeof header) return std::nullopt;
+  std::memcpy(header, message.data(), sizeof header);
+  if (header[0] != kPush) return std::nullopt;
+  return header[1];
+}
 
 std::uint64_t PushHandle::wait(Timeout timeout) {
   client_->wait_push(sequence_, timeout);
@@ -320,6 +411,8 @@ ParameterClient::ParameterClient(Transport& transport, const ShardPlan& plan, in
   write_u64(pull_header_, 0, kPull);
   close_header_.assign(kRequestHeaderFloats, 0.0f);
   write_u64(close_header_, 0, kClose);
+  checkpoint_header_.assign(kRequestHeaderFloats, 0.0f);
+  write_u64(checkpoint_header_, 0, kCheckpoint);
   push_requests_.resize(servers);
   pull_requests_.resize(servers);
   reply_requests_.resize(servers);
@@ -402,6 +495,20 @@ std::uint64_t ParameterClient::wait_pull(std::uint64_t sequence, Timeout timeout
   ++pull_done_;
   pull_version_ = version;
   return version;
+}
+
+void ParameterClient::mark_checkpoint(std::int64_t iteration) {
+  if (closed_) throw UsageError("parameter client: checkpoint marker after close()");
+  PIPESGD_ASSERT(iteration >= 0);
+  if (push_done_ < push_count_) wait_push(push_count_ - 1, timeout_);
+  if (pull_done_ < pull_count_) wait_pull(pull_count_ - 1, timeout_);
+  write_u64(checkpoint_header_, 1, static_cast<std::uint64_t>(iteration));
+  for (int s = 0; s < plan_.servers(); ++s) {
+    push_requests_[static_cast<std::size_t>(s)] = transport_.send(
+        workers_ + s, request_tag(s), std::as_bytes(std::span(checkpoint_header_)), "ps checkpoint marker");
+  }
+  ++request_sequence_;
+  for (Request& request : push_requests_) request.wait(timeout_);
 }
 
 void ParameterClient::close() {

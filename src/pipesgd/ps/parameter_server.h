@@ -6,10 +6,11 @@
 // ParameterServerShard. Every worker rank runs one ParameterClient, which talks to all S servers.
 //
 // Protocol (all messages on Channel::kParameterServer, one message per shard):
-//   worker -> server, step 0 (request), sequence = the worker's request count (push, pull and
-//     close requests share one sequence, so a server handles each worker's requests in order),
-//     segment = shard. Payload: a 16-byte header (uint64 kind: push, pull or close; uint64 version)
-//     then, for a push, the shard's fp32 gradients.
+//   worker -> server, step 0 (request), sequence = the worker's request count (push, pull,
+//     checkpoint and close requests share one sequence, so a server handles each worker's requests
+//     in order), segment = shard. Payload: a 16-byte header (uint64 kind: push, pull, checkpoint or
+//     close; uint64 version, or for a checkpoint the iteration the workers continue from) then, for
+//     a push, the shard's fp32 gradients.
 //   server -> worker, step 1 (pull reply), sequence = the worker's pull count, segment = shard.
 //     Payload: the 8-byte version of the weights, then the shard's fp32 weights.
 // A server keeps exactly one receive posted per worker (there is no any-source receive) and polls
@@ -30,6 +31,16 @@
 // corrected for how far the weights moved since. A pull carries a minimum version: the server answers it once its version reaches it (0 =
 // answer with the latest weights at once) and the reply carries the version of the weights sent.
 //
+// Checkpoints: a worker that checkpoints after iteration t sends a checkpoint marker of iteration
+// t + 1 once its push and pull of t are complete (ParameterClient::mark_checkpoint). A server holds
+// each marked worker's later requests (it does not repost that worker's receive) until every worker
+// has marked the same iteration, then calls ServeOptions::on_checkpoint, in which save_state()
+// captures exactly the state that the workers' checkpoints continue from: every push a worker made
+// before its marker is applied, none made after. (In synchronous mode this is the shard at version
+// t + 1; in asynchronous mode it is a consistent cut of whatever order the pushes arrived in.) A
+// resumed run builds fresh shards and clients, restores the shards with load_state() before
+// serve(), and starts every message sequence at 0 again: only versions carry meaning across it.
+//
 // Failures: the serve loop polls with Request::test(), which does not report a failed peer, so a
 // server notices a failed worker by the timeout of its posted receive (clients, which wait, notice
 // a failed server at once through the transport).
@@ -38,16 +49,20 @@
 // allocate (the transport itself may).
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "pipesgd/comm/transport.h"
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/optim/delay_compensation.h"
 #include "pipesgd/optim/sgd.h"
 #include "pipesgd/ps/shard_plan.h"
 
 namespace pipesgd {
+
+class ParameterServerShard;
 
 enum class ServerMode { kSynchronous, kAsynchronous };
 
@@ -64,6 +79,10 @@ struct ServeOptions {
   // Asynchronous mode only: compensate each push for its worker's delay (DC-ASGD). serve() throws
   // UsageError if set in synchronous mode.
   std::optional<DelayCompensationOptions> delay_compensation = std::nullopt;
+  // Called on the serving thread once every worker's checkpoint marker of `iteration` arrived
+  // (see "Checkpoints" above), before any later request is handled; it may call
+  // shard.save_state(). Unset: a checkpoint marker is a protocol error (CommError).
+  std::function<void(const ParameterServerShard& shard, std::int64_t iteration)> on_checkpoint;
 };
 
 // One shard of the parameters, served on a server rank. Thread contract: constructed and served by
@@ -83,6 +102,13 @@ class ParameterServerShard {
   // push of the wrong version), and whatever the transport throws.
   void serve(const ServeOptions& options);
   ~ParameterServerShard();
+
+  // Checkpoints: the shard's weights, version, SGD momentum and, for DC-ASGD, every worker's backup
+  // weights and the compensation's state (sections "server.*"). load_state, called before serve(),
+  // restores them; it throws DataError naming the file if a section is missing or of another size
+  // (e.g. a checkpoint of another shard plan or worker count).
+  void save_state(CheckpointWriter& out) const;
+  void load_state(const CheckpointReader& in);
 
   int shard_index() const { return shard_; }
   const Shard& shard() const { return plan_shard_; }
@@ -106,12 +132,19 @@ class ParameterServerShard {
   std::vector<std::vector<float>> backups_;
   std::vector<float> compensated_;
   std::optional<DelayCompensation> compensation_;
+  // The checkpoint load_state() restored from, if any: serve() takes the delay compensation's
+  // backups and state from it when it sets the compensation up.
+  std::optional<CheckpointReader> restored_;
   Sgd sgd_;
   std::uint64_t version_ = 0;
   std::vector<WorkerState> state_;
 };
 
 class ParameterClient;
+
+// If `message` is a worker's request message (Channel::kParameterServer, step 0) that is a push, the
+// version it carries; otherwise nullopt. (For tools that watch the wire, e.g. fault injection.)
+std::optional<std::uint64_t> push_version_of_request(std::span<const std::byte> message);
 
 // A push in flight. wait() returns the version that was pushed once every shard has received it.
 // Cheap to copy; valid until the client's next push() (which completes it first) or destruction.
@@ -165,6 +198,10 @@ class ParameterClient {
   PushHandle push(std::span<const float> gradients, std::uint64_t version);
   // Asks every shard for its weights once it reached `min_version` (0: the latest at once).
   PullHandle pull(std::span<float> weights, std::uint64_t min_version = 0);
+  // Completes any push/pull in flight, then tells every server that this worker checkpoints and
+  // continues from `iteration` (see "Checkpoints" above). The servers hold this worker's later
+  // requests until every worker has marked the same iteration.
+  void mark_checkpoint(std::int64_t iteration);
   // Completes any push/pull in flight, then tells every server this worker is done. Call once,
   // after the last pull; a server's serve() returns once all workers closed.
   void close();
@@ -187,6 +224,7 @@ class ParameterClient {
   std::vector<std::vector<float>> reply_buffers_;  // per shard: version + weights
   std::vector<float> pull_header_;                 // the pull request (same for every shard)
   std::vector<float> close_header_;                // the close request
+  std::vector<float> checkpoint_header_;           // the checkpoint marker
   std::span<float> pull_target_;
   std::uint64_t push_count_ = 0, pull_count_ = 0;  // handles issued
   std::uint64_t push_done_ = 0, pull_done_ = 0;    // handles completed

@@ -2,8 +2,10 @@
 
 #include <charconv>
 #include <set>
+#include <utility>
 
 #include "pipesgd/core/error.h"
+#include "pipesgd/ps/parameter_server.h"
 
 namespace pipesgd {
 namespace {
@@ -48,11 +50,15 @@ FaultInjection parse_fault_injection(const std::string& text) {
       }
     } else if (key == "at") {
       if (value == "iteration") {
-        fault.during_checkpoint = false;
+        fault.point = FaultInjection::Point::kIteration;
       } else if (value == "checkpoint") {
-        fault.during_checkpoint = true;
+        fault.point = FaultInjection::Point::kCheckpoint;
+      } else if (value == "allreduce") {
+        fault.point = FaultInjection::Point::kAllreduce;
+      } else if (value == "push") {
+        fault.point = FaultInjection::Point::kPush;
       } else {
-        throw UsageError(concat("--inject-fault: at must be iteration or checkpoint, got '", value, "'"));
+        throw UsageError(concat("--inject-fault: at must be iteration, checkpoint, allreduce or push, got '", value, "'"));
       }
     } else {
       throw UsageError(concat("--inject-fault: unknown key '", key, "' (keys: rank, iter, kind, at)"));
@@ -64,6 +70,39 @@ FaultInjection parse_fault_injection(const std::string& text) {
     if (!seen.count(key)) throw UsageError(concat("--inject-fault: '", key, "' is missing (form: rank=R,iter=N,kind=crash|hang)"));
   }
   return fault;
+}
+
+FaultInjectingTransport::FaultInjectingTransport(Transport& inner, FaultInjection::Point point, int fire_on,
+                                                 std::function<void()> fire)
+    : inner_(inner), point_(point), fire_on_(fire_on), fire_(std::move(fire)) {}
+
+void FaultInjectingTransport::arm(std::uint64_t minimum) {
+  minimum_.store(minimum, std::memory_order_relaxed);
+  armed_.store(true, std::memory_order_release);
+}
+
+bool FaultInjectingTransport::targeted(Tag tag, std::span<const std::byte> bytes) const {
+  const TagFields fields = decode_tag(tag);
+  const std::uint64_t minimum = minimum_.load(std::memory_order_relaxed);
+  if (point_ == FaultInjection::Point::kAllreduce) {
+    return fields.channel == static_cast<unsigned>(Channel::kGradients) && fields.sequence >= minimum;
+  }
+  if (point_ != FaultInjection::Point::kPush || fields.channel != static_cast<unsigned>(Channel::kParameterServer) ||
+      fields.step != 0) {
+    return false;
+  }
+  const std::optional<std::uint64_t> version = push_version_of_request(bytes);
+  return version && *version >= minimum;
+}
+
+Request FaultInjectingTransport::send(int peer, Tag tag, std::span<const std::byte> bytes, const char* operation) {
+  if (armed_.load(std::memory_order_acquire) && !fired() && targeted(tag, bytes) &&
+      counted_.fetch_add(1, std::memory_order_acq_rel) + 1 == fire_on_) {
+    fired_.store(true, std::memory_order_release);
+    fire_();  // does not return
+    throw InjectedFault{};
+  }
+  return inner_.send(peer, tag, bytes, operation);
 }
 
 }  // namespace pipesgd

@@ -124,27 +124,41 @@ struct SharedRunState {
   // process), and whether a crash ends a thread or the process.
   const std::atomic<bool>* any_worker_failed = nullptr;
   bool rank_is_process = false;
+  // --inject-fault at=allreduce|push: the faulty rank's transport decorator and the first sequence
+  // (allreduce) or version (push) of its iteration N (set and read by the faulty rank only).
+  FaultInjectingTransport* mid_operation_fault = nullptr;
+  std::uint64_t mid_operation_minimum = 0;
   // --resume: the checkpoint set the workers continue from (read by each worker for its part).
   std::optional<CheckpointSet> resume_from;
 };
 
 std::string rank_part(int rank) { return concat("rank", rank); }
 
+std::string server_part(int shard) { return concat("server", shard); }
+
 // What a checkpoint must match to be resumed by this run.
 // Everything that changes the math of the continuation is in it.
 std::string run_fingerprint(const TrainConfig& config, const RunPlan& plan) {
   const MethodConfig& m = config.method;
+  const int servers = resolved_servers(config);
+  const std::string parameter_server =
+      servers == 0 ? std::string()
+                   : concat(", ", servers, " servers, local updater ", m.local_updater, " lr ", m.local_learning_rate,
+                            ", dc lambda ", m.delay_compensation.lambda, " variant ",
+                            variant_name(m.delay_compensation.variant), " momentum ",
+                            m.delay_compensation.mean_square_decay);
   return concat("method ", config.method_spec, " (codec ", m.codec, ", K ", m.staleness, ", warm-up ",
                 plan.warmup_iterations, ", optimizer ", m.optimizer, " lr ", m.sgd.learning_rate, " momentum ",
-                m.sgd.momentum, " decay ", m.sgd.weight_decay, "), model ", config.model, ", ", config.workers,
-                " workers, batch ", config.batch, ", seed ", config.seed, ", ", plan.total_iterations,
-                " iterations");
+                m.sgd.momentum, " decay ", m.sgd.weight_decay, parameter_server, "), model ", config.model, ", ",
+                config.workers, " workers, batch ", config.batch, ", seed ", config.seed, ", ",
+                plan.total_iterations, " iterations");
 }
 
 // The parts a complete checkpoint of this run has.
 std::vector<std::string> checkpoint_parts(const TrainConfig& config) {
   std::vector<std::string> parts{"shared"};
   for (int r = 0; r < config.workers; ++r) parts.push_back(rank_part(r));
+  for (int s = 0; s < resolved_servers(config); ++s) parts.push_back(server_part(s));
   return parts;
 }
 
@@ -234,7 +248,7 @@ void write_checkpoint(const TrainConfig& config, const RunPlan& plan, int rank, 
   part.add("epoch_sums", std::as_bytes(std::span<const double>(sums)));
   method.save_state(part);
   const std::filesystem::path path = checkpoint_path(config.checkpoint_dir, t + 1, rank_part(rank));
-  if (config.fault.active() && config.fault.during_checkpoint && config.fault.rank == rank &&
+  if (config.fault.active() && config.fault.during_checkpoint() && config.fault.rank == rank &&
       config.fault.iteration == t) {
     // --inject-fault at=checkpoint: die halfway through the write. The atomic write would leave
     // exactly this: a partial temporary file, never a torn file under the final name.
@@ -265,6 +279,35 @@ void write_checkpoint(const TrainConfig& config, const RunPlan& plan, int rank, 
   writer.submit(std::move(files), [dir = config.checkpoint_dir, parts = checkpoint_parts(config)] {
     prune_checkpoints(dir, 2, parts);
   });
+}
+
+// Runs this server rank's shard of a parameter-server method: restores it
+// from the checkpoint being resumed, if any, and writes the shard's part of every checkpoint (in the
+// background; then prunes as rank 0 does, so whichever writer finishes a set last prunes).
+void serve_shard(const TrainConfig& config, const ShardPlan& shard_plan, std::span<const float> initial_weights,
+                 Transport& transport, const SharedRunState& shared, const std::atomic<bool>* stop) {
+  ParameterServerShard shard(transport, shard_plan, config.workers, initial_weights, config.method.sgd);
+  if (shared.resume_from) {
+    shard.load_state(CheckpointReader::read_file(shared.resume_from->parts.at(server_part(shard.shard_index()))));
+  }
+  ServeOptions options = serve_options(config.method, config.workers);
+  options.stop = stop;
+  BackgroundCheckpointWriter writer;
+  if (config.checkpoint_every > 0) {
+    options.on_checkpoint = [&](const ParameterServerShard& served, std::int64_t iteration) {
+      CheckpointWriter part;
+      part.add_int("next_iteration", iteration);
+      served.save_state(part);
+      BackgroundCheckpointWriter::Files files;
+      files.emplace_back(checkpoint_path(config.checkpoint_dir, iteration, server_part(served.shard_index())),
+                         std::move(part));
+      writer.submit(std::move(files), [dir = config.checkpoint_dir, parts = checkpoint_parts(config)] {
+        prune_checkpoints(dir, 2, parts);
+      });
+    };
+  }
+  shard.serve(options);
+  writer.finish();
 }
 
 // True if every element of `values` is finite (no NaN or Inf): the exponent bits of none are all
@@ -346,10 +389,35 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
 
 // Runs one worker. `transport` is the run's full transport (servers included, if any).
 void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
-                Transport& transport, const DataSplits& data, SharedRunState& shared) {
+                Transport& run_transport, const DataSplits& data, SharedRunState& shared) {
   MethodConfig method_config = config.method;
   method_config.warmup_iterations = plan.warmup_iterations;
   method_config.servers = resolved_servers(config);
+  // --inject-fault at=allreduce|push: the faulty worker's sends go through a decorator that fails
+  // on the targeted send of iteration N (armed by train_epochs when iteration N starts). It outlives
+  // the method (declared first).
+  std::optional<FaultInjectingTransport> faulty;
+  if (config.fault.active() && config.fault.in_operation() && config.fault.rank == rank) {
+    const bool push = config.fault.point == FaultInjection::Point::kPush;
+    // Allreduce: fire on the second message (the first went out). Push: on the send to the second
+    // shard (the first shard has the push), or with one server on the push's only send.
+    const int fire_on = push && method_config.servers < 2 ? 1 : 2;
+    faulty.emplace(run_transport, config.fault.point, fire_on,
+                   [&] { inject_fault(config.fault, shared, config.method.allreduce.timeout); });
+    const auto n = static_cast<std::uint64_t>(config.fault.iteration);
+    // The first tag sequence (allreduce) or push version of iteration N where the method's is known
+    // (algo/*.h "Tags:"); 0 otherwise (sapipe, asgd, dcasgd): any operation after N started.
+    std::uint64_t minimum = 0;
+    if (layer_wise(method_config)) {
+      minimum = n * model.layout().segment_count();
+    } else if (config.method.name == "dsync" || config.method.name == "pipe" || config.method.name == "pssync" ||
+               config.method.name == "odsgd") {
+      minimum = n;
+    }
+    shared.mid_operation_fault = &*faulty;
+    shared.mid_operation_minimum = minimum;
+  }
+  Transport& transport = faulty ? static_cast<Transport&>(*faulty) : run_transport;
   if (layer_wise(method_config) || method_config.name == "sapipe") {
     method_config.bucket_cost =
         planning_cost(method_config, config.network, config.workers,
@@ -367,7 +435,8 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   } catch (const CommTimeoutError& error) {
     // The one line names the peer, the operation and the tag; add where this worker was.
     transport.report_failure(error.what());
-    throw CommTimeoutError(concat(error.what(), " (worker ", rank, " at iteration ", shared.current_iteration[rank], ")"));
+    throw CommTimeoutError(concat(error.what(), " (worker ", rank, " at iteration ", shared.current_iteration[rank], ")"),
+                           error.peer());
   } catch (const std::exception& error) {
     // Tell the other ranks before `method` (and its comm thread) unwinds, so they stop waiting now.
     transport.report_failure(error.what());
@@ -463,9 +532,12 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
     for (std::int64_t i = t - epoch_start; i < count; ++i, ++t) {
       IterationTimes& record = times[t];
       shared.current_iteration[rank] = t;
-      if (config.fault.active() && !config.fault.during_checkpoint && config.fault.rank == rank &&
+      if (config.fault.active() && config.fault.at_iteration_start() && config.fault.rank == rank &&
           config.fault.iteration == t) {
         inject_fault(config.fault, shared, config.method.allreduce.timeout);
+      }
+      if (config.fault.rank == rank && config.fault.iteration == t && shared.mid_operation_fault != nullptr) {
+        shared.mid_operation_fault->arm(shared.mid_operation_minimum);  // at=allreduce|push
       }
       Stopwatch iteration;
       gradients = method.begin_iteration(t, record);
@@ -807,10 +879,6 @@ void validate_train_config(const TrainConfig& config) {
   if (!config.checkpoint_dir.empty() && config.checkpoint_every == 0 && !config.resume) {
     throw UsageError("--checkpoint-dir needs --checkpoint-every N (to write checkpoints) or --resume (to read one)");
   }
-  if ((config.checkpoint_every > 0 || config.resume) && !method_supports_checkpoints(config.method)) {
-    throw UsageError(concat("checkpoints are implemented for dsync (one allreduce after backward) and pipe; not yet for '",
-                            config.method_spec, "'"));
-  }
   if (config.on_nonfinite != "stop" && config.on_nonfinite != "skip") {
     throw UsageError(concat("--on-nonfinite must be stop or skip, got '", config.on_nonfinite, "'"));
   }
@@ -823,10 +891,20 @@ void validate_train_config(const TrainConfig& config) {
                             "' differ by design (each worker trains on its own weights); it applies to "
                             "dsync and its plans, pipe, sapipe and pssync"));
   }
-  if (config.fault.active() && config.fault.during_checkpoint &&
+  if (config.fault.active() && config.fault.during_checkpoint() &&
       (config.checkpoint_every == 0 || (config.fault.iteration + 1) % config.checkpoint_every != 0)) {
     throw UsageError(concat("--inject-fault at=checkpoint: no checkpoint is written after iteration ",
                             config.fault.iteration, " (--checkpoint-every ", config.checkpoint_every, ")"));
+  }
+  if (config.fault.active() && config.fault.point == FaultInjection::Point::kAllreduce &&
+      method_uses_servers(config.method.name)) {
+    throw UsageError(concat("--inject-fault at=allreduce: '", config.method.name,
+                            "' pushes to parameter servers and runs no allreduce (use at=push)"));
+  }
+  if (config.fault.active() && config.fault.point == FaultInjection::Point::kPush &&
+      !method_uses_servers(config.method.name)) {
+    throw UsageError(concat("--inject-fault at=push: '", config.method.name,
+                            "' runs no parameter servers (use at=allreduce; at=push is for pssync, asgd, dcasgd, odsgd)"));
   }
   if (config.fault.active() && config.fault.rank >= config.workers) {
     throw UsageError(concat("--inject-fault: rank ", config.fault.rank, " is not a worker (the run has ",
@@ -967,11 +1045,7 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
     threads.emplace_back([&, rank] {
       Transport& transport = fabric.endpoint(rank);
       try {
-        ParameterServerShard shard(transport, *shard_plan, config.workers, initial_weights,
-                                   config.method.sgd);
-        ServeOptions options = serve_options(config.method, config.workers);
-        options.stop = &worker_failed;
-        shard.serve(options);
+        serve_shard(config, *shard_plan, initial_weights, transport, shared, &worker_failed);
       } catch (const std::exception& error) {
         shared.failures[rank] = std::current_exception();
         transport.report_failure(error.what());
@@ -980,18 +1054,25 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory,
   }
   for (auto& thread : threads) thread.join();
 
-  // Report the root cause: a worker's own error rather than the others' "peer failed".
-  std::exception_ptr first_failure;
+  // Report the root cause: a worker's own error rather than the others' "peer failed", and a timeout
+  // on a peer that went silent rather than one on a peer that itself failed (e.g. stuck behind the
+  // silent one, as the ring's next rank is when a worker dies mid-allreduce).
+  std::exception_ptr first_failure, consequence;
   for (const auto& failure : shared.failures) {
     if (!failure) continue;
     try {
       std::rethrow_exception(failure);
     } catch (const PeerFailedError&) {
       if (!first_failure) first_failure = failure;
+    } catch (const CommTimeoutError& error) {
+      const int peer = error.peer();
+      if (peer < 0 || peer >= ranks || !shared.failures[peer]) std::rethrow_exception(failure);
+      if (!consequence) consequence = failure;
     } catch (...) {
       std::rethrow_exception(failure);
     }
   }
+  if (consequence) std::rethrow_exception(consequence);
   if (first_failure) std::rethrow_exception(first_failure);
   if (injected_fault_ended.load(std::memory_order_acquire)) {
     // No other worker was there to notice (a single worker): the run did not complete.
@@ -1031,9 +1112,7 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
       // A server rank: serves its shard from the replicas' common initial weights (every rank built
       // the model from the seed), then returns an empty summary (only rank 0's is printed).
       try {
-        ParameterServerShard shard(transport, shard_plan, config.workers, model->parameters(),
-                                   config.method.sgd);
-        shard.serve(serve_options(config.method, config.workers));
+        serve_shard(config, shard_plan, model->parameters(), transport, shared, nullptr);
       } catch (const std::exception& error) {
         transport.report_failure(error.what());
         throw;
