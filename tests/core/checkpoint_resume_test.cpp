@@ -31,6 +31,7 @@
 #include "pipesgd/train/fault_injection.h"
 #include "pipesgd/train/trainer.h"
 #include "temp_dir.h"
+#include "resume_checks.h"
 #include "tiny_run.h"
 
 namespace pipesgd {
@@ -136,73 +137,6 @@ TrainConfig resuming(TrainConfig config, const std::string& dir, bool keep_writi
   return config;
 }
 
-// How a run whose worker crashed ended. With several workers the others must stop with an error
-// (never a UsageError: the configuration was fine). With one worker there is nobody to notice: the
-// crashed thread ends silently and run_training returns; the summary then lacks rank 0's final
-// parameters (it never finished).
-enum class CrashOutcome { kThrew, kReturned };
-
-CrashOutcome run_crashing(const TrainConfig& config) {
-  try {
-    RunSummary summary = run_training(config, softmax_factory(), data());
-    EXPECT_EQ(config.workers, 1) << "a run with a crashed worker among " << config.workers
-                                 << " returned normally";
-    EXPECT_TRUE(summary.final_parameters.empty() || summary.final_parameters[0].empty())
-        << "the crashed (only) worker reported final parameters";
-    return CrashOutcome::kReturned;
-  } catch (const UsageError& error) {
-    ADD_FAILURE() << "the crashing run failed with a UsageError: " << error.what();
-    return CrashOutcome::kThrew;
-  } catch (const std::exception&) {
-    return CrashOutcome::kThrew;
-  }
-}
-
-::testing::AssertionResult BitIdentical(const RunSummary& expected, const RunSummary& actual) {
-  if (expected.final_parameters.size() != actual.final_parameters.size()) {
-    return ::testing::AssertionFailure() << "ranks: " << expected.final_parameters.size() << " vs "
-                                         << actual.final_parameters.size();
-  }
-  for (std::size_t r = 0; r < expected.final_parameters.size(); ++r) {
-    const auto& a = expected.final_parameters[r];
-    const auto& b = actual.final_parameters[r];
-    if (a.empty()) return ::testing::AssertionFailure() << "rank " << r << " has no final parameters";
-    if (a.size() != b.size()) {
-      return ::testing::AssertionFailure() << "rank " << r << ": " << a.size() << " vs " << b.size()
-                                           << " parameters";
-    }
-    if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0) {
-      std::size_t first = 0, differing = 0;
-      for (std::size_t i = a.size(); i-- > 0;) {
-        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-          first = i;
-          ++differing;
-        }
-      }
-      return ::testing::AssertionFailure() << "rank " << r << ": " << differing << " of " << a.size()
-                                           << " parameters differ; first at " << first << ": "
-                                           << a[first] << " vs " << b[first];
-    }
-  }
-  if (expected.weights_checksum != actual.weights_checksum) {
-    return ::testing::AssertionFailure() << "weights_checksum differs";
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// The run trained: every parameter is finite (memcmp of two NaN runs would pass as well).
-::testing::AssertionResult Trained(const RunSummary& summary) {
-  if (summary.final_parameters.empty() || summary.final_parameters[0].empty()) {
-    return ::testing::AssertionFailure() << "no final parameters";
-  }
-  for (const auto& rank : summary.final_parameters) {
-    for (float value : rank) {
-      if (!std::isfinite(value)) return ::testing::AssertionFailure() << "non-finite parameter";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 std::string name_of(std::int64_t iteration, const std::string& part) {
   return checkpoint_path("", iteration, part).filename().string();
 }
@@ -274,7 +208,7 @@ TEST_P(CheckpointResume, InterruptAndResumeIsBitIdentical) {
   }
 
   TempDir dir;
-  const CrashOutcome outcome = run_crashing(crashing(checkpointing(config, dir.path())));
+  const CrashOutcome outcome = run_crashing(crashing(checkpointing(config, dir.path())), data());
   // With one worker nobody is left to notice the crash: the run reports it itself.
   EXPECT_EQ(outcome, CrashOutcome::kThrew);
   // Checkpoint 30 is complete; 40 was never reached.
@@ -312,7 +246,7 @@ TEST(CheckpointResumeTest, ResumesAfterAnEpochBoundary) {
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   ASSERT_EQ(uninterrupted.epochs.size(), 2u);
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()), 55)), CrashOutcome::kThrew);
+  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()), 55), data()), CrashOutcome::kThrew);
   const RunSummary resumed = run_training(resuming(config, dir.path(), false), softmax_factory(), data());
   EXPECT_EQ(resumed.resumed_from, 50);
   EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
@@ -332,7 +266,7 @@ TEST(CheckpointResumeTest, ComparisonDetectsADifferentContinuation) {
   const TrainConfig config = make_config(kVariants[0], 3);  // dsync
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
-  run_crashing(crashing(checkpointing(config, dir.path())));
+  run_crashing(crashing(checkpointing(config, dir.path())), data());
   TrainConfig other = resuming(config, dir.path(), false);
   other.method.sgd.learning_rate = 0.05f;
   // The learning rate is part of the run's fingerprint: such a resume is refused...
@@ -363,7 +297,7 @@ TEST_P(CheckpointResumeDamage, FallsBackPastATruncatedOrCorruptCheckpoint) {
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
 
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()))), CrashOutcome::kThrew);
+  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path())), data()), CrashOutcome::kThrew);
   const std::string damaged = dir.file("checkpoint-000000000030-rank1.psgd");
   ASSERT_TRUE(fs::exists(damaged));
   for (const std::string& name : complete_set(20, 3)) ASSERT_TRUE(fs::exists(dir.file(name))) << name;
@@ -401,7 +335,7 @@ TEST(CheckpointResumeTest, LeftoverTemporaryFilesAreIgnored) {
   const TrainConfig config = make_config(kVariants[0], 3);
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()))), CrashOutcome::kThrew);
+  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path())), data()), CrashOutcome::kThrew);
   // A torn write of a newer checkpoint (garbage), and a complete-looking temporary copy of a valid
   // part under a temporary name: neither is a checkpoint.
   const std::string torn = "." + name_of(40, "rank0") + ".tmp.4242.abcdef";
@@ -603,7 +537,7 @@ TEST(CheckpointResumeTest, SapipeAutoResumesWithTheSavedPartition) {
   TrainConfig config = make_config(variant_named("sapipe_k1_none"), 3);
   config.method.stale_layers = "auto";
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()))), CrashOutcome::kThrew);
+  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path())), data()), CrashOutcome::kThrew);
   const CheckpointReader saved = CheckpointReader::read_file(dir.file(name_of(30, "rank0")));
   const std::int64_t saved_k = saved.integer("method.sapipe.stale_layers");
   EXPECT_EQ(saved.integer("method.sapipe.planned"), 1);

@@ -26,6 +26,7 @@
 #include "pipesgd/ps/shard_plan.h"
 #include "pipesgd/train/fault_injection.h"
 #include "pipesgd/train/trainer.h"
+#include "resume_checks.h"
 #include "temp_dir.h"
 #include "test_world.h"
 #include "tiny_run.h"
@@ -318,48 +319,8 @@ TrainConfig resuming(TrainConfig config, const std::string& dir) {
   return config;
 }
 
-::testing::AssertionResult BitIdentical(const RunSummary& expected, const RunSummary& actual) {
-  if (expected.final_parameters.size() != actual.final_parameters.size()) {
-    return ::testing::AssertionFailure() << "ranks: " << expected.final_parameters.size() << " vs "
-                                         << actual.final_parameters.size();
-  }
-  for (std::size_t r = 0; r < expected.final_parameters.size(); ++r) {
-    const auto& a = expected.final_parameters[r];
-    const auto& b = actual.final_parameters[r];
-    if (a.size() != b.size() || a.empty()) return ::testing::AssertionFailure() << "rank " << r << ": sizes";
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-        return ::testing::AssertionFailure() << "rank " << r << " element " << i << ": " << a[i] << " vs " << b[i];
-      }
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult Trained(const RunSummary& summary) {
-  if (summary.final_parameters.empty() || summary.final_parameters[0].empty()) {
-    return ::testing::AssertionFailure() << "no final parameters";
-  }
-  for (const auto& rank : summary.final_parameters) {
-    for (float value : rank) {
-      if (!std::isfinite(value)) return ::testing::AssertionFailure() << "non-finite parameter";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 std::string file_of(std::int64_t iteration, const std::string& part) {
   return checkpoint_path("", iteration, part).filename().string();
-}
-
-void crash(const TrainConfig& config) {
-  try {
-    run_training(config, softmax_factory(), data());
-    EXPECT_EQ(config.workers, 1) << "a run with a crashed worker returned normally";
-  } catch (const UsageError& error) {
-    ADD_FAILURE() << "the crashing run failed with a UsageError: " << error.what();
-  } catch (const std::exception&) {
-  }
 }
 
 class ParameterServerResume : public ::testing::TestWithParam<std::tuple<Variant, int, int>> {};
@@ -378,7 +339,7 @@ TEST_P(ParameterServerResume, InterruptAndResume) {
   }
 
   TempDir dir;
-  crash(crashing(checkpointing(config, dir.path())));
+  run_crashing(crashing(checkpointing(config, dir.path())), data());
   // The set of iteration 30 is complete: every worker's part, every server's part and the shared part.
   std::vector<std::string> parts{"shared"};
   for (int r = 0; r < workers; ++r) parts.push_back("rank" + std::to_string(r));
@@ -425,7 +386,7 @@ TEST(ParameterServerResumeTest, AMissingServerPartFallsBackToThePreviousCheckpoi
   const TrainConfig config = make_config(kVariants[1], 2, 2);
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
-  crash(crashing(checkpointing(config, dir.path())));
+  run_crashing(crashing(checkpointing(config, dir.path())), data());
   ASSERT_TRUE(fs::remove(dir.file(file_of(30, "server1"))));
   ASSERT_TRUE(fs::exists(dir.file(file_of(20, "server1"))));
   const RunSummary resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
@@ -436,7 +397,7 @@ TEST(ParameterServerResumeTest, AMissingServerPartFallsBackToThePreviousCheckpoi
 // Another server count is another run: its checkpoint is refused with both descriptions.
 TEST(ParameterServerResumeTest, AnotherServerCountIsAnotherRun) {
   TempDir dir;
-  crash(crashing(checkpointing(make_config(kVariants[0], 2, 1), dir.path())));
+  run_crashing(crashing(checkpointing(make_config(kVariants[0], 2, 1), dir.path())), data());
   try {
     run_training(resuming(make_config(kVariants[0], 2, 2), dir.path()), softmax_factory(), data());
     ADD_FAILURE() << "a checkpoint of 1 server was resumed with 2";
