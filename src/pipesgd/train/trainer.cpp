@@ -124,10 +124,6 @@ struct SharedRunState {
   // process), and whether a crash ends a thread or the process.
   const std::atomic<bool>* any_worker_failed = nullptr;
   bool rank_is_process = false;
-  // --inject-fault at=allreduce|push: the faulty rank's transport decorator and the first sequence
-  // (allreduce) or version (push) of its iteration N (set and read by the faulty rank only).
-  FaultInjectingTransport* mid_operation_fault = nullptr;
-  std::uint64_t mid_operation_minimum = 0;
   // --resume: the checkpoint set the workers continue from (read by each worker for its part).
   std::optional<CheckpointSet> resume_from;
 };
@@ -383,9 +379,16 @@ class ConsistencyCheck {
   std::vector<float> pieces_;
 };
 
+// --inject-fault at=allreduce|push on this worker: its transport decorator, armed with `minimum` (the
+// first tag sequence or push version of iteration N) when iteration N starts.
+struct MidOperationFault {
+  FaultInjectingTransport* transport = nullptr;
+  std::uint64_t minimum = 0;
+};
+
 void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
                   Transport& transport, const DataSplits& data, TrainingMethod& method,
-                  SharedRunState& shared);
+                  SharedRunState& shared, MidOperationFault mid_operation_fault);
 
 // Runs one worker. `transport` is the run's full transport (servers included, if any).
 void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
@@ -397,6 +400,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   // on the targeted send of iteration N (armed by train_epochs when iteration N starts). It outlives
   // the method (declared first).
   std::optional<FaultInjectingTransport> faulty;
+  MidOperationFault mid_operation_fault;
   if (config.fault.active() && config.fault.in_operation() && config.fault.rank == rank) {
     const bool push = config.fault.point == FaultInjection::Point::kPush;
     // Allreduce: fire on the second message (the first went out). Push: on the send to the second
@@ -414,8 +418,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
                config.method.name == "odsgd") {
       minimum = n;
     }
-    shared.mid_operation_fault = &*faulty;
-    shared.mid_operation_minimum = minimum;
+    mid_operation_fault = {&*faulty, minimum};
   }
   Transport& transport = faulty ? static_cast<Transport&>(*faulty) : run_transport;
   if (layer_wise(method_config) || method_config.name == "sapipe") {
@@ -430,7 +433,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
     lower_compute_thread_priority();
   }
   try {
-    train_epochs(rank, config, plan, model, transport, data, *method, shared);
+    train_epochs(rank, config, plan, model, transport, data, *method, shared, mid_operation_fault);
     if (rank == 0) shared.method_report = method->report();
   } catch (const CommTimeoutError& error) {
     // The one line names the peer, the operation and the tag; add where this worker was.
@@ -446,7 +449,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
 
 void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
                   Transport& transport, const DataSplits& data, TrainingMethod& method,
-                  SharedRunState& shared) {
+                  SharedRunState& shared, MidOperationFault mid_operation_fault) {
   ShardedSampler sampler(data.train.size, config.workers, rank, config.batch, config.seed);
   BatchAssembler assembler(data.train, config.batch);
   auto control_codec = make_codec("none");
@@ -536,8 +539,8 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
           config.fault.iteration == t) {
         inject_fault(config.fault, shared, config.method.allreduce.timeout);
       }
-      if (config.fault.rank == rank && config.fault.iteration == t && shared.mid_operation_fault != nullptr) {
-        shared.mid_operation_fault->arm(shared.mid_operation_minimum);  // at=allreduce|push
+      if (mid_operation_fault.transport != nullptr && config.fault.iteration == t) {
+        mid_operation_fault.transport->arm(mid_operation_fault.minimum);  // at=allreduce|push
       }
       Stopwatch iteration;
       gradients = method.begin_iteration(t, record);
