@@ -199,15 +199,8 @@ void BucketedDSync::comm_loop() {
     const std::span<float> range(gradients_.data() + begin, last.offset + last.count - begin);
     const auto sequence = static_cast<std::uint64_t>(iteration) * layers_ + bucket_index;
     Stopwatch communication;
-    std::exception_ptr failure;
-    try {
-      allreduce_->run(range, collective_tag(Channel::kGradients, sequence));
-    } catch (const std::exception& error) {
-      failure = std::current_exception();
-      transport_.report_failure(error.what());
-    } catch (...) {  // a silent death (--inject-fault): reported to no one, rethrown on compute
-      failure = std::current_exception();
-    }
+    const std::exception_ptr failure = run_communication_job(
+        transport_, [&] { allreduce_->run(range, collective_tag(Channel::kGradients, sequence)); });
     {
       std::lock_guard lock(mutex_);
       comm_seconds_ += communication.seconds();

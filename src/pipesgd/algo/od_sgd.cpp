@@ -117,8 +117,7 @@ void OneStepDelaySgd::comm_loop() {
     // Job t: push g_t (computed on W_t), pull G_{t+1}. The client copies the gradient at push(),
     // and the pull writes pulled(t + 1), which the compute thread reads only after this job.
     Stopwatch job;
-    std::exception_ptr failure;
-    try {
+    const std::exception_ptr failure = run_communication_job(transport_, [&] {
       const auto version = static_cast<std::uint64_t>(t);
       PushHandle push = client_.push(gradients(t), version);
       PullHandle pull = client_.pull(pulled(t + 1), version + 1);
@@ -128,12 +127,7 @@ void OneStepDelaySgd::comm_loop() {
         throw CommError(concat("odsgd: rank ", transport_.rank(), " pulled weights of version ", got,
                                " for iteration ", t, ", expected ", version + 1));
       }
-    } catch (const std::exception& error) {
-      failure = std::current_exception();
-      transport_.report_failure(error.what());
-    } catch (...) {  // a silent death (--inject-fault): reported to no one, rethrown on compute
-      failure = std::current_exception();
-    }
+    });
     {
       std::lock_guard lock(mutex_);
       if (failure) {

@@ -58,16 +58,10 @@ void PipeSgd::comm_loop() {
     }
     Slot& slot = slots_[slot_index];  // queued: only this thread touches its gradient now
     Stopwatch communication;
-    std::exception_ptr failure;
-    try {
+    const std::exception_ptr failure = run_communication_job(transport_, [&] {
       allreduce_->run(slot.gradient,
-                     collective_tag(Channel::kGradients, static_cast<std::uint64_t>(slot.iteration)));
-    } catch (const std::exception& error) {
-      failure = std::current_exception();
-      transport_.report_failure(error.what());
-    } catch (...) {  // a silent death (--inject-fault): reported to no one, rethrown on compute
-      failure = std::current_exception();
-    }
+                      collective_tag(Channel::kGradients, static_cast<std::uint64_t>(slot.iteration)));
+    });
     {
       std::lock_guard lock(mutex_);
       queue_head_ = (queue_head_ + 1) % queue_.size();

@@ -183,16 +183,10 @@ void SaPipe::comm_loop() {
     }
     // A submitted job's range is not touched by the compute thread until it is reduced.
     Stopwatch communication;
-    std::exception_ptr failure;
-    try {
+    const std::exception_ptr failure = run_communication_job(transport_, [&] {
       allreduce_->run(std::span<float>(job->data, job->count),
                       collective_tag(Channel::kGradients, job->sequence));
-    } catch (const std::exception& error) {
-      failure = std::current_exception();
-      transport_.report_failure(error.what());
-    } catch (...) {  // a silent death (--inject-fault): reported to no one, rethrown on compute
-      failure = std::current_exception();
-    }
+    });
     {
       std::lock_guard lock(mutex_);
       job->comm_seconds = communication.seconds();
