@@ -39,18 +39,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr std::int64_t kIterations = 60;
-constexpr std::int64_t kEvery = 10;
-constexpr std::int64_t kCrashAt = 37;  // after checkpoint 30, before 40
-
 ::testing::AssertionResult Contains(const std::string& text, const std::string& fragment) {
   if (text.find(fragment) != std::string::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "'" << text << "' lacks '" << fragment << "'";
-}
-
-const DataSplits& data() {
-  static const DataSplits splits = small_data();
-  return splits;
 }
 
 // One method configuration of the parameterized tests.
@@ -114,31 +105,6 @@ TrainConfig make_config(const Variant& variant, int workers) {
   if (*variant.stale_layers != '\0') config.method.stale_layers = variant.stale_layers;
   if (*variant.compensation != '\0') config.method.compensation = variant.compensation;
   return config;
-}
-
-TrainConfig checkpointing(TrainConfig config, const std::string& dir) {
-  config.checkpoint_dir = dir;
-  config.checkpoint_every = kEvery;
-  return config;
-}
-
-TrainConfig crashing(TrainConfig config, std::int64_t iteration = kCrashAt) {
-  config.fault.rank = config.workers - 1;
-  config.fault.iteration = iteration;
-  config.fault.kind = FaultInjection::Kind::kCrash;
-  config.method.allreduce.timeout = std::chrono::seconds(1);
-  return config;
-}
-
-TrainConfig resuming(TrainConfig config, const std::string& dir, bool keep_writing = true) {
-  config.checkpoint_dir = dir;
-  config.checkpoint_every = keep_writing ? kEvery : 0;
-  config.resume = true;
-  return config;
-}
-
-std::string name_of(std::int64_t iteration, const std::string& part) {
-  return checkpoint_path("", iteration, part).filename().string();
 }
 
 // The checkpoint iterations present in `dir` (any part).

@@ -260,15 +260,6 @@ TEST(ParameterServerCheckpoint, LoadStateRejectsAnotherShardOrSize) {
 
 // ---- interrupt and resume through run_training -------------------------------------------------
 
-constexpr std::int64_t kIterations = 60;
-constexpr std::int64_t kEvery = 10;
-constexpr std::int64_t kCrashAt = 37;
-
-const DataSplits& data() {
-  static const DataSplits splits = small_data();
-  return splits;
-}
-
 struct Variant {
   const char* name;
   const char* spec;
@@ -298,31 +289,6 @@ TrainConfig make_config(const Variant& variant, int workers, int servers) {
   return config;
 }
 
-TrainConfig checkpointing(TrainConfig config, const std::string& dir) {
-  config.checkpoint_dir = dir;
-  config.checkpoint_every = kEvery;
-  return config;
-}
-
-TrainConfig crashing(TrainConfig config) {
-  config.fault.rank = config.workers - 1;
-  config.fault.iteration = kCrashAt;
-  config.fault.kind = FaultInjection::Kind::kCrash;
-  config.method.allreduce.timeout = std::chrono::seconds(1);
-  return config;
-}
-
-TrainConfig resuming(TrainConfig config, const std::string& dir) {
-  config.checkpoint_dir = dir;
-  config.checkpoint_every = kEvery;
-  config.resume = true;
-  return config;
-}
-
-std::string file_of(std::int64_t iteration, const std::string& part) {
-  return checkpoint_path("", iteration, part).filename().string();
-}
-
 class ParameterServerResume : public ::testing::TestWithParam<std::tuple<Variant, int, int>> {};
 
 TEST_P(ParameterServerResume, InterruptAndResume) {
@@ -344,9 +310,9 @@ TEST_P(ParameterServerResume, InterruptAndResume) {
   std::vector<std::string> parts{"shared"};
   for (int r = 0; r < workers; ++r) parts.push_back("rank" + std::to_string(r));
   for (int s = 0; s < servers; ++s) parts.push_back("server" + std::to_string(s));
-  for (const std::string& part : parts) EXPECT_TRUE(fs::exists(dir.file(file_of(30, part)))) << part;
+  for (const std::string& part : parts) EXPECT_TRUE(fs::exists(dir.file(name_of(30, part)))) << part;
   for (int s = 0; s < servers; ++s) {
-    const CheckpointReader server = CheckpointReader::read_file(dir.file(file_of(30, "server" + std::to_string(s))));
+    const CheckpointReader server = CheckpointReader::read_file(dir.file(name_of(30, "server" + std::to_string(s))));
     EXPECT_EQ(server.integer("next_iteration"), 30);
     // Synchronous servers take one step per iteration; asynchronous ones one per push.
     const bool synchronous = std::string(variant.spec) == "pssync" || std::string(variant.spec) == "odsgd";
@@ -354,8 +320,8 @@ TEST_P(ParameterServerResume, InterruptAndResume) {
   }
   // The crashed worker never wrote 40, so set 40 is incomplete (asynchronous workers that ran on
   // may have written their parts of it; the servers held them at its cut, which never came).
-  EXPECT_FALSE(fs::exists(dir.file(file_of(40, "rank" + std::to_string(workers - 1)))));
-  for (int s = 0; s < servers; ++s) EXPECT_FALSE(fs::exists(dir.file(file_of(40, "server" + std::to_string(s)))));
+  EXPECT_FALSE(fs::exists(dir.file(name_of(40, "rank" + std::to_string(workers - 1)))));
+  for (int s = 0; s < servers; ++s) EXPECT_FALSE(fs::exists(dir.file(name_of(40, "server" + std::to_string(s)))));
 
   const RunSummary resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
   EXPECT_EQ(resumed.resumed_from, 30);
@@ -387,8 +353,8 @@ TEST(ParameterServerResumeTest, AMissingServerPartFallsBackToThePreviousCheckpoi
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
   run_crashing(crashing(checkpointing(config, dir.path())), data());
-  ASSERT_TRUE(fs::remove(dir.file(file_of(30, "server1"))));
-  ASSERT_TRUE(fs::exists(dir.file(file_of(20, "server1"))));
+  ASSERT_TRUE(fs::remove(dir.file(name_of(30, "server1"))));
+  ASSERT_TRUE(fs::exists(dir.file(name_of(20, "server1"))));
   const RunSummary resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
   EXPECT_EQ(resumed.resumed_from, 20);
   EXPECT_TRUE(BitIdentical(uninterrupted, resumed));

@@ -1,17 +1,63 @@
 #pragma once
-// Test helpers for checkpoint / resume tests: comparing two runs' final weights bit for bit, checking
-// a run trained, and running a configuration whose worker crashes (--inject-fault).
+// Test helpers for checkpoint / resume tests: the interrupt-and-resume schedule (60 iterations, a
+// checkpoint every 10, the last worker crashed at 37, resumed from 30) and the configurations for
+// it, comparing two runs' final weights bit for bit, checking a run trained, and running a
+// configuration whose worker crashes (--inject-fault).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <exception>
+#include <string>
 
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/train/fault_injection.h"
 #include "pipesgd/train/trainer.h"
 #include "tiny_run.h"
 
 namespace pipesgd {
+
+inline constexpr std::int64_t kIterations = 60;
+inline constexpr std::int64_t kEvery = 10;
+inline constexpr std::int64_t kCrashAt = 37;  // after checkpoint 30, before 40
+
+// The synthetic data every resume test trains on (built once).
+inline const DataSplits& data() {
+  static const DataSplits splits = small_data();
+  return splits;
+}
+
+// `config` writing a checkpoint every kEvery iterations into `dir`.
+inline TrainConfig checkpointing(TrainConfig config, const std::string& dir) {
+  config.checkpoint_dir = dir;
+  config.checkpoint_every = kEvery;
+  return config;
+}
+
+// `config` with its last worker crashing at `iteration` and a 1 s comm timeout for the others.
+inline TrainConfig crashing(TrainConfig config, std::int64_t iteration = kCrashAt) {
+  config.fault.rank = config.workers - 1;
+  config.fault.iteration = iteration;
+  config.fault.kind = FaultInjection::Kind::kCrash;
+  config.method.allreduce.timeout = std::chrono::seconds(1);
+  return config;
+}
+
+// `config` resuming from `dir` (and writing checkpoints on, unless keep_writing is false).
+inline TrainConfig resuming(TrainConfig config, const std::string& dir, bool keep_writing = true) {
+  config.checkpoint_dir = dir;
+  config.checkpoint_every = keep_writing ? kEvery : 0;
+  config.resume = true;
+  return config;
+}
+
+// The file name of `part` of the checkpoint of `iteration`.
+inline std::string name_of(std::int64_t iteration, const std::string& part) {
+  return checkpoint_path("", iteration, part).filename().string();
+}
 
 // Every rank's final parameters (and the weights checksum) of `actual` equal `expected`'s bit for bit.
 inline ::testing::AssertionResult BitIdentical(const RunSummary& expected, const RunSummary& actual) {

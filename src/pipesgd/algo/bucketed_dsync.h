@@ -85,6 +85,9 @@ class BucketedDSync final : public TrainingMethod {
   void finish(IterationTimes&) override {}
   const SegmentReadyFn* segment_ready() override { return &on_segment_ready_; }
   MethodReport report() const override;
+  std::optional<std::uint64_t> first_message_sequence(std::int64_t t) const override {
+    return static_cast<std::uint64_t>(t) * layers_;
+  }
   // Nothing is in flight after end_iteration. Saved: the optimizer state and the planning state
   // (the chosen plan and what it came from, the profiling cycle and its partial sums), so a resumed
   // run uses the same buckets as the uninterrupted one (bucket boundaries change how the

@@ -11,6 +11,9 @@ class DSync final : public TrainingMethod {
   std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   void finish(IterationTimes&) override {}
+  std::optional<std::uint64_t> first_message_sequence(std::int64_t t) const override {
+    return static_cast<std::uint64_t>(t);
+  }
   void save_state(CheckpointWriter& out) override { optimizer_->save_state(out, "method."); }
   void load_state(const CheckpointReader& in, std::int64_t) override { optimizer_->load_state(in, "method."); }
   MethodReport report() const override {

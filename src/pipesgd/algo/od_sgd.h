@@ -78,6 +78,9 @@ class OneStepDelaySgd final : public TrainingMethod {
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   // Waits for the last pull, leaves G_T in model.parameters() and closes the client. Idempotent.
   void finish(IterationTimes& times) override;
+  std::optional<std::uint64_t> first_message_sequence(std::int64_t t) const override {
+    return static_cast<std::uint64_t>(t);
+  }
   // Checkpoints after iteration t (n = t + 1): past the switching stage, waits for job t and saves
   // G_n (the global weights iteration n updates locally; model.parameters() holds W_n) and the
   // local updater's state; then sends the servers this worker's checkpoint marker of n (the comm

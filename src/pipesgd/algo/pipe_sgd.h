@@ -29,6 +29,9 @@ class PipeSgd final : public TrainingMethod {
   std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   void finish(IterationTimes& times) override;
+  std::optional<std::uint64_t> first_message_sequence(std::int64_t t) const override {
+    return static_cast<std::uint64_t>(t);
+  }
   // The K slots: their state, iteration and gradient (in-flight allreduces are waited for first).
   void save_state(CheckpointWriter& out) override;
   void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;

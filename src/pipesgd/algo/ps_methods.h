@@ -48,6 +48,11 @@ class ParameterServerMethod final : public TrainingMethod {
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   // Closes the client (servers return once every worker closed). Idempotent.
   void finish(IterationTimes& times) override;
+  // Synchronous: iteration t pushes version t. Asynchronous: the version depends on the others' pushes.
+  std::optional<std::uint64_t> first_message_sequence(std::int64_t t) const override {
+    if (!synchronous_) return std::nullopt;
+    return static_cast<std::uint64_t>(t);
+  }
   // Checkpoints: the version of the weights in model.parameters(); save_state also sends the
   // servers this worker's checkpoint marker (ps/parameter_server.h, "Checkpoints").
   void save_state(CheckpointWriter& out) override;

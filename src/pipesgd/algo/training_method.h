@@ -229,6 +229,10 @@ class TrainingMethod {
   // (--check-consistency): the model's parameters, unless the method keeps its true weights
   // elsewhere (sapipe's weight prediction).
   virtual std::uint64_t replica_checksum(Model& model) const { return checksum_of(model.parameters()); }
+  // The tag sequence of iteration t's first gradient allreduce (Channel::kGradients), or for a
+  // parameter-server method the version its push of iteration t carries, when the method's tags
+  // tell the iteration; nullopt otherwise. (For tools that watch the wire: --inject-fault.)
+  virtual std::optional<std::uint64_t> first_message_sequence(std::int64_t) const { return std::nullopt; }
   // Checkpoints (--checkpoint-dir). save_state, called after end_iteration(t), writes what this
   // worker's method needs to go on exactly with iteration t + 1 (it waits for the communication in
   // flight, applying nothing); load_state, called on a freshly built method before

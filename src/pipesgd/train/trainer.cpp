@@ -379,16 +379,11 @@ class ConsistencyCheck {
   std::vector<float> pieces_;
 };
 
-// --inject-fault at=allreduce|push on this worker: its transport decorator, armed with `minimum` (the
-// first tag sequence or push version of iteration N) when iteration N starts.
-struct MidOperationFault {
-  FaultInjectingTransport* transport = nullptr;
-  std::uint64_t minimum = 0;
-};
-
+// `mid_operation_fault`: this worker's --inject-fault at=allreduce|push decorator (armed when
+// iteration N starts), or nullptr.
 void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
                   Transport& transport, const DataSplits& data, TrainingMethod& method,
-                  SharedRunState& shared, MidOperationFault mid_operation_fault);
+                  SharedRunState& shared, FaultInjectingTransport* mid_operation_fault);
 
 // Runs one worker. `transport` is the run's full transport (servers included, if any).
 void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
@@ -400,7 +395,6 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
   // on the targeted send of iteration N (armed by train_epochs when iteration N starts). It outlives
   // the method (declared first).
   std::optional<FaultInjectingTransport> faulty;
-  MidOperationFault mid_operation_fault;
   if (config.fault.active() && config.fault.in_operation() && config.fault.rank == rank) {
     const bool push = config.fault.point == FaultInjection::Point::kPush;
     // Allreduce: fire on the second message (the first went out). Push: on the send to the second
@@ -408,17 +402,6 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
     const int fire_on = push && method_config.servers < 2 ? 1 : 2;
     faulty.emplace(run_transport, config.fault.point, fire_on,
                    [&] { inject_fault(config.fault, shared, config.method.allreduce.timeout); });
-    const auto n = static_cast<std::uint64_t>(config.fault.iteration);
-    // The first tag sequence (allreduce) or push version of iteration N where the method's is known
-    // (algo/*.h "Tags:"); 0 otherwise (sapipe, asgd, dcasgd): any operation after N started.
-    std::uint64_t minimum = 0;
-    if (layer_wise(method_config)) {
-      minimum = n * model.layout().segment_count();
-    } else if (config.method.name == "dsync" || config.method.name == "pipe" || config.method.name == "pssync" ||
-               config.method.name == "odsgd") {
-      minimum = n;
-    }
-    mid_operation_fault = {&*faulty, minimum};
   }
   Transport& transport = faulty ? static_cast<Transport&>(*faulty) : run_transport;
   if (layer_wise(method_config) || method_config.name == "sapipe") {
@@ -433,7 +416,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
     lower_compute_thread_priority();
   }
   try {
-    train_epochs(rank, config, plan, model, transport, data, *method, shared, mid_operation_fault);
+    train_epochs(rank, config, plan, model, transport, data, *method, shared, faulty ? &*faulty : nullptr);
     if (rank == 0) shared.method_report = method->report();
   } catch (const CommTimeoutError& error) {
     // The one line names the peer, the operation and the tag; add where this worker was.
@@ -449,7 +432,7 @@ void run_worker(int rank, const TrainConfig& config, const RunPlan& plan, Model&
 
 void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Model& model,
                   Transport& transport, const DataSplits& data, TrainingMethod& method,
-                  SharedRunState& shared, MidOperationFault mid_operation_fault) {
+                  SharedRunState& shared, FaultInjectingTransport* mid_operation_fault) {
   ShardedSampler sampler(data.train.size, config.workers, rank, config.batch, config.seed);
   BatchAssembler assembler(data.train, config.batch);
   auto control_codec = make_codec("none");
@@ -539,8 +522,10 @@ void train_epochs(int rank, const TrainConfig& config, const RunPlan& plan, Mode
           config.fault.iteration == t) {
         inject_fault(config.fault, shared, config.method.allreduce.timeout);
       }
-      if (mid_operation_fault.transport != nullptr && config.fault.iteration == t) {
-        mid_operation_fault.transport->arm(mid_operation_fault.minimum);  // at=allreduce|push
+      if (mid_operation_fault != nullptr && config.fault.iteration == t) {
+        // at=allreduce|push: count the operations of iteration N on, where the method's tags tell
+        // them (else any operation after N started, possibly an earlier one still in flight).
+        mid_operation_fault->arm(method.first_message_sequence(t).value_or(0));
       }
       Stopwatch iteration;
       gradients = method.begin_iteration(t, record);
