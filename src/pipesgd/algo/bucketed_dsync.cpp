@@ -6,7 +6,6 @@
 
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
-#include "pipesgd/core/thread_priority.h"
 
 namespace pipesgd {
 namespace {
@@ -158,7 +157,12 @@ BucketedDSync::BucketedDSync(const MethodConfig& config, Model& model, Transport
       optimizer_(make_optimizer(optimizer_options(config), model.layout())),
       gradients_(model.layout().total()),
       backward_sums_(layers_, 0.0),
-      profile_buffer_(layers_ + 3 + kCostProbes, 0.0f) {
+      profile_buffer_(layers_ + 3 + kCostProbes, 0.0f),
+      bucket_tickets_(layers_, 0),
+      comm_(transport, "layer-wise dsync", std::max<std::size_t>(layers_, 1), config.allreduce.timeout,
+            [this](const CommWorker::Job& job) {
+              allreduce_->run(job.data, collective_tag(Channel::kGradients, job.sequence));
+            }) {
   algorithm_ = resolve_allreduce_algorithm(config, transport.size(),
                                            static_cast<double>(model.layout().total()) * sizeof(float));
   if (layers_ == 0) throw UsageError("layer-wise communication needs a model with layers");
@@ -167,49 +171,6 @@ BucketedDSync::BucketedDSync(const MethodConfig& config, Model& model, Transport
   make_bucket_plan(plan_name_, planned_profile_, cost_);  // an unknown plan fails here, not later
   chosen_plan_ = plan_ = single_plan(layers_);            // until the first plan
   on_segment_ready_ = [this](std::size_t segment, double seconds) { segment_ready(segment, seconds); };
-  comm_thread_ = std::thread([this] { comm_loop(); });
-}
-
-BucketedDSync::~BucketedDSync() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  bucket_submitted_.notify_all();
-  comm_thread_.join();
-}
-
-void BucketedDSync::comm_loop() {
-  if (transport_.waits_sleep()) raise_communication_thread_priority();
-  for (;;) {
-    std::size_t bucket_index;
-    std::int64_t iteration;
-    {
-      std::unique_lock lock(mutex_);
-      bucket_submitted_.wait(lock, [&] { return stopping_ || submitted_ > reduced_; });
-      if (stopping_) return;
-      bucket_index = reduced_;
-      iteration = iteration_;
-    }
-    // The plan and the gradient range of a submitted bucket do not change until it is reduced.
-    const Bucket& bucket = plan_.buckets[bucket_index];
-    const Layout& layout = model_.layout();
-    const std::size_t begin = layout.segment(bucket.begin).offset;
-    const Segment& last = layout.segment(bucket.end - 1);
-    const std::span<float> range(gradients_.data() + begin, last.offset + last.count - begin);
-    const auto sequence = static_cast<std::uint64_t>(iteration) * layers_ + bucket_index;
-    Stopwatch communication;
-    const std::exception_ptr failure = run_communication_job(
-        transport_, [&] { allreduce_->run(range, collective_tag(Channel::kGradients, sequence)); });
-    {
-      std::lock_guard lock(mutex_);
-      comm_seconds_ += communication.seconds();
-      ++reduced_;
-      if (failure && !comm_failure_) comm_failure_ = failure;
-    }
-    bucket_reduced_.notify_all();
-    if (failure) return;
-  }
 }
 
 std::span<float> BucketedDSync::begin_iteration(std::int64_t t, IterationTimes&) {
@@ -227,12 +188,7 @@ std::span<float> BucketedDSync::begin_iteration(std::int64_t t, IterationTimes&)
     plan_in_use_ = wanted;
     plan_version_ = plans_made_;
   }
-  {
-    std::lock_guard lock(mutex_);  // the comm thread is idle: the last iteration waited for it
-    iteration_ = t;
-    submitted_ = reduced_ = 0;
-    comm_seconds_ = 0;
-  }
+  iteration_ = t;  // the comm thread is idle: the last iteration waited for every bucket
   next_bucket_ = 0;
   return gradients_;
 }
@@ -247,13 +203,16 @@ void BucketedDSync::submit_ready_buckets(std::size_t lowest_ready_segment) {
   // segment is among them can go.
   std::size_t ready = next_bucket_;
   while (ready < plan_.buckets.size() && plan_.buckets[ready].begin >= lowest_ready_segment) ++ready;
-  if (ready == next_bucket_) return;
-  next_bucket_ = ready;
-  {
-    std::lock_guard lock(mutex_);
-    submitted_ = ready;
+  const Layout& layout = model_.layout();
+  for (; next_bucket_ < ready; ++next_bucket_) {
+    // The plan and the gradient range of a submitted bucket do not change until it is reduced.
+    const Bucket& bucket = plan_.buckets[next_bucket_];
+    const std::size_t begin = layout.segment(bucket.begin).offset;
+    const Segment& last = layout.segment(bucket.end - 1);
+    const std::span<float> range(gradients_.data() + begin, last.offset + last.count - begin);
+    const auto sequence = static_cast<std::uint64_t>(iteration_) * layers_ + next_bucket_;
+    bucket_tickets_[next_bucket_] = comm_.submit({range, sequence, iteration_, next_bucket_});
   }
-  bucket_submitted_.notify_one();
 }
 
 void BucketedDSync::end_iteration(std::int64_t t, IterationTimes& times) {
@@ -263,19 +222,11 @@ void BucketedDSync::end_iteration(std::int64_t t, IterationTimes& times) {
       std::max(0.0, Seconds(Clock::now() - iteration_start_).count() - times.backward);
   submit_ready_buckets(0);  // a model that reported no (or not every) segment: send the rest now
   Stopwatch waiting;
-  {
-    std::unique_lock lock(mutex_);
-    const bool done = bucket_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] {
-      return reduced_ == plan_.buckets.size() || comm_failure_ != nullptr;
-    });
-    if (comm_failure_) std::rethrow_exception(comm_failure_);
-    if (!done) {
-      throw CommTimeoutError(concat("layer-wise dsync: rank ", transport_.rank(), " waited more than ",
-                                    Seconds(comm_thread_wait(timeout_)).count(), " s for bucket ", reduced_, " of ",
-                                    plan_.buckets.size(), " of iteration ", t));
-    }
-    times.comm = comm_seconds_;
+  double comm_seconds = 0;
+  for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
+    comm_seconds += comm_.wait(bucket_tickets_[b], "the buckets", t);
   }
+  times.comm = comm_seconds;
   times.wait = waiting.seconds();
   Stopwatch update;
   optimizer_->step(model_.parameters(), gradients_, 1.0f / static_cast<float>(transport_.size()), 0);
@@ -359,10 +310,7 @@ void BucketedDSync::replan(std::int64_t plan_number) {
 }
 
 void BucketedDSync::save_state(CheckpointWriter& out) {
-  {
-    std::lock_guard lock(mutex_);
-    PIPESGD_ASSERT(submitted_ == reduced_);  // end_iteration waited for every bucket
-  }
+  comm_.drain("the buckets before a checkpoint");  // end_iteration waited for every bucket
   optimizer_->save_state(out, "method.");
   const std::string prefix = "method.layerwise.";
   out.add_int(prefix + "layers", static_cast<std::int64_t>(layers_));

@@ -22,16 +22,12 @@
 // layer count, an upper bound of the bucket count).
 //
 // Threads: the compute thread calls begin/end/finish and the segment-ready callback (from inside
-// forward_backward); the comm thread (owned here) runs the buckets' allreduces in launch order. The
-// job counters are guarded by one per-worker mutex. The hot path does not allocate.
-#include <condition_variable>
-#include <exception>
-#include <mutex>
-#include <thread>
-
+// forward_backward); the worker's CommWorker runs the buckets' allreduces in launch order. The hot
+// path does not allocate.
 #include "pipesgd/algo/training_method.h"
 #include "pipesgd/collective/allreduce.h"
 #include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/comm/comm_worker.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/timing/bucket_plan.h"
 
@@ -79,7 +75,6 @@ class BucketedDSync final : public TrainingMethod {
  public:
   // Throws UsageError for an unknown plan (MethodConfig::buckets), codec or algorithm.
   BucketedDSync(const MethodConfig& config, Model& model, Transport& transport);
-  ~BucketedDSync() override;
   std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   void finish(IterationTimes&) override {}
@@ -99,7 +94,6 @@ class BucketedDSync final : public TrainingMethod {
   void segment_ready(std::size_t segment, double backward_seconds);
   void submit_ready_buckets(std::size_t lowest_ready_segment);
   void replan(std::int64_t plan_number);
-  void comm_loop();
 
   Model& model_;
   Transport& transport_;
@@ -149,14 +143,8 @@ class BucketedDSync final : public TrainingMethod {
   Clock::time_point iteration_start_{};
   double last_update_seconds_ = 0;
 
-  std::mutex mutex_;
-  std::condition_variable bucket_submitted_;  // the comm thread waits on it
-  std::condition_variable bucket_reduced_;    // the compute thread waits on it
-  std::size_t submitted_ = 0, reduced_ = 0;   // buckets of the current iteration
-  double comm_seconds_ = 0;                   // allreduce time of the current iteration's buckets
-  bool stopping_ = false;
-  std::exception_ptr comm_failure_;
-  std::thread comm_thread_;
+  std::vector<CommWorker::Ticket> bucket_tickets_;  // this iteration's, by bucket (the first next_bucket_)
+  CommWorker comm_;  // last: its thread stops before the buffers go
 };
 
 }  // namespace pipesgd

@@ -7,7 +7,6 @@
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
-#include "pipesgd/core/thread_priority.h"
 
 namespace pipesgd {
 
@@ -83,79 +82,37 @@ OneStepDelaySgd::OneStepDelaySgd(const MethodConfig& config, Model& model, Trans
       client_(transport, plan_, parameter_server_workers(config, transport), config.allreduce.timeout),
       updater_(model.layout().total(), config.local_updater, local_sgd(config),
                config.delay_compensation),
-      next_job_(switch_iteration_) {
+      first_job_(switch_iteration_),
+      comm_(transport, "odsgd", 2, config.allreduce.timeout, [this](const CommWorker::Job& job) { run_job(job.iteration); }) {
   if (config.warmup_iterations < 0) {
     throw UsageError(concat("warm-up iterations must be >= 0, got ", config.warmup_iterations));
   }
   const std::size_t count = model.layout().total();
   for (auto& buffer : gradients_) buffer.assign(count, 0.0f);
   for (auto& buffer : pulled_) buffer.assign(count, 0.0f);
-  comm_thread_ = std::thread([this] { comm_loop(); });
 }
 
-OneStepDelaySgd::~OneStepDelaySgd() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  job_submitted_.notify_all();
-  comm_thread_.join();
-}
-
-void OneStepDelaySgd::comm_loop() {
-  // As Pipe-SGD's comm thread: raised only when its waits sleep (a polling thread would starve
-  // the compute thread).
-  if (transport_.waits_sleep()) raise_communication_thread_priority();
-  for (;;) {
-    std::int64_t t;
-    {
-      std::unique_lock lock(mutex_);
-      job_submitted_.wait(lock, [&] { return stopping_ || submitted_ >= next_job_; });
-      if (stopping_) return;  // finish() lets every job complete first on the normal path
-      t = next_job_++;
-    }
-    // Job t: push g_t (computed on W_t), pull G_{t+1}. The client copies the gradient at push(),
-    // and the pull writes pulled(t + 1), which the compute thread reads only after this job.
-    Stopwatch job;
-    const std::exception_ptr failure = run_communication_job(transport_, [&] {
-      const auto version = static_cast<std::uint64_t>(t);
-      PushHandle push = client_.push(gradients(t), version);
-      PullHandle pull = client_.pull(pulled(t + 1), version + 1);
-      push.wait(timeout_);
-      const std::uint64_t got = pull.wait(timeout_);
-      if (got != version + 1) {
-        throw CommError(concat("odsgd: rank ", transport_.rank(), " pulled weights of version ", got,
-                               " for iteration ", t, ", expected ", version + 1));
-      }
-    });
-    {
-      std::lock_guard lock(mutex_);
-      if (failure) {
-        comm_failure_ = failure;
-      } else {
-        pulled_version_ = t + 1;
-        job_seconds_[(t + 1) % 2] = job.seconds();
-      }
-    }
-    job_done_.notify_all();
-    if (failure) return;
+void OneStepDelaySgd::run_job(std::int64_t t) {
+  // Job t: push g_t (computed on W_t), pull G_{t+1}. The client copies the gradient at push(), and
+  // the pull writes pulled(t + 1), which the compute thread reads only after this job.
+  const auto version = static_cast<std::uint64_t>(t);
+  PushHandle push = client_.push(gradients(t), version);
+  PullHandle pull = client_.pull(pulled(t + 1), version + 1);
+  push.wait(timeout_);
+  const std::uint64_t got = pull.wait(timeout_);
+  if (got != version + 1) {
+    throw CommError(concat("odsgd: rank ", transport_.rank(), " pulled weights of version ", got, " for iteration ", t,
+                           ", expected ", version + 1));
   }
 }
 
 double OneStepDelaySgd::wait_for_pull(std::int64_t version, IterationTimes& times) {
   Stopwatch waiting;
-  std::unique_lock lock(mutex_);
-  const bool done = job_done_.wait_for(lock, comm_thread_wait(timeout_), [&] {
-    return pulled_version_ >= version || comm_failure_ != nullptr;
-  });
-  if (comm_failure_) std::rethrow_exception(comm_failure_);
-  if (!done) {
-    throw CommTimeoutError(concat("odsgd: rank ", transport_.rank(), " waited more than ",
-                                  Seconds(comm_thread_wait(timeout_)).count(), " s for the pull of the weights of version ",
-                                  version, " (iteration ", version - 1, "'s push and pull)"));
-  }
+  // Job version - 1 pulls G_version; jobs are the comm worker's tickets from first_job_ on.
+  const double seconds = comm_.wait(static_cast<CommWorker::Ticket>(version - 1 - first_job_),
+                                    "the pull of the weights (its push and pull)", version - 1);
   times.wait += waiting.seconds();
-  return job_seconds_[version % 2];
+  return seconds;
 }
 
 std::span<float> OneStepDelaySgd::begin_iteration(std::int64_t t, IterationTimes&) {
@@ -177,11 +134,7 @@ void OneStepDelaySgd::end_iteration(std::int64_t t, IterationTimes& times) {
     return;
   }
   times.pipelined = true;
-  {
-    std::lock_guard lock(mutex_);
-    submitted_ = t;
-  }
-  job_submitted_.notify_one();
+  comm_.submit({{}, 0, t, 0});
   // The switching iteration trained on G_{N-1} itself; later ones need G_t from the previous job.
   std::span<const float> base = model_.parameters();
   if (t > switch_iteration_) {
@@ -221,11 +174,9 @@ void OneStepDelaySgd::load_state(const CheckpointReader& in, std::int64_t next_i
                            pulled(next_iteration).size()));
   }
   std::copy(global.begin(), global.end(), pulled(next_iteration).begin());
-  std::lock_guard lock(mutex_);
-  // As if job next - 1 had just completed: the comm thread's next job is iteration next's.
-  pulled_version_ = next_iteration;
-  submitted_ = next_iteration - 1;
-  next_job_ = next_iteration;
+  // As if job next - 1 had just completed: the comm worker's next job is iteration next's.
+  first_job_ = next_iteration - 1;
+  comm_.completed_ticket();
 }
 
 void OneStepDelaySgd::finish(IterationTimes& times) {

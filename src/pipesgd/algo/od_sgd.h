@@ -23,19 +23,16 @@
 //   dcasgd-a  ... per Eq. 5-6 (adaptive lambda / sqrt(MeanSquare + eps))
 // where W_old are the weights g was computed on (optim/delay_compensation.h).
 //
-// Threads: the compute thread calls begin/end/finish; the comm thread (owned here) drives the
+// Threads: the compute thread calls begin/end/finish; the worker's CommWorker drives the
 // ParameterClient from the switching stage on (the compute thread drives it during the warm-up and
-// again in finish() once the comm thread is idle). Gradients and pulled weights are double-buffered
-// by iteration parity, so neither thread waits for the other to release a buffer; the job state is
-// guarded by one per-worker mutex. The hot path does not allocate.
-#include <condition_variable>
+// again in finish() and save_state() once the comm thread is idle). Gradients and pulled weights
+// are double-buffered by iteration parity, so neither thread waits for the other to release a
+// buffer. The hot path does not allocate.
 #include <cstdint>
-#include <exception>
-#include <mutex>
 #include <optional>
-#include <thread>
 
 #include "pipesgd/algo/training_method.h"
+#include "pipesgd/comm/comm_worker.h"
 #include "pipesgd/optim/delay_compensation.h"
 #include "pipesgd/optim/sgd.h"
 #include "pipesgd/ps/parameter_server.h"
@@ -73,7 +70,6 @@ class OneStepDelaySgd final : public TrainingMethod {
  public:
   // Throws UsageError as ParameterServerMethod does, and for a bad local updater.
   OneStepDelaySgd(const MethodConfig& config, Model& model, Transport& transport);
-  ~OneStepDelaySgd() override;
   std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   // Waits for the last pull, leaves G_T in model.parameters() and closes the client. Idempotent.
@@ -93,7 +89,8 @@ class OneStepDelaySgd final : public TrainingMethod {
   std::span<float> pulled(std::int64_t version) { return pulled_[static_cast<std::size_t>(version % 2)]; }
   // Waits until the comm thread has pulled G_version; returns its job's duration. Compute thread.
   double wait_for_pull(std::int64_t version, IterationTimes& times);
-  void comm_loop();
+  // The comm thread's job of iteration t: push g_t, pull G_{t+1}.
+  void run_job(std::int64_t t);
 
   Model& model_;
   Transport& transport_;
@@ -107,16 +104,8 @@ class OneStepDelaySgd final : public TrainingMethod {
   std::int64_t next_iteration_ = 0;
   bool finished_ = false;
 
-  std::mutex mutex_;
-  std::condition_variable job_submitted_;  // the comm thread waits on it
-  std::condition_variable job_done_;       // the compute thread waits on it
-  std::int64_t submitted_ = -1;            // the last iteration whose job was handed over
-  std::int64_t next_job_;                  // the iteration of the comm thread's next job
-  std::int64_t pulled_version_ = -1;       // the last version the comm thread pulled
-  double job_seconds_[2] = {0, 0};         // by the parity of the version it pulled
-  bool stopping_ = false;
-  std::exception_ptr comm_failure_;
-  std::thread comm_thread_;
+  std::int64_t first_job_;  // the iteration of the comm worker's ticket 0
+  CommWorker comm_;         // last: its thread stops before the buffers and the client go
 };
 
 }  // namespace pipesgd

@@ -2,7 +2,6 @@
 
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
-#include "pipesgd/core/thread_priority.h"
 
 namespace pipesgd {
 namespace {
@@ -24,74 +23,27 @@ PipeSgd::PipeSgd(const MethodConfig& config, Model& model, Transport& transport)
       warmup_iterations_(config.warmup_iterations),
       timeout_(config.allreduce.timeout),
       gradient_scale_(1.0f / static_cast<float>(transport.size())),
-      queue_(staleness_) {
+      slots_(static_cast<std::size_t>(staleness_)),
+      comm_(transport, "pipe-sgd", static_cast<std::size_t>(staleness_), config.allreduce.timeout,
+            [this](const CommWorker::Job& job) {
+              allreduce_->run(job.data, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(job.iteration)));
+            }) {
   if (config.warmup_iterations < 0) {
     throw UsageError(concat("warm-up iterations must be >= 0, got ", config.warmup_iterations));
   }
-  slots_.resize(staleness_);
   for (Slot& slot : slots_) slot.gradient.assign(model.layout().total(), 0.0f);
-  comm_thread_ = std::thread([this] { comm_loop(); });
 }
 
-PipeSgd::~PipeSgd() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  work_submitted_.notify_all();
-  comm_thread_.join();
-}
-
-void PipeSgd::comm_loop() {
-  // A comm thread that sleeps in its waits may preempt compute the moment its data arrives; one that
-  // polls (MPI) must stay at normal priority or it would starve the compute thread.
-  if (transport_.waits_sleep()) raise_communication_thread_priority();
-  for (;;) {
-    int slot_index;
-    {
-      std::unique_lock lock(mutex_);
-      work_submitted_.wait(lock, [&] { return stopping_ || queue_size_ > 0; });
-      // finish() drains the queue on the normal path; being stopped with work queued means this
-      // worker is failing, and starting more allreduces would only hold up the unwinding.
-      if (stopping_) return;
-      slot_index = queue_[queue_head_];
-    }
-    Slot& slot = slots_[slot_index];  // queued: only this thread touches its gradient now
-    Stopwatch communication;
-    const std::exception_ptr failure = run_communication_job(transport_, [&] {
-      allreduce_->run(slot.gradient,
-                      collective_tag(Channel::kGradients, static_cast<std::uint64_t>(slot.iteration)));
-    });
-    {
-      std::lock_guard lock(mutex_);
-      queue_head_ = (queue_head_ + 1) % queue_.size();
-      --queue_size_;
-      slot.comm_seconds = communication.seconds();
-      slot.state = SlotState::reduced;
-      if (failure && !comm_failure_) comm_failure_ = failure;
-    }
-    slot_reduced_.notify_all();
-    if (failure) return;
-  }
+void PipeSgd::wait_reduced(Slot& slot, IterationTimes& times) {
+  Stopwatch waiting;
+  slot.comm_seconds = comm_.wait(slot.ticket, "the aggregated gradient", slot.iteration);
+  times.wait += waiting.seconds();
+  slot.state = SlotState::reduced;
 }
 
 void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times) {
   Slot& slot = slots_[t % staleness_];
-  Stopwatch waiting;
-  {
-    std::unique_lock lock(mutex_);
-    const bool finished = slot_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] {
-      return slot.state != SlotState::queued || comm_failure_ != nullptr;
-    });
-    if (comm_failure_) std::rethrow_exception(comm_failure_);
-    if (!finished) {
-      throw CommTimeoutError(concat("pipe-sgd: rank ", transport_.rank(),
-                                    " waited more than ",
-                                    Seconds(comm_thread_wait(timeout_)).count(),
-                                    " s for the aggregated gradient of iteration ", slot.iteration));
-    }
-  }
-  times.wait += waiting.seconds();
+  if (slot.state == SlotState::queued) wait_reduced(slot, times);
   if (slot.state != SlotState::reduced) return;  // nothing in flight for t-K: no update
   PIPESGD_ASSERT(slot.iteration == t - staleness_);
   Stopwatch update;
@@ -121,29 +73,19 @@ void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
     times.update = update.seconds();
     return;
   }
-  const int slot_index = static_cast<int>(t % staleness_);
-  {
-    std::lock_guard lock(mutex_);
-    Slot& slot = slots_[slot_index];
-    PIPESGD_ASSERT(slot.state == SlotState::empty && queue_size_ < queue_.size());
-    slot.state = SlotState::queued;
-    slot.iteration = t;
-    queue_[(queue_head_ + queue_size_) % queue_.size()] = slot_index;
-    ++queue_size_;
-  }
-  work_submitted_.notify_one();
+  Slot& slot = slots_[t % staleness_];
+  PIPESGD_ASSERT(slot.state == SlotState::empty);
+  slot.state = SlotState::queued;
+  slot.iteration = t;
+  slot.ticket = comm_.submit({slot.gradient, 0, t, 0});
 }
 
 void PipeSgd::save_state(CheckpointWriter& out) {
-  {
-    std::unique_lock lock(mutex_);
-    const bool drained = slot_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] { return queue_size_ == 0 || comm_failure_ != nullptr; });
-    if (comm_failure_) std::rethrow_exception(comm_failure_);
-    if (!drained) {
-      throw CommTimeoutError(concat("pipe-sgd: rank ", transport_.rank(), " waited more than ",
-                                    Seconds(comm_thread_wait(timeout_)).count(),
-                                    " s for its allreduces in flight before a checkpoint"));
-    }
+  // The allreduces in flight, in submission order (waited for, not applied).
+  IterationTimes untimed;
+  for (std::int64_t t = next_iteration_ - staleness_; t < next_iteration_; ++t) {
+    Slot& slot = slots_[(t + staleness_) % staleness_];
+    if (slot.state == SlotState::queued) wait_reduced(slot, untimed);
   }
   optimizer_->save_state(out, "method.");
   out.add_int("method.pipe.slots", staleness_);

@@ -10,22 +10,18 @@
 // aggregated gradients are applied in iteration order, so no computed gradient is dropped.
 // Warm-up: the first `warmup_iterations` run as D-Sync (paper Sec. 4); the slots start empty after.
 //
-// Threads: the compute thread calls begin/end/finish; the comm thread (owned here) runs allreduces
-// in submission order. Slot states are guarded by one per-worker mutex (not global).
-#include <condition_variable>
-#include <exception>
-#include <mutex>
-#include <thread>
-
+// Threads: the compute thread calls begin/end/finish and owns the slots' states; the worker's
+// CommWorker runs the allreduces in submission order (a queued slot's gradient is the comm thread's
+// until its ticket is done).
 #include "pipesgd/algo/training_method.h"
 #include "pipesgd/collective/allreduce.h"
+#include "pipesgd/comm/comm_worker.h"
 
 namespace pipesgd {
 
 class PipeSgd final : public TrainingMethod {
  public:
   PipeSgd(const MethodConfig& config, Model& model, Transport& transport);
-  ~PipeSgd() override;
   std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
   void end_iteration(std::int64_t t, IterationTimes& times) override;
   void finish(IterationTimes& times) override;
@@ -47,12 +43,14 @@ class PipeSgd final : public TrainingMethod {
     std::vector<float> gradient;
     SlotState state = SlotState::empty;
     std::int64_t iteration = -1;
-    double comm_seconds = 0;
+    CommWorker::Ticket ticket = 0;  // of its allreduce, while queued
+    double comm_seconds = 0;        // its allreduce's time, once reduced
   };
 
   // Waits for slot t % K; if it holds g_sum[t-K], applies it. Compute thread only.
   void consume_slot(std::int64_t t, IterationTimes& times);
-  void comm_loop();
+  // Waits for the allreduce of a queued slot; the slot is reduced after.
+  void wait_reduced(Slot& slot, IterationTimes& times);
   bool in_warmup(std::int64_t t) const { return t < warmup_iterations_; }
 
   Model& model_;
@@ -67,14 +65,7 @@ class PipeSgd final : public TrainingMethod {
   std::int64_t next_iteration_ = 0;
 
   std::vector<Slot> slots_;
-  std::mutex mutex_;
-  std::condition_variable work_submitted_;  // the comm thread waits on it
-  std::condition_variable slot_reduced_;    // the compute thread waits on it
-  std::vector<int> queue_;  // circular, capacity K: slots submitted to the comm thread, in order
-  std::size_t queue_head_ = 0, queue_size_ = 0;
-  bool stopping_ = false;
-  std::exception_ptr comm_failure_;
-  std::thread comm_thread_;
+  CommWorker comm_;  // last: its thread stops before the slots go
 };
 
 }  // namespace pipesgd

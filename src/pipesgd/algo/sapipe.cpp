@@ -6,7 +6,6 @@
 
 #include "pipesgd/algo/bucketed_dsync.h"
 #include "pipesgd/core/error.h"
-#include "pipesgd/core/thread_priority.h"
 #include "pipesgd/optim/fused_update.h"
 
 namespace pipesgd {
@@ -91,7 +90,9 @@ SaPipe::SaPipe(const MethodConfig& config, Model& model, Transport& transport)
       forward_sums_(layers_, 0.0),
       backward_sums_(layers_, 0.0),
       profile_buffer_(2 * layers_ + kCostProbes, 0.0f),
-      jobs_(layers_ + 3) {
+      comm_(transport, "sapipe", layers_ + 3, config.allreduce.timeout, [this](const CommWorker::Job& job) {
+        allreduce_->run(job.data, collective_tag(Channel::kGradients, job.sequence));
+      }) {
   if (layers_ == 0) throw UsageError("sapipe needs a model with layers");
   checked_warmup(config.warmup_iterations);
   algorithm_ = resolve_allreduce_algorithm(config, transport.size(),
@@ -123,17 +124,10 @@ SaPipe::SaPipe(const MethodConfig& config, Model& model, Transport& transport)
   if (model_.reports_forward_progress()) {
     model_.set_forward_hook([this](std::size_t first, std::size_t end) { forward_needs(first, end); });
   }
-  comm_thread_ = std::thread([this] { comm_loop(); });
 }
 
 SaPipe::~SaPipe() {
   if (model_.reports_forward_progress()) model_.set_forward_hook({});
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  job_submitted_.notify_all();
-  comm_thread_.join();
 }
 
 SaPipe::Range SaPipe::segment_range(std::size_t begin, std::size_t end) const {
@@ -171,69 +165,16 @@ void SaPipe::use_stale_layers(std::size_t stale_layers, const BucketPlan& sync_p
   planned_ = true;
 }
 
-void SaPipe::comm_loop() {
-  if (transport_.waits_sleep()) raise_communication_thread_priority();
-  for (;;) {
-    Job* job;
-    {
-      std::unique_lock lock(mutex_);
-      job_submitted_.wait(lock, [&] { return stopping_ || submitted_ > reduced_; });
-      if (stopping_) return;
-      job = &jobs_[reduced_ % jobs_.size()];
-    }
-    // A submitted job's range is not touched by the compute thread until it is reduced.
-    Stopwatch communication;
-    const std::exception_ptr failure = run_communication_job(transport_, [&] {
-      allreduce_->run(std::span<float>(job->data, job->count),
-                      collective_tag(Channel::kGradients, job->sequence));
-    });
-    {
-      std::lock_guard lock(mutex_);
-      job->comm_seconds = communication.seconds();
-      ++reduced_;
-      if (failure && !comm_failure_) comm_failure_ = failure;
-    }
-    job_reduced_.notify_all();
-    if (failure) return;
-  }
-}
-
 std::uint64_t SaPipe::submit(std::span<float> range, std::uint64_t sequence) {
-  std::uint64_t number;
-  {
-    std::lock_guard lock(mutex_);
-    PIPESGD_ASSERT(submitted_ - reduced_ < jobs_.size());
-    number = submitted_;
-    Job& job = jobs_[number % jobs_.size()];
-    job.data = range.data();
-    job.count = range.size();
-    job.sequence = sequence;
-    job.comm_seconds = 0;
-    ++submitted_;
-  }
-  job_submitted_.notify_one();
-  return number;
+  return comm_.submit({range, sequence, iteration_, 0});
 }
 
-const SaPipe::Job& SaPipe::wait_for(std::uint64_t job, const char* what, std::int64_t iteration,
-                                    IterationTimes& times) {
+double SaPipe::wait_for(std::uint64_t job, const char* what, std::int64_t iteration, IterationTimes& times) {
   Stopwatch waiting;
-  {
-    std::unique_lock lock(mutex_);
-    const bool done = job_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] {
-      return reduced_ > job || comm_failure_ != nullptr;
-    });
-    if (comm_failure_) std::rethrow_exception(comm_failure_);
-    if (!done) {
-      throw CommTimeoutError(concat("sapipe: rank ", transport_.rank(), " waited more than ",
-                                    Seconds(comm_thread_wait(timeout_)).count(), " s for the allreduce of ", what,
-                                    " of iteration ", iteration));
-    }
-  }
+  const double comm_seconds = comm_.wait(job, what, iteration);
   times.wait += waiting.seconds();
-  const Job& reduced = jobs_[job % jobs_.size()];
-  times.comm += reduced.comm_seconds;
-  return reduced;
+  times.comm += comm_seconds;
+  return comm_seconds;
 }
 
 bool SaPipe::profiling(std::int64_t t) const {
@@ -254,7 +195,7 @@ std::span<float> SaPipe::begin_iteration(std::int64_t t, IterationTimes& times) 
   } else if (t >= 2 && pipelined(t - 2) && stale_job_valid_[t % 2]) {
     // Pipelined: the stale range takes G(t-2) (reduced by now or waited for); the synchronous
     // buckets of t-1 are applied by the forward hook, or below for a model without one.
-    wait_for(stale_job_[t % 2], "the stale layers", t - 2, times);
+    wait_for(stale_job_[t % 2], "the allreduce of the stale layers", t - 2, times);
     stale_job_valid_[t % 2] = false;
     update_stale_range(t - 2, /*predict=*/true, times);
   } else if (t >= 1) {
@@ -297,7 +238,7 @@ void SaPipe::apply_sync_buckets(std::size_t end, IterationTimes& times) {
     const std::size_t index = sync_buckets_.size() - 1 - previous_sync_applied_;
     const Range& bucket = sync_buckets_[index];
     if (bucket.begin >= end) break;  // forward has not reached it yet
-    wait_for(previous_sync_jobs_[index], "a synchronous bucket", iteration_ - 1, times);
+    wait_for(previous_sync_jobs_[index], "the allreduce of a synchronous bucket", iteration_ - 1, times);
     step_synchronous_range(bucket, slots_[(iteration_ - 1) % 2], times);
     ++previous_sync_applied_;
   }
@@ -389,8 +330,7 @@ void SaPipe::end_iteration(std::int64_t t, IterationTimes& times) {
   submit_ready(0);  // a model that reported no (or not every) segment: send the rest now
   if (!pipelined(t)) {
     // Synchronous: wait for the whole gradient; it is applied at the start of the next iteration.
-    const Job& job = wait_for(stale_job_[t % 2], "the gradient", t, times);
-    (void)job;
+    wait_for(stale_job_[t % 2], "the allreduce of the gradient", t, times);
     if (profiling(t)) {
       if (!model_.reports_forward_progress()) {
         // No forward reports: spread the time before backward over the layers like their backward.
@@ -657,7 +597,7 @@ void SaPipe::finish(IterationTimes& times) {
   // prediction after: the model ends with the true weights.
   for (std::int64_t g = last - 1; g <= last; ++g) {
     if (g < 0 || !pipelined(g) || !stale_job_valid_[g % 2]) continue;
-    wait_for(stale_job_[g % 2], "the stale layers", g, times);
+    wait_for(stale_job_[g % 2], "the allreduce of the stale layers", g, times);
     stale_job_valid_[g % 2] = false;
     update_stale_range(g, /*predict=*/false, times);
   }
@@ -666,29 +606,8 @@ void SaPipe::finish(IterationTimes& times) {
   }
 }
 
-std::uint64_t SaPipe::restored_job() {
-  std::lock_guard lock(mutex_);
-  PIPESGD_ASSERT(submitted_ == reduced_);
-  const std::uint64_t number = submitted_;
-  jobs_[number % jobs_.size()] = Job{};
-  ++submitted_;
-  ++reduced_;
-  return number;
-}
-
 void SaPipe::save_state(CheckpointWriter& out) {
-  {
-    std::unique_lock lock(mutex_);
-    const bool drained = job_reduced_.wait_for(lock, comm_thread_wait(timeout_), [&] {
-      return reduced_ == submitted_ || comm_failure_ != nullptr;
-    });
-    if (comm_failure_) std::rethrow_exception(comm_failure_);
-    if (!drained) {
-      throw CommTimeoutError(concat("sapipe: rank ", transport_.rank(), " waited more than ",
-                                    Seconds(comm_thread_wait(timeout_)).count(),
-                                    " s for its allreduces in flight before a checkpoint"));
-    }
-  }
+  comm_.drain("its allreduces in flight before a checkpoint");
   optimizer_->save_state(out, "method.");
   const std::string prefix = "method.sapipe.";
   out.add_int(prefix + "layers", static_cast<std::int64_t>(layers_));
@@ -900,12 +819,12 @@ void SaPipe::load_state(const CheckpointReader& in, std::int64_t next_iteration)
   // The reduced gradients still to apply, as jobs already done.
   for (int slot = 0; slot < 2; ++slot) {
     stale_job_valid_[slot] = stale_valid[slot];
-    if (stale_valid[slot]) stale_job_[slot] = restored_job();
+    if (stale_valid[slot]) stale_job_[slot] = comm_.completed_ticket();
   }
   previous_sync_pending_ = sync_pending;
   previous_sync_applied_ = 0;
   if (sync_pending) {
-    for (std::uint64_t& job : previous_sync_jobs_) job = restored_job();
+    for (std::uint64_t& job : previous_sync_jobs_) job = comm_.completed_ticket();
   }
   next_iteration_ = next_iteration;
 }

@@ -51,15 +51,10 @@
 // index (backward order) for synchronous buckets and m for the stale range.
 //
 // Threads: the compute thread calls begin/end/finish, the segment-ready callback and the forward
-// hook (both from inside forward_backward); the comm thread (owned here) runs the allreduces in
-// submission order. The job counters are guarded by one per-worker mutex. The hot path does not
-// allocate.
-#include <condition_variable>
-#include <exception>
-#include <mutex>
-#include <thread>
-
+// hook (both from inside forward_backward); the worker's CommWorker runs the allreduces in
+// submission order. The hot path does not allocate.
 #include "pipesgd/algo/training_method.h"
+#include "pipesgd/comm/comm_worker.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/optim/optimizer.h"
@@ -114,12 +109,6 @@ class SaPipe final : public TrainingMethod {
   void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;
 
  private:
-  struct Job {
-    float* data = nullptr;
-    std::size_t count = 0;
-    std::uint64_t sequence = 0;
-    double comm_seconds = 0;  // set by the comm thread
-  };
   // An absolute range of segments [begin, end) and of elements [offset, offset + count).
   struct Range {
     std::size_t begin = 0, end = 0;
@@ -129,11 +118,10 @@ class SaPipe final : public TrainingMethod {
   bool pipelined(std::int64_t t) const { return t >= pipeline_start_; }
   Range segment_range(std::size_t begin, std::size_t end) const;
   void use_stale_layers(std::size_t stale_layers, const BucketPlan& sync_plan);
-  // Jobs (compute thread): submit returns the job's number; wait_for blocks until it is reduced.
+  // Jobs (compute thread): submit returns the job's ticket; wait_for blocks until it is reduced
+  // (adding the wait and the allreduce's time to `times`) and returns the allreduce's seconds.
   std::uint64_t submit(std::span<float> range, std::uint64_t sequence);
-  const Job& wait_for(std::uint64_t job, const char* what, std::int64_t iteration, IterationTimes& times);
-  // A job that is already reduced (its data restored from a checkpoint), for wait_for.
-  std::uint64_t restored_job();
+  double wait_for(std::uint64_t job, const char* what, std::int64_t iteration, IterationTimes& times);
   bool predicts() const;  // wp1, wp2, wp3
   // True until the partition is final (before the plan; while a stall check is pending): then the
   // compensation history (local gradients, last steps) is kept for every layer.
@@ -160,7 +148,6 @@ class SaPipe final : public TrainingMethod {
   void check_for_stalls(std::int64_t t, IterationTimes& times);
   // The communication per iteration the timeline predicts for the current partition under `cost`.
   double predicted_communication(const LinearCost& cost) const;
-  void comm_loop();
 
   Model& model_;
   Transport& transport_;
@@ -236,14 +223,7 @@ class SaPipe final : public TrainingMethod {
   std::int64_t profiled_iterations_ = 0;
   std::vector<float> profile_buffer_;
 
-  std::mutex mutex_;
-  std::condition_variable job_submitted_;  // the comm thread waits on it
-  std::condition_variable job_reduced_;    // the compute thread waits on it
-  std::vector<Job> jobs_;                  // circular, indexed by job number % capacity
-  std::uint64_t submitted_ = 0, reduced_ = 0;
-  bool stopping_ = false;
-  std::exception_ptr comm_failure_;
-  std::thread comm_thread_;
+  CommWorker comm_;  // last: its thread stops before the buffers go
 };
 
 }  // namespace pipesgd

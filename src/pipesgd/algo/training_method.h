@@ -152,13 +152,6 @@ inline bool layer_wise(const MethodConfig& config) {
 
 inline constexpr int kMaxStaleness = 64;  // upper bound of --staleness-k
 
-// How long a compute thread waits for its own comm thread: longer than the comm thread's waits on
-// its peers (--comm-timeout), so that a silent peer is reported by the comm thread's error, which
-// names the peer, the operation and the tag. This bound only catches a comm thread that stopped.
-inline Timeout comm_thread_wait(Timeout timeout) {
-  return std::chrono::duration_cast<Timeout>(2 * timeout + std::chrono::seconds(1));
-}
-
 // The allreduce algorithm `config` runs for `bytes` per rank on `world_size` ranks: "auto" resolved
 // through the cost model. Throws UsageError for an unknown name.
 std::string resolve_allreduce_algorithm(const MethodConfig& config, int world_size, double bytes);
@@ -170,24 +163,6 @@ std::unique_ptr<Allreduce> make_method_allreduce(const MethodConfig& config, Tra
 // Segment size `auto` stands for with method `name` (see MethodConfig::allreduce).
 inline std::size_t default_segment_bytes(const std::string& name) {
   return name == "pipe" ? kUnsegmented : kDefaultSegmentBytes;
-}
-
-// Runs one job of a method's comm thread and returns its failure (nullptr if none). A
-// std::exception is reported to the other ranks at once (transport.report_failure), so that they
-// stop waiting; anything else (a silent death injected for tests, --inject-fault) is reported to
-// no one. Either way the compute thread rethrows the failure. Comm thread.
-template <typename Job>
-std::exception_ptr run_communication_job(Transport& transport, Job&& job) {
-  try {
-    job();
-    return nullptr;
-  } catch (const std::exception& error) {
-    std::exception_ptr failure = std::current_exception();
-    transport.report_failure(error.what());
-    return failure;
-  } catch (...) {
-    return std::current_exception();
-  }
 }
 
 // The options `config`'s method runs its allreduce with: `auto` segmenting resolved.

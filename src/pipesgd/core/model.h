@@ -46,9 +46,12 @@ struct Evaluation {
   std::size_t count = 0;
 };
 
-class Model {
+// What a training method needs of a model: its layout, its flat parameter buffer and, if the model
+// reports forward progress, a hook before each group of layers' forward. A trained model (below) is
+// one; a user's own module wrapped by the library API is another.
+class FlatParameters {
  public:
-  virtual ~Model() = default;
+  virtual ~FlatParameters() = default;
 
   // Segments in forward order; one per layer (weight and bias together).
   virtual const Layout& layout() const = 0;
@@ -57,18 +60,22 @@ class Model {
   // place; the model computes with exactly these values.
   virtual std::span<float> parameters() = 0;
 
+  // True if the forward pass calls the hook of set_forward_hook. A model that does not (the
+  // default) reads every parameter at the start of forward: callers must have them final before.
+  virtual bool reports_forward_progress() const { return false; }
+  // Sets the hook the forward pass calls (an empty function: none). Only for models that report
+  // forward progress; evaluation never calls it.
+  virtual void set_forward_hook(SegmentsNeededFn hook) { (void)hook; }
+};
+
+// A model the trainer trains: forward and backward into a caller's gradient buffer, evaluation.
+class Model : public FlatParameters {
+ public:
   // Runs forward and backward on `batch` at the current parameters. `gradients` (layout().total()
   // floats, owned by the caller) is overwritten with d(mean loss)/d(parameters). `on_ready` may be
   // empty. Call from one thread at a time.
   virtual StepResult forward_backward(const Batch& batch, std::span<float> gradients,
                                       const SegmentReadyFn& on_ready) = 0;
-
-  // True if forward_backward calls the hook of set_forward_hook. A model that does not (the default)
-  // reads every parameter at the start of forward: callers must have them final before the call.
-  virtual bool reports_forward_progress() const { return false; }
-  // Sets the hook forward_backward calls (an empty function: none). Only for models that report
-  // forward progress; evaluate() never calls it.
-  virtual void set_forward_hook(SegmentsNeededFn hook) { (void)hook; }
 
   // Loss and accuracy of the current parameters on `batch`; no gradients.
   virtual Evaluation evaluate(const Batch& batch) = 0;

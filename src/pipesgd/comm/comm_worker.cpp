@@ -1,0 +1,119 @@
+#include "pipesgd/comm/comm_worker.h"
+
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/thread_priority.h"
+
+namespace pipesgd {
+
+std::exception_ptr run_communication_job(Transport& transport, const std::function<void()>& job) {
+  try {
+    job();
+    return nullptr;
+  } catch (const std::exception& error) {
+    std::exception_ptr failure = std::current_exception();
+    transport.report_failure(error.what());
+    return failure;
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+CommWorker::CommWorker(Transport& transport, std::string owner, std::size_t capacity, Timeout timeout,
+                       Handler handler)
+    : transport_(transport),
+      owner_(std::move(owner)),
+      timeout_(timeout),
+      handler_(std::move(handler)),
+      jobs_(capacity),
+      seconds_(capacity, 0.0) {
+  PIPESGD_ASSERT(capacity > 0 && handler_);
+  thread_ = std::thread([this] { run(); });
+}
+
+CommWorker::~CommWorker() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  job_submitted_.notify_all();
+  thread_.join();
+}
+
+void CommWorker::run() {
+  // A comm thread that sleeps in its waits may preempt compute the moment its data arrives; one that
+  // polls (MPI) must stay at normal priority or it would starve the compute thread.
+  if (transport_.waits_sleep()) raise_communication_thread_priority();
+  for (;;) {
+    Ticket ticket;
+    {
+      std::unique_lock lock(mutex_);
+      job_submitted_.wait(lock, [&] { return stopping_ || submitted_ > done_; });
+      if (stopping_) return;
+      ticket = done_;
+    }
+    const Job& job = jobs_[ticket % jobs_.size()];  // submitted: the compute thread leaves it alone
+    Stopwatch running;
+    const std::exception_ptr failure = run_communication_job(transport_, [&] { handler_(job); });
+    {
+      std::lock_guard lock(mutex_);
+      seconds_[ticket % seconds_.size()] = running.seconds();
+      ++done_;
+      if (failure && !failure_) failure_ = failure;
+    }
+    job_done_.notify_all();
+    if (failure) return;
+  }
+}
+
+CommWorker::Ticket CommWorker::submit(const Job& job) {
+  Ticket ticket;
+  {
+    std::lock_guard lock(mutex_);
+    PIPESGD_ASSERT(submitted_ - done_ < jobs_.size());
+    ticket = submitted_;
+    jobs_[ticket % jobs_.size()] = job;
+    ++submitted_;
+  }
+  job_submitted_.notify_one();
+  return ticket;
+}
+
+void CommWorker::throw_timeout(const std::string& what) const {
+  throw CommTimeoutError(concat(owner_, ": rank ", transport_.rank(), " waited more than ",
+                                Seconds(comm_thread_wait(timeout_)).count(), " s for ", what));
+}
+
+double CommWorker::wait(Ticket ticket, const char* what, std::int64_t iteration) {
+  // Its slot is reused by the capacity-th job submitted after it: wait before submitting that one.
+  PIPESGD_ASSERT(ticket < submitted_ && submitted_ - ticket <= jobs_.size());
+  std::unique_lock lock(mutex_);
+  const bool done = job_done_.wait_for(lock, comm_thread_wait(timeout_), [&] {
+    return done_ > ticket || failure_ != nullptr;
+  });
+  if (failure_) std::rethrow_exception(failure_);
+  if (!done) throw_timeout(concat(what, " of iteration ", iteration));
+  return seconds_[ticket % seconds_.size()];
+}
+
+void CommWorker::drain(const char* what) {
+  std::unique_lock lock(mutex_);
+  const bool drained = job_done_.wait_for(lock, comm_thread_wait(timeout_), [&] {
+    return done_ == submitted_ || failure_ != nullptr;
+  });
+  if (failure_) std::rethrow_exception(failure_);
+  if (!drained) throw_timeout(what);
+}
+
+CommWorker::Ticket CommWorker::completed_ticket() {
+  std::lock_guard lock(mutex_);
+  PIPESGD_ASSERT(done_ == submitted_);
+  const Ticket ticket = submitted_;
+  jobs_[ticket % jobs_.size()] = Job{};
+  seconds_[ticket % seconds_.size()] = 0;
+  ++submitted_;
+  ++done_;
+  return ticket;
+}
+
+}  // namespace pipesgd
