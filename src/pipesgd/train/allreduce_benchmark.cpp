@@ -53,7 +53,7 @@ struct RankMeasurement {
 
 // The BenchmarkBarrier of ranks that are threads of one process: the last rank to arrive records the
 // start every rank of that run is timed from. Waiting sleeps, so ranks that arrived early leave the
-// cores to those still running. Thread-safe; each rank's thread calls arrive_and_wait in turn.
+// cores to those still running. Thread-safe: each rank's benchmark thread calls arrive_and_wait.
 class ThreadStartBarrier {
  public:
   explicit ThreadStartBarrier(int ranks) : ranks_(ranks) {}
