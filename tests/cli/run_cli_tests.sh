@@ -706,15 +706,23 @@ for r in auto:
     twin = [m for m in measured if m["algorithm"] == r["chosen"] and m["bytes"] == r["bytes"] and m["codec"] == r["codec"]]
     assert len(twin) == 1 and twin[0]["time_s"] == r["time_s"], f"auto row {r} is not its algorithm's row"
 EOF
-# --net must slow the benchmark down: 1 ms latency, 2(p-1) = 2 ring steps per allreduce.
-run bench allreduce --workers 2 --sizes 4K --repeats 2 --codecs none --net bw=10Gbit,lat=1ms \
-  --out "$R/bench-net" >"$R/bench-net.out" 2>"$R/bench-net.err"
+# --net must slow the benchmark down by each algorithm's latencies at 2 ranks (lower bounds: the
+# emulator delivers no message before its latency): recursive doubling is one exchange, the others
+# two steps (ring: reduce-scatter + allgather; tree: leaf -> root -> leaf; direct and
+# halving-doubling: scatter + gather).
+run bench allreduce --workers 2 --sizes 4K --repeats 2 --codecs none --algos all \
+  --net bw=10Gbit,lat=1ms --out "$R/bench-net" >"$R/bench-net.out" 2>"$R/bench-net.err"
 rc=$?
 expect_success "bench/net-exit-0" $rc "$R/bench-net.out" "$R/bench-net.err"
 pycheck "bench/net-takes-effect" "$R/bench-net/allreduce.json" <<'EOF'
 import json, sys
-rows = json.load(open(sys.argv[1]))
-assert rows and all(r["time_s"] >= 2e-3 for r in rows), f"times {[r['time_s'] for r in rows]} < 2 ms"
+rows = [r for r in json.load(open(sys.argv[1])) if r["algorithm"] != "auto"]
+latency = 1e-3
+hops = {"recursive-doubling": 1, "ring": 2, "halving-doubling": 2, "tree": 2, "direct": 2}
+assert sorted(r["algorithm"] for r in rows) == sorted(hops), f"algorithms {[r['algorithm'] for r in rows]}"
+slow = [f"{r['algorithm']} {r['time_s'] * 1e3:.3f} ms < {hops[r['algorithm']]} x 1 ms"
+        for r in rows if r["time_s"] < hops[r["algorithm"]] * latency]
+assert not slow, "; ".join(slow)
 EOF
 
 # 3f. Determinism and flags that must change the run.

@@ -7,10 +7,12 @@
 
 #include <chrono>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "mpi_test_world.h"
 #include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -114,6 +116,48 @@ TEST(MpiTransport, FailureNoticeReachesEveryRank) {
       EXPECT_NE(message.find("rank 1 failed: disk on fire"), std::string::npos) << message;
       EXPECT_NE(message.find("test receive: recv from rank 1"), std::string::npos) << message;
     }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// barrier() returns on no rank before the last one has called it (rank 0, 400 ms late).
+TEST(MpiTransport, BarrierWaitsForTheLastRank) {
+  MpiTransport transport(*test_mpi_runtime);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (transport.rank() == 0) {
+    std::this_thread::sleep_for(400ms);
+    transport.barrier(10s, "test barrier");
+  } else {
+    Stopwatch waited;
+    transport.barrier(10s, "test barrier");
+    EXPECT_GE(waited.seconds(), 0.2);  // a lower bound only: a descheduled rank arrives late
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A rank that failed ends the others' barrier with PeerFailedError naming it, before the timeout.
+TEST(MpiTransport, FailureNoticeEndsTheBarrier) {
+  MpiTransport transport(*test_mpi_runtime);
+  if (transport.rank() == 1) {
+    transport.report_failure("disk on fire");
+    MPI_Barrier(MPI_COMM_WORLD);  // the others have given up on their barrier
+    try {  // joins it late, so every rank's MPI_Ibarrier completes before MPI_Finalize
+      transport.barrier(10s, "test barrier");
+    } catch (const PeerFailedError&) {
+      // it may or may not see its own failure first; either is fine
+    }
+  } else {
+    try {
+      transport.barrier(60s, "test barrier");
+      FAIL() << "expected PeerFailedError";
+    } catch (const PeerFailedError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("rank 1 failed: disk on fire"), std::string::npos) << message;
+      EXPECT_NE(message.find(concat("test barrier: barrier on rank ", transport.rank())),
+                std::string::npos)
+          << message;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

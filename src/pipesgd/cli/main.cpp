@@ -641,8 +641,13 @@ BenchSetup make_bench_setup(const BenchFlags& flags, const std::vector<std::stri
 std::vector<AllreduceBenchmarkRow> run_benchmark(const BenchSetup& setup,
                                                  const std::function<void(const AllreduceBenchmarkRow&)>& on_row) {
   if (active_mpi_session) {
-    return run_allreduce_benchmark_rank(active_mpi_session->transport, setup.candidates, setup.config,
-                                        on_row);
+    MpiTransport& transport = active_mpi_session->transport;
+    // A real barrier, not through the transport being measured; each rank times from its own exit.
+    const BenchmarkBarrier barrier = [&transport](Timeout timeout) {
+      transport.barrier(timeout, "allreduce benchmark");
+      return Clock::now();
+    };
+    return run_allreduce_benchmark_rank(transport, barrier, setup.candidates, setup.config, on_row);
   }
   return run_local_allreduce_benchmark(setup.workers, setup.network, setup.candidates, setup.config,
                                        on_row);

@@ -28,7 +28,7 @@ using Timeout = std::chrono::milliseconds;
 enum class Channel : std::uint8_t {
   kGradients = 0,  // training methods: sequence = iteration (or iteration * buckets + bucket)
   kControl = 1,    // the trainer's epoch-end reductions, barriers and result gathering
-  kBenchmark = 2,  // benchmark and calibration barriers and result gathering
+  kBenchmark = 2,  // benchmark and calibration: the timed allreduces and result gathering
   // The parameter server (ps/parameter_server.h): sequence = a worker's request or pull count,
   // step = 0 request / 1 pull reply, segment = shard.
   kParameterServer = 3,

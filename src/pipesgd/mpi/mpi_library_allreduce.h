@@ -2,7 +2,7 @@
 // The MPI library's own MPI_Allreduce(MPI_SUM, MPI_FLOAT), behind the Allreduce interface: the
 // baseline that `pipesgd bench allreduce --transport mpi` and `pipesgd calibrate` measure our
 // algorithms against. Exact fp32 only (no codec). MPI_Allreduce is blocking and cannot time out; the
-// benchmark's barriers (our allreduces, with timeouts) stand guard around it.
+// benchmark's barriers (MpiTransport::barrier, with timeouts) stand guard around it.
 #include <memory>
 
 #include "pipesgd/collective/allreduce.h"

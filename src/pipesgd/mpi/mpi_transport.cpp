@@ -84,6 +84,8 @@ class MpiTransport::Impl {
     }
     MPI_Comm_dup(MPI_COMM_WORLD, &failure_communicator_);
     MPI_Comm_set_errhandler(failure_communicator_, MPI_ERRORS_RETURN);
+    MPI_Comm_dup(MPI_COMM_WORLD, &barrier_communicator_);
+    MPI_Comm_set_errhandler(barrier_communicator_, MPI_ERRORS_RETURN);
     post_failure_receive();
     char name[MPI_MAX_PROCESSOR_NAME] = {};
     int length = 0;
@@ -105,6 +107,7 @@ class MpiTransport::Impl {
     }
     for (auto& communicator : channels_) MPI_Comm_free(&communicator);
     MPI_Comm_free(&failure_communicator_);
+    MPI_Comm_free(&barrier_communicator_);
   }
 
   int rank() const { return rank_; }
@@ -143,23 +146,40 @@ class MpiTransport::Impl {
 
   // Throws PeerFailedError if a failure notice has arrived (from any thread's poll).
   void check_failure(const MpiRequest& waiting) {
-    if (!failed_.load(std::memory_order_acquire)) {
-      std::unique_lock lock(failure_mutex_, std::try_to_lock);
-      if (!lock.owns_lock() || failure_request_ == MPI_REQUEST_NULL) return;
-      int arrived = 0;
-      MPI_Status status;
-      MPI_Test(&failure_request_, &arrived, &status);
-      if (!arrived) return;
-      notice_[kFailureNoticeBytes - 1] = '\0';
-      failure_message_ = concat("rank ", status.MPI_SOURCE, " failed: ", notice_.data());
-      failed_.store(true, std::memory_order_release);
+    if (failure_noticed()) throw_peer_failed(waiting.describe_wait());
+  }
+
+  void barrier(Timeout timeout, const char* operation) {
+    auto describe_barrier = [&] { return concat(operation, ": barrier on rank ", rank_); };
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int code = MPI_Ibarrier(barrier_communicator_, &request);
+    if (code != MPI_SUCCESS) {
+      throw CommError(concat(describe_barrier(), ": MPI_Ibarrier failed: ", mpi_error_text(code)));
     }
-    std::string message;
-    {
-      std::lock_guard lock(failure_mutex_);
-      message = failure_message_;
+    const auto start = Clock::now();
+    const auto deadline = start + timeout;
+    const auto spin_until = start + options_.spin_window;
+    for (std::uint64_t polls = 1;; ++polls) {
+      int complete = 0;
+      const int test_code = MPI_Test(&request, &complete, MPI_STATUS_IGNORE);
+      if (test_code != MPI_SUCCESS) {
+        throw CommError(concat(describe_barrier(), ": MPI_Test failed: ", mpi_error_text(test_code)));
+      }
+      if (complete) return;
+      if (polls % 64 == 0 && failure_noticed()) throw_peer_failed(describe_barrier());
+      if (polls < kBusyPolls) continue;  // the last rank's arrival: leave without a syscall
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        if (failure_noticed()) throw_peer_failed(describe_barrier());
+        throw CommTimeoutError(concat(describe_barrier(), " timed out after ",
+                                      std::chrono::duration<double>(timeout).count(), " s"));
+      }
+      if (now < spin_until) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(options_.poll_sleep);
+      }
     }
-    throw PeerFailedError(concat(waiting.describe_wait(), " aborted: ", message));
   }
 
   void report_failure(const std::string& reason) {
@@ -194,6 +214,30 @@ class MpiTransport::Impl {
   const MpiTransportOptions& options() const { return options_; }
 
  private:
+  // True once a failure notice has arrived (from any thread's poll) or this rank reported one.
+  bool failure_noticed() {
+    if (failed_.load(std::memory_order_acquire)) return true;
+    std::unique_lock lock(failure_mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || failure_request_ == MPI_REQUEST_NULL) return false;
+    int arrived = 0;
+    MPI_Status status;
+    MPI_Test(&failure_request_, &arrived, &status);
+    if (!arrived) return false;
+    notice_[kFailureNoticeBytes - 1] = '\0';
+    failure_message_ = concat("rank ", status.MPI_SOURCE, " failed: ", notice_.data());
+    failed_.store(true, std::memory_order_release);
+    return true;
+  }
+
+  [[noreturn]] void throw_peer_failed(const std::string& waiter) {
+    std::string message;
+    {
+      std::lock_guard lock(failure_mutex_);
+      message = failure_message_;
+    }
+    throw PeerFailedError(concat(waiter, " aborted: ", message));
+  }
+
   void post_failure_receive() {
     MPI_Irecv(notice_.data(), static_cast<int>(notice_.size()), MPI_CHAR, MPI_ANY_SOURCE, kFailureTag,
               failure_communicator_, &failure_request_);
@@ -214,6 +258,7 @@ class MpiTransport::Impl {
   int size_ = 1;
   std::array<MPI_Comm, kChannelCount> channels_{};
   MPI_Comm failure_communicator_ = MPI_COMM_NULL;
+  MPI_Comm barrier_communicator_ = MPI_COMM_NULL;  // barrier() only
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::string description_;
 
@@ -306,5 +351,6 @@ Request MpiTransport::recv(int peer, Tag tag, std::span<std::byte> buffer, const
 void MpiTransport::report_failure(const std::string& reason) { impl_->report_failure(reason); }
 std::uint64_t MpiTransport::bytes_sent() const { return impl_->bytes_sent(); }
 std::string MpiTransport::describe() const { return impl_->describe(); }
+void MpiTransport::barrier(Timeout timeout, const char* operation) { impl_->barrier(timeout, operation); }
 
 }  // namespace pipesgd

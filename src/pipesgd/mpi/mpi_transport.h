@@ -62,6 +62,13 @@ class MpiTransport final : public Transport {
   std::string describe() const override;
   bool waits_sleep() const override { return false; }
 
+  // MPI_Ibarrier on a communicator of its own (no message of ours, so it measures nothing of our
+  // transport), polled like a wait: returns once every rank has called it; throws PeerFailedError on
+  // a failure notice, CommTimeoutError after `timeout` (the barrier is then left pending: the
+  // process must exit without MPI_Finalize). Collective: every rank calls it in the same order, from
+  // one thread at a time.
+  void barrier(Timeout timeout, const char* operation);
+
   class Impl;
 
  private:

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <thread>
 
 #include "pipesgd/collective/allreduce_factory.h"
-#include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/collective/ring_allreduce.h"  // step_tag
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/checksum.h"
 #include "pipesgd/core/clock.h"
@@ -47,6 +49,57 @@ struct RankMeasurement {
   double max_error = 0;
   double max_reference_difference = 0;
   std::uint64_t result_checksum = 0;
+};
+
+// The BenchmarkBarrier of ranks that are threads of one process: the last rank to arrive records the
+// start every rank of that run is timed from. Waiting sleeps, so ranks that arrived early leave the
+// cores to those still running. Thread-safe: each rank's benchmark thread calls arrive_and_wait.
+class ThreadStartBarrier {
+ public:
+  explicit ThreadStartBarrier(int ranks) : ranks_(ranks) {}
+
+  Clock::time_point arrive_and_wait(int rank, Timeout timeout) {
+    std::unique_lock lock(mutex_);
+    throw_if_abandoned(rank);
+    const std::uint64_t generation = generation_;
+    if (++arrived_ == ranks_) {
+      arrived_ = 0;
+      ++generation_;
+      start_ = Clock::now();
+      all_arrived_.notify_all();
+      return start_;
+    }
+    all_arrived_.wait_for(lock, timeout,
+                          [&] { return generation_ != generation || !abandoned_reason_.empty(); });
+    // start_ is still this barrier's: the next one cannot complete before this rank arrives there.
+    if (generation_ != generation) return start_;
+    throw_if_abandoned(rank);
+    throw CommTimeoutError(concat(kOperation, ": barrier on rank ", rank, " timed out after ",
+                                  Seconds(timeout).count(), " s (", ranks_ - arrived_,
+                                  " of ", ranks_, " ranks did not arrive)"));
+  }
+
+  // A rank failed: fails every wait, now and later, with PeerFailedError naming it.
+  void abandon(int rank, const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    if (!abandoned_reason_.empty()) return;
+    abandoned_reason_ = concat("rank ", rank, " failed: ", reason);
+    all_arrived_.notify_all();
+  }
+
+ private:
+  void throw_if_abandoned(int rank) const {
+    if (abandoned_reason_.empty()) return;
+    throw PeerFailedError(concat(kOperation, ": barrier on rank ", rank, " aborted: ", abandoned_reason_));
+  }
+
+  const int ranks_;
+  std::mutex mutex_;
+  std::condition_variable all_arrived_;
+  int arrived_ = 0;
+  std::uint64_t generation_ = 0;  // completed barriers
+  Clock::time_point start_;       // of the last completed barrier
+  std::string abandoned_reason_;
 };
 
 }  // namespace
@@ -107,8 +160,8 @@ std::vector<std::size_t> parse_sizes(const std::string& text) {
 }
 
 std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
-    Transport& transport, const std::vector<AllreduceCandidate>& candidates,
-    const AllreduceBenchmarkConfig& config,
+    Transport& transport, const BenchmarkBarrier& barrier,
+    const std::vector<AllreduceCandidate>& candidates, const AllreduceBenchmarkConfig& config,
     const std::function<void(const AllreduceBenchmarkRow&)>& on_row) {
   if (config.repeats < 1) throw UsageError(concat("--repeats must be >= 1, got ", config.repeats));
   if (config.warmup < 0) throw UsageError(concat("--warmup must be >= 0, got ", config.warmup));
@@ -124,11 +177,8 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
       candidates.begin());
   const bool has_reference = reference < candidates.size();
 
-  auto none = make_codec("none");
-  AllreduceOptions barrier_options;
-  barrier_options.timeout = config.timeout;
-  RingAllreduce barrier(transport, 1, *none, barrier_options);
-  std::uint64_t sequence = 0;  // of the benchmark channel, shared by barriers and gathering
+  PIPESGD_ASSERT(barrier);
+  std::uint64_t sequence = 0;  // of the benchmark channel: one per timed run and per gathering
   auto next_tag = [&] { return collective_tag(Channel::kBenchmark, sequence++); };
 
   // test_value(r, i) depends on i only through i % 17: the exact sums repeat.
@@ -162,14 +212,12 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
       for (std::size_t k = 0; k < candidates.size(); ++k) {
         const std::size_t c = has_reference ? (k == 0 ? reference : (k <= reference ? k - 1 : k)) : k;
         std::copy(input.begin(), input.end(), data.begin());
-        float token = 0;
-        barrier.run(std::span<float>(&token, 1), next_tag());
-        Stopwatch timer;
+        const Clock::time_point start = barrier(config.timeout);
         objects[c]->run(data, next_tag());
-        seconds[c][run] = timer.seconds();
+        seconds[c][run] = seconds_since(start);
         // Checking waits until every rank is done: a rank that finished early must not take CPU
         // from the ranks still in the timed operation (ranks may outnumber cores).
-        barrier.run(std::span<float>(&token, 1), next_tag());
+        barrier(config.timeout);
         RankMeasurement& m = measured[c];
         m.max_error = std::max(m.max_error, max_difference(data, exact));
         if (has_reference && c == reference) {
@@ -247,19 +295,24 @@ std::vector<AllreduceBenchmarkRow> run_local_allreduce_benchmark(
     const std::function<void(const AllreduceBenchmarkRow&)>& on_row) {
   if (workers < 1) throw UsageError(concat("--workers must be >= 1, got ", workers));
   LocalFabric fabric(workers, network);
+  ThreadStartBarrier start_barrier(workers);
   std::vector<std::exception_ptr> failures(workers);
   std::vector<AllreduceBenchmarkRow> rows;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < workers; ++rank) {
     threads.emplace_back([&, rank] {
       Transport& transport = fabric.endpoint(rank);
+      const BenchmarkBarrier barrier = [&start_barrier, rank](Timeout timeout) {
+        return start_barrier.arrive_and_wait(rank, timeout);
+      };
       try {
-        auto result = run_allreduce_benchmark_rank(transport, candidates, config,
+        auto result = run_allreduce_benchmark_rank(transport, barrier, candidates, config,
                                                    rank == 0 ? on_row : nullptr);
         if (rank == 0) rows = std::move(result);
       } catch (const std::exception& error) {
         failures[rank] = std::current_exception();
         transport.report_failure(error.what());
+        start_barrier.abandon(rank, error.what());
       }
     });
   }

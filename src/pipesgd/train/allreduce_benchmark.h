@@ -6,7 +6,15 @@
 //
 // The benchmark is collective over a Transport: every rank calls run_allreduce_benchmark_rank with
 // the same configuration (threads over a LocalFabric, or MPI processes). Rank 0 collects the
-// timings of all ranks (the time of a run is that of its slowest rank) and reports the rows.
+// timings of all ranks and reports the rows.
+//
+// How a run is timed: the ranks meet at a BenchmarkBarrier that does not use the transport being
+// measured, each rank times the run from the start the barrier returns to its own finish, and the
+// run's time is that of its slowest rank; a row is the median over the repeats. Threads share one
+// start (the moment the last rank arrived), so a run costs what it costs from a common start,
+// whatever ran before it. A barrier over the measured transport would not do: over links with
+// latency L its ranks leave it up to L apart (a tree's root finishes about L before its leaf, and
+// the barrier passes that skew on), and the skew would be timed as part of the next run.
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,6 +24,7 @@
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/transport.h"
+#include "pipesgd/core/clock.h"
 
 namespace pipesgd {
 
@@ -60,14 +69,26 @@ std::vector<std::size_t> default_benchmark_sizes();
 // Parses "4K,1M,64M" (K, M, G = KiB, MiB, GiB); throws UsageError.
 std::vector<std::size_t> parse_sizes(const std::string& text);
 
-// Runs the benchmark as one rank of `transport`. On rank 0, `on_row` (may be empty) sees each row as
-// soon as its size is measured and the rows are returned; other ranks return an empty vector.
+// Lines the ranks up before and after each timed run, outside the transport being measured.
+// Collective: each rank's benchmark thread calls it the same number of times. It returns once every
+// rank has arrived, with the time this rank's run is timed from: one start common to all ranks where
+// they share a clock (threads of one process), else the moment this rank left the barrier. Throws
+// CommTimeoutError if the ranks do not all arrive within `timeout`, PeerFailedError if a rank failed.
+using BenchmarkBarrier = std::function<Clock::time_point(Timeout timeout)>;
+
+// Runs the benchmark as one rank of `transport`, on one thread of that rank (its benchmark thread,
+// which also calls `barrier`). Called by run_local_allreduce_benchmark on each rank's thread, and
+// under MPI by every process with an MpiTransport and MpiTransport::barrier. On rank 0, `on_row`
+// (may be empty) sees each row on this thread as soon as its size is measured, and the rows are
+// returned; other ranks return an empty vector. Throws UsageError for a bad configuration.
 std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
-    Transport& transport, const std::vector<AllreduceCandidate>& candidates,
-    const AllreduceBenchmarkConfig& config,
+    Transport& transport, const BenchmarkBarrier& barrier,
+    const std::vector<AllreduceCandidate>& candidates, const AllreduceBenchmarkConfig& config,
     const std::function<void(const AllreduceBenchmarkRow&)>& on_row);
 
-// The same over `workers` threads of this process on a LocalFabric with `network`.
+// The same over `workers` threads of this process on a LocalFabric with `network`, met at a
+// process-local barrier. Call from any thread; it blocks until all ranks are done. `on_row` runs on
+// rank 0's thread. If ranks fail, rethrows the root cause, not the others' PeerFailedError.
 std::vector<AllreduceBenchmarkRow> run_local_allreduce_benchmark(
     int workers, const NetworkSpec& network, const std::vector<AllreduceCandidate>& candidates,
     const AllreduceBenchmarkConfig& config,
