@@ -4,7 +4,6 @@
 #include <cstring>
 #include <thread>
 
-#include "pipesgd/collective/ring_allreduce.h"  // step_tag
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
