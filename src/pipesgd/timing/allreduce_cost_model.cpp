@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -15,6 +16,7 @@
 #include <set>
 #include <system_error>
 
+#include "pipesgd/collective/allreduce_algorithm_names.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -22,17 +24,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::array<const char*, 5> kAlgorithmNames = {"ring", "recursive-doubling",
-                                                        "halving-doubling", "tree", "direct"};
-
-std::string known_algorithms_text() {
-  std::string text;
-  for (const char* name : kAlgorithmNames) {
-    if (!text.empty()) text += ", ";
-    text += name;
-  }
-  return text;
-}
+std::string known_algorithms_text() { return join(cost_model_algorithm_names()); }
 
 // floor(log2 p) for p >= 1.
 int floor_log2(int p) {
@@ -352,14 +344,12 @@ std::string system_message(int error_number) {
 // Model.
 
 std::vector<std::string> cost_model_algorithm_names() {
-  return {kAlgorithmNames.begin(), kAlgorithmNames.end()};
+  return {kAllreduceAlgorithmNames.begin(), kAllreduceAlgorithmNames.end()};
 }
 
 bool is_cost_model_algorithm(std::string_view algorithm) {
-  for (const char* name : kAlgorithmNames) {
-    if (algorithm == name) return true;
-  }
-  return false;
+  return std::find(kAllreduceAlgorithmNames.begin(), kAllreduceAlgorithmNames.end(), algorithm) !=
+         kAllreduceAlgorithmNames.end();
 }
 
 AllreduceCoefficients allreduce_coefficients(std::string_view algorithm, int world_size) {

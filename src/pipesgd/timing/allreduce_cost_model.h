@@ -65,7 +65,8 @@ struct AllreduceCoefficients {
   double reduced = 0;      // bytes summed per byte of the vector
 };
 
-// "ring", "recursive-doubling", "halving-doubling", "tree", "direct", in that order.
+// Every allreduce algorithm (collective/allreduce_algorithm_names.h): "ring", "recursive-doubling",
+// "halving-doubling", "tree", "direct", in that order.
 std::vector<std::string> cost_model_algorithm_names();
 bool is_cost_model_algorithm(std::string_view algorithm);
 
