@@ -620,17 +620,19 @@ TEST(Calibration, FromJsonRejectsNonFiniteNumbers) {
   EXPECT_NO_THROW(calibration_from_json(to_json(example_calibration()), "test document"));
 }
 
-TEST(Calibration, SaveToAMissingDirectoryNamesTheFile) {
+TEST(Calibration, SaveToAMissingDirectoryIsAUsageErrorNamingTheFile) {
   TempDir dir;
   const std::string path = dir.file("no_such_directory/calibration.json");
   try {
     save_calibration(example_calibration(), path);
     FAIL() << "saved into a missing directory";
-  } catch (const DataError& error) {
-    EXPECT_NE(std::string(error.what()).find("cannot write calibration file '" + path + "'"),
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("cannot write calibration file '" + path + "': directory '" +
+                                             dir.file("no_such_directory") + "' does not exist"),
               std::string::npos)
         << error.what();
   }
+  EXPECT_TRUE(dir.entries().empty());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #include "pipesgd/collective/allreduce_factory.h"
 
+#include "pipesgd/collective/allreduce_algorithm_names.h"
 #include "pipesgd/collective/direct_allreduce.h"
 #include "pipesgd/collective/halving_doubling_allreduce.h"
 #include "pipesgd/collective/recursive_doubling_allreduce.h"
@@ -10,7 +11,7 @@
 namespace pipesgd {
 
 std::vector<std::string> allreduce_algorithm_names() {
-  return {"ring", "recursive-doubling", "halving-doubling", "tree", "direct"};
+  return {kAllreduceAlgorithmNames.begin(), kAllreduceAlgorithmNames.end()};
 }
 
 std::unique_ptr<Allreduce> make_allreduce(std::string_view algorithm, Transport& transport,

@@ -1,7 +1,6 @@
 #include "pipesgd/collective/direct_allreduce.h"
 
 #include "pipesgd/collective/allreduce_detail.h"
-#include "pipesgd/collective/ring_allreduce.h"
 
 namespace pipesgd {
 namespace {

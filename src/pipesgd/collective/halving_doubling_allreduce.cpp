@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "pipesgd/collective/allreduce_detail.h"
-#include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {

@@ -1,7 +1,6 @@
 #include "pipesgd/collective/recursive_doubling_allreduce.h"
 
 #include "pipesgd/collective/allreduce_detail.h"
-#include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {

@@ -50,9 +50,4 @@ class RingAllreduce final : public Allreduce {
   std::vector<Request> sends_[2];
 };
 
-// Tag of segment `segment` of step `step` of an allreduce called with `tag` (tag < 2^40).
-constexpr Tag step_tag(Tag tag, int step, std::size_t segment) {
-  return (tag << 24) | (static_cast<Tag>(step) << 12) | static_cast<Tag>(segment);
-}
-
 }  // namespace pipesgd

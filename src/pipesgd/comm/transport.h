@@ -21,7 +21,7 @@ using Timeout = std::chrono::milliseconds;
 // Tag layout (every transport relies on it; MpiTransport maps it onto MPI communicators and tags):
 //   bits 56-63 channel, bits 24-55 sequence, bits 12-23 step, bits 0-11 segment.
 // A caller starts a collective with collective_tag(channel, sequence); the collective derives the
-// tags of its messages with step_tag() (collective/ring_allreduce.h), filling step and segment.
+// tags of its messages with step_tag(), filling step and segment.
 // Collectives that may be in flight at once over one transport need distinct tags; MpiTransport
 // additionally needs that two collectives of one channel whose sequences differ by a multiple of
 // kMpiSequenceWindow are never in flight at once (mpi/mpi_transport.h).
@@ -42,6 +42,13 @@ inline constexpr int kChannelCount = 6;
 
 constexpr Tag collective_tag(Channel channel, std::uint64_t sequence) {
   return (static_cast<Tag>(channel) << 32) | (sequence & 0xffffffffu);
+}
+
+// Tag of segment `segment` (< 2^12) of step `step` (< 2^12) of a collective started with `tag`
+// (a collective_tag, < 2^40): the message tags of one collective are distinct exactly when their
+// (step, segment) pairs are.
+constexpr Tag step_tag(Tag tag, int step, std::size_t segment) {
+  return (tag << 24) | (static_cast<Tag>(step) << 12) | static_cast<Tag>(segment);
 }
 
 // The fields of a message tag (the layout above).

@@ -10,12 +10,12 @@
 #include <cerrno>
 #include <cstring>
 #include <iomanip>
-#include <random>
 #include <set>
 #include <sstream>
 #include <system_error>
 #include <utility>
 
+#include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -32,7 +32,6 @@ constexpr std::size_t kMaxPartLength = 64;
 constexpr std::int64_t kMaxIteration = 999'999'999'999;  // 12 digits
 constexpr std::string_view kNamePrefix = "checkpoint-";
 constexpr std::string_view kNameSuffix = ".psgd";
-constexpr std::string_view kTempMarker = ".tmp.";
 
 // ---- little-endian encoding ----
 
@@ -82,44 +81,9 @@ bool printable(std::string_view text) {
 
 bool valid_kind(std::uint8_t kind) { return kind >= 1 && kind <= 4; }
 
-// ---- writing ----
+// ---- errors ----
 
 std::string errno_text(int error_number) { return std::strerror(error_number); }
-
-// A temporary file being written; removed unless committed.
-class TempFile {
- public:
-  TempFile(int fd, fs::path path) : fd_(fd), path_(std::move(path)) {}
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  int fd() const { return fd_; }
-  const fs::path& path() const { return path_; }
-  // Closes the descriptor; returns 0 or an errno value.
-  int close() {
-    const int result = ::close(fd_);
-    fd_ = -1;
-    return result == 0 ? 0 : errno;
-  }
-  void commit() { committed_ = true; }
-
- private:
-  int fd_;
-  fs::path path_;
-  bool committed_ = false;
-};
-
-std::string random_suffix() {
-  std::random_device device;
-  const std::uint64_t value = (static_cast<std::uint64_t>(device()) << 32) ^ device();
-  std::ostringstream out;
-  out << ::getpid() << '.' << std::hex << value;
-  return out.str();
-}
 
 // ---- reading ----
 
@@ -172,10 +136,10 @@ std::optional<ParsedName> parse_checkpoint_name(std::string_view name) {
   return ParsedName{iteration, std::string(part)};
 }
 
-// ".<checkpoint name>.tmp.<anything>": a temporary file of write_atomically.
+// ".<checkpoint name>.tmp.<anything>": a temporary file of write_atomically (core/atomic_file.h).
 std::optional<ParsedName> parse_temp_name(std::string_view name) {
   if (name.empty() || name[0] != '.') return std::nullopt;
-  const std::size_t marker = name.find(kTempMarker);
+  const std::size_t marker = name.find(kAtomicFileTempMarker);
   if (marker == std::string_view::npos) return std::nullopt;
   return parse_checkpoint_name(name.substr(1, marker - 1));
 }
@@ -355,92 +319,7 @@ std::vector<std::byte> CheckpointWriter::serialize() const {
 }
 
 void CheckpointWriter::write_atomically(const fs::path& path) const {
-  const std::string target = path.string();
-  const std::string file_name = path.filename().string();
-  if (file_name.empty() || file_name == "." || file_name == "..") {
-    throw UsageError(concat("cannot write checkpoint '", target, "': the path has no file name"));
-  }
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  struct stat dir_status{};
-  if (::stat(dir.c_str(), &dir_status) != 0) {
-    const int error_number = errno;
-    if (error_number == ENOENT) {
-      throw UsageError(concat("cannot write checkpoint '", target, "': directory '", dir.string(),
-                              "' does not exist"));
-    }
-    throw DataError(concat("cannot write checkpoint '", target, "': directory '", dir.string(), "': ",
-                           errno_text(error_number)));
-  }
-  if (!S_ISDIR(dir_status.st_mode)) {
-    throw UsageError(concat("cannot write checkpoint '", target, "': '", dir.string(),
-                            "' is not a directory"));
-  }
-
-  // Create the temporary file (a fresh random name; O_EXCL never reuses someone else's).
-  int fd = -1;
-  fs::path temp_path;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    temp_path = dir / concat(".", file_name, kTempMarker, random_suffix());
-    fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST) {
-      const int error_number = errno;
-      if (error_number == ENOENT) {
-        throw UsageError(concat("cannot write checkpoint '", target, "': directory '", dir.string(),
-                                "' does not exist"));
-      }
-      throw DataError(concat("cannot write checkpoint '", target, "': cannot create '",
-                             temp_path.string(), "': ", errno_text(error_number)));
-    }
-  }
-  if (fd < 0) {
-    throw DataError(concat("cannot write checkpoint '", target,
-                           "': cannot create a temporary file (names keep colliding)"));
-  }
-  TempFile temp(fd, temp_path);
-  auto fail = [&](const std::string& step, int error_number) {
-    throw DataError(concat("cannot write checkpoint '", target, "': ", step, " '",
-                           temp.path().string(), "': ", errno_text(error_number)));
-  };
-
-  emit([&](std::span<const std::byte> chunk) {
-    const std::byte* data = chunk.data();
-    std::size_t left = chunk.size();
-    while (left > 0) {
-      const ssize_t written =
-          ::write(temp.fd(), data, std::min<std::size_t>(left, std::size_t{1} << 30));
-      if (written < 0) {
-        if (errno == EINTR) continue;
-        fail("writing", errno);
-      }
-      if (written == 0) fail("writing", ENOSPC);
-      data += written;
-      left -= static_cast<std::size_t>(written);
-    }
-  });
-  if (::fsync(temp.fd()) != 0) fail("syncing", errno);
-  if (const int error_number = temp.close(); error_number != 0) fail("closing", error_number);
-  if (::rename(temp.path().c_str(), path.c_str()) != 0) {
-    const int error_number = errno;
-    throw DataError(concat("cannot write checkpoint '", target, "': renaming '", temp.path().string(),
-                           "' over it: ", errno_text(error_number)));
-  }
-  temp.commit();
-
-  // Make the rename itself durable.
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    const int error_number = errno;
-    throw DataError(concat("checkpoint '", target, "' was written but its directory could not be opened ",
-                           "to sync it: ", errno_text(error_number)));
-  }
-  const int synced = ::fsync(dir_fd);
-  const int sync_error = errno;
-  ::close(dir_fd);
-  // Some file systems cannot sync a directory (EINVAL); there the rename is as durable as it gets.
-  if (synced != 0 && sync_error != EINVAL && sync_error != ENOTSUP) {
-    throw DataError(concat("checkpoint '", target, "' was written but syncing its directory failed: ",
-                           errno_text(sync_error)));
-  }
+  write_file_atomically_streaming(path, [&](const AtomicFileSink& sink) { emit(sink); }, "checkpoint");
 }
 
 // ---------------------------------------------------------------------------------------------

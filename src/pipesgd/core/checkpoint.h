@@ -25,9 +25,10 @@
 //
 // Section names are unique within a file. Nothing follows the trailer.
 //
-// Atomicity: CheckpointWriter::write_atomically writes a temporary file in the destination's
-// directory (".<file name>.tmp.<pid>.<random>"), fsyncs it, renames it over the destination and
-// fsyncs the directory. A crash at any moment leaves either the old file or the complete new file
+// Atomicity: CheckpointWriter::write_atomically writes through write_file_atomically_streaming
+// (core/atomic_file.h): a temporary file in the destination's directory
+// (".<file name>.tmp.<pid>.<random>"), fsynced, renamed over the destination, then the directory
+// fsynced. A crash at any moment leaves either the old file or the complete new file
 // under the final name (possibly plus a leftover temporary file, which discovery ignores and pruning
 // eventually removes).
 //

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <thread>
 
-#include "pipesgd/collective/ring_allreduce.h"  // step_tag
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
@@ -140,39 +139,52 @@ void ParameterServerShard::answer_pulls(Timeout timeout) {
   }
 }
 
-void ParameterServerShard::serve(const ServeOptions& options) {
-  const bool synchronous = options.mode == ServerMode::kSynchronous;
-  const std::size_t count = plan_shard_.count();
-  const std::size_t push_bytes = (kRequestHeaderFloats + count) * sizeof(float);
-  const auto where = [&] {
-    return concat("parameter server shard ", shard_, " on rank ", transport_.rank());
-  };
+// The state of one serve() call that its request handlers share; lives on serve()'s stack.
+struct ParameterServerShard::ServeSession {
+  const ServeOptions& options;
+  bool synchronous = true;
+  std::size_t push_bytes = 0;              // of a push request: header + the shard's gradients
+  int closed = 0;                          // workers that closed; serving ends when all did
+  int pushed = 0;                          // synchronous: workers holding a push of the current version
+  int marked = 0;                          // workers whose checkpoint marker arrived
+  std::int64_t checkpoint_iteration = -1;  // of the markers received so far
+};
 
+std::string ParameterServerShard::where() const {
+  return concat("parameter server shard ", shard_, " on rank ", transport_.rank());
+}
+
+void ParameterServerShard::set_up_delay_compensation(const ServeOptions& options) {
+  const std::size_t count = plan_shard_.count();
   backups_.clear();
   compensation_.reset();
-  if (options.delay_compensation) {
-    if (synchronous) {
-      throw UsageError(concat(where(), ": delay compensation applies to asynchronous serving only"));
-    }
-    compensation_.emplace(count, *options.delay_compensation);
-    // Every worker starts from the initial weights: the shard's weights before any push.
-    backups_.assign(static_cast<std::size_t>(workers_), weights_);
-    compensated_.assign(count, 0.0f);
-    if (restored_) {  // or from where the checkpoint left it
-      const std::span<const float> backups = restored_->floats("server.dc.backups");
-      if (backups.size() != static_cast<std::size_t>(workers_) * count) {
-        throw DataError(concat("checkpoint '", restored_->origin(), "': ", backups.size(),
-                               " DC-ASGD backup weights, shard ", shard_, " of ", workers_, " workers needs ",
-                               static_cast<std::size_t>(workers_) * count));
-      }
-      for (std::size_t m = 0; m < backups_.size(); ++m) {
-        std::copy_n(backups.begin() + static_cast<std::ptrdiff_t>(m * count), count, backups_[m].begin());
-      }
-      compensation_->load_state(*restored_, "server.");
-    }
+  if (!options.delay_compensation) return;
+  if (options.mode == ServerMode::kSynchronous) {
+    throw UsageError(concat(where(), ": delay compensation applies to asynchronous serving only"));
   }
-  std::int64_t checkpoint_iteration = -1;  // of the markers received so far
-  int marked = 0;                          // workers whose checkpoint marker arrived
+  compensation_.emplace(count, *options.delay_compensation);
+  // Every worker starts from the initial weights: the shard's weights before any push.
+  backups_.assign(static_cast<std::size_t>(workers_), weights_);
+  compensated_.assign(count, 0.0f);
+  if (restored_) {  // or from where the checkpoint left it
+    const std::span<const float> backups = restored_->floats("server.dc.backups");
+    if (backups.size() != static_cast<std::size_t>(workers_) * count) {
+      throw DataError(concat("checkpoint '", restored_->origin(), "': ", backups.size(),
+                             " DC-ASGD backup weights, shard ", shard_, " of ", workers_, " workers needs ",
+                             static_cast<std::size_t>(workers_) * count));
+    }
+    for (std::size_t m = 0; m < backups_.size(); ++m) {
+      std::copy_n(backups.begin() + static_cast<std::ptrdiff_t>(m * count), count, backups_[m].begin());
+    }
+    compensation_->load_state(*restored_, "server.");
+  }
+}
+
+void ParameterServerShard::serve(const ServeOptions& options) {
+  ServeSession session{.options = options,
+                       .synchronous = options.mode == ServerMode::kSynchronous,
+                       .push_bytes = (kRequestHeaderFloats + plan_shard_.count()) * sizeof(float)};
+  set_up_delay_compensation(options);
   for (int m = 0; m < workers_; ++m) {
     WorkerState& w = state_[static_cast<std::size_t>(m)];
     std::vector<float> request = std::move(w.request), reply = std::move(w.reply);
@@ -181,154 +193,13 @@ void ParameterServerShard::serve(const ServeOptions& options) {
     w.reply = std::move(reply);
     post_receive(m);
   }
-  int open = workers_;
-  int pushed = 0;  // synchronous: workers holding a push of the current version
-  int closed = 0;
   int idle_rounds = 0;
-  while (open > 0) {
-    bool progress = false;
-    for (int m = 0; m < workers_; ++m) {
-      WorkerState& w = state_[static_cast<std::size_t>(m)];
-      if (!w.receiving || !w.receive.test()) continue;
-      const std::size_t bytes = w.receive.wait(options.timeout);  // complete: returns at once
-      w.receiving = false;
-      progress = true;
-      if (bytes < kRequestHeaderFloats * sizeof(float)) {
-        throw CommError(concat(where(), ": request of ", bytes, " bytes from rank ", m, " (",
-                               describe_tag(w.receive_tag), ") is shorter than its header"));
-      }
-      const std::uint64_t kind = read_u64(w.request, 0);
-      const std::uint64_t version = read_u64(w.request, 1);
-      if (kind == kPush) {
-        if (bytes != push_bytes) {
-          throw CommError(concat(where(), ": push of ", bytes, " bytes from rank ", m, " (",
-                                 describe_tag(w.receive_tag), "), expected ", push_bytes));
-        }
-        const std::span<const float> gradients(w.request.data() + kRequestHeaderFloats, count);
-        if (synchronous) {
-          if (version != version_ || closed > 0 || marked > 0) {
-            throw CommError(concat(where(), ": synchronous push of version ", version,
-                                   " from rank ", m, " (", describe_tag(w.receive_tag),
-                                   ") but the shard is at version ", version_,
-                                   closed > 0 ? " and a worker has closed" : "",
-                                   marked > 0 ? concat(" and other workers marked a checkpoint of iteration ",
-                                                       checkpoint_iteration)
-                                              : std::string()));
-          }
-          w.pushed = true;  // its buffer holds the gradients until the update; no receive reposted
-          if (++pushed == workers_) {
-            // Sum in worker order 0..M-1: the result does not depend on arrival order.
-            const std::vector<float>& first = state_[0].request;
-            std::copy(first.begin() + kRequestHeaderFloats, first.end(), sum_.begin());
-            for (int k = 1; k < workers_; ++k) {
-              const float* g =
-                  state_[static_cast<std::size_t>(k)].request.data() + kRequestHeaderFloats;
-              for (std::size_t i = 0; i < count; ++i) sum_[i] += g[i];
-            }
-            sgd_.step(weights_, sum_, 1.0f / static_cast<float>(workers_));
-            ++version_;
-            pushed = 0;
-            for (int k = 0; k < workers_; ++k) {
-              state_[static_cast<std::size_t>(k)].pushed = false;
-              post_receive(k);
-            }
-            answer_pulls(options.timeout);
-          }
-        } else {
-          if (version > version_) {
-            throw CommError(concat(where(), ": push of version ", version, " from rank ", m, " (",
-                                   describe_tag(w.receive_tag),
-                                   ") is ahead of the shard's version ", version_));
-          }
-          if (compensation_) {
-            compensation_->compensate(gradients, weights_, backups_[static_cast<std::size_t>(m)],
-                                      compensated_);
-            sgd_.step(weights_, compensated_, options.async_scale);
-          } else {
-            sgd_.step(weights_, gradients, options.async_scale);
-          }
-          ++version_;
-          post_receive(m);
-          answer_pulls(options.timeout);
-        }
-      } else if (kind == kPull) {
-        if (w.pull_pending) {
-          throw CommError(concat(where(), ": second pull from rank ", m, " (",
-                                 describe_tag(w.receive_tag), ") while one is pending"));
-        }
-        w.pull_pending = true;
-        w.pull_min_version = version;
-        post_receive(m);
-        if (version_ >= version) send_reply(m, options.timeout);
-      } else if (kind == kCheckpoint) {
-        const auto iteration = static_cast<std::int64_t>(version);
-        if (!options.on_checkpoint) {
-          throw CommError(concat(where(), ": checkpoint marker from rank ", m, " (", describe_tag(w.receive_tag),
-                                 ") but this server writes no checkpoints"));
-        }
-        if (w.pull_pending || closed > 0 || (synchronous && pushed > 0) ||
-            (checkpoint_iteration >= 0 && iteration != checkpoint_iteration)) {
-          throw CommError(concat(where(), ": checkpoint marker of iteration ", iteration, " from rank ", m, " (",
-                                 describe_tag(w.receive_tag), ") ",
-                                 w.pull_pending        ? std::string("with its pull unanswered")
-                                 : closed > 0          ? std::string("after a worker closed")
-                                 : synchronous && pushed > 0
-                                     ? concat("while other workers pushed version ", version_)
-                                     : concat("while other workers marked iteration ", checkpoint_iteration)));
-        }
-        checkpoint_iteration = iteration;
-        w.at_checkpoint = true;  // its receive stays unposted: later requests wait for the cut
-        if (++marked == workers_) {
-          options.on_checkpoint(*this, iteration);
-          checkpoint_iteration = -1;
-          marked = 0;
-          for (int k = 0; k < workers_; ++k) {
-            state_[static_cast<std::size_t>(k)].at_checkpoint = false;
-            post_receive(k);
-          }
-        }
-      } else if (kind == kClose) {
-        if (marked > 0) {
-          throw CommError(concat(where(), ": rank ", m, " closed (", describe_tag(w.receive_tag),
-                                 ") while other workers marked a checkpoint of iteration ", checkpoint_iteration));
-        }
-        if (synchronous && pushed > 0) {
-          throw CommError(concat(where(), ": rank ", m, " closed (", describe_tag(w.receive_tag),
-                                 ") while other workers pushed version ", version_));
-        }
-        if (w.pull_pending) {
-          throw CommError(concat(where(), ": rank ", m, " closed (", describe_tag(w.receive_tag),
-                                 ") with a pull of version ", w.pull_min_version, " unanswered"));
-        }
-        w.closed = true;
-        ++closed;
-        --open;
-      } else {
-        throw CommError(concat(where(), ": request of unknown kind ", kind, " from rank ", m, " (",
-                               describe_tag(w.receive_tag), ")"));
-      }
-    }
-    if (progress) {
+  while (session.closed < workers_) {
+    if (receive_requests(session)) {
       idle_rounds = 0;
       continue;
     }
-    if (options.stop != nullptr && options.stop->load(std::memory_order_acquire)) {
-      throw PeerFailedError(concat(where(), ": stopped because a worker of the run failed"));
-    }
-    const auto now = Clock::now();
-    for (int m = 0; m < workers_; ++m) {
-      const WorkerState& w = state_[static_cast<std::size_t>(m)];
-      if (w.receiving && now - w.posted_at > options.timeout) {
-        const std::string waiting = synchronous
-                                        ? concat("waiting for the push of version ", version_, ", i.e. at iteration ", version_)
-                                        : std::string("waiting for a push, pull or close");
-        throw CommTimeoutError(concat("ps serve: recv from rank ", m, " (",
-                                      describe_tag(w.receive_tag), ") on rank ", transport_.rank(),
-                                      " timed out after ", Seconds(options.timeout).count(), " s (",
-                                      where(), ", ", waiting, ")"),
-                               m);
-      }
-    }
+    check_idle_workers(session);
     // Poll without burning a core: yield a few times, then sleep briefly.
     if (++idle_rounds < 16) {
       std::this_thread::yield();
@@ -339,6 +210,187 @@ void ParameterServerShard::serve(const ServeOptions& options) {
   for (WorkerState& w : state_) {
     if (w.reply_send.valid()) w.reply_send.wait(options.timeout);
   }
+}
+
+bool ParameterServerShard::receive_requests(ServeSession& session) {
+  bool progress = false;
+  for (int m = 0; m < workers_; ++m) {
+    WorkerState& w = state_[static_cast<std::size_t>(m)];
+    if (!w.receiving || !w.receive.test()) continue;
+    const std::size_t bytes = w.receive.wait(session.options.timeout);  // complete: returns at once
+    w.receiving = false;
+    progress = true;
+    handle_request(session, m, bytes);
+  }
+  return progress;
+}
+
+void ParameterServerShard::check_idle_workers(const ServeSession& session) const {
+  const ServeOptions& options = session.options;
+  if (options.stop != nullptr && options.stop->load(std::memory_order_acquire)) {
+    throw PeerFailedError(concat(where(), ": stopped because a worker of the run failed"));
+  }
+  const auto now = Clock::now();
+  for (int m = 0; m < workers_; ++m) {
+    const WorkerState& w = state_[static_cast<std::size_t>(m)];
+    if (w.receiving && now - w.posted_at > options.timeout) {
+      const std::string waiting = session.synchronous
+                                      ? concat("waiting for the push of version ", version_, ", i.e. at iteration ", version_)
+                                      : std::string("waiting for a push, pull or close");
+      throw CommTimeoutError(concat("ps serve: recv from rank ", m, " (", describe_tag(w.receive_tag), ") on rank ",
+                                    transport_.rank(), " timed out after ", Seconds(options.timeout).count(), " s (",
+                                    where(), ", ", waiting, ")"),
+                             m);
+    }
+  }
+}
+
+void ParameterServerShard::handle_request(ServeSession& session, int worker, std::size_t bytes) {
+  const WorkerState& w = state_[static_cast<std::size_t>(worker)];
+  if (bytes < kRequestHeaderFloats * sizeof(float)) {
+    throw CommError(concat(where(), ": request of ", bytes, " bytes from rank ", worker, " (",
+                           describe_tag(w.receive_tag), ") is shorter than its header"));
+  }
+  const std::uint64_t kind = read_u64(w.request, 0);
+  const std::uint64_t version = read_u64(w.request, 1);  // a checkpoint marker's iteration
+  switch (kind) {
+    case kPush:
+      handle_push(session, worker, bytes, version);
+      return;
+    case kPull:
+      handle_pull(session, worker, version);
+      return;
+    case kCheckpoint:
+      handle_checkpoint_marker(session, worker, static_cast<std::int64_t>(version));
+      return;
+    case kClose:
+      handle_close(session, worker);
+      return;
+    default:
+      throw CommError(concat(where(), ": request of unknown kind ", kind, " from rank ", worker, " (",
+                             describe_tag(w.receive_tag), ")"));
+  }
+}
+
+void ParameterServerShard::handle_push(ServeSession& session, int worker, std::size_t bytes,
+                                       std::uint64_t version) {
+  if (bytes != session.push_bytes) {
+    throw CommError(concat(where(), ": push of ", bytes, " bytes from rank ", worker, " (",
+                           describe_tag(state_[static_cast<std::size_t>(worker)].receive_tag), "), expected ",
+                           session.push_bytes));
+  }
+  if (session.synchronous) {
+    handle_synchronous_push(session, worker, version);
+  } else {
+    handle_asynchronous_push(session, worker, version);
+  }
+}
+
+void ParameterServerShard::handle_synchronous_push(ServeSession& session, int worker, std::uint64_t version) {
+  WorkerState& w = state_[static_cast<std::size_t>(worker)];
+  if (version != version_ || session.closed > 0 || session.marked > 0) {
+    throw CommError(concat(where(), ": synchronous push of version ", version, " from rank ", worker, " (",
+                           describe_tag(w.receive_tag), ") but the shard is at version ", version_,
+                           session.closed > 0 ? " and a worker has closed" : "",
+                           session.marked > 0 ? concat(" and other workers marked a checkpoint of iteration ",
+                                                       session.checkpoint_iteration)
+                                              : std::string()));
+  }
+  w.pushed = true;  // its buffer holds the gradients until the update; no receive reposted
+  if (++session.pushed < workers_) return;
+  // Sum in worker order 0..M-1: the result does not depend on arrival order.
+  const std::size_t count = plan_shard_.count();
+  const std::vector<float>& first = state_[0].request;
+  std::copy(first.begin() + kRequestHeaderFloats, first.end(), sum_.begin());
+  for (int k = 1; k < workers_; ++k) {
+    const float* g = state_[static_cast<std::size_t>(k)].request.data() + kRequestHeaderFloats;
+    for (std::size_t i = 0; i < count; ++i) sum_[i] += g[i];
+  }
+  sgd_.step(weights_, sum_, 1.0f / static_cast<float>(workers_));
+  ++version_;
+  session.pushed = 0;
+  for (int k = 0; k < workers_; ++k) {
+    state_[static_cast<std::size_t>(k)].pushed = false;
+    post_receive(k);
+  }
+  answer_pulls(session.options.timeout);
+}
+
+void ParameterServerShard::handle_asynchronous_push(const ServeSession& session, int worker, std::uint64_t version) {
+  const WorkerState& w = state_[static_cast<std::size_t>(worker)];
+  if (version > version_) {
+    throw CommError(concat(where(), ": push of version ", version, " from rank ", worker, " (",
+                           describe_tag(w.receive_tag), ") is ahead of the shard's version ", version_));
+  }
+  const std::span<const float> gradients(w.request.data() + kRequestHeaderFloats, plan_shard_.count());
+  if (compensation_) {
+    compensation_->compensate(gradients, weights_, backups_[static_cast<std::size_t>(worker)], compensated_);
+    sgd_.step(weights_, compensated_, session.options.async_scale);
+  } else {
+    sgd_.step(weights_, gradients, session.options.async_scale);
+  }
+  ++version_;
+  post_receive(worker);
+  answer_pulls(session.options.timeout);
+}
+
+void ParameterServerShard::handle_pull(const ServeSession& session, int worker, std::uint64_t min_version) {
+  WorkerState& w = state_[static_cast<std::size_t>(worker)];
+  if (w.pull_pending) {
+    throw CommError(concat(where(), ": second pull from rank ", worker, " (", describe_tag(w.receive_tag),
+                           ") while one is pending"));
+  }
+  w.pull_pending = true;
+  w.pull_min_version = min_version;
+  post_receive(worker);
+  if (version_ >= min_version) send_reply(worker, session.options.timeout);
+}
+
+void ParameterServerShard::handle_checkpoint_marker(ServeSession& session, int worker, std::int64_t iteration) {
+  WorkerState& w = state_[static_cast<std::size_t>(worker)];
+  if (!session.options.on_checkpoint) {
+    throw CommError(concat(where(), ": checkpoint marker from rank ", worker, " (", describe_tag(w.receive_tag),
+                           ") but this server writes no checkpoints"));
+  }
+  const bool pushes_pending = session.synchronous && session.pushed > 0;
+  if (w.pull_pending || session.closed > 0 || pushes_pending ||
+      (session.checkpoint_iteration >= 0 && iteration != session.checkpoint_iteration)) {
+    throw CommError(concat(where(), ": checkpoint marker of iteration ", iteration, " from rank ", worker, " (",
+                           describe_tag(w.receive_tag), ") ",
+                           w.pull_pending       ? std::string("with its pull unanswered")
+                           : session.closed > 0 ? std::string("after a worker closed")
+                           : pushes_pending     ? concat("while other workers pushed version ", version_)
+                                                : concat("while other workers marked iteration ",
+                                                         session.checkpoint_iteration)));
+  }
+  session.checkpoint_iteration = iteration;
+  w.at_checkpoint = true;  // its receive stays unposted: later requests wait for the cut
+  if (++session.marked < workers_) return;
+  session.options.on_checkpoint(*this, iteration);
+  session.checkpoint_iteration = -1;
+  session.marked = 0;
+  for (int k = 0; k < workers_; ++k) {
+    state_[static_cast<std::size_t>(k)].at_checkpoint = false;
+    post_receive(k);
+  }
+}
+
+void ParameterServerShard::handle_close(ServeSession& session, int worker) {
+  WorkerState& w = state_[static_cast<std::size_t>(worker)];
+  if (session.marked > 0) {
+    throw CommError(concat(where(), ": rank ", worker, " closed (", describe_tag(w.receive_tag),
+                           ") while other workers marked a checkpoint of iteration ", session.checkpoint_iteration));
+  }
+  if (session.synchronous && session.pushed > 0) {
+    throw CommError(concat(where(), ": rank ", worker, " closed (", describe_tag(w.receive_tag),
+                           ") while other workers pushed version ", version_));
+  }
+  if (w.pull_pending) {
+    throw CommError(concat(where(), ": rank ", worker, " closed (", describe_tag(w.receive_tag),
+                           ") with a pull of version ", w.pull_min_version, " unanswered"));
+  }
+  w.closed = true;
+  ++session.closed;
 }
 
 void ParameterServerShard::save_state(CheckpointWriter& out) const {

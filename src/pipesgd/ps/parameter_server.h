@@ -52,6 +52,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "pipesgd/comm/transport.h"
@@ -117,9 +118,31 @@ class ParameterServerShard {
 
  private:
   struct WorkerState;
+  struct ServeSession;
+  // serve() in two parts, as ps-lite separates its network layer (Van) from its request handler:
+  // the network loop (receive_requests, check_idle_workers) completes each worker's one posted
+  // receive and hands the request to handle_request, which checks it against the protocol and
+  // dispatches it by kind. A handler reposts the worker's receive when the worker may send its next
+  // request. All of it runs on the serving thread; none of it allocates (the transport may), except
+  // to build an error message and in set_up_delay_compensation, once before the loop.
+  void set_up_delay_compensation(const ServeOptions& options);
+  // Handles every request that arrived since the last call; false if none did.
+  bool receive_requests(ServeSession& session);
+  // Idle: throws PeerFailedError once options.stop is set, CommTimeoutError for a worker whose
+  // posted receive is older than options.timeout.
+  void check_idle_workers(const ServeSession& session) const;
+  void handle_request(ServeSession& session, int worker, std::size_t bytes);
+  void handle_push(ServeSession& session, int worker, std::size_t bytes, std::uint64_t version);
+  void handle_synchronous_push(ServeSession& session, int worker, std::uint64_t version);
+  void handle_asynchronous_push(const ServeSession& session, int worker, std::uint64_t version);
+  void handle_pull(const ServeSession& session, int worker, std::uint64_t min_version);
+  void handle_checkpoint_marker(ServeSession& session, int worker, std::int64_t iteration);
+  void handle_close(ServeSession& session, int worker);
   void post_receive(int worker);
   void send_reply(int worker, Timeout timeout);
   void answer_pulls(Timeout timeout);
+  // "parameter server shard S on rank R", the start of every error message of serve().
+  std::string where() const;
 
   Transport& transport_;
   int workers_;

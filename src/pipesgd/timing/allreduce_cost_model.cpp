@@ -3,18 +3,19 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
 
+#include "pipesgd/collective/allreduce_algorithm_names.h"
+#include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -22,17 +23,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::array<const char*, 5> kAlgorithmNames = {"ring", "recursive-doubling",
-                                                        "halving-doubling", "tree", "direct"};
-
-std::string known_algorithms_text() {
-  std::string text;
-  for (const char* name : kAlgorithmNames) {
-    if (!text.empty()) text += ", ";
-    text += name;
-  }
-  return text;
-}
+std::string known_algorithms_text() { return join(cost_model_algorithm_names()); }
 
 // floor(log2 p) for p >= 1.
 int floor_log2(int p) {
@@ -352,14 +343,12 @@ std::string system_message(int error_number) {
 // Model.
 
 std::vector<std::string> cost_model_algorithm_names() {
-  return {kAlgorithmNames.begin(), kAlgorithmNames.end()};
+  return {kAllreduceAlgorithmNames.begin(), kAllreduceAlgorithmNames.end()};
 }
 
 bool is_cost_model_algorithm(std::string_view algorithm) {
-  for (const char* name : kAlgorithmNames) {
-    if (algorithm == name) return true;
-  }
-  return false;
+  return std::find(kAllreduceAlgorithmNames.begin(), kAllreduceAlgorithmNames.end(), algorithm) !=
+         kAllreduceAlgorithmNames.end();
 }
 
 AllreduceCoefficients allreduce_coefficients(std::string_view algorithm, int world_size) {
@@ -580,39 +569,7 @@ Calibration calibration_from_json(const nlohmann::json& root, const std::string&
 void save_calibration(const Calibration& calibration, const std::string& path) {
   check_calibration(calibration, concat("cannot save calibration to '", path, "'"));
   const std::string text = to_json(calibration).dump(2) + "\n";
-
-  static std::atomic<std::uint64_t> counter{0};
-  const std::string temporary =
-      concat(path, ".tmp-", static_cast<long>(::getpid()), "-", counter.fetch_add(1));
-  const auto fail = [&](const std::string& what, int error_number) {
-    ::unlink(temporary.c_str());
-    throw DataError(concat("cannot write calibration file '", path, "': ", what, " (",
-                           system_message(error_number), ")"));
-  };
-  const int descriptor = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (descriptor < 0) {
-    const int error_number = errno;
-    throw DataError(concat("cannot write calibration file '", path, "': cannot create '", temporary,
-                           "' (", system_message(error_number), ")"));
-  }
-  std::size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t count = ::write(descriptor, text.data() + written, text.size() - written);
-    if (count < 0) {
-      if (errno == EINTR) continue;
-      const int error_number = errno;
-      ::close(descriptor);
-      fail("write failed", error_number);
-    }
-    written += static_cast<std::size_t>(count);
-  }
-  if (::fsync(descriptor) != 0) {
-    const int error_number = errno;
-    ::close(descriptor);
-    fail("fsync failed", error_number);
-  }
-  if (::close(descriptor) != 0) fail("close failed", errno);
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) fail("rename failed", errno);
+  write_file_atomically(path, text, "calibration file");
 }
 
 Calibration load_calibration(const std::string& path) {

@@ -65,7 +65,8 @@ struct AllreduceCoefficients {
   double reduced = 0;      // bytes summed per byte of the vector
 };
 
-// "ring", "recursive-doubling", "halving-doubling", "tree", "direct", in that order.
+// Every allreduce algorithm (collective/allreduce_algorithm_names.h): "ring", "recursive-doubling",
+// "halving-doubling", "tree", "direct", in that order.
 std::vector<std::string> cost_model_algorithm_names();
 bool is_cost_model_algorithm(std::string_view algorithm);
 
@@ -153,9 +154,10 @@ nlohmann::json to_json(const Calibration& calibration);
 // Validates as load_calibration(); `source` names the origin in messages (e.g. a file name).
 Calibration calibration_from_json(const nlohmann::json& json, const std::string& source);
 
-// Writes a temporary file next to `path`, flushes it to disk and renames it over `path`, so a
-// reader sees the old file or the new one, never a partial one. Throws DataError (naming the file)
-// if the calibration is invalid or the file cannot be written.
+// Writes the calibration as JSON with write_file_atomically (core/atomic_file.h), so a reader sees
+// the old file or the new one, never a partial one. Throws DataError (naming the file) if the
+// calibration is invalid or the file cannot be written, UsageError if the file's directory does not
+// exist or is not a directory.
 void save_calibration(const Calibration& calibration, const std::string& path);
 
 // Reads and validates a calibration file. Throws DataError with a one-line message naming the file
