@@ -291,7 +291,7 @@ TEST(MgWfbpPlan, ComparesWithTheLatencyTermAOfTheCostNotTheSlopeB) {
   // l = 3: tau_b[1] - tau_c[3] = 1 >= a = 0.5 -> no merge (compared with b = 1.5 it would merge).
   //        tau_c[2] = max(0.5 + 2, 1.5) = 2.5.
   // l = 2: tau_b[0] - tau_c[2] = 5.5 - 2.5 = 3 >= 0.5 -> no merge. M = {}: WFBP.
-  // (Compared with b: l = 3 merges, tc[2] = 1.5 + 1.5 * 2 = 4.5, tau_c[2] = 1.5, and l = 2:
+  // (Compared with b: l = 3 merges, tc[2] = 0.5 + 1.5 * 2 = 3.5, tau_c[2] = 1.5, and l = 2:
   // 5.5 - 1.5 = 4 >= 1.5: buckets [1, 3), [0, 1).)
   const LayerProfile same_times{{1, 1, 1}, {4, 1, 0.5}, 0};
   EXPECT_EQ(ranges(mgwfbp_plan(same_times, {0.5, 1.5})), ranges(wfbp_plan(3)));
@@ -317,7 +317,7 @@ TEST(MgWfbpPlan, ALayerExactlyAtTheThresholdIsNotMerged) {
   EXPECT_EQ(simulate_plan(profile, cost, BucketPlan{"3+2", {{1, 3}, {0, 1}}}).finish[0],
             simulate_plan(profile, cost, wfbp_plan(3)).finish[1]);
 
-  // One unit of backward time less for layer 2 puts the same layer just below the threshold:
+  // A quarter less backward time for layer 2 puts layer 3 just below the threshold:
   // t_b = [1, 1.75, 0.5]: tau_b[1] = 3.25, tau_b[0] = 4.25; l = 3: 3.25 - 1.5 = 1.75 < 2 -> merge,
   // tc[2] = 6, tau_c[2] = max(1.5, 3.25) = 3.25; l = 2: 4.25 - 3.25 = 1 < 2 -> merge: one bucket.
   EXPECT_EQ(ranges(mgwfbp_plan(LayerProfile{{4, 2, 6}, {1, 1.75, 0.5}, 1}, cost)), (Ranges{{0, 3}}));
