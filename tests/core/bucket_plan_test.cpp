@@ -1,6 +1,7 @@
 // Gradient bucket plans: the timeline against hand-worked values, the optimal plan against brute
-// force, MG-WFBP Algorithm 1 against a hand-worked Eq. 27 example, the DDP-like fixed-size plan,
-// plan names and validation.
+// force, MG-WFBP Algorithm 1 against hand-worked Eq. 27 examples (a != b, a layer exactly at the
+// threshold) and against an independent implementation of Algorithm 1 on random profiles, the
+// DDP-like fixed-size plan, plan names and validation.
 #include "pipesgd/timing/bucket_plan.h"
 
 #include <gtest/gtest.h>
@@ -269,6 +270,164 @@ TEST(MgWfbpPlan, KeepsLayersApartWhenBackwardHidesTheirTransfers) {
   EXPECT_EQ(ranges(mgwfbp_plan(profile, {1, 1})), ranges(wfbp_plan(3)));
   // A single layer: nothing to merge.
   EXPECT_EQ(ranges(mgwfbp_plan(LayerProfile{{1}, {1}, 0}, {1, 1})), (Ranges{{0, 1}}));
+}
+
+// MG-WFBP with a != b, so a condition that compares with b instead of a decides differently.
+// Paper layers 1..3 = segments 0..2; t_f = 0; T(M) = a + b M; every value below is a small dyadic
+// rational, so each sum and comparison is exact in binary floating point.
+TEST(MgWfbpPlan, ComparesWithTheLatencyTermAOfTheCostNotTheSlopeB) {
+  // a = 2, b = 0.5; p = 2 bytes each, so tc = 3 for every layer at first. t_b = [4, 1, 0.5].
+  // tau_b[3] = 0, [2] = 0.5, [1] = 1.5, [0] = 5.5. tau_c[3] = 0 + 0.5 = 0.5, [2] = max(3.5, 1.5) = 3.5.
+  // l = 3: tau_b[1] - tau_c[3] = 1.5 - 0.5 = 1, and b = 0.5 <= 1 < a = 2 -> merge 3 into 2:
+  //        tc[3] = 0, p[2] = 4, tc[2] = 4. tau_c[2] = max(0.5 + 0, 1.5) = 1.5, [1] = max(5.5, 5.5).
+  // l = 2: tau_b[0] - tau_c[2] = 5.5 - 1.5 = 4 >= 2 -> no merge.
+  // M = {3}: buckets [1, 3) and [0, 1). (Compared with b: no merge at l = 3, tau_c[2] = 3.5, and
+  // at l = 2: 5.5 - 3.5 = 2 >= 0.5: WFBP.)
+  const LayerProfile profile{{2, 2, 2}, {4, 1, 0.5}, 0};
+  EXPECT_EQ(ranges(mgwfbp_plan(profile, {2, 0.5})), (Ranges{{1, 3}, {0, 1}}));
+
+  // The other way round, a = 0.5 < b = 1.5: a difference in [a, b) must keep the layers apart.
+  // p = 1 byte each: tc = 2. t_b = [4, 1, 0.5], t_f = 0: tau_b as above, tau_c[3] = 0.5.
+  // l = 3: tau_b[1] - tau_c[3] = 1 >= a = 0.5 -> no merge (compared with b = 1.5 it would merge).
+  //        tau_c[2] = max(0.5 + 2, 1.5) = 2.5.
+  // l = 2: tau_b[0] - tau_c[2] = 5.5 - 2.5 = 3 >= 0.5 -> no merge. M = {}: WFBP.
+  // (Compared with b: l = 3 merges, tc[2] = 0.5 + 1.5 * 2 = 3.5, tau_c[2] = 1.5, and l = 2:
+  // 5.5 - 1.5 = 4 >= 1.5: buckets [1, 3), [0, 1).)
+  const LayerProfile same_times{{1, 1, 1}, {4, 1, 0.5}, 0};
+  EXPECT_EQ(ranges(mgwfbp_plan(same_times, {0.5, 1.5})), ranges(wfbp_plan(3)));
+}
+
+// Eq. 27's condition is strict: a layer whose tau_b[l-2] - tau_c[l] equals a exactly stays apart
+// (C.2: merging gains nothing then; the finish of layer l-1 is the same either way).
+TEST(MgWfbpPlan, ALayerExactlyAtTheThresholdIsNotMerged) {
+  // a = 2, b = 0.5, t_f = 1; p = [4, 2, 6] (layers 1..3): tc = [4, 3, 5]; t_b = [1, 2, 0.5].
+  // tau_b[3] = 1, [2] = 1.5, [1] = 3.5, [0] = 4.5.
+  // tau_c[3] = 1 + 0.5 = 1.5, [2] = max(1.5 + 5, 3.5) = 6.5, [1] = max(6.5 + 3, 4.5) = 9.5.
+  // l = 3: tau_b[1] - tau_c[3] = 3.5 - 1.5 = 2 = a: not < a -> no merge.
+  // l = 2: tau_b[0] - tau_c[2] = 4.5 - 6.5 = -2 < 2 -> merge 2 into 1.
+  // M = {2}: buckets [2, 3) and [0, 2).
+  // (With <=, l = 3 merges too: tc[2] = 2 + 0.5 * 8 = 6, tau_c[2] = max(1.5, 3.5) = 3.5; l = 2:
+  // 4.5 - 3.5 = 1 < 2 -> merge: a single bucket.)
+  const LayerProfile profile{{4, 2, 6}, {1, 2, 0.5}, 1};
+  const LinearCost cost{2, 0.5};
+  EXPECT_EQ(ranges(mgwfbp_plan(profile, cost)), (Ranges{{2, 3}, {0, 2}}));
+  // The decision at the threshold, by the timeline of C.2: layer 2's communication finishes at
+  // max(tau_c[3], tau_b[1]) + T(p2 + p3) = 3.5 + 6 = 9.5 merged and at
+  // max(tau_c[3] + T(p3), tau_b[1]) + T(p2) = 6.5 + 3 = 9.5 apart: a tie.
+  EXPECT_EQ(simulate_plan(profile, cost, BucketPlan{"3+2", {{1, 3}, {0, 1}}}).finish[0],
+            simulate_plan(profile, cost, wfbp_plan(3)).finish[1]);
+
+  // A quarter less backward time for layer 2 puts layer 3 just below the threshold:
+  // t_b = [1, 1.75, 0.5]: tau_b[1] = 3.25, tau_b[0] = 4.25; l = 3: 3.25 - 1.5 = 1.75 < 2 -> merge,
+  // tc[2] = 6, tau_c[2] = max(1.5, 3.25) = 3.25; l = 2: 4.25 - 3.25 = 1 < 2 -> merge: one bucket.
+  EXPECT_EQ(ranges(mgwfbp_plan(LayerProfile{{4, 2, 6}, {1, 1.75, 0.5}, 1}, cost)), (Ranges{{0, 3}}));
+}
+
+// MG-WFBP Algorithm 1, written here from mg-wfbp.txt (not from bucket_plan.cpp), in the paper's
+// numbering: layer l = 1..L is segment l - 1; arrays are indexed by l. Returns M, the merged-gradient
+// layers, in the order Algorithm 1 pushes them (l = L down to 2); `differences`, if given, receives
+// tau_b[l-2] - tau_c[l] for each l as line 13 tests it. Two readings of the text:
+//  * line 13 prints tc[l]; Eq. 27 and Theorem 1's proof (C.1, C.2) compare tau_b[l-2] with the
+//    communication *start* tau_c[l], which is what is implemented;
+//  * at l = 2, line 13 reads tau_b[0], which Algorithm 1 never sets (line 9 stops at l = 2); Eq. 6
+//    extended one step, tau_b[0] = tau_b[1] + t_b[1], is the end of backward: layer 1's gradient is
+//    ready then, as tau_b[l-2] is layer l-1's ready time for every other l.
+std::vector<int> algorithm1_merged_layers(const LayerProfile& profile, const LinearCost& cost,
+                                          std::vector<double>* differences = nullptr) {
+  const int L = static_cast<int>(profile.bytes.size());
+  const auto T_ar = [&](double M) { return cost.a + cost.b * M; };  // Eq. 9
+  const auto n = static_cast<std::size_t>(L + 1);
+  std::vector<double> p(n), tb(n), tc(n), tau_b(n), tau_c(n);
+  for (int l = 1; l <= L; ++l) {  // lines 5-7
+    p[l] = profile.bytes[l - 1];
+    tb[l] = profile.backward_seconds[l - 1];
+    tc[l] = T_ar(p[l]);
+  }
+  tau_b[L] = profile.forward_seconds;                                      // line 8
+  for (int l = L - 1; l >= 0; --l) tau_b[l] = tau_b[l + 1] + tb[l + 1];   // lines 9-10 (and Eq. 6)
+  const auto calculate_comm_start = [&] {                                  // lines 21-26
+    tau_c[L] = tau_b[L] + tb[L];
+    for (int l = L - 1; l >= 1; --l) tau_c[l] = std::max(tau_c[l + 1] + tc[l + 1], tau_b[l] + tb[l]);
+  };
+  const auto merge = [&](int l) {                                          // lines 17-20
+    tc[l] = 0;
+    p[l - 1] = p[l - 1] + p[l];
+    tc[l - 1] = T_ar(p[l - 1]);
+  };
+  calculate_comm_start();                                                  // line 11
+  std::vector<int> M;
+  for (int l = L; l >= 2; --l) {                                           // lines 12-16
+    if (differences) differences->push_back(tau_b[l - 2] - tau_c[l]);
+    if (tau_b[l - 2] - tau_c[l] < cost.a) {
+      merge(l);
+      calculate_comm_start();
+      M.push_back(l);
+    }
+  }
+  return M;
+}
+
+// M of a plan: layer l (segment l - 1) is merged with layer l - 1 when it is not the lowest segment
+// of its bucket. Listed from l = L down to 2, as Algorithm 1 pushes them.
+std::vector<int> merged_layers_of(const BucketPlan& plan, std::size_t layers) {
+  std::vector<bool> bucket_begins(layers, false);
+  for (const Bucket& bucket : plan.buckets) bucket_begins[bucket.begin] = true;
+  std::vector<int> M;
+  for (int l = static_cast<int>(layers); l >= 2; --l) {
+    if (!bucket_begins[static_cast<std::size_t>(l - 1)]) M.push_back(l);
+  }
+  return M;
+}
+
+// Profiles on a grid of small dyadic rationals: every time and sum is exact in double, so ties at
+// the threshold (tau_b[l-2] - tau_c[l] == a) happen often and are decided identically by any
+// correct evaluation order; a != b almost always.
+std::vector<Instance> dyadic_instances(std::size_t count) {
+  std::mt19937 generator(4242);
+  const auto uniform = [&](int low, int high) { return std::uniform_int_distribution<int>(low, high)(generator); };
+  std::vector<Instance> instances;
+  for (std::size_t index = 0; index < count; ++index) {
+    Instance instance;
+    const int layers = uniform(1, 12);
+    for (int segment = 0; segment < layers; ++segment) {
+      instance.profile.bytes.push_back(uniform(0, 8));
+      instance.profile.backward_seconds.push_back(0.25 * uniform(0, 8));
+    }
+    instance.profile.forward_seconds = 0.25 * uniform(0, 8);
+    instance.cost.a = 0.25 * uniform(0, 8);
+    instance.cost.b = 0.125 * uniform(0, 8);
+    instances.push_back(instance);
+  }
+  return instances;
+}
+
+TEST(MgWfbpPlan, EqualsAnIndependentAlgorithm1OnRandomProfiles) {
+  std::vector<Instance> instances = dyadic_instances(3000);
+  const std::size_t dyadic = instances.size();
+  for (const Instance& instance : random_instances()) instances.push_back(instance);
+  int merging = 0, partly_merging = 0, at_threshold = 0, decided_otherwise_by_b = 0;
+  for (std::size_t index = 0; index < instances.size(); ++index) {
+    const Instance& instance = instances[index];
+    const std::size_t layers = instance.profile.bytes.size();
+    std::vector<double> differences;
+    const std::vector<int> expected = algorithm1_merged_layers(instance.profile, instance.cost, &differences);
+    const BucketPlan plan = mgwfbp_plan(instance.profile, instance.cost);
+    ASSERT_EQ(merged_layers_of(plan, layers), expected)
+        << (index < dyadic ? "dyadic" : "random") << " instance " << index << ": " << describe_plan(plan)
+        << ", a = " << instance.cost.a << ", b = " << instance.cost.b;
+    merging += !expected.empty();
+    partly_merging += !expected.empty() && expected.size() + 1 < layers;
+    for (double difference : differences) {
+      at_threshold += difference == instance.cost.a;
+      decided_otherwise_by_b += (difference < instance.cost.a) != (difference < instance.cost.b);
+    }
+  }
+  // Not vacuous: plans of every kind, conditions exactly at the threshold, and conditions that a
+  // comparison with b instead of a would decide the other way.
+  EXPECT_GT(merging, 500);
+  EXPECT_GT(partly_merging, 500);
+  EXPECT_GT(at_threshold, 100);
+  EXPECT_GT(decided_otherwise_by_b, 500);
 }
 
 TEST(BucketPlanFixedSize, ClosesABucketOnceItReachesTheCap) {

@@ -1,9 +1,12 @@
 // Oracle: D-Sync with p workers of batch b must follow the same trajectory as one LibTorch process
-// training the same MLP with torch::optim::SGD on batches of p*b (the union of the workers' batches).
+// training the same MLP with torch::optim::SGD on batches of p*b (the union of the workers' batches),
+// also across epoch boundaries, where the sampler reshuffles and drops the incomplete last batch.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/data/sampler.h"
@@ -58,53 +61,131 @@ double relative_error(const std::vector<float>& actual, const std::vector<float>
   return std::sqrt(difference / norm);
 }
 
-TEST(Oracle, DSyncMatchesLibTorchSgdWithGlobalBatch) {
-  init_torch_runtime(1);
-  constexpr int kWorkers = 4;
-  constexpr std::size_t kBatch = 8;
-  constexpr std::int64_t kIterations = 20;
-  const DataSplits data = make_synthetic(2000, 100, 21);
+constexpr float kLearningRate = 0.05f, kMomentum = 0.9f, kWeightDecay = 1e-4f;
 
+TrainConfig dsync_config(int workers, std::size_t batch, std::int64_t iterations) {
   TrainConfig config;
   apply_method_spec("dsync", config);
-  config.workers = kWorkers;
+  config.workers = workers;
   config.model = "mlp";
-  config.batch = kBatch;
-  config.iterations = kIterations;
+  config.batch = batch;
+  config.iterations = iterations;
   config.seed = 5;
   config.progress = false;
   config.evaluate = false;
   config.keep_parameters = true;
-  config.method.sgd = SgdOptions{0.05f, 0.9f, 1e-4f};
-  const RunSummary ours = run_training(config, torch_model_factory("mlp"), data);
+  config.method.sgd = SgdOptions{kLearningRate, kMomentum, kWeightDecay};
+  return config;
+}
 
+std::vector<float> initial_parameters(const TrainConfig& config) {
+  const auto model = torch_model_factory("mlp")(config.seed);
+  return {model->parameters().begin(), model->parameters().end()};
+}
+
+// One LibTorch process with torch::optim::SGD on the global batches: the data sampler's contract
+// (data/sampler.h) for the union of the workers' batches: epoch e is a permutation of the training
+// set drawn from (seed, e) alone; iteration i of an epoch takes its slice
+// [i * global_batch, (i + 1) * global_batch); the last train_size % global_batch examples of each
+// epoch are dropped, so an epoch has train_size / global_batch iterations and the next one starts
+// on a fresh permutation. `reshuffle` = false keeps epoch 0's permutation forever (a sampler that
+// forgot to reshuffle; for the test's own non-vacuity check).
+struct Reference {
+  std::vector<float> parameters;
+  std::vector<double> epoch_loss;  // the mean loss of each epoch's iterations (before their update)
+};
+
+Reference train_reference(const Dataset& train, const TrainConfig& config, bool reshuffle = true) {
   PlainMlp reference;
-  load_flat(reference, torch_model_factory("mlp")(config.seed)->parameters());
+  load_flat(reference, initial_parameters(config));
   torch::optim::SGD sgd(reference.parameters(),
-                        torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
-  ShardedSampler sampler(data.train.size, kWorkers, 0, kBatch, config.seed);
-  sampler.start_epoch(0);
-  BatchAssembler assembler(data.train, kWorkers * kBatch);
-  for (std::int64_t i = 0; i < kIterations; ++i) {
-    const Batch batch = assembler.assemble(sampler.global_batch_indices(static_cast<std::size_t>(i)));
+                        torch::optim::SGDOptions(kLearningRate).momentum(kMomentum).weight_decay(kWeightDecay));
+  const std::size_t global_batch = static_cast<std::size_t>(config.workers) * config.batch;
+  const std::size_t iterations_per_epoch = train.size / global_batch;
+  ShardedSampler sampler(train.size, 1, 0, global_batch, config.seed);  // one worker: the global batch
+  BatchAssembler assembler(train, global_batch);
+  Reference result;
+  double loss_sum = 0;
+  for (std::int64_t t = 0; t < config.iterations; ++t) {
+    const std::size_t epoch = static_cast<std::size_t>(t) / iterations_per_epoch;
+    const std::size_t i = static_cast<std::size_t>(t) % iterations_per_epoch;
+    if (i == 0) sampler.start_epoch(reshuffle ? epoch : 0);
+    const Batch batch = assembler.assemble(sampler.permutation().subspan(i * global_batch, global_batch));
     auto inputs = torch::from_blob(const_cast<float*>(batch.inputs.data()),
                                    {static_cast<long>(batch.size), 784});
     auto labels = torch::from_blob(const_cast<std::int32_t*>(batch.labels.data()),
                                    {static_cast<long>(batch.size)}, torch::kInt32)
                       .to(torch::kInt64);
     sgd.zero_grad();
-    torch::nn::functional::cross_entropy(reference.forward(inputs), labels).backward();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(reference.forward(inputs), labels);
+    loss.backward();
     sgd.step();
+    loss_sum += loss.item<double>();
+    const bool epoch_ends = i + 1 == iterations_per_epoch || t + 1 == config.iterations;
+    if (epoch_ends) {
+      result.epoch_loss.push_back(loss_sum / static_cast<double>(i + 1));
+      loss_sum = 0;
+    }
   }
-  const std::vector<float> expected = to_flat(reference);
-  const auto initial_model = torch_model_factory("mlp")(config.seed);
-  const std::vector<float> initial(initial_model->parameters().begin(), initial_model->parameters().end());
+  result.parameters = to_flat(reference);
+  return result;
+}
+
+TEST(Oracle, DSyncMatchesLibTorchSgdWithGlobalBatch) {
+  init_torch_runtime(1);
+  constexpr int kWorkers = 4;
+  const DataSplits data = make_synthetic(2000, 100, 21);
+  const TrainConfig config = dsync_config(kWorkers, 8, 20);
+  const RunSummary ours = run_training(config, torch_model_factory("mlp"), data);
+  const std::vector<float> expected = train_reference(data.train, config).parameters;
   for (int rank = 0; rank < kWorkers; ++rank) {
     EXPECT_LE(relative_error(ours.final_parameters[rank], expected), 1e-5) << "rank " << rank;
   }
   // The comparison is meaningful: training moved the weights by far more than the tolerance.
-  EXPECT_GT(relative_error(initial, expected), 1e-3);
+  EXPECT_GT(relative_error(initial_parameters(config), expected), 1e-3);
 }
+
+// Across epoch boundaries: the training set holds 5 global batches and 3 examples more, so each
+// epoch has 5 iterations and drops 3 examples, and 12 iterations run epochs 0 and 1 whole and 2
+// iterations of epoch 2, each epoch on its own permutation. The reference follows the same batches.
+class OracleAcrossEpochs : public ::testing::TestWithParam<int> {};
+
+TEST_P(OracleAcrossEpochs, DSyncFollowsTheReshuffledBatchesOfEveryEpoch) {
+  init_torch_runtime(1);
+  const int workers = GetParam();
+  constexpr std::size_t kBatch = 8;
+  const std::size_t global_batch = static_cast<std::size_t>(workers) * kBatch;
+  const DataSplits data = make_synthetic(5 * global_batch + 3, 50, 21);
+  const TrainConfig config = dsync_config(workers, kBatch, 12);
+  const RunSummary ours = run_training(config, torch_model_factory("mlp"), data);
+  const Reference expected = train_reference(data.train, config);
+
+  ASSERT_EQ(ours.epochs.size(), 3u);
+  EXPECT_EQ(ours.epochs[0].iterations, 5);
+  EXPECT_EQ(ours.epochs[1].iterations, 10);
+  EXPECT_EQ(ours.epochs[2].iterations, 12);
+  ASSERT_EQ(expected.epoch_loss.size(), 3u);
+  for (std::size_t epoch = 0; epoch < 3; ++epoch) {
+    // The epoch's training loss: the mean over its iterations and workers of the batch means, which
+    // for equal batches is the mean of the global batches' losses.
+    EXPECT_NEAR(ours.epochs[epoch].train_loss, expected.epoch_loss[epoch], 1e-5 * expected.epoch_loss[epoch])
+        << "epoch " << epoch;
+  }
+  for (int rank = 0; rank < workers; ++rank) {
+    EXPECT_LE(relative_error(ours.final_parameters[static_cast<std::size_t>(rank)], expected.parameters), 1e-5)
+        << "rank " << rank;
+  }
+  // Not vacuous: the reshuffle matters (a reference that kept epoch 0's permutation ends far
+  // outside the tolerance), and training moved the weights by far more than the tolerance.
+  const Reference unshuffled = train_reference(data.train, config, /*reshuffle=*/false);
+  EXPECT_GT(relative_error(unshuffled.parameters, expected.parameters), 1e-3);
+  EXPECT_GT(relative_error(initial_parameters(config), expected.parameters), 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Oracle, OracleAcrossEpochs, ::testing::Values(1, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::to_string(info.param) + "workers";
+                         });
 
 }  // namespace
 }  // namespace pipesgd
