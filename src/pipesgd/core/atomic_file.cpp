@@ -167,3 +167,25 @@ void write_file_atomically(const fs::path& path, std::string_view content, std::
 }
 
 }  // namespace pipesgd
+
+namespace pipesgd {
+
+void ensure_writable_directory(const std::filesystem::path& dir, std::string_view flag) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error || !std::filesystem::is_directory(dir)) {
+    throw UsageError(concat(flag, " '", dir.string(), "': cannot create directory",
+                            error ? concat(" (", error.message(), ")") : std::string(" (a file of that name exists)")));
+  }
+  // A file created and removed at once: what a later write needs.
+  const std::filesystem::path probe = dir / concat(".pipesgd-write-probe", kAtomicFileTempMarker, ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int error_number = errno;
+    throw UsageError(concat(flag, " '", dir.string(), "': cannot write in it (", std::strerror(error_number), ")"));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+}  // namespace pipesgd

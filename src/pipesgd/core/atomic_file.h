@@ -46,3 +46,13 @@ void write_file_atomically_streaming(const std::filesystem::path& path,
                                      std::string_view what = "file");
 
 }  // namespace pipesgd
+
+namespace pipesgd {
+
+// Creates `dir` (and its parents) if needed and checks that files can be written in it, so that a
+// run fails before its work rather than after. Throws UsageError naming `flag` and the directory:
+//   <flag> '<dir>': cannot create directory (<reason>)
+//   <flag> '<dir>': cannot write in it (<reason>)
+void ensure_writable_directory(const std::filesystem::path& dir, std::string_view flag);
+
+}  // namespace pipesgd

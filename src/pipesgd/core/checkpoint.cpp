@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <iomanip>
 #include <set>
@@ -261,6 +262,11 @@ void CheckpointWriter::add_int(std::string name, std::int64_t value) {
   std::vector<std::byte> payload;
   put_u64(payload, static_cast<std::uint64_t>(value));
   add_section(std::move(name), CheckpointKind::int64, std::move(payload));
+}
+
+void CheckpointWriter::add_doubles(std::string name, std::span<const double> values) {
+  const auto bytes = std::as_bytes(values);
+  add_section(std::move(name), CheckpointKind::bytes, std::vector<std::byte>(bytes.begin(), bytes.end()));
 }
 
 void CheckpointWriter::add_string(std::string name, std::string value) {
@@ -552,6 +558,31 @@ std::int64_t CheckpointReader::integer(std::string_view name) const {
 std::string_view CheckpointReader::string(std::string_view name) const {
   const Section& section = find(name, CheckpointKind::string);
   return {reinterpret_cast<const char*>(data_.data() + section.offset), section.length};
+}
+
+std::vector<double> CheckpointReader::doubles(std::string_view name) const {
+  const std::span<const std::byte> payload = bytes(name);
+  if (payload.size() % sizeof(double) != 0) {
+    throw DataError(concat("checkpoint '", origin_, "': section '", name, "' holds ", payload.size(),
+                           " bytes, not a whole number of doubles"));
+  }
+  std::vector<double> values(payload.size() / sizeof(double));
+  if (!values.empty()) std::memcpy(values.data(), payload.data(), payload.size());
+  for (double value : values) {
+    if (!std::isfinite(value)) {
+      throw DataError(concat("checkpoint '", origin_, "': section '", name, "' holds a non-finite value"));
+    }
+  }
+  return values;
+}
+
+std::vector<double> CheckpointReader::doubles(std::string_view name, std::size_t count) const {
+  std::vector<double> values = doubles(name);
+  if (values.size() != count) {
+    throw DataError(concat("checkpoint '", origin_, "': section '", name, "' holds ", values.size(), " doubles, expected ",
+                           count));
+  }
+  return values;
 }
 
 // ---------------------------------------------------------------------------------------------

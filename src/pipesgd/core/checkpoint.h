@@ -74,6 +74,9 @@ class CheckpointWriter {
   void add(std::string name, std::span<const std::byte> bytes);
   void add_int(std::string name, std::int64_t value);
   void add_string(std::string name, std::string value);
+  // Doubles, bit for bit (a bytes section of 8 bytes per value).
+  void add_doubles(std::string name, std::span<const double> values);
+  void add_double(std::string name, double value) { add_doubles(std::move(name), std::span<const double>(&value, 1)); }
 
   std::size_t section_count() const { return sections_.size(); }
   // The size in bytes of the file serialize()/write_atomically() produce.
@@ -123,6 +126,11 @@ class CheckpointReader {
   std::span<const std::byte> bytes(std::string_view name) const;
   std::int64_t integer(std::string_view name) const;
   std::string_view string(std::string_view name) const;
+  // A section written by add_doubles / add_double: its values (`count` of them, when given), each
+  // finite. Throws DataError naming the section otherwise.
+  std::vector<double> doubles(std::string_view name) const;
+  std::vector<double> doubles(std::string_view name, std::size_t count) const;
+  double real(std::string_view name) const { return doubles(name, 1)[0]; }
 
  private:
   struct Section {

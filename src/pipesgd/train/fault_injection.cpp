@@ -1,9 +1,12 @@
 #include "pipesgd/train/fault_injection.h"
 
 #include <charconv>
+#include <csignal>
 #include <set>
+#include <thread>
 #include <utility>
 
+#include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/ps/parameter_server.h"
 
@@ -21,6 +24,21 @@ Integer parse_integer(const std::string& key, const std::string& value, Integer 
 }
 
 }  // namespace
+
+void inject_fault(const FaultInjection& fault, const FaultControl& control) {
+  if (fault.kind == FaultInjection::Kind::kCrash) {
+    if (control.rank_is_process) std::raise(SIGKILL);
+    throw InjectedFault{};
+  }
+  // Hang: alive but silent. A thread ends (silently) once another worker has failed, or after
+  // twice the comm timeout at the latest; a process sleeps until it is killed.
+  const auto give_up = Clock::now() + 2 * control.timeout + std::chrono::seconds(10);
+  while (control.rank_is_process || Clock::now() < give_up) {
+    if (control.any_worker_failed != nullptr && control.any_worker_failed->load(std::memory_order_acquire)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  throw InjectedFault{};
+}
 
 FaultInjection parse_fault_injection(const std::string& text) {
   FaultInjection fault;

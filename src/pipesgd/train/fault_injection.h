@@ -45,6 +45,19 @@ FaultInjection parse_fault_injection(const std::string& text);
 // reports it to the peers).
 struct InjectedFault {};
 
+// How a faulty worker ends: under threads a crash ends the worker's thread silently and a hang
+// waits until another worker has failed (any_worker_failed, shared by the run's threads) or twice
+// the comm timeout at the latest; where each rank is a process a crash kills it and a hang sleeps
+// until it is killed.
+struct FaultControl {
+  const std::atomic<bool>* any_worker_failed = nullptr;  // threads only
+  bool rank_is_process = false;
+  Timeout timeout{120000};  // --comm-timeout
+};
+
+// The faulty worker fails as `fault` asks. Never returns.
+[[noreturn]] void inject_fault(const FaultInjection& fault, const FaultControl& control);
+
 // at=allreduce / at=push: wraps the faulty worker's transport and forwards everything; once armed
 // (by the compute thread at the start of iteration N), it counts the sends of the targeted
 // operation that belong to iteration N or later, and on the `fire_on`-th (1-based) calls `fire`

@@ -1,0 +1,29 @@
+#include "pipesgd/algo/dsync/dsync.h"
+
+#include "pipesgd/core/clock.h"
+
+namespace pipesgd {
+
+DSync::DSync(const MethodContext& context)
+    : model_(context.model),
+      gradient_scale_(1.0f / static_cast<float>(context.transport.size())),
+      codec_(make_codec(context.common.codec)),
+      allreduce_(make_method_allreduce(context.common, context.transport, context.model.layout().total(), *codec_,
+                                       context.options.default_segment_bytes())),
+      optimizer_(make_optimizer(context.common.optimizer, context.model.layout())),
+      gradients_(context.model.layout().total()) {}
+
+std::span<float> DSync::begin_iteration(std::int64_t, IterationTimes&) { return gradients_; }
+
+void DSync::end_iteration(std::int64_t t, IterationTimes& times) {
+  Stopwatch communication;
+  allreduce_->run(gradients_, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(t)));
+  times.wait = times.comm = communication.seconds();
+  Stopwatch update;
+  optimizer_->step(model_.parameters(), gradients_, gradient_scale_, 0);
+  times.update = update.seconds();
+}
+
+std::shared_ptr<MethodReport> DSync::report() const { return std::make_shared<AllreduceCallsReport>(1); }
+
+}  // namespace pipesgd

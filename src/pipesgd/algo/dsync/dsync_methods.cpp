@@ -1,0 +1,109 @@
+// The registry entries of the D-Sync family (algo/dsync/dsync_methods.h).
+#include "pipesgd/algo/dsync/dsync_methods.h"
+
+#include "pipesgd/algo/dsync/bucketed_dsync.h"
+#include "pipesgd/algo/dsync/dsync.h"
+#include "pipesgd/algo/dsync/dsync_options.h"
+#include "pipesgd/algo/dsync/layer_wise_report.h"
+#include "pipesgd/algo/planning.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+constexpr const char* kLayerWiseHint =
+    "applies only to layer-wise communication: add --buckets PLAN (or use wfbp, synceasgd, mgwfbp, dsync+PLAN)";
+
+bool buckets_given(const OptionValues& given) { return given.has("--buckets"); }
+
+// --profile-iters and --replan-every; for dsync only with a bucket plan.
+std::vector<OptionDeclaration> planning_declarations(bool always) {
+  OptionDeclaration profile = profile_iterations_declaration(
+      "Iterations profiled before each plan is computed (the first half with one bucket: per-layer backward "
+      "times; the rest with one bucket per layer: the slowdown each allreduce causes)");
+  OptionDeclaration replan("--replan-every", "Start a new profiling cycle (and plan) N iterations after each plan (0: never)", "0");
+  if (!always) {
+    for (OptionDeclaration* option : {&profile, &replan}) {
+      option->applies = buckets_given;
+      option->condition = "with --buckets PLAN or +PLAN";
+      option->rejection = [flag = option->flag](const OptionValues&, std::string_view) {
+        return concat(flag, " ", kLayerWiseHint);
+      };
+    }
+  }
+  return {profile, replan};
+}
+
+std::shared_ptr<const MethodOptions> parse_dsync_options(const OptionValues& given, const std::string& implied_plan) {
+  auto options = std::make_shared<DsyncOptions>();
+  options->buckets = given.text("--buckets", implied_plan);
+  if (options->layer_wise()) check_bucket_plan_name(options->buckets);
+  options->profile_iterations = checked_profile_iterations(given.integer("--profile-iters", options->profile_iterations));
+  options->replan_every = given.integer("--replan-every", options->replan_every);
+  if (options->replan_every < 0 || options->replan_every > kMaxProfileIterations) {
+    throw UsageError(concat("--replan-every must be in [0, ", kMaxProfileIterations, "] (0: never), got ",
+                            options->replan_every));
+  }
+  return options;
+}
+
+std::unique_ptr<TrainingMethod> make_dsync(const MethodContext& context) {
+  if (options_as<DsyncOptions>(context.options).layer_wise()) return std::make_unique<BucketedDSync>(context);
+  return std::make_unique<DSync>(context);
+}
+
+// wfbp, synceasgd, mgwfbp: layer-wise D-Sync with a fixed plan.
+MethodDescriptor fixed_plan_method(std::string name, std::string plan, std::string summary) {
+  MethodDescriptor method;
+  method.name = name;
+  method.summary = std::move(summary);
+  method.traits.replicas_identical = true;
+  method.options = allreduce_option_declarations(CalibrationUse::kAlways);
+  for (OptionDeclaration& option : optimizer_option_declarations()) method.options.push_back(std::move(option));
+  for (OptionDeclaration& option : planning_declarations(true)) method.options.push_back(std::move(option));
+  method.parse = [plan](const OptionValues& given) { return parse_dsync_options(given, plan); };
+  method.make = [](const MethodContext& context) { return std::make_unique<BucketedDSync>(context); };
+  method.spec_hint = [name, plan](std::string_view part) -> std::string {
+    if (!is_bucket_plan_name(part)) return "";
+    return concat("method '", name, "' is dsync with the ", plan, " plan; for the ", part, " plan use dsync+", part);
+  };
+  method.tables = {layer_wise_table()};
+  return method;
+}
+
+}  // namespace
+
+MethodDescriptor dsync_method() {
+  MethodDescriptor method;
+  method.name = "dsync";
+  method.summary = "D-Sync: compute, allreduce, update (pipe-sgd.txt's baseline); with a bucket plan (+PLAN or "
+                   "--buckets) layer-wise, each bucket allreduced as backward makes it ready";
+  method.traits.replicas_identical = true;
+  method.options = allreduce_option_declarations(CalibrationUse::kWithAutoOrBuckets);
+  for (OptionDeclaration& option : optimizer_option_declarations()) method.options.push_back(std::move(option));
+  OptionDeclaration buckets = buckets_declaration(
+      "Layer-wise allreduce of buckets of consecutive layers, launched as backward makes them ready: wfbp (one per "
+      "layer), single (one after backward, SyncEASGD), mgwfbp (MG-WFBP Alg. 1), optimal (exact DP), fixed:<MiB> "
+      "(DDP-like); none: one allreduce after backward on the compute thread");
+  method.options.push_back(buckets);
+  for (OptionDeclaration& option : planning_declarations(false)) method.options.push_back(std::move(option));
+  method.parse = [](const OptionValues& given) { return parse_dsync_options(given, ""); };
+  method.make = make_dsync;
+  method.tables = {layer_wise_table()};
+  return method;
+}
+
+MethodDescriptor wfbp_method() {
+  return fixed_plan_method("wfbp", "wfbp", "layer-wise D-Sync, one bucket per layer (mg-wfbp.txt's WFBP)");
+}
+
+MethodDescriptor synceasgd_method() {
+  return fixed_plan_method("synceasgd", "single",
+                           "layer-wise D-Sync, one bucket allreduced after backward on the comm thread (SyncEASGD)");
+}
+
+MethodDescriptor mgwfbp_method() {
+  return fixed_plan_method("mgwfbp", "mgwfbp", "layer-wise D-Sync with MG-WFBP's merged buckets (mg-wfbp.txt Alg. 1)");
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,52 @@
+#include "pipesgd/algo/dsync/layer_wise_report.h"
+
+#include <algorithm>
+#include <ostream>
+
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/text_table.h"
+
+namespace pipesgd {
+
+void LayerWiseReport::add_json(nlohmann::json& summary, const RunFigures& run) const {
+  summary["non_overlapped_comm_s"] = run.mean.wait;
+  summary["predicted_non_overlapped_comm_s"] = predicted_non_overlapped;
+}
+
+void LayerWiseReport::print(std::ostream& out, const RunFigures& run) const {
+  out << "\nLayer-wise communication: plan " << plan << "; " << calls
+      << " allreduces per iteration. Non-overlapped communication t_c^no (the wait after backward): "
+      << milliseconds(run.mean.wait) << " ms measured, " << milliseconds(predicted_non_overlapped)
+      << " ms predicted by the plan's timeline (mg-wfbp.txt Eq. 8 / 21); iteration " << milliseconds(run.mean.iteration)
+      << " ms measured, " << milliseconds(run.predicted_iteration) << " ms predicted.\n";
+}
+
+ComparisonTable layer_wise_table() {
+  ComparisonTable table;
+  table.id = "layer-wise";
+  table.print = [](std::ostream& out, std::span<const RunFigures> runs) {
+    const bool any = std::any_of(runs.begin(), runs.end(), [](const RunFigures& run) {
+      return dynamic_cast<const LayerWiseReport*>(run.report.get()) != nullptr;
+    });
+    if (!any) return;
+    out << "\nLayer-wise communication (mg-wfbp.txt; predicted = the plan's timeline + update from the "
+           "run's profile):\n";
+    std::vector<std::vector<std::string>> rows = {{"method", "allreduces/iter", "iter ms", "predicted ms",
+                                                   "measured/predicted", "t_c^no ms", "predicted t_c^no", "plan"}};
+    for (const RunFigures& run : runs) {
+      const auto* layer_wise = dynamic_cast<const LayerWiseReport*>(run.report.get());
+      // Runs with buckets of another kind (sapipe's synchronous layers) have tables of their own.
+      if (layer_wise == nullptr && !run.report->bucket_plan().empty()) continue;
+      const double ratio = run.predicted_iteration > 0 ? run.mean.iteration / run.predicted_iteration : 0;
+      rows.push_back({run.method_spec, concat(run.report->allreduce_calls()), milliseconds(run.mean.iteration),
+                      milliseconds(run.predicted_iteration), format_number("%.3f", ratio),
+                      layer_wise ? milliseconds(run.mean.wait) : std::string("-"),
+                      layer_wise ? milliseconds(layer_wise->predicted_non_overlapped) : std::string("-"),
+                      layer_wise ? layer_wise->plan : std::string("(one allreduce after backward)")});
+    }
+    print_table(out, rows);
+  };
+  return table;
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,75 @@
+#pragma once
+// A method's registry entry: everything the CLI, the trainer, the library API and the reports know
+// about a method, declared in one place (its folder under algo/, listed in algo/registry.cpp). See
+// docs/ARCHITECTURE.md, "Adding a method".
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pipesgd/algo/common_options.h"
+#include "pipesgd/algo/method_options.h"
+#include "pipesgd/algo/method_report.h"
+#include "pipesgd/algo/training_method.h"
+#include "pipesgd/comm/network_spec.h"
+#include "pipesgd/comm/transport.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/model.h"
+#include "pipesgd/ps/parameter_server.h"
+
+namespace pipesgd {
+
+// What one worker's method is built from.
+struct MethodContext {
+  // The method's transport: the workers; for a method with servers (MethodOptions::servers() > 0)
+  // the run's whole transport, workers first, then the servers.
+  Transport& transport;
+  FlatParameters& model;         // outlives the method
+  const CommonOptions& common;
+  const MethodOptions& options;  // the descriptor's own options type
+  std::int64_t warmup_iterations = 0;  // MethodOptions::warmup() in iterations
+  // The emulated network, if any (none under MPI): the cost model planning methods start from
+  // before they measure their own (algo/planning.h).
+  NetworkSpec network;
+};
+
+// Facts about a method that do not depend on its options.
+struct MethodTraits {
+  // Every replica holds the same weights between iterations (--check-consistency applies).
+  bool replicas_identical = false;
+  // Workers push to and pull from parameter servers (MethodOptions::servers() ranks) instead of
+  // allreducing: --inject-fault at=push applies, at=allreduce does not.
+  bool uses_servers = false;
+};
+
+struct MethodDescriptor {
+  std::string name;     // as in a method spec: "pipe"
+  std::string summary;  // one line for --help and docs
+  MethodTraits traits;
+  // The options the method takes, flags and spec parts (algo/method_options.h).
+  std::vector<OptionDeclaration> options;
+  // Parses and validates the method's options from what was given (defaults for the rest); throws
+  // UsageError naming the flag.
+  std::function<std::shared_ptr<const MethodOptions>(const OptionValues& given)> parse;
+  // Builds one worker's method; throws UsageError for what only the model can tell (e.g. more
+  // stale layers than it has).
+  std::function<std::unique_ptr<TrainingMethod>(const MethodContext& context)> make;
+  // Parameter-server methods: how a server rank serves the `workers` workers.
+  std::function<ServeOptions(const MethodOptions& options, const CommonOptions& common, int workers)> serve;
+  // A message for a `+part` of a spec the method does not take ("" for the generic one).
+  std::function<std::string(std::string_view part)> spec_hint;
+  // Tables `compare` prints for this method's family.
+  std::vector<ComparisonTable> tables;
+};
+
+// The descriptor's options as their own type (asserted).
+template <typename Options>
+const Options& options_as(const MethodOptions& options) {
+  const auto* typed = dynamic_cast<const Options*>(&options);
+  PIPESGD_ASSERT(typed != nullptr);
+  return *typed;
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,33 @@
+#include "pipesgd/algo/pipe/pipe_method.h"
+
+#include "pipesgd/algo/pipe/pipe_sgd.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+
+MethodDescriptor pipe_method() {
+  MethodDescriptor method;
+  method.name = "pipe";
+  method.summary = "Pipe-SGD (pipe-sgd.txt Alg. 1): the update at t uses the aggregated gradient of t-K while the "
+                   "allreduce of t runs on the comm thread";
+  method.traits.replicas_identical = true;
+  method.options = allreduce_option_declarations(CalibrationUse::kWithAllreduceAuto);
+  for (OptionDeclaration& option : optimizer_option_declarations()) method.options.push_back(std::move(option));
+  OptionDeclaration staleness("--staleness-k", "Pipe-SGD iteration dependency K: the update at t uses the gradient of t-K (K = 1 is D-Sync)", "2");
+  method.options.push_back(staleness);
+  for (OptionDeclaration& option : warmup_declarations("run as D-Sync", "0")) method.options.push_back(std::move(option));
+  method.parse = [](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {
+    auto options = std::make_shared<PipeOptions>();
+    const std::int64_t k = given.integer("--staleness-k", options->k);
+    if (k < 1 || k > kMaxStaleness) {
+      throw UsageError(concat("--staleness-k must be in [1, ", kMaxStaleness, "], got ", k));
+    }
+    options->k = static_cast<int>(k);
+    options->warmup_given = parse_warmup(given, 0);
+    return options;
+  };
+  method.make = [](const MethodContext& context) { return std::make_unique<PipeSgd>(context); };
+  return method;
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,129 @@
+#include "pipesgd/algo/pipe/pipe_sgd.h"
+
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+
+std::string PipeOptions::fingerprint() const { return concat("K ", k); }
+
+PipeSgd::PipeSgd(const MethodContext& context)
+    : model_(context.model),
+      codec_(make_codec(context.common.codec)),
+      allreduce_(make_method_allreduce(context.common, context.transport, context.model.layout().total(), *codec_,
+                                       context.options.default_segment_bytes())),
+      optimizer_(make_optimizer(context.common.optimizer, context.model.layout())),
+      staleness_(options_as<PipeOptions>(context.options).k),
+      warmup_iterations_(context.warmup_iterations),
+      gradient_scale_(1.0f / static_cast<float>(context.transport.size())),
+      slots_(static_cast<std::size_t>(staleness_)),
+      comm_(context.transport, "pipe-sgd", static_cast<std::size_t>(staleness_), context.common.timeout,
+            [this](const CommWorker::Job& job) {
+              allreduce_->run(job.data, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(job.iteration)));
+            }) {
+  PIPESGD_ASSERT(staleness_ >= 1 && staleness_ <= kMaxStaleness && warmup_iterations_ >= 0);
+  for (Slot& slot : slots_) slot.gradient.assign(context.model.layout().total(), 0.0f);
+}
+
+void PipeSgd::wait_reduced(Slot& slot, IterationTimes& times) {
+  Stopwatch waiting;
+  slot.comm_seconds = comm_.wait(slot.ticket, "the aggregated gradient", slot.iteration);
+  times.wait += waiting.seconds();
+  slot.state = SlotState::reduced;
+}
+
+void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times) {
+  Slot& slot = slots_[t % staleness_];
+  if (slot.state == SlotState::queued) wait_reduced(slot, times);
+  if (slot.state != SlotState::reduced) return;  // nothing in flight for t-K: no update
+  PIPESGD_ASSERT(slot.iteration == t - staleness_);
+  Stopwatch update;
+  optimizer_->step(model_.parameters(), slot.gradient, gradient_scale_, 0);
+  times.update += update.seconds();
+  times.comm += slot.comm_seconds;
+  slot.state = SlotState::empty;
+}
+
+std::span<float> PipeSgd::begin_iteration(std::int64_t t, IterationTimes& times) {
+  PIPESGD_ASSERT(t == next_iteration_);
+  if (in_warmup(t)) return slots_[0].gradient;
+  times.pipelined = true;
+  consume_slot(t, times);
+  return slots_[t % staleness_].gradient;
+}
+
+void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
+  next_iteration_ = t + 1;
+  if (in_warmup(t)) {  // D-Sync: allreduce on this thread, then update
+    std::span<float> gradient = slots_[0].gradient;
+    Stopwatch communication;
+    allreduce_->run(gradient, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(t)));
+    times.wait = times.comm = communication.seconds();
+    Stopwatch update;
+    optimizer_->step(model_.parameters(), gradient, gradient_scale_, 0);
+    times.update = update.seconds();
+    return;
+  }
+  Slot& slot = slots_[t % staleness_];
+  PIPESGD_ASSERT(slot.state == SlotState::empty);
+  slot.state = SlotState::queued;
+  slot.iteration = t;
+  slot.ticket = comm_.submit({slot.gradient, 0, t, 0});
+}
+
+void PipeSgd::save_state(CheckpointWriter& out) {
+  // The allreduces in flight, in submission order (waited for, not applied).
+  IterationTimes untimed;
+  for (std::int64_t t = next_iteration_ - staleness_; t < next_iteration_; ++t) {
+    Slot& slot = slots_[(t + staleness_) % staleness_];
+    if (slot.state == SlotState::queued) wait_reduced(slot, untimed);
+  }
+  optimizer_->save_state(out, "method.");
+  out.add_int("method.pipe.slots", staleness_);
+  for (int k = 0; k < staleness_; ++k) {
+    const Slot& slot = slots_[static_cast<std::size_t>(k)];
+    const std::string name = concat("method.pipe.slot", k, ".");
+    out.add_int(name + "reduced", slot.state == SlotState::reduced ? 1 : 0);
+    out.add_int(name + "iteration", slot.iteration);
+    if (slot.state == SlotState::reduced) out.add(name + "gradient", std::span<const float>(slot.gradient));
+  }
+}
+
+void PipeSgd::load_state(const CheckpointReader& in, std::int64_t next_iteration) {
+  optimizer_->load_state(in, "method.");
+  if (in.integer("method.pipe.slots") != staleness_) {
+    throw DataError(concat("checkpoint '", in.origin(), "': written with --staleness-k ",
+                           in.integer("method.pipe.slots"), ", this run has ", staleness_));
+  }
+  for (int k = 0; k < staleness_; ++k) {
+    Slot& slot = slots_[static_cast<std::size_t>(k)];
+    const std::string name = concat("method.pipe.slot", k, ".");
+    slot.iteration = in.integer(name + "iteration");
+    slot.state = in.integer(name + "reduced") != 0 ? SlotState::reduced : SlotState::empty;
+    if (slot.state == SlotState::reduced) {
+      // A slot holds g_sum[i] for i in [next - K, next), in slot i % K, after the warm-up.
+      if (slot.iteration < std::max<std::int64_t>(warmup_iterations_, next_iteration - staleness_) ||
+          slot.iteration >= next_iteration || slot.iteration % staleness_ != k) {
+        throw DataError(concat("checkpoint '", in.origin(), "': slot ", k, " holds the gradient of iteration ",
+                               slot.iteration, ", which iteration ", next_iteration, " with warm-up ",
+                               warmup_iterations_, " cannot have in flight"));
+      }
+      const std::span<const float> gradient = in.floats(name + "gradient");
+      if (gradient.size() != slot.gradient.size()) {
+        throw DataError(concat("checkpoint '", in.origin(), "': slot gradient of ", gradient.size(),
+                               " values for a model of ", slot.gradient.size()));
+      }
+      std::copy(gradient.begin(), gradient.end(), slot.gradient.begin());
+    }
+  }
+  next_iteration_ = next_iteration;
+}
+
+void PipeSgd::finish(IterationTimes& times) {
+  for (int k = 0; k < staleness_; ++k) {
+    const std::int64_t t = next_iteration_ + k;
+    if (!in_warmup(t)) consume_slot(t, times);
+  }
+}
+
+}  // namespace pipesgd

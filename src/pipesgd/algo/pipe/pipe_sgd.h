@@ -1,0 +1,85 @@
+#pragma once
+// Pipe-SGD (pipe-sgd.txt Alg. 1): iterations pipelined with width K. The update at iteration t uses
+// the aggregated gradient of iteration t-K; the allreduce of iteration t's gradient runs on this
+// worker's comm thread while the compute thread goes on with iterations t+1 .. t+K-1.
+//
+// StaleGradientSlots: K gradient buffers; iteration t writes its local gradient into slot t % K,
+// which by then has delivered g_sum[t-K] to the update of iteration t. Slots that never held a
+// gradient (the first K iterations, Alg. 1's zero-initialised g_sum[1-K..0]) mean "no update".
+// K = 1 is exactly D-Sync (bit-identical weights). finish() drains the pipeline: the last K
+// aggregated gradients are applied in iteration order, so no computed gradient is dropped.
+// Warm-up: the first `warmup_iterations` run as D-Sync (paper Sec. 4); the slots start empty after.
+//
+// Threads: the compute thread calls begin/end/finish and owns the slots' states; the worker's
+// CommWorker runs the allreduces in submission order (a queued slot's gradient is the comm thread's
+// until its ticket is done).
+#include <memory>
+#include <vector>
+
+#include "pipesgd/algo/method_descriptor.h"
+#include "pipesgd/collective/allreduce.h"
+#include "pipesgd/comm/comm_worker.h"
+
+namespace pipesgd {
+
+// Pipe-SGD's options: the iteration dependency K and the warm-up.
+class PipeOptions final : public MethodOptions {
+ public:
+  int k = 2;  // in [1, kMaxStaleness]
+  WarmUp warmup_given;
+
+  WarmUp warmup() const override { return warmup_given; }
+  int staleness() const override { return k; }
+  bool pipelined() const override { return k >= 2; }
+  // Pipe-SGD sends whole chunks: its allreduce is hidden behind compute, and every extra segment
+  // costs a message's latency and wake-up (the paper's Eq. 5 vs 6; docs/ARCHITECTURE.md).
+  std::size_t default_segment_bytes() const override { return kUnsegmented; }
+  std::string fingerprint() const override;
+};
+
+inline constexpr int kMaxStaleness = 64;  // upper bound of --staleness-k
+
+class PipeSgd final : public TrainingMethod {
+ public:
+  explicit PipeSgd(const MethodContext& context);
+  std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override;
+  void end_iteration(std::int64_t t, IterationTimes& times) override;
+  void finish(IterationTimes& times) override;
+  std::optional<std::uint64_t> first_message_sequence(std::int64_t t) const override {
+    return static_cast<std::uint64_t>(t);
+  }
+  // The K slots: their state, iteration and gradient (in-flight allreduces are waited for first).
+  void save_state(CheckpointWriter& out) override;
+  void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;
+  std::shared_ptr<MethodReport> report() const override { return std::make_shared<AllreduceCallsReport>(1); }
+
+ private:
+  enum class SlotState { empty, queued, reduced };
+  struct Slot {
+    std::vector<float> gradient;
+    SlotState state = SlotState::empty;
+    std::int64_t iteration = -1;
+    CommWorker::Ticket ticket = 0;  // of its allreduce, while queued
+    double comm_seconds = 0;        // its allreduce's time, once reduced
+  };
+
+  // Waits for slot t % K; if it holds g_sum[t-K], applies it. Compute thread only.
+  void consume_slot(std::int64_t t, IterationTimes& times);
+  // Waits for the allreduce of a queued slot; the slot is reduced after.
+  void wait_reduced(Slot& slot, IterationTimes& times);
+  bool in_warmup(std::int64_t t) const { return t < warmup_iterations_; }
+
+  FlatParameters& model_;
+  std::unique_ptr<Codec> codec_;
+  std::unique_ptr<Allreduce> allreduce_;  // the comm thread's after warm-up; the compute thread's during it
+  std::unique_ptr<Optimizer> optimizer_;
+  const int staleness_;
+  const std::int64_t warmup_iterations_;
+  const float gradient_scale_;
+  std::int64_t next_iteration_ = 0;
+
+  std::vector<Slot> slots_;
+  CommWorker comm_;  // last: its thread stops before the slots go
+};
+
+}  // namespace pipesgd

@@ -1,0 +1,101 @@
+// The registry entries of pssync, asgd and dcasgd (algo/ps_methods/parameter_server_methods.h).
+#include "pipesgd/algo/ps_methods/parameter_server_methods.h"
+
+#include "pipesgd/algo/ps_methods/parameter_server_report.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+MethodDescriptor server_method(std::string name, std::string summary, ServerMode mode) {
+  MethodDescriptor method;
+  method.name = std::move(name);
+  method.summary = std::move(summary);
+  method.traits.uses_servers = true;
+  method.traits.replicas_identical = mode == ServerMode::kSynchronous;
+  method.options = parameter_server_declarations();
+  method.parse = [mode](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {
+    auto options = std::make_shared<ParameterServerOptions>();
+    options->server_count = parse_servers(given);
+    options->mode = mode;
+    return options;
+  };
+  method.make = [](const MethodContext& context) { return std::make_unique<ParameterServerMethod>(context); };
+  method.serve = [](const MethodOptions& options, const CommonOptions& common, int workers) {
+    return serve_options(options_as<ParameterServerOptions>(options), common.timeout, workers);
+  };
+  method.tables = {parameter_server_table()};
+  return method;
+}
+
+}  // namespace
+
+std::vector<OptionDeclaration> parameter_server_declarations() {
+  OptionDeclaration servers("--servers", "Parameter-server ranks (threads after the workers; under --transport mpi the last S ranks of "
+                 "mpirun -np); 0 = 1", "0");
+  servers.users_label = "the parameter-server methods";
+  OptionDeclaration optimizer("--optimizer", "The servers run sgd", "sgd");
+  optimizer.applies = [](const OptionValues& given) { return given.text("--optimizer", "sgd") == "sgd"; };
+  optimizer.rejection = [](const OptionValues& given, std::string_view method) {
+    return concat("--optimizer ", given.text("--optimizer", ""), ": the parameter-server methods run SGD on their "
+                  "servers; use --optimizer sgd with '", method, "'");
+  };
+  return {servers, optimizer};
+}
+
+int parse_servers(const OptionValues& given) {
+  const std::int64_t servers = given.integer("--servers", 0);
+  if (servers < 0 || servers > kMaxServers) {
+    throw UsageError(concat("--servers must be in [0, ", kMaxServers, "], got ", servers));
+  }
+  return servers == 0 ? 1 : static_cast<int>(servers);
+}
+
+OptionDeclaration dc_lambda_declaration(const std::string& help, float lambda) {
+  OptionDeclaration option("--dc-lambda", help, concat(lambda));
+  return option;
+}
+
+DelayCompensationOptions parse_delay_compensation(const OptionValues& given, DelayCompensationVariant variant,
+                                                  float default_lambda) {
+  DelayCompensationOptions options;
+  options.variant = variant;
+  options.lambda = static_cast<float>(given.real("--dc-lambda", default_lambda));
+  options.mean_square_decay = static_cast<float>(given.real("--dc-momentum", options.mean_square_decay));
+  DelayCompensation(0, options);  // a bad lambda or m: UsageError naming the flag
+  return options;
+}
+
+MethodDescriptor pssync_method() {
+  return server_method("pssync", "PS-Sync: push, the servers sum the M gradients and step, pull (pipe-sgd.txt "
+                       "Sec. 4's parameter-server baseline)", ServerMode::kSynchronous);
+}
+
+MethodDescriptor asgd_method() {
+  return server_method("asgd", "ASGD: each push applied by the servers as it arrives, then pull the latest weights",
+                       ServerMode::kAsynchronous);
+}
+
+MethodDescriptor dcasgd_method() {
+  MethodDescriptor method = server_method(
+      "dcasgd", "DC-ASGD: ASGD whose servers compensate each push for its delay (od-sgd.txt Eq. 4-6)",
+      ServerMode::kAsynchronous);
+  OptionDeclaration variant("--dc-variant", "The servers' delay compensation: c (DC-ASGD-c, Eq. 4) or a (DC-ASGD-a, Eq. 5-6)", "c");
+  method.options.push_back(variant);
+  method.options.push_back(dc_lambda_declaration("Delay compensation lambda", DelayCompensationOptions{}.lambda));
+  OptionDeclaration momentum("--dc-momentum", "m of Eq. 6, the decay of DC-ASGD-a's mean square", concat(DelayCompensationOptions{}.mean_square_decay));
+  momentum.applies = [](const OptionValues& given) { return given.text("--dc-variant", "c") == "a"; };
+  momentum.condition = "--dc-variant a";
+  method.options.push_back(momentum);
+  method.parse = [](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {
+    auto options = std::make_shared<ParameterServerOptions>();
+    options->server_count = parse_servers(given);
+    options->mode = ServerMode::kAsynchronous;
+    options->delay_compensation = parse_delay_compensation(
+        given, parse_delay_compensation_variant(given.text("--dc-variant", "c")), DelayCompensationOptions{}.lambda);
+    return options;
+  };
+  return method;
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,26 @@
+#pragma once
+// The registry entries of the parameter-server family (algo/registry.cpp lists them): pssync,
+// asgd and dcasgd (algo/ps_methods/ps_methods.h); and the options odsgd shares with them
+// (algo/odsgd/).
+#include "pipesgd/algo/method_descriptor.h"
+#include "pipesgd/algo/ps_methods/ps_methods.h"
+
+namespace pipesgd {
+
+MethodDescriptor pssync_method();
+MethodDescriptor asgd_method();
+MethodDescriptor dcasgd_method();
+
+// --servers and --optimizer (sgd only: the servers run SGD) as every parameter-server method
+// declares them; the server count given (0 = 1), in [0, kMaxServers].
+inline constexpr int kMaxServers = 1024;
+std::vector<OptionDeclaration> parameter_server_declarations();
+int parse_servers(const OptionValues& given);
+
+// --dc-lambda (its default `lambda`) and --dc-momentum, with the conditions under which they apply,
+// and their parse into DelayCompensationOptions (the variant given separately).
+OptionDeclaration dc_lambda_declaration(const std::string& help, float lambda);
+DelayCompensationOptions parse_delay_compensation(const OptionValues& given, DelayCompensationVariant variant,
+                                                  float default_lambda);
+
+}  // namespace pipesgd

@@ -1,0 +1,75 @@
+#include "pipesgd/algo/sapipe/sapipe_method.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "pipesgd/algo/planning.h"
+#include "pipesgd/algo/sapipe/sapipe.h"
+#include "pipesgd/algo/sapipe/sapipe_report.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+bool is_compensation(std::string_view name) {
+  const std::vector<std::string> names = compensation_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::shared_ptr<const MethodOptions> parse_sapipe_options(const OptionValues& given) {
+  auto options = std::make_shared<SapipeOptions>();
+  options->stale_layers = parse_stale_layers(given.text("--stale-layers", "auto"), kLayersUnknown);
+  const std::string compensation = given.text("--compensation", "none");
+  const std::vector<std::string> names = compensation_names();
+  const auto found = std::find(names.begin(), names.end(), compensation);
+  if (found == names.end()) {
+    throw UsageError(concat("unknown --compensation '", compensation, "' (expected ", join(names), ")"));
+  }
+  options->compensation = static_cast<Compensation>(found - names.begin());
+  const double lambda = given.real("--dc-lambda", kSapipeDefaultLambda);
+  if (!(lambda >= 0) || !std::isfinite(lambda)) {
+    throw UsageError(concat("--dc-lambda must be >= 0 and finite, got ", given.text("--dc-lambda", "")));
+  }
+  options->lambda = static_cast<float>(lambda);
+  options->sync_plan = given.text("--buckets", "optimal");
+  check_bucket_plan_name(options->sync_plan);
+  options->profile_iterations = checked_profile_iterations(given.integer("--profile-iters", options->profile_iterations));
+  options->warmup_given = parse_warmup(given, 0);
+  return options;
+}
+
+}  // namespace
+
+MethodDescriptor sapipe_method(const std::string& baseline) {
+  MethodDescriptor method;
+  method.name = "sapipe";
+  method.summary = "SAPipe (sapipe.txt): the first k layers 1-step stale with compensation (dc, weight "
+                   "prediction wp1-3), the rest synchronous in buckets applied before each layer's forward";
+  method.traits.replicas_identical = true;
+  method.options = allreduce_option_declarations(CalibrationUse::kAlways);
+  for (OptionDeclaration& option : optimizer_option_declarations()) method.options.push_back(std::move(option));
+  OptionDeclaration buckets = buckets_declaration("The synchronous layers' bucket plan");
+  buckets.default_text = "optimal";
+  method.options.push_back(buckets);
+  method.options.push_back(profile_iterations_declaration(
+      "Iterations profiled (per-layer forward and backward times) before k and the plan are chosen"));
+  OptionDeclaration stale_layers("--stale-layers", "How many first layers train on 1-step-stale gradients: auto (the least k whose pipeline never "
+                      "stalls, from the profiled layer times and the allreduce cost) or a count", "auto");
+  method.options.push_back(stale_layers);
+  OptionDeclaration compensation("--compensation", "Staleness compensation of the stale layers: none, dc (delay compensation, Alg. 2), "
+                      "wp1|wp2|wp3 (weight prediction with the local, the synchronized, or the combined gradient, "
+                      "Alg. 3)", "none");
+  compensation.spec_value = is_compensation;
+  compensation.spec_kind = "compensation";
+  compensation.spec_values = join(compensation_names());
+  method.options.push_back(compensation);
+  OptionDeclaration lambda("--dc-lambda", "Delay compensation lambda of dc and wp3 (sapipe.txt Sec. 5.1's 0.2)", concat(kSapipeDefaultLambda));
+  method.options.push_back(lambda);
+  for (OptionDeclaration& option : warmup_declarations("run synchronously", "0")) method.options.push_back(std::move(option));
+  method.parse = parse_sapipe_options;
+  method.make = [](const MethodContext& context) { return std::make_unique<SaPipe>(context); };
+  method.tables = {sapipe_table(baseline)};
+  return method;
+}
+
+}  // namespace pipesgd

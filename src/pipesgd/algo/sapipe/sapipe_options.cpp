@@ -1,0 +1,48 @@
+#include "pipesgd/algo/sapipe/sapipe_options.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "pipesgd/algo/planning.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+
+std::vector<std::string> compensation_names() { return {"none", "dc", "wp1", "wp2", "wp3"}; }
+
+bool predicts(Compensation compensation) {
+  return compensation == Compensation::kPredictLocal || compensation == Compensation::kPredictSynchronized ||
+         compensation == Compensation::kPredictCombined;
+}
+
+long parse_stale_layers(const std::string& text, std::size_t layers) {
+  if (text == "auto") return -1;
+  long value = -1;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  const bool parsed = error == std::errc() && end == text.data() + text.size() && value >= 0;
+  if (layers == kLayersUnknown) {
+    if (!parsed) throw UsageError(concat("--stale-layers must be auto or a layer count >= 0, got '", text, "'"));
+  } else if (!parsed || static_cast<std::size_t>(value) > layers) {
+    throw UsageError(concat("--stale-layers must be auto or a layer count in [0, ", layers,
+                            "] (the model has ", layers, " layers), got '", text, "'"));
+  }
+  return value;
+}
+
+bool SapipeOptions::needs_profile() const {
+  // Plans that need measured times (the others follow from the layer sizes alone).
+  return automatic() || sync_plan == "optimal" || sync_plan == "mgwfbp";
+}
+
+std::int64_t SapipeOptions::pipeline_start(std::int64_t warmup_iterations) const {
+  if (!needs_profile()) return warmup_iterations;
+  return std::max(warmup_iterations, kProfileWarmupIterations + profile_iterations);
+}
+
+std::string SapipeOptions::fingerprint() const {
+  return concat("stale layers ", automatic() ? std::string("auto") : concat(stale_layers), ", compensation ",
+                compensation_names()[static_cast<std::size_t>(compensation)], ", lambda ", lambda, ", plan ",
+                sync_plan, ", profile ", profile_iterations);
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,53 @@
+#pragma once
+// SAPipe's options (algo/sapipe/sapipe.h): how many first layers are stale, their compensation,
+// the plan of the synchronous layers, the profiling and the warm-up.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipesgd/algo/method_options.h"
+
+namespace pipesgd {
+
+// --dc-lambda's default for sapipe (sapipe.txt Sec. 5.1: "lambda empirically set as 0.2").
+inline constexpr float kSapipeDefaultLambda = 0.2f;
+
+// The stale range's compensation, in the order of compensation_names().
+enum class Compensation { kNone, kDelay, kPredictLocal, kPredictSynchronized, kPredictCombined };
+// --compensation values: none, dc, wp1, wp2, wp3.
+std::vector<std::string> compensation_names();
+bool predicts(Compensation compensation);  // wp1, wp2, wp3
+
+// "auto" or a layer count in [0, layers] (kLayersUnknown: any count >= 0); throws UsageError
+// otherwise (naming --stale-layers). Returns -1 for auto.
+inline constexpr std::size_t kLayersUnknown = static_cast<std::size_t>(-1);
+long parse_stale_layers(const std::string& text, std::size_t layers);
+
+class SapipeOptions final : public MethodOptions {
+ public:
+  long stale_layers = -1;  // k as given; -1: auto
+  Compensation compensation = Compensation::kNone;
+  float lambda = kSapipeDefaultLambda;  // dc and wp3
+  std::string sync_plan = "optimal";    // the synchronous layers' bucket plan (timing/bucket_plan.h)
+  std::int64_t profile_iterations = 10;
+  WarmUp warmup_given;
+
+  bool automatic() const { return stale_layers < 0; }
+  // True if k or the synchronous plan (optimal, mgwfbp) needs measured times: the partition is
+  // decided after the profiling.
+  bool needs_profile() const;
+  // The first pipelined iteration: the warm-up, or after the profiling when k is auto or the
+  // synchronous plan (optimal, mgwfbp) needs measured times.
+  std::int64_t pipeline_start(std::int64_t warmup_iterations) const;
+
+  WarmUp warmup() const override { return warmup_given; }
+  std::int64_t steady_state_start(std::int64_t warmup_iterations) const override {
+    return pipeline_start(warmup_iterations);
+  }
+  int staleness() const override { return 2; }
+  bool pipelined() const override { return true; }
+  std::string fingerprint() const override;
+};
+
+}  // namespace pipesgd

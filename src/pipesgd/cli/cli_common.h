@@ -1,0 +1,43 @@
+#pragma once
+// What the subcommands of the `pipesgd` command share: the MPI session of a process started by
+// mpirun with --transport mpi (passed explicitly to each subcommand, never held globally), lists
+// on the command line, output directories.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipesgd/data/dataset.h"
+#include "pipesgd/mpi/mpi_runtime.h"
+#include "pipesgd/mpi/mpi_transport.h"
+
+namespace pipesgd {
+
+// The MPI side of a process started by mpirun with --transport mpi: one worker per rank.
+struct MpiSession {
+  MpiSession(int* argc, char*** argv) : runtime(argc, argv), transport(runtime) {}
+  MpiRuntime runtime;
+  MpiTransport transport;
+  bool leader() const { return runtime.rank() == 0; }
+};
+
+// Checks --transport; returns true for mpi.
+bool uses_mpi(const std::string& transport);
+
+// Only rank 0 of an MPI run writes results to stdout (session: nullptr without MPI).
+inline bool prints_results(const MpiSession* session) { return session == nullptr || session->leader(); }
+
+// Under MPI the world size comes from mpirun; an explicit --workers must agree with it.
+int resolve_workers(int workers, bool workers_given, const MpiSession* session);
+
+// "a,b,c" -> {"a", "b", "c"}; UsageError for an empty list or entry.
+std::vector<std::string> split_list(const std::string& text);
+
+// The data set `data` (fashion-mnist: MNIST-format files in `dir`, default kDefaultDataDir; or
+// synthetic, from `seed`). UsageError / DataError naming the flag or file.
+DataSplits load_data_set(const std::string& data, const std::string& dir, std::int64_t seed);
+
+// --out: a directory for every subcommand. Creates it and checks that files can be written there
+// (before any work); "" when not given.
+void prepare_output_directory(const std::string& dir);
+
+}  // namespace pipesgd

@@ -1,0 +1,27 @@
+#pragma once
+// The subcommands of `pipesgd`, one file each: train_command.cpp, compare_command.cpp,
+// bench_command.cpp (bench allreduce and calibrate), plan_command.cpp. Each registers its flags
+// and says how to run; main.cpp parses, starts MPI when asked, runs and reports errors.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+#include "pipesgd/cli/cli_common.h"
+
+namespace pipesgd {
+
+struct Subcommand {
+  CLI::App* command = nullptr;
+  std::function<std::string()> transport;      // its --transport (local or mpi)
+  std::function<int(MpiSession* session)> run;  // session: nullptr unless --transport mpi
+};
+
+Subcommand add_train_command(CLI::App& app);
+Subcommand add_compare_command(CLI::App& app);
+// `bench allreduce` under `bench`.
+Subcommand add_bench_allreduce_command(CLI::App& bench);
+Subcommand add_calibrate_command(CLI::App& app);
+Subcommand add_plan_command(CLI::App& app);
+
+}  // namespace pipesgd

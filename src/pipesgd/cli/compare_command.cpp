@@ -1,0 +1,91 @@
+// `pipesgd compare`: several methods one after another on the same model and data; one table, and
+// the tables of the compared methods' families.
+#include <iostream>
+#include <memory>
+#include <set>
+
+#include "pipesgd/cli/commands.h"
+#include "pipesgd/cli/train_options.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/torch/torch_models.h"
+#include "pipesgd/train/report.h"
+#include "pipesgd/train/trainer.h"
+
+namespace pipesgd {
+namespace {
+
+int run_compare(const TrainFlags& flags, const std::string& algorithms, MpiSession* session) {
+  const std::vector<std::string> specs = split_list(algorithms);
+  std::vector<TrainConfig> configs;  // every entry checked before any training
+  for (const std::string& spec : specs) {
+    configs.push_back(to_train_config(flags, spec, FlagPolicy::kApplyWhereItFits, session));
+  }
+  // A method option goes to the methods of the list that take it; one that none takes is a mistake.
+  const OptionValues given = given_method_options(flags);
+  for (const auto& [flag, value] : given.all()) {
+    const bool taken = std::any_of(configs.begin(), configs.end(),
+                                   [&](const TrainConfig& config) { return config.method.given.has(flag); });
+    if (!taken) throw UsageError(concat(not_applicable_message(flag, algorithms), " (none of the compared methods)"));
+  }
+  if (session != nullptr) {
+    // Under MPI the servers are ranks of mpirun -np, so methods with and without servers would
+    // train with different numbers of workers: not a comparison.
+    for (const TrainConfig& config : configs) {
+      if (config.workers != configs[0].workers) {
+        throw UsageError("under --transport mpi, compare cannot mix parameter-server methods (the last --servers "
+                         "ranks serve) with methods whose every rank is a worker; compare them in separate runs");
+      }
+    }
+  }
+  if (prints_results(session)) prepare_output_directory(flags.out_dir);
+  const ModelFactory factory = torch_model_factory(flags.model);
+  const DataSplits data = load_data(flags);
+  const bool leader = prints_results(session);
+  if (leader) {
+    // The header names the servers if any method of the list has them (the others run without).
+    const TrainConfig* widest = &configs[0];
+    for (const TrainConfig& config : configs) {
+      if (server_ranks(config) > server_ranks(*widest)) widest = &config;
+    }
+    std::cout << "pipesgd compare: " << algorithms << " on " << flags.model << " (" << data.train.name << "), "
+              << describe_workers(*widest, session) << std::endl;
+  }
+  std::vector<RunSummary> summaries;
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    TrainConfig& config = configs[i];
+    if (!flags.out_dir.empty()) config.out_dir = concat(flags.out_dir, "/", i + 1, "-", config.method.spec);
+    if (leader && !flags.quiet) std::cerr << "[" << i + 1 << "/" << configs.size() << "] " << config.method.spec << std::endl;
+    summaries.push_back(session != nullptr ? run_training_rank(config, factory, data, session->transport)
+                                           : run_training(config, factory, data));
+  }
+  if (!leader) return 0;
+  std::cout << "\n";
+  print_compare_table(std::cout, summaries);
+  if (!flags.out_dir.empty()) {
+    write_compare_outputs(flags.out_dir, summaries);
+    std::cout << "wrote " << flags.out_dir << "/compare.json\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+Subcommand add_compare_command(CLI::App& app) {
+  auto flags = std::make_shared<TrainFlags>();
+  auto methods = std::make_shared<std::string>("dsync,pipe,pipe+int8");
+  Subcommand compare;
+  compare.command = app.add_subcommand("compare", "Train several methods one after another; one table");
+  compare.command
+      ->add_option("--algos", *methods,
+                   concat("Comma-separated methods, each name[+option]... (", join(method_names()),
+                          "), e.g. pssync,asgd,dcasgd,odsgd,dsync,pipe or dsync,wfbp,mgwfbp,dsync+optimal or "
+                          "dsync,pipe,sapipe,sapipe+dc,sapipe+wp1,sapipe+wp3. A method option given as a flag applies "
+                          "to the methods that take it; an option a method's spec names wins over the flag for it"))
+      ->capture_default_str();
+  add_train_flags(*compare.command, *flags);
+  compare.transport = [flags] { return flags->transport; };
+  compare.run = [flags, methods](MpiSession* session) { return run_compare(*flags, *methods, session); };
+  return compare;
+}
+
+}  // namespace pipesgd

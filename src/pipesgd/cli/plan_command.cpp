@@ -1,0 +1,197 @@
+// `pipesgd plan`: each bucket plan's buckets and predicted iteration for a model, world size,
+// network and calibration, from a profile of the model measured here exactly as a layer-wise run
+// measures it (the replicas run at once, as the trainer's workers do), before any training.
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "pipesgd/algo/dsync/layer_wise_report.h"
+#include "pipesgd/algo/planning.h"
+#include "pipesgd/algo/registry.h"
+#include "pipesgd/cli/commands.h"
+#include "pipesgd/comm/network_spec.h"
+#include "pipesgd/core/atomic_file.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/text_table.h"
+#include "pipesgd/torch/torch_models.h"
+#include "pipesgd/train/trainer.h"
+
+namespace pipesgd {
+namespace {
+
+struct PlanFlags {
+  std::string model = "mlp";
+  int workers = 4;
+  std::string network = "none";
+  std::string calibration_file;
+  std::string allreduce = "ring";
+  std::string codec = "none";
+  std::int64_t batch = 25;
+  std::string data = "fashion-mnist";
+  std::string data_dir;
+  std::int64_t seed = 1;
+  std::string plans = "wfbp,single,mgwfbp,optimal,fixed:25";
+  std::int64_t profile_iterations = 10;
+  std::string out;
+  bool quiet = false;
+};
+
+void add_plan_flags(CLI::App& command, PlanFlags& flags) {
+  command.add_option("--model", flags.model, "Model: mlp, cnn, resnet, softmax")->capture_default_str();
+  command.add_option("--workers", flags.workers, "World size the plans are for (the profile runs this many replicas at once)")
+      ->capture_default_str();
+  command.add_option("--net", flags.network, "Network: none, 1gbe, 10gbe, 25gbe, 100gbe or bw=1Gbit,lat=200us")
+      ->capture_default_str();
+  command.add_option("--calibration", flags.calibration_file,
+                     "Calibration JSON of `pipesgd calibrate` (its measured a + b*M is the cost model)");
+  command.add_option("--allreduce", flags.allreduce, "Allreduce algorithm whose cost the plans use (or auto)")
+      ->capture_default_str();
+  command.add_option("--codec", flags.codec, "Gradient codec (sets the bytes per element on the wire)")
+      ->capture_default_str();
+  command.add_option("--batch", flags.batch, "Per-worker batch of the profile")->capture_default_str();
+  command.add_option("--data", flags.data, "Data set of the profile: fashion-mnist or synthetic")->capture_default_str();
+  command.add_option("--data-dir", flags.data_dir, "Directory of MNIST-format IDX files");
+  command.add_option("--seed", flags.seed, "Seed of the model initialisation and data order")->capture_default_str();
+  command.add_option("--plans", flags.plans, concat("Comma-separated plans: ", join(bucket_plan_names())))
+      ->capture_default_str();
+  command.add_option("--profile-iters", flags.profile_iterations, "Iterations profiled per replica")->capture_default_str();
+  command.add_option("--out", flags.out, "Directory to write plan.json (the plans and predictions) to");
+  command.add_flag("--quiet", flags.quiet, "No progress output");
+}
+
+std::string plan_equation(const std::string& name) {
+  if (name == "wfbp") return "Eq. 6-8";
+  if (name == "single") return "t_f + t_b + T(all)";
+  return "Eq. 19-21";
+}
+
+int run_plan(const PlanFlags& flags, MpiSession* session) {
+  if (session != nullptr) throw UsageError("plan profiles on threads of this process: drop --transport mpi");
+  if (flags.profile_iterations < 1 || flags.profile_iterations > 100000) {
+    throw UsageError(concat("--profile-iters must be in [1, 100000], got ", flags.profile_iterations));
+  }
+  if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
+  if (flags.batch < 1 || flags.batch > static_cast<std::int64_t>(kMaxBatch)) {
+    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", flags.batch));
+  }
+  const std::vector<std::string> plans = split_list(flags.plans);
+  for (const std::string& plan : plans) check_bucket_plan_name(plan);
+  // The profile is measured exactly as a layer-wise run measures it: a run of the registry's
+  // profiling method on --workers threads over the emulated network, to the end of its planning step
+  // (cost model, kappa), whose inputs every plan below is computed from.
+  OptionValues options{{"--codec", flags.codec},
+                       {"--allreduce", flags.allreduce},
+                       {"--profile-iters", concat(flags.profile_iterations)}};
+  if (!flags.calibration_file.empty()) options.set("--calibration", flags.calibration_file);
+  TrainConfig config;
+  config.method = select_method(layer_wise_profiling_spec(), options, FlagPolicy::kReject, CommonOptions{});
+  config.workers = flags.workers;
+  config.model = flags.model;
+  config.batch = static_cast<std::size_t>(flags.batch);
+  config.iterations = kProfileWarmupIterations + flags.profile_iterations;
+  config.seed = static_cast<std::uint64_t>(flags.seed);
+  config.network = parse_network_spec(flags.network);
+  config.progress = false;
+  config.evaluate = false;
+  validate_train_config(config);  // before loading any data
+  prepare_output_directory(flags.out);
+  const NetworkSpec& network = config.network;
+  const CommonOptions& common = config.method.common;
+  const ModelFactory factory = torch_model_factory(flags.model);
+  const DataSplits data = load_data_set(flags.data, flags.data_dir, flags.seed);
+  const double bytes_per_element = static_cast<double>(make_codec(flags.codec)->encoded_bytes(1000)) / 1000.0;
+  if (!flags.quiet) {
+    std::cerr << "profiling " << flags.model << ": " << flags.workers << " workers (threads), " << kProfileWarmupIterations
+              << " + " << flags.profile_iterations << " iterations of batch " << flags.batch << " over network "
+              << describe(network) << std::endl;
+  }
+  const RunSummary run = run_training(config, factory, data);
+  const auto* report = dynamic_cast<const LayerWiseReport*>(run.figures.report.get());
+  PIPESGD_ASSERT(report != nullptr && report->planned);
+  const LayerProfile& profile = report->profile;
+  const double update_seconds = report->update_seconds;
+  const LinearCost cost = report->cost;
+  double gradient_bytes = 0, backward = 0;
+  for (double b : profile.bytes) gradient_bytes += b;
+  for (double b : profile.backward_seconds) backward += b;
+  const double fp32_bytes = gradient_bytes / bytes_per_element * sizeof(float);
+  const std::string algorithm = resolve_allreduce_algorithm(common, flags.workers, fp32_bytes);
+
+  std::cout << "pipesgd plan: " << flags.model << " (" << profile.bytes.size() << " layers, " << std::fixed
+            << std::setprecision(0) << gradient_bytes << " gradient bytes with codec " << flags.codec << "), "
+            << flags.workers << " workers, network " << describe(network) << "\n";
+  std::cout << std::setprecision(3) << "allreduce " << algorithm << ": T(M) = a + b*M, a = " << cost.a * 1e3
+            << " ms, b = " << cost.b * 1e9 << " ns/byte (from " << planning_cost_source(common, network, flags.workers)
+            << ")\n";
+  std::cout << "profile: t_f (data + forward) = " << profile.forward_seconds * 1e3 << " ms, t_b (backward) = "
+            << backward * 1e3 << " ms, update = " << update_seconds * 1e3
+            << " ms per iteration; each allreduce launched during backward slows it by kappa = "
+            << profile.per_bucket_compute_seconds * 1e3 << " ms\n\n";
+  nlohmann::json records = nlohmann::json::array();
+  std::vector<std::vector<std::string>> rows = {{"plan", "buckets", "predicted iter ms", "t_c^no ms", "comm ms", "model"}};
+  std::vector<std::string> details;
+  for (const std::string& name : plans) {
+    const BucketPlan plan = make_bucket_plan(name, profile, cost);
+    const PlanTimeline timeline = simulate_plan(profile, cost, plan);
+    const double iteration = timeline.iteration + update_seconds;
+    rows.push_back({name, concat(plan.buckets.size()), milliseconds(iteration), milliseconds(timeline.non_overlapped),
+                    milliseconds(timeline.communication), plan_equation(plan.name)});
+    details.push_back(concat(name, ": ", describe_plan(plan)));
+    records.push_back({{"plan", name},
+                       {"buckets", plan.buckets.size()},
+                       {"description", describe_plan(plan)},
+                       {"predicted_iteration_s", iteration},
+                       {"predicted_non_overlapped_s", timeline.non_overlapped},
+                       {"communication_s", timeline.communication}});
+  }
+  print_table(std::cout, rows);
+  std::cout << "\npredicted iter = the timeline's last allreduce finish (t_f + backward with the buckets' "
+               "allreduces launched as their layers are ready, one at a time) + update; t_c^no = the part "
+               "of the communication not hidden behind backward.\n";
+  std::cout << "(one allreduce after backward, without buckets, is the single plan.)\n";
+  const WfbpCase wfbp = classify_wfbp(profile, cost);
+  std::cout << "WFBP is case " << wfbp.number << " of mg-wfbp.txt Sec. III-A: ";
+  if (wfbp.number == 3) {
+    std::cout << "communication-bound from layer " << wfbp.communication_bound_layer
+              << " (paper numbering) down, Eq. 13: t_iter = r_C + sum_{j<=C} t_c(j) = ";
+  } else {
+    std::cout << "communication hidden except layer 1's, Eq. " << (wfbp.number == 1 ? 11 : 12)
+              << ": t_iter = t_f + t_b + t_c(1) = ";
+  }
+  std::cout << std::setprecision(3) << wfbp.iteration * 1e3 << " ms (+ update)\n";
+  for (const std::string& line : details) std::cout << line << "\n";
+  if (!flags.out.empty()) {
+    const nlohmann::json document = {{"model", flags.model},
+                                     {"workers", flags.workers},
+                                     {"network", network.name},
+                                     {"allreduce", algorithm},
+                                     {"a_s", cost.a},
+                                     {"b_s_per_byte", cost.b},
+                                     {"forward_s", profile.forward_seconds},
+                                     {"backward_s", backward},
+                                     {"update_s", update_seconds},
+                                     {"kappa_s", profile.per_bucket_compute_seconds},
+                                     {"plans", records}};
+    write_file_atomically(std::filesystem::path(flags.out) / "plan.json", document.dump(2) + "\n", "plan");
+    std::cout << "wrote " << flags.out << "/plan.json\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+Subcommand add_plan_command(CLI::App& app) {
+  auto flags = std::make_shared<PlanFlags>();
+  Subcommand plan;
+  plan.command = app.add_subcommand(
+      "plan", "Bucket plans for layer-wise allreduce: buckets, predicted iteration and t_c^no per plan");
+  add_plan_flags(*plan.command, *flags);
+  plan.transport = [] { return std::string("local"); };
+  plan.run = [flags](MpiSession* session) { return run_plan(*flags, session); };
+  return plan;
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,51 @@
+// `pipesgd train`: one method, the timing breakdown and the timing models' predictions.
+#include <iostream>
+#include <memory>
+
+#include "pipesgd/cli/commands.h"
+#include "pipesgd/cli/train_options.h"
+#include "pipesgd/torch/torch_models.h"
+#include "pipesgd/train/report.h"
+#include "pipesgd/train/trainer.h"
+
+namespace pipesgd {
+namespace {
+
+std::string methods_help() {
+  std::string text = "Method, optionally followed by +options (a codec, a bucket plan, a compensation: e.g. pipe+int8, "
+                     "dsync+optimal, sapipe+wp3): ";
+  for (const MethodDescriptor* method : method_registry()) text += concat("\n  ", method->name, ": ", method->summary);
+  return text;
+}
+
+int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSession* session) {
+  const TrainConfig config = to_train_config(flags, method_spec, FlagPolicy::kReject, session);
+  const ModelFactory factory = torch_model_factory(config.model);
+  const DataSplits data = load_data(flags);
+  if (prints_results(session)) {
+    std::cout << "pipesgd train: " << config.method.spec << " on " << config.model << " (" << data.train.name << ", "
+              << data.train.size << " training examples), " << describe_workers(config, session) << std::endl;
+  }
+  const RunSummary summary = session != nullptr ? run_training_rank(config, factory, data, session->transport)
+                                                : run_training(config, factory, data);
+  if (!prints_results(session)) return 0;
+  print_run_report(std::cout, summary);
+  if (!config.out_dir.empty()) std::cout << "wrote " << config.out_dir << "/{metrics.jsonl,summary.json}\n";
+  return 0;
+}
+
+}  // namespace
+
+Subcommand add_train_command(CLI::App& app) {
+  auto flags = std::make_shared<TrainFlags>();
+  auto method = std::make_shared<std::string>("dsync");
+  Subcommand train;
+  train.command = app.add_subcommand("train", "Train one method and report the timing breakdown");
+  train.command->add_option("--algo", *method, methods_help())->capture_default_str();
+  add_train_flags(*train.command, *flags);
+  train.transport = [flags] { return flags->transport; };
+  train.run = [flags, method](MpiSession* session) { return run_train(*flags, *method, session); };
+  return train;
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,183 @@
+#include "pipesgd/cli/train_options.h"
+
+#include "pipesgd/comm/network_spec.h"
+#include "pipesgd/comm/timeout.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+// "a, b and c"
+std::string and_list(const std::vector<std::string>& items) {
+  std::string text;
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    if (k > 0) text += k + 1 == items.size() ? " and " : ", ";
+    text += items[k];
+  }
+  return text;
+}
+
+// A method option's --help text from every declaration of it: what it does, for which methods
+// (grouped where the methods' texts agree), and the default.
+std::string method_option_help(const DeclaredOption& option) {
+  struct Group {
+    const OptionDeclaration* declaration;
+    std::vector<std::string> methods;
+  };
+  std::vector<Group> groups;
+  for (std::size_t k = 0; k < option.methods.size(); ++k) {
+    const OptionDeclaration& declaration = *option.declarations[k];
+    const std::string name = declaration.condition.empty() ? option.methods[k]->name
+                                                           : concat(option.methods[k]->name, " ", declaration.condition);
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const Group& group) {
+      return group.declaration->help == declaration.help && group.declaration->default_text == declaration.default_text;
+    });
+    if (same == groups.end()) {
+      groups.push_back({&declaration, {name}});
+    } else {
+      same->methods.push_back(name);
+    }
+  }
+  std::vector<std::string> parts;
+  for (const Group& group : groups) {
+    const std::string& fallback = group.declaration->default_text;
+    parts.push_back(concat(group.declaration->help, " [", and_list(group.methods),
+                           fallback.empty() ? std::string() : concat("; default: ", fallback), "]"));
+  }
+  return join(parts, "; ");
+}
+
+}  // namespace
+
+void add_train_flags(CLI::App& command, TrainFlags& flags) {
+  flags.command = &command;
+  command.add_option("--workers", flags.workers, "Workers: threads of this process (--transport local); under mpi the ranks")
+      ->capture_default_str();
+  command.add_option("--transport", flags.transport,
+                     "local (workers are threads of this process) or mpi (one worker per rank of mpirun -np N)")
+      ->capture_default_str();
+  command.add_option("--model", flags.model,
+                     "Model: mlp (784-500-500-10), cnn (LeNet-style), resnet (ResNet-20-style with batch norm), softmax")
+      ->capture_default_str();
+  command.add_option("--data", flags.data, "Data set: fashion-mnist (MNIST-format files, see --data-dir) or synthetic")
+      ->capture_default_str();
+  command.add_option("--data-dir", flags.data_dir,
+                     std::string("Directory of MNIST-format IDX files (gzip or plain) [default: ") + kDefaultDataDir + "]");
+  command.add_option("--epochs", flags.epochs, "Epochs to train")->capture_default_str();
+  command.add_option("--iters", flags.iterations, "Train exactly this many iterations instead of --epochs");
+  command.add_option("--seed", flags.seed, "Seed of the model initialisation and data shuffling")->capture_default_str();
+  command.add_option("--lr", flags.learning_rate, "Learning rate (SGD's, and Adam's with --optimizer adam)")
+      ->capture_default_str();
+  command.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str();
+  command.add_option("--weight-decay", flags.weight_decay, "Weight decay (L2)")->capture_default_str();
+  command.add_option("--batch", flags.batch, "Per-worker batch (4 workers x 25 = the paper's global batch of 100)")
+      ->capture_default_str();
+  command.add_option("--net", flags.network, "Emulated network per worker: none, 1gbe, 10gbe, 25gbe, 100gbe or bw=2.5Gbit,lat=30us")
+      ->capture_default_str();
+  command.add_option("--comm-timeout", flags.comm_timeout_seconds, "Seconds any wait on a peer may take before the run fails")
+      ->capture_default_str();
+  command.add_option("--checkpoint-dir", flags.checkpoint_dir,
+                     "Directory of checkpoints: written every --checkpoint-every iterations (atomically, with a "
+                     "checksum; the 2 newest complete ones are kept), read by --resume");
+  command.add_option("--checkpoint-every", flags.checkpoint_every,
+                     "Write a checkpoint every N iterations (every method; parameter servers write their shards too; "
+                     "0: never)")
+      ->capture_default_str();
+  command.add_flag("--resume", flags.resume,
+                   "Continue from the newest complete, valid checkpoint in --checkpoint-dir (torn or corrupt ones are "
+                   "skipped with a warning); the result is bit-identical to an uninterrupted run");
+  command.add_option("--on-nonfinite", flags.on_nonfinite,
+                     "A NaN or Inf in a worker's gradient, found before it is sent: stop (the run ends naming the rank, "
+                     "layer and iteration) or skip (that layer's gradient is replaced by zeros, with a warning)")
+      ->capture_default_str();
+  command.add_option("--check-consistency", flags.check_consistency,
+                     "Every N iterations the workers compare a checksum of their weights; a difference stops the run "
+                     "naming the ranks (the methods with identical replicas; 0: never)")
+      ->capture_default_str();
+  command.add_option("--inject-fault", flags.inject_fault,
+                     "Testing: rank=R,iter=N,kind=crash|hang[,at=iteration|checkpoint|allreduce|push] makes worker R "
+                     "die (crash) or go silent (hang) at the start of iteration N (at=iteration), mid-write of its "
+                     "checkpoint after N (at=checkpoint), mid-way through N's gradient allreduce (at=allreduce, "
+                     "allreduce methods) or N's push to the servers (at=push, parameter-server methods); the others "
+                     "must exit within --comm-timeout");
+  command.add_option("--out", flags.out_dir, "Directory to write metrics.jsonl and summary.json to (compare: compare.json)");
+  command.add_flag("--quiet", flags.quiet, "No progress output");
+  command.add_flag("--no-eval", flags.no_eval, "Skip the test-set evaluation after each epoch");
+  // Every method option the registry declares; the method decides whether it takes it.
+  for (const DeclaredOption& option : declared_options()) {
+    command.add_option(option.flag, flags.method_values[option.flag], method_option_help(option));
+  }
+}
+
+OptionValues given_method_options(const TrainFlags& flags) {
+  OptionValues values;
+  for (const auto& [flag, value] : flags.method_values) {
+    if (flags.command->count(flag) > 0) values.set(flag, value);
+  }
+  return values;
+}
+
+TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_spec, FlagPolicy policy,
+                            const MpiSession* session) {
+  CommonOptions base;
+  base.optimizer.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
+  base.timeout = timeout_from_seconds(flags.comm_timeout_seconds, "--comm-timeout");
+  TrainConfig config;
+  config.method = select_method(method_spec, given_method_options(flags), policy, base);
+  if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
+  if (flags.batch < 1 || flags.batch > static_cast<std::int64_t>(kMaxBatch)) {
+    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", flags.batch));
+  }
+  const bool workers_given = flags.command->count("--workers") > 0;
+  const int servers = config.method.options->servers();
+  if (session != nullptr && servers > 0) {
+    // Under MPI the last S ranks of mpirun -np N are the servers: N - S workers.
+    const int ranks = session->runtime.size();
+    if (servers >= ranks) {
+      throw UsageError(concat("--servers ", servers, " leaves no worker among the ", ranks,
+                              " MPI ranks (mpirun -np): the last S ranks are the servers"));
+    }
+    if (workers_given && flags.workers != ranks - servers) {
+      throw UsageError(concat("--workers ", flags.workers, " does not match the ", ranks, " MPI ranks (mpirun -np) minus ",
+                              servers, " server(s); leave --workers out under --transport mpi"));
+    }
+    config.workers = ranks - servers;
+  } else {
+    config.workers = resolve_workers(flags.workers, workers_given, session);
+  }
+  config.model = flags.model;
+  config.batch = static_cast<std::size_t>(flags.batch);
+  config.epochs = flags.epochs;
+  config.iterations = flags.iterations;
+  config.seed = static_cast<std::uint64_t>(flags.seed);
+  config.network = parse_network_spec(flags.network);
+  if (session != nullptr && config.network.emulated()) {
+    throw UsageError("--net emulates links between threads of one process; under --transport mpi the network is the "
+                     "real one (drop --net)");
+  }
+  config.out_dir = flags.out_dir;
+  config.progress = !flags.quiet && prints_results(session);
+  config.evaluate = !flags.no_eval;
+  ReliabilityOptions& reliability = config.reliability;
+  reliability.on_nonfinite = flags.on_nonfinite;
+  reliability.check_consistency = flags.check_consistency;
+  reliability.checkpoint_dir = flags.checkpoint_dir;
+  reliability.checkpoint_every = flags.checkpoint_every;
+  reliability.resume = flags.resume;
+  if (!flags.inject_fault.empty()) reliability.fault = parse_fault_injection(flags.inject_fault);
+  validate_train_config(config);  // before loading any data
+  return config;
+}
+
+DataSplits load_data(const TrainFlags& flags) { return load_data_set(flags.data, flags.data_dir, flags.seed); }
+
+std::string describe_workers(const TrainConfig& config, const MpiSession* session) {
+  const int servers = server_ranks(config);
+  const std::string workers =
+      concat(config.workers, " workers",
+             servers > 0 ? concat(" + ", servers, servers == 1 ? " server" : " servers") : std::string());
+  if (session != nullptr) return concat(workers, " as ", session->transport.describe());
+  return concat(workers, " (threads), network ", describe(config.network));
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,67 @@
+#pragma once
+// The flags of `train` and `compare`: the run's own (workers, model, data, batch, length, network,
+// outputs, reliability) and every method option the registry declares (algo/registry.h), which a
+// method takes or rejects as its registry entry says.
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "pipesgd/algo/registry.h"
+#include "pipesgd/cli/cli_common.h"
+#include "pipesgd/data/dataset.h"
+#include "pipesgd/train/run_config.h"
+
+namespace pipesgd {
+
+// The flags as typed, before validation.
+struct TrainFlags {
+  int workers = 4;
+  std::string model = "mlp";
+  std::string data = "fashion-mnist";
+  std::string data_dir;
+  std::int64_t epochs = 1;
+  std::int64_t iterations = 0;
+  std::int64_t seed = 1;
+  // Plain SGD at 0.1: the setting of the Pipe-SGD paper's analysis; stale gradients under heavy
+  // momentum overshoot (see docs/results.md), so momentum is opt-in.
+  float learning_rate = 0.1f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  std::int64_t batch = 25;
+  std::string network = "none";
+  double comm_timeout_seconds = 120;
+  std::string out_dir;
+  std::string transport = "local";
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  bool resume = false;
+  std::string on_nonfinite = "stop";
+  std::int64_t check_consistency = 0;
+  std::string inject_fault;
+  bool quiet = false;
+  bool no_eval = false;
+  // Every method option (registry), as text: flag -> value, filled by add_train_flags' options.
+  std::map<std::string, std::string> method_values;
+  CLI::App* command = nullptr;  // to tell which flags appeared
+};
+
+// Adds the run's flags and every method option to `command`.
+void add_train_flags(CLI::App& command, TrainFlags& flags);
+
+// The method options that appeared on the command line.
+OptionValues given_method_options(const TrainFlags& flags);
+
+// The run of `method_spec` with `flags` (policy: train rejects a flag its method does not take,
+// compare applies each flag to the methods of its list that take it). Checks everything that does
+// not need the data. Under MPI (`session`) the workers are mpirun's ranks, less the servers.
+TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_spec, FlagPolicy policy,
+                            const MpiSession* session);
+
+DataSplits load_data(const TrainFlags& flags);
+
+// "4 workers (threads), network 10gbe (...)" or "4 workers as MpiTransport ...".
+std::string describe_workers(const TrainConfig& config, const MpiSession* session);
+
+}  // namespace pipesgd

@@ -1,0 +1,156 @@
+#include "pipesgd/train/checkpointing.h"
+
+#include <iostream>
+
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+// The epoch records, one section per field (each a vector over the epochs).
+struct EpochField {
+  const char* name;
+  double EpochRecord::*value;
+};
+constexpr EpochField kEpochFields[] = {
+    {"train_loss", &EpochRecord::train_loss},       {"train_accuracy", &EpochRecord::train_accuracy},
+    {"test_accuracy", &EpochRecord::test_accuracy}, {"test_loss", &EpochRecord::test_loss},
+    {"elapsed_seconds", &EpochRecord::elapsed_seconds},
+};
+
+void save_epochs(CheckpointWriter& out, const std::vector<EpochRecord>& epochs) {
+  std::vector<double> numbers, iterations;
+  for (const EpochRecord& record : epochs) {
+    numbers.push_back(static_cast<double>(record.epoch));
+    iterations.push_back(static_cast<double>(record.iterations));
+  }
+  out.add_doubles("epochs.epoch", numbers);
+  out.add_doubles("epochs.iterations", iterations);
+  for (const EpochField& field : kEpochFields) {
+    std::vector<double> values;
+    for (const EpochRecord& record : epochs) values.push_back(record.*field.value);
+    out.add_doubles(concat("epochs.", field.name), values);
+  }
+}
+
+std::vector<EpochRecord> load_epochs(const CheckpointReader& in) {
+  const std::vector<double> numbers = in.doubles("epochs.epoch");
+  const std::vector<double> iterations = in.doubles("epochs.iterations", numbers.size());
+  std::vector<EpochRecord> epochs(numbers.size());
+  for (std::size_t e = 0; e < epochs.size(); ++e) {
+    epochs[e].epoch = static_cast<std::int64_t>(numbers[e]);
+    epochs[e].iterations = static_cast<std::int64_t>(iterations[e]);
+  }
+  for (const EpochField& field : kEpochFields) {
+    const std::vector<double> values = in.doubles(concat("epochs.", field.name), epochs.size());
+    for (std::size_t e = 0; e < epochs.size(); ++e) epochs[e].*field.value = values[e];
+  }
+  return epochs;
+}
+
+}  // namespace
+
+void BackgroundCheckpointWriter::submit(Files files, std::function<void()> after) {
+  finish();
+  pending_ = std::async(std::launch::async, [files = std::move(files), after = std::move(after)] {
+    for (const auto& [path, file] : files) file.write_atomically(path);
+    if (after) after();
+  });
+}
+
+void BackgroundCheckpointWriter::finish() {
+  if (pending_.valid()) pending_.get();
+}
+
+std::string run_fingerprint(const TrainConfig& config, const RunPlan& plan) {
+  const MethodSelection& method = config.method;
+  const std::string options = method.options->fingerprint();
+  return concat("method ", method.spec, " (", fingerprint(method.common), options.empty() ? "" : ", ", options,
+                ", warm-up ", plan.warmup_iterations, "), model ", config.model, ", ", config.workers,
+                " workers, batch ", config.batch, ", seed ", config.seed, ", ", plan.total_iterations, " iterations");
+}
+
+CheckpointWriter worker_checkpoint(std::int64_t t, FlatParameters& model, TrainingMethod& method,
+                                   const EpochSums& sums) {
+  CheckpointWriter part;
+  part.add_int("next_iteration", t + 1);
+  part.add("model.parameters", std::span<const float>(model.parameters()));
+  part.add_double("epoch.loss_sum", sums.loss);
+  part.add_double("epoch.correct", sums.correct);
+  method.save_state(part);
+  return part;
+}
+
+std::pair<std::int64_t, EpochSums> restore_worker(const RunContext& run, int rank, FlatParameters& model,
+                                                  TrainingMethod& method) {
+  const CheckpointReader part = CheckpointReader::read_file(run.resume_from->parts.at(worker_part(rank)));
+  const std::int64_t next = part.integer("next_iteration");
+  if (next != run.resume_from->iteration) {
+    throw DataError(concat("checkpoint '", part.origin(), "': holds iteration ", next, ", its name says ",
+                           run.resume_from->iteration));
+  }
+  const std::span<const float> weights = part.floats("model.parameters");
+  if (weights.size() != model.parameters().size()) {
+    throw DataError(concat("checkpoint '", part.origin(), "': ", weights.size(), " weights for a model of ",
+                           model.parameters().size()));
+  }
+  std::copy(weights.begin(), weights.end(), model.parameters().begin());
+  method.load_state(part, next);
+  return {next, EpochSums{part.real("epoch.loss_sum"), part.real("epoch.correct")}};
+}
+
+CheckpointWriter shared_checkpoint(const RunContext& run, std::int64_t t, const std::vector<EpochRecord>& epochs) {
+  CheckpointWriter common;
+  common.add_string("run", run.fingerprint);
+  common.add_int("next_iteration", t + 1);
+  save_epochs(common, epochs);
+  return common;
+}
+
+void find_resume_point(RunContext& run, bool leader) {
+  const std::string& dir = run.config.reliability.checkpoint_dir;
+  auto warn = [&](const std::string& line) {
+    if (leader) std::cerr << "pipesgd: warning: " << line << "\n";
+  };
+  auto check_fingerprint = [&](const CheckpointReader& shared_part) {
+    const std::string written_by(shared_part.string("run"));
+    if (written_by != run.fingerprint) {
+      throw UsageError(concat("--resume: the checkpoint in '", dir, "' is of another run (", written_by,
+                              "; this run: ", run.fingerprint, ")"));
+    }
+  };
+  run.resume_from = find_newest_valid_checkpoint(dir, run.checkpoint_parts, warn);
+  if (!run.resume_from) {
+    // Say so if the directory holds another run's checkpoints (e.g. of another worker count).
+    const auto any = find_newest_valid_checkpoint(dir, {"shared"}, [](const std::string&) {});
+    if (any) check_fingerprint(CheckpointReader::read_file(any->parts.at("shared")));
+    throw UsageError(concat("--resume: no complete, valid checkpoint in '", dir, "'"));
+  }
+  const CheckpointReader shared_part = CheckpointReader::read_file(run.resume_from->parts.at("shared"));
+  check_fingerprint(shared_part);
+  run.resumed_epochs = load_epochs(shared_part);
+}
+
+void prune_run_checkpoints(const RunContext& run) {
+  prune_checkpoints(run.config.reliability.checkpoint_dir, 2, run.checkpoint_parts);
+}
+
+std::function<void(const ParameterServerShard&, std::int64_t)> server_checkpoints(const RunContext& run,
+                                                                                 ParameterServerShard& shard,
+                                                                                 BackgroundCheckpointWriter& writer) {
+  if (run.resume_from) {
+    shard.load_state(CheckpointReader::read_file(run.resume_from->parts.at(server_part(shard.shard_index()))));
+  }
+  if (run.config.reliability.checkpoint_every == 0) return {};
+  return [&run, &writer](const ParameterServerShard& served, std::int64_t iteration) {
+    CheckpointWriter part;
+    part.add_int("next_iteration", iteration);
+    served.save_state(part);
+    BackgroundCheckpointWriter::Files files;
+    files.emplace_back(checkpoint_path(run.config.reliability.checkpoint_dir, iteration, server_part(served.shard_index())),
+                       std::move(part));
+    writer.submit(std::move(files), [&run] { prune_run_checkpoints(run); });
+  };
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,72 @@
+#pragma once
+// The trainer's checkpoints, save and load together (core/checkpoint.h has the file layer). A set
+// is one file per part, all of one iteration: "rankR" per worker (its weights, the method's state,
+// its place in the epoch), "shared" from rank 0 (the run's fingerprint, the epoch records) and
+// "serverS" per parameter server (its shard). Every field is a named, typed section.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipesgd/algo/training_method.h"
+#include "pipesgd/core/checkpoint.h"
+#include "pipesgd/ps/parameter_server.h"
+#include "pipesgd/train/run_context.h"
+
+namespace pipesgd {
+
+// Writes checkpoint files on a thread of its own, so the compute thread pays only for copying the
+// state (CheckpointWriter copies every section when it is added) and not for writing and syncing
+// it. One write in flight per owner: the next submit waits for the last one to be on disk. A write
+// failure is rethrown by the next submit() or by finish(). One thread (the owner's) calls it.
+class BackgroundCheckpointWriter {
+ public:
+  using Files = std::vector<std::pair<std::filesystem::path, CheckpointWriter>>;
+  // Writes `files` in order (each atomically), then runs `after` (e.g. pruning), in the background.
+  void submit(Files files, std::function<void()> after);
+  // Waits for the write in flight; rethrows its failure.
+  void finish();
+
+ private:
+  std::future<void> pending_;  // its destructor waits for a write in flight (never a torn file)
+};
+
+// A worker's place in its epoch: the sums of the iterations run so far.
+struct EpochSums {
+  double loss = 0;
+  double correct = 0;  // training examples predicted right (before their update)
+};
+
+// This worker's part after iteration t: the weights, the method's state and the epoch sums.
+CheckpointWriter worker_checkpoint(std::int64_t t, FlatParameters& model, TrainingMethod& method,
+                                   const EpochSums& sums);
+// Restores this worker's part of the set being resumed into `model` and `method`; returns the
+// iteration to go on with and the epoch sums. DataError naming the file for anything wrong.
+std::pair<std::int64_t, EpochSums> restore_worker(const RunContext& run, int rank, FlatParameters& model,
+                                                  TrainingMethod& method);
+
+// Rank 0's shared part after iteration t: the fingerprint and the epoch records so far.
+CheckpointWriter shared_checkpoint(const RunContext& run, std::int64_t t, const std::vector<EpochRecord>& epochs);
+
+// The newest complete valid checkpoint of this run in its --checkpoint-dir and its epoch records
+// (prepare_run's --resume). Throws UsageError if there is none or it is another run's.
+void find_resume_point(RunContext& run, bool leader);
+
+// Keeps the 2 newest complete sets.
+void prune_run_checkpoints(const RunContext& run);
+
+// What a checkpoint must match to be resumed by this run: everything that changes the math of the
+// continuation.
+std::string run_fingerprint(const TrainConfig& config, const RunPlan& plan);
+
+// Checkpoints of a server rank: restores its shard from the set being resumed, if any, and returns
+// ServeOptions::on_checkpoint writing the shard's part in the background with `writer` (which
+// prunes after, so whichever writer finishes a set last prunes); empty without checkpoints.
+std::function<void(const ParameterServerShard&, std::int64_t)> server_checkpoints(const RunContext& run,
+                                                                                 ParameterServerShard& shard,
+                                                                                 BackgroundCheckpointWriter& writer);
+
+}  // namespace pipesgd

@@ -1,0 +1,88 @@
+#include "pipesgd/train/run_config.h"
+
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+// "a, b and c" of the methods whose traits satisfy `has`.
+template <typename Predicate>
+std::string methods_where(Predicate&& has) {
+  std::vector<std::string> names;
+  for (const MethodDescriptor* method : method_registry()) {
+    if (has(method->traits)) names.push_back(method->name);
+  }
+  std::string text;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    if (k > 0) text += k + 1 == names.size() ? " and " : ", ";
+    text += names[k];
+  }
+  return text;
+}
+
+void validate_reliability(const TrainConfig& config) {
+  const ReliabilityOptions& r = config.reliability;
+  const MethodSelection& method = config.method;
+  if (r.checkpoint_every < 0 || r.checkpoint_every > kMaxIterations) {
+    throw UsageError(concat("--checkpoint-every must be in [0, ", kMaxIterations, "] (0: never), got ",
+                            r.checkpoint_every));
+  }
+  if ((r.checkpoint_every > 0 || r.resume) && r.checkpoint_dir.empty()) {
+    throw UsageError(concat(r.resume ? "--resume" : "--checkpoint-every", " needs --checkpoint-dir DIR"));
+  }
+  if (!r.checkpoint_dir.empty() && r.checkpoint_every == 0 && !r.resume) {
+    throw UsageError("--checkpoint-dir needs --checkpoint-every N (to write checkpoints) or --resume (to read one)");
+  }
+  if (r.on_nonfinite != "stop" && r.on_nonfinite != "skip") {
+    throw UsageError(concat("--on-nonfinite must be stop or skip, got '", r.on_nonfinite, "'"));
+  }
+  if (r.check_consistency < 0 || r.check_consistency > kMaxIterations) {
+    throw UsageError(concat("--check-consistency must be in [0, ", kMaxIterations, "] (0: never), got ",
+                            r.check_consistency));
+  }
+  if (r.check_consistency > 0 && !method.traits().replicas_identical) {
+    throw UsageError(concat("--check-consistency: the replicas of '", method.name(),
+                            "' differ by design (each worker trains on its own weights); it applies to ",
+                            methods_where([](const MethodTraits& t) { return t.replicas_identical; })));
+  }
+  const FaultInjection& fault = r.fault;
+  if (!fault.active()) return;
+  if (fault.during_checkpoint() && (r.checkpoint_every == 0 || (fault.iteration + 1) % r.checkpoint_every != 0)) {
+    throw UsageError(concat("--inject-fault at=checkpoint: no checkpoint is written after iteration ", fault.iteration,
+                            " (--checkpoint-every ", r.checkpoint_every, ")"));
+  }
+  if (fault.point == FaultInjection::Point::kAllreduce && method.traits().uses_servers) {
+    throw UsageError(concat("--inject-fault at=allreduce: '", method.name(),
+                            "' pushes to parameter servers and runs no allreduce (use at=push)"));
+  }
+  if (fault.point == FaultInjection::Point::kPush && !method.traits().uses_servers) {
+    throw UsageError(concat("--inject-fault at=push: '", method.name(),
+                            "' runs no parameter servers (use at=allreduce; at=push is for ",
+                            methods_where([](const MethodTraits& t) { return t.uses_servers; }), ")"));
+  }
+  if (fault.rank >= config.workers) {
+    throw UsageError(concat("--inject-fault: rank ", fault.rank, " is not a worker (the run has ", config.workers,
+                            " workers: ranks 0-", config.workers - 1, ")"));
+  }
+}
+
+}  // namespace
+
+void validate_train_config(const TrainConfig& config) {
+  PIPESGD_ASSERT(config.method.descriptor != nullptr && config.method.options != nullptr);
+  if (config.workers < 1 || config.workers > kMaxWorkers) {
+    throw UsageError(concat("--workers must be in [1, ", kMaxWorkers, "], got ", config.workers));
+  }
+  if (config.batch < 1 || config.batch > kMaxBatch) {
+    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", config.batch));
+  }
+  if (config.iterations < 0 || config.iterations > kMaxIterations) {
+    throw UsageError(concat("--iters must be in [0, ", kMaxIterations, "], got ", config.iterations));
+  }
+  if (config.iterations == 0 && (config.epochs < 1 || config.epochs > kMaxIterations)) {
+    throw UsageError(concat("--epochs must be in [1, ", kMaxIterations, "], got ", config.epochs));
+  }
+  validate_reliability(config);
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,63 @@
+#pragma once
+// What a training run is asked to do: the method (selected and configured through the registry,
+// algo/registry.h), the workers, the model, the data's batching and length, the network, outputs
+// and reliability options.
+#include <cstdint>
+#include <string>
+
+#include "pipesgd/algo/registry.h"
+#include "pipesgd/comm/network_spec.h"
+#include "pipesgd/train/fault_injection.h"
+
+namespace pipesgd {
+
+// Bounds of a run, checked before anything is allocated.
+inline constexpr int kMaxWorkers = 1024;
+inline constexpr std::size_t kMaxBatch = std::size_t{1} << 20;
+inline constexpr std::int64_t kMaxIterations = 10'000'000;
+
+// --on-nonfinite, --check-consistency, checkpoints and --inject-fault.
+struct ReliabilityOptions {
+  // A NaN or Inf in a worker's gradient, found before it is communicated, stops the run with a
+  // NumericalError naming the rank, layer and iteration ("stop") or is replaced by zeros in that
+  // layer with a warning ("skip").
+  std::string on_nonfinite = "stop";
+  // Every N iterations (0: never) the workers compare a checksum of their weights (methods with
+  // identical replicas only); a difference stops the run with a ReplicaDivergenceError naming the
+  // ranks.
+  std::int64_t check_consistency = 0;
+  // Every `checkpoint_every` iterations (0: never) each worker writes its part (weights, method and
+  // optimizer state, its place in the epoch) and rank 0 the shared part (epoch records, the run's
+  // fingerprint) to `checkpoint_dir`, atomically (core/checkpoint.h); `resume` continues from the
+  // newest complete valid set there, skipping torn or corrupt ones with a warning.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  bool resume = false;
+  FaultInjection fault;  // train/fault_injection.h
+};
+
+struct TrainConfig {
+  MethodSelection method;      // select_method(spec, flags, ...)
+  int workers = 4;             // the parameter-server methods add method.options->servers() server ranks
+  std::string model = "mlp";   // for reports (the caller builds the models)
+  std::size_t batch = 25;      // per worker
+  std::int64_t epochs = 1;
+  std::int64_t iterations = 0;  // > 0: run exactly this many iterations instead of epochs
+  std::uint64_t seed = 1;
+  NetworkSpec network;         // threads only: the emulated links
+  std::string out_dir;         // "": write nothing
+  bool progress = true;        // progress output on stderr (bar on a tty, lines otherwise)
+  bool evaluate = true;        // test accuracy after every epoch
+  bool keep_parameters = false;  // return every rank's final parameters (tests)
+  bool deprioritize_compute = true;  // core/thread_priority.h: comm threads preempt compute
+  ReliabilityOptions reliability;
+};
+
+// The server ranks the run has (0 for the allreduce methods).
+inline int server_ranks(const TrainConfig& config) { return config.method.options->servers(); }
+
+// Checks everything about `config` that does not depend on the data set; throws UsageError with a
+// one-line message naming the flag. The runs call it too.
+void validate_train_config(const TrainConfig& config);
+
+}  // namespace pipesgd

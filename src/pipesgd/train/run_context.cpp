@@ -1,0 +1,75 @@
+#include "pipesgd/train/run_context.h"
+
+#include <algorithm>
+
+#include "pipesgd/core/atomic_file.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/train/checkpointing.h"
+
+namespace pipesgd {
+namespace {
+
+// The first iteration of the means for a steady state that starts at `start` of `total`: 10
+// iterations (10% of a short run) later, as every run's start-up pays one-off costs.
+std::int64_t measured_from(std::int64_t start, std::int64_t total) {
+  const std::int64_t begin = std::min(start, total);
+  const std::int64_t start_up = std::min<std::int64_t>(10, std::max<std::int64_t>(0, total - begin) / 10);
+  return std::max<std::int64_t>(0, std::min(total - 1, begin + start_up));
+}
+
+RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
+  const std::size_t global_batch = static_cast<std::size_t>(config.workers) * config.batch;
+  if (train.size < global_batch) {
+    throw UsageError(concat("the training set has ", train.size, " examples, fewer than one global batch (",
+                            config.workers, " workers x batch ", config.batch, ")"));
+  }
+  RunPlan plan;
+  plan.iterations_per_epoch = static_cast<std::int64_t>(train.size / global_batch);
+  plan.total_iterations = config.iterations > 0 ? config.iterations : config.epochs * plan.iterations_per_epoch;
+  if (plan.total_iterations > kMaxIterations) {
+    throw UsageError(concat("--epochs ", config.epochs, " x ", plan.iterations_per_epoch,
+                            " iterations per epoch exceeds the ", kMaxIterations, " iterations a run may have"));
+  }
+  plan.epochs = (plan.total_iterations + plan.iterations_per_epoch - 1) / plan.iterations_per_epoch;
+  const WarmUp warmup = config.method.options->warmup();
+  plan.warmup_iterations = warmup.epochs * plan.iterations_per_epoch + warmup.iterations;
+  // The means start after the warm-up and whatever else the method does first (profiling, ...).
+  plan.first_measured = measured_from(config.method.options->steady_state_start(plan.warmup_iterations),
+                                      plan.total_iterations);
+  const FaultInjection& fault = config.reliability.fault;
+  if (fault.active() && fault.iteration >= plan.total_iterations) {
+    throw UsageError(concat("--inject-fault: iteration ", fault.iteration, " is past the run's last (",
+                            plan.total_iterations - 1, ")"));
+  }
+  return plan;
+}
+
+}  // namespace
+
+std::string worker_part(int rank) { return concat("rank", rank); }
+
+std::string server_part(int shard) { return concat("server", shard); }
+
+RunContext prepare_run(const TrainConfig& config, const Dataset& train, bool leader) {
+  validate_train_config(config);
+  RunContext run{config};
+  run.plan = plan_run(config, train);
+  run.servers = server_ranks(config);
+  run.fingerprint = run_fingerprint(config, run.plan);
+  run.checkpoint_parts = {"shared"};
+  for (int r = 0; r < config.workers; ++r) run.checkpoint_parts.push_back(worker_part(r));
+  for (int s = 0; s < run.servers; ++s) run.checkpoint_parts.push_back(server_part(s));
+  // Fail before training, not after.
+  if (leader && !config.out_dir.empty()) ensure_writable_directory(config.out_dir, "--out");
+  const ReliabilityOptions& reliability = config.reliability;
+  if (reliability.checkpoint_every > 0) ensure_writable_directory(reliability.checkpoint_dir, "--checkpoint-dir");
+  if (reliability.resume) {
+    find_resume_point(run, leader);
+    // A resumed run measures its means from 10 iterations after where it resumed.
+    run.plan.first_measured =
+        std::max(run.plan.first_measured, measured_from(run.resume_from->iteration, run.plan.total_iterations));
+  }
+  return run;
+}
+
+}  // namespace pipesgd

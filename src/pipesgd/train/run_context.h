@@ -1,0 +1,48 @@
+#pragma once
+// What every rank of a run knows before it starts, decided once (prepare_run) and read-only after:
+// the configuration, the iteration plan (epochs, warm-up, measured range), the servers, the
+// checkpoint fingerprint and parts, and the checkpoint being resumed.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipesgd/core/checkpoint.h"
+#include "pipesgd/data/dataset.h"
+#include "pipesgd/train/run_config.h"
+#include "pipesgd/train/run_summary.h"
+
+namespace pipesgd {
+
+struct RunPlan {
+  std::int64_t iterations_per_epoch = 0;
+  std::int64_t total_iterations = 0;
+  std::int64_t epochs = 0;
+  std::int64_t warmup_iterations = 0;  // the method's warm-up in iterations
+  std::int64_t first_measured = 0;     // iterations before this are excluded from the means
+};
+
+struct RunContext {
+  const TrainConfig& config;
+  RunPlan plan;
+  int servers = 0;                           // server ranks after the workers
+  std::string fingerprint;                   // what a checkpoint of this run must match
+  std::vector<std::string> checkpoint_parts;  // "shared", "rank0", ..., "server0", ...
+  // --resume: the checkpoint set the ranks continue from and its epoch records.
+  std::optional<CheckpointSet> resume_from;
+  std::vector<EpochRecord> resumed_epochs;
+
+  std::int64_t start_iteration() const { return resume_from ? resume_from->iteration : 0; }
+};
+
+// Validates `config`, plans the run over `train`, creates the output and checkpoint directories
+// (so that an unwritable one fails before training) and, with --resume, finds the checkpoint to
+// continue from (warnings about skipped ones on stderr when `leader`). Throws UsageError /
+// DataError with one line. Every rank of an MPI run calls it (they read the same directory).
+RunContext prepare_run(const TrainConfig& config, const Dataset& train, bool leader);
+
+// Part names of a checkpoint set.
+std::string worker_part(int rank);
+std::string server_part(int shard);
+
+}  // namespace pipesgd

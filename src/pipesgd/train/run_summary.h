@@ -1,0 +1,71 @@
+#pragma once
+// What a training run reports: its set-up, its per-iteration figures and the timing models beside
+// them, the method's own report, accuracy per epoch, and reliability counts.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipesgd/algo/method_report.h"
+#include "pipesgd/timing/pipe_timing_model.h"
+
+namespace pipesgd {
+
+struct EpochRecord {
+  std::int64_t epoch = 0;
+  std::int64_t iterations = 0;   // iterations run so far
+  double train_loss = 0;         // mean over this epoch's iterations and workers
+  // Fraction of this epoch's training examples (all workers) whose prediction, made on the
+  // weights the worker trained on, was right: the running training accuracy.
+  double train_accuracy = 0;
+  double test_accuracy = -1;     // fraction in [0, 1]; -1 if not evaluated
+  double test_loss = -1;
+  double elapsed_seconds = 0;    // training wall time so far (evaluation excluded)
+};
+
+// How the run was set up, as the reports name it.
+struct RunSetup {
+  std::string method_spec;
+  std::string model;
+  int workers = 0;
+  int servers = 0;  // parameter-server ranks (0 for the allreduce methods)
+  std::size_t batch = 0;
+  std::string network;
+  std::string codec;
+  std::string segmenting;  // allreduce message segmenting in effect ("256 KiB", "unsegmented")
+  std::string allreduce;   // the gradient allreduce's algorithm ("auto" resolved)
+  int staleness = 0;       // the method's iteration dependency K
+};
+
+// The timing of the measured iterations and what the models predict from them.
+struct RunTiming {
+  std::int64_t iterations = 0;
+  std::int64_t measured_iterations = 0;  // those averaged (warm-up and start-up excluded)
+  double train_seconds = 0;              // wall time of all iterations (evaluation excluded)
+  StageTimes stages;                     // the measured stage times the models use
+  double predicted_sync_iteration = 0;   // Eq. 2
+  double predicted_pipe_iteration = 0;   // Eq. 4
+  double link_model_comm = 0;            // Eq. 5 from the emulated link (0 without emulation)
+  std::uint64_t bytes_sent_per_iteration = 0;  // per worker
+};
+
+struct ReliabilityCounts {
+  std::int64_t nonfinite_skipped = 0;   // --on-nonfinite skip: layers zeroed, all workers
+  std::int64_t consistency_checks = 0;  // --check-consistency: checks passed
+  std::int64_t resumed_from = -1;       // --resume: the iteration the run continued from
+};
+
+struct RunSummary {
+  RunSetup setup;
+  // The figures compare and the method reports show: method spec, means per iteration,
+  // throughput, the predicted iteration (the method's model, else Eq. 2 or Eq. 4), accuracies,
+  // and the method's report.
+  RunFigures figures;
+  RunTiming timing;
+  ReliabilityCounts reliability;
+  std::vector<EpochRecord> epochs;
+  std::uint64_t weights_checksum = 0;                // FNV-1a of rank 0's final parameters
+  std::vector<std::vector<float>> final_parameters;  // per rank, if TrainConfig::keep_parameters
+};
+
+}  // namespace pipesgd

@@ -1,0 +1,104 @@
+#include "pipesgd/train/summary.h"
+
+#include <algorithm>
+
+#include "pipesgd/algo/common_options.h"
+#include "pipesgd/core/checksum.h"
+#include "pipesgd/timing/pipe_timing_model.h"
+
+namespace pipesgd {
+namespace {
+
+RunSetup describe_setup(const RunContext& run, const FlatParameters& model) {
+  const TrainConfig& config = run.config;
+  const MethodSelection& method = config.method;
+  RunSetup setup;
+  setup.method_spec = method.spec;
+  setup.model = config.model;
+  setup.workers = config.workers;
+  setup.servers = run.servers;
+  setup.batch = config.batch;
+  setup.network = config.network.name;
+  setup.codec = method.common.codec;
+  const bool servers = run.servers > 0;
+  setup.segmenting = servers ? std::string("none (parameter server)")
+                             : describe_segment_bytes(
+                                   method_allreduce_options(method.common, method.options->default_segment_bytes())
+                                       .segment_bytes);
+  setup.allreduce = servers ? std::string("none (parameter server)")
+                            : resolve_allreduce_algorithm(method.common, config.workers,
+                                                          static_cast<double>(model.layout().total()) * sizeof(float));
+  setup.staleness = method.options->staleness();
+  return setup;
+}
+
+}  // namespace
+
+RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, const LeaderRecord& leader,
+                     FlatParameters& model) {
+  const TrainConfig& config = run.config;
+  const RunPlan& plan = run.plan;
+  RunSummary summary;
+  summary.setup = describe_setup(run, model);
+
+  std::vector<std::vector<IterationTimes>> times;
+  for (const WorkerRecord& worker : workers) times.push_back(worker.times);
+  const RunTimings timings(times);
+  const IterationTimes mean = timings.mean(plan.first_measured, plan.total_iterations);
+
+  RunTiming& timing = summary.timing;
+  timing.iterations = plan.total_iterations;
+  timing.measured_iterations = plan.total_iterations - plan.first_measured;
+  timing.train_seconds = leader.train_seconds;
+  // The compute thread is busy for the whole iteration except its exposed waits.
+  const double busy = mean.iteration - mean.wait;
+  timing.stages = StageTimes{mean.update, mean.data, mean.forward, mean.backward,
+                             std::max(0.0, busy - (mean.update + mean.data + mean.forward + mean.backward)), mean.comm};
+  timing.predicted_sync_iteration = predict_dsync_iteration(timing.stages);
+  timing.predicted_pipe_iteration = predict_pipe_iteration(timing.stages);
+  if (config.network.emulated() && run.servers == 0) {  // Eq. 5 is the ring's, not the server's
+    RingCostParameters link;
+    link.alpha = config.network.latency_seconds;
+    link.beta = config.network.bits_per_second > 0 ? 1.0 / config.network.bytes_per_second() : 0;
+    const double bytes = static_cast<double>(model.layout().total()) *
+                         static_cast<double>(make_codec(config.method.common.codec)->encoded_bytes(1000)) / 1000.0;
+    timing.link_model_comm = ring_allreduce_time(config.workers, bytes, link);
+  }
+  std::uint64_t bytes = 0;
+  for (const WorkerRecord& worker : workers) bytes += worker.bytes_sent;
+  timing.bytes_sent_per_iteration =
+      plan.total_iterations ? bytes / static_cast<std::uint64_t>(config.workers) / static_cast<std::uint64_t>(plan.total_iterations)
+                            : 0;
+
+  // The method's report measures itself; its own model, if any, predicts the iteration. (A worker
+  // other than rank 0 summarizes its own view only: no report, no epochs.)
+  const std::shared_ptr<MethodReport> report =
+      leader.method_report ? leader.method_report : std::make_shared<MethodReport>();
+  report->measure(timings, plan.first_measured);
+  RunFigures& figures = summary.figures;
+  figures.method_spec = config.method.spec;
+  figures.model = config.model;
+  figures.mean = mean;
+  figures.compute = busy;
+  figures.throughput = mean.iteration > 0 ? static_cast<double>(config.workers * config.batch) / mean.iteration : 0;
+  const bool pipelined = config.method.options->pipelined() && plan.warmup_iterations < plan.total_iterations;
+  figures.predicted_iteration = pipelined ? timing.predicted_pipe_iteration : timing.predicted_sync_iteration;
+  if (report->predicted_iteration() > 0) figures.predicted_iteration = report->predicted_iteration();
+  figures.report = report;
+
+  summary.epochs = leader.epochs;
+  if (!summary.epochs.empty()) {
+    figures.final_test_accuracy = summary.epochs.back().test_accuracy;
+    figures.final_train_accuracy = summary.epochs.back().train_accuracy;
+  }
+  for (const WorkerRecord& worker : workers) summary.reliability.nonfinite_skipped += worker.nonfinite_skipped;
+  summary.reliability.consistency_checks = leader.consistency_checks;
+  summary.reliability.resumed_from = run.resume_from ? run.resume_from->iteration : -1;
+  if (config.keep_parameters) {
+    for (WorkerRecord& worker : workers) summary.final_parameters.push_back(std::move(worker.final_parameters));
+  }
+  summary.weights_checksum = checksum_of(model.parameters());
+  return summary;
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,19 @@
+#pragma once
+// A finished run's summary (run_summary.h) from what its workers recorded, on rank 0.
+#include <span>
+
+#include "pipesgd/core/model.h"
+#include "pipesgd/train/run_context.h"
+#include "pipesgd/train/run_summary.h"
+#include "pipesgd/train/worker.h"
+
+namespace pipesgd {
+
+// `workers`: every worker's record (under MPI, the others' times and counts gathered at rank 0);
+// `model`: this rank's model (its final parameters give the checksum). The method's report (in
+// `leader`, rank 0's) measures itself on the workers' times first. Another rank gets its own view:
+// its times, its final parameters and checksum, no report or epochs.
+RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, const LeaderRecord& leader,
+                     FlatParameters& model);
+
+}  // namespace pipesgd

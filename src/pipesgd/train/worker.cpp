@@ -1,0 +1,398 @@
+#include "pipesgd/train/worker.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <optional>
+
+#include "pipesgd/collective/ring_allreduce.h"
+#include "pipesgd/comm/rank_subset_transport.h"
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/thread_priority.h"
+#include "pipesgd/data/sampler.h"
+#include "pipesgd/train/checkpointing.h"
+#include "pipesgd/train/progress.h"
+
+namespace pipesgd {
+namespace {
+
+// The trainer's own messages (epoch-end loss reduction and barrier) use the control channel: epoch
+// e uses sequences 2e and 2e + 1 (the result gathering after the run 2 * epochs).
+Tag control_tag(std::int64_t sequence) { return collective_tag(Channel::kControl, static_cast<std::uint64_t>(sequence)); }
+
+// True if every element of `values` is finite (no NaN or Inf): the exponent bits of none are all
+// ones. An integer OR over the bits, so the loop vectorizes.
+bool all_finite(std::span<const float> values) {
+  std::uint32_t all_ones_seen = 0;
+  for (float value : values) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    all_ones_seen |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return all_ones_seen == 0;
+}
+
+// --on-nonfinite: every segment's gradient is checked as backward reports it final, before the
+// method may send it; a model that reports no segment is checked after backward.
+class NonfiniteGuard {
+ public:
+  NonfiniteGuard(int rank, const Layout& layout, bool skip, std::int64_t& skipped)
+      : rank_(rank), layout_(layout), skip_(skip), skipped_(skipped) {}
+
+  void start(std::int64_t t, std::span<float> gradients) {
+    iteration_ = t;
+    gradients_ = gradients;
+    checked_ = 0;
+    bad_layer_.clear();
+  }
+  // Checks segment `segment`; false: the method must not see it ("stop" found a non-finite one).
+  bool check(std::size_t segment) {
+    ++checked_;
+    if (!bad_layer_.empty()) return false;  // "stop": nothing more goes to the method
+    const std::span<float> values = layout_.slice(gradients_, segment);
+    if (all_finite(values)) return true;
+    if (!skip_) {
+      bad_layer_ = layout_.segment(segment).name;
+      return false;
+    }
+    std::fill(values.begin(), values.end(), 0.0f);
+    if (++skipped_ <= 10) {
+      std::cerr << concat("pipesgd: warning: rank ", rank_, ": non-finite gradient in layer '",
+                          layout_.segment(segment).name, "' at iteration ", iteration_,
+                          " replaced by zeros (--on-nonfinite skip)", skipped_ == 10 ? "; further ones not shown" : "",
+                          "\n");
+    }
+    return true;
+  }
+  // After backward: checks what the model did not report; throws NumericalError for "stop".
+  void finish(double loss) {
+    if (checked_ < layout_.segment_count()) {
+      for (std::size_t s = 0; s < layout_.segment_count(); ++s) check(s);
+    }
+    if (bad_layer_.empty()) return;
+    throw NumericalError(concat("rank ", rank_, ": non-finite gradient (NaN or Inf) in layer '", bad_layer_,
+                                "' at iteration ", iteration_, ", loss ", loss,
+                                " (--on-nonfinite stop; lower --lr, or skip such gradients with --on-nonfinite skip)"));
+  }
+
+ private:
+  const int rank_;
+  const Layout& layout_;
+  const bool skip_;
+  std::int64_t& skipped_;
+  std::int64_t iteration_ = 0;
+  std::span<float> gradients_;
+  std::size_t checked_ = 0;
+  std::string bad_layer_;  // "stop": the first non-finite layer of this iteration
+};
+
+// The replicas' weight checksums, compared every --check-consistency iterations. Collective over
+// the workers; throws ReplicaDivergenceError (the same on every worker) at a difference.
+class ConsistencyCheck {
+ public:
+  ConsistencyCheck(Transport& workers, Timeout timeout)
+      : codec_(make_codec("none")),
+        allreduce_(workers, 4 * static_cast<std::size_t>(workers.size()), *codec_, AllreduceOptions{timeout, kAutoSegmentBytes}),
+        rank_(workers.rank()),
+        pieces_(4 * static_cast<std::size_t>(workers.size())) {}
+
+  // Returns normally if every worker's checksum equals rank 0's.
+  void run(std::uint64_t checksum, std::int64_t iteration, std::uint64_t sequence) {
+    // 16 bits per float: exact in fp32, so the sum (all other slots zero) reproduces every checksum.
+    std::fill(pieces_.begin(), pieces_.end(), 0.0f);
+    for (int k = 0; k < 4; ++k) {
+      pieces_[4 * static_cast<std::size_t>(rank_) + static_cast<std::size_t>(k)] =
+          static_cast<float>((checksum >> (16 * k)) & 0xffffu);
+    }
+    allreduce_.run(pieces_, collective_tag(Channel::kConsistency, sequence));
+    const std::size_t ranks = pieces_.size() / 4;
+    std::vector<std::uint64_t> sums(ranks, 0);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (int k = 0; k < 4; ++k) {
+        sums[r] |= static_cast<std::uint64_t>(pieces_[4 * r + static_cast<std::size_t>(k)]) << (16 * k);
+      }
+    }
+    std::vector<std::string> differing;
+    for (std::size_t r = 1; r < ranks; ++r) {
+      if (sums[r] != sums[0]) differing.push_back(concat(r, " (", std::hex, sums[r], std::dec, ")"));
+    }
+    if (!differing.empty()) {
+      throw ReplicaDivergenceError(concat("replicas diverged by iteration ", iteration, ": the weights of rank",
+                                          differing.size() > 1 ? "s " : " ", join(differing), " differ from rank 0's (",
+                                          std::hex, sums[0], std::dec, ") (--check-consistency)"));
+    }
+  }
+
+ private:
+  std::unique_ptr<Codec> codec_;
+  RingAllreduce allreduce_;
+  int rank_;
+  std::vector<float> pieces_;
+};
+
+Evaluation evaluate(Model& model, const Dataset& test) {
+  Evaluation total;
+  for_each_chunk(test, 0, test.size, 1000, [&](const Batch& batch) {
+    Evaluation part = model.evaluate(batch);
+    total.loss_sum += part.loss_sum;
+    total.correct += part.correct;
+    total.count += part.count;
+  });
+  return total;
+}
+
+// One worker's epochs.
+class WorkerLoop {
+ public:
+  WorkerLoop(const RunContext& run, int rank, Model& model, Transport& transport, TrainingMethod& method,
+             const DataSplits& data, const FaultControl& faults, FaultInjectingTransport* mid_operation_fault,
+             WorkerRecord& record, LeaderRecord* leader)
+      : run_(run),
+        config_(run.config),
+        rank_(rank),
+        model_(model),
+        transport_(transport),
+        method_(method),
+        data_(data),
+        faults_(faults),
+        mid_operation_fault_(mid_operation_fault),
+        record_(record),
+        leader_(leader),
+        sampler_(data.train.size, config_.workers, rank, config_.batch, config_.seed),
+        assembler_(data.train, config_.batch),
+        worker_ranks_(transport, config_.workers),  // the workers, never the server ranks
+        control_codec_(make_codec("none")),
+        control_(worker_ranks_, 3, *control_codec_, AllreduceOptions{config_.method.common.timeout, kAutoSegmentBytes}),
+        progress_(leader != nullptr && config_.progress, config_.method.spec),
+        nonfinite_(rank, model.layout(), config_.reliability.on_nonfinite == "skip", record.nonfinite_skipped) {
+    static const SegmentReadyFn no_reports;
+    const SegmentReadyFn* ready = method.segment_ready();
+    method_ready_ = ready != nullptr ? ready : &no_reports;
+    on_ready_ = [this](std::size_t segment, double seconds) {
+      if (nonfinite_.check(segment) && *method_ready_) (*method_ready_)(segment, seconds);
+    };
+    if (config_.reliability.check_consistency > 0) consistency_.emplace(worker_ranks_, config_.method.common.timeout);
+  }
+
+  // The iteration the compute thread is in (for failure messages).
+  std::int64_t iteration() const { return t_; }
+
+  void run() {
+    const RunPlan& plan = run_.plan;
+    if (run_.resume_from) resume();
+    for (std::int64_t epoch = t_ / plan.iterations_per_epoch; epoch < plan.epochs; ++epoch) {
+      const std::int64_t epoch_start = epoch * plan.iterations_per_epoch;
+      const std::int64_t count = std::min(plan.iterations_per_epoch, plan.total_iterations - epoch_start);
+      sampler_.start_epoch(static_cast<std::size_t>(epoch));
+      progress_.start_epoch(epoch, plan.epochs, count);
+      Stopwatch epoch_clock;
+      if (t_ == epoch_start) sums_ = EpochSums{};  // else resumed inside this epoch with its sums
+      for (std::int64_t i = t_ - epoch_start; i < count; ++i, ++t_) {
+        iterate(i);
+        if (leader_ != nullptr) {
+          progress_.update(i + 1, sums_.loss / static_cast<double>(i + 1),
+                           samples_per_iteration() * static_cast<double>(i + 1) / epoch_clock.seconds());
+        }
+      }
+      if (t_ == plan.total_iterations) {
+        IterationTimes drain;
+        method_.finish(drain);  // apply what is still in flight before the final evaluation
+      }
+      train_seconds_ += epoch_clock.seconds();
+      end_epoch(epoch, count);
+    }
+    checkpoints_.finish();  // the last checkpoint is on disk before the run reports success
+    if (config_.reliability.checkpoint_every > 0) {
+      // Every worker's writes are done (a barrier on the consistency channel, whose sequence 0 no
+      // check uses): now the newest sets are complete and pruning leaves exactly the 2 newest.
+      float token[1] = {0};
+      control_.run(token, collective_tag(Channel::kConsistency, 0));
+      if (leader_ != nullptr) prune_run_checkpoints(run_);
+    }
+    record_.bytes_sent = transport_.bytes_sent();
+    if (leader_ != nullptr) leader_->train_seconds = train_seconds_;
+    if (config_.keep_parameters) {
+      const std::span<const float> parameters = model_.parameters();
+      record_.final_parameters.assign(parameters.begin(), parameters.end());
+    }
+  }
+
+ private:
+  double samples_per_iteration() const { return static_cast<double>(config_.workers * config_.batch); }
+
+  void resume() {
+    const auto [next, sums] = restore_worker(run_, rank_, model_, method_);
+    t_ = next;
+    sums_ = sums;
+    if (leader_ != nullptr) {
+      leader_->epochs = run_.resumed_epochs;
+      train_seconds_ = run_.resumed_epochs.empty() ? 0.0 : run_.resumed_epochs.back().elapsed_seconds;
+    }
+  }
+
+  // Iteration t_, the i-th of its epoch.
+  void iterate(std::int64_t i) {
+    const FaultInjection& fault = config_.reliability.fault;
+    IterationTimes& times = record_.times[static_cast<std::size_t>(t_)];
+    if (fault.active() && fault.at_iteration_start() && fault.rank == rank_ && fault.iteration == t_) {
+      inject_fault(fault, faults_);
+    }
+    if (mid_operation_fault_ != nullptr && fault.iteration == t_) {
+      // at=allreduce|push: count the operations of iteration N on, where the method's tags tell
+      // them (else any operation after N started, possibly an earlier one still in flight).
+      mid_operation_fault_->arm(method_.first_message_sequence(t_).value_or(0));
+    }
+    Stopwatch iteration;
+    const std::span<float> gradients = method_.begin_iteration(t_, times);
+    nonfinite_.start(t_, gradients);
+    Stopwatch loading;
+    const Batch batch = assembler_.assemble(sampler_.batch_indices(static_cast<std::size_t>(i)));
+    times.data = loading.seconds();
+    const StepResult step = model_.forward_backward(batch, gradients, on_ready_);
+    times.forward = step.forward_seconds;
+    times.backward = step.backward_seconds;
+    times.loss = step.loss;
+    nonfinite_.finish(step.loss);  // before end_iteration sends what the model did not report
+    method_.end_iteration(t_, times);
+    const ReliabilityOptions& reliability = config_.reliability;
+    if (consistency_ && (t_ + 1) % reliability.check_consistency == 0) {
+      consistency_->run(method_.replica_checksum(model_), t_,
+                        static_cast<std::uint64_t>((t_ + 1) / reliability.check_consistency));
+      if (leader_ != nullptr) ++leader_->consistency_checks;
+    }
+    const EpochSums sums{sums_.loss + step.loss, sums_.correct + static_cast<double>(step.correct)};
+    if (reliability.checkpoint_every > 0 && (t_ + 1) % reliability.checkpoint_every == 0 &&
+        t_ + 1 < run_.plan.total_iterations) {
+      Stopwatch writing;
+      save_checkpoint(sums);
+      times.checkpoint = writing.seconds();
+    }
+    times.iteration = iteration.seconds();
+    sums_ = sums;
+  }
+
+  // This worker's part of the checkpoint after iteration t_ (and rank 0 the shared part), written
+  // in the background.
+  void save_checkpoint(const EpochSums& sums) {
+    const std::string& dir = config_.reliability.checkpoint_dir;
+    CheckpointWriter part = worker_checkpoint(t_, model_, method_, sums);
+    const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(rank_));
+    const FaultInjection& fault = config_.reliability.fault;
+    if (fault.active() && fault.during_checkpoint() && fault.rank == rank_ && fault.iteration == t_) {
+      // --inject-fault at=checkpoint: die halfway through the write. The atomic write would leave
+      // exactly this: a partial temporary file, never a torn file under the final name.
+      const std::vector<std::byte> bytes = part.serialize();
+      std::ofstream torn(path.parent_path() / concat(".", path.filename().string(), ".tmp.injected"), std::ios::binary);
+      torn.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size() / 2));
+      torn.close();
+      inject_fault(fault, faults_);
+    }
+    BackgroundCheckpointWriter::Files files;
+    files.emplace_back(path, std::move(part));
+    if (leader_ == nullptr) {
+      checkpoints_.submit(std::move(files), {});
+      return;
+    }
+    files.emplace_back(checkpoint_path(dir, t_ + 1, "shared"), shared_checkpoint(run_, t_, leader_->epochs));
+    checkpoints_.submit(std::move(files), [this] { prune_run_checkpoints(run_); });
+  }
+
+  // Epoch end: mean training loss over all workers (this reduction is also a barrier), then rank 0
+  // evaluates while the others wait at a second barrier, so evaluation never pollutes timings.
+  // (Counts up to 2^24 are exact in fp32: an epoch of this run has at most that many examples.)
+  void end_epoch(std::int64_t epoch, std::int64_t count) {
+    float reduced[3] = {static_cast<float>(sums_.loss), static_cast<float>(count), static_cast<float>(sums_.correct)};
+    control_.run(reduced, control_tag(2 * epoch));
+    if (leader_ != nullptr) {
+      EpochRecord record;
+      record.epoch = epoch + 1;
+      record.iterations = t_;
+      record.train_loss = reduced[1] > 0 ? reduced[0] / reduced[1] : 0;
+      record.train_accuracy = reduced[1] > 0 ? reduced[2] / (reduced[1] * static_cast<double>(config_.batch)) : 0;
+      record.elapsed_seconds = train_seconds_;
+      std::string result = concat("train loss ", std::fixed, std::setprecision(4), record.train_loss,
+                                  ", train accuracy ", std::setprecision(2), record.train_accuracy * 100, "%");
+      if (config_.evaluate) {
+        const Evaluation evaluation = evaluate(model_, data_.test);
+        record.test_accuracy = evaluation.count ? double(evaluation.correct) / evaluation.count : 0;
+        record.test_loss = evaluation.count ? evaluation.loss_sum / evaluation.count : 0;
+        result += concat(", test accuracy ", std::fixed, std::setprecision(2), record.test_accuracy * 100, "%");
+      }
+      progress_.end_epoch(result);
+      leader_->epochs.push_back(record);
+    }
+    float token[1] = {0};
+    control_.run(token, control_tag(2 * epoch + 1));
+  }
+
+  const RunContext& run_;
+  const TrainConfig& config_;
+  const int rank_;
+  Model& model_;
+  Transport& transport_;
+  TrainingMethod& method_;
+  const DataSplits& data_;
+  const FaultControl& faults_;
+  FaultInjectingTransport* mid_operation_fault_;
+  WorkerRecord& record_;
+  LeaderRecord* leader_;
+  ShardedSampler sampler_;
+  BatchAssembler assembler_;
+  RankSubsetTransport worker_ranks_;
+  std::unique_ptr<Codec> control_codec_;
+  RingAllreduce control_;
+  ProgressReporter progress_;
+  NonfiniteGuard nonfinite_;
+  std::optional<ConsistencyCheck> consistency_;
+  const SegmentReadyFn* method_ready_ = nullptr;
+  SegmentReadyFn on_ready_;
+  BackgroundCheckpointWriter checkpoints_;
+  std::int64_t t_ = 0;
+  EpochSums sums_;
+  double train_seconds_ = 0;
+};
+
+}  // namespace
+
+void run_worker(const RunContext& run, int rank, Model& model, Transport& run_transport, const DataSplits& data,
+                const FaultControl& faults, WorkerRecord& record, LeaderRecord* leader) {
+  const TrainConfig& config = run.config;
+  record.times.assign(static_cast<std::size_t>(run.plan.total_iterations), IterationTimes{});
+  // --inject-fault at=allreduce|push: the faulty worker's sends go through a decorator that fails
+  // on the targeted send of iteration N (armed when iteration N starts). It outlives the method.
+  const FaultInjection& fault = config.reliability.fault;
+  std::optional<FaultInjectingTransport> faulty;
+  if (fault.active() && fault.in_operation() && fault.rank == rank) {
+    const bool push = fault.point == FaultInjection::Point::kPush;
+    // Allreduce: fire on the second message (the first went out). Push: on the send to the second
+    // shard (the first shard has the push), or with one server on the push's only send.
+    const int fire_on = push && run.servers < 2 ? 1 : 2;
+    faulty.emplace(run_transport, fault.point, fire_on, [&] { inject_fault(fault, faults); });
+  }
+  Transport& transport = faulty ? static_cast<Transport&>(*faulty) : run_transport;
+  std::unique_ptr<TrainingMethod> method =
+      make_method(config.method, transport, model, run.plan.warmup_iterations, config.network);
+  // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU:
+  // communication threads (created above) must not queue behind compute (core/thread_priority.h).
+  if (config.deprioritize_compute && transport.waits_sleep() && !realtime_priority_permitted()) {
+    lower_compute_thread_priority();
+  }
+  WorkerLoop loop(run, rank, model, transport, *method, data, faults, faulty ? &*faulty : nullptr, record, leader);
+  try {
+    loop.run();
+    if (leader != nullptr) leader->method_report = method->report();
+  } catch (const CommTimeoutError& error) {
+    // The one line names the peer, the operation and the tag; add where this worker was.
+    transport.report_failure(error.what());
+    throw CommTimeoutError(concat(error.what(), " (worker ", rank, " at iteration ", loop.iteration(), ")"), error.peer());
+  } catch (const std::exception& error) {
+    // Tell the other ranks before the method (and its comm thread) unwinds, so they stop waiting now.
+    transport.report_failure(error.what());
+    throw;
+  }
+}
+
+}  // namespace pipesgd
