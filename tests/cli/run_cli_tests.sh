@@ -169,8 +169,8 @@ row servers-negative        2 "--servers must be in"      train --algo pssync --
 # The mlp has 3 parameter segments (one per layer): a 4th server would own nothing (ShardPlan).
 row servers-too-many        2 "--servers 4 exceeds the model's 3 parameter segments" \
   train --algo pssync --servers 4 "${Q[@]}"
-row servers-codec           2 "applies only to dsync and pipe" train --algo asgd+int8 "${Q[@]}"
-row odsgd-codec             2 "applies only to dsync and pipe" train --algo odsgd+bf16 "${Q[@]}"
+row servers-codec           2 "a codec, which applies only to dsync, pipe" train --algo asgd+int8 "${Q[@]}"
+row odsgd-codec             2 "a codec, which applies only to dsync, pipe" train --algo odsgd+bf16 "${Q[@]}"
 # DC-ASGD, OD-SGD's local updater and the warm-up: bad values, and flags given to a method they do
 # not concern (train rejects them; compare applies them where they belong).
 row dc-variant-unknown      2 "--dc-variant must be c (DC-ASGD-c, constant lambda) or a" \
@@ -194,7 +194,7 @@ row warmup-with-dsync       2 "--warmup-iters applies only to pipe, odsgd and sa
 # Layer-wise communication: bucket plans and their flags.
 row buckets-unknown         2 'unknown bucket plan "fastest"' train --buckets fastest "${Q[@]}"
 row buckets-with-pipe       2 "--buckets applies only to dsync" train --algo pipe --buckets wfbp "${Q[@]}"
-row buckets-and-spec-plan   2 "--buckets wfbp and the method's plan 'optimal': give one" \
+row buckets-and-spec-plan   2 "--buckets wfbp and the method's bucket plan 'optimal': give one" \
   train --algo dsync+optimal --buckets wfbp "${Q[@]}"
 row plan-suffix-on-pipe     2 "unknown option 'optimal' in method 'pipe+optimal'" train --algo pipe+optimal "${Q[@]}"
 row wfbp-other-plan         2 "method 'wfbp' is dsync with the wfbp plan; for the optimal plan use dsync+optimal" \
@@ -222,7 +222,7 @@ row compensation-with-dsync 2 "--compensation applies only to sapipe, not 'dsync
   train --compensation dc "${Q[@]}"
 row compensation-twice      2 "method 'sapipe+dc+wp1' names more than one compensation" \
   train --algo sapipe+dc+wp1 "${Q[@]}"
-row compensation-flag-and-spec 2 "--compensation wp1 and the method's 'dc': give one" \
+row compensation-flag-and-spec 2 "--compensation wp1 and the method's compensation 'dc': give one" \
   train --algo sapipe+dc --compensation wp1 "${Q[@]}"
 row compensation-on-pipe    2 "unknown option 'dc' in method 'pipe+dc'" train --algo pipe+dc "${Q[@]}"
 row optimizer-unknown       2 "unknown optimizer 'rmsprop' (expected sgd, adam)" train --optimizer rmsprop "${Q[@]}"
@@ -275,6 +275,28 @@ row bench-warmup-negative   2 "--warmup"                  bench allreduce --warm
 row bench-workers-zero      2 "--workers"                 bench allreduce --workers 0
 row bench-net-unknown       2 "--net '7gbe'"              bench allreduce --net 7gbe
 row bench-comm-timeout-zero 2 "--comm-timeout"            bench allreduce --comm-timeout 0
+# One behaviour across subcommands (rows without --quiet: a single stderr line shows that the input
+# was refused before any work, which would have printed progress).
+row out-is-a-regular-file   2 "--out '$TMP/regular-file': cannot create directory" \
+  train --data synthetic --iters 3 --no-eval --out "$TMP/regular-file"
+row plan-out-is-a-regular-file 2 "--out '$TMP/regular-file'" plan --data synthetic --out "$TMP/regular-file"
+row bench-out-is-a-regular-file 2 "--out '$TMP/regular-file'" bench allreduce --sizes 4K --out "$TMP/regular-file"
+row calibrate-out-is-a-regular-file 2 "--out '$TMP/regular-file'" \
+  calibrate --workers 2 --sizes 4K,64K --repeats 1 --out "$TMP/regular-file"
+row calibrate-one-size      2 "--sizes: calibrate fits each algorithm's a + b*M" calibrate --workers 2 --sizes 4K
+row calibrate-two-timings   2 "got 2 size(s) x 1 algorithm(s)" calibrate --workers 2 --sizes 4K,8K --algos ring
+# A method option a method does not take is refused for every method, and an option named twice
+# with two values (the spec's +int8 and --codec bf16) is an error.
+row staleness-with-dsync    2 "--staleness-k applies only to pipe, not 'dsync'" \
+  train --algo dsync --staleness-k 3 "${Q[@]}"
+row codec-with-pssync       2 "--codec applies only to dsync, pipe, wfbp, synceasgd, mgwfbp and sapipe, not 'pssync'" \
+  train --algo pssync --codec bf16 "${Q[@]}"
+row allreduce-with-asgd     2 "--allreduce applies only to" train --algo asgd --allreduce tree "${Q[@]}"
+row codec-spec-and-flag     2 "--codec bf16 and the method's codec 'int8': give one" \
+  train --algo pipe+int8 --codec bf16 "${Q[@]}"
+row compare-flag-for-none   2 "none of the compared methods" compare --algos dsync,pssync --staleness-k 3 "${Q[@]}"
+row calibration-with-pssync 2 "--calibration applies only to" \
+  train --algo pssync --calibration x.json "${Q[@]}"
 
 # Values that must either work or be rejected as usage errors naming the flag, never fail oddly.
 either_works_or_rejected() {  # NAME FLAG ARGS...
@@ -341,9 +363,10 @@ TRAIN_FLAGS=(--algo --workers --model --data --data-dir --epochs --iters --seed 
 help_lists_flags train "${TRAIN_FLAGS[@]}" -- train
 help_lists_flags compare --algos "${TRAIN_FLAGS[@]:1}" -- compare
 help_lists_flags plan --model --workers --net --calibration --allreduce --codec --batch --data --data-dir \
-  --seed --plans --profile-iters --out -- plan
-help_lists_flags bench-allreduce --workers --net --codecs --sizes --repeats --warmup --comm-timeout --out \
+  --seed --plans --profile-iters --out --quiet -- plan
+help_lists_flags bench-allreduce --workers --net --codecs --sizes --repeats --warmup --comm-timeout --out --quiet \
   -- bench allreduce
+help_lists_flags calibrate --workers --net --algos --sizes --repeats --warmup --comm-timeout --out --quiet -- calibrate
 
 row no-subcommand 2 "subcommand"   # no arguments at all
 
@@ -568,13 +591,14 @@ PYEOF
 
 # 3d''. Layer-wise communication: `pipesgd plan` prints every plan with its prediction, and the
 # optimal one is never predicted slower; a layer-wise run reports its plan, calls and t_c^no.
-run plan --model cnn --data synthetic --workers 2 --net bw=1Gbit,lat=200us --profile-iters 3 \
-  --out "$R/plan.json" >"$R/plan.out" 2>"$R/plan.err"
+run plan --model cnn --data synthetic --workers 2 --net bw=1Gbit,lat=200us --profile-iters 3 --quiet \
+  --out "$R/plan" >"$R/plan.out" 2>"$R/plan.err"
 rc=$?
 expect_success "plan/exit-0" $rc "$R/plan.out" "$R/plan.err"
 expect_contains "plan/table" "$R/plan.out" "predicted iter ms" "t_c^no ms" "wfbp: 5 buckets: [4] [3] [2] [1] [0]" \
   "single: 1 bucket: [4..0]" "optimal:" "mgwfbp:" "fixed:25:" "WFBP is case"
-pycheck "plan/json" "$R/plan.json" <<'EOF'
+if [ -s "$R/plan.err" ]; then fail "plan/quiet-means-no-stderr" "stderr: $(excerpt "$R/plan.err")"; else pass "plan/quiet-means-no-stderr"; fi
+pycheck "plan/json" "$R/plan/plan.json" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 plans = {p["plan"]: p for p in d["plans"]}
@@ -668,6 +692,18 @@ json.dump({"format": "pipesgd-allreduce-calibration/1", "transport": "test", "wo
 EOF
   algo_run "auto-$cheap" "$cheap" --allreduce auto --calibration "$R/calibration-$cheap.json"
 done
+
+# 3e'. calibrate: --out is a directory (calibration.json in it), --quiet keeps stderr empty.
+run calibrate --workers 2 --sizes 4K,64K --repeats 2 --algos ring,tree --quiet --out "$R/cal" \
+  >"$R/cal.out" 2>"$R/cal.err"
+rc=$?
+expect_success "calibrate/exit-0" $rc "$R/cal.out" "$R/cal.err"
+if [ -s "$R/cal.err" ]; then fail "calibrate/quiet-means-no-stderr" "stderr: $(excerpt "$R/cal.err")"; else pass "calibrate/quiet-means-no-stderr"; fi
+pycheck "calibrate/writes-calibration-json-in-out-dir" "$R/cal/calibration.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["world_size"] == 2 and set(d["measured"]) == {"ring", "tree"}, d
+EOF
 
 # 3e. bench allreduce.
 run bench allreduce --workers 3 --sizes 4K,64K --repeats 3 --out "$R/bench" >"$R/bench.out" 2>"$R/bench.err"

@@ -563,8 +563,9 @@ expected = 2 * (1 + 2 * len(algorithms) + 2)
 assert len(rows) == expected, f"{len(rows)} rows, expected {expected} for algorithms {sorted(algorithms)}"
 EOF
 
-F=$R/calibration.json
-mpi_run 2 -- calibrate --transport mpi --sizes 4K,64K,1M --repeats 3 --out "$F" \
+# --out is a directory: calibration.json goes into it.
+F=$R/mpi-calibration/calibration.json
+mpi_run 2 -- calibrate --transport mpi --sizes 4K,64K,1M --repeats 3 --out "$R/mpi-calibration" \
   >"$R/mpi-calibrate.out" 2>"$R/mpi-calibrate.err"
 expect_success "calibrate/mpi-exit-0" $? "$R/mpi-calibrate.out" "$R/mpi-calibrate.err"
 pycheck "calibrate/mpi-file" "$F" <<'EOF'

@@ -1,4 +1,4 @@
-// Layer-wise D-Sync (algo/bucketed_dsync.h) through run_training on the tiny softmax model cut into
+// Layer-wise D-Sync (algo/dsync/bucketed_dsync.h) through run_training on the tiny softmax model cut into
 // 14 layers: every bucket plan trains the same weights as the single bucket (bit for bit where the
 // allreduce's per-element summation order does not depend on the bucket boundaries), the plan is
 // reported, replanning mid-run is safe, a model without readiness reports still works, usage errors.
@@ -6,12 +6,16 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "pipesgd/algo/bucketed_dsync.h"
+#include "pipesgd/algo/dsync/dsync_options.h"
+#include "pipesgd/algo/dsync/layer_wise_report.h"
+#include "pipesgd/algo/planning.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/train/report.h"
 #include "pipesgd/train/trainer.h"
 #include "resegmented_model.h"
 #include "tiny_run.h"
@@ -26,12 +30,16 @@ bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TrainConfig layer_wise_config(const std::string& plan, int workers, const std::string& algorithm) {
-  TrainConfig config = tiny_config("dsync", workers);
-  config.method.buckets = plan;
-  config.method.allreduce_algorithm = algorithm;
-  config.method.profile_iterations = 3;
-  config.method.replan_every = 5;  // re-plans at iterations 8, 13, 18, 23: plan changes mid-run
-  return config;
+  // Re-plans at iterations 8, 13, 18, 23: the plan changes mid-run.
+  return tiny_config("dsync", workers, 0,
+                     {{"--buckets", plan}, {"--allreduce", algorithm}, {"--profile-iters", "3"}, {"--replan-every", "5"}});
+}
+
+// The layer-wise report of a run.
+const LayerWiseReport& layer_wise(const RunSummary& summary) {
+  const auto* report = dynamic_cast<const LayerWiseReport*>(summary.figures.report.get());
+  if (report == nullptr) throw std::logic_error("not a layer-wise run");
+  return *report;
 }
 
 RunSummary run(const TrainConfig& config) {
@@ -67,7 +75,7 @@ TEST_P(EveryPlan, TrainsTheSingleBucketWeights) {
         }
       }
     }
-    EXPECT_FALSE(other.plan.empty());
+    EXPECT_FALSE(other.figures.report->bucket_plan().empty());
   }
   // Not vacuous: the weights moved away from the initial ones.
   auto initial = resegmented_softmax_factory(kPieces)(11);
@@ -98,34 +106,33 @@ TEST(LayerWise, SingleBucketIsClassicDSyncBitForBit) {
     SCOPED_TRACE(workers);
     TrainConfig classic = tiny_config("dsync", workers);
     const RunSummary a = run(classic);
-    TrainConfig synceasgd = tiny_config("synceasgd", workers);
     // One profiled iteration: the single-bucket phase only (the interference phase would run one
     // bucket per layer, whose ring chunking differs for 3+ ranks).
-    synceasgd.method.profile_iterations = 1;
+    TrainConfig synceasgd = tiny_config("synceasgd", workers, 0, {{"--profile-iters", "1"}});
     const RunSummary b = run(synceasgd);
     for (int r = 0; r < workers; ++r) {
       EXPECT_TRUE(bit_identical(a.final_parameters[static_cast<std::size_t>(r)],
                                 b.final_parameters[static_cast<std::size_t>(r)]));
     }
-    EXPECT_EQ(a.plan, "");
-    EXPECT_EQ(a.allreduce_calls, 1u);
-    EXPECT_EQ(b.plan, "single: 1 bucket: [13..0]");
-    EXPECT_EQ(b.allreduce_calls, 1u);
+    EXPECT_EQ(a.figures.report->bucket_plan(), "");
+    EXPECT_EQ(a.figures.report->allreduce_calls(), 1u);
+    EXPECT_EQ(b.figures.report->bucket_plan(), "single: 1 bucket: [13..0]");
+    EXPECT_EQ(b.figures.report->allreduce_calls(), 1u);
   }
 }
 
 TEST(LayerWise, ReportsThePlanAndItsPrediction) {
-  TrainConfig config = tiny_config("wfbp", 2);
-  config.method.profile_iterations = 4;
-  const RunSummary wfbp = run(config);
-  EXPECT_EQ(wfbp.plan,
+  const RunSummary wfbp = run(tiny_config("wfbp", 2, 0, {{"--profile-iters", "4"}}));
+  EXPECT_EQ(wfbp.figures.report->bucket_plan(),
             "wfbp: 14 buckets: [13] [12] [11] [10] [9] [8] [7] [6] [5] [4] [3] [2] [1] [0]");
-  EXPECT_EQ(wfbp.allreduce_calls, 14u);
-  EXPECT_GT(wfbp.predicted_iteration, 0);
-  EXPECT_GE(wfbp.predicted_non_overlapped_comm, 0);
-  EXPECT_EQ(wfbp.non_overlapped_comm, wfbp.mean.wait);
+  EXPECT_EQ(wfbp.figures.report->allreduce_calls(), 14u);
+  EXPECT_GT(wfbp.figures.predicted_iteration, 0);
+  EXPECT_GE(layer_wise(wfbp).predicted_non_overlapped, 0);
+  const nlohmann::json summary = summary_to_json(wfbp);
+  EXPECT_EQ(summary["non_overlapped_comm_s"].get<double>(), wfbp.figures.mean.wait);
+  EXPECT_EQ(summary["predicted_non_overlapped_comm_s"].get<double>(), layer_wise(wfbp).predicted_non_overlapped);
   // The profiled iterations (single bucket) are not among the measured ones.
-  EXPECT_LE(wfbp.measured_iterations, 25 - 4);
+  EXPECT_LE(wfbp.timing.measured_iterations, 25 - 4);
 }
 
 // A model that reports no segment ready: every bucket is sent after backward, same weights.
@@ -148,53 +155,46 @@ TEST(LayerWise, ModelWithoutReadinessReportsStillTrains) {
   const ModelFactory silent = [](std::uint64_t seed) -> std::unique_ptr<Model> {
     return std::make_unique<SilentModel>(resegmented_softmax_factory(kPieces)(seed));
   };
-  TrainConfig config = tiny_config("wfbp", 2);
-  config.method.profile_iterations = 2;
+  const TrainConfig config = tiny_config("wfbp", 2, 0, {{"--profile-iters", "2"}});
   const RunSummary quiet = run_training(config, silent, small_data());
   const RunSummary reporting = run(config);
   EXPECT_TRUE(bit_identical(quiet.final_parameters[0], reporting.final_parameters[0]));
 }
 
 TEST(LayerWise, UsageErrors) {
-  auto message = [](TrainConfig config) {
+  auto message = [](const std::string& spec, const OptionValues& options) {
     try {
-      run(config);
+      select_for_test(spec, options);
     } catch (const UsageError& error) {
       return std::string(error.what());
     }
     return std::string("no error");
   };
-  TrainConfig config = tiny_config("wfbp", 2);
-  config.method.buckets = "optimal";
-  EXPECT_EQ(message(config),
+  EXPECT_EQ(message("wfbp+optimal", {}),
             "method 'wfbp' is dsync with the wfbp plan; for the optimal plan use dsync+optimal");
-  config = tiny_config("dsync", 2);
-  config.method.buckets = "fastest";
-  EXPECT_EQ(message(config).rfind("unknown bucket plan \"fastest\"", 0), 0u) << message(config);
-  config = tiny_config("mgwfbp", 2);
-  config.method.profile_iterations = 0;
-  EXPECT_EQ(message(config), "--profile-iters must be in [1, 10000000], got 0");
-  config = tiny_config("mgwfbp", 2);
-  config.method.replan_every = -1;
-  EXPECT_EQ(message(config), "--replan-every must be in [0, 10000000] (0: never), got -1");
-  config = tiny_config("pipe", 2);
-  config.method.buckets = "wfbp";
-  EXPECT_EQ(message(config), "bucket plans apply to dsync (and wfbp, synceasgd, mgwfbp) and sapipe only, not 'pipe'");
+  const std::string fastest = message("dsync", {{"--buckets", "fastest"}});
+  EXPECT_EQ(fastest.rfind("unknown bucket plan \"fastest\"", 0), 0u) << fastest;
+  EXPECT_EQ(message("mgwfbp", {{"--profile-iters", "0"}}), "--profile-iters must be in [1, 10000000], got 0");
+  EXPECT_EQ(message("mgwfbp", {{"--replan-every", "-1"}}), "--replan-every must be in [0, 10000000] (0: never), got -1");
+  EXPECT_EQ(message("pipe", {{"--buckets", "wfbp"}}), "--buckets applies only to dsync and sapipe, not 'pipe'");
+  EXPECT_EQ(message("wfbp", {{"--buckets", "optimal"}}), "--buckets applies only to dsync and sapipe, not 'wfbp'");
+  EXPECT_EQ(message("dsync", {{"--profile-iters", "3"}}),
+            "--profile-iters applies only to layer-wise communication: add --buckets PLAN (or use wfbp, synceasgd, "
+            "mgwfbp, dsync+PLAN)");
 }
 
 TEST(LayerWise, MethodSpecsNamePlansAndCodecs) {
-  TrainConfig config;
-  apply_method_spec("dsync+optimal+int8", config);
-  EXPECT_EQ(config.method.name, "dsync");
-  EXPECT_EQ(config.method.buckets, "optimal");
-  EXPECT_EQ(config.method.codec, "int8");
-  apply_method_spec("wfbp+bf16", config);
-  EXPECT_EQ(config.method.buckets, "wfbp");
-  EXPECT_EQ(config.method.codec, "bf16");
-  apply_method_spec("dsync+fixed:25", config);
-  EXPECT_EQ(config.method.buckets, "fixed:25");
-  EXPECT_THROW(apply_method_spec("dsync+optimal+wfbp", config), UsageError);
-  EXPECT_THROW(apply_method_spec("pipe+optimal", config), UsageError);
+  MethodSelection method = select_for_test("dsync+optimal+int8");
+  EXPECT_EQ(method.name(), "dsync");
+  EXPECT_EQ(options_as<DsyncOptions>(*method.options).buckets, "optimal");
+  EXPECT_EQ(method.common.codec, "int8");
+  method = select_for_test("wfbp+bf16");
+  EXPECT_EQ(options_as<DsyncOptions>(*method.options).buckets, "wfbp");
+  EXPECT_EQ(method.common.codec, "bf16");
+  method = select_for_test("dsync+fixed:25");
+  EXPECT_EQ(options_as<DsyncOptions>(*method.options).buckets, "fixed:25");
+  EXPECT_THROW(select_for_test("dsync+optimal+wfbp"), UsageError);
+  EXPECT_THROW(select_for_test("pipe+optimal"), UsageError);
 }
 
 // The cost probes cover the smallest layer (at least 4 KiB) to the whole gradient.
@@ -202,7 +202,7 @@ TEST(LayerWise, CostProbeSizesSpanTheLayers) {
   LayerProfile profile;
   profile.bytes = {40, 400000, 4000000};
   profile.backward_seconds = {0, 0, 0};
-  const std::vector<double> sizes = cost_probe_sizes(profile);
+  const std::vector<double> sizes = cost_probe_sizes(profile.bytes);
   ASSERT_EQ(sizes.size(), static_cast<std::size_t>(kCostProbes));
   EXPECT_EQ(sizes.front(), 4096);
   EXPECT_EQ(sizes.back(), 4400040);

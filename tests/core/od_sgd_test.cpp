@@ -1,9 +1,10 @@
-// OD-SGD (algo/od_sgd.h, od-sgd.txt Alg. 1-2) on the tiny pure-C++ model: the weights each worker
+// OD-SGD (algo/odsgd/od_sgd.h, od-sgd.txt Alg. 1-2) on the tiny pure-C++ model: the weights each worker
 // trains on, iteration by iteration, against an independent replay of Alg. 1-2 from the recorded
 // gradients (plain SGD; and with momentum and weight decay on the servers and in every local
 // updater, 1 to 4 workers); the warm-up and switching stage; the local updaters; the final global
 // weights; the local updater alone against hand-computed values; usage errors.
-#include "pipesgd/algo/od_sgd.h"
+#include "pipesgd/algo/odsgd/od_sgd.h"
+#include "pipesgd/algo/odsgd/od_sgd_report.h"
 
 #include <gtest/gtest.h>
 
@@ -107,10 +108,10 @@ TEST(OdSgd, TrainingWeightsArePulledGlobalWeightsUpdatedLocallyExactlyAsAlgorith
   for (const auto& [workers, servers, warmup] :
        std::vector<std::tuple<int, int, int>>{{3, 1, 5}, {2, 2, 1}, {1, 1, 3}, {4, 1, 0}}) {
     SCOPED_TRACE(concat(workers, " workers, ", servers, " servers, warm-up ", warmup));
-    TrainConfig config = tiny_config("odsgd", workers, servers);
-    config.method.sgd = SgdOptions{0.1f, 0.0f, 0.0f};
-    config.method.local_learning_rate = 0.05f;  // not the global rate: shows which one is used
-    config.warmup_iterations = warmup;
+    // --local-lr is not the global rate: shows which one is used.
+    TrainConfig config = tiny_config("odsgd", workers, servers,
+                                     {{"--local-lr", "0.05"}, {"--warmup-iters", std::to_string(warmup)}});
+    set_sgd(config, SgdOptions{0.1f, 0.0f, 0.0f});
     const RecordedRun run = run_recorded(config);
     const auto global = replay_global_weights(run, 0.1f);
     const std::int64_t switching = std::max(warmup, 1);  // N: the first locally updated iteration
@@ -144,15 +145,15 @@ TEST(OdSgd, TrainingWeightsArePulledGlobalWeightsUpdatedLocallyExactlyAsAlgorith
 TEST(OdSgd, DelayCompensatingLocalUpdatersFollowEquations4To6) {
   for (const char* updater : {"dcasgd-c", "dcasgd-a"}) {
     SCOPED_TRACE(updater);
-    TrainConfig config = tiny_config("odsgd", 2, 1);
-    config.method.sgd = SgdOptions{0.1f, 0.0f, 0.0f};
-    config.method.local_updater = updater;
-    config.method.delay_compensation.lambda = 2.0f;
-    config.method.delay_compensation.mean_square_decay = 0.9f;
-    config.warmup_iterations = 3;
+    OptionValues given{{"--local-updater", updater}, {"--dc-lambda", "2"}, {"--warmup-iters", "3"}};
+    if (std::string(updater) == "dcasgd-a") given.set("--dc-momentum", "0.9");
+    TrainConfig config = tiny_config("odsgd", 2, 1, given);
+    set_sgd(config, SgdOptions{0.1f, 0.0f, 0.0f});
     const RecordedRun run = run_recorded(config);
     const auto global = replay_global_weights(run, 0.1f);
-    DelayCompensationOptions options = config.method.delay_compensation;
+    DelayCompensationOptions options;
+    options.lambda = 2.0f;
+    options.mean_square_decay = 0.9f;
     options.variant = std::string(updater) == "dcasgd-c" ? DelayCompensationVariant::kConstant
                                                          : DelayCompensationVariant::kAdaptive;
     for (std::size_t m = 0; m < 2; ++m) {
@@ -284,16 +285,18 @@ class OdSgdMomentumReplay : public ::testing::TestWithParam<OdSgdReplayCase> {};
 // (no FMA on the x86-64 targets these tests are built for).
 TEST_P(OdSgdMomentumReplay, TrainingWeightsFollowAlgorithms1And2WithMomentumAndWeightDecay) {
   const OdSgdReplayCase& c = GetParam();
-  TrainConfig config = tiny_config("odsgd", c.workers, c.servers);
-  config.method.sgd = SgdOptions{0.1f, 0.9f, 0.01f};
-  config.method.local_learning_rate = 0.05f;  // not the servers' rate: shows which one is used
-  config.method.local_updater = c.updater;
-  config.method.delay_compensation.lambda = 2.0f;
-  config.method.delay_compensation.mean_square_decay = 0.9f;
-  config.warmup_iterations = c.warmup;
+  // --local-lr is not the servers' rate: shows which one is used.
+  OptionValues given{{"--local-lr", "0.05"}, {"--local-updater", c.updater}, {"--warmup-iters", std::to_string(c.warmup)}};
+  if (c.updater != "sgd") given.set("--dc-lambda", "2");
+  if (c.updater == "dcasgd-a") given.set("--dc-momentum", "0.9");
+  TrainConfig config = tiny_config("odsgd", c.workers, c.servers, given);
+  const SgdOptions sgd{0.1f, 0.9f, 0.01f};
+  set_sgd(config, sgd);
   const RecordedRun run = run_recorded(config);
-  const Replayed expected = replay_od_sgd(run, config.method.sgd, 0.05f, c.warmup, c.updater,
-                                          config.method.delay_compensation);
+  DelayCompensationOptions compensation;
+  compensation.lambda = 2.0f;
+  compensation.mean_square_decay = 0.9f;
+  const Replayed expected = replay_od_sgd(run, sgd, 0.05f, c.warmup, c.updater, compensation);
   const std::size_t N = static_cast<std::size_t>(std::max(c.warmup, 1));
   const std::size_t T = 25;
   for (std::size_t m = 0; m < static_cast<std::size_t>(c.workers); ++m) {
@@ -339,26 +342,26 @@ INSTANTIATE_TEST_SUITE_P(OdSgd, OdSgdMomentumReplay,
 
 // With warm-up covering the whole run, OD-SGD is PS-Sync (every iteration trains on G_t).
 TEST(OdSgd, AllWarmUpIsPsSyncBitForBit) {
-  TrainConfig odsgd = tiny_config("odsgd", 3, 2);
-  odsgd.warmup_iterations = 1000;
+  TrainConfig odsgd = tiny_config("odsgd", 3, 2, {{"--warmup-iters", "1000"}});
   const RunSummary a = run_training(odsgd, softmax_factory(), small_data());
   const RunSummary b = run_training(tiny_config("pssync", 3, 2), softmax_factory(), small_data());
   for (std::size_t m = 0; m < 3; ++m) EXPECT_TRUE(equal(a.final_parameters[m], b.final_parameters[m]));
-  EXPECT_FALSE(a.od_sgd.has_value());  // no pipelined iteration: nothing to report
+  // No pipelined iteration: nothing to report.
+  EXPECT_FALSE(dynamic_cast<const OdSgdReport&>(*a.figures.report).model().has_value());
 }
 
 // Momentum and weight decay: the run trains, every worker ends with the same (global) weights, and
 // the report carries OD-SGD's timing model measured on the warm-up.
 TEST(OdSgd, MomentumRunEndsWithOneGlobalModelAndReportsTheTimingModel) {
-  TrainConfig config = tiny_config("odsgd", 3, 1);  // momentum 0.9, weight decay 1e-4
+  TrainConfig config = tiny_config("odsgd", 3, 1, {{"--warmup-iters", "30"}});  // momentum 0.9, weight decay 1e-4
   config.iterations = 60;
-  config.warmup_iterations = 30;
   const RunSummary summary = run_training(config, softmax_factory(), small_data());
   for (std::size_t m = 1; m < 3; ++m) {
     EXPECT_TRUE(equal(summary.final_parameters[m], summary.final_parameters[0]));
   }
-  ASSERT_TRUE(summary.od_sgd.has_value());
-  const OdSgdReport& report = *summary.od_sgd;
+  const std::optional<OdSgdModel>& model = dynamic_cast<const OdSgdReport&>(*summary.figures.report).model();
+  ASSERT_TRUE(model.has_value());
+  const OdSgdModel& report = *model;
   EXPECT_EQ(report.sync_iterations, 29 - 2);  // iterations 0..28 synchronous, 2 of them start-up
   EXPECT_GT(report.times.compute, 0);
   EXPECT_GT(report.times.communication, 0);
@@ -366,13 +369,12 @@ TEST(OdSgd, MomentumRunEndsWithOneGlobalModelAndReportsTheTimingModel) {
   EXPECT_EQ(report.predicted_iteration, od_sgd_iteration_time(report.times));
   EXPECT_EQ(report.predicted_improvement, od_sgd_improvement_rate(report.times));
   EXPECT_DOUBLE_EQ(report.measured_improvement,
-                   (report.sync_iteration - summary.mean.iteration) / report.sync_iteration);
-  EXPECT_EQ(summary.predicted_iteration, report.predicted_iteration);
+                   (report.sync_iteration - summary.figures.mean.iteration) / report.sync_iteration);
+  EXPECT_EQ(summary.figures.predicted_iteration, report.predicted_iteration);
 }
 
 TEST(OdSgd, RankPerProcessEqualsThreads) {
-  TrainConfig config = tiny_config("odsgd", 2, 1);
-  config.warmup_iterations = 4;
+  const TrainConfig config = tiny_config("odsgd", 2, 1, {{"--warmup-iters", "4"}});
   const RunSummary threads = run_training(config, softmax_factory(), small_data());
   std::vector<RunSummary> ranks(3);
   run_ranks(3, [&](int rank, Transport& transport) {
@@ -406,25 +408,23 @@ TEST(LocalUpdater, MatchesHandComputedSteps) {
 }
 
 TEST(OdSgd, UsageErrors) {
-  auto message = [](TrainConfig config) {
+  auto message = [](const std::string& spec, const OptionValues& options) {
     try {
-      run_training(config, softmax_factory(), small_data());
+      select_for_test(spec, options);
     } catch (const UsageError& error) {
       return std::string(error.what());
     }
     return std::string("no error");
   };
-  TrainConfig config = tiny_config("odsgd", 2, 1);
-  config.method.local_updater = "adam";
-  EXPECT_EQ(message(config), "--local-updater must be sgd, dcasgd-c or dcasgd-a, got 'adam'");
-  config = tiny_config("odsgd", 2, 1);
-  config.method.local_learning_rate = -1;
-  EXPECT_EQ(message(config), "--local-lr must be > 0, got -1");
-  config = tiny_config("dcasgd", 2, 1);
-  config.method.delay_compensation.lambda = -0.5f;
-  EXPECT_EQ(message(config), "--dc-lambda must be >= 0, got -0.5");
-  config = tiny_config("odsgd+int8", 2, 1);
-  EXPECT_EQ(message(config), "method 'odsgd' sends fp32 to its servers; codec 'int8' applies only to dsync and pipe");
+  EXPECT_EQ(message("odsgd", {{"--local-updater", "adam"}}), "--local-updater must be sgd, dcasgd-c or dcasgd-a, got 'adam'");
+  EXPECT_EQ(message("odsgd", {{"--local-lr", "-1"}}), "--local-lr must be > 0, got -1");
+  EXPECT_EQ(message("dcasgd", {{"--dc-lambda", "-0.5"}}), "--dc-lambda must be >= 0, got -0.5");
+  EXPECT_EQ(message("odsgd+int8", {}),
+            "unknown option 'int8' in method 'odsgd+int8': a codec, which applies only to dsync, pipe, wfbp, synceasgd, "
+            "mgwfbp and sapipe (method 'odsgd' takes no +options)");
+  EXPECT_EQ(message("odsgd", {{"--dc-lambda", "0.1"}}),
+            "--dc-lambda applies only to dcasgd, odsgd with --local-updater dcasgd-c or dcasgd-a and sapipe, not "
+            "'odsgd'");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The parameter-server methods (algo/ps_methods.h) through run_training on the tiny pure-C++ model:
+// The parameter-server methods (algo/ps_methods/ps_methods.h) through run_training on the tiny pure-C++ model:
 // PS-Sync against D-Sync, ASGD with one worker against sequential SGD, the run's wiring (server
 // threads, control allreduce among workers only), usage errors and failure propagation.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include "failing_model.h"
 #include "resegmented_model.h"
 #include "tiny_run.h"
-#include "pipesgd/algo/ps_methods.h"
+#include "pipesgd/algo/ps_methods/ps_methods.h"
 #include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/data/dataset.h"
@@ -45,7 +45,7 @@ void expect_close_to_dsync(int workers, int servers, std::size_t pieces) {
   const RunSummary dsync = run_training(tiny_config("dsync", workers), factory, data);
   const RunSummary pssync =
       run_training(tiny_config("pssync", workers, servers), factory, data);
-  EXPECT_EQ(pssync.servers, servers);
+  EXPECT_EQ(pssync.setup.servers, servers);
   ASSERT_EQ(pssync.final_parameters.size(), static_cast<std::size_t>(workers));
   double largest = 0;
   for (int rank = 0; rank < workers; ++rank) {
@@ -83,12 +83,12 @@ TEST(PsSync, MatchesDSyncThreeWorkersTwoServers) { expect_close_to_dsync(3, 2, 1
 
 TEST(PsSync, DefaultsToOneServer) {
   const TrainConfig config = tiny_config("pssync", 2);
-  EXPECT_EQ(resolved_servers(config), 1);
+  EXPECT_EQ(server_ranks(config), 1);
   const RunSummary summary = run_training(config, softmax_factory(), small_data());
-  EXPECT_EQ(summary.servers, 1);
-  EXPECT_EQ(summary.allreduce, "none (parameter server)");
-  EXPECT_EQ(summary.segmenting, "none (parameter server)");
-  EXPECT_EQ(summary.link_model_comm, 0);  // the ring's Eq. 5 says nothing about a server
+  EXPECT_EQ(summary.setup.servers, 1);
+  EXPECT_EQ(summary.setup.allreduce, "none (parameter server)");
+  EXPECT_EQ(summary.setup.segmenting, "none (parameter server)");
+  EXPECT_EQ(summary.timing.link_model_comm, 0);  // the ring's Eq. 5 says nothing about a server
 }
 
 // One worker: each push is applied at once with scale 1/M = 1 and pulled back before the next
@@ -102,8 +102,7 @@ TEST(Asgd, OneWorkerEqualsSequentialSgdBitForBit) {
     // DC-ASGD too: with one worker every push was computed on the weights it is applied to, so the
     // compensation term is lambda g^2 * 0 = 0 exactly.
     for (const char* variant : {"c", "a"}) {
-      TrainConfig config = tiny_config("dcasgd", 1, servers);
-      config.method.delay_compensation.variant = parse_delay_compensation_variant(variant);
+      const TrainConfig config = tiny_config("dcasgd", 1, servers, {{"--dc-variant", variant}});
       const RunSummary dcasgd = run_training(config, softmax_factory(), data);
       EXPECT_TRUE(bit_identical(dcasgd.final_parameters[0], sgd.final_parameters[0]))
           << "dcasgd-" << variant << ", " << servers << " servers";
@@ -162,8 +161,8 @@ TEST(PsSync, RankPerProcessEqualsThreads) {
   });
   EXPECT_EQ(ranks[0].weights_checksum, threads.weights_checksum);
   EXPECT_TRUE(bit_identical(ranks[1].final_parameters[1], threads.final_parameters[1]));
-  EXPECT_EQ(ranks[2].servers, 1);  // the server rank's summary
-  EXPECT_EQ(ranks[0].servers, 1);
+  EXPECT_EQ(ranks[2].setup.servers, 1);  // the server rank's summary
+  EXPECT_EQ(ranks[0].setup.servers, 1);
 }
 
 TEST(RankSubsetTransport, ShowsTheFirstRanksOnly) {
@@ -183,7 +182,7 @@ TEST(ParameterServerMethods, WorkerFailureStopsServersWithRootCause) {
   for (const std::string spec : {"pssync", "asgd", "dcasgd", "odsgd"}) {
     SCOPED_TRACE(spec);
     TrainConfig config = tiny_config(spec, 4, 2);
-    config.method.allreduce.timeout = std::chrono::hours(1);
+    set_timeout(config, std::chrono::hours(1));
     expect_failing_rank_is_the_reported_cause(config, data);
   }
 }

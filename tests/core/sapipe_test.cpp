@@ -5,7 +5,8 @@
 // with 1 to 4 ranks, momentum, weight decay, the int8 codec (the replay's sums come from the same
 // collective and codec), and the pipeline start taken from the configuration; usage errors; the
 // partition report; Adam.
-#include "pipesgd/algo/sapipe.h"
+#include "pipesgd/algo/sapipe/sapipe.h"
+#include "pipesgd/algo/sapipe/sapipe_report.h"
 
 #include <gtest/gtest.h>
 
@@ -15,11 +16,12 @@
 #include <memory>
 #include <mutex>
 #include <ostream>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "pipesgd/algo/bucketed_dsync.h"
+#include "pipesgd/algo/planning.h"
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/core/error.h"
@@ -31,6 +33,13 @@
 
 namespace pipesgd {
 namespace {
+
+// The sapipe report of a run.
+const SapipeFacts& facts_of(const RunSummary& summary) {
+  const auto* report = dynamic_cast<const SapipeReport*>(summary.figures.report.get());
+  if (report == nullptr) throw std::logic_error("not a sapipe run");
+  return report->facts;
+}
 
 bool equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -67,18 +76,15 @@ class SapipeStaleLayersZero : public ::testing::TestWithParam<DSyncLimitParam> {
 
 TEST_P(SapipeStaleLayersZero, StaleLayersZeroIsDSyncBitForBit) {
   const auto& [workers, codec, model] = GetParam();
-  TrainConfig sapipe = tiny_config("sapipe", workers);
-  sapipe.method.stale_layers = "0";
-  sapipe.method.buckets = "single";
-  sapipe.method.codec = codec;
-  TrainConfig dsync = tiny_config("dsync", workers);
-  dsync.method.codec = codec;
+  const TrainConfig sapipe =
+      tiny_config("sapipe", workers, 0, {{"--stale-layers", "0"}, {"--buckets", "single"}, {"--codec", codec}});
+  const TrainConfig dsync = tiny_config("dsync", workers, 0, {{"--codec", codec}});
   const RunSummary a = run_training(sapipe, factory_of(model), small_data());
   const RunSummary b = run_training(dsync, factory_of(model), small_data());
   expect_same_final_parameters(a, b, workers);
-  ASSERT_TRUE(a.method_report.sapipe.has_value());
-  EXPECT_EQ(a.method_report.sapipe->stale_layers, 0u);
-  EXPECT_EQ(a.method_report.sapipe->stale_fraction, 0.0);
+  const SapipeFacts& facts = facts_of(a);
+  EXPECT_EQ(facts.stale_layers, 0u);
+  EXPECT_EQ(facts.stale_fraction, 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -100,28 +106,25 @@ class SapipeAllLayersStale : public ::testing::TestWithParam<PipeLimitParam> {};
 
 TEST_P(SapipeAllLayersStale, AllLayersStaleIsPipeK2BitForBit) {
   const auto& [workers, codec, model, warmup] = GetParam();
-  TrainConfig sapipe = tiny_config("sapipe", workers);
-  sapipe.method.stale_layers = std::to_string(layers_of(model));
-  sapipe.method.compensation = "none";
-  sapipe.method.buckets = "single";
-  sapipe.method.codec = codec;
-  sapipe.warmup_iterations = warmup;
-  TrainConfig pipe = tiny_config("pipe", workers);
-  pipe.method.staleness = 2;
-  pipe.method.codec = codec;
-  pipe.warmup_iterations = warmup;
-  TrainConfig dsync = tiny_config("dsync", workers);
-  dsync.method.codec = codec;
+  const TrainConfig sapipe = tiny_config("sapipe", workers, 0,
+                                         {{"--stale-layers", std::to_string(layers_of(model))},
+                                          {"--compensation", "none"},
+                                          {"--buckets", "single"},
+                                          {"--codec", codec},
+                                          {"--warmup-iters", std::to_string(warmup)}});
+  const TrainConfig pipe = tiny_config(
+      "pipe", workers, 0, {{"--staleness-k", "2"}, {"--codec", codec}, {"--warmup-iters", std::to_string(warmup)}});
+  const TrainConfig dsync = tiny_config("dsync", workers, 0, {{"--codec", codec}});
   const RunSummary a = run_training(sapipe, factory_of(model), small_data());
   const RunSummary b = run_training(pipe, factory_of(model), small_data());
   const RunSummary c = run_training(dsync, factory_of(model), small_data());
   expect_same_final_parameters(a, b, workers);
   // Not vacuous: the stale updates differ from D-Sync's.
   EXPECT_FALSE(equal(a.final_parameters[0], c.final_parameters[0]));
-  ASSERT_TRUE(a.method_report.sapipe.has_value());
-  EXPECT_EQ(a.method_report.sapipe->stale_layers, layers_of(model));
-  EXPECT_EQ(a.method_report.sapipe->stale_fraction, 1.0);
-  EXPECT_EQ(a.method_report.sapipe->pipeline_start, warmup);
+  const SapipeFacts& facts = facts_of(a);
+  EXPECT_EQ(facts.stale_layers, layers_of(model));
+  EXPECT_EQ(facts.stale_fraction, 1.0);
+  EXPECT_EQ(facts.pipeline_start, warmup);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -235,16 +238,17 @@ RecordedRun run_recorded(const TrainConfig& config) {
 // here: the synchronous layer is the bias) and the stale range [0, S) separately. The partition
 // matters for the bits: int8 scales each message by its own largest magnitude, and the ring's
 // order of summation follows the message's chunks. Every rank's result must be the same.
-std::vector<std::vector<float>> reduced_gradients(const RecordedRun& run, const MethodConfig& method,
+std::vector<std::vector<float>> reduced_gradients(const RecordedRun& run, const MethodSelection& method,
                                                   std::size_t stale, std::int64_t P) {
   const int ranks = static_cast<int>(run.ranks.size());
   const std::size_t total = run.initial.size();
   const std::size_t iterations = run.ranks[0].gradients.size();
   std::vector<std::vector<std::vector<float>>> sums(static_cast<std::size_t>(ranks));  // [rank][t]
   run_ranks(ranks, [&](int rank, Transport& transport) {
-    const std::unique_ptr<Codec> codec = make_codec(method.codec);
+    const std::unique_ptr<Codec> codec = make_codec(method.common.codec);
     const std::unique_ptr<Allreduce> allreduce =
-        make_allreduce(method.allreduce_algorithm, transport, total, *codec, method.allreduce);
+        make_allreduce(method.common.allreduce, transport, total, *codec,
+                       method_allreduce_options(method.common, method.options->default_segment_bytes()));
     std::uint64_t sequence = 0;
     for (std::size_t t = 0; t < iterations; ++t) {
       std::vector<float> buffer = run.ranks[static_cast<std::size_t>(rank)].gradients[t];
@@ -265,7 +269,7 @@ std::vector<std::vector<float>> reduced_gradients(const RecordedRun& run, const 
   }
   // The oracle's sums are sums: within the codec's documented bound of the exact ones (largest: the
   // largest |L_r(t)| over the message and the ranks).
-  const std::unique_ptr<Codec> codec = make_codec(method.codec);
+  const std::unique_ptr<Codec> codec = make_codec(method.common.codec);
   bool lossy = false;
   std::size_t outside = 0;
   std::string first_outside;
@@ -279,7 +283,7 @@ std::vector<std::vector<float>> reduced_gradients(const RecordedRun& run, const 
       for (const auto& record : run.ranks) {
         for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, double(std::fabs(record.gradients[t][i])));
       }
-      const double bound = allreduce_error_bound(method.allreduce_algorithm, *codec, ranks, largest);
+      const double bound = allreduce_error_bound(method.common.allreduce, *codec, ranks, largest);
       for (std::size_t i = begin; i < end; ++i) {
         double exact = 0;
         float in_rank_order = 0;
@@ -296,7 +300,7 @@ std::vector<std::vector<float>> reduced_gradients(const RecordedRun& run, const 
     }
   }
   EXPECT_EQ(outside, 0u) << "sums outside the codec's error bound, the first at " << first_outside;
-  if (method.codec != "none" && ranks > 1) {
+  if (method.common.codec != "none" && ranks > 1) {
     EXPECT_TRUE(lossy) << "the codec never changed a sum";
   }
   return sums[0];
@@ -497,20 +501,21 @@ std::string case_name(const ReplayCase& c) {
 }
 
 TrainConfig replay_config(const ReplayCase& c, const std::string& compensation) {
-  TrainConfig config = tiny_config("sapipe", c.workers);
+  // The weight segment is stale, the bias synchronous. The collective is stated here because
+  // reduced_gradients() runs the same: the ring, with messages of 8 KiB (several per ring chunk of
+  // the stale range; int8 scales each message on its own).
+  OptionValues options{{"--stale-layers", "1"},
+                       {"--compensation", compensation},
+                       {"--dc-lambda", option_text(c.lambda)},
+                       {"--codec", c.codec},
+                       {"--allreduce", "ring"},
+                       {"--segment-bytes", "8K"},
+                       {"--buckets", c.profile ? "optimal" : "single"},
+                       {"--warmup-iters", std::to_string(c.warmup)}};
+  if (c.profile) options.set("--profile-iters", "1");
+  TrainConfig config = tiny_config("sapipe", c.workers, 0, options);
   config.iterations = c.iterations;
-  config.method.sgd = SgdOptions{0.1f, c.momentum, c.weight_decay};
-  config.method.stale_layers = "1";  // the weight segment; the bias is synchronous
-  config.method.compensation = compensation;
-  config.method.delay_compensation.lambda = c.lambda;
-  config.method.codec = c.codec;
-  // Stated here because reduced_gradients() runs the same collective: the ring, with messages of
-  // 8 KiB (several per ring chunk of the stale range; int8 scales each message on its own).
-  config.method.allreduce_algorithm = "ring";
-  config.method.allreduce.segment_bytes = 8 * 1024;
-  config.method.buckets = c.profile ? "optimal" : "single";
-  if (c.profile) config.method.profile_iterations = 1;
-  config.warmup_iterations = c.warmup;
+  set_sgd(config, SgdOptions{0.1f, c.momentum, c.weight_decay});
   return config;
 }
 
@@ -532,15 +537,15 @@ TEST_P(SapipeReplay, WeightsComputedOnAndFinalWeightsMatchTheHeaderSemantics) {
   const auto ranks = static_cast<std::size_t>(c.workers);
   const RecordedRun run = run_recorded(config);
   ASSERT_EQ(run.ranks.size(), ranks);
-  ASSERT_TRUE(run.summary.method_report.sapipe.has_value());
-  EXPECT_EQ(run.summary.method_report.sapipe->stale_layers, 1u);
-  EXPECT_EQ(run.summary.method_report.sapipe->pipeline_start, start);
+  const SapipeFacts& facts = facts_of(run.summary);
+  EXPECT_EQ(facts.stale_layers, 1u);
+  EXPECT_EQ(facts.pipeline_start, start);
   const std::size_t stale = 784 * 10;
   const std::vector<std::vector<float>> reduced = reduced_gradients(run, config.method, stale, start);
   const Expected expected = replay(run, reduced,
                                    ReplayParams{c.compensation, stale, 0.1f, c.momentum, c.weight_decay, c.lambda, start});
   if (c.lambda != 0.2f) {
-    EXPECT_EQ(run.summary.method_report.sapipe->bounded_compensations, 0);
+    EXPECT_EQ(facts.bounded_compensations, 0);
   }
   const double tolerance = tolerance_for(c.compensation);
   for (std::size_t r = 0; r < ranks; ++r) {
@@ -626,10 +631,10 @@ std::string usage_error(const TrainConfig& config, const ModelFactory& factory =
   return "no error";
 }
 
-std::string spec_error(const std::string& spec) {
-  TrainConfig config;
+// The error of selecting `spec` with `options` ("no error" if none).
+std::string spec_error(const std::string& spec, const OptionValues& options = {}) {
   try {
-    apply_method_spec(spec, config);
+    select_for_test(spec, options);
   } catch (const UsageError& error) {
     return error.what();
   }
@@ -643,43 +648,40 @@ TEST(SapipeUsage, UsageErrors) {
   EXPECT_TRUE(contains(foo, "compensation") || contains(foo, "unknown option")) << foo;
   EXPECT_TRUE(contains(foo, "foo")) << foo;
 
-  TrainConfig config = tiny_config("sapipe", 2);
-  config.method.compensation = "foo";
-  const std::string unknown = usage_error(config);
+  const std::string unknown = spec_error("sapipe", {{"--compensation", "foo"}});
   EXPECT_TRUE(contains(unknown, "compensation") || contains(unknown, "unknown option")) << unknown;
 
-  for (const char* stale : {"abc", "-1", "99", "3", "1.5", ""}) {
-    config = tiny_config("sapipe", 2);
-    config.method.stale_layers = stale;
-    const std::string message = usage_error(config);
+  // Not a layer count: refused when the method is selected; more layers than the model has (2 for
+  // the softmax model): when the run builds it.
+  for (const char* stale : {"abc", "-1", "1.5", ""}) {
+    const std::string message = spec_error("sapipe", {{"--stale-layers", stale}});
+    EXPECT_TRUE(contains(message, "--stale-layers")) << "'" << stale << "': " << message;
+  }
+  for (const char* stale : {"99", "3"}) {
+    const std::string message = usage_error(tiny_config("sapipe", 2, 0, {{"--stale-layers", stale}}));
     EXPECT_TRUE(contains(message, "--stale-layers")) << "'" << stale << "': " << message;
   }
   // The resegmented model has 14 layers: 14 is fine, 15 is not.
-  config = tiny_config("sapipe", 2);
+  TrainConfig config = tiny_config("sapipe", 2, 0, {{"--stale-layers", "14"}, {"--buckets", "single"}});
   config.iterations = 3;
-  config.method.stale_layers = "14";
-  config.method.buckets = "single";
   EXPECT_EQ(usage_error(config, resegmented_softmax_factory(7)), "no error");
-  config.method.stale_layers = "15";
+  set_method_options(config, {{"--stale-layers", "15"}});
   EXPECT_TRUE(contains(usage_error(config, resegmented_softmax_factory(7)), "--stale-layers"));
 
   EXPECT_TRUE(contains(spec_error("sapipe+dc+wp1"), "more than one compensation")) << spec_error("sapipe+dc+wp1");
   EXPECT_EQ(spec_error("sapipe+wp3+int8+single"), "no error");
 
-  config = tiny_config("sapipe", 2);
-  config.method.delay_compensation.lambda = -1;
-  EXPECT_TRUE(contains(usage_error(config), "--dc-lambda")) << usage_error(config);
+  EXPECT_TRUE(contains(spec_error("sapipe", {{"--dc-lambda", "-1"}}), "--dc-lambda"))
+      << spec_error("sapipe", {{"--dc-lambda", "-1"}});
 }
 
 // ---------------------------------------------------------------------------------------------
 // 5. The partition report.
 
 TEST(SapipeReport, ReportsKAndKappa) {
-  TrainConfig config = tiny_config("sapipe+single", 2);
-  config.method.stale_layers = "1";
+  TrainConfig config = tiny_config("sapipe+single", 2, 0, {{"--stale-layers", "1"}});
   RunSummary summary = run_training(config, softmax_factory(), small_data());
-  ASSERT_TRUE(summary.method_report.sapipe.has_value());
-  const SapipeReport& given = *summary.method_report.sapipe;
+  const SapipeFacts given = facts_of(summary);
   EXPECT_EQ(given.stale_layers, 1u);
   EXPECT_EQ(given.layers, 2u);
   EXPECT_DOUBLE_EQ(given.stale_fraction, 7840.0 / 7850);
@@ -687,13 +689,10 @@ TEST(SapipeReport, ReportsKAndKappa) {
   EXPECT_EQ(given.compensation, "none");
   EXPECT_EQ(given.pipeline_start, 0);
 
-  config = tiny_config("sapipe", 2);
-  config.method.stale_layers = "auto";
-  config.method.profile_iterations = 2;
+  config = tiny_config("sapipe", 2, 0, {{"--stale-layers", "auto"}, {"--profile-iters", "2"}});
   config.iterations = 25;
   summary = run_training(config, softmax_factory(), small_data());
-  ASSERT_TRUE(summary.method_report.sapipe.has_value());
-  const SapipeReport& automatic = *summary.method_report.sapipe;
+  const SapipeFacts& automatic = facts_of(summary);
   EXPECT_TRUE(automatic.automatic);
   EXPECT_TRUE(automatic.profiled);
   EXPECT_LE(automatic.stale_layers, 2u);
@@ -714,12 +713,9 @@ TEST(SapipeReport, ReportsKAndKappa) {
 TEST(SapipeDelayCompensation, HugeLambdaIsBoundedAndTrainingStaysFinite) {
   for (const char* spec : {"sapipe+dc+single", "sapipe+wp3+single"}) {
     SCOPED_TRACE(spec);
-    TrainConfig config = tiny_config(spec, 2);
-    config.method.stale_layers = "2";
-    config.method.delay_compensation.lambda = 1e6f;
+    const TrainConfig config = tiny_config(spec, 2, 0, {{"--stale-layers", "2"}, {"--dc-lambda", "1e6"}});
     const RunSummary summary = run_training(config, softmax_factory(), small_data());
-    ASSERT_TRUE(summary.method_report.sapipe.has_value());
-    EXPECT_GT(summary.method_report.sapipe->bounded_compensations, 10);
+    EXPECT_GT(facts_of(summary).bounded_compensations, 10);
     for (float w : summary.final_parameters[0]) ASSERT_TRUE(std::isfinite(w));
     EXPECT_TRUE(std::isfinite(summary.epochs.back().train_loss));
   }
@@ -729,14 +725,12 @@ TEST(SapipeDelayCompensation, HugeLambdaIsBoundedAndTrainingStaysFinite) {
 // 6. Adam.
 
 TEST(SapipeAdam, AdamWorks) {
-  TrainConfig config = tiny_config("sapipe+wp3", 2);
-  config.method.optimizer = "adam";
-  config.method.sgd = SgdOptions{0.01f, 0.0f, 0.0f};
-  config.method.stale_layers = "1";
-  config.method.buckets = "single";
+  TrainConfig config =
+      tiny_config("sapipe+wp3", 2, 0, {{"--stale-layers", "1"}, {"--buckets", "single"}});
+  config.method = reselect(config.method, {{"--optimizer", "adam"}}, SgdOptions{0.01f, 0.0f, 0.0f});
   const RunSummary summary = run_training(config, softmax_factory(), small_data());
-  EXPECT_TRUE(std::isfinite(summary.mean.loss));
-  EXPECT_GT(summary.mean.loss, 0);
+  EXPECT_TRUE(std::isfinite(summary.figures.mean.loss));
+  EXPECT_GT(summary.figures.mean.loss, 0);
   const std::unique_ptr<Model> initial = softmax_factory()(config.seed);
   const std::vector<float> start(initial->parameters().begin(), initial->parameters().end());
   for (const auto& final_weights : summary.final_parameters) {
@@ -747,18 +741,19 @@ TEST(SapipeAdam, AdamWorks) {
 
   for (int warmup : {0, 3}) {
     SCOPED_TRACE(concat("warm-up ", warmup));
+    const SgdOptions adam_rate{0.01f, 0.0f, 0.0f};
     TrainConfig sapipe = tiny_config("sapipe", 3);
-    sapipe.method.optimizer = "adam";
-    sapipe.method.sgd = SgdOptions{0.01f, 0.0f, 0.0f};
-    sapipe.method.stale_layers = "2";
-    sapipe.method.compensation = "none";
-    sapipe.method.buckets = "single";
-    sapipe.warmup_iterations = warmup;
+    sapipe.method = reselect(sapipe.method,
+                             {{"--optimizer", "adam"},
+                              {"--stale-layers", "2"},
+                              {"--compensation", "none"},
+                              {"--buckets", "single"},
+                              {"--warmup-iters", std::to_string(warmup)}},
+                             adam_rate);
     TrainConfig pipe = tiny_config("pipe", 3);
-    pipe.method.optimizer = "adam";
-    pipe.method.sgd = SgdOptions{0.01f, 0.0f, 0.0f};
-    pipe.method.staleness = 2;
-    pipe.warmup_iterations = warmup;
+    pipe.method = reselect(
+        pipe.method, {{"--optimizer", "adam"}, {"--staleness-k", "2"}, {"--warmup-iters", std::to_string(warmup)}},
+        adam_rate);
     const RunSummary a = run_training(sapipe, softmax_factory(), small_data());
     const RunSummary b = run_training(pipe, softmax_factory(), small_data());
     expect_same_final_parameters(a, b, 3);

@@ -53,23 +53,25 @@ struct Observed {
   std::vector<std::vector<float>> final_weights;              // [rank], after finish()
 };
 
-Observed run_method(const MethodConfig& config, int ranks, std::int64_t iterations, const Batches& data) {
+Observed run_method(const MethodSelection& method, std::int64_t warmup, int ranks, std::int64_t iterations,
+                    const Batches& data) {
   Observed observed;
   observed.weights_used.assign(ranks, {});
   observed.final_weights.assign(ranks, {});
   run_ranks(ranks, [&](int rank, Transport& transport) {
     SoftmaxRegression model(kFeatures, kClasses, kSeed);
-    auto method = make_training_method(config, model, transport);
+    auto method_object = make_method(method, transport, model, warmup);
+    TrainingMethod* const trained = method_object.get();
     for (std::int64_t t = 0; t < iterations; ++t) {
       IterationTimes times;
-      std::span<float> gradients = method->begin_iteration(t, times);
+      std::span<float> gradients = trained->begin_iteration(t, times);
       auto parameters = model.parameters();
       observed.weights_used[rank].emplace_back(parameters.begin(), parameters.end());
       model.forward_backward(data.at(rank, t, ranks), gradients, {});
-      method->end_iteration(t, times);
+      trained->end_iteration(t, times);
     }
     IterationTimes times;
-    method->finish(times);
+    trained->finish(times);
     auto parameters = model.parameters();
     observed.final_weights[rank].assign(parameters.begin(), parameters.end());
   });
@@ -136,13 +138,10 @@ TEST_P(PipeStaleness, WeightsFollowHandComputedSequence) {
   const StalenessCase c = GetParam();
   const std::int64_t iterations = 9;
   const Batches data = make_batches(c.ranks, iterations);
-  MethodConfig config;
-  config.name = "pipe";
-  config.staleness = c.staleness;
-  config.warmup_iterations = c.warmup;
-  config.sgd = SgdOptions{0.5f, c.momentum, 0.01f};
-  const Observed observed = run_method(config, c.ranks, iterations, data);
-  const Expected expected = hand_computed(config.sgd, c.staleness, c.warmup, c.ranks, iterations, data);
+  const SgdOptions sgd{0.5f, c.momentum, 0.01f};
+  const MethodSelection pipe = select_for_test("pipe", {{"--staleness-k", std::to_string(c.staleness)}}, sgd);
+  const Observed observed = run_method(pipe, c.warmup, c.ranks, iterations, data);
+  const Expected expected = hand_computed(sgd, c.staleness, c.warmup, c.ranks, iterations, data);
   for (int rank = 0; rank < c.ranks; ++rank) {
     for (std::int64_t t = 0; t < iterations; ++t) {
       expect_close(observed.weights_used[rank][t], expected.weights_used[t],
@@ -170,12 +169,9 @@ INSTANTIATE_TEST_SUITE_P(
 // A wrong staleness must be caught: the K=2 run does not match the K=1 sequence.
 TEST(PipeStaleness, HandComputedSequenceDistinguishesStaleness) {
   const Batches data = make_batches(3, 6);
-  MethodConfig config;
-  config.name = "pipe";
-  config.staleness = 2;
-  config.sgd = SgdOptions{0.5f, 0.0f, 0.0f};
-  const Observed observed = run_method(config, 3, 6, data);
-  const Expected wrong = hand_computed(config.sgd, 1, 0, 3, 6, data);
+  const SgdOptions sgd{0.5f, 0.0f, 0.0f};
+  const Observed observed = run_method(select_for_test("pipe", {{"--staleness-k", "2"}}, sgd), 0, 3, 6, data);
+  const Expected wrong = hand_computed(sgd, 1, 0, 3, 6, data);
   double largest = 0;
   for (std::size_t i = 0; i < wrong.final_weights.size(); ++i) {
     largest = std::max(largest, std::fabs(observed.final_weights[0][i] - wrong.final_weights[i]));
@@ -189,8 +185,7 @@ TEST_P(PipeWithKOne, IsBitIdenticalToDSync) {
   const auto [workers, codec] = GetParam();
   const DataSplits data = small_data();
   TrainConfig dsync = tiny_config("dsync+" + codec, workers);
-  TrainConfig pipe = tiny_config("pipe+" + codec, workers);
-  pipe.method.staleness = 1;
+  TrainConfig pipe = tiny_config("pipe+" + codec, workers, 0, {{"--staleness-k", "1"}});
   const RunSummary a = run_training(dsync, softmax_factory(), data);
   const RunSummary b = run_training(pipe, softmax_factory(), data);
   for (int rank = 0; rank < workers; ++rank) {
@@ -200,7 +195,7 @@ TEST_P(PipeWithKOne, IsBitIdenticalToDSync) {
         << "rank " << rank;
   }
   // And K = 2 is not (so the comparison above can fail).
-  pipe.method.staleness = 2;
+  set_method_options(pipe, {{"--staleness-k", "2"}});
   const RunSummary c = run_training(pipe, softmax_factory(), data);
   EXPECT_NE(a.final_parameters[0], c.final_parameters[0]);
 }
@@ -214,8 +209,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, PipeWithKOne,
 TEST(Trainer, WarmupOnlyRunEqualsDSync) {
   const DataSplits data = small_data();
   TrainConfig dsync = tiny_config("dsync", 3);
-  TrainConfig pipe = tiny_config("pipe", 3);
-  pipe.warmup_iterations = dsync.iterations;
+  TrainConfig pipe = tiny_config("pipe", 3, 0, {{"--warmup-iters", std::to_string(dsync.iterations)}});
   EXPECT_EQ(run_training(dsync, softmax_factory(), data).final_parameters,
             run_training(pipe, softmax_factory(), data).final_parameters);
 }
@@ -228,17 +222,17 @@ TEST(Trainer, ReportsEpochsAndTimings) {
   config.evaluate = true;
   const RunSummary summary = run_training(config, softmax_factory(), data);
   ASSERT_EQ(summary.epochs.size(), 2u);
-  EXPECT_EQ(summary.iterations, 2 * (600 / (2 * 5)));
-  EXPECT_GE(summary.final_test_accuracy, 0.0);
-  EXPECT_LE(summary.final_test_accuracy, 1.0);
-  EXPECT_GT(summary.mean.iteration, 0.0);
-  EXPECT_GT(summary.throughput, 0.0);
-  EXPECT_EQ(summary.codec, "int8");
-  EXPECT_EQ(summary.staleness, 2);
-  EXPECT_DOUBLE_EQ(summary.predicted_pipe_iteration,
-                   std::max(summary.stages.compute(), summary.stages.comm));
-  EXPECT_DOUBLE_EQ(summary.predicted_iteration, summary.predicted_pipe_iteration);
-  EXPECT_GT(summary.bytes_sent_per_iteration, 0u);
+  EXPECT_EQ(summary.timing.iterations, 2 * (600 / (2 * 5)));
+  EXPECT_GE(summary.figures.final_test_accuracy, 0.0);
+  EXPECT_LE(summary.figures.final_test_accuracy, 1.0);
+  EXPECT_GT(summary.figures.mean.iteration, 0.0);
+  EXPECT_GT(summary.figures.throughput, 0.0);
+  EXPECT_EQ(summary.setup.codec, "int8");
+  EXPECT_EQ(summary.setup.staleness, 2);
+  EXPECT_DOUBLE_EQ(summary.timing.predicted_pipe_iteration,
+                   std::max(summary.timing.stages.compute(), summary.timing.stages.comm));
+  EXPECT_DOUBLE_EQ(summary.figures.predicted_iteration, summary.timing.predicted_pipe_iteration);
+  EXPECT_GT(summary.timing.bytes_sent_per_iteration, 0u);
 }
 
 TEST(Trainer, LearnsSyntheticData) {
@@ -249,7 +243,7 @@ TEST(Trainer, LearnsSyntheticData) {
     config.epochs = 2;
     config.evaluate = true;
     const RunSummary summary = run_training(config, softmax_factory(), data);
-    EXPECT_GT(summary.final_test_accuracy, 0.8) << spec;
+    EXPECT_GT(summary.figures.final_test_accuracy, 0.8) << spec;
   }
 }
 
@@ -265,26 +259,29 @@ TEST(Trainer, RejectsBadConfigurations) {
   };
   TrainConfig config = tiny_config("dsync", 0);
   expect_usage_error(config, "--workers must be in [1, 1024], got 0");
-  config = tiny_config("pipe", 2);
-  config.method.staleness = 0;
-  expect_usage_error(config, "--staleness-k must be in [1, 64], got 0");
   config = tiny_config("dsync", 2);
   config.batch = 1000;
   expect_usage_error(config, "fewer than one global batch");
-  config = tiny_config("dsync", 2);
-  config.method.codec = "zip";
-  expect_usage_error(config, "unknown codec 'zip'");
+  // Method options are checked where the method is selected, before any run.
+  auto expect_selection_error = [](const std::string& spec, const OptionValues& options, const std::string& fragment) {
+    try {
+      select_for_test(spec, options);
+      ADD_FAILURE() << "expected UsageError containing '" << fragment << "'";
+    } catch (const UsageError& error) {
+      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+    }
+  };
+  expect_selection_error("pipe", {{"--staleness-k", "0"}}, "--staleness-k must be in [1, 64], got 0");
+  expect_selection_error("dsync", {{"--codec", "zip"}}, "unknown codec 'zip'");
 }
 
 TEST(MethodSpec, ParsesNameAndCodec) {
-  TrainConfig config;
-  apply_method_spec("pipe+int8", config);
-  EXPECT_EQ(config.method.name, "pipe");
-  EXPECT_EQ(config.method.codec, "int8");
-  EXPECT_EQ(config.method_spec, "pipe+int8");
+  const MethodSelection method = select_for_test("pipe+int8");
+  EXPECT_EQ(method.name(), "pipe");
+  EXPECT_EQ(method.common.codec, "int8");
+  EXPECT_EQ(method.spec, "pipe+int8");
   for (const std::string bad : {"pipes", "", "+int8", "pipe+", "pipe+gzip", "pipe+int8+bf16"}) {
-    TrainConfig other;
-    EXPECT_THROW(apply_method_spec(bad, other), UsageError) << bad;
+    EXPECT_THROW(select_for_test(bad), UsageError) << bad;
   }
 }
 
@@ -294,7 +291,7 @@ TEST(Trainer, WorkerFailureStopsEveryRankWithRootCause) {
   const DataSplits data = small_data();
   for (const std::string spec : {"dsync", "pipe"}) {
     TrainConfig config = tiny_config(spec, 4);
-    config.method.allreduce.timeout = std::chrono::seconds(60);
+    set_timeout(config, std::chrono::seconds(60));
     expect_failing_rank_is_the_reported_cause(config, data);
   }
 }

@@ -11,6 +11,7 @@
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/data/sampler.h"
 #include "pipesgd/torch/torch_models.h"
+#include "pipesgd/algo/registry.h"
 #include "pipesgd/train/trainer.h"
 
 namespace pipesgd {
@@ -65,7 +66,9 @@ constexpr float kLearningRate = 0.05f, kMomentum = 0.9f, kWeightDecay = 1e-4f;
 
 TrainConfig dsync_config(int workers, std::size_t batch, std::int64_t iterations) {
   TrainConfig config;
-  apply_method_spec("dsync", config);
+  CommonOptions common;
+  common.optimizer.sgd = SgdOptions{kLearningRate, kMomentum, kWeightDecay};
+  config.method = select_method("dsync", {}, FlagPolicy::kReject, common);
   config.workers = workers;
   config.model = "mlp";
   config.batch = batch;
@@ -74,7 +77,6 @@ TrainConfig dsync_config(int workers, std::size_t batch, std::int64_t iterations
   config.progress = false;
   config.evaluate = false;
   config.keep_parameters = true;
-  config.method.sgd = SgdOptions{kLearningRate, kMomentum, kWeightDecay};
   return config;
 }
 

@@ -84,8 +84,8 @@ std::string unknown_spec_part(const MethodDescriptor& method, std::string_view s
         const OptionDeclaration* declared = declaration_of(*candidate, option.flag);
         if (declared != nullptr && declared->spec_value) takers.push_back(candidate->name);
       }
-      return concat("method '", spec, "': ", option.spec_kind, " '", part, "' applies only to ", and_list(takers),
-                    ", not '", method.name, "' (", spec_options_text(method), ")");
+      return concat("unknown option '", part, "' in method '", spec, "': a ", option.spec_kind, ", which applies only to ",
+                    and_list(takers), " (", spec_options_text(method), ")");
     }
   }
   return concat("unknown option '", part, "' in method '", spec, "' (", spec_options_text(method), ")");
@@ -110,6 +110,17 @@ const MethodDescriptor* find_method(std::string_view name) {
 }
 
 std::string layer_wise_profiling_spec() { return "dsync+optimal"; }
+
+std::string default_method_spec() { return "dsync"; }
+
+std::string default_compare_list() { return "dsync,pipe,pipe+int8"; }
+
+std::string example_method_specs() { return "pipe+int8, dsync+optimal, sapipe+wp3"; }
+
+std::string example_compare_lists() {
+  return "pssync,asgd,dcasgd,odsgd,dsync,pipe or dsync,wfbp,mgwfbp,dsync+optimal or "
+         "dsync,pipe,sapipe,sapipe+dc,sapipe+wp1,sapipe+wp3";
+}
 
 const MethodDescriptor* method_of_spec(std::string_view spec) { return find_method(spec.substr(0, spec.find('+'))); }
 

@@ -20,6 +20,13 @@ const std::vector<const MethodDescriptor*>& method_registry();
 // The method called `name`, or nullptr.
 const MethodDescriptor* find_method(std::string_view name);
 std::vector<std::string> method_names();
+// What the CLI offers by default and as examples (method names are the registry's to spell):
+// `train`'s method, `compare`'s list, example specs with +options, and example lists to compare.
+std::string default_method_spec();
+std::string default_compare_list();
+std::string example_method_specs();
+std::string example_compare_lists();
+
 // The method spec whose profiling `pipesgd plan` runs: layer-wise D-Sync with the optimal plan,
 // which measures every input of every bucket plan (per-layer backward times, kappa, a + b·M).
 std::string layer_wise_profiling_spec();

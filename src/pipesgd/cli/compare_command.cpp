@@ -72,15 +72,15 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, MpiSessi
 
 Subcommand add_compare_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
-  auto methods = std::make_shared<std::string>("dsync,pipe,pipe+int8");
+  auto methods = std::make_shared<std::string>(default_compare_list());
   Subcommand compare;
   compare.command = app.add_subcommand("compare", "Train several methods one after another; one table");
   compare.command
       ->add_option("--algos", *methods,
-                   concat("Comma-separated methods, each name[+option]... (", join(method_names()),
-                          "), e.g. pssync,asgd,dcasgd,odsgd,dsync,pipe or dsync,wfbp,mgwfbp,dsync+optimal or "
-                          "dsync,pipe,sapipe,sapipe+dc,sapipe+wp1,sapipe+wp3. A method option given as a flag applies "
-                          "to the methods that take it; an option a method's spec names wins over the flag for it"))
+                   concat("Comma-separated methods, each name[+option]... (", join(method_names()), "), e.g. ",
+                          example_compare_lists(),
+                          ". A method option given as a flag applies to the methods that take it; an option a "
+                          "method's spec names wins over the flag for it"))
       ->capture_default_str();
   add_train_flags(*compare.command, *flags);
   compare.transport = [flags] { return flags->transport; };

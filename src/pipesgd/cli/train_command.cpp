@@ -4,6 +4,7 @@
 
 #include "pipesgd/cli/commands.h"
 #include "pipesgd/cli/train_options.h"
+#include "pipesgd/core/error.h"
 #include "pipesgd/torch/torch_models.h"
 #include "pipesgd/train/report.h"
 #include "pipesgd/train/trainer.h"
@@ -12,8 +13,8 @@ namespace pipesgd {
 namespace {
 
 std::string methods_help() {
-  std::string text = "Method, optionally followed by +options (a codec, a bucket plan, a compensation: e.g. pipe+int8, "
-                     "dsync+optimal, sapipe+wp3): ";
+  std::string text = concat("Method, optionally followed by +options (a codec, a bucket plan, a compensation: e.g. ",
+                            example_method_specs(), "): ");
   for (const MethodDescriptor* method : method_registry()) text += concat("\n  ", method->name, ": ", method->summary);
   return text;
 }
@@ -38,7 +39,7 @@ int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSessio
 
 Subcommand add_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
-  auto method = std::make_shared<std::string>("dsync");
+  auto method = std::make_shared<std::string>(default_method_spec());
   Subcommand train;
   train.command = app.add_subcommand("train", "Train one method and report the timing breakdown");
   train.command->add_option("--algo", *method, methods_help())->capture_default_str();
