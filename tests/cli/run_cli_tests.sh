@@ -705,6 +705,16 @@ d = json.load(open(sys.argv[1]))
 assert d["world_size"] == 2 and set(d["measured"]) == {"ring", "tree"}, d
 EOF
 
+run bench allreduce --workers 2 --sizes 4K,8K --repeats 1 --codecs none --algos ring >"$R/bench-progress.out" \
+  2>"$R/bench-progress.err"
+expect_contains "bench/progress-on-stderr" "$R/bench-progress.err" "measured 4096 bytes (1 of 2 sizes)" \
+  "measured 8192 bytes (2 of 2 sizes)"
+run bench allreduce --workers 2 --sizes 4K,8K --repeats 1 --codecs none --algos ring --quiet \
+  >"$R/bench-quiet.out" 2>"$R/bench-quiet.err"
+rc=$?
+expect_success "bench/quiet-exit-0" $rc "$R/bench-quiet.out" "$R/bench-quiet.err"
+if [ -s "$R/bench-quiet.err" ]; then fail "bench/quiet-means-no-stderr" "stderr: $(excerpt "$R/bench-quiet.err")"; else pass "bench/quiet-means-no-stderr"; fi
+
 # 3e. bench allreduce.
 run bench allreduce --workers 3 --sizes 4K,64K --repeats 3 --out "$R/bench" >"$R/bench.out" 2>"$R/bench.err"
 rc=$?

@@ -142,17 +142,12 @@ ModelFactory nudge_factory(int rank, std::int64_t iteration, float delta) {
 // 2 warm-up iterations).
 TrainConfig method_config(const std::string& method, int workers) {
   if (method == "pssync" || method == "odsgd") {
-    TrainConfig config = tiny_config(method, workers, 1);
-    if (method == "odsgd") config.warmup_iterations = 2;
-    return config;
+    return tiny_config(method, workers, 1, method == "odsgd" ? OptionValues{{"--warmup-iters", "2"}} : OptionValues{});
   }
-  TrainConfig config = tiny_config(method, workers);
   if (method == "sapipe") {
-    config.method.stale_layers = "1";
-    config.method.compensation = "wp1";
-    config.method.buckets = "single";
+    return tiny_config(method, workers, 0, {{"--stale-layers", "1"}, {"--compensation", "wp1"}, {"--buckets", "single"}});
   }
-  return config;
+  return tiny_config(method, workers);
 }
 
 bool all_finite(const std::vector<float>& values) {
@@ -226,8 +221,8 @@ TEST(ReliabilityNonFinite, FiniteRunIsNotStopped) {
   GradientInjection none;
   none.rank = -1;
   const RunSummary summary = run_training(method_config("dsync", 3), tampering_factory(none), small_data());
-  EXPECT_EQ(summary.nonfinite_skipped, 0);
-  EXPECT_EQ(summary.iterations, 25);
+  EXPECT_EQ(summary.reliability.nonfinite_skipped, 0);
+  EXPECT_EQ(summary.timing.iterations, 25);
 }
 
 // --- 2. Non-finite gradients, --on-nonfinite skip ----------------------------------------------
@@ -246,22 +241,22 @@ TEST(ReliabilityNonFinite, SkipReplacesTheLayerByZeros) {
     for (const Tamper tamper : {Tamper::kNaN, Tamper::kInf}) {
       SCOPED_TRACE(concat(method, ", ", tamper_name(tamper)));
       TrainConfig config = method_config(method, kWorkers);
-      config.on_nonfinite = "skip";
+      config.reliability.on_nonfinite = "skip";
       GradientInjection injection;
       injection.rank = 1;
       injection.iteration = 9;
       injection.segment = tamper == Tamper::kNaN ? 0 : 1;
       injection.tamper = tamper;
       const RunSummary skipped = run_training(config, tampering_factory(injection), small_data());
-      EXPECT_EQ(skipped.iterations, 25);
-      EXPECT_EQ(skipped.nonfinite_skipped, 1);
+      EXPECT_EQ(skipped.timing.iterations, 25);
+      EXPECT_EQ(skipped.reliability.nonfinite_skipped, 1);
       expect_identical_finite_replicas(skipped, kWorkers);
 
       // The same run with that segment's gradient zeros at that iteration on that rank.
       GradientInjection zeros = injection;
       zeros.tamper = Tamper::kZeros;
       const RunSummary zeroed = run_training(config, tampering_factory(zeros), small_data());
-      EXPECT_EQ(zeroed.nonfinite_skipped, 0);
+      EXPECT_EQ(zeroed.reliability.nonfinite_skipped, 0);
       ASSERT_EQ(zeroed.final_parameters.size(), skipped.final_parameters.size());
       for (int rank = 0; rank < kWorkers; ++rank) {
         EXPECT_EQ(skipped.final_parameters[rank], zeroed.final_parameters[rank])
@@ -273,7 +268,7 @@ TEST(ReliabilityNonFinite, SkipReplacesTheLayerByZeros) {
       GradientInjection none;
       none.rank = -1;
       const RunSummary clean = run_training(config, tampering_factory(none), small_data());
-      EXPECT_EQ(clean.nonfinite_skipped, 0);
+      EXPECT_EQ(clean.reliability.nonfinite_skipped, 0);
       EXPECT_NE(clean.final_parameters[0], zeroed.final_parameters[0]);
     }
   }
@@ -281,14 +276,14 @@ TEST(ReliabilityNonFinite, SkipReplacesTheLayerByZeros) {
 
 TEST(ReliabilityNonFinite, SkipWhenTheModelReportsNoSegment) {
   TrainConfig config = method_config("dsync", 3);
-  config.on_nonfinite = "skip";
+  config.reliability.on_nonfinite = "skip";
   GradientInjection injection;
   injection.rank = 0;
   injection.iteration = 3;
   injection.segment = 1;
   injection.report_segments = false;
   const RunSummary skipped = run_training(config, tampering_factory(injection), small_data());
-  EXPECT_EQ(skipped.nonfinite_skipped, 1);
+  EXPECT_EQ(skipped.reliability.nonfinite_skipped, 1);
   expect_identical_finite_replicas(skipped, 3);
   injection.tamper = Tamper::kZeros;
   const RunSummary zeroed = run_training(config, tampering_factory(injection), small_data());
@@ -298,7 +293,7 @@ TEST(ReliabilityNonFinite, SkipWhenTheModelReportsNoSegment) {
 // Every rank's NaN at the same iteration, in both layers: each layer of each rank counts once.
 TEST(ReliabilityNonFinite, SkipCountsEveryLayerOfEveryRank) {
   TrainConfig config = method_config("dsync", 2);
-  config.on_nonfinite = "skip";
+  config.reliability.on_nonfinite = "skip";
   // Two injections per replica (segment 0 at iteration 5, segment 1 at iteration 5): a wrapper
   // around a wrapper.
   ModelFactory factory = [](std::uint64_t seed) -> std::unique_ptr<Model> {
@@ -308,7 +303,7 @@ TEST(ReliabilityNonFinite, SkipCountsEveryLayerOfEveryRank) {
     return std::make_unique<GradientTamperingModel>(std::move(inner), true, bias);
   };
   const RunSummary summary = run_training(config, factory, small_data());
-  EXPECT_EQ(summary.nonfinite_skipped, 4);
+  EXPECT_EQ(summary.reliability.nonfinite_skipped, 4);
   expect_identical_finite_replicas(summary, 2);
 }
 
@@ -318,17 +313,17 @@ TEST(ReliabilityConsistency, PassesForTheSynchronousMethods) {
   for (const std::string method : {"dsync", "pipe", "sapipe", "pssync"}) {
     SCOPED_TRACE(method);
     TrainConfig config = method_config(method, 3);
-    config.check_consistency = 1;
+    config.reliability.check_consistency = 1;
     const RunSummary summary = run_training(config, softmax_factory(), small_data());
-    EXPECT_EQ(summary.consistency_checks, 25);
+    EXPECT_EQ(summary.reliability.consistency_checks, 25);
     // The checks do not change the training.
     const RunSummary unchecked = run_training(method_config(method, 3), softmax_factory(), small_data());
-    EXPECT_EQ(unchecked.consistency_checks, 0);
+    EXPECT_EQ(unchecked.reliability.consistency_checks, 0);
     EXPECT_EQ(summary.final_parameters, unchecked.final_parameters);
   }
   TrainConfig every4 = method_config("dsync", 3);
-  every4.check_consistency = 4;  // after iterations 3, 7, ..., 23
-  EXPECT_EQ(run_training(every4, softmax_factory(), small_data()).consistency_checks, 6);
+  every4.reliability.check_consistency = 4;  // after iterations 3, 7, ..., 23
+  EXPECT_EQ(run_training(every4, softmax_factory(), small_data()).reliability.consistency_checks, 6);
 }
 
 void expect_divergence(const TrainConfig& config, const std::string& rank, std::int64_t iteration) {
@@ -350,12 +345,12 @@ TEST(ReliabilityConsistency, DivergedReplicaIsNamed) {
   for (const std::string method : {"dsync", "pipe"}) {
     SCOPED_TRACE(method);
     TrainConfig config = method_config(method, 3);
-    config.check_consistency = 1;
+    config.reliability.check_consistency = 1;
     expect_divergence(config, "2", 5);
-    config.check_consistency = 4;  // checks after iterations 3 and 7
+    config.reliability.check_consistency = 4;  // checks after iterations 3 and 7
     expect_divergence(config, "2", 7);
     // Without checks the run completes, with rank 2's weights differing.
-    config.check_consistency = 0;
+    config.reliability.check_consistency = 0;
     const RunSummary summary = run_training(config, nudge_factory(2, 5, 1e-3f), small_data());
     EXPECT_EQ(summary.final_parameters[0], summary.final_parameters[1]);
     EXPECT_NE(summary.final_parameters[0], summary.final_parameters[2]);
@@ -366,7 +361,7 @@ TEST(ReliabilityConsistency, ValidateRejectsMethodsWhoseReplicasDiffer) {
   for (const std::string method : {"asgd", "dcasgd", "odsgd"}) {
     SCOPED_TRACE(method);
     TrainConfig config = tiny_config(method, 2, 1);
-    config.check_consistency = 1;
+    config.reliability.check_consistency = 1;
     try {
       validate_train_config(config);
       ADD_FAILURE() << "expected a UsageError";
@@ -374,24 +369,24 @@ TEST(ReliabilityConsistency, ValidateRejectsMethodsWhoseReplicasDiffer) {
       EXPECT_TRUE(Contains(error.what(), "differ by design"));
       EXPECT_TRUE(Contains(error.what(), "--check-consistency"));
     }
-    config.check_consistency = 0;
+    config.reliability.check_consistency = 0;
     EXPECT_NO_THROW(validate_train_config(config));
   }
   TrainConfig negative = tiny_config("dsync", 2);
-  negative.check_consistency = -1;
+  negative.reliability.check_consistency = -1;
   EXPECT_THROW(validate_train_config(negative), UsageError);
   TrainConfig huge = tiny_config("dsync", 2);
-  huge.check_consistency = kMaxIterations + 1;
+  huge.reliability.check_consistency = kMaxIterations + 1;
   EXPECT_THROW(validate_train_config(huge), UsageError);
   TrainConfig fine = tiny_config("pssync", 2, 1);
-  fine.check_consistency = 3;
+  fine.reliability.check_consistency = 3;
   EXPECT_NO_THROW(validate_train_config(fine));
 }
 
 TEST(ReliabilityNonFinite, ValidateRejectsAnUnknownPolicy) {
   for (const std::string policy : {"maybe", "", "Stop", "SKIP"}) {
     TrainConfig config = tiny_config("dsync", 2);
-    config.on_nonfinite = policy;
+    config.reliability.on_nonfinite = policy;
     try {
       validate_train_config(config);
       ADD_FAILURE() << "expected a UsageError for '" << policy << "'";
@@ -463,7 +458,7 @@ TEST(ReliabilityFaultParse, ErrorsNameTheFlag) {
 
 TEST(ReliabilityFaultParse, RunRejectsFaultsOutsideTheRun) {
   TrainConfig config = method_config("dsync", 3);
-  config.fault = parse_fault_injection("rank=3,iter=1,kind=crash");
+  config.reliability.fault = parse_fault_injection("rank=3,iter=1,kind=crash");
   try {
     run_training(config, softmax_factory(), small_data());
     ADD_FAILURE() << "expected a UsageError";
@@ -471,7 +466,7 @@ TEST(ReliabilityFaultParse, RunRejectsFaultsOutsideTheRun) {
     EXPECT_TRUE(Contains(error.what(), "--inject-fault"));
     EXPECT_TRUE(Contains(error.what(), "is not a worker"));
   }
-  config.fault = parse_fault_injection("rank=2,iter=25,kind=crash");  // iterations 0..24
+  config.reliability.fault = parse_fault_injection("rank=2,iter=25,kind=crash");  // iterations 0..24
   try {
     run_training(config, softmax_factory(), small_data());
     ADD_FAILURE() << "expected a UsageError";
@@ -481,7 +476,7 @@ TEST(ReliabilityFaultParse, RunRejectsFaultsOutsideTheRun) {
   }
   // pssync: a server rank is not a worker either.
   TrainConfig ps = method_config("pssync", 2);
-  ps.fault = parse_fault_injection("rank=2,iter=1,kind=hang");
+  ps.reliability.fault = parse_fault_injection("rank=2,iter=1,kind=hang");
   EXPECT_THROW(run_training(ps, softmax_factory(), small_data()), UsageError);
 }
 
@@ -492,10 +487,10 @@ TEST_P(ReliabilityFault, OtherWorkersStopWithACommError) {
     const bool crash = kind == FaultInjection::Kind::kCrash;
     SCOPED_TRACE(crash ? "crash" : "hang");
     TrainConfig config = method_config(GetParam(), 3);
-    config.method.allreduce.timeout = std::chrono::seconds(1);
-    config.fault.rank = 1;
-    config.fault.iteration = 5;
-    config.fault.kind = kind;
+    set_timeout(config, std::chrono::seconds(1));
+    config.reliability.fault.rank = 1;
+    config.reliability.fault.iteration = 5;
+    config.reliability.fault.kind = kind;
     try {
       run_training(config, softmax_factory(), small_data());
       ADD_FAILURE() << "expected a CommError";
@@ -532,7 +527,7 @@ TEST(ReliabilityMidOperationFault, ParseAndValidate) {
   EXPECT_THROW(parse_fault_injection("rank=1,iter=2,kind=hang,at=backward"), UsageError);
 
   TrainConfig dsync = method_config("dsync", 3);
-  dsync.fault = parse_fault_injection("rank=1,iter=2,kind=crash,at=push");
+  dsync.reliability.fault = parse_fault_injection("rank=1,iter=2,kind=crash,at=push");
   try {
     run_training(dsync, softmax_factory(), small_data());
     ADD_FAILURE() << "expected a UsageError";
@@ -540,7 +535,7 @@ TEST(ReliabilityMidOperationFault, ParseAndValidate) {
     EXPECT_TRUE(Contains(error.what(), "at=push"));
   }
   TrainConfig pssync = method_config("pssync", 2);
-  pssync.fault = parse_fault_injection("rank=1,iter=2,kind=crash,at=allreduce");
+  pssync.reliability.fault = parse_fault_injection("rank=1,iter=2,kind=crash,at=allreduce");
   try {
     run_training(pssync, softmax_factory(), small_data());
     ADD_FAILURE() << "expected a UsageError";
@@ -676,13 +671,14 @@ std::optional<TimeoutLine> parse_timeout_line(const std::string& message) {
 // iteration's push, or the next one on a shard that had it). Empty if the run did not stop so.
 std::optional<TimeoutLine> run_mid_operation_fault(const MidOperationCase& c, FaultInjection::Kind kind, int workers) {
   TrainConfig config = method_config(c.method, workers);
-  config.servers = c.servers;
-  config.warmup_iterations = c.warmup;
-  config.method.allreduce.timeout = std::chrono::seconds(1);
-  config.fault.rank = 1;
-  config.fault.iteration = c.iteration;
-  config.fault.kind = kind;
-  config.fault.point = c.point;
+  OptionValues options;
+  if (c.servers > 0) options.set("--servers", std::to_string(c.servers));
+  if (c.warmup > 0) options.set("--warmup-iters", std::to_string(c.warmup));
+  config.method = reselect(config.method, options, std::nullopt, std::chrono::seconds(1));
+  config.reliability.fault.rank = 1;
+  config.reliability.fault.iteration = c.iteration;
+  config.reliability.fault.kind = kind;
+  config.reliability.fault.point = c.point;
   const int ranks = workers + c.servers;
   const bool push = c.point == FaultInjection::Point::kPush;
   try {

@@ -1,4 +1,4 @@
-// SAPipe (algo/sapipe.h) on the tiny pure-C++ models: the limits k = 0 (D-Sync) and k = every layer
+// SAPipe (algo/sapipe/sapipe.h) on the tiny pure-C++ models: the limits k = 0 (D-Sync) and k = every layer
 // (Pipe-SGD with K = 2) bit for bit; the weights each worker computes on, iteration by iteration,
 // and the final weights against an independent replay of the header's semantics (the stale range
 // on G(t-2), the synchronous range on G(t-1), dc, wp1, wp2, wp3) from the recorded local gradients,

@@ -64,6 +64,12 @@ std::vector<OptionDeclaration> optimizer_option_declarations() {
   return options;
 }
 
+std::vector<OptionDeclaration> allreduce_method_declarations(CalibrationUse calibration) {
+  std::vector<OptionDeclaration> options = allreduce_option_declarations(calibration);
+  for (OptionDeclaration& option : optimizer_option_declarations()) options.push_back(std::move(option));
+  return options;
+}
+
 std::vector<OptionDeclaration> warmup_declarations(const std::string& what, const std::string& iterations_default) {
   OptionDeclaration epochs("--warmup-epochs", concat("Synchronous epochs first (they ", what, ")"), "0");
   OptionDeclaration iterations("--warmup-iters", concat("Synchronous iterations first, after --warmup-epochs (they ", what, ")"), iterations_default);

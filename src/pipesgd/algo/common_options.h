@@ -42,6 +42,8 @@ enum class CalibrationUse {
 };
 std::vector<OptionDeclaration> allreduce_option_declarations(CalibrationUse calibration);
 std::vector<OptionDeclaration> optimizer_option_declarations();
+// Both, as every allreduce method with an optimizer choice takes them.
+std::vector<OptionDeclaration> allreduce_method_declarations(CalibrationUse calibration);
 
 // --warmup-epochs and --warmup-iters as the methods with a synchronous warm-up declare them (`what`
 // the warm-up iterations do, e.g. "run as D-Sync"; `iterations_default` for the help), and their

@@ -1,5 +1,5 @@
 #pragma once
-// A method's registry entry: everything the CLI, the trainer, the library API and the reports know
+// A method's registry entry: everything the CLI, the trainer and the reports know
 // about a method, declared in one place (its folder under algo/, listed in algo/registry.cpp). See
 // docs/ARCHITECTURE.md, "Adding a method".
 #include <cstdint>

@@ -2,7 +2,7 @@
 // How a method is configured. A user names options as flags (`--staleness-k 3`) or, for some, as
 // `+value` parts of the method spec (`pipe+int8` = `pipe --codec int8`); each method declares the
 // options it takes (OptionDeclaration, in its registry entry) and parses them into its own options
-// type, a MethodOptions. The CLI, the library API and the tests all configure methods this way
+// type, a MethodOptions. The CLI and the tests configure methods this way
 // (algo/registry.h), so a flag means the same everywhere and the "applies only to" errors come from
 // the declarations.
 #include <cstdint>

@@ -37,16 +37,6 @@ const OptionDeclaration* declaration_of(const MethodDescriptor& method, std::str
   return nullptr;
 }
 
-// "a, b and c"
-std::string and_list(const std::vector<std::string>& items) {
-  std::string text;
-  for (std::size_t k = 0; k < items.size(); ++k) {
-    if (k > 0) text += k + 1 == items.size() ? " and " : ", ";
-    text += items[k];
-  }
-  return text;
-}
-
 // "(options are codecs: none, bf16, int8; bucket plans: ...)" for a method's spec parts.
 std::string spec_options_text(const MethodDescriptor& method) {
   std::vector<std::string> kinds;
@@ -85,7 +75,7 @@ std::string unknown_spec_part(const MethodDescriptor& method, std::string_view s
         if (declared != nullptr && declared->spec_value) takers.push_back(candidate->name);
       }
       return concat("unknown option '", part, "' in method '", spec, "': a ", option.spec_kind, ", which applies only to ",
-                    and_list(takers), " (", spec_options_text(method), ")");
+                    join_and(takers), " (", spec_options_text(method), ")");
     }
   }
   return concat("unknown option '", part, "' in method '", spec, "' (", spec_options_text(method), ")");
@@ -96,7 +86,12 @@ std::string unknown_spec_part(const MethodDescriptor& method, std::string_view s
 const std::vector<const MethodDescriptor*>& method_registry() {
   static const std::vector<const MethodDescriptor*> registry = [] {
     std::vector<const MethodDescriptor*> pointers;
-    for (const MethodDescriptor& method : descriptors()) pointers.push_back(&method);
+    for (const MethodDescriptor& method : descriptors()) {
+      // An entry is complete: it parses and builds, and a method with servers says how they serve.
+      PIPESGD_ASSERT(!method.name.empty() && method.parse && method.make);
+      PIPESGD_ASSERT(!method.traits.uses_servers || method.serve);
+      pointers.push_back(&method);
+    }
     return pointers;
   }();
   return registry;
@@ -157,7 +152,7 @@ std::string not_applicable_message(std::string_view flag, std::string_view name)
     if (label.empty()) label = declaration->users_label;
   }
   if (users.empty()) return concat(flag, " applies to no method");
-  return concat(flag, " applies only to ", label.empty() ? std::string() : label + " ", and_list(users), ", not '", name,
+  return concat(flag, " applies only to ", label.empty() ? std::string() : label + " ", join_and(users), ", not '", name,
                 "'");
 }
 

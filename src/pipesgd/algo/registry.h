@@ -44,8 +44,7 @@ std::vector<DeclaredOption> declared_options();
 // "--X applies only to A, B with --y z and C, not 'M'": the error for giving `flag` to method `name`.
 std::string not_applicable_message(std::string_view flag, std::string_view name);
 
-// A method chosen and configured: what a run, the library API or a test builds workers' methods
-// from. Copyable; the options are shared and immutable.
+// A method chosen and configured: what a run or a test builds workers' methods from. Copyable; the options are shared and immutable.
 struct MethodSelection {
   std::string spec;  // as given, e.g. "sapipe+wp3+int8"
   const MethodDescriptor* descriptor = nullptr;
@@ -59,7 +58,7 @@ struct MethodSelection {
 
 // How select_method treats a flag the method does not take.
 enum class FlagPolicy {
-  kReject,            // UsageError (train, the library API)
+  kReject,            // UsageError (train, plan, the tests)
   kApplyWhereItFits,  // left out (compare: a flag goes to the methods of the list that take it)
 };
 

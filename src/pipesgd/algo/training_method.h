@@ -1,6 +1,6 @@
 #pragma once
-// The interface every training method implements, and what drives it: the trainer's loop, the
-// library API's step() from a user's own loop, and the tests. The calls are the same for every
+// The interface every training method implements, and what drives it: the trainer's loop and the
+// tests (a method knows nothing of either). The calls are the same for every
 // method:
 //
 //   gradients = method.begin_iteration(t, times)   // wait for / apply what iteration t needs

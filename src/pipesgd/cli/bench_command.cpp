@@ -66,8 +66,7 @@ void add_bench_flags(CLI::App& command, BenchFlags& flags, bool calibrate) {
   command.add_option("--out", flags.out,
                      calibrate ? "Directory to write calibration.json to [default: the current directory]"
                                : "Directory to write allreduce.json to");
-  command.add_flag("--quiet", flags.quiet, calibrate ? "No progress output (the timings as they are measured)"
-                                                     : "No progress output");
+  command.add_flag("--quiet", flags.quiet, "No progress output on stderr (a line per size as it is measured)");
 }
 
 struct BenchSetup {
@@ -186,8 +185,13 @@ int run_bench_allreduce(const BenchFlags& flags, MpiSession* session) {
     std::printf("%-26s %-6s %10zu %11.1f %10.3f %10.3f %9s %7s\n", label.c_str(), row.codec.c_str(), row.bytes,
                 row.median_seconds * 1e6, row.algbw / 1e9, row.busbw / 1e9, ratio.c_str(), row.correct ? "ok" : "WRONG");
   };
+  const std::size_t size_count = (setup.config.sizes_bytes.empty() ? default_benchmark_sizes() : setup.config.sizes_bytes).size();
+  std::size_t sizes_done = 0;
   auto flush_size = [&] {
     if (size_rows.empty()) return;
+    if (!flags.quiet) {
+      std::fprintf(stderr, "  measured %zu bytes (%zu of %zu sizes)\n", size_rows[0].bytes, ++sizes_done, size_count);
+    }
     double reference_busbw = 0;
     for (const auto& row : size_rows) {
       if (row.algorithm == "MPI_Allreduce") reference_busbw = row.busbw;

@@ -68,11 +68,9 @@ std::string plan_equation(const std::string& name) {
   return "Eq. 19-21";
 }
 
-int run_plan(const PlanFlags& flags, MpiSession* session) {
-  if (session != nullptr) throw UsageError("plan profiles on threads of this process: drop --transport mpi");
-  if (flags.profile_iterations < 1 || flags.profile_iterations > 100000) {
-    throw UsageError(concat("--profile-iters must be in [1, 100000], got ", flags.profile_iterations));
-  }
+// Runs on threads of this process (plan has no --transport).
+int run_plan(const PlanFlags& flags) {
+  checked_profile_iterations(flags.profile_iterations);
   if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
   if (flags.batch < 1 || flags.batch > static_cast<std::int64_t>(kMaxBatch)) {
     throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", flags.batch));
@@ -190,7 +188,7 @@ Subcommand add_plan_command(CLI::App& app) {
       "plan", "Bucket plans for layer-wise allreduce: buckets, predicted iteration and t_c^no per plan");
   add_plan_flags(*plan.command, *flags);
   plan.transport = [] { return std::string("local"); };
-  plan.run = [flags](MpiSession* session) { return run_plan(*flags, session); };
+  plan.run = [flags](MpiSession*) { return run_plan(*flags); };
   return plan;
 }
 

@@ -21,6 +21,7 @@ std::string methods_help() {
 
 int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSession* session) {
   const TrainConfig config = to_train_config(flags, method_spec, FlagPolicy::kReject, session);
+  if (prints_results(session)) prepare_output_directory(config.out_dir);  // before the data is read
   const ModelFactory factory = torch_model_factory(config.model);
   const DataSplits data = load_data(flags);
   if (prints_results(session)) {

@@ -7,16 +7,6 @@
 namespace pipesgd {
 namespace {
 
-// "a, b and c"
-std::string and_list(const std::vector<std::string>& items) {
-  std::string text;
-  for (std::size_t k = 0; k < items.size(); ++k) {
-    if (k > 0) text += k + 1 == items.size() ? " and " : ", ";
-    text += items[k];
-  }
-  return text;
-}
-
 // A method option's --help text from every declaration of it: what it does, for which methods
 // (grouped where the methods' texts agree), and the default.
 std::string method_option_help(const DeclaredOption& option) {
@@ -41,7 +31,7 @@ std::string method_option_help(const DeclaredOption& option) {
   std::vector<std::string> parts;
   for (const Group& group : groups) {
     const std::string& fallback = group.declaration->default_text;
-    parts.push_back(concat(group.declaration->help, " [", and_list(group.methods),
+    parts.push_back(concat(group.declaration->help, " [", join_and(group.methods),
                            fallback.empty() ? std::string() : concat("; default: ", fallback), "]"));
   }
   return join(parts, "; ");

@@ -73,6 +73,16 @@ std::string concat(Parts&&... parts) {
   return out.str();
 }
 
+// "a, b and c": a list in a sentence, for messages.
+inline std::string join_and(const std::vector<std::string>& items) {
+  std::string text;
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    if (k > 0) text += k + 1 == items.size() ? " and " : ", ";
+    text += items[k];
+  }
+  return text;
+}
+
 // "a, b, c": the names of a list, for messages.
 inline std::string join(const std::vector<std::string>& items, const std::string& separator = ", ") {
   std::string text;

@@ -48,7 +48,7 @@ struct Evaluation {
 
 // What a training method needs of a model: its layout, its flat parameter buffer and, if the model
 // reports forward progress, a hook before each group of layers' forward. A trained model (below) is
-// one; a user's own module wrapped by the library API is another.
+// one; methods see nothing else of it.
 class FlatParameters {
  public:
   virtual ~FlatParameters() = default;

@@ -1,6 +1,6 @@
 #pragma once
 // One fused loop over a flat range for updates that do more than the optimizer's step (SAPipe's
-// compensation and weight prediction, algo/sapipe.h): the caller's body runs once per element with
+// compensation and weight prediction, algo/sapipe/stale_compensation.h): the caller's body runs once per element with
 // a kernel that steps or predicts that element exactly as Optimizer::step / predict would (the same
 // float operations: bit-identical results), so compensation, step and prediction share one pass.
 //

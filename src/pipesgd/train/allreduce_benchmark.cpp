@@ -11,6 +11,7 @@
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/collective/ring_allreduce.h"  // step_tag
 #include "pipesgd/comm/local_transport.h"
+#include "pipesgd/comm/rank_failures.h"
 #include "pipesgd/core/checksum.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
@@ -317,19 +318,7 @@ std::vector<AllreduceBenchmarkRow> run_local_allreduce_benchmark(
     });
   }
   for (auto& thread : threads) thread.join();
-  // The root cause, not the others' "peer failed".
-  std::exception_ptr first;
-  for (const auto& failure : failures) {
-    if (!failure) continue;
-    try {
-      std::rethrow_exception(failure);
-    } catch (const PeerFailedError&) {
-      if (!first) first = failure;
-    } catch (...) {
-      throw;
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  rethrow_root_cause(failures);  // the root cause, not the others' "peer failed"
   return rows;
 }
 

@@ -12,12 +12,7 @@ std::string methods_where(Predicate&& has) {
   for (const MethodDescriptor* method : method_registry()) {
     if (has(method->traits)) names.push_back(method->name);
   }
-  std::string text;
-  for (std::size_t k = 0; k < names.size(); ++k) {
-    if (k > 0) text += k + 1 == names.size() ? " and " : ", ";
-    text += names[k];
-  }
-  return text;
+  return join_and(names);
 }
 
 void validate_reliability(const TrainConfig& config) {

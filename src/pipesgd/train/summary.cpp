@@ -50,10 +50,12 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
   timing.iterations = plan.total_iterations;
   timing.measured_iterations = plan.total_iterations - plan.first_measured;
   timing.train_seconds = leader.train_seconds;
-  // The compute thread is busy for the whole iteration except its exposed waits.
+  // The compute thread is busy for the whole iteration except its exposed waits. Compensation
+  // (sapipe) is update work for the timing model; `other` is what no stage accounts for.
   const double busy = mean.iteration - mean.wait;
-  timing.stages = StageTimes{mean.update, mean.data, mean.forward, mean.backward,
-                             std::max(0.0, busy - (mean.update + mean.data + mean.forward + mean.backward)), mean.comm};
+  const double update = mean.update + mean.compensation;
+  timing.stages = StageTimes{update, mean.data, mean.forward, mean.backward,
+                             std::max(0.0, busy - (update + mean.data + mean.forward + mean.backward)), mean.comm};
   timing.predicted_sync_iteration = predict_dsync_iteration(timing.stages);
   timing.predicted_pipe_iteration = predict_pipe_iteration(timing.stages);
   if (config.network.emulated() && run.servers == 0) {  // Eq. 5 is the ring's, not the server's

@@ -10,6 +10,7 @@
 
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/comm/local_transport.h"
+#include "pipesgd/comm/rank_failures.h"
 #include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/ps/parameter_server.h"
@@ -30,6 +31,7 @@ void serve_shard(const RunContext& run, const ShardPlan& shard_plan, std::span<c
   ParameterServerShard shard(transport, shard_plan, config.workers, initial_weights,
                              config.method.common.optimizer.sgd);
   BackgroundCheckpointWriter writer;
+  PIPESGD_ASSERT(config.method.descriptor->serve);  // every method with servers says how they serve
   ServeOptions options = config.method.descriptor->serve(*config.method.options, config.method.common, config.workers);
   options.stop = stop;
   options.on_checkpoint = server_checkpoints(run, shard, writer);
@@ -85,30 +87,6 @@ void gather_at_leader(Transport& workers, const RunContext& run, std::vector<Wor
     record.bytes_sent = counts.bytes_sent;
     record.nonfinite_skipped = counts.nonfinite_skipped;
   }
-}
-
-// The root cause among the ranks' failures: a worker's own error rather than the others' "peer
-// failed", and a timeout on a peer that went silent rather than one on a peer that itself failed
-// (e.g. stuck behind the silent one, as the ring's next rank is when a worker dies mid-allreduce).
-void rethrow_root_cause(const std::vector<std::exception_ptr>& failures) {
-  std::exception_ptr first_failure, consequence;
-  for (const auto& failure : failures) {
-    if (!failure) continue;
-    try {
-      std::rethrow_exception(failure);
-    } catch (const PeerFailedError&) {
-      if (!first_failure) first_failure = failure;
-    } catch (const CommTimeoutError& error) {
-      const int peer = error.peer();
-      const bool peer_failed = peer >= 0 && peer < static_cast<int>(failures.size()) && failures[static_cast<std::size_t>(peer)];
-      if (!peer_failed) std::rethrow_exception(failure);
-      if (!consequence) consequence = failure;
-    } catch (...) {
-      std::rethrow_exception(failure);
-    }
-  }
-  if (consequence) std::rethrow_exception(consequence);
-  if (first_failure) std::rethrow_exception(first_failure);
 }
 
 }  // namespace

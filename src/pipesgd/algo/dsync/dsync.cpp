@@ -1,6 +1,6 @@
 #include "pipesgd/algo/dsync/dsync.h"
 
-#include "pipesgd/core/clock.h"
+#include "pipesgd/algo/synchronous_step.h"
 
 namespace pipesgd {
 
@@ -16,12 +16,7 @@ DSync::DSync(const MethodContext& context)
 std::span<float> DSync::begin_iteration(std::int64_t, IterationTimes&) { return gradients_; }
 
 void DSync::end_iteration(std::int64_t t, IterationTimes& times) {
-  Stopwatch communication;
-  allreduce_->run(gradients_, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(t)));
-  times.wait = times.comm = communication.seconds();
-  Stopwatch update;
-  optimizer_->step(model_.parameters(), gradients_, gradient_scale_, 0);
-  times.update = update.seconds();
+  allreduce_then_step(*allreduce_, *optimizer_, model_.parameters(), gradients_, gradient_scale_, t, times);
 }
 
 std::shared_ptr<MethodReport> DSync::report() const { return std::make_shared<AllreduceCallsReport>(1); }

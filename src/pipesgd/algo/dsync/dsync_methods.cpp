@@ -58,8 +58,7 @@ MethodDescriptor fixed_plan_method(std::string name, std::string plan, std::stri
   method.name = name;
   method.summary = std::move(summary);
   method.traits.replicas_identical = true;
-  method.options = allreduce_option_declarations(CalibrationUse::kAlways);
-  for (OptionDeclaration& option : optimizer_option_declarations()) method.options.push_back(std::move(option));
+  method.options = allreduce_method_declarations(CalibrationUse::kAlways);
   for (OptionDeclaration& option : planning_declarations(true)) method.options.push_back(std::move(option));
   method.parse = [plan](const OptionValues& given) { return parse_dsync_options(given, plan); };
   method.make = [](const MethodContext& context) { return std::make_unique<BucketedDSync>(context); };
@@ -79,12 +78,11 @@ MethodDescriptor dsync_method() {
   method.summary = "D-Sync: compute, allreduce, update (pipe-sgd.txt's baseline); with a bucket plan (+PLAN or "
                    "--buckets) layer-wise, each bucket allreduced as backward makes it ready";
   method.traits.replicas_identical = true;
-  method.options = allreduce_option_declarations(CalibrationUse::kWithAutoOrBuckets);
-  for (OptionDeclaration& option : optimizer_option_declarations()) method.options.push_back(std::move(option));
+  method.options = allreduce_method_declarations(CalibrationUse::kWithAutoOrBuckets);
   OptionDeclaration buckets = buckets_declaration(
       "Layer-wise allreduce of buckets of consecutive layers, launched as backward makes them ready: wfbp (one per "
       "layer), single (one after backward, SyncEASGD), mgwfbp (MG-WFBP Alg. 1), optimal (exact DP), fixed:<MiB> "
-      "(DDP-like); none: one allreduce after backward on the compute thread");
+      "(DDP-like). Without a plan: one allreduce after backward, on the compute thread");
   method.options.push_back(buckets);
   for (OptionDeclaration& option : planning_declarations(false)) method.options.push_back(std::move(option));
   method.parse = [](const OptionValues& given) { return parse_dsync_options(given, ""); };

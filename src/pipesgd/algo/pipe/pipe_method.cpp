@@ -11,8 +11,7 @@ MethodDescriptor pipe_method() {
   method.summary = "Pipe-SGD (pipe-sgd.txt Alg. 1): the update at t uses the aggregated gradient of t-K while the "
                    "allreduce of t runs on the comm thread";
   method.traits.replicas_identical = true;
-  method.options = allreduce_option_declarations(CalibrationUse::kWithAllreduceAuto);
-  for (OptionDeclaration& option : optimizer_option_declarations()) method.options.push_back(std::move(option));
+  method.options = allreduce_method_declarations(CalibrationUse::kWithAllreduceAuto);
   OptionDeclaration staleness("--staleness-k", "Pipe-SGD iteration dependency K: the update at t uses the gradient of t-K (K = 1 is D-Sync)", "2");
   method.options.push_back(staleness);
   for (OptionDeclaration& option : warmup_declarations("run as D-Sync", "0")) method.options.push_back(std::move(option));

@@ -1,5 +1,6 @@
 #include "pipesgd/algo/pipe/pipe_sgd.h"
 
+#include "pipesgd/algo/synchronous_step.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 
@@ -55,13 +56,7 @@ std::span<float> PipeSgd::begin_iteration(std::int64_t t, IterationTimes& times)
 void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
   next_iteration_ = t + 1;
   if (in_warmup(t)) {  // D-Sync: allreduce on this thread, then update
-    std::span<float> gradient = slots_[0].gradient;
-    Stopwatch communication;
-    allreduce_->run(gradient, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(t)));
-    times.wait = times.comm = communication.seconds();
-    Stopwatch update;
-    optimizer_->step(model_.parameters(), gradient, gradient_scale_, 0);
-    times.update = update.seconds();
+    allreduce_then_step(*allreduce_, *optimizer_, model_.parameters(), slots_[0].gradient, gradient_scale_, t, times);
     return;
   }
   Slot& slot = slots_[t % staleness_];

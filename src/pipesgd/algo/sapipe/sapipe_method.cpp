@@ -46,8 +46,7 @@ MethodDescriptor sapipe_method(const std::string& baseline) {
   method.summary = "SAPipe (sapipe.txt): the first k layers 1-step stale with compensation (dc, weight "
                    "prediction wp1-3), the rest synchronous in buckets applied before each layer's forward";
   method.traits.replicas_identical = true;
-  method.options = allreduce_option_declarations(CalibrationUse::kAlways);
-  for (OptionDeclaration& option : optimizer_option_declarations()) method.options.push_back(std::move(option));
+  method.options = allreduce_method_declarations(CalibrationUse::kAlways);
   OptionDeclaration buckets = buckets_declaration("The synchronous layers' bucket plan");
   buckets.default_text = "optimal";
   method.options.push_back(buckets);

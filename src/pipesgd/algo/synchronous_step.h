@@ -1,0 +1,18 @@
+#pragma once
+// D-Sync's iteration end, shared by the methods that run it (dsync; pipe's warm-up).
+#include <cstdint>
+#include <span>
+
+#include "pipesgd/algo/iteration_times.h"
+#include "pipesgd/collective/allreduce.h"
+#include "pipesgd/optim/optimizer.h"
+
+namespace pipesgd {
+
+// On the compute thread: allreduces `gradient` (Channel::kGradients, sequence t), then steps
+// `parameters` with it scaled by `scale` (1 / workers). times.wait = times.comm = the allreduce's
+// time; times.update = the step's.
+void allreduce_then_step(Allreduce& allreduce, Optimizer& optimizer, std::span<float> parameters,
+                         std::span<float> gradient, float scale, std::int64_t t, IterationTimes& times);
+
+}  // namespace pipesgd
