@@ -104,12 +104,12 @@ TEST(DelayCompensation, UsageErrors) {
   };
   DelayCompensationOptions options;
   options.lambda = -1;
-  EXPECT_EQ(message(options), "--dc-lambda must be >= 0, got -1");
+  EXPECT_EQ(message(options), "delay compensation lambda must be >= 0, got -1");
   options.lambda = NAN;
-  EXPECT_EQ(message(options), "--dc-lambda must be >= 0, got nan");
+  EXPECT_EQ(message(options), "delay compensation lambda must be >= 0, got nan");
   options = {};
   options.mean_square_decay = 1;
-  EXPECT_EQ(message(options), "--dc-momentum must be in [0, 1), got 1");
+  EXPECT_EQ(message(options), "delay compensation m (the mean square's decay) must be in [0, 1), got 1");
   options = {};
   options.epsilon = 0;
   EXPECT_EQ(message(options), "delay compensation epsilon must be > 0, got 0");

@@ -91,7 +91,16 @@ TEST(NetworkSpecDescribe, NamesBandwidthAndLatency) {
 
 class MalformedNetworkSpec : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(MalformedNetworkSpec, ThrowsUsageErrorWithAOneLineMessageNamingTheFlag) {
+TEST(NetworkSpecParse, MessageNamesTheOptionThatGaveIt) {
+  try {
+    parse_network_spec("2gbe", "--net");
+    FAIL() << "'2gbe' was accepted";
+  } catch (const UsageError& error) {
+    EXPECT_EQ(std::string(error.what()).rfind("--net '2gbe': unknown preset", 0), 0u) << error.what();
+  }
+}
+
+TEST_P(MalformedNetworkSpec, ThrowsUsageErrorWithAOneLineMessageNamingTheNetwork) {
   const std::string& text = GetParam();
   try {
     const NetworkSpec spec = parse_network_spec(text);
@@ -99,7 +108,7 @@ TEST_P(MalformedNetworkSpec, ThrowsUsageErrorWithAOneLineMessageNamingTheFlag) {
            << spec.latency_seconds << " s";
   } catch (const UsageError& error) {
     const std::string message = error.what();
-    EXPECT_NE(message.find("--net"), std::string::npos) << message;
+    EXPECT_EQ(message.rfind("network", 0), 0u) << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
   }
 }

@@ -304,7 +304,7 @@ void expect_usage_error(const AdamOptions& options, const std::string& message) 
   }
 }
 
-TEST(AdamOptimizer, RejectsInvalidOptionsNamingTheFlag) {
+TEST(AdamOptimizer, RejectsInvalidOptionsNamingTheHyperParameter) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   auto with = [](auto change) {
@@ -312,24 +312,40 @@ TEST(AdamOptimizer, RejectsInvalidOptionsNamingTheFlag) {
     change(options);
     return options;
   };
-  expect_usage_error(with([](AdamOptions& o) { o.learning_rate = 0; }), "--lr must be > 0, got 0");
-  expect_usage_error(with([](AdamOptions& o) { o.learning_rate = -0.5f; }), "--lr must be > 0, got -0.5");
-  expect_usage_error(with([&](AdamOptions& o) { o.learning_rate = nan; }), "--lr must be > 0");
-  expect_usage_error(with([&](AdamOptions& o) { o.learning_rate = inf; }), "--lr must be > 0, got inf");
-  expect_usage_error(with([](AdamOptions& o) { o.beta1 = 1; }), "--adam-beta1 must be in [0, 1), got 1");
-  expect_usage_error(with([](AdamOptions& o) { o.beta1 = -0.1f; }), "--adam-beta1 must be in [0, 1), got -0.1");
-  expect_usage_error(with([&](AdamOptions& o) { o.beta1 = nan; }), "--adam-beta1 must be in [0, 1)");
-  expect_usage_error(with([](AdamOptions& o) { o.beta2 = 1; }), "--adam-beta2 must be in [0, 1), got 1");
-  expect_usage_error(with([](AdamOptions& o) { o.beta2 = -1; }), "--adam-beta2 must be in [0, 1), got -1");
-  expect_usage_error(with([&](AdamOptions& o) { o.beta2 = nan; }), "--adam-beta2 must be in [0, 1)");
-  expect_usage_error(with([](AdamOptions& o) { o.epsilon = 0; }), "--adam-eps must be > 0, got 0");
-  expect_usage_error(with([&](AdamOptions& o) { o.epsilon = inf; }), "--adam-eps must be > 0, got inf");
-  expect_usage_error(with([&](AdamOptions& o) { o.epsilon = nan; }), "--adam-eps must be > 0");
-  expect_usage_error(with([](AdamOptions& o) { o.weight_decay = -1; }), "--weight-decay must be >= 0, got -1");
-  expect_usage_error(with([&](AdamOptions& o) { o.weight_decay = inf; }), "--weight-decay must be >= 0, got inf");
-  expect_usage_error(with([&](AdamOptions& o) { o.weight_decay = nan; }), "--weight-decay must be >= 0");
+  expect_usage_error(with([](AdamOptions& o) { o.learning_rate = 0; }), "Adam learning rate must be > 0, got 0");
+  expect_usage_error(with([](AdamOptions& o) { o.learning_rate = -0.5f; }), "Adam learning rate must be > 0, got -0.5");
+  expect_usage_error(with([&](AdamOptions& o) { o.learning_rate = nan; }), "Adam learning rate must be > 0");
+  expect_usage_error(with([&](AdamOptions& o) { o.learning_rate = inf; }), "Adam learning rate must be > 0, got inf");
+  expect_usage_error(with([](AdamOptions& o) { o.beta1 = 1; }), "Adam beta1 must be in [0, 1), got 1");
+  expect_usage_error(with([](AdamOptions& o) { o.beta1 = -0.1f; }), "Adam beta1 must be in [0, 1), got -0.1");
+  expect_usage_error(with([&](AdamOptions& o) { o.beta1 = nan; }), "Adam beta1 must be in [0, 1)");
+  expect_usage_error(with([](AdamOptions& o) { o.beta2 = 1; }), "Adam beta2 must be in [0, 1), got 1");
+  expect_usage_error(with([](AdamOptions& o) { o.beta2 = -1; }), "Adam beta2 must be in [0, 1), got -1");
+  expect_usage_error(with([&](AdamOptions& o) { o.beta2 = nan; }), "Adam beta2 must be in [0, 1)");
+  expect_usage_error(with([](AdamOptions& o) { o.epsilon = 0; }), "Adam epsilon must be > 0, got 0");
+  expect_usage_error(with([&](AdamOptions& o) { o.epsilon = inf; }), "Adam epsilon must be > 0, got inf");
+  expect_usage_error(with([&](AdamOptions& o) { o.epsilon = nan; }), "Adam epsilon must be > 0");
+  expect_usage_error(with([](AdamOptions& o) { o.weight_decay = -1; }), "Adam weight decay must be >= 0, got -1");
+  expect_usage_error(with([&](AdamOptions& o) { o.weight_decay = inf; }), "Adam weight decay must be >= 0, got inf");
+  expect_usage_error(with([&](AdamOptions& o) { o.weight_decay = nan; }), "Adam weight decay must be >= 0");
   // The boundaries that are allowed.
   EXPECT_NO_THROW(Adam(three_segments(), with([](AdamOptions& o) { o.beta1 = 0, o.beta2 = 0; })));
+}
+
+TEST(AdamOptimizer, CheckNamesTheGivenOptions) {
+  AdamOptionNames flags{"--lr", "--adam-beta1", "--adam-beta2", "--adam-eps", "--weight-decay"};
+  AdamOptions options;
+  options.beta2 = 1;
+  try {
+    check_adam_options(options, flags);
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_STREQ(error.what(), "--adam-beta2 must be in [0, 1), got 1");
+  }
+  options = {};
+  options.epsilon = 0;
+  EXPECT_THROW(check_adam_options(options, flags), UsageError);
+  EXPECT_NO_THROW(check_adam_options(AdamOptions{}, flags));
 }
 
 // ---------------------------------------------------------------------------------- make_optimizer

@@ -132,7 +132,7 @@ TEST(ShardPlan, RejectsBadServerCounts) {
     ShardPlan(layout, 6);
     FAIL() << "expected UsageError";
   } catch (const UsageError& error) {
-    EXPECT_CONTAINS(error.what(), "--servers 6 exceeds the model's 5 parameter segments");
+    EXPECT_CONTAINS(error.what(), "parameter server: 6 servers exceed the model's 5 parameter segments");
   }
   try {
     ShardPlan(Layout{}, 1);

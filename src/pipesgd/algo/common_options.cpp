@@ -4,6 +4,7 @@
 
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/optim/adam.h"
 #include "pipesgd/optim/sgd.h"
 
 namespace pipesgd {
@@ -97,7 +98,9 @@ CommonOptions parse_common_options(const OptionValues& given, CommonOptions base
       std::find(algorithms.begin(), algorithms.end(), options.allreduce) == algorithms.end()) {
     throw UsageError(concat("--allreduce '", options.allreduce, "': expected ", join(algorithms), ", or auto"));
   }
-  if (given.has("--segment-bytes")) options.segment_bytes = parse_segment_bytes(given.text("--segment-bytes", ""));
+  if (given.has("--segment-bytes")) {
+    options.segment_bytes = parse_segment_bytes(given.text("--segment-bytes", ""), "--segment-bytes");
+  }
   if (given.has("--calibration")) {
     options.calibration = std::make_shared<const Calibration>(load_calibration(given.text("--calibration", "")));
   }
@@ -108,13 +111,15 @@ CommonOptions parse_common_options(const OptionValues& given, CommonOptions base
   optimizer.adam.epsilon = static_cast<float>(given.real("--adam-eps", optimizer.adam.epsilon));
   optimizer.adam.learning_rate = optimizer.sgd.learning_rate;
   optimizer.adam.weight_decay = optimizer.sgd.weight_decay;
-  Sgd(0, optimizer.sgd);  // a bad --lr, --momentum or --weight-decay (the servers run SGD too)
-  if (optimizer.name == "adam" && optimizer.sgd.momentum != 0) {
-    throw UsageError("--momentum is SGD's; Adam's first-moment decay is --adam-beta1");
+  check_sgd_options(optimizer.sgd, {"--lr", "--momentum", "--weight-decay"});  // the servers run SGD too
+  const std::vector<std::string> optimizers = optimizer_names();
+  if (std::find(optimizers.begin(), optimizers.end(), optimizer.name) == optimizers.end()) {
+    throw UsageError(concat("unknown optimizer '", optimizer.name, "' (expected ", join(optimizers), ")"));
   }
-  Layout one_segment;
-  one_segment.add("check", 1);
-  make_optimizer(optimizer, one_segment);  // an unknown optimizer, bad betas or epsilon
+  if (optimizer.name == "adam") {
+    if (optimizer.sgd.momentum != 0) throw UsageError("--momentum is SGD's; Adam's first-moment decay is --adam-beta1");
+    check_adam_options(optimizer.adam, {"--lr", "--adam-beta1", "--adam-beta2", "--adam-eps", "--weight-decay"});
+  }
   if (options.timeout <= Timeout::zero()) throw UsageError("--comm-timeout must be > 0");
   return options;
 }

@@ -80,9 +80,9 @@ struct BenchSetup {
 
 BenchSetup make_bench_setup(const BenchFlags& flags, const std::vector<std::string>& codecs, MpiSession* session) {
   BenchSetup setup;
-  setup.segment_bytes = parse_segment_bytes(flags.segment_bytes);
+  setup.segment_bytes = parse_segment_bytes(flags.segment_bytes, "--segment-bytes");
   if (setup.segment_bytes == kAutoSegmentBytes) setup.segment_bytes = kDefaultSegmentBytes;
-  setup.network = parse_network_spec(flags.network);
+  setup.network = parse_network_spec(flags.network, "--net");
   if (session != nullptr && setup.network.emulated()) {
     throw UsageError("--net emulates links between threads of one process; drop it under --transport mpi");
   }

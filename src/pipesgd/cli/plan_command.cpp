@@ -91,7 +91,7 @@ int run_plan(const PlanFlags& flags) {
   config.batch = static_cast<std::size_t>(flags.batch);
   config.iterations = kProfileWarmupIterations + flags.profile_iterations;
   config.seed = static_cast<std::uint64_t>(flags.seed);
-  config.network = parse_network_spec(flags.network);
+  config.network = parse_network_spec(flags.network, "--net");
   config.progress = false;
   config.evaluate = false;
   validate_train_config(config);  // before loading any data

@@ -140,7 +140,7 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
   config.epochs = flags.epochs;
   config.iterations = flags.iterations;
   config.seed = static_cast<std::uint64_t>(flags.seed);
-  config.network = parse_network_spec(flags.network);
+  config.network = parse_network_spec(flags.network, "--net");
   if (session != nullptr && config.network.emulated()) {
     throw UsageError("--net emulates links between threads of one process; under --transport mpi the network is the "
                      "real one (drop --net)");

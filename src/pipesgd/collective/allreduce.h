@@ -24,8 +24,9 @@ struct AllreduceOptions {
   std::size_t segment_bytes = kDefaultSegmentBytes;
 };
 
-// Parses --segment-bytes: "auto", "none" (unsegmented) or a size such as 256K or 1M.
-std::size_t parse_segment_bytes(const std::string& text);
+// Parses a segment size: "auto", "none" (unsegmented) or a size such as 256K or 1M. Throws
+// UsageError naming `name` (the option that gave it).
+std::size_t parse_segment_bytes(const std::string& text, const char* name = "segment size");
 // "256 KiB", "unsegmented" or "auto".
 std::string describe_segment_bytes(std::size_t segment_bytes);
 

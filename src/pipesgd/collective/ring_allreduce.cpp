@@ -13,7 +13,7 @@ constexpr const char* kOperation = "ring allreduce";
 constexpr int kMaxSteps = 4096;
 }  // namespace
 
-std::size_t parse_segment_bytes(const std::string& text) {
+std::size_t parse_segment_bytes(const std::string& text, const char* name) {
   if (text == "auto") return kAutoSegmentBytes;
   if (text == "none") return kUnsegmented;
   char* end = nullptr;
@@ -24,7 +24,7 @@ std::size_t parse_segment_bytes(const std::string& text) {
   else if (unit == "K" || unit == "KiB") scale = 1024;
   else if (unit == "M" || unit == "MiB") scale = 1024.0 * 1024;
   if (end == text.c_str() || scale == 0 || !(number * scale >= 4) || number * scale > 1e12) {
-    throw UsageError(concat("--segment-bytes '", text,
+    throw UsageError(concat(name, " '", text,
                             "': expected auto, none or a size of at least 4 bytes such as 256K or 1M"));
   }
   return static_cast<std::size_t>(number * scale);

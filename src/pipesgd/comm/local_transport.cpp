@@ -257,7 +257,7 @@ class Endpoint final : public Transport {
 }  // namespace local_detail
 
 LocalFabric::LocalFabric(int ranks, NetworkSpec network) : ranks_(ranks), network_(std::move(network)) {
-  if (ranks < 1) throw UsageError(concat("--workers must be >= 1, got ", ranks));
+  if (ranks < 1) throw UsageError(concat("a local fabric needs at least one rank, got ", ranks));
   for (int r = 0; r < ranks; ++r) {
     mailboxes_.push_back(std::make_unique<local_detail::Mailbox>());
     links_.push_back(std::make_unique<local_detail::Link>());

@@ -28,31 +28,31 @@ std::string lowercase(std::string text) {
   return text;
 }
 
-[[noreturn]] void bad(const std::string& text, const std::string& why) {
-  throw UsageError(concat("--net '", text, "': ", why,
+[[noreturn]] void bad(const char* name, const std::string& text, const std::string& why) {
+  throw UsageError(concat(name, " '", text, "': ", why,
                           " (expected none, 1gbe, 10gbe, 25gbe, 100gbe or bw=2.5Gbit,lat=30us)"));
 }
 
 // Splits "2.5Gbit" into 2.5 and "gbit"; rejects empty or negative numbers.
-double parse_quantity(const std::string& whole, const std::string& value, std::string& unit) {
+double parse_quantity(const char* option, const std::string& whole, const std::string& value, std::string& unit) {
   const char* begin = value.c_str();
   char* end = nullptr;
   double number = std::strtod(begin, &end);
-  if (end == begin) bad(whole, concat("'", value, "' does not start with a number"));
-  if (!std::isfinite(number) || number < 0) bad(whole, concat("'", value, "' is not a number >= 0"));
+  if (end == begin) bad(option, whole, concat("'", value, "' does not start with a number"));
+  if (!std::isfinite(number) || number < 0) bad(option, whole, concat("'", value, "' is not a number >= 0"));
   unit = lowercase(std::string(end));
   return number;
 }
 
 }  // namespace
 
-NetworkSpec parse_network_spec(const std::string& text) {
+NetworkSpec parse_network_spec(const std::string& text, const char* option) {
   const std::string key = lowercase(text);
   if (key.empty() || key == "none") return NetworkSpec{};
   for (const Preset& preset : kPresets) {
     if (key == preset.name) return NetworkSpec{preset.bits_per_second, preset.latency_seconds, key};
   }
-  if (key.find('=') == std::string::npos) bad(text, "unknown preset");
+  if (key.find('=') == std::string::npos) bad(option, text, "unknown preset");
 
   NetworkSpec spec;
   spec.name = text;
@@ -61,36 +61,36 @@ NetworkSpec parse_network_spec(const std::string& text) {
   std::string field;
   while (std::getline(fields, field, ',')) {
     auto equals = field.find('=');
-    if (equals == std::string::npos) bad(text, concat("field '", field, "' is not key=value"));
+    if (equals == std::string::npos) bad(option, text, concat("field '", field, "' is not key=value"));
     std::string name = lowercase(field.substr(0, equals));
     std::string unit;
-    double number = parse_quantity(text, field.substr(equals + 1), unit);
+    double number = parse_quantity(option, text, field.substr(equals + 1), unit);
     if (name == "bw") {
-      if (have_bandwidth) bad(text, "bw given twice");
+      if (have_bandwidth) bad(option, text, "bw given twice");
       have_bandwidth = true;
       double scale = 0;
       if (unit == "bit" || unit == "bit/s" || unit == "bps") scale = 1;
       else if (unit == "kbit" || unit == "kbit/s") scale = 1e3;
       else if (unit == "mbit" || unit == "mbit/s") scale = 1e6;
       else if (unit == "gbit" || unit == "gbit/s") scale = 1e9;
-      else bad(text, concat("bandwidth unit '", unit, "' is not bit, Kbit, Mbit or Gbit"));
+      else bad(option, text, concat("bandwidth unit '", unit, "' is not bit, Kbit, Mbit or Gbit"));
       spec.bits_per_second = number * scale;
-      if (spec.bits_per_second <= 0) bad(text, "bandwidth must be > 0");
+      if (spec.bits_per_second <= 0) bad(option, text, "bandwidth must be > 0");
     } else if (name == "lat") {
-      if (have_latency) bad(text, "lat given twice");
+      if (have_latency) bad(option, text, "lat given twice");
       have_latency = true;
       double scale = 0;
       if (unit == "ns") scale = 1e-9;
       else if (unit == "us") scale = 1e-6;
       else if (unit == "ms") scale = 1e-3;
       else if (unit == "s") scale = 1;
-      else bad(text, concat("latency unit '", unit, "' is not ns, us, ms or s"));
+      else bad(option, text, concat("latency unit '", unit, "' is not ns, us, ms or s"));
       spec.latency_seconds = number * scale;
     } else {
-      bad(text, concat("unknown key '", name, "'"));
+      bad(option, text, concat("unknown key '", name, "'"));
     }
   }
-  if (!have_bandwidth && !have_latency) bad(text, "neither bw nor lat given");
+  if (!have_bandwidth && !have_latency) bad(option, text, "neither bw nor lat given");
   return spec;
 }
 

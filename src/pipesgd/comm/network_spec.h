@@ -13,10 +13,11 @@ struct NetworkSpec {
   double bytes_per_second() const { return bits_per_second / 8.0; }
 };
 
-// Parses `--net`: "none", a preset "1gbe" | "10gbe" | "25gbe" | "100gbe", or the explicit form
+// Parses a network: "none", a preset "1gbe" | "10gbe" | "25gbe" | "100gbe", or the explicit form
 // "bw=2.5Gbit,lat=30us" (bw units: bit, Kbit, Mbit, Gbit; lat units: ns, us, ms, s; either key may be
-// omitted). Throws UsageError with a one-line message on anything else.
-NetworkSpec parse_network_spec(const std::string& text);
+// omitted). Throws UsageError with a one-line message naming `name` (the option that gave it) on
+// anything else.
+NetworkSpec parse_network_spec(const std::string& text, const char* name = "network");
 
 // "10 Gbit/s, 20 us latency" or "no emulation".
 std::string describe(const NetworkSpec& spec);

@@ -8,26 +8,30 @@
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
+void check_adam_options(const AdamOptions& options, const AdamOptionNames& names) {
+  if (!(options.learning_rate > 0) || !std::isfinite(options.learning_rate)) {
+    throw UsageError(concat(names.learning_rate, " must be > 0, got ", options.learning_rate));
+  }
+  if (!(options.beta1 >= 0 && options.beta1 < 1)) {
+    throw UsageError(concat(names.beta1, " must be in [0, 1), got ", options.beta1));
+  }
+  if (!(options.beta2 >= 0 && options.beta2 < 1)) {
+    throw UsageError(concat(names.beta2, " must be in [0, 1), got ", options.beta2));
+  }
+  if (!(options.epsilon > 0) || !std::isfinite(options.epsilon)) {
+    throw UsageError(concat(names.epsilon, " must be > 0, got ", options.epsilon));
+  }
+  if (!(options.weight_decay >= 0) || !std::isfinite(options.weight_decay)) {
+    throw UsageError(concat(names.weight_decay, " must be >= 0, got ", options.weight_decay));
+  }
+}
+
 Adam::Adam(const Layout& layout, AdamOptions options)
     : options_(options),
       one_minus_beta1_(static_cast<float>(1.0 - static_cast<double>(options.beta1))),
       one_minus_beta2_(static_cast<float>(1.0 - static_cast<double>(options.beta2))),
       layout_(layout) {
-  if (!(options.learning_rate > 0) || !std::isfinite(options.learning_rate)) {
-    throw UsageError(concat("--lr must be > 0, got ", options.learning_rate));
-  }
-  if (!(options.beta1 >= 0 && options.beta1 < 1)) {
-    throw UsageError(concat("--adam-beta1 must be in [0, 1), got ", options.beta1));
-  }
-  if (!(options.beta2 >= 0 && options.beta2 < 1)) {
-    throw UsageError(concat("--adam-beta2 must be in [0, 1), got ", options.beta2));
-  }
-  if (!(options.epsilon > 0) || !std::isfinite(options.epsilon)) {
-    throw UsageError(concat("--adam-eps must be > 0, got ", options.epsilon));
-  }
-  if (!(options.weight_decay >= 0) || !std::isfinite(options.weight_decay)) {
-    throw UsageError(concat("--weight-decay must be >= 0, got ", options.weight_decay));
-  }
+  check_adam_options(options);
   exp_avg_.assign(layout_.total(), 0.0f);
   exp_avg_sq_.assign(layout_.total(), 0.0f);
   step_counts_.assign(layout_.segment_count(), 0);

@@ -18,6 +18,19 @@
 
 namespace pipesgd {
 
+// The names check_adam_options gives the hyper-parameters in its messages (see SgdOptionNames).
+struct AdamOptionNames {
+  const char* learning_rate = "Adam learning rate";
+  const char* beta1 = "Adam beta1";
+  const char* beta2 = "Adam beta2";
+  const char* epsilon = "Adam epsilon";
+  const char* weight_decay = "Adam weight decay";
+};
+
+// Throws UsageError for a learning rate <= 0, betas outside [0, 1), epsilon <= 0 or a negative
+// weight decay.
+void check_adam_options(const AdamOptions& options, const AdamOptionNames& names = {});
+
 class Adam final : public Optimizer {
  public:
   // Throws UsageError (naming the flag) for a learning rate <= 0, beta1 or beta2 outside [0, 1),

@@ -8,11 +8,22 @@
 
 namespace pipesgd {
 
-DelayCompensationVariant parse_delay_compensation_variant(const std::string& text) {
+DelayCompensationVariant parse_delay_compensation_variant(const std::string& text, const char* name) {
   if (text == "c") return DelayCompensationVariant::kConstant;
   if (text == "a") return DelayCompensationVariant::kAdaptive;
-  throw UsageError(concat("--dc-variant must be c (DC-ASGD-c, constant lambda) or a (DC-ASGD-a, "
-                          "adaptive), got '", text, "'"));
+  throw UsageError(concat(name, " must be c (DC-ASGD-c, constant lambda) or a (DC-ASGD-a, adaptive), got '", text, "'"));
+}
+
+void check_delay_compensation(const DelayCompensationOptions& options, const DelayCompensationNames& names) {
+  if (!(options.lambda >= 0) || !std::isfinite(options.lambda)) {
+    throw UsageError(concat(names.lambda, " must be >= 0, got ", options.lambda));
+  }
+  if (!(options.mean_square_decay >= 0 && options.mean_square_decay < 1)) {
+    throw UsageError(concat(names.mean_square_decay, " must be in [0, 1), got ", options.mean_square_decay));
+  }
+  if (!(options.epsilon > 0) || !std::isfinite(options.epsilon)) {
+    throw UsageError(concat("delay compensation epsilon must be > 0, got ", options.epsilon));
+  }
 }
 
 const char* variant_name(DelayCompensationVariant variant) {
@@ -21,15 +32,7 @@ const char* variant_name(DelayCompensationVariant variant) {
 
 DelayCompensation::DelayCompensation(std::size_t count, DelayCompensationOptions options)
     : options_(options) {
-  if (!(options.lambda >= 0) || !std::isfinite(options.lambda)) {
-    throw UsageError(concat("--dc-lambda must be >= 0, got ", options.lambda));
-  }
-  if (!(options.mean_square_decay >= 0 && options.mean_square_decay < 1)) {
-    throw UsageError(concat("--dc-momentum must be in [0, 1), got ", options.mean_square_decay));
-  }
-  if (!(options.epsilon > 0) || !std::isfinite(options.epsilon)) {
-    throw UsageError(concat("delay compensation epsilon must be > 0, got ", options.epsilon));
-  }
+  check_delay_compensation(options);
   if (options.variant == DelayCompensationVariant::kAdaptive) mean_square_.assign(count, 0.0f);
 }
 

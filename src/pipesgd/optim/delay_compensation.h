@@ -24,13 +24,22 @@ enum class DelayCompensationVariant { kConstant, kAdaptive };
 
 struct DelayCompensationOptions {
   DelayCompensationVariant variant = DelayCompensationVariant::kConstant;
-  float lambda = 0.04f;              // --dc-lambda (od-sgd.txt Sec. 4 uses 0.04)
-  float mean_square_decay = 0.95f;   // --dc-momentum: m of Eq. 6 (adaptive only)
+  float lambda = 0.04f;              // od-sgd.txt Sec. 4 uses 0.04
+  float mean_square_decay = 0.95f;   // m of Eq. 6 (adaptive only)
   float epsilon = 1e-7f;             // Eq. 5's epsilon
 };
 
-// "c" or "a" (as --dc-variant takes them). Throws UsageError otherwise.
-DelayCompensationVariant parse_delay_compensation_variant(const std::string& text);
+// "c" or "a". Throws UsageError naming `name` (the option that gave it) otherwise.
+DelayCompensationVariant parse_delay_compensation_variant(const std::string& text,
+                                                          const char* name = "delay compensation variant");
+
+// The names check_delay_compensation gives lambda and m in its messages (see optim/sgd.h).
+struct DelayCompensationNames {
+  const char* lambda = "delay compensation lambda";
+  const char* mean_square_decay = "delay compensation m (the mean square's decay)";
+};
+// Throws UsageError for a negative or non-finite lambda, m outside [0, 1) or epsilon <= 0.
+void check_delay_compensation(const DelayCompensationOptions& options, const DelayCompensationNames& names = {});
 const char* variant_name(DelayCompensationVariant variant);  // "c" | "a"
 
 class DelayCompensation {

@@ -8,16 +8,20 @@
 
 namespace pipesgd {
 
-Sgd::Sgd(std::size_t count, SgdOptions options) : options_(options), velocity_(count, 0.0f) {
+void check_sgd_options(const SgdOptions& options, const SgdOptionNames& names) {
   if (!(options.learning_rate > 0) || !std::isfinite(options.learning_rate)) {
-    throw UsageError(concat("--lr must be > 0, got ", options.learning_rate));
+    throw UsageError(concat(names.learning_rate, " must be > 0, got ", options.learning_rate));
   }
   if (!(options.momentum >= 0 && options.momentum < 1)) {
-    throw UsageError(concat("--momentum must be in [0, 1), got ", options.momentum));
+    throw UsageError(concat(names.momentum, " must be in [0, 1), got ", options.momentum));
   }
   if (!(options.weight_decay >= 0) || !std::isfinite(options.weight_decay)) {
-    throw UsageError(concat("--weight-decay must be >= 0, got ", options.weight_decay));
+    throw UsageError(concat(names.weight_decay, " must be >= 0, got ", options.weight_decay));
   }
+}
+
+Sgd::Sgd(std::size_t count, SgdOptions options) : options_(options), velocity_(count, 0.0f) {
+  check_sgd_options(options);
 }
 
 void Sgd::step(std::span<float> parameters, std::span<const float> gradients, float gradient_scale,

@@ -18,9 +18,21 @@ struct SgdOptions {
   float weight_decay = 0.0f;
 };
 
+// The names check_sgd_options gives the hyper-parameters in its messages: the option layer passes
+// its flags (algo/common_options.h), everything else gets these.
+struct SgdOptionNames {
+  const char* learning_rate = "SGD learning rate";
+  const char* momentum = "SGD momentum";
+  const char* weight_decay = "SGD weight decay";
+};
+
+// Throws UsageError ("<name> must be > 0, got x") for a learning rate <= 0, momentum outside
+// [0, 1) or a negative weight decay.
+void check_sgd_options(const SgdOptions& options, const SgdOptionNames& names = {});
+
 class Sgd final : public Optimizer {
  public:
-  // Throws UsageError for a learning rate <= 0, momentum outside [0, 1) or negative weight decay.
+  // Throws as check_sgd_options.
   Sgd(std::size_t count, SgdOptions options);
 
   // One update of `parameters` with `gradients * gradient_scale` over elements

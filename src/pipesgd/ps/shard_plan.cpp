@@ -8,13 +8,13 @@
 namespace pipesgd {
 
 ShardPlan::ShardPlan(const Layout& layout, int servers) : total_(layout.total()) {
-  if (servers < 1) throw UsageError(concat("--servers must be >= 1, got ", servers));
+  if (servers < 1) throw UsageError(concat("parameter server: need >= 1 server, got ", servers));
   const std::size_t n = layout.segment_count();
   if (n == 0) throw UsageError("parameter server: the model has no parameter segments to shard");
   const auto s_count = static_cast<std::size_t>(servers);
   if (s_count > n) {
     throw UsageError(
-        concat("--servers ", servers, " exceeds the model's ", n,
+        concat("parameter server: ", servers, " servers exceed the model's ", n,
                " parameter segments: each server must own at least one whole segment"));
   }
   // prefix[j] = elements in segments [0, j).

@@ -39,6 +39,15 @@ void serve_shard(const RunContext& run, const ShardPlan& shard_plan, std::span<c
   writer.finish();
 }
 
+// The servers' shards of `layout`; a --servers the model cannot take is a usage error naming it.
+ShardPlan plan_shards(const Layout& layout, int servers) {
+  if (static_cast<std::size_t>(servers) > layout.segment_count()) {
+    throw UsageError(concat("--servers ", servers, " exceeds the model's ", layout.segment_count(),
+                            " parameter segments: each server must own at least one whole segment"));
+  }
+  return ShardPlan(layout, servers);
+}
+
 // Builds every replica one after another (model initialisation may use a global RNG).
 std::unique_ptr<Model> build_model(const ModelFactory& factory, std::uint64_t seed) {
   std::unique_ptr<Model> model = factory(seed);
@@ -99,7 +108,7 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, 
   // plan, from the replicas' common initial weights. The plan is built here so that a bad --servers
   // fails before any thread starts.
   std::unique_ptr<ShardPlan> shard_plan;
-  if (run.servers > 0) shard_plan = std::make_unique<ShardPlan>(models[0]->layout(), run.servers);
+  if (run.servers > 0) shard_plan = std::make_unique<ShardPlan>(plan_shards(models[0]->layout(), run.servers));
   std::vector<float> initial_weights;
   if (run.servers > 0) initial_weights.assign(models[0]->parameters().begin(), models[0]->parameters().end());
   const int ranks = config.workers + run.servers;
@@ -160,7 +169,7 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
   std::unique_ptr<Model> model = build_model(factory, config.seed);
   if (run.servers > 0) {
     // Every rank builds the plan, so a bad --servers is the same usage error on every rank.
-    const ShardPlan shard_plan(model->layout(), run.servers);
+    const ShardPlan shard_plan = plan_shards(model->layout(), run.servers);
     if (rank >= config.workers) {
       // A server rank: serves its shard from the replicas' common initial weights (every rank built
       // the model from the seed), then returns a summary of the set-up only (rank 0's is printed).

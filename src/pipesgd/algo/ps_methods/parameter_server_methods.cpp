@@ -62,7 +62,7 @@ DelayCompensationOptions parse_delay_compensation(const OptionValues& given, Del
   options.variant = variant;
   options.lambda = static_cast<float>(given.real("--dc-lambda", default_lambda));
   options.mean_square_decay = static_cast<float>(given.real("--dc-momentum", options.mean_square_decay));
-  DelayCompensation(0, options);  // a bad lambda or m: UsageError naming the flag
+  check_delay_compensation(options, {"--dc-lambda", "--dc-momentum"});
   return options;
 }
 
@@ -92,7 +92,7 @@ MethodDescriptor dcasgd_method() {
     options->server_count = parse_servers(given);
     options->mode = ServerMode::kAsynchronous;
     options->delay_compensation = parse_delay_compensation(
-        given, parse_delay_compensation_variant(given.text("--dc-variant", "c")), DelayCompensationOptions{}.lambda);
+        given, parse_delay_compensation_variant(given.text("--dc-variant", "c"), "--dc-variant"), DelayCompensationOptions{}.lambda);
     return options;
   };
   return method;
