@@ -67,7 +67,7 @@ TEST(MpiTransport, TimeoutNamesOperationPeerAndTag) {
   Request never = transport.recv(left, tag, std::as_writable_bytes(std::span(buffer)), "test receive");
   try {
     never.wait(200ms);
-    FAIL() << "expected CommTimeoutError";
+    ADD_FAILURE() << "expected CommTimeoutError";  // not FAIL(): the barrier below must be reached
   } catch (const CommTimeoutError& error) {
     const std::string message = error.what();
     EXPECT_NE(message.find("test receive"), std::string::npos) << message;
@@ -108,7 +108,7 @@ TEST(MpiTransport, FailureNoticeReachesEveryRank) {
     Request never = transport.recv(1, tag, std::as_writable_bytes(std::span(buffer)), "test receive");
     try {  // a PeerFailedError (not a CommTimeoutError) shows the notice ended the wait
       never.wait(60s);
-      FAIL() << "expected PeerFailedError";
+      ADD_FAILURE() << "expected PeerFailedError";  // not FAIL(): the barrier below must be reached
     } catch (const PeerFailedError& error) {
       const std::string message = error.what();
       EXPECT_NE(message.find("rank 1 failed: disk on fire"), std::string::npos) << message;
