@@ -6,7 +6,8 @@
 // leftover temporary files are ignored; old checkpoints are pruned; misuse is a UsageError; method
 // state that does not fit the resuming run is a DataError.
 // (Everything runs the softmax model through run_training; a crash is --inject-fault kind=crash with
-// a 1 s comm timeout, so the surviving workers stop quickly.)
+// a 1 s comm timeout, so the surviving workers stop quickly, in a run resumed after the checkpoints
+// were written: interrupt() in resume_checks.h.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -174,7 +175,7 @@ TEST_P(CheckpointResume, InterruptAndResumeIsBitIdentical) {
   }
 
   TempDir dir;
-  const CrashOutcome outcome = run_crashing(crashing(checkpointing(config, dir.path())), data());
+  const CrashOutcome outcome = interrupt(checkpointing(config, dir.path()), data());
   // With one worker nobody is left to notice the crash: the run reports it itself.
   EXPECT_EQ(outcome, CrashOutcome::kThrew);
   // Checkpoint 30 is complete; 40 was never reached.
@@ -212,7 +213,7 @@ TEST(CheckpointResumeTest, ResumesAfterAnEpochBoundary) {
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   ASSERT_EQ(uninterrupted.epochs.size(), 2u);
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()), 55), data()), CrashOutcome::kThrew);
+  EXPECT_EQ(interrupt(checkpointing(config, dir.path()), data(), 55), CrashOutcome::kThrew);
   const RunSummary resumed = run_training(resuming(config, dir.path(), false), softmax_factory(), data());
   EXPECT_EQ(resumed.resumed_from, 50);
   EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
@@ -232,7 +233,7 @@ TEST(CheckpointResumeTest, ComparisonDetectsADifferentContinuation) {
   const TrainConfig config = make_config(kVariants[0], 3);  // dsync
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
-  run_crashing(crashing(checkpointing(config, dir.path())), data());
+  interrupt(checkpointing(config, dir.path()), data());
   TrainConfig other = resuming(config, dir.path(), false);
   other.method.sgd.learning_rate = 0.05f;
   // The learning rate is part of the run's fingerprint: such a resume is refused...
@@ -263,7 +264,7 @@ TEST_P(CheckpointResumeDamage, FallsBackPastATruncatedOrCorruptCheckpoint) {
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
 
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path())), data()), CrashOutcome::kThrew);
+  EXPECT_EQ(interrupt(checkpointing(config, dir.path()), data()), CrashOutcome::kThrew);
   const std::string damaged = dir.file("checkpoint-000000000030-rank1.psgd");
   ASSERT_TRUE(fs::exists(damaged));
   for (const std::string& name : complete_set(20, 3)) ASSERT_TRUE(fs::exists(dir.file(name))) << name;
@@ -301,7 +302,7 @@ TEST(CheckpointResumeTest, LeftoverTemporaryFilesAreIgnored) {
   const TrainConfig config = make_config(kVariants[0], 3);
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path())), data()), CrashOutcome::kThrew);
+  EXPECT_EQ(interrupt(checkpointing(config, dir.path()), data()), CrashOutcome::kThrew);
   // A torn write of a newer checkpoint (garbage), and a complete-looking temporary copy of a valid
   // part under a temporary name: neither is a checkpoint.
   const std::string torn = "." + name_of(40, "rank0") + ".tmp.4242.abcdef";
@@ -503,7 +504,7 @@ TEST(CheckpointResumeTest, SapipeAutoResumesWithTheSavedPartition) {
   TrainConfig config = make_config(variant_named("sapipe_k1_none"), 3);
   config.method.stale_layers = "auto";
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path())), data()), CrashOutcome::kThrew);
+  EXPECT_EQ(interrupt(checkpointing(config, dir.path()), data()), CrashOutcome::kThrew);
   const CheckpointReader saved = CheckpointReader::read_file(dir.file(name_of(30, "rank0")));
   const std::int64_t saved_k = saved.integer("method.sapipe.stale_layers");
   EXPECT_EQ(saved.integer("method.sapipe.planned"), 1);

@@ -305,7 +305,7 @@ TEST_P(ParameterServerResume, InterruptAndResume) {
   }
 
   TempDir dir;
-  run_crashing(crashing(checkpointing(config, dir.path())), data());
+  interrupt(checkpointing(config, dir.path()), data());
   // The set of iteration 30 is complete: every worker's part, every server's part and the shared part.
   std::vector<std::string> parts{"shared"};
   for (int r = 0; r < workers; ++r) parts.push_back("rank" + std::to_string(r));
@@ -352,7 +352,7 @@ TEST(ParameterServerResumeTest, AMissingServerPartFallsBackToThePreviousCheckpoi
   const TrainConfig config = make_config(kVariants[1], 2, 2);
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
-  run_crashing(crashing(checkpointing(config, dir.path())), data());
+  interrupt(checkpointing(config, dir.path()), data());
   ASSERT_TRUE(fs::remove(dir.file(name_of(30, "server1"))));
   ASSERT_TRUE(fs::exists(dir.file(name_of(20, "server1"))));
   const RunSummary resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
@@ -363,7 +363,7 @@ TEST(ParameterServerResumeTest, AMissingServerPartFallsBackToThePreviousCheckpoi
 // Another server count is another run: its checkpoint is refused with both descriptions.
 TEST(ParameterServerResumeTest, AnotherServerCountIsAnotherRun) {
   TempDir dir;
-  run_crashing(crashing(checkpointing(make_config(kVariants[0], 2, 1), dir.path())), data());
+  interrupt(checkpointing(make_config(kVariants[0], 2, 1), dir.path()), data());
   try {
     run_training(resuming(make_config(kVariants[0], 2, 2), dir.path()), softmax_factory(), data());
     ADD_FAILURE() << "a checkpoint of 1 server was resumed with 2";
