@@ -20,6 +20,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -57,6 +58,8 @@ struct Variant {
   const char* stale_layers = "";   // sapipe: --stale-layers
   const char* compensation = "";   // sapipe: --compensation
 };
+
+void PrintTo(const Variant& variant, std::ostream* out) { *out << variant.name; }
 
 constexpr SgdOptions kPlainSgd{0.1f, 0.0f, 0.0f};
 constexpr SgdOptions kMomentumSgd{0.1f, 0.9f, 1e-4f};
@@ -255,6 +258,8 @@ TEST(CheckpointResumeTest, ComparisonDetectsADifferentContinuation) {
 // ---- 2. torn / corrupt newest checkpoint --------------------------------------------------------
 
 enum class Damage { kTruncate, kFlipByte };
+
+void PrintTo(Damage damage, std::ostream* out) { *out << (damage == Damage::kTruncate ? "truncated" : "flipped byte"); }
 
 class CheckpointResumeDamage : public ::testing::TestWithParam<std::tuple<int, Damage>> {};
 

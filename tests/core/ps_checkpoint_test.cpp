@@ -15,6 +15,7 @@
 #include <mutex>
 #include <cmath>
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -268,6 +269,8 @@ struct Variant {
   DelayCompensationVariant dc = DelayCompensationVariant::kConstant;
   bool deterministic_with_many_workers = true;
 };
+
+void PrintTo(const Variant& variant, std::ostream* out) { *out << variant.name; }
 
 const Variant kVariants[] = {
     {"pssync", "pssync"},
