@@ -167,11 +167,13 @@ class FailingAtIterationModel final : public Model {
 //     (--inject-fault kind=crash: silently), and the others stop on their 1 s comm timeout. No
 //     checkpoint is written between the resume and the crash, so that short timeout covers
 //     computing and communicating only, and matters only once the worker has crashed.
-// Both leave the checkpoints before `iteration` (one more run of the schedule, resumed, between
-// them) and none after it from the crashed worker.
+// Together they leave on disk the checkpoints before `iteration`, and none of the crashed worker's
+// after it.
 inline CrashOutcome interrupt(const TrainConfig& config, const DataSplits& data, std::int64_t iteration = kCrashAt) {
-  EXPECT_GT(config.checkpoint_every, 0) << "interrupt() needs a checkpointing configuration";
-  EXPECT_NE(iteration % config.checkpoint_every, 0) << "the crash must come between checkpoints";
+  if (config.checkpoint_every <= 0 || iteration % config.checkpoint_every == 0) {
+    ADD_FAILURE() << "interrupt() needs a checkpointing configuration and a crash between checkpoints";
+    return CrashOutcome::kThrew;
+  }
   auto built = std::make_shared<std::atomic<int>>(0);
   const int last = config.workers - 1;
   const ModelFactory failing = [built, last, iteration](std::uint64_t seed) -> std::unique_ptr<Model> {
