@@ -14,6 +14,7 @@
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -493,6 +494,8 @@ struct MalformedCase {
   std::string text;      // file contents
   std::string expected;  // part of the message
 };
+
+void PrintTo(const MalformedCase& c, std::ostream* out) { *out << c.name; }
 
 // A valid file's JSON, changed by `edit`.
 template <typename Edit>

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -255,5 +256,8 @@ inline std::string name_of(CountKind kind) {
   }
   return "Unknown";
 }
+
+// gtest prints test parameters with this (else as "4-byte object <...>").
+inline void PrintTo(CountKind kind, std::ostream* out) { *out << name_of(kind); }
 
 }  // namespace pipesgd

@@ -6,7 +6,8 @@
 // leftover temporary files are ignored; old checkpoints are pruned; misuse is a UsageError; method
 // state that does not fit the resuming run is a DataError.
 // (Everything runs the softmax model through run_training; a crash is --inject-fault kind=crash with
-// a 1 s comm timeout, so the surviving workers stop quickly.)
+// a 1 s comm timeout, so the surviving workers stop quickly, in a run resumed after the checkpoints
+// were written: interrupt() in resume_checks.h.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -28,6 +30,7 @@
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/model.h"
+#include "pipesgd/algo/sapipe/sapipe_report.h"
 #include "pipesgd/train/fault_injection.h"
 #include "pipesgd/train/trainer.h"
 #include "temp_dir.h"
@@ -52,10 +55,12 @@ struct Variant {
   const char* optimizer = "sgd";
   SgdOptions sgd{0.1f, 0.0f, 0.0f};
   std::int64_t warmup_iterations = 0;
-  const char* buckets = "";        // MethodConfig::buckets ("": the method's own plan)
+  const char* buckets = "";        // --buckets ("": the method's own plan)
   const char* stale_layers = "";   // sapipe: --stale-layers
   const char* compensation = "";   // sapipe: --compensation
 };
+
+void PrintTo(const Variant& variant, std::ostream* out) { *out << variant.name; }
 
 constexpr SgdOptions kPlainSgd{0.1f, 0.0f, 0.0f};
 constexpr SgdOptions kMomentumSgd{0.1f, 0.9f, 1e-4f};
@@ -97,13 +102,14 @@ TrainConfig make_config(const Variant& variant, int workers) {
   TrainConfig config = tiny_config(variant.spec, workers);
   config.iterations = kIterations;
   config.keep_parameters = true;
-  config.method.staleness = variant.staleness;
-  config.method.optimizer = variant.optimizer;
-  config.method.sgd = variant.sgd;
-  config.warmup_iterations = variant.warmup_iterations;
-  if (*variant.buckets != '\0') config.method.buckets = variant.buckets;
-  if (*variant.stale_layers != '\0') config.method.stale_layers = variant.stale_layers;
-  if (*variant.compensation != '\0') config.method.compensation = variant.compensation;
+  OptionValues options;
+  if (std::string(variant.spec).rfind("pipe", 0) == 0) options.set("--staleness-k", std::to_string(variant.staleness));
+  if (std::string(variant.optimizer) != "sgd") options.set("--optimizer", variant.optimizer);
+  if (variant.warmup_iterations > 0) options.set("--warmup-iters", std::to_string(variant.warmup_iterations));
+  if (*variant.buckets != '\0') options.set("--buckets", variant.buckets);
+  if (*variant.stale_layers != '\0') options.set("--stale-layers", variant.stale_layers);
+  if (*variant.compensation != '\0') options.set("--compensation", variant.compensation);
+  config.method = reselect(config.method, options, variant.sgd);
   return config;
 }
 
@@ -155,7 +161,7 @@ TEST_P(CheckpointResume, InterruptAndResumeIsBitIdentical) {
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   ASSERT_TRUE(Trained(uninterrupted));
   ASSERT_EQ(uninterrupted.final_parameters.size(), static_cast<std::size_t>(workers));
-  EXPECT_EQ(uninterrupted.resumed_from, -1);
+  EXPECT_EQ(uninterrupted.reliability.resumed_from, -1);
 
   const bool deterministic = !plan_depends_on_timing(variant);
   {  // Writing checkpoints does not change the math.
@@ -166,15 +172,15 @@ TEST_P(CheckpointResume, InterruptAndResumeIsBitIdentical) {
     } else {
       // Resuming this run's own newest checkpoint (50; 40 and 50 are kept) ends as it did.
       const RunSummary resumed_own = run_training(resuming(config, dir.path(), false), softmax_factory(), data());
-      EXPECT_EQ(resumed_own.resumed_from, 50);
+      EXPECT_EQ(resumed_own.reliability.resumed_from, 50);
       EXPECT_TRUE(BitIdentical(with_checkpoints, resumed_own)) << "resuming the run's own checkpoint differs";
-      EXPECT_EQ(resumed_own.method_report.plan, with_checkpoints.method_report.plan);
+      EXPECT_EQ(resumed_own.figures.report->bucket_plan(), with_checkpoints.figures.report->bucket_plan());
     }
-    EXPECT_EQ(with_checkpoints.resumed_from, -1);
+    EXPECT_EQ(with_checkpoints.reliability.resumed_from, -1);
   }
 
   TempDir dir;
-  const CrashOutcome outcome = run_crashing(crashing(checkpointing(config, dir.path())), data());
+  const CrashOutcome outcome = interrupt(checkpointing(config, dir.path()), data());
   // With one worker nobody is left to notice the crash: the run reports it itself.
   EXPECT_EQ(outcome, CrashOutcome::kThrew);
   // Checkpoint 30 is complete; 40 was never reached.
@@ -184,8 +190,8 @@ TEST_P(CheckpointResume, InterruptAndResumeIsBitIdentical) {
   EXPECT_FALSE(fs::exists(dir.file(name_of(40, "shared"))));
 
   const RunSummary resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
-  EXPECT_EQ(resumed.resumed_from, 30);
-  EXPECT_EQ(resumed.iterations, kIterations);
+  EXPECT_EQ(resumed.reliability.resumed_from, 30);
+  EXPECT_EQ(resumed.timing.iterations, kIterations);
   EXPECT_TRUE(Trained(resumed));
   if (!deterministic) return;  // compared above with a resume of the same run
   EXPECT_TRUE(BitIdentical(uninterrupted, resumed)) << "the resumed run's weights differ";
@@ -212,9 +218,9 @@ TEST(CheckpointResumeTest, ResumesAfterAnEpochBoundary) {
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   ASSERT_EQ(uninterrupted.epochs.size(), 2u);
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path()), 55), data()), CrashOutcome::kThrew);
+  EXPECT_EQ(interrupt(checkpointing(config, dir.path()), data(), 55), CrashOutcome::kThrew);
   const RunSummary resumed = run_training(resuming(config, dir.path(), false), softmax_factory(), data());
-  EXPECT_EQ(resumed.resumed_from, 50);
+  EXPECT_EQ(resumed.reliability.resumed_from, 50);
   EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
   ASSERT_EQ(resumed.epochs.size(), 2u);
   // Epoch 1's record is restored from the checkpoint, which stores the records as float32.
@@ -230,11 +236,12 @@ TEST(CheckpointResumeTest, ResumesAfterAnEpochBoundary) {
 // of the run's fingerprint) gives other weights.
 TEST(CheckpointResumeTest, ComparisonDetectsADifferentContinuation) {
   const TrainConfig config = make_config(kVariants[0], 3);  // dsync
+  const SgdOptions variant_sgd = kVariants[0].sgd;
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
-  run_crashing(crashing(checkpointing(config, dir.path())), data());
+  interrupt(checkpointing(config, dir.path()), data());
   TrainConfig other = resuming(config, dir.path(), false);
-  other.method.sgd.learning_rate = 0.05f;
+  set_sgd(other, SgdOptions{0.05f, variant_sgd.momentum, variant_sgd.weight_decay});
   // The learning rate is part of the run's fingerprint: such a resume is refused...
   try {
     run_training(other, softmax_factory(), data());
@@ -244,16 +251,18 @@ TEST(CheckpointResumeTest, ComparisonDetectsADifferentContinuation) {
   }
   // ...and the comparison these tests rely on does see a different continuation.
   TrainConfig slower = config;
-  slower.method.sgd.learning_rate = 0.05f;
+  set_sgd(slower, SgdOptions{0.05f, variant_sgd.momentum, variant_sgd.weight_decay});
   EXPECT_FALSE(BitIdentical(uninterrupted, run_training(slower, softmax_factory(), data())));
   const RunSummary resumed = run_training(resuming(config, dir.path(), false), softmax_factory(), data());
-  EXPECT_EQ(resumed.resumed_from, 30);
+  EXPECT_EQ(resumed.reliability.resumed_from, 30);
   EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
 }
 
 // ---- 2. torn / corrupt newest checkpoint --------------------------------------------------------
 
 enum class Damage { kTruncate, kFlipByte };
+
+void PrintTo(Damage damage, std::ostream* out) { *out << (damage == Damage::kTruncate ? "truncated" : "flipped byte"); }
 
 class CheckpointResumeDamage : public ::testing::TestWithParam<std::tuple<int, Damage>> {};
 
@@ -263,7 +272,7 @@ TEST_P(CheckpointResumeDamage, FallsBackPastATruncatedOrCorruptCheckpoint) {
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
 
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path())), data()), CrashOutcome::kThrew);
+  EXPECT_EQ(interrupt(checkpointing(config, dir.path()), data()), CrashOutcome::kThrew);
   const std::string damaged = dir.file("checkpoint-000000000030-rank1.psgd");
   ASSERT_TRUE(fs::exists(damaged));
   for (const std::string& name : complete_set(20, 3)) ASSERT_TRUE(fs::exists(dir.file(name))) << name;
@@ -282,7 +291,7 @@ TEST_P(CheckpointResumeDamage, FallsBackPastATruncatedOrCorruptCheckpoint) {
     FAIL() << "resume failed: " << error.what();
   }
   const std::string warnings = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(resumed->resumed_from, 20);
+  EXPECT_EQ(resumed->reliability.resumed_from, 20);
   EXPECT_TRUE(BitIdentical(uninterrupted, *resumed));
   EXPECT_TRUE(Contains(warnings, "checkpoint-000000000030-rank1.psgd")) << "the skipped file is not named";
 }
@@ -301,7 +310,7 @@ TEST(CheckpointResumeTest, LeftoverTemporaryFilesAreIgnored) {
   const TrainConfig config = make_config(kVariants[0], 3);
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path())), data()), CrashOutcome::kThrew);
+  EXPECT_EQ(interrupt(checkpointing(config, dir.path()), data()), CrashOutcome::kThrew);
   // A torn write of a newer checkpoint (garbage), and a complete-looking temporary copy of a valid
   // part under a temporary name: neither is a checkpoint.
   const std::string torn = "." + name_of(40, "rank0") + ".tmp.4242.abcdef";
@@ -318,7 +327,7 @@ TEST(CheckpointResumeTest, LeftoverTemporaryFilesAreIgnored) {
   const RunSummary resumed =
       run_training(resuming(config, dir.path(), /*keep_writing=*/false), softmax_factory(), data());
   const std::string warnings = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(resumed.resumed_from, 30);
+  EXPECT_EQ(resumed.reliability.resumed_from, 30);
   EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
   EXPECT_EQ(warnings.find(".tmp."), std::string::npos) << "temporary files were warned about: " << warnings;
   // Resuming only reads: nothing in the directory changed (pruning of temporaries: below).
@@ -355,13 +364,13 @@ TEST(CheckpointResumeTest, UsageErrors) {
     ASSERT_TRUE(fs::exists(dir.file(name_of(20, "shared"))));
     TrainConfig same = resuming(config, dir.path());
     same.iterations = 30;
-    EXPECT_EQ(run_training(same, softmax_factory(), data()).resumed_from, 20);  // the control
+    EXPECT_EQ(run_training(same, softmax_factory(), data()).reliability.resumed_from, 20);  // the control
 
     TrainConfig other_seed = same;
     other_seed.seed = config.seed + 1;
     expect_usage_error(other_seed, "is of another run");
     TrainConfig other_method = same;
-    apply_method_spec("pipe", other_method);
+    other_method.method = select_for_test("pipe", {}, config.method.common.optimizer.sgd);
     expect_usage_error(other_method, "is of another run");
     TrainConfig other_length = same;
     other_length.iterations = 40;
@@ -372,18 +381,18 @@ TEST(CheckpointResumeTest, UsageErrors) {
   }
 
   TrainConfig no_dir = config;
-  no_dir.checkpoint_every = 10;
+  no_dir.reliability.checkpoint_every = 10;
   expect_usage_error(no_dir, "needs --checkpoint-dir");
   TrainConfig resume_no_dir = config;
-  resume_no_dir.resume = true;
+  resume_no_dir.reliability.resume = true;
   expect_usage_error(resume_no_dir, "needs --checkpoint-dir");
 
   TempDir dir;
   TrainConfig dir_only = config;
-  dir_only.checkpoint_dir = dir.path();
+  dir_only.reliability.checkpoint_dir = dir.path();
   expect_usage_error(dir_only, "--checkpoint-dir needs --checkpoint-every");
   TrainConfig negative = checkpointing(config, dir.path());
-  negative.checkpoint_every = -1;
+  negative.reliability.checkpoint_every = -1;
   expect_usage_error(negative, "--checkpoint-every must be in");
 
   EXPECT_TRUE(dir.entries().empty());
@@ -400,7 +409,7 @@ TEST(CheckpointResumeTest, ResumeWithAnotherWarmupIsRefusedNotACrash) {
   run_training(config, softmax_factory(), data());
   ASSERT_TRUE(fs::exists(dir.file(name_of(20, "shared"))));
   TrainConfig longer_warmup = resuming(config, dir.path(), false);
-  longer_warmup.warmup_iterations = 25;  // iterations 20..24 would now be synchronous
+  set_method_options(longer_warmup, {{"--warmup-iters", "25"}});  // iterations 20..24 would now be synchronous
   EXPECT_EXIT(
       {
         try {
@@ -459,8 +468,10 @@ TrainConfig sapipe_checkpointed(const TempDir& dir) {
   return config;
 }
 
-// Resuming a sapipe checkpoint with another --stale-layers (not in the run's fingerprint) is refused
-// with an error naming the checkpoint, never continued with the wrong partition.
+// Resuming a sapipe checkpoint with another --stale-layers or --compensation is refused: the run's
+// fingerprint names every method option, so the resume is a UsageError naming both settings. A
+// checkpoint whose own record of them disagrees with the run (edited, or of another build) is a
+// DataError naming the file, never continued with the wrong partition.
 TEST(CheckpointResumeTest, SapipeResumeWithAnotherStaleLayerCountIsRefused) {
   TempDir dir;
   const TrainConfig config = sapipe_checkpointed(dir);
@@ -469,13 +480,24 @@ TEST(CheckpointResumeTest, SapipeResumeWithAnotherStaleLayerCountIsRefused) {
   for (const char* other : {"2", "0", "auto"}) {
     SCOPED_TRACE(other);
     TrainConfig resumed = resuming(config, dir.path(), false);
-    resumed.method.stale_layers = other;
-    expect_data_error(resumed, {part, "written with --stale-layers 1, this run has " + std::string(other)});
+    set_method_options(resumed, {{"--stale-layers", other}});
+    expect_usage_error(resumed, "is of another run");
+    expect_usage_error(resumed, "stale layers 1,");
+    expect_usage_error(resumed, "this run: method sapipe (codec none, allreduce ring, segments auto, optimizer sgd lr 0.1 "
+                                "momentum 0.9 decay 0.0001, stale layers " + std::string(other) + ",");
   }
   TrainConfig other_compensation = resuming(config, dir.path(), false);
-  other_compensation.method.compensation = "wp1";
-  expect_data_error(other_compensation, {part, "written with --compensation dc, this run has wp1"});
-  EXPECT_EQ(run_training(resuming(config, dir.path(), false), softmax_factory(), data()).resumed_from, 20);
+  set_method_options(other_compensation, {{"--compensation", "wp1"}});
+  expect_usage_error(other_compensation, "compensation wp1");
+
+  const std::string path = dir.file(part);
+  rewrite_integer(path, "method.sapipe.requested_stale_layers", 2);
+  expect_data_error(resuming(config, dir.path(), false), {part, "written with --stale-layers 2, this run has 1"});
+  rewrite_integer(path, "method.sapipe.requested_stale_layers", 1);
+  rewrite_integer(path, "method.sapipe.compensation", 3);
+  expect_data_error(resuming(config, dir.path(), false), {part, "written with --compensation", "this run has dc"});
+  rewrite_integer(path, "method.sapipe.compensation", 1);
+  EXPECT_EQ(run_training(resuming(config, dir.path(), false), softmax_factory(), data()).reliability.resumed_from, 20);
 }
 
 // A checkpoint whose k the file cannot hold for this run (more than the model's layers, or not the
@@ -486,14 +508,14 @@ TEST(CheckpointResumeTest, SapipeCheckpointWithAnImpossibleKIsADataError) {
   const std::string part = dir.file(name_of(20, "rank0"));
   for (const std::int64_t k : {std::int64_t{2}, std::int64_t{7}, std::int64_t{-3}}) {
     SCOPED_TRACE(k);
-    rewrite_integer(part, "method.sapipe.stale_layers", k);
+    rewrite_integer(part, "method.sapipe.partition.stale_layers", k);
     expect_data_error(resuming(config, dir.path(), false), {name_of(20, "rank0"), "k = " + std::to_string(k)});
   }
-  rewrite_integer(part, "method.sapipe.stale_layers", 1);
+  rewrite_integer(part, "method.sapipe.partition.stale_layers", 1);
   rewrite_integer(part, "method.sapipe.pipeline_start", 3);
   expect_data_error(resuming(config, dir.path(), false), {name_of(20, "rank0"), "pipeline started at iteration 3"});
   rewrite_integer(part, "method.sapipe.pipeline_start", 18);  // restored: the file is good again
-  EXPECT_EQ(run_training(resuming(config, dir.path(), false), softmax_factory(), data()).resumed_from, 20);
+  EXPECT_EQ(run_training(resuming(config, dir.path(), false), softmax_factory(), data()).reliability.resumed_from, 20);
 }
 
 // --stale-layers auto: the stall checks depend on timing, so no bit-identity; the resumed run
@@ -501,37 +523,48 @@ TEST(CheckpointResumeTest, SapipeCheckpointWithAnImpossibleKIsADataError) {
 // again, and trains.
 TEST(CheckpointResumeTest, SapipeAutoResumesWithTheSavedPartition) {
   TrainConfig config = make_config(variant_named("sapipe_k1_none"), 3);
-  config.method.stale_layers = "auto";
+  set_method_options(config, {{"--stale-layers", "auto"}});
   TempDir dir;
-  EXPECT_EQ(run_crashing(crashing(checkpointing(config, dir.path())), data()), CrashOutcome::kThrew);
+  EXPECT_EQ(interrupt(checkpointing(config, dir.path()), data()), CrashOutcome::kThrew);
   const CheckpointReader saved = CheckpointReader::read_file(dir.file(name_of(30, "rank0")));
-  const std::int64_t saved_k = saved.integer("method.sapipe.stale_layers");
-  EXPECT_EQ(saved.integer("method.sapipe.planned"), 1);
+  const std::int64_t saved_k = saved.integer("method.sapipe.partition.stale_layers");
+  EXPECT_EQ(saved.integer("method.sapipe.partition.planned"), 1);
   const RunSummary resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
-  EXPECT_EQ(resumed.resumed_from, 30);
+  EXPECT_EQ(resumed.reliability.resumed_from, 30);
   EXPECT_TRUE(Trained(resumed));
-  ASSERT_TRUE(resumed.method_report.sapipe.has_value());
-  const SapipeReport& report = *resumed.method_report.sapipe;
+  const auto* sapipe = dynamic_cast<const SapipeReport*>(resumed.figures.report.get());
+  ASSERT_NE(sapipe, nullptr);
+  const SapipeFacts& report = sapipe->facts;
   EXPECT_TRUE(report.automatic);
   EXPECT_TRUE(report.profiled) << "the restored profile was lost";
   EXPECT_GE(static_cast<std::int64_t>(report.stale_layers), saved_k);
   EXPECT_GE(report.pipeline_start, saved.integer("method.sapipe.pipeline_start"));
 }
 
-// The layer-wise methods' planning settings are not in the fingerprint: another --profile-iters
-// would profile (and plan) other iterations than the checkpointed run; refused.
+// The layer-wise methods' planning settings: another --profile-iters would profile (and plan) other
+// iterations than the checkpointed run, another --replan-every replan at others. The fingerprint
+// names them (a UsageError); a checkpoint whose own record disagrees is a DataError naming the file.
 TEST(CheckpointResumeTest, LayerWiseResumeWithAnotherProfileLengthIsRefused) {
   TempDir dir;
   TrainConfig config = checkpointing(make_config(variant_named("mgwfbp"), 1), dir.path());
   config.iterations = 30;
   run_training(config, softmax_factory(), data());
   TrainConfig other = resuming(config, dir.path(), false);
-  other.method.profile_iterations = 4;
-  expect_data_error(other, {name_of(20, "rank0"), "written with --profile-iters 10, this run has 4"});
-  other.method.profile_iterations = 10;
-  other.method.replan_every = 5;
-  expect_data_error(other, {name_of(20, "rank0"), "written with --replan-every 0, this run has 5"});
-  EXPECT_EQ(run_training(resuming(config, dir.path(), false), softmax_factory(), data()).resumed_from, 20);
+  set_method_options(other, {{"--profile-iters", "4"}});
+  expect_usage_error(other, "is of another run");
+  expect_usage_error(other, "this run: method mgwfbp (codec none, allreduce ring, segments auto, optimizer sgd lr 0.1 "
+                            "momentum 0 decay 0, buckets mgwfbp, profile 4,");
+  set_method_options(other, {{"--profile-iters", "10"}, {"--replan-every", "5"}});
+  expect_usage_error(other, "profile 10, replan every 5,");
+
+  const std::string part = name_of(20, "rank0");
+  rewrite_integer(dir.file(part), "method.layerwise.profile_iterations", 4);
+  expect_data_error(resuming(config, dir.path(), false), {part, "written with --profile-iters 4, this run has 10"});
+  rewrite_integer(dir.file(part), "method.layerwise.profile_iterations", 10);
+  rewrite_integer(dir.file(part), "method.layerwise.replan_every", 5);
+  expect_data_error(resuming(config, dir.path(), false), {part, "written with --replan-every 5, this run has 0"});
+  rewrite_integer(dir.file(part), "method.layerwise.replan_every", 0);
+  EXPECT_EQ(run_training(resuming(config, dir.path(), false), softmax_factory(), data()).reliability.resumed_from, 20);
 }
 
 // ---- 5. pruning -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <span>
 #include <string>
@@ -50,6 +51,10 @@ struct SgdCase {
   float momentum;
   float weight_decay;
 };
+
+void PrintTo(const SgdCase& c, std::ostream* out) {
+  *out << "momentum " << c.momentum << ", weight decay " << c.weight_decay;
+}
 
 class SgdOptimizerPredict : public ::testing::TestWithParam<SgdCase> {};
 

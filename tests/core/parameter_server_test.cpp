@@ -9,6 +9,7 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <ostream>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
@@ -357,6 +358,12 @@ struct CompensationCase {
   std::vector<float> w2;
   double tolerance;
 };
+
+void PrintTo(const CompensationCase& c, std::ostream* out) {
+  *out << (c.variant == DelayCompensationVariant::kConstant ? "constant" : "adaptive") << " compensation, w2 {";
+  for (std::size_t i = 0; i < c.w2.size(); ++i) *out << (i ? ", " : "") << c.w2[i];
+  *out << "}, tolerance " << c.tolerance;
+}
 
 class ServerDelayCompensation : public testing::TestWithParam<std::tuple<CompensationCase, int>> {};
 

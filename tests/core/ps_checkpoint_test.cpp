@@ -15,6 +15,7 @@
 #include <mutex>
 #include <cmath>
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -269,6 +270,8 @@ struct Variant {
   bool deterministic_with_many_workers = true;
 };
 
+void PrintTo(const Variant& variant, std::ostream* out) { *out << variant.name; }
+
 const Variant kVariants[] = {
     {"pssync", "pssync"},
     {"odsgd_warmup5", "odsgd", 5},
@@ -282,10 +285,19 @@ const Variant kVariants[] = {
 TrainConfig make_config(const Variant& variant, int workers, int servers) {
   TrainConfig config = tiny_config(variant.spec, workers, servers);
   config.iterations = kIterations;
-  config.warmup_iterations = variant.warmup_iterations;
-  config.method.local_updater = variant.local_updater;
-  config.method.delay_compensation.variant = variant.dc;
-  config.method.delay_compensation.lambda = 0.5f;
+  // The delay compensation (lambda 0.5) where the method has one: dcasgd's servers (variant
+  // `dc`), odsgd's local updater (dcasgd-c or dcasgd-a).
+  OptionValues options;
+  const std::string spec = variant.spec, updater = variant.local_updater;
+  if (spec == "odsgd") {
+    options.set("--warmup-iters", std::to_string(variant.warmup_iterations));
+    options.set("--local-updater", updater);
+    if (updater != "sgd") options.set("--dc-lambda", "0.5");
+  } else if (spec == "dcasgd") {
+    options.set("--dc-variant", variant_name(variant.dc));
+    options.set("--dc-lambda", "0.5");
+  }
+  set_method_options(config, options);
   return config;
 }
 
@@ -305,7 +317,7 @@ TEST_P(ParameterServerResume, InterruptAndResume) {
   }
 
   TempDir dir;
-  run_crashing(crashing(checkpointing(config, dir.path())), data());
+  interrupt(checkpointing(config, dir.path()), data());
   // The set of iteration 30 is complete: every worker's part, every server's part and the shared part.
   std::vector<std::string> parts{"shared"};
   for (int r = 0; r < workers; ++r) parts.push_back("rank" + std::to_string(r));
@@ -324,8 +336,8 @@ TEST_P(ParameterServerResume, InterruptAndResume) {
   for (int s = 0; s < servers; ++s) EXPECT_FALSE(fs::exists(dir.file(name_of(40, "server" + std::to_string(s)))));
 
   const RunSummary resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
-  EXPECT_EQ(resumed.resumed_from, 30);
-  EXPECT_EQ(resumed.iterations, kIterations);
+  EXPECT_EQ(resumed.reliability.resumed_from, 30);
+  EXPECT_EQ(resumed.timing.iterations, kIterations);
   ASSERT_TRUE(Trained(resumed));
   if (deterministic) {
     EXPECT_TRUE(BitIdentical(uninterrupted, resumed)) << "the resumed run's weights differ";
@@ -352,18 +364,18 @@ TEST(ParameterServerResumeTest, AMissingServerPartFallsBackToThePreviousCheckpoi
   const TrainConfig config = make_config(kVariants[1], 2, 2);
   const RunSummary uninterrupted = run_training(config, softmax_factory(), data());
   TempDir dir;
-  run_crashing(crashing(checkpointing(config, dir.path())), data());
+  interrupt(checkpointing(config, dir.path()), data());
   ASSERT_TRUE(fs::remove(dir.file(name_of(30, "server1"))));
   ASSERT_TRUE(fs::exists(dir.file(name_of(20, "server1"))));
   const RunSummary resumed = run_training(resuming(config, dir.path()), softmax_factory(), data());
-  EXPECT_EQ(resumed.resumed_from, 20);
+  EXPECT_EQ(resumed.reliability.resumed_from, 20);
   EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
 }
 
 // Another server count is another run: its checkpoint is refused with both descriptions.
 TEST(ParameterServerResumeTest, AnotherServerCountIsAnotherRun) {
   TempDir dir;
-  run_crashing(crashing(checkpointing(make_config(kVariants[0], 2, 1), dir.path())), data());
+  interrupt(checkpointing(make_config(kVariants[0], 2, 1), dir.path()), data());
   try {
     run_training(resuming(make_config(kVariants[0], 2, 2), dir.path()), softmax_factory(), data());
     ADD_FAILURE() << "a checkpoint of 1 server was resumed with 2";

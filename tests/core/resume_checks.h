@@ -1,19 +1,24 @@
 #pragma once
 // Test helpers for checkpoint / resume tests: the interrupt-and-resume schedule (60 iterations, a
 // checkpoint every 10, the last worker crashed at 37, resumed from 30) and the configurations for
-// it, comparing two runs' final weights bit for bit, checking a run trained, and running a
-// configuration whose worker crashes (--inject-fault).
+// it, comparing two runs' final weights bit for bit, checking a run trained, and interrupting a
+// checkpointing run by a crashed worker (interrupt(): --inject-fault, see there).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <span>
 #include <string>
 
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/model.h"
 #include "pipesgd/train/fault_injection.h"
 #include "pipesgd/train/trainer.h"
 #include "tiny_run.h"
@@ -32,25 +37,25 @@ inline const DataSplits& data() {
 
 // `config` writing a checkpoint every kEvery iterations into `dir`.
 inline TrainConfig checkpointing(TrainConfig config, const std::string& dir) {
-  config.checkpoint_dir = dir;
-  config.checkpoint_every = kEvery;
+  config.reliability.checkpoint_dir = dir;
+  config.reliability.checkpoint_every = kEvery;
   return config;
 }
 
 // `config` with its last worker crashing at `iteration` and a 1 s comm timeout for the others.
 inline TrainConfig crashing(TrainConfig config, std::int64_t iteration = kCrashAt) {
-  config.fault.rank = config.workers - 1;
-  config.fault.iteration = iteration;
-  config.fault.kind = FaultInjection::Kind::kCrash;
-  config.method.allreduce.timeout = std::chrono::seconds(1);
+  config.reliability.fault.rank = config.workers - 1;
+  config.reliability.fault.iteration = iteration;
+  config.reliability.fault.kind = FaultInjection::Kind::kCrash;
+  set_timeout(config, std::chrono::seconds(1));
   return config;
 }
 
 // `config` resuming from `dir` (and writing checkpoints on, unless keep_writing is false).
 inline TrainConfig resuming(TrainConfig config, const std::string& dir, bool keep_writing = true) {
-  config.checkpoint_dir = dir;
-  config.checkpoint_every = keep_writing ? kEvery : 0;
-  config.resume = true;
+  config.reliability.checkpoint_dir = dir;
+  config.reliability.checkpoint_every = keep_writing ? kEvery : 0;
+  config.reliability.resume = true;
   return config;
 }
 
@@ -122,9 +127,70 @@ inline CrashOutcome run_crashing(const TrainConfig& config, const DataSplits& da
   } catch (const UsageError& error) {
     ADD_FAILURE() << "the crashing run failed with a UsageError: " << error.what();
     return CrashOutcome::kThrew;
-  } catch (const std::exception&) {
+  } catch (const std::exception& error) {
+    // How the survivors learned of it (shown by ctest when the test fails).
+    std::printf("[ crashed  ] %s\n", error.what());
     return CrashOutcome::kThrew;
   }
+}
+
+// Behaves like `inner` but, if `fails`, throws DataError at its forward pass of `iteration` (its
+// call with that index: a run that does not resume calls it once per iteration from 0).
+class FailingAtIterationModel final : public Model {
+ public:
+  static constexpr const char* kMessage = "injected failure of the last worker";
+  FailingAtIterationModel(std::unique_ptr<Model> inner, bool fails, std::int64_t iteration)
+      : inner_(std::move(inner)), fails_(fails), iteration_(iteration) {}
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<float> parameters() override { return inner_->parameters(); }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                              const SegmentReadyFn& ready) override {
+    if (fails_ && calls_++ == iteration_) throw DataError(kMessage);
+    return inner_->forward_backward(batch, gradients, ready);
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  bool fails_;
+  std::int64_t iteration_;
+  std::int64_t calls_ = 0;
+};
+
+// Interrupts `config`, which writes checkpoints (checkpointing()), by its last worker crashing at
+// `iteration` (not a checkpoint iteration), and returns how the crashed run ended. Two runs:
+//  1. The run fails at `iteration`, loudly: the last worker's model throws there, so every rank
+//     stops at once. It writes the checkpoints before `iteration` with the default (patient) comm
+//     timeout: each write fsyncs, and under load a worker waiting for its previous write held
+//     the others for more than 0.3 s (measured; a 1 s timeout over these phases left little margin).
+//  2. Resumed from the newest of them, the run crashes at `iteration` as a dead worker does
+//     (--inject-fault kind=crash: silently), and the others stop on their 1 s comm timeout. No
+//     checkpoint is written between the resume and the crash, so that short timeout covers
+//     computing and communicating only, and matters only once the worker has crashed.
+// Together they leave on disk the checkpoints before `iteration`, and none of the crashed worker's
+// after it.
+inline CrashOutcome interrupt(const TrainConfig& config, const DataSplits& data, std::int64_t iteration = kCrashAt) {
+  if (config.reliability.checkpoint_every <= 0 || iteration % config.reliability.checkpoint_every == 0) {
+    ADD_FAILURE() << "interrupt() needs a checkpointing configuration and a crash between checkpoints";
+    return CrashOutcome::kThrew;
+  }
+  auto built = std::make_shared<std::atomic<int>>(0);
+  const int last = config.workers - 1;
+  const ModelFactory failing = [built, last, iteration](std::uint64_t seed) -> std::unique_ptr<Model> {
+    return std::make_unique<FailingAtIterationModel>(softmax_factory()(seed), (*built)++ == last, iteration);
+  };
+  try {
+    run_training(config, failing, data);
+    ADD_FAILURE() << "the run whose last worker fails at iteration " << iteration << " completed";
+  } catch (const DataError& error) {
+    EXPECT_STREQ(error.what(), FailingAtIterationModel::kMessage) << "the run failed otherwise";
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "the run whose last worker fails at iteration " << iteration
+                  << " failed otherwise: " << error.what();
+  }
+  TrainConfig resumed = crashing(config, iteration);
+  resumed.reliability.resume = true;
+  return run_crashing(resumed, data);
 }
 
 }  // namespace pipesgd

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <ostream>
 
 #include "failing_model.h"
 #include "tiny_run.h"
@@ -131,6 +132,10 @@ struct StalenessCase {
   std::int64_t warmup;
   float momentum;
 };
+
+void PrintTo(const StalenessCase& c, std::ostream* out) {
+  *out << c.ranks << " ranks, K " << c.staleness << ", warm-up " << c.warmup << ", momentum " << c.momentum;
+}
 
 class PipeStaleness : public ::testing::TestWithParam<StalenessCase> {};
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <span>
 #include <vector>
@@ -110,6 +111,10 @@ struct AdamCase {
   float weight_decay;
   bool segment_by_segment;
 };
+
+void PrintTo(const AdamCase& c, std::ostream* out) {
+  *out << "weight decay " << c.weight_decay << (c.segment_by_segment ? ", segment by segment" : ", whole buffer");
+}
 
 class AdamOracle : public ::testing::TestWithParam<AdamCase> {};
 
