@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -135,22 +137,41 @@ TEST(AtomicFile, APathWithoutAFileNameIsAUsageError) {
   EXPECT_TRUE(dir.entries().empty());
 }
 
+// Root writes into any directory, so the write runs in a child process that drops to an
+// unprivileged user first (nobody, 65534) when the test runs as root.
 TEST(AtomicFile, AnUnwritableDirectoryIsADataErrorNamingTheTemporaryAndTheReason) {
-  if (::geteuid() == 0) {
-    GTEST_SKIP() << "root writes into any directory (the parent-is-a-file test covers the failure path)";
-  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir dir;
   const fs::path locked = fs::path(dir.path()) / "locked";
   fs::create_directory(locked);
   write_text(locked / "f.txt", "old");
-  fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
-  const std::string message =
-      message_of<DataError>([&] { write_file_atomically(locked / "f.txt", std::string("new")); });
+  const auto read_and_enter = fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                              fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec;
+  fs::permissions(dir.path(), read_and_enter | fs::perms::owner_write);
+  fs::permissions(locked, read_and_enter);
+  const std::string expected = "cannot write file '" + (locked / "f.txt").string() + "': cannot create '" +
+                               (locked / ".f.txt.tmp.").string();
+  EXPECT_EXIT(
+      {
+        if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+          std::fprintf(stderr, "cannot drop root privileges\n");
+          std::exit(2);
+        }
+        try {
+          write_file_atomically(locked / "f.txt", std::string("new"));
+        } catch (const DataError& error) {
+          const std::string message = error.what();
+          std::fprintf(stderr, "%s\n", message.c_str());
+          std::exit(message.find(expected) != std::string::npos && message.find("Permission denied") != std::string::npos ? 0 : 1);
+        }
+        std::exit(3);  // written
+      },
+      ::testing::ExitedWithCode(0), "Permission denied");
   fs::permissions(locked, fs::perms::owner_all);
-  EXPECT_CONTAINS(message, "cannot write file '" + (locked / "f.txt").string() + "': cannot create '" +
-                               (locked / ".f.txt.tmp.").string());
-  EXPECT_CONTAINS(message, "Permission denied");
   EXPECT_EQ(read_text(locked / "f.txt"), "old");
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(locked)) ++entries;
+  EXPECT_EQ(entries, 1u) << "a temporary was left behind";
 }
 
 TEST(AtomicFile, ARelativePathIsWrittenInTheWorkingDirectory) {

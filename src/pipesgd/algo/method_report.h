@@ -18,6 +18,7 @@
 namespace pipesgd {
 
 class MethodReport;
+struct PlanningInputs;  // algo/planning.h
 
 // The figures of one finished run that a method's report may show beside its own (rank 0's view;
 // means over the workers and the measured iterations), and the method's report.
@@ -61,6 +62,9 @@ class MethodReport {
   // apply then) and that model's name for "This method follows ..." ("" : Eq. 2 / Eq. 4).
   virtual double predicted_iteration() const { return 0; }
   virtual std::string timing_model() const { return ""; }
+  // What the method planned its buckets from (layer profile, allreduce cost, update time), once it
+  // has planned; null for a method that does not plan. `pipesgd plan` profiles through it.
+  virtual const PlanningInputs* planning_inputs() const { return nullptr; }
   // The method's fields of summary.json (added to `summary`) and of its compare.json record.
   virtual void add_json(nlohmann::json& summary, const RunFigures& run) const {
     (void)summary;

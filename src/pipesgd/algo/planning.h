@@ -23,6 +23,14 @@ namespace pipesgd {
 // the first profiling cycle starts after them.
 inline constexpr std::int64_t kProfileWarmupIterations = 8;
 
+// What a planning method computed its plan from, averaged over the workers (MethodReport::
+// planning_inputs()).
+struct PlanningInputs {
+  LayerProfile profile;
+  LinearCost cost;
+  double update_seconds = 0;  // the optimizer's step per iteration
+};
+
 // --profile-iters as given, or UsageError if < 1 or > kMaxProfileIterations.
 inline constexpr std::int64_t kMaxProfileIterations = 10'000'000;
 std::int64_t checked_profile_iterations(std::int64_t iterations);

@@ -8,7 +8,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipesgd/algo/dsync/layer_wise_report.h"
 #include "pipesgd/algo/planning.h"
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/cli/commands.h"
@@ -107,11 +106,11 @@ int run_plan(const PlanFlags& flags) {
               << describe(network) << std::endl;
   }
   const RunSummary run = run_training(config, factory, data);
-  const auto* report = dynamic_cast<const LayerWiseReport*>(run.figures.report.get());
-  PIPESGD_ASSERT(report != nullptr && report->planned);
-  const LayerProfile& profile = report->profile;
-  const double update_seconds = report->update_seconds;
-  const LinearCost cost = report->cost;
+  const PlanningInputs* planned_from = run.figures.report->planning_inputs();
+  PIPESGD_ASSERT(planned_from != nullptr);  // the profiling method plans within its iterations
+  const LayerProfile& profile = planned_from->profile;
+  const double update_seconds = planned_from->update_seconds;
+  const LinearCost cost = planned_from->cost;
   double gradient_bytes = 0, backward = 0;
   for (double b : profile.bytes) gradient_bytes += b;
   for (double b : profile.backward_seconds) backward += b;

@@ -24,13 +24,13 @@ struct RunPlan {
 
 struct RunContext {
   const TrainConfig& config;
-  RunPlan plan;
+  RunPlan plan{};
   int servers = 0;                           // server ranks after the workers
-  std::string fingerprint;                   // what a checkpoint of this run must match
-  std::vector<std::string> checkpoint_parts;  // "shared", "rank0", ..., "server0", ...
+  std::string fingerprint{};                 // what a checkpoint of this run must match
+  std::vector<std::string> checkpoint_parts{};  // "shared", "rank0", ..., "server0", ...
   // --resume: the checkpoint set the ranks continue from and its epoch records.
-  std::optional<CheckpointSet> resume_from;
-  std::vector<EpochRecord> resumed_epochs;
+  std::optional<CheckpointSet> resume_from{};
+  std::vector<EpochRecord> resumed_epochs{};
 
   std::int64_t start_iteration() const { return resume_from ? resume_from->iteration : 0; }
 };

@@ -279,9 +279,7 @@ std::shared_ptr<MethodReport> BucketedDSync::report() const {
     report->predicted = timeline.iteration + planned_update_seconds_;
     report->predicted_non_overlapped = timeline.non_overlapped;
     report->planned = true;
-    report->profile = planned_profile_;
-    report->cost = cost_;
-    report->update_seconds = planned_update_seconds_;
+    report->planned_from = PlanningInputs{planned_profile_, cost_, planned_update_seconds_};
   }
   return report;
 }

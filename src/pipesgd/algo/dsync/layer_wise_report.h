@@ -5,7 +5,7 @@
 #include <string>
 
 #include "pipesgd/algo/method_report.h"
-#include "pipesgd/timing/bucket_plan.h"
+#include "pipesgd/algo/planning.h"
 
 namespace pipesgd {
 
@@ -18,13 +18,12 @@ class LayerWiseReport final : public MethodReport {
   bool planned = false;
   double predicted = 0;
   double predicted_non_overlapped = 0;
-  LayerProfile profile;
-  LinearCost cost;
-  double update_seconds = 0;
+  PlanningInputs planned_from;
 
   std::string bucket_plan() const override { return plan; }
   std::size_t allreduce_calls() const override { return calls; }
   double predicted_iteration() const override { return planned ? predicted : 0; }
+  const PlanningInputs* planning_inputs() const override { return planned ? &planned_from : nullptr; }
   // The measured t_c^no is the compute thread's wait after backward (IterationTimes::wait).
   void add_json(nlohmann::json& summary, const RunFigures& run) const override;
   void print(std::ostream& out, const RunFigures& run) const override;
