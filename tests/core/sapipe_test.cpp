@@ -57,6 +57,7 @@ ModelFactory factory_of(TinyModel model) {
 std::size_t layers_of(TinyModel model) { return model == TinyModel::kSoftmax ? 2 : 14; }
 
 const char* name_of(TinyModel model) { return model == TinyModel::kSoftmax ? "softmax" : "resegmented14"; }
+void PrintTo(TinyModel model, std::ostream* out) { *out << name_of(model); }
 
 void expect_same_final_parameters(const RunSummary& a, const RunSummary& b, int workers) {
   ASSERT_EQ(a.final_parameters.size(), static_cast<std::size_t>(workers));
