@@ -50,8 +50,9 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
   timing.iterations = plan.total_iterations;
   timing.measured_iterations = plan.total_iterations - plan.first_measured;
   timing.train_seconds = leader.train_seconds;
-  // The compute thread is busy for the whole iteration except its exposed waits. Compensation
-  // (sapipe) is update work for the timing model; `other` is what no stage accounts for.
+  // The compute thread is busy for the whole iteration except its exposed waits. Compensation (a
+  // method's delay compensation or weight prediction) is update work for the timing model; `other`
+  // is what no stage accounts for.
   const double busy = mean.iteration - mean.wait;
   const double update = mean.update + mean.compensation;
   timing.stages = StageTimes{update, mean.data, mean.forward, mean.backward,
