@@ -52,7 +52,9 @@ TEST(CommWorker, RunsJobsInSubmissionOrderAndNumbersTickets) {
     EXPECT_EQ(worker.next_ticket(), static_cast<CommWorker::Ticket>(t));
     tickets.push_back(worker.submit({data, static_cast<std::uint64_t>(t), t, static_cast<std::size_t>(t % 4)}));
     EXPECT_EQ(tickets.back(), static_cast<CommWorker::Ticket>(t));
-    if (t >= 2) EXPECT_GE(worker.wait(tickets[t - 2], "a job", t - 2), 0.0);
+    if (t >= 2) {
+      EXPECT_GE(worker.wait(tickets[t - 2], "a job", t - 2), 0.0);
+    }
   }
   worker.drain("every job");
   EXPECT_EQ(ran, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));

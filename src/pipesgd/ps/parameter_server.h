@@ -83,7 +83,7 @@ struct ServeOptions {
   // Called on the serving thread once every worker's checkpoint marker of `iteration` arrived
   // (see "Checkpoints" above), before any later request is handled; it may call
   // shard.save_state(). Unset: a checkpoint marker is a protocol error (CommError).
-  std::function<void(const ParameterServerShard& shard, std::int64_t iteration)> on_checkpoint;
+  std::function<void(const ParameterServerShard& shard, std::int64_t iteration)> on_checkpoint{};
 };
 
 // One shard of the parameters, served on a server rank. Thread contract: constructed and served by
