@@ -208,17 +208,20 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
     // seconds[candidate][run] on this rank
     std::vector<std::vector<double>> seconds(candidates.size(), std::vector<double>(runs));
     std::vector<RankMeasurement> measured(candidates.size());
+    std::vector<std::uint64_t> bytes_sent(candidates.size(), 0);  // over every run, barriers included
     for (int run = 0; run < runs; ++run) {
       // The reference runs first in every round, so the others can be compared with its result.
       for (std::size_t k = 0; k < candidates.size(); ++k) {
         const std::size_t c = has_reference ? (k == 0 ? reference : (k <= reference ? k - 1 : k)) : k;
         std::copy(input.begin(), input.end(), data.begin());
+        const std::uint64_t sent_before = transport.bytes_sent();
         const Clock::time_point start = barrier(config.timeout);
         objects[c]->run(data, next_tag());
         seconds[c][run] = seconds_since(start);
         // Checking waits until every rank is done: a rank that finished early must not take CPU
         // from the ranks still in the timed operation (ranks may outnumber cores).
         barrier(config.timeout);
+        bytes_sent[c] += transport.bytes_sent() - sent_before;
         RankMeasurement& m = measured[c];
         m.max_error = std::max(m.max_error, max_difference(data, exact));
         if (has_reference && c == reference) {
@@ -275,6 +278,7 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
       row.algbw = row.median_seconds > 0 ? static_cast<double>(bytes) / row.median_seconds : 0;
       row.busbw = row.algbw * (p > 1 ? 2.0 * (p - 1) / p : 0.0);
       row.max_error = all.max_error;
+      row.rank0_bytes_sent_per_run = bytes_sent[c] / static_cast<std::uint64_t>(runs);
       // Each of up to p encodings may add the codec's error of a partial sum of at most 2p.
       row.error_bound = p * codecs[c]->error_bound(2.0 * p);
       // Exact codecs must reproduce the reference bit for bit (the sums are exact in any order);

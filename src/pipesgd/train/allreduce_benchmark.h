@@ -15,6 +15,7 @@
 // whatever ran before it. A barrier over the measured transport would not do: over links with
 // latency L its ranks leave it up to L apart (a tree's root finishes about L before its leaf, and
 // the barrier passes that skew on), and the skew would be timed as part of the next run.
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -62,6 +63,9 @@ struct AllreduceBenchmarkRow {
   double error_bound = 0;  // what the codec promises for these values
   bool matches_reference = true;  // bit-identical to the reference result (exact codecs only)
   bool correct = false;    // max_error <= error_bound, all ranks bit-identical, matches reference
+  // Rank 0's bytes sent over the measured transport per run, barriers included (0 for a candidate
+  // that bypasses the transport, such as MPI_Allreduce): the ranks meet outside those links.
+  std::uint64_t rank0_bytes_sent_per_run = 0;
 };
 
 // 4 KiB, 16 KiB, ..., 64 MiB.
