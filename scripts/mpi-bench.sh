@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3's measurements over MPI on this machine: for 2 and 4 ranks (4 oversubscribe the 2 cores),
+# The allreduce family measured over MPI on this machine: for 2 and 4 ranks (4 oversubscribe the 2 cores),
 # calibrate the allreduce cost model, then benchmark every algorithm against MPI_Allreduce with
 # `auto` choosing from that calibration. Outputs go to out/mpi-bench/ (docs/results.md quotes them).
 set -euo pipefail
@@ -11,9 +11,9 @@ mkdir -p "$out"
 for ranks in 2 4; do
   echo "== $ranks ranks: calibrate" >&2
   mpirun -np "$ranks" --oversubscribe build/pipesgd calibrate --transport mpi --repeats "${CALIBRATE_REPEATS:-21}" \
-    --out "$out/calibration-$ranks.json" | tee "$out/calibrate-$ranks.txt"
+    --out "$out/calibration-$ranks" | tee "$out/calibrate-$ranks.txt"
   echo "== $ranks ranks: bench allreduce" >&2
   mpirun -np "$ranks" --oversubscribe build/pipesgd bench allreduce --transport mpi --codecs none \
-    --repeats "${REPEATS:-41}" --calibration "$out/calibration-$ranks.json" --out "$out/bench-$ranks" \
+    --repeats "${REPEATS:-41}" --calibration "$out/calibration-$ranks/calibration.json" --out "$out/bench-$ranks" \
     | tee "$out/bench-$ranks.txt"
 done
