@@ -838,4 +838,12 @@ assert [e["epoch"] for e in s.get("epochs", [])] == [1, 2], f"epochs {s.get('epo
 assert all(0 <= e["test_accuracy"] <= 1 for e in s["epochs"]), "test accuracy out of [0, 1]"
 EOF
 
+# ---------------------------------------------------------------------------------------------------
+# Further rows, one file per topic, sourced in name order (each uses $R, run, row, pycheck, ...).
+for rows_file in "$(dirname "${BASH_SOURCE[0]}")"/rows/*.sh; do
+  [ -e "$rows_file" ] || continue
+  # shellcheck disable=SC1090
+  . "$rows_file"
+done
+
 cli_test_finish

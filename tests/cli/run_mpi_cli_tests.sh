@@ -601,4 +601,12 @@ else
   fail "cleanup/no-pipesgd-left" "still running: $left"
 fi
 
+# ---------------------------------------------------------------------------------------------------
+# Further rows, one file per topic, sourced in name order (each uses $R, run, row, pycheck, ...).
+for rows_file in "$(dirname "${BASH_SOURCE[0]}")"/mpi_rows/*.sh; do
+  [ -e "$rows_file" ] || continue
+  # shellcheck disable=SC1090
+  . "$rows_file"
+done
+
 cli_test_finish

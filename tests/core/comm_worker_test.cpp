@@ -3,10 +3,17 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -53,7 +60,7 @@ TEST(CommWorker, RunsJobsInSubmissionOrderAndNumbersTickets) {
     tickets.push_back(worker.submit({data, static_cast<std::uint64_t>(t), t, static_cast<std::size_t>(t % 4)}));
     EXPECT_EQ(tickets.back(), static_cast<CommWorker::Ticket>(t));
     if (t >= 2) {
-      EXPECT_GE(worker.wait(tickets[t - 2], "a job", t - 2), 0.0);
+      EXPECT_NO_THROW(worker.wait(tickets[t - 2], "a job", t - 2));
     }
   }
   worker.drain("every job");
@@ -131,13 +138,29 @@ TEST(CommWorker, AWaitOnAStoppedCommThreadTimesOutNamingOwnerWhatAndIteration) {
               "pipe-sgd: rank 0 waited more than 1.002 s for its allreduces in flight before a checkpoint");
   }
   gate.open();
-  EXPECT_GE(worker.wait(ticket, "the aggregated gradient", 7), 0.0);
+  EXPECT_NO_THROW(worker.wait(ticket, "the aggregated gradient", 7));
 }
 
+// The state letter of thread `tid` of this process ('R' running, 'S' sleeping, ...), from
+// /proc/self/task/TID/stat: the field after the parenthesised command name.
+char thread_state(pid_t tid) {
+  std::ifstream file("/proc/self/task/" + std::to_string(tid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::size_t name_end = stat.rfind(')');
+  return name_end == std::string::npos || name_end + 2 >= stat.size() ? '?' : stat[name_end + 2];
+}
+
+// The gate opens only once the destructor has set its stop flag, so the comm thread, when the
+// running job returns, finds it set and starts none of the two queued jobs. The opener waits for
+// the main thread to reach the end of the worker's scope, then to fall asleep: from there on it runs
+// only ~CommWorker, whose one blocking call, joining the comm thread (which is parked at the gate,
+// holding none of the worker's locks), comes after it set the flag. No sleep stands in for an order.
 TEST(CommWorker, DestructionAbandonsQueuedJobsAndWaitsForTheRunningOne) {
   LocalFabric fabric(1);
   Gate gate;
   std::atomic<int> started{0}, finished{0};
+  std::atomic<bool> destroying{false};
+  const pid_t main_thread = ::gettid();
   std::thread opener;
   {
     CommWorker worker(fabric.endpoint(0), "test", 3, 5000ms, [&](const CommWorker::Job&) {
@@ -148,9 +171,11 @@ TEST(CommWorker, DestructionAbandonsQueuedJobsAndWaitsForTheRunningOne) {
     for (int k = 0; k < 3; ++k) worker.submit({});
     while (started.load() == 0) std::this_thread::sleep_for(1ms);
     opener = std::thread([&] {
-      std::this_thread::sleep_for(20ms);
+      while (!destroying.load()) std::this_thread::sleep_for(1ms);
+      while (thread_state(main_thread) != 'S') std::this_thread::sleep_for(1ms);
       gate.open();
     });
+    destroying.store(true);
   }  // the destructor returns once the running job finished
   opener.join();
   EXPECT_EQ(started.load(), 1);

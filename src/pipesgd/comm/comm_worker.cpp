@@ -5,7 +5,10 @@
 #include "pipesgd/core/thread_priority.h"
 
 namespace pipesgd {
+namespace {
 
+// Runs `job` on the comm thread and returns its failure (nullptr if none), reporting a
+// std::exception to the other ranks at once (see comm_worker.h).
 std::exception_ptr run_communication_job(Transport& transport, const std::function<void()>& job) {
   try {
     job();
@@ -18,6 +21,8 @@ std::exception_ptr run_communication_job(Transport& transport, const std::functi
     return std::current_exception();
   }
 }
+
+}  // namespace
 
 CommWorker::CommWorker(Transport& transport, std::string owner, std::size_t capacity, Timeout timeout,
                        Handler handler)

@@ -13,6 +13,8 @@
 // Timeouts: a wait gives up after comm_thread_wait(timeout), longer than the comm thread's own
 // waits on its peers, so that a silent peer is reported by the comm thread's transport error, which
 // names the peer, the operation and the tag; this bound only catches a comm thread that stopped.
+// The bound covers every job queued ahead of the ticket waited for (for drain, the whole queue),
+// not one job.
 //
 // Threads: submit, wait, drain, completed_ticket and the accessors are for one thread, the compute
 // thread; the handler runs on the comm thread. A submitted job's data belongs to the comm thread
@@ -40,10 +42,6 @@ namespace pipesgd {
 inline Timeout comm_thread_wait(Timeout timeout) {
   return std::chrono::duration_cast<Timeout>(2 * timeout + std::chrono::seconds(1));
 }
-
-// Runs `job` on a comm thread and returns its failure (nullptr if none), reporting a
-// std::exception to the other ranks at once (see above).
-std::exception_ptr run_communication_job(Transport& transport, const std::function<void()>& job);
 
 class CommWorker {
  public:

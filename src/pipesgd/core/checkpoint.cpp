@@ -265,8 +265,7 @@ void CheckpointWriter::add_int(std::string name, std::int64_t value) {
 }
 
 void CheckpointWriter::add_doubles(std::string name, std::span<const double> values) {
-  const auto bytes = std::as_bytes(values);
-  add_section(std::move(name), CheckpointKind::bytes, std::vector<std::byte>(bytes.begin(), bytes.end()));
+  add(std::move(name), std::as_bytes(values));
 }
 
 void CheckpointWriter::add_string(std::string name, std::string value) {
@@ -553,6 +552,23 @@ std::span<const std::byte> CheckpointReader::bytes(std::string_view name) const 
 std::int64_t CheckpointReader::integer(std::string_view name) const {
   const Section& section = find(name, CheckpointKind::int64);
   return static_cast<std::int64_t>(load_u64(data_.data() + section.offset));
+}
+
+bool CheckpointReader::flag(std::string_view name) const {
+  const std::int64_t value = integer(name);
+  if (value != 0 && value != 1) {
+    throw DataError(concat("checkpoint '", origin_, "': section '", name, "' is ", value, ", not 0 or 1"));
+  }
+  return value == 1;
+}
+
+std::span<const float> CheckpointReader::floats(std::string_view name, std::size_t count) const {
+  const std::span<const float> values = floats(name);
+  if (values.size() != count) {
+    throw DataError(concat("checkpoint '", origin_, "': section '", name, "' holds ", values.size(),
+                           " values, this run keeps ", count));
+  }
+  return values;
 }
 
 std::string_view CheckpointReader::string(std::string_view name) const {

@@ -125,6 +125,11 @@ class CheckpointReader {
   std::span<const float> floats(std::string_view name) const;
   std::span<const std::byte> bytes(std::string_view name) const;
   std::int64_t integer(std::string_view name) const;
+  // An int64 section that must be 0 or 1 (written as add_int(name, flag ? 1 : 0)).
+  bool flag(std::string_view name) const;
+  // A float32 section of exactly `count` values (the size of the buffer it restores). Throws
+  // DataError naming the section otherwise.
+  std::span<const float> floats(std::string_view name, std::size_t count) const;
   std::string_view string(std::string_view name) const;
   // A section written by add_doubles / add_double: its values (`count` of them, when given), each
   // finite. Throws DataError naming the section otherwise.

@@ -144,9 +144,34 @@ class MpiTransport::Impl {
     return Request(std::move(request));
   }
 
-  // Throws PeerFailedError if a failure notice has arrived (from any thread's poll).
-  void check_failure(const MpiRequest& waiting) {
-    if (failure_noticed()) throw_peer_failed(waiting.describe_wait());
+  // The wait of a request or a barrier: calls `poll` until it returns true. The first kBusyPolls
+  // polls spin (what is about to complete leaves without a syscall), then each poll yields the CPU
+  // until options().spin_window has passed, then sleeps options().poll_sleep. Every 64 polls, and
+  // at the deadline, a failure notice throws PeerFailedError "<describe()> aborted: ..."; at the
+  // deadline otherwise CommTimeoutError "<describe()> timed out after S s" naming `peer` (-1: not
+  // one peer's). `poll` may throw (CommError).
+  template <typename Poll, typename Describe>
+  void poll_until(Timeout timeout, int peer, Poll&& poll, Describe&& describe) {
+    const auto start = Clock::now();
+    const auto deadline = start + timeout;
+    const auto spin_until = start + options_.spin_window;
+    for (std::uint64_t polls = 1;; ++polls) {
+      if (poll()) return;
+      if (polls % 64 == 0 && failure_noticed()) throw_peer_failed(describe());
+      if (polls < kBusyPolls) continue;
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        if (failure_noticed()) throw_peer_failed(describe());
+        throw CommTimeoutError(concat(describe(), " timed out after ",
+                                      std::chrono::duration<double>(timeout).count(), " s"),
+                               peer);
+      }
+      if (now < spin_until) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(options_.poll_sleep);
+      }
+    }
   }
 
   void barrier(Timeout timeout, const char* operation) {
@@ -156,30 +181,14 @@ class MpiTransport::Impl {
     if (code != MPI_SUCCESS) {
       throw CommError(concat(describe_barrier(), ": MPI_Ibarrier failed: ", mpi_error_text(code)));
     }
-    const auto start = Clock::now();
-    const auto deadline = start + timeout;
-    const auto spin_until = start + options_.spin_window;
-    for (std::uint64_t polls = 1;; ++polls) {
+    poll_until(timeout, /*peer=*/-1, [&] {
       int complete = 0;
       const int test_code = MPI_Test(&request, &complete, MPI_STATUS_IGNORE);
       if (test_code != MPI_SUCCESS) {
         throw CommError(concat(describe_barrier(), ": MPI_Test failed: ", mpi_error_text(test_code)));
       }
-      if (complete) return;
-      if (polls % 64 == 0 && failure_noticed()) throw_peer_failed(describe_barrier());
-      if (polls < kBusyPolls) continue;  // the last rank's arrival: leave without a syscall
-      const auto now = Clock::now();
-      if (now >= deadline) {
-        if (failure_noticed()) throw_peer_failed(describe_barrier());
-        throw CommTimeoutError(concat(describe_barrier(), " timed out after ",
-                                      std::chrono::duration<double>(timeout).count(), " s"));
-      }
-      if (now < spin_until) {
-        sched_yield();
-      } else {
-        std::this_thread::sleep_for(options_.poll_sleep);
-      }
-    }
+      return complete != 0;
+    }, describe_barrier);
   }
 
   void report_failure(const std::string& reason) {
@@ -297,27 +306,8 @@ bool MpiRequest::poll() {
 }
 
 std::size_t MpiRequest::wait(Timeout timeout) {
-  if (poll()) return bytes_;
-  const auto start = Clock::now();
-  const auto deadline = start + timeout;
-  const auto spin_until = start + owner_.options().spin_window;
-  for (std::uint64_t polls = 1;; ++polls) {
-    if (poll()) return bytes_;
-    if (polls % 64 == 0) owner_.check_failure(*this);
-    if (polls < kBusyPolls) continue;  // a message that is about to land: poll without a syscall
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      owner_.check_failure(*this);
-      throw CommTimeoutError(concat(describe_wait(), " timed out after ",
-                                    std::chrono::duration<double>(timeout).count(), " s"),
-                             peer_);
-    }
-    if (now < spin_until) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(owner_.options().poll_sleep);
-    }
-  }
+  if (!poll()) owner_.poll_until(timeout, peer_, [this] { return poll(); }, [this] { return describe_wait(); });
+  return bytes_;
 }
 
 bool MpiRequest::test() { return poll(); }

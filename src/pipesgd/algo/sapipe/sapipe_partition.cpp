@@ -115,11 +115,7 @@ void SapipePartition::save(CheckpointWriter& out, const std::string& prefix) con
 
 void SapipePartition::load(const CheckpointReader& in, const std::string& prefix, long requested) {
   auto refuse = [&](const std::string& why) { return DataError(concat("checkpoint '", in.origin(), "': ", why)); };
-  auto flag = [&](const std::string& name) {
-    const std::int64_t value = in.integer(prefix + name);
-    if (value != 0 && value != 1) throw refuse(concat("section '", prefix, name, "' is ", value, ", not 0 or 1"));
-    return value == 1;
-  };
+  auto flag = [&](const char* name) { return in.flag(prefix + name); };
   const bool planned = flag("planned");
   const std::int64_t stale_layers = in.integer(prefix + "stale_layers");
   if (stale_layers < 0 || stale_layers > static_cast<std::int64_t>(layers_) || (!planned && stale_layers != 0) ||

@@ -42,11 +42,7 @@ void SaPipe::load_state(const CheckpointReader& in, std::int64_t next_iteration)
   optimizer_->load_state(in, "method.");
   auto refuse = [&](const std::string& why) { return DataError(concat("checkpoint '", in.origin(), "': ", why)); };
   auto integer = [&](const char* name) { return in.integer(kPrefix + name); };
-  auto flag = [&](const char* name) {
-    const std::int64_t value = integer(name);
-    if (value != 0 && value != 1) throw refuse(concat("section '", kPrefix, name, "' is ", value, ", not 0 or 1"));
-    return value == 1;
-  };
+  auto flag = [&](const char* name) { return in.flag(kPrefix + name); };
   // What this run was configured with.
   if (integer("layers") != static_cast<std::int64_t>(layers_)) {
     throw refuse(concat("written for a model of ", integer("layers"), " layers, this one has ", layers_));
@@ -105,10 +101,7 @@ void SaPipe::load_state(const CheckpointReader& in, std::int64_t next_iteration)
     throw refuse(concat("synchronous buckets of iteration ", next_iteration - 1, " pending, which is not pipelined"));
   }
   auto load_slot = [&](const char* name, std::vector<float>& slot) {
-    const std::span<const float> values = in.floats(kPrefix + name);
-    if (values.size() != slot.size()) {
-      throw refuse(concat("section '", kPrefix, name, "' holds ", values.size(), " values, this run keeps ", slot.size()));
-    }
+    const std::span<const float> values = in.floats(kPrefix + name, slot.size());
     std::copy(values.begin(), values.end(), slot.begin());
   };
   load_slot("slot0", slots_[0]);

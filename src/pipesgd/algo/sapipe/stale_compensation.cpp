@@ -141,11 +141,7 @@ void StaleCompensation::save(CheckpointWriter& out, const std::string& prefix) c
 
 void StaleCompensation::load(const CheckpointReader& in, const std::string& prefix) {
   auto load_buffer = [&](const char* name, std::vector<float>& buffer) {
-    const std::span<const float> values = in.floats(prefix + name);
-    if (values.size() != buffer.size()) {
-      throw DataError(concat("checkpoint '", in.origin(), "': section '", prefix, name, "' holds ", values.size(),
-                             " values, this run keeps ", buffer.size()));
-    }
+    const std::span<const float> values = in.floats(prefix + name, buffer.size());
     std::copy(values.begin(), values.end(), buffer.begin());
   };
   const std::int64_t bounded = in.integer(prefix + "bounded_compensations");

@@ -77,10 +77,7 @@ void StallMonitor::load(const CheckpointReader& in, const std::string& prefix, s
     throw refuse(concat("stall check state (window from ", check_start, ", ", checks_made,
                         " checks) impossible before iteration ", next_iteration));
   }
-  const std::int64_t monitoring = in.integer(prefix + "monitoring");
-  if (monitoring != 0 && monitoring != 1) {
-    throw refuse(concat("section '", prefix, "monitoring' is ", monitoring, ", not 0 or 1"));
-  }
+  const bool monitoring = in.flag(prefix + "monitoring");
   const std::vector<double> iterations = in.doubles(prefix + "checks.iteration");
   const std::size_t count = iterations.size();
   const std::vector<double> stale = in.doubles(prefix + "checks.stale_layers", count);
@@ -100,7 +97,7 @@ void StallMonitor::load(const CheckpointReader& in, const std::string& prefix, s
   }
   check_start_ = check_start;
   checks_made_ = checks_made;
-  monitoring_ = monitoring == 1;
+  monitoring_ = monitoring;
   wait_ = in.real(prefix + "window.wait");
   iteration_ = in.real(prefix + "window.iteration");
   comm_ = in.real(prefix + "window.comm");
