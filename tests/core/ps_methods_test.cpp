@@ -11,6 +11,7 @@
 #include "failing_model.h"
 #include "resegmented_model.h"
 #include "tiny_run.h"
+#include "pipesgd/algo/odsgd/od_sgd.h"
 #include "pipesgd/algo/ps_methods/ps_methods.h"
 #include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/error.h"
@@ -91,7 +92,7 @@ TEST(PsSync, DefaultsToOneServer) {
   EXPECT_EQ(summary.timing.link_model_comm, 0);  // the ring's Eq. 5 says nothing about a server
 }
 
-// One worker: each push is applied at once with scale 1/M = 1 and pulled back before the next
+// One worker: each push is applied at once (with scale 1, the default, which 1/M equals here) and pulled back before the next
 // iteration, which is sequential SGD, i.e. D-Sync on one worker (whose allreduce is the identity).
 TEST(Asgd, OneWorkerEqualsSequentialSgdBitForBit) {
   const DataSplits data = small_data();
@@ -128,7 +129,113 @@ TEST(Asgd, SeveralWorkersTrain) {
   }
   ASSERT_EQ(summary.epochs.size(), 1u);
   EXPECT_GT(summary.epochs[0].train_loss, 0);
-  EXPECT_EQ(async_gradient_scale(4), 0.25f);
+  EXPECT_EQ(async_gradient_scale(AsyncScale::kOne, 4), 1.0f);
+  EXPECT_EQ(async_gradient_scale(AsyncScale::kInverseWorkers, 4), 0.25f);
+}
+
+// The asynchronous servers' scale of each push as the registry configures them (the descriptor's
+// `serve`): --async-scale 1, the default (MXNet's dist_async applies every push with the worker's
+// own rescale 1/batch, no factor of the worker count), or 1/M. Two workers each push one gradient
+// to the server(s); layout of 3 weights, w0 = {1, -2, 0.5}, lr 0.5, no momentum. Dyadic values,
+// so every step is exact and the order of arrival does not change the result:
+//   g0 = {2, 1, -4}, g1 = {1, -3, 2}, g0 + g1 = {3, -2, -2}
+//   scale 1:    w = w0 - 0.5 * (g0 + g1)       = {-0.5, -1, 1.5}
+//   scale 1/M:  w = w0 - 0.5 * 0.5 * (g0 + g1) = {0.25, -1.5, 1}
+std::vector<float> weights_after_two_pushes(const MethodSelection& method, int servers) {
+  Layout layout;
+  layout.add("a", 1);
+  layout.add("b", 2);
+  const ShardPlan plan(layout, servers);
+  const std::vector<float> w0 = {1.0f, -2.0f, 0.5f};
+  const std::vector<std::vector<float>> pushed = {{2.0f, 1.0f, -4.0f}, {1.0f, -3.0f, 2.0f}};
+  const ServeOptions serve = method.descriptor->serve(*method.options, method.common, 2);
+  std::vector<float> weights(3, 0.0f);
+  run_ranks(2 + servers, [&](int rank, Transport& transport) {
+    if (rank >= 2) {
+      ParameterServerShard shard(transport, plan, 2, w0, method.common.optimizer.sgd);
+      shard.serve(serve);
+      std::copy(shard.weights().begin(), shard.weights().end(),
+                weights.begin() + static_cast<std::ptrdiff_t>(shard.shard().begin));
+      return;
+    }
+    ParameterClient client(transport, plan, 2, method.common.timeout);
+    client.push(pushed[static_cast<std::size_t>(rank)], 0).wait(method.common.timeout);
+    client.close();
+  });
+  return weights;
+}
+
+TEST(AsynchronousServers, ScaleEachPushByOneByDefaultOrOneOverM) {
+  const SgdOptions sgd{0.5f, 0.0f, 0.0f};
+  for (const std::string spec : {"asgd", "dcasgd"}) {
+    for (int servers : {1, 2}) {
+      SCOPED_TRACE(concat(spec, ", ", servers, " servers"));
+      const MethodSelection by_default = select_for_test(spec, {}, sgd);
+      EXPECT_EQ(by_default.descriptor->serve(*by_default.options, by_default.common, 4).async_scale, 1.0f);
+      const MethodSelection one_over_m = select_for_test(spec, {{"--async-scale", "1/M"}}, sgd);
+      EXPECT_EQ(one_over_m.descriptor->serve(*one_over_m.options, one_over_m.common, 4).async_scale, 0.25f);
+      if (spec == "dcasgd") continue;  // its second push is compensated, which depends on the arrival order
+      EXPECT_EQ(weights_after_two_pushes(by_default, servers), (std::vector<float>{-0.5f, -1.0f, 1.5f}));
+      EXPECT_EQ(weights_after_two_pushes(select_for_test(spec, {{"--async-scale", "1"}}, sgd), servers),
+                (std::vector<float>{-0.5f, -1.0f, 1.5f}));
+      EXPECT_EQ(weights_after_two_pushes(one_over_m, servers), (std::vector<float>{0.25f, -1.5f, 1.0f}));
+    }
+  }
+}
+
+// The synchronous servers (pssync, odsgd's global update) sum the M gradients and step with 1/M,
+// D-Sync's update: --async-scale does not apply to them.
+TEST(AsynchronousServers, ScaleIsNotAnOptionOfSynchronousServers) {
+  for (const std::string spec : {"pssync", "odsgd"}) {
+    const MethodSelection method = select_for_test(spec);
+    EXPECT_EQ(method.descriptor->serve(*method.options, method.common, 4).mode, ServerMode::kSynchronous);
+    try {
+      select_for_test(spec, {{"--async-scale", "1/M"}});
+      ADD_FAILURE() << spec << ": expected a usage error";
+    } catch (const UsageError& error) {
+      EXPECT_STREQ(error.what(), concat("--async-scale applies only to asgd and dcasgd, not '", spec, "'").c_str());
+    }
+  }
+  try {
+    select_for_test("asgd", {{"--async-scale", "0.5"}});
+    ADD_FAILURE() << "expected a usage error";
+  } catch (const UsageError& error) {
+    EXPECT_STREQ(error.what(), "--async-scale must be 1 or 1/M, got '0.5'");
+  }
+}
+
+// --dc-lambda's default is the variant's (od-sgd.txt Sec. 4): 0.04 for DC-ASGD-c, 2 for DC-ASGD-a,
+// on dcasgd's servers and odsgd's local updaters alike; a given --dc-lambda wins.
+TEST(DelayCompensationDefaults, LambdaIsTheVariants) {
+  struct Case {
+    std::string spec;
+    OptionValues options;
+    DelayCompensationVariant variant;
+    float lambda;
+  };
+  const std::vector<Case> cases = {
+      {"dcasgd", {}, DelayCompensationVariant::kConstant, 0.04f},
+      {"dcasgd", {{"--dc-variant", "c"}}, DelayCompensationVariant::kConstant, 0.04f},
+      {"dcasgd", {{"--dc-variant", "a"}}, DelayCompensationVariant::kAdaptive, 2.0f},
+      {"dcasgd", {{"--dc-variant", "a"}, {"--dc-lambda", "0.04"}}, DelayCompensationVariant::kAdaptive, 0.04f},
+      {"dcasgd", {{"--dc-variant", "c"}, {"--dc-lambda", "2"}}, DelayCompensationVariant::kConstant, 2.0f},
+      {"odsgd", {{"--local-updater", "dcasgd-c"}}, DelayCompensationVariant::kConstant, 0.04f},
+      {"odsgd", {{"--local-updater", "dcasgd-a"}}, DelayCompensationVariant::kAdaptive, 2.0f},
+      {"odsgd", {{"--local-updater", "dcasgd-a"}, {"--dc-lambda", "0.5"}}, DelayCompensationVariant::kAdaptive, 0.5f},
+  };
+  for (const Case& c : cases) {
+    const MethodSelection method = select_for_test(c.spec, c.options);
+    SCOPED_TRACE(concat(c.spec, " ", method.options->fingerprint()));
+    const ServerUpdateSettings settings =
+        c.spec == "odsgd" ? od_sgd_update_settings(options_as<OdSgdOptions>(*method.options))
+                          : server_update_settings(options_as<ParameterServerOptions>(*method.options));
+    ASSERT_TRUE(settings.compensation.has_value());
+    EXPECT_EQ(settings.compensation->variant, c.variant);
+    EXPECT_EQ(settings.compensation->lambda, c.lambda);
+    EXPECT_EQ(settings.compensated_by, c.spec == "odsgd" ? "local updater" : "servers");
+  }
+  EXPECT_EQ(default_lambda(DelayCompensationVariant::kConstant), 0.04f);
+  EXPECT_EQ(default_lambda(DelayCompensationVariant::kAdaptive), 2.0f);
 }
 
 TEST(ParameterServerMethods, UsageErrors) {

@@ -22,9 +22,17 @@ class CheckpointReader;
 
 enum class DelayCompensationVariant { kConstant, kAdaptive };
 
+// lambda's default per variant, the DC-ASGD paper's recommended values as od-sgd.txt uses them:
+// 0.04 for DC-ASGD-c (Sec. 4.2, 4.3), 2 for DC-ASGD-a (Sec. 4.3, 4.4).
+inline constexpr float kConstantDefaultLambda = 0.04f;
+inline constexpr float kAdaptiveDefaultLambda = 2.0f;
+constexpr float default_lambda(DelayCompensationVariant variant) {
+  return variant == DelayCompensationVariant::kConstant ? kConstantDefaultLambda : kAdaptiveDefaultLambda;
+}
+
 struct DelayCompensationOptions {
   DelayCompensationVariant variant = DelayCompensationVariant::kConstant;
-  float lambda = 0.04f;              // od-sgd.txt Sec. 4 uses 0.04
+  float lambda = kConstantDefaultLambda;  // default_lambda(variant)
   float mean_square_decay = 0.95f;   // m of Eq. 6 (adaptive only)
   float epsilon = 1e-7f;             // Eq. 5's epsilon
 };

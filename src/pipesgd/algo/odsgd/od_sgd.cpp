@@ -70,6 +70,15 @@ void LocalUpdater::load_state(const CheckpointReader& in, const std::string& pre
   if (compensation_) compensation_->load_state(in, prefix);
 }
 
+ServerUpdateSettings od_sgd_update_settings(const OdSgdOptions& options) {
+  ServerUpdateSettings settings;
+  if (options.local_updater != "sgd") {
+    settings.compensation = local_compensation(options.local_updater, options.local_compensation);
+    settings.compensated_by = "local updater";
+  }
+  return settings;
+}
+
 std::string OdSgdOptions::fingerprint() const {
   return concat(ParameterServerOptions::fingerprint(), ", local updater ", local_updater, " lr ", local_learning_rate,
                 ", dc lambda ", local_compensation.lambda, " momentum ", local_compensation.mean_square_decay);
@@ -86,6 +95,7 @@ OneStepDelaySgd::OneStepDelaySgd(const MethodContext& context)
       updater_(context.model.layout().total(), options_as<OdSgdOptions>(context.options).local_updater,
                local_sgd(options_as<OdSgdOptions>(context.options), context.common),
                options_as<OdSgdOptions>(context.options).local_compensation),
+      settings_(od_sgd_update_settings(options_as<OdSgdOptions>(context.options))),
       first_job_(switch_iteration_),
       comm_(context.transport, "odsgd", 2, context.common.timeout,
             [this](const CommWorker::Job& job) { run_job(job.iteration); }) {
@@ -198,6 +208,6 @@ void OneStepDelaySgd::finish(IterationTimes& times) {
 
 namespace pipesgd {
 std::shared_ptr<MethodReport> OneStepDelaySgd::report() const {
-  return std::make_shared<OdSgdReport>(switch_iteration_);
+  return std::make_shared<OdSgdReport>(switch_iteration_, settings_);
 }
 }  // namespace pipesgd

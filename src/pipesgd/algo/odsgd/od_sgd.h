@@ -60,6 +60,10 @@ class OdSgdOptions final : public ParameterServerOptions {
   std::string fingerprint() const override;
 };
 
+// What odsgd's report states of its update rule: its local updater's compensation, if any (its
+// servers are synchronous, with no async scale).
+ServerUpdateSettings od_sgd_update_settings(const OdSgdOptions& options);
+
 // A worker's local updater: weights = update of `base` with `gradient`, where `weights` holds on
 // entry the weights `gradient` was computed on (delay compensation needs them). `base` may alias
 // `weights`. Not thread-safe (the compute thread owns it).
@@ -113,6 +117,7 @@ class OneStepDelaySgd final : public TrainingMethod {
   ShardPlan plan_;
   ParameterClient client_;
   LocalUpdater updater_;
+  ServerUpdateSettings settings_;  // for its report
   std::vector<float> gradients_[2];
   std::vector<float> pulled_[2];
   std::int64_t next_iteration_ = 0;

@@ -32,7 +32,8 @@ void OdSgdReport::measure(const RunTimings& timings, std::int64_t first_measured
   model_ = model;
 }
 
-void OdSgdReport::add_json(nlohmann::json& summary, const RunFigures&) const {
+void OdSgdReport::add_json(nlohmann::json& summary, const RunFigures& run) const {
+  ParameterServerReport::add_json(summary, run);
   if (!model_) {
     summary["od_sgd_model"] = nullptr;
     return;
@@ -50,6 +51,7 @@ void OdSgdReport::add_json(nlohmann::json& summary, const RunFigures&) const {
 }
 
 void OdSgdReport::print(std::ostream& out, const RunFigures& run) const {
+  ParameterServerReport::print(out, run);
   if (!model_) return;
   const OdSgdModel& r = *model_;
   out << "\nOD-SGD timing model (od-sgd.txt Eq. 1-3): T_cop = compute thread busy = " << milliseconds(r.times.compute)

@@ -26,7 +26,8 @@ struct OdSgdModel {
 class OdSgdReport final : public ParameterServerReport {
  public:
   // `switching`: the switching iteration max(N, 1) - 1 (algo/odsgd/od_sgd.h).
-  explicit OdSgdReport(std::int64_t switching) : switching_(switching) {}
+  OdSgdReport(std::int64_t switching, ServerUpdateSettings settings)
+      : ParameterServerReport(std::move(settings)), switching_(switching) {}
   // The model, once measure() saw pipelined iterations (none if the run ended in its warm-up).
   const std::optional<OdSgdModel>& model() const { return model_; }
 

@@ -27,8 +27,7 @@ std::shared_ptr<const MethodOptions> parse_odsgd_options(const OptionValues& giv
     options->local_learning_rate = static_cast<float>(rate);
   }
   options->local_compensation = parse_delay_compensation(
-      given, options->local_updater == "dcasgd-a" ? DelayCompensationVariant::kAdaptive : DelayCompensationVariant::kConstant,
-      DelayCompensationOptions{}.lambda);
+      given, options->local_updater == "dcasgd-a" ? DelayCompensationVariant::kAdaptive : DelayCompensationVariant::kConstant);
   return options;
 }
 
@@ -51,7 +50,7 @@ MethodDescriptor odsgd_method() {
   OptionDeclaration local_rate("--local-lr", "The local updater's learning rate [default: --lr]");
   method.options.push_back(local_rate);
   OptionDeclaration lambda = dc_lambda_declaration("Delay compensation lambda of the dcasgd-* local updaters",
-                                                   DelayCompensationOptions{}.lambda);
+                                                   "dcasgd-c", "dcasgd-a");
   lambda.applies = compensating;
   lambda.condition = "with --local-updater dcasgd-c or dcasgd-a";
   method.options.push_back(lambda);

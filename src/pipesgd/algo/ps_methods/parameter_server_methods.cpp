@@ -7,6 +7,16 @@
 namespace pipesgd {
 namespace {
 
+std::shared_ptr<ParameterServerOptions> parse_server_options(const OptionValues& given, ServerMode mode) {
+  auto options = std::make_shared<ParameterServerOptions>();
+  options->server_count = parse_servers(given);
+  options->mode = mode;
+  if (mode == ServerMode::kAsynchronous) {
+    options->async_scale = parse_async_scale(given.text("--async-scale", async_scale_name(AsyncScale::kOne)));
+  }
+  return options;
+}
+
 MethodDescriptor server_method(std::string name, std::string summary, ServerMode mode) {
   MethodDescriptor method;
   method.name = std::move(name);
@@ -14,11 +24,15 @@ MethodDescriptor server_method(std::string name, std::string summary, ServerMode
   method.traits.uses_servers = true;
   method.traits.replicas_identical = mode == ServerMode::kSynchronous;
   method.options = parameter_server_declarations();
+  if (mode == ServerMode::kAsynchronous) {
+    method.options.emplace_back(
+        "--async-scale",
+        "The servers' gradient scale of each push: 1 (as MXNet's dist_async, the paper's ASGD baseline, applies "
+        "every push) or 1/M (M workers' pushes move the weights as far as one D-Sync step)",
+        async_scale_name(AsyncScale::kOne));
+  }
   method.parse = [mode](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {
-    auto options = std::make_shared<ParameterServerOptions>();
-    options->server_count = parse_servers(given);
-    options->mode = mode;
-    return options;
+    return parse_server_options(given, mode);
   };
   method.make = [](const MethodContext& context) { return std::make_unique<ParameterServerMethod>(context); };
   method.serve = [](const MethodOptions& options, const CommonOptions& common, int workers) {
@@ -51,16 +65,16 @@ int parse_servers(const OptionValues& given) {
   return servers == 0 ? 1 : static_cast<int>(servers);
 }
 
-OptionDeclaration dc_lambda_declaration(const std::string& help, float lambda) {
-  OptionDeclaration option("--dc-lambda", help, concat(lambda));
-  return option;
+OptionDeclaration dc_lambda_declaration(const std::string& help, const std::string& constant, const std::string& adaptive) {
+  return OptionDeclaration("--dc-lambda", help,
+                           concat(kConstantDefaultLambda, " with ", constant, ", ", kAdaptiveDefaultLambda, " with ",
+                                  adaptive, " (od-sgd.txt Sec. 4)"));
 }
 
-DelayCompensationOptions parse_delay_compensation(const OptionValues& given, DelayCompensationVariant variant,
-                                                  float default_lambda) {
+DelayCompensationOptions parse_delay_compensation(const OptionValues& given, DelayCompensationVariant variant) {
   DelayCompensationOptions options;
   options.variant = variant;
-  options.lambda = static_cast<float>(given.real("--dc-lambda", default_lambda));
+  options.lambda = static_cast<float>(given.real("--dc-lambda", default_lambda(variant)));
   options.mean_square_decay = static_cast<float>(given.real("--dc-momentum", options.mean_square_decay));
   check_delay_compensation(options, {"--dc-lambda", "--dc-momentum"});
   return options;
@@ -82,17 +96,15 @@ MethodDescriptor dcasgd_method() {
       ServerMode::kAsynchronous);
   OptionDeclaration variant("--dc-variant", "The servers' delay compensation: c (DC-ASGD-c, Eq. 4) or a (DC-ASGD-a, Eq. 5-6)", "c");
   method.options.push_back(variant);
-  method.options.push_back(dc_lambda_declaration("Delay compensation lambda", DelayCompensationOptions{}.lambda));
+  method.options.push_back(dc_lambda_declaration("Delay compensation lambda", "--dc-variant c", "--dc-variant a"));
   OptionDeclaration momentum("--dc-momentum", "m of Eq. 6, the decay of DC-ASGD-a's mean square", concat(DelayCompensationOptions{}.mean_square_decay));
   momentum.applies = [](const OptionValues& given) { return given.text("--dc-variant", "c") == "a"; };
   momentum.condition = "--dc-variant a";
   method.options.push_back(momentum);
   method.parse = [](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {
-    auto options = std::make_shared<ParameterServerOptions>();
-    options->server_count = parse_servers(given);
-    options->mode = ServerMode::kAsynchronous;
-    options->delay_compensation = parse_delay_compensation(
-        given, parse_delay_compensation_variant(given.text("--dc-variant", "c"), "--dc-variant"), DelayCompensationOptions{}.lambda);
+    auto options = parse_server_options(given, ServerMode::kAsynchronous);
+    options->delay_compensation =
+        parse_delay_compensation(given, parse_delay_compensation_variant(given.text("--dc-variant", "c"), "--dc-variant"));
     return options;
   };
   return method;

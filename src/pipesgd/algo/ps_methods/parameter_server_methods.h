@@ -17,10 +17,10 @@ inline constexpr int kMaxServers = 1024;
 std::vector<OptionDeclaration> parameter_server_declarations();
 int parse_servers(const OptionValues& given);
 
-// --dc-lambda (its default `lambda`) and --dc-momentum, with the conditions under which they apply,
-// and their parse into DelayCompensationOptions (the variant given separately).
-OptionDeclaration dc_lambda_declaration(const std::string& help, float lambda);
-DelayCompensationOptions parse_delay_compensation(const OptionValues& given, DelayCompensationVariant variant,
-                                                  float default_lambda);
+// --dc-lambda, whose default depends on the variant (default_lambda: `constant` and `adaptive` say
+// how the method names each variant in --help), and the parse of --dc-lambda and --dc-momentum
+// into DelayCompensationOptions for `variant` (chosen by the caller's own option). Throws UsageError.
+OptionDeclaration dc_lambda_declaration(const std::string& help, const std::string& constant, const std::string& adaptive);
+DelayCompensationOptions parse_delay_compensation(const OptionValues& given, DelayCompensationVariant variant);
 
 }  // namespace pipesgd

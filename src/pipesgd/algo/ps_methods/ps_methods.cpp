@@ -15,8 +15,17 @@ int parameter_server_workers(int servers, const Transport& transport) {
   return workers;
 }
 
+const char* async_scale_name(AsyncScale scale) { return scale == AsyncScale::kOne ? "1" : "1/M"; }
+
+AsyncScale parse_async_scale(const std::string& text) {
+  if (text == "1") return AsyncScale::kOne;
+  if (text == "1/M") return AsyncScale::kInverseWorkers;
+  throw UsageError(concat("--async-scale must be ", kAsyncScaleNames, ", got '", text, "'"));
+}
+
 std::string ParameterServerOptions::fingerprint() const {
   std::string text = concat(server_count, " servers, ", mode == ServerMode::kSynchronous ? "synchronous" : "asynchronous");
+  if (mode == ServerMode::kAsynchronous) text += concat(" scale ", async_scale_name(async_scale));
   if (delay_compensation) {
     text += concat(", dc lambda ", delay_compensation->lambda, " variant ", variant_name(delay_compensation->variant),
                    " momentum ", delay_compensation->mean_square_decay);
@@ -24,10 +33,20 @@ std::string ParameterServerOptions::fingerprint() const {
   return text;
 }
 
+ServerUpdateSettings server_update_settings(const ParameterServerOptions& options) {
+  ServerUpdateSettings settings;
+  if (options.mode == ServerMode::kAsynchronous) settings.async_scale = options.async_scale;
+  if (options.delay_compensation) {
+    settings.compensation = options.delay_compensation;
+    settings.compensated_by = "servers";
+  }
+  return settings;
+}
+
 ServeOptions serve_options(const ParameterServerOptions& options, Timeout timeout, int workers) {
   ServeOptions serve;
   serve.mode = options.mode;
-  serve.async_scale = async_gradient_scale(workers);
+  serve.async_scale = async_gradient_scale(options.async_scale, workers);
   serve.delay_compensation = options.delay_compensation;
   serve.timeout = timeout;
   return serve;
@@ -36,6 +55,7 @@ ServeOptions serve_options(const ParameterServerOptions& options, Timeout timeou
 ParameterServerMethod::ParameterServerMethod(const MethodContext& context)
     : model_(context.model),
       synchronous_(options_as<ParameterServerOptions>(context.options).mode == ServerMode::kSynchronous),
+      settings_(server_update_settings(options_as<ParameterServerOptions>(context.options))),
       timeout_(context.common.timeout),
       plan_(context.model.layout(), context.options.servers()),
       client_(context.transport, plan_, parameter_server_workers(context.options.servers(), context.transport),
@@ -93,5 +113,7 @@ void ParameterServerMethod::finish(IterationTimes&) {
 }  // namespace pipesgd
 
 namespace pipesgd {
-std::shared_ptr<MethodReport> ParameterServerMethod::report() const { return std::make_shared<ParameterServerReport>(); }
+std::shared_ptr<MethodReport> ParameterServerMethod::report() const {
+  return std::make_shared<ParameterServerReport>(settings_);
+}
 }  // namespace pipesgd

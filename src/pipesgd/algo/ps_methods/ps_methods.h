@@ -9,10 +9,9 @@
 //     with gradient scale 1/M, exactly D-Sync's update up to the summation order of the gradients.
 //   ASGD (`asgd`) and DC-ASGD (`dcasgd`, the servers compensate each push for its delay with the
 //   worker's backup weights, od-sgd.txt Eq. 4-6): iteration t pushes the local gradient (tagged
-//     with the version of the weights it was computed on) and pulls the latest weights; the servers (asynchronous mode) apply each push
-//     as it arrives with gradient scale 1/M (async_gradient_scale), so that with no staleness M
-//     pushes move the weights as far as one SSGD step of global batch M x batch: the per-sample
-//     learning rate equals D-Sync's. With one worker ASGD is sequential SGD.
+//     with the version of the weights it was computed on) and pulls the latest weights; the servers
+//     (asynchronous mode) apply each push as it arrives with the gradient scale of --async-scale
+//     (AsyncScale). With one worker ASGD is sequential SGD whatever the scale.
 //
 // Thread contract: as TrainingMethod; every call comes from the worker's compute thread, which also
 // drives the ParameterClient (no comm thread: both methods wait for their pull in end_iteration).
@@ -20,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "pipesgd/algo/method_descriptor.h"
 #include "pipesgd/optim/delay_compensation.h"
@@ -28,11 +28,23 @@
 
 namespace pipesgd {
 
+// How an asynchronous server scales each push (--async-scale):
+//   kOne             1: every push is one SGD step of its worker's batch-mean gradient, as MXNet's
+//                    dist_async kvstore (the ASGD and DC-ASGD baseline of od-sgd.txt) applies it.
+//   kInverseWorkers  1/M: with no staleness M pushes move the weights as far as one SSGD step of
+//                    global batch M x batch (the per-sample learning rate of D-Sync).
+enum class AsyncScale { kOne, kInverseWorkers };
+inline constexpr const char* kAsyncScaleNames = "1 or 1/M";
+const char* async_scale_name(AsyncScale scale);  // "1" | "1/M"
+// "1" or "1/M"; UsageError naming --async-scale otherwise.
+AsyncScale parse_async_scale(const std::string& text);
+
 // The options of pssync, asgd and dcasgd (odsgd's derive from them: algo/odsgd/).
 class ParameterServerOptions : public MethodOptions {
  public:
   int server_count = 1;  // S >= 1 (--servers; 0 given means 1)
   ServerMode mode = ServerMode::kSynchronous;
+  AsyncScale async_scale = AsyncScale::kOne;  // asynchronous mode only
   // dcasgd: the servers' delay compensation (--dc-variant, --dc-lambda, --dc-momentum).
   std::optional<DelayCompensationOptions> delay_compensation;
 
@@ -40,12 +52,26 @@ class ParameterServerOptions : public MethodOptions {
   std::string fingerprint() const override;
 };
 
+// The update rule a parameter-server run used, as its report states it: the asynchronous servers'
+// gradient scale (asgd, dcasgd) and a delay compensation (dcasgd's servers, odsgd's dcasgd-* local
+// updaters; `compensated_by` says which).
+struct ServerUpdateSettings {
+  std::optional<AsyncScale> async_scale;
+  std::optional<DelayCompensationOptions> compensation;
+  std::string compensated_by;  // "servers" | "local updater"
+};
+
+// The settings of `options` (their async scale if asynchronous, their servers' compensation).
+ServerUpdateSettings server_update_settings(const ParameterServerOptions& options);
+
 // The number of worker ranks M of a parameter-server method's transport (size - servers). Throws
 // UsageError if no worker rank is left.
 int parameter_server_workers(int servers, const Transport& transport);
 
-// The gradient scale of an asynchronous server with `workers` workers (see above).
-inline float async_gradient_scale(int workers) { return 1.0f / static_cast<float>(workers); }
+// The gradient scale of an asynchronous server with `workers` workers (see AsyncScale).
+inline float async_gradient_scale(AsyncScale scale, int workers) {
+  return scale == AsyncScale::kOne ? 1.0f : 1.0f / static_cast<float>(workers);
+}
 
 // How the servers of a parameter-server method with `options` serve `workers` workers.
 ServeOptions serve_options(const ParameterServerOptions& options, Timeout timeout, int workers);
@@ -73,6 +99,7 @@ class ParameterServerMethod final : public TrainingMethod {
  private:
   FlatParameters& model_;
   bool synchronous_;
+  ServerUpdateSettings settings_;  // for its report
   Timeout timeout_;
   ShardPlan plan_;
   ParameterClient client_;
