@@ -58,6 +58,7 @@ struct Variant {
   const char* buckets = "";        // --buckets ("": the method's own plan)
   const char* stale_layers = "";   // sapipe: --stale-layers
   const char* compensation = "";   // sapipe: --compensation
+  const char* final_gradients = "";  // pipe: --final-gradients ("": the default, apply)
 };
 
 void PrintTo(const Variant& variant, std::ostream* out) { *out << variant.name; }
@@ -73,6 +74,9 @@ const Variant kVariants[] = {
     {"dsync_momentum_decay", "dsync", 2, "sgd", SgdOptions{0.1f, 0.9f, 1e-4f}},
     {"pipe_adam", "pipe", 2, "adam", SgdOptions{0.01f, 0.0f, 0.0f}},
     {"pipe_warmup5", "pipe", 2, "sgd", SgdOptions{0.1f, 0.0f, 0.0f}, 5},
+    {"pipe_apply", "pipe", 2, "sgd", kPlainSgd, 0, "", "", "", "apply"},
+    {"pipe_drop", "pipe", 2, "sgd", kPlainSgd, 0, "", "", "", "drop"},
+    {"pipe_k3_drop_momentum_warmup5", "pipe", 3, "sgd", kMomentumSgd, 5, "", "", "", "drop"},
     // The layer-wise allreduce methods (softmax: 2 layers; profiling at iterations 8..17).
     {"wfbp", "wfbp"},
     {"wfbp_momentum_decay", "wfbp", 2, "sgd", kMomentumSgd},
@@ -109,6 +113,7 @@ TrainConfig make_config(const Variant& variant, int workers) {
   if (*variant.buckets != '\0') options.set("--buckets", variant.buckets);
   if (*variant.stale_layers != '\0') options.set("--stale-layers", variant.stale_layers);
   if (*variant.compensation != '\0') options.set("--compensation", variant.compensation);
+  if (*variant.final_gradients != '\0') options.set("--final-gradients", variant.final_gradients);
   config.method = reselect(config.method, options, variant.sgd);
   return config;
 }
@@ -347,6 +352,24 @@ void expect_usage_error(const TrainConfig& config, const std::string& fragment) 
   } catch (const std::exception& error) {
     ADD_FAILURE() << "not a UsageError: " << error.what() << " (expected '" << fragment << "')";
   }
+}
+
+// A pipe checkpoint resumes only under the --final-gradients it was written with: the two runs end
+// with different weights. (The default's fingerprint is the one written before the option existed.)
+TEST(CheckpointResumeTest, PipeResumeWithAnotherFinalGradientsIsRefused) {
+  for (const char* written : {"apply", "drop"}) {
+    SCOPED_TRACE(written);
+    TempDir dir;
+    TrainConfig config = make_config(kVariants[1], 2);  // pipe
+    set_method_options(config, {{"--final-gradients", written}});
+    config.iterations = 30;
+    run_training(checkpointing(config, dir.path()), softmax_factory(), data());
+    EXPECT_EQ(run_training(resuming(config, dir.path(), false), softmax_factory(), data()).reliability.resumed_from, 20);
+    TrainConfig other = config;
+    set_method_options(other, {{"--final-gradients", std::string(written) == "apply" ? "drop" : "apply"}});
+    expect_usage_error(resuming(other, dir.path(), false), "is of another run");
+  }
+  EXPECT_EQ(select_for_test("pipe", {{"--staleness-k", "3"}}).options->fingerprint(), "K 3");
 }
 
 TEST(CheckpointResumeTest, UsageErrors) {

@@ -14,6 +14,7 @@
 #include "pipesgd/core/random.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/models/softmax_regression.h"
+#include "pipesgd/train/report.h"
 #include "pipesgd/train/trainer.h"
 #include "test_world.h"
 
@@ -79,9 +80,12 @@ Observed run_method(const MethodSelection& method, std::int64_t warmup, int rank
   return observed;
 }
 
-// The hand-computed sequence of Pipe-SGD Alg. 1 with warm-up W and a final drain:
+// The hand-computed sequence of Pipe-SGD Alg. 1 with warm-up W and, with `drain` (--final-gradients
+// apply), a final drain:
 //   t <  W:  g_t = mean_r g_r(w_t); w <- SGD(w, g_t)                      (D-Sync)
 //   t >= W:  if t-K >= W: w <- SGD(w, g_{t-K});  g_t = mean_r g_r(w_t)   (stale by K-1)
+//   drain:   w <- SGD(w, g_t) for the pipelined t in [T-K, T), in order; without it (drop, Alg. 1 as
+//            printed, whose comm thread reduces 1..T-K) the final w is the one after t = T-1's update.
 // SGD as LibTorch: v = m v + (g + wd w); w -= lr v. Computed in double.
 struct Expected {
   std::vector<std::vector<double>> weights_used;
@@ -89,7 +93,7 @@ struct Expected {
 };
 
 Expected hand_computed(const SgdOptions& sgd, int K, std::int64_t W, int ranks, std::int64_t iterations,
-                       const Batches& data) {
+                       const Batches& data, bool drain = true) {
   SoftmaxRegression initial(kFeatures, kClasses, kSeed);
   std::vector<double> w(initial.parameters().begin(), initial.parameters().end());
   std::vector<double> v(w.size(), 0.0);
@@ -101,7 +105,7 @@ Expected hand_computed(const SgdOptions& sgd, int K, std::int64_t W, int ranks, 
     }
   };
   Expected expected;
-  for (std::int64_t t = 0; t < iterations + K; ++t) {
+  for (std::int64_t t = 0; t < (drain ? iterations + K : iterations); ++t) {
     const bool pipelined = t >= W;
     if (pipelined && t - K >= W && t - K < iterations) apply(gradient_of[t - K]);
     if (t >= iterations) continue;  // drain
@@ -170,6 +174,67 @@ INSTANTIATE_TEST_SUITE_P(
       const StalenessCase& c = info.param;
       return concat("p", c.ranks, "_K", c.staleness, "_warmup", c.warmup, c.momentum > 0 ? "_momentum" : "");
     });
+
+// --final-gradients drop: Alg. 1 as printed. The final weights are the hand-computed sequence
+// without the drain, and (an independent check) exactly the weights the last gradient was computed
+// on: no update follows iteration T-1's. They differ from apply's (so the option does something).
+class PipeDropsFinalGradients : public ::testing::TestWithParam<StalenessCase> {};
+
+TEST_P(PipeDropsFinalGradients, FinalWeightsHaveTMinusKUpdates) {
+  const StalenessCase c = GetParam();
+  const std::int64_t iterations = 9;
+  const Batches data = make_batches(c.ranks, iterations);
+  const SgdOptions sgd{0.5f, c.momentum, 0.01f};
+  const OptionValues options{{"--staleness-k", std::to_string(c.staleness)}, {"--final-gradients", "drop"}};
+  const Observed observed = run_method(select_for_test("pipe", options, sgd), c.warmup, c.ranks, iterations, data);
+  const Expected expected = hand_computed(sgd, c.staleness, c.warmup, c.ranks, iterations, data, false);
+  const Observed applied = run_method(select_for_test("pipe", {{"--staleness-k", std::to_string(c.staleness)}}, sgd),
+                                      c.warmup, c.ranks, iterations, data);
+  for (int rank = 0; rank < c.ranks; ++rank) {
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      expect_close(observed.weights_used[rank][t], expected.weights_used[t],
+                   concat("rank ", rank, " weights used at iteration ", t));
+    }
+    expect_close(observed.final_weights[rank], expected.final_weights, concat("rank ", rank, " final"));
+    EXPECT_EQ(observed.final_weights[rank], observed.weights_used[rank][iterations - 1]) << "rank " << rank;
+    // The same run up to the end: only finish() differs.
+    EXPECT_EQ(observed.weights_used[rank], applied.weights_used[rank]) << "rank " << rank;
+    EXPECT_NE(observed.final_weights[rank], applied.final_weights[rank]) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PipeDropsFinalGradients,
+                         ::testing::Values(StalenessCase{1, 2, 0, 0.0f}, StalenessCase{3, 2, 0, 0.9f},
+                                           StalenessCase{4, 3, 0, 0.9f}, StalenessCase{3, 1, 0, 0.0f},
+                                           StalenessCase{3, 2, 3, 0.9f}, StalenessCase{2, 3, 7, 0.5f}),
+                         [](const auto& info) {
+                           const StalenessCase& c = info.param;
+                           return concat("p", c.ranks, "_K", c.staleness, "_warmup", c.warmup,
+                                         c.momentum > 0 ? "_momentum" : "");
+                         });
+
+// With K = 1 and drop, T iterations apply the gradients of the first T - 1: exactly D-Sync's T - 1
+// iterations, bit for bit (the gradient of iteration T - 1 is computed and discarded).
+TEST(PipeDropsFinalGradients, KOneEqualsDSyncWithOneIterationLess) {
+  const DataSplits data = small_data();
+  TrainConfig dsync = tiny_config("dsync", 3);
+  dsync.iterations -= 1;
+  const TrainConfig pipe = tiny_config("pipe", 3, 0, {{"--staleness-k", "1"}, {"--final-gradients", "drop"}});
+  const RunSummary a = run_training(dsync, softmax_factory(), data);
+  const RunSummary b = run_training(pipe, softmax_factory(), data);
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(a.final_parameters[rank], b.final_parameters[rank]) << "rank " << rank;
+  EXPECT_EQ(summary_to_json(b)["final_gradients"], "drop");
+  EXPECT_EQ(summary_to_json(run_training(tiny_config("pipe", 1), softmax_factory(), data))["final_gradients"], "apply");
+}
+
+TEST(PipeDropsFinalGradients, BadValueIsAUsageErrorNamingTheValues) {
+  try {
+    select_for_test("pipe", {{"--final-gradients", "keep"}});
+    ADD_FAILURE() << "expected a usage error";
+  } catch (const UsageError& error) {
+    EXPECT_STREQ(error.what(), "--final-gradients must be apply or drop, got 'keep'");
+  }
+}
 
 // A wrong staleness must be caught: the K=2 run does not match the K=1 sequence.
 TEST(PipeStaleness, HandComputedSequenceDistinguishesStaleness) {

@@ -15,6 +15,12 @@ MethodDescriptor pipe_method() {
   OptionDeclaration staleness("--staleness-k", "Pipe-SGD iteration dependency K: the update at t uses the gradient of t-K (K = 1 is D-Sync)", "2");
   method.options.push_back(staleness);
   for (OptionDeclaration& option : warmup_declarations("run as D-Sync", "0")) method.options.push_back(std::move(option));
+  method.options.emplace_back(
+      "--final-gradients",
+      "The aggregated gradients of the last K iterations at the end of training: apply (every computed gradient is "
+      "applied; K = 1 is D-Sync bit for bit) or drop (pipe-sgd.txt Alg. 1 as printed: its comm thread reduces "
+      "iterations 1..T-K, so T-K gradients are applied)",
+      final_gradients_name(FinalGradients::kApply));
   method.parse = [](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {
     auto options = std::make_shared<PipeOptions>();
     const std::int64_t k = given.integer("--staleness-k", options->k);
@@ -23,6 +29,8 @@ MethodDescriptor pipe_method() {
     }
     options->k = static_cast<int>(k);
     options->warmup_given = parse_warmup(given, 0);
+    options->final_gradients =
+        parse_final_gradients(given.text("--final-gradients", final_gradients_name(FinalGradients::kApply)));
     return options;
   };
   method.make = [](const MethodContext& context) { return std::make_unique<PipeSgd>(context); };

@@ -6,7 +6,33 @@
 
 namespace pipesgd {
 
-std::string PipeOptions::fingerprint() const { return concat("K ", k); }
+const char* final_gradients_name(FinalGradients final_gradients) {
+  return final_gradients == FinalGradients::kApply ? "apply" : "drop";
+}
+
+FinalGradients parse_final_gradients(const std::string& text) {
+  if (text == "apply") return FinalGradients::kApply;
+  if (text == "drop") return FinalGradients::kDrop;
+  throw UsageError(concat("--final-gradients must be ", kFinalGradientsNames, ", got '", text, "'"));
+}
+
+// "K 2" as before --final-gradients existed, so that checkpoints of those runs (which applied) resume.
+std::string PipeOptions::fingerprint() const {
+  return final_gradients == FinalGradients::kApply ? concat("K ", k) : concat("K ", k, ", final gradients drop");
+}
+
+void PipeReport::add_json(nlohmann::json& summary, const RunFigures&) const {
+  summary["final_gradients"] = final_gradients_name(final_gradients_);
+}
+
+void PipeReport::print(std::ostream& out, const RunFigures&) const {
+  out << "\nEnd of training (--final-gradients " << final_gradients_name(final_gradients_) << "): the aggregated "
+      << "gradients of the last " << staleness_ << (staleness_ == 1 ? " iteration were " : " iterations were ")
+      << (final_gradients_ == FinalGradients::kApply
+              ? "applied, so every computed gradient counts (drop is pipe-sgd.txt Alg. 1 as printed)."
+              : "dropped, as pipe-sgd.txt Alg. 1 as printed (its comm thread reduces iterations 1..T-K).")
+      << "\n";
+}
 
 PipeSgd::PipeSgd(const MethodContext& context)
     : model_(context.model),
@@ -16,6 +42,7 @@ PipeSgd::PipeSgd(const MethodContext& context)
       optimizer_(make_optimizer(context.common.optimizer, context.model.layout())),
       staleness_(options_as<PipeOptions>(context.options).k),
       warmup_iterations_(context.warmup_iterations),
+      final_gradients_(options_as<PipeOptions>(context.options).final_gradients),
       gradient_scale_(1.0f / static_cast<float>(context.transport.size())),
       slots_(static_cast<std::size_t>(staleness_)),
       comm_(context.transport, "pipe-sgd", static_cast<std::size_t>(staleness_), context.common.timeout,
@@ -33,14 +60,16 @@ void PipeSgd::wait_reduced(Slot& slot, IterationTimes& times) {
   slot.state = SlotState::reduced;
 }
 
-void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times) {
+void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times, bool apply) {
   Slot& slot = slots_[t % staleness_];
   if (slot.state == SlotState::queued) wait_reduced(slot, times);
   if (slot.state != SlotState::reduced) return;  // nothing in flight for t-K: no update
   PIPESGD_ASSERT(slot.iteration == t - staleness_);
-  Stopwatch update;
-  optimizer_->step(model_.parameters(), slot.gradient, gradient_scale_, 0);
-  times.update += update.seconds();
+  if (apply) {
+    Stopwatch update;
+    optimizer_->step(model_.parameters(), slot.gradient, gradient_scale_, 0);
+    times.update += update.seconds();
+  }
   times.comm += slot.comm_seconds;
   slot.state = SlotState::empty;
 }
@@ -117,8 +146,12 @@ void PipeSgd::load_state(const CheckpointReader& in, std::int64_t next_iteration
 void PipeSgd::finish(IterationTimes& times) {
   for (int k = 0; k < staleness_; ++k) {
     const std::int64_t t = next_iteration_ + k;
-    if (!in_warmup(t)) consume_slot(t, times);
+    if (!in_warmup(t)) consume_slot(t, times, final_gradients_ == FinalGradients::kApply);
   }
+}
+
+std::shared_ptr<MethodReport> PipeSgd::report() const {
+  return std::make_shared<PipeReport>(final_gradients_, staleness_);
 }
 
 }  // namespace pipesgd

@@ -6,8 +6,10 @@
 // StaleGradientSlots: K gradient buffers; iteration t writes its local gradient into slot t % K,
 // which by then has delivered g_sum[t-K] to the update of iteration t. Slots that never held a
 // gradient (the first K iterations, Alg. 1's zero-initialised g_sum[1-K..0]) mean "no update".
-// K = 1 is exactly D-Sync (bit-identical weights). finish() drains the pipeline: the last K
-// aggregated gradients are applied in iteration order, so no computed gradient is dropped.
+// finish() ends the pipeline as --final-gradients says (FinalGradients): by default it applies the
+// last K aggregated gradients in iteration order, so no computed gradient is lost and K = 1 is
+// exactly D-Sync (bit-identical weights); `drop` waits for them and discards them, leaving the final
+// weights of Alg. 1 as printed (its comm thread reduces iterations 1..T-K only).
 // Warm-up: the first `warmup_iterations` run as D-Sync (paper Sec. 4); the slots start empty after.
 //
 // Threads: the compute thread calls begin/end/finish and owns the slots' states; the worker's
@@ -22,11 +24,23 @@
 
 namespace pipesgd {
 
-// Pipe-SGD's options: the iteration dependency K and the warm-up.
+// What finish() does with the aggregated gradients of the last K iterations (--final-gradients):
+//   kApply  applies them: T iterations apply T gradients, as D-Sync does (K = 1 is D-Sync).
+//   kDrop   discards them (their allreduces still run: a worker does not know T when it submits):
+//           Alg. 1 as printed, w[T] = w[0] - lr * (g_sum[1] + ... + g_sum[T-K]) for plain SGD.
+// With a warm-up W only pipelined iterations are involved: the last min(K, T - W) gradients.
+enum class FinalGradients { kApply, kDrop };
+inline constexpr const char* kFinalGradientsNames = "apply or drop";
+const char* final_gradients_name(FinalGradients final_gradients);  // "apply" | "drop"
+// "apply" or "drop"; UsageError naming --final-gradients otherwise.
+FinalGradients parse_final_gradients(const std::string& text);
+
+// Pipe-SGD's options: the iteration dependency K, the warm-up and the end of training.
 class PipeOptions final : public MethodOptions {
  public:
   int k = 2;  // in [1, kMaxStaleness]
   WarmUp warmup_given;
+  FinalGradients final_gradients = FinalGradients::kApply;
 
   WarmUp warmup() const override { return warmup_given; }
   int staleness() const override { return k; }
@@ -38,6 +52,20 @@ class PipeOptions final : public MethodOptions {
 };
 
 inline constexpr int kMaxStaleness = 64;  // upper bound of --staleness-k
+
+// pipe's report: one allreduce per iteration; summary.json "final_gradients" ("apply" | "drop") and
+// a line of train's report saying what finish() did with the last gradients.
+class PipeReport final : public MethodReport {
+ public:
+  PipeReport(FinalGradients final_gradients, int staleness) : final_gradients_(final_gradients), staleness_(staleness) {}
+  std::size_t allreduce_calls() const override { return 1; }
+  void add_json(nlohmann::json& summary, const RunFigures& run) const override;
+  void print(std::ostream& out, const RunFigures& run) const override;
+
+ private:
+  FinalGradients final_gradients_;
+  int staleness_;
+};
 
 class PipeSgd final : public TrainingMethod {
  public:
@@ -51,7 +79,7 @@ class PipeSgd final : public TrainingMethod {
   // The K slots: their state, iteration and gradient (in-flight allreduces are waited for first).
   void save_state(CheckpointWriter& out) override;
   void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;
-  std::shared_ptr<MethodReport> report() const override { return std::make_shared<AllreduceCallsReport>(1); }
+  std::shared_ptr<MethodReport> report() const override;
 
  private:
   enum class SlotState { empty, queued, reduced };
@@ -63,8 +91,9 @@ class PipeSgd final : public TrainingMethod {
     double comm_seconds = 0;        // its allreduce's time, once reduced
   };
 
-  // Waits for slot t % K; if it holds g_sum[t-K], applies it. Compute thread only.
-  void consume_slot(std::int64_t t, IterationTimes& times);
+  // Waits for slot t % K; if it holds g_sum[t-K], applies it (unless `apply` is false) and empties
+  // the slot. Compute thread only.
+  void consume_slot(std::int64_t t, IterationTimes& times, bool apply = true);
   // Waits for the allreduce of a queued slot; the slot is reduced after.
   void wait_reduced(Slot& slot, IterationTimes& times);
   bool in_warmup(std::int64_t t) const { return t < warmup_iterations_; }
@@ -75,6 +104,7 @@ class PipeSgd final : public TrainingMethod {
   std::unique_ptr<Optimizer> optimizer_;
   const int staleness_;
   const std::int64_t warmup_iterations_;
+  const FinalGradients final_gradients_;
   const float gradient_scale_;
   std::int64_t next_iteration_ = 0;
 
