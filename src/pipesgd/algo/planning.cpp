@@ -44,13 +44,23 @@ OptionDeclaration profile_iterations_declaration(std::string help) {
 LinearCost planning_cost(const CommonOptions& options, const NetworkSpec& network, int workers, double gradient_bytes) {
   const std::string algorithm = resolve_allreduce_algorithm(options, workers, gradient_bytes);
   if (calibrated_here(options, workers, algorithm)) return options.calibration->measured.at(algorithm);
-  if (options.calibration) return allreduce_cost(algorithm, workers, options.calibration->link);
+  return allreduce_cost(algorithm, workers, planning_link(options, network));
+}
+
+LinkParameters planning_link(const CommonOptions& options, const NetworkSpec& network) {
+  if (options.calibration) return options.calibration->link;
   LinkParameters link = default_link_parameters();
   if (network.emulated()) {
     link.alpha += network.latency_seconds;
     if (network.bits_per_second > 0) link.beta += 1.0 / network.bytes_per_second();
   }
-  return allreduce_cost(algorithm, workers, link);
+  return link;
+}
+
+std::string planning_link_source(const CommonOptions& options, const NetworkSpec& network) {
+  if (options.calibration) return "the calibration file's link parameters";
+  return network.emulated() ? concat("the default link parameters plus network ", network.name)
+                            : std::string("the default link parameters");
 }
 
 std::string planning_cost_source(const CommonOptions& options, const NetworkSpec& network, int workers) {

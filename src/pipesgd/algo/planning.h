@@ -48,6 +48,11 @@ OptionDeclaration profile_iterations_declaration(std::string help);
 // latency and bandwidth added to default_link_parameters(), which stand for the software cost of a
 // message); default_link_parameters().
 LinearCost planning_cost(const CommonOptions& options, const NetworkSpec& network, int workers, double gradient_bytes);
+// The link parameters α, β, γ of that model: the calibration's; else default_link_parameters() with
+// the emulated network's latency added to α and its byte time to β.
+LinkParameters planning_link(const CommonOptions& options, const NetworkSpec& network);
+// Where planning_link() took its numbers from, for reports.
+std::string planning_link_source(const CommonOptions& options, const NetworkSpec& network);
 // Where planning_cost() took its numbers from, for reports.
 std::string planning_cost_source(const CommonOptions& options, const NetworkSpec& network, int workers);
 

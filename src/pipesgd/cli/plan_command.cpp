@@ -15,6 +15,7 @@
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
+#include "pipesgd/timing/pipe_timing_model.h"
 #include "pipesgd/torch/torch_models.h"
 #include "pipesgd/train/trainer.h"
 
@@ -130,8 +131,9 @@ int run_plan(const PlanFlags& flags) {
   nlohmann::json records = nlohmann::json::array();
   std::vector<std::vector<std::string>> rows = {{"plan", "buckets", "predicted iter ms", "t_c^no ms", "comm ms", "model"}};
   std::vector<std::string> details;
+  std::vector<BucketPlan> made;
   for (const std::string& name : plans) {
-    const BucketPlan plan = make_bucket_plan(name, profile, cost);
+    const BucketPlan& plan = made.emplace_back(make_bucket_plan(name, profile, cost));
     const PlanTimeline timeline = simulate_plan(profile, cost, plan);
     const double iteration = timeline.iteration + update_seconds;
     rows.push_back({name, concat(plan.buckets.size()), milliseconds(iteration), milliseconds(timeline.non_overlapped),
@@ -160,6 +162,42 @@ int run_plan(const PlanFlags& flags) {
   }
   std::cout << std::setprecision(3) << wfbp.iteration * 1e3 << " ms (+ update)\n";
   for (const std::string& line : details) std::cout << line << "\n";
+
+  // Pipe-SGD (K >= 2) over the same profile: Eq. 5 sends the whole gradient after backward, Eq. 6
+  // sends each plan's buckets as L segments as they are ready; Eq. 7 is the scaling efficiency.
+  const LinkParameters link = planning_link(common, network);
+  const RingCostParameters ring{link.alpha, link.beta, link.gamma, 0.0};
+  const double compute = profile.forward_seconds + backward + update_seconds;
+  const double sequential_comm = ring_allreduce_time(flags.workers, gradient_bytes, ring);
+  const double sequential = predict_pipe_sequential_iteration(compute, sequential_comm);
+  const double efficiency = pipe_scaling_efficiency(compute, sequential_comm);
+  std::cout << "\nPipe-SGD (pipe-sgd.txt Eq. 5-7, K >= 2, ring allreduce, S = 0) from " << planning_link_source(common, network)
+            << ": alpha = " << link.alpha * 1e6 << " us, beta = " << link.beta * 1e9 << " ns/byte, gamma = "
+            << link.gamma * 1e9 << " ns/byte; up + comp = t_f + t_b + update = " << compute * 1e3 << " ms\n";
+  std::vector<std::vector<std::string>> pipe_rows = {
+      {"communication", "segments L", "l_b ms", "comm ms", "predicted iter ms", "model"},
+      {"sequential", "1", milliseconds(backward), milliseconds(sequential_comm), milliseconds(sequential), "Eq. 5"}};
+  nlohmann::json pipelined_records = nlohmann::json::array();
+  for (const BucketPlan& plan : made) {
+    const int segments = static_cast<int>(plan.buckets.size());
+    if (segments == 0) continue;
+    double first_backward = 0;
+    for (std::size_t l = plan.buckets.front().begin; l < plan.buckets.front().end; ++l) {
+      first_backward += profile.backward_seconds[l];
+    }
+    const double comm = ring_allreduce_time(flags.workers, gradient_bytes, ring, segments);
+    const double iteration = predict_pipe_pipelined_iteration(compute, backward, first_backward, comm);
+    pipe_rows.push_back({concat("pipelined, plan ", plan.name), concat(segments), milliseconds(first_backward),
+                         milliseconds(comm), milliseconds(iteration), "Eq. 6"});
+    pipelined_records.push_back({{"plan", plan.name},
+                                 {"segments", segments},
+                                 {"first_segment_backward_s", first_backward},
+                                 {"comm_s", comm},
+                                 {"predicted_iteration_s", iteration}});
+  }
+  print_table(std::cout, pipe_rows);
+  std::cout << std::setprecision(3) << "Eq. 7 scaling efficiency with sequential communication: SE = (up + comp) / "
+            << "max(up + comp, comm) = " << efficiency << "\n";
   if (!flags.out.empty()) {
     const nlohmann::json document = {{"model", flags.model},
                                      {"workers", flags.workers},
@@ -171,7 +209,17 @@ int run_plan(const PlanFlags& flags) {
                                      {"backward_s", backward},
                                      {"update_s", update_seconds},
                                      {"kappa_s", profile.per_bucket_compute_seconds},
-                                     {"plans", records}};
+                                     {"plans", records},
+                                     {"pipe_sgd",
+                                      {{"gradient_bytes", gradient_bytes},
+                                       {"alpha_s", link.alpha},
+                                       {"beta_s_per_byte", link.beta},
+                                       {"gamma_s_per_byte", link.gamma},
+                                       {"compute_s", compute},
+                                       {"sequential_comm_eq5_s", sequential_comm},
+                                       {"sequential_iteration_eq5_s", sequential},
+                                       {"scaling_efficiency_eq7", efficiency},
+                                       {"pipelined_eq6", pipelined_records}}}};
     write_file_atomically(std::filesystem::path(flags.out) / "plan.json", document.dump(2) + "\n", "plan");
     std::cout << "wrote " << flags.out << "/plan.json\n";
   }

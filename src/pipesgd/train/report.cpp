@@ -62,6 +62,9 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"predicted_dsync_eq2_s", s.timing.predicted_sync_iteration},
                          {"predicted_pipe_eq4_s", s.timing.predicted_pipe_iteration},
                          {"link_model_comm_eq5_s", s.timing.link_model_comm},
+                         {"link_model_gamma_s_per_byte", s.timing.link_model.gamma},
+                         {"predicted_pipe_eq5_s", s.timing.predicted_pipe_sequential_iteration},
+                         {"scaling_efficiency_eq7", s.timing.scaling_efficiency},
                          {"bytes_sent_per_iteration", s.timing.bytes_sent_per_iteration},
                          {"weights_checksum", concat(std::hex, s.weights_checksum)},
                          {"nonfinite_gradients_skipped", s.reliability.nonfinite_skipped},
@@ -133,11 +136,19 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
        ratio(timing.predicted_sync_iteration)},
       {"Eq. 4 (Pipe-SGD: max(up + comp, comm))", milliseconds(timing.predicted_pipe_iteration),
        milliseconds(m.iteration), ratio(timing.predicted_pipe_iteration)}};
-  print_table(out, model_rows);
-  if (timing.link_model_comm > 0) {
-    out << "Eq. 5 comm term from the emulated link (gamma = 0): " << milliseconds(timing.link_model_comm)
-        << " ms per allreduce\n";
+  if (!timing.link_model_source.empty()) {
+    model_rows.push_back({"Eq. 5 (Pipe-SGD, sequential comm: max(up + comp, Eq. 5 comm))",
+                          milliseconds(timing.predicted_pipe_sequential_iteration), milliseconds(m.iteration),
+                          ratio(timing.predicted_pipe_sequential_iteration)});
   }
+  print_table(out, model_rows);
+  if (!timing.link_model_source.empty()) {
+    out << "Eq. 5 comm term (alpha " << timing.link_model.alpha * 1e6 << " us, beta " << timing.link_model.beta * 1e9
+        << " ns/byte, gamma " << timing.link_model.gamma * 1e9 << " ns/byte, S = 0; " << timing.link_model_source
+        << "): " << milliseconds(timing.link_model_comm) << " ms per allreduce\n";
+  }
+  out << "Eq. 7 scaling efficiency (up + comp) / max(up + comp, comm) = "
+      << format_number("%.3f", timing.scaling_efficiency) << "\n";
   f.report->print(out, f);
   const std::string model = f.report->timing_model();
   const bool follows_eq4 = f.predicted_iteration == timing.predicted_pipe_iteration &&

@@ -45,7 +45,13 @@ struct RunTiming {
   StageTimes stages;                     // the measured stage times the models use
   double predicted_sync_iteration = 0;   // Eq. 2
   double predicted_pipe_iteration = 0;   // Eq. 4
-  double link_model_comm = 0;            // Eq. 5 from the emulated link (0 without emulation)
+  double scaling_efficiency = 0;         // Eq. 7 from the stage times
+  // Eq. 5 from the link (none: all 0): the emulated network's α and β, else the calibration's; γ
+  // the calibration's (0 without one). An allreduce method's runs only (Eq. 5 is the ring's).
+  RingCostParameters link_model;
+  std::string link_model_source;         // where link_model came from ("" : none)
+  double link_model_comm = 0;            // Eq. 5's comm term
+  double predicted_pipe_sequential_iteration = 0;  // Eq. 5: max(compute, link_model_comm)
   std::uint64_t bytes_sent_per_iteration = 0;  // per worker
 };
 

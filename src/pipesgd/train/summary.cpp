@@ -4,6 +4,7 @@
 
 #include "pipesgd/algo/common_options.h"
 #include "pipesgd/core/checksum.h"
+#include "pipesgd/timing/allreduce_cost_model.h"
 #include "pipesgd/timing/pipe_timing_model.h"
 
 namespace pipesgd {
@@ -59,13 +60,26 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
                              std::max(0.0, busy - (update + mean.data + mean.forward + mean.backward)), mean.comm};
   timing.predicted_sync_iteration = predict_dsync_iteration(timing.stages);
   timing.predicted_pipe_iteration = predict_pipe_iteration(timing.stages);
-  if (config.network.emulated() && run.servers == 0) {  // Eq. 5 is the ring's, not the server's
-    RingCostParameters link;
-    link.alpha = config.network.latency_seconds;
-    link.beta = config.network.bits_per_second > 0 ? 1.0 / config.network.bytes_per_second() : 0;
+  timing.scaling_efficiency = pipe_scaling_efficiency(timing.stages.compute(), timing.stages.comm);
+  const Calibration* calibration = config.method.common.calibration.get();
+  if ((config.network.emulated() || calibration) && run.servers == 0) {  // Eq. 5 is the ring's, not the server's
+    RingCostParameters& link = timing.link_model;
+    if (config.network.emulated()) {
+      link.alpha = config.network.latency_seconds;
+      link.beta = config.network.bits_per_second > 0 ? 1.0 / config.network.bytes_per_second() : 0;
+    } else {
+      link.alpha = calibration->link.alpha;
+      link.beta = calibration->link.beta;
+    }
+    if (calibration) link.gamma = calibration->link.gamma;
+    timing.link_model_source = !config.network.emulated() ? "alpha, beta and gamma of the calibration"
+                               : calibration             ? "alpha and beta of the emulated link, gamma of the calibration"
+                                                         : "alpha and beta of the emulated link, gamma 0 without a calibration";
     const double bytes = static_cast<double>(model.layout().total()) *
                          static_cast<double>(make_codec(config.method.common.codec)->encoded_bytes(1000)) / 1000.0;
     timing.link_model_comm = ring_allreduce_time(config.workers, bytes, link);
+    timing.predicted_pipe_sequential_iteration =
+        predict_pipe_sequential_iteration(timing.stages.compute(), timing.link_model_comm);
   }
   std::uint64_t bytes = 0;
   for (const WorkerRecord& worker : workers) bytes += worker.bytes_sent;
