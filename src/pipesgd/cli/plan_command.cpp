@@ -186,7 +186,6 @@ Subcommand add_plan_command(CLI::App& app) {
   plan.command = app.add_subcommand(
       "plan", "Bucket plans for layer-wise allreduce: buckets, predicted iteration and t_c^no per plan");
   add_plan_flags(*plan.command, *flags);
-  plan.transport = [] { return std::string("local"); };
   plan.run = [flags](MpiSession*) { return run_plan(*flags); };
   return plan;
 }
