@@ -93,6 +93,7 @@ int run_plan(const PlanFlags& flags) {
   config.network = parse_network_spec(flags.network, "--net");
   config.progress = false;
   config.evaluate = false;
+  config.warn_short_run = false;  // the profile ends where the plan is made, by design
   validate_train_config(config);  // before loading any data
   prepare_output_directory(flags.out);
   const NetworkSpec& network = config.network;

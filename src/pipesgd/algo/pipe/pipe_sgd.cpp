@@ -8,6 +8,11 @@ namespace pipesgd {
 
 std::string PipeOptions::fingerprint() const { return concat("K ", k); }
 
+std::optional<DeferredPhase> PipeOptions::deferred_phase(std::int64_t warmup_iterations) const {
+  return warmup_phase(warmup_iterations, concat("Pipe-SGD with K = ", k, " starts"),
+                      "until then every iteration runs as D-Sync (allreduce, then update)");
+}
+
 PipeSgd::PipeSgd(const MethodContext& context)
     : model_(context.model),
       codec_(make_codec(context.common.codec)),
