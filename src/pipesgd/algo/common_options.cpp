@@ -88,6 +88,14 @@ WarmUp parse_warmup(const OptionValues& given, std::int64_t iterations_default) 
   return warmup;
 }
 
+std::optional<DeferredPhase> warmup_phase(std::int64_t warmup_iterations, std::string event, std::string before) {
+  if (warmup_iterations <= 0) return std::nullopt;
+  return DeferredPhase{
+      warmup_iterations, std::move(event),
+      concat("after its warm-up of ", warmup_iterations, " iterations, set by --warmup-epochs and --warmup-iters"),
+      std::move(before)};
+}
+
 CommonOptions parse_common_options(const OptionValues& given, CommonOptions base) {
   CommonOptions options = std::move(base);
   options.codec = given.text("--codec", options.codec);

@@ -51,6 +51,9 @@ std::vector<OptionDeclaration> allreduce_method_declarations(CalibrationUse cali
 inline constexpr std::int64_t kMaxWarmup = 10'000'000;
 std::vector<OptionDeclaration> warmup_declarations(const std::string& what, const std::string& iterations_default);
 WarmUp parse_warmup(const OptionValues& given, std::int64_t iterations_default);
+// The phase after a warm-up of `warmup_iterations` (nullopt for none): `event` starts then, and
+// until then the method runs as `before` says.
+std::optional<DeferredPhase> warmup_phase(std::int64_t warmup_iterations, std::string event, std::string before);
 
 // `base` (the run's SGD hyper-parameters and timeout) with the values given for the flags above;
 // loads the calibration file. Throws UsageError naming the flag, DataError for a bad file.

@@ -47,4 +47,9 @@ double OptionValues::real(std::string_view flag, double fallback) const {
 
 std::size_t MethodOptions::default_segment_bytes() const { return kDefaultSegmentBytes; }
 
+std::int64_t MethodOptions::steady_state_start(std::int64_t warmup_iterations) const {
+  const std::optional<DeferredPhase> phase = deferred_phase(warmup_iterations);
+  return phase ? phase->start : warmup_iterations;
+}
+
 }  // namespace pipesgd

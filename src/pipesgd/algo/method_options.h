@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -68,6 +69,16 @@ struct WarmUp {
   std::int64_t iterations = 0;
 };
 
+// A phase a method reaches only after some iterations: its warm-up ends, its bucket plan takes
+// effect, its pipeline starts. A run that ends before it never runs the method's steady state; the
+// trainer warns at its start and its report says so, in these words.
+struct DeferredPhase {
+  std::int64_t start = 0;  // the phase's first iteration (0-based)
+  std::string event;       // what starts then: "the mgwfbp bucket plan takes effect"
+  std::string reason;      // why only then: "after 8 start-up and 10 profiling iterations"
+  std::string before;      // what the iterations before run: "it allreduces the whole gradient ..."
+};
+
 // A method's parsed, validated options (each method derives its own). Immutable once parsed; the
 // virtual functions are the facts the trainer and the reports need without knowing the method.
 class MethodOptions {
@@ -76,9 +87,15 @@ class MethodOptions {
   virtual WarmUp warmup() const { return {}; }
   // The parameter-server ranks the method needs (0: none).
   virtual int servers() const { return 0; }
-  // The first iteration whose timing shows the method's steady state, given its warm-up: later
-  // when it profiles or starts a pipeline first.
-  virtual std::int64_t steady_state_start(std::int64_t warmup_iterations) const { return warmup_iterations; }
+  // The phase that begins the method's steady state, given its warm-up in iterations; nullopt if
+  // the method runs the same way from iteration 0.
+  virtual std::optional<DeferredPhase> deferred_phase(std::int64_t warmup_iterations) const {
+    (void)warmup_iterations;
+    return std::nullopt;
+  }
+  // The first iteration whose timing shows the method's steady state: the deferred phase's start,
+  // else the end of the warm-up.
+  std::int64_t steady_state_start(std::int64_t warmup_iterations) const;
   // The iteration dependency K of the reports: an update at t uses the gradient of t - K.
   virtual int staleness() const { return 1; }
   // True if, after its warm-up, the method overlaps communication with computation across

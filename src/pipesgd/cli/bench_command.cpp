@@ -58,7 +58,7 @@ void add_bench_flags(CLI::App& command, BenchFlags& flags, bool calibrate) {
   }
   command.add_option("--sizes", flags.sizes, "Comma-separated sizes, e.g. 4K,1M,64M [default: 4K..64M x4]");
   command.add_option("--repeats", flags.repeats, "Timed runs per size and algorithm")->capture_default_str();
-  command.add_option("--warmup", flags.warmup, "Untimed runs first")->capture_default_str();
+  command.add_option("--warmup", flags.warmup, "Untimed runs first (0: none)")->capture_default_str();
   command.add_option("--comm-timeout", flags.timeout_seconds, "Seconds per wait")->capture_default_str();
   command.add_option("--segment-bytes", flags.segment_bytes,
                      "Ring and tree message segments: auto (= 256K), none (unsegmented) or a size")

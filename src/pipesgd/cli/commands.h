@@ -13,7 +13,7 @@ namespace pipesgd {
 
 struct Subcommand {
   CLI::App* command = nullptr;
-  std::function<std::string()> transport;      // its --transport (local or mpi)
+  std::function<std::string()> transport;      // its --transport (local or mpi); empty: threads only (plan)
   std::function<int(MpiSession* session)> run;  // session: nullptr unless --transport mpi
 };
 

@@ -11,8 +11,35 @@
 #include <thread>
 
 #include "pipesgd/cli/commands.h"
+#include "pipesgd/comm/launch_environment.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/torch/torch_models.h"
+
+namespace {
+
+// A launch of several ranks without --transport mpi would run one whole job per rank, each printing
+// its own results: stop them all, as a usage error. Rank 0 prints the line, or, when the launch does
+// not tell its size (rank 0 of a PMIx launch cannot tell it is not alone, and runs), every rank
+// that knows; the others wait a second first, since mpirun ends the job at the first rank that
+// exits non-zero.
+int refuse_independent_ranks(const pipesgd::LaunchEnvironment& launch, const std::string& command,
+                             bool has_transport) {
+  using pipesgd::concat;
+  if (launch.rank <= 0 || launch.size == 0) {
+    const std::string ranks = launch.size > 0 ? concat(launch.size, " ranks") : std::string("more than one rank");
+    const std::string line =
+        has_transport ? concat("started by ", launch.launcher, " with ", ranks,
+                               " but --transport is local: pass --transport mpi (each rank is one worker)")
+                      : concat("started by ", launch.launcher, " with ", ranks, ", but ", command,
+                               " runs its workers as threads of one process: start it without ", launch.launcher);
+    std::fprintf(stderr, "pipesgd: error: %s\n", line.c_str());
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  return 2;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace pipesgd;
@@ -67,8 +94,15 @@ int main(int argc, char** argv) {
   // --transport mpi: MPI starts here, after the flags parsed (a typo never needs mpirun to report).
   std::unique_ptr<MpiSession> session;
   try {
-    if (uses_mpi(chosen->transport())) {
-      if (!MpiRuntime::launched_by_mpirun()) {
+    const bool mpi = chosen->transport && uses_mpi(chosen->transport());
+    const LaunchEnvironment launch = launch_environment();
+    // A launch of one rank (mpirun -np 1) without --transport mpi runs as a plain process.
+    if (!mpi && launch.several_ranks()) {
+      const bool has_transport = static_cast<bool>(chosen->transport);
+      return refuse_independent_ranks(launch, chosen->command->get_name(), has_transport);
+    }
+    if (mpi) {
+      if (!launch.launched()) {
         throw UsageError("--transport mpi: start pipesgd with mpirun, e.g. mpirun -np 4 pipesgd train "
                          "--transport mpi (see README)");
       }

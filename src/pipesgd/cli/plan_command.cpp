@@ -94,6 +94,7 @@ int run_plan(const PlanFlags& flags) {
   config.network = parse_network_spec(flags.network, "--net");
   config.progress = false;
   config.evaluate = false;
+  config.warn_short_run = false;  // the profile ends where the plan is made, by design
   validate_train_config(config);  // before loading any data
   prepare_output_directory(flags.out);
   const NetworkSpec& network = config.network;
@@ -234,7 +235,6 @@ Subcommand add_plan_command(CLI::App& app) {
   plan.command = app.add_subcommand(
       "plan", "Bucket plans for layer-wise allreduce: buckets, predicted iteration and t_c^no per plan");
   add_plan_flags(*plan.command, *flags);
-  plan.transport = [] { return std::string("local"); };
   plan.run = [flags](MpiSession*) { return run_plan(*flags); };
   return plan;
 }

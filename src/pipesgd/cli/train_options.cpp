@@ -53,8 +53,10 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
       ->capture_default_str();
   command.add_option("--data-dir", flags.data_dir,
                      std::string("Directory of MNIST-format IDX files (gzip or plain) [default: ") + kDefaultDataDir + "]");
-  command.add_option("--epochs", flags.epochs, "Epochs to train")->capture_default_str();
-  command.add_option("--iters", flags.iterations, "Train exactly this many iterations instead of --epochs");
+  command.add_option("--epochs", flags.epochs, "Epochs to train (>= 1); --iters replaces them")->capture_default_str();
+  command.add_option("--iters", flags.iterations,
+                     concat("Train exactly this many iterations (1 to ", kMaxIterations,
+                            ") instead of whole epochs; give --iters or --epochs, not both"));
   command.add_option("--seed", flags.seed, "Seed of the model initialisation and data shuffling")->capture_default_str();
   command.add_option("--lr", flags.learning_rate, "Learning rate (SGD's, and Adam's with --optimizer adam)")
       ->capture_default_str();
@@ -115,6 +117,16 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
   TrainConfig config;
   config.method = select_method(method_spec, given_method_options(flags), policy, base);
   if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
+  // --iters 0 would mean "whole epochs" to TrainConfig: on the command line that is --iters left out.
+  if (flags.command->count("--iters") > 0) {
+    if (flags.iterations < 1 || flags.iterations > kMaxIterations) {
+      throw UsageError(concat("--iters must be in [1, ", kMaxIterations, "], got ", flags.iterations,
+                              "; omit --iters to train whole epochs (--epochs)"));
+    }
+    if (flags.command->count("--epochs") > 0) {
+      throw UsageError("--epochs and --iters: give one (--iters N trains exactly N iterations, --epochs E whole epochs)");
+    }
+  }
   if (flags.batch < 1 || flags.batch > static_cast<std::int64_t>(kMaxBatch)) {
     throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", flags.batch));
   }

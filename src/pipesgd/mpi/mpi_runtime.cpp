@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 
 #include "pipesgd/core/error.h"
 
@@ -42,13 +41,6 @@ void MpiRuntime::exit_without_finalize(int exit_code) {
   std::fflush(stdout);
   std::fflush(stderr);
   _exit(exit_code);
-}
-
-bool MpiRuntime::launched_by_mpirun() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
-    if (std::getenv(name) != nullptr) return true;
-  }
-  return false;
 }
 
 }  // namespace pipesgd

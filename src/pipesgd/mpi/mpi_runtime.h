@@ -29,8 +29,6 @@ class MpiRuntime {
   // Ends the process at once with `exit_code` after flushing stdout/stderr, without MPI_Finalize:
   // the path for a failed run, where peers may be dead or hung.
   [[noreturn]] static void exit_without_finalize(int exit_code);
-  // True if this process was started by mpirun/mpiexec (OpenMPI or PMI environment variables).
-  static bool launched_by_mpirun();
 
  private:
   int rank_ = 0;

@@ -9,6 +9,7 @@
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
+#include "pipesgd/train/short_run.h"
 
 namespace pipesgd {
 namespace {
@@ -28,6 +29,11 @@ nlohmann::json epoch_to_json(const EpochRecord& e) {
           {"test_accuracy", e.test_accuracy},
           {"test_loss", e.test_loss},
           {"elapsed_s", e.elapsed_seconds}};
+}
+
+// "speedup vs dsync": the speedup column is relative to the first method compared.
+std::string speedup_heading(const std::vector<RunSummary>& summaries) {
+  return summaries.empty() ? std::string("speedup") : concat("speedup vs ", summaries.front().figures.method_spec);
 }
 
 std::string accuracy(double fraction) { return fraction < 0 ? std::string("-") : format_number("%.2f%%", fraction * 100); }
@@ -73,6 +79,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"final_train_accuracy", f.final_train_accuracy},
                          {"final_test_accuracy", f.final_test_accuracy},
                          {"epochs", epochs}};
+  json["unreached_phase"] = unreached_phase_json(s.unreached_phase);
   f.report->add_json(json, f);
   return json;
 }
@@ -116,6 +123,7 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
   }
   out << ", network " << setup.network << ", " << timing.iterations << " iterations (means over the last "
       << timing.measured_iterations << ")\n\n";
+  if (s.unreached_phase) out << "Short run: " << describe_short_run(*s.unreached_phase, timing.iterations) << ".\n\n";
   const IterationTimes& m = f.mean;
   std::vector<std::vector<std::string>> rows = {
       {"per iteration (ms)", "update", "compensation", "data", "forward", "backward", "other", "compute",
@@ -169,7 +177,7 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
 void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries) {
   std::vector<std::vector<std::string>> rows = {{"method", "samples/s", "iter ms", "update", "comp", "forward",
                                                  "backward", "compute", "exposed wait", "comm", "predicted ms",
-                                                 "train acc", "test acc", "speedup"}};
+                                                 "train acc", "test acc", speedup_heading(summaries)}};
   const double base = summaries.empty() ? 0 : summaries.front().figures.throughput;
   std::vector<RunFigures> runs;
   for (const RunSummary& s : summaries) {
@@ -183,6 +191,7 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
     runs.push_back(f);
   }
   print_table(out, rows);
+  print_short_runs(out, summaries);
   // The tables of the compared methods' families, each once, in registry order.
   std::set<std::string> printed;
   for (const MethodDescriptor* method : method_registry()) {
@@ -210,7 +219,9 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                              {"final_test_accuracy", f.final_test_accuracy},
                              {"bucket_plan", f.report->bucket_plan()},
                              {"allreduce_calls_per_iteration", f.report->allreduce_calls()},
-                             {"speedup", base > 0 ? f.throughput / base : 0}};
+                             {"speedup", base > 0 ? f.throughput / base : 0},
+                             {"speedup_baseline", summaries.front().figures.method_spec},
+                             {"unreached_phase", unreached_phase_json(s.unreached_phase)}};
     f.report->add_json(record, f);
     records.push_back(record);
   }

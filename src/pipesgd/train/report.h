@@ -25,7 +25,8 @@ void write_run_outputs(const std::string& dir, const RunSummary& summary,
 // method's own paragraph.
 void print_run_report(std::ostream& out, const RunSummary& summary);
 
-// One row per method, speedup relative to the first; then the tables of the compared methods'
+// One row per method, speedup relative to the first (the column says "speedup vs <first>"), a line
+// per run that ended before its method's deferred phase; then the tables of the compared methods'
 // families (registry order).
 void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries);
 

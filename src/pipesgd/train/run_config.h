@@ -50,6 +50,9 @@ struct TrainConfig {
   bool evaluate = true;        // test accuracy after every epoch
   bool keep_parameters = false;  // return every rank's final parameters (tests)
   bool deprioritize_compute = true;  // core/thread_priority.h: comm threads preempt compute
+  // Rank 0 warns on stderr when the run ends before its method's deferred phase (train/short_run.h;
+  // off for runs meant to end there, such as `pipesgd plan`'s profiling).
+  bool warn_short_run = true;
   ReliabilityOptions reliability;
 };
 

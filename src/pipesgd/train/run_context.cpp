@@ -5,6 +5,7 @@
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/train/checkpointing.h"
+#include "pipesgd/train/short_run.h"
 
 namespace pipesgd {
 namespace {
@@ -36,6 +37,7 @@ RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
   // The means start after the warm-up and whatever else the method does first (profiling, ...).
   plan.first_measured = measured_from(config.method.options->steady_state_start(plan.warmup_iterations),
                                       plan.total_iterations);
+  plan.unreached_phase = unreached_phase(*config.method.options, plan.warmup_iterations, plan.total_iterations);
   const FaultInjection& fault = config.reliability.fault;
   if (fault.active() && fault.iteration >= plan.total_iterations) {
     throw UsageError(concat("--inject-fault: iteration ", fault.iteration, " is past the run's last (",

@@ -20,6 +20,8 @@ struct RunPlan {
   std::int64_t epochs = 0;
   std::int64_t warmup_iterations = 0;  // the method's warm-up in iterations
   std::int64_t first_measured = 0;     // iterations before this are excluded from the means
+  // The method's deferred phase if the run ends before it (train/short_run.h).
+  std::optional<DeferredPhase> unreached_phase;
 };
 
 struct RunContext {

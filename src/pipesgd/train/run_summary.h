@@ -3,9 +3,11 @@
 // them, the method's own report, accuracy per epoch, and reliability counts.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "pipesgd/algo/method_options.h"
 #include "pipesgd/algo/method_report.h"
 #include "pipesgd/timing/pipe_timing_model.h"
 
@@ -69,6 +71,8 @@ struct RunSummary {
   RunFigures figures;
   RunTiming timing;
   ReliabilityCounts reliability;
+  // The method's deferred phase if the run ended before it (train/short_run.h).
+  std::optional<DeferredPhase> unreached_phase;
   std::vector<EpochRecord> epochs;
   std::uint64_t weights_checksum = 0;                // FNV-1a of rank 0's final parameters
   std::vector<std::vector<float>> final_parameters;  // per rank, if TrainConfig::keep_parameters

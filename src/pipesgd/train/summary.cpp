@@ -98,7 +98,8 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
   figures.mean = mean;
   figures.compute = busy;
   figures.throughput = mean.iteration > 0 ? static_cast<double>(config.workers * config.batch) / mean.iteration : 0;
-  const bool pipelined = config.method.options->pipelined() && plan.warmup_iterations < plan.total_iterations;
+  // A pipelined method's deferred phase is its pipeline: a run that ends before it never pipelined.
+  const bool pipelined = config.method.options->pipelined() && !plan.unreached_phase;
   figures.predicted_iteration = pipelined ? timing.predicted_pipe_iteration : timing.predicted_sync_iteration;
   if (report->predicted_iteration() > 0) figures.predicted_iteration = report->predicted_iteration();
   figures.report = report;
@@ -111,6 +112,7 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
   for (const WorkerRecord& worker : workers) summary.reliability.nonfinite_skipped += worker.nonfinite_skipped;
   summary.reliability.consistency_checks = leader.consistency_checks;
   summary.reliability.resumed_from = run.resume_from ? run.resume_from->iteration : -1;
+  summary.unreached_phase = plan.unreached_phase;
   if (config.keep_parameters) {
     for (WorkerRecord& worker : workers) summary.final_parameters.push_back(std::move(worker.final_parameters));
   }

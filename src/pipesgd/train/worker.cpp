@@ -15,6 +15,7 @@
 #include "pipesgd/data/sampler.h"
 #include "pipesgd/train/checkpointing.h"
 #include "pipesgd/train/progress.h"
+#include "pipesgd/train/short_run.h"
 
 namespace pipesgd {
 namespace {
@@ -375,6 +376,10 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
   Transport& transport = faulty ? static_cast<Transport&>(*faulty) : run_transport;
   std::unique_ptr<TrainingMethod> method =
       make_method(config.method, transport, model, run.plan.warmup_iterations, config.network);
+  // Once the method is built (its usage errors come first): a run too short for its steady state.
+  if (leader != nullptr && config.warn_short_run && run.plan.unreached_phase) {
+    std::cerr << short_run_warning(*run.plan.unreached_phase, run.plan.total_iterations) << std::flush;
+  }
   // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU:
   // communication threads (created above) must not queue behind compute (core/thread_priority.h).
   if (config.deprioritize_compute && transport.waits_sleep() && !realtime_priority_permitted()) {

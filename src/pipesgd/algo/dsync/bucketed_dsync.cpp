@@ -272,8 +272,12 @@ void BucketedDSync::load_state(const CheckpointReader& in, std::int64_t next_ite
 
 std::shared_ptr<MethodReport> BucketedDSync::report() const {
   auto report = std::make_shared<LayerWiseReport>();
-  report->plan = concat(plan_name_, ": ", describe_plan(chosen_plan_));
-  report->calls = chosen_plan_.buckets.size();
+  report->plan_name = plan_name_;
+  report->plan_start = kProfileWarmupIterations + profile_iterations_;
+  // Before the first plan, what the last iteration ran (one bucket, or one per layer while profiling).
+  const BucketPlan& ran = plans_made_ > 0 ? chosen_plan_ : plan_;
+  report->plan = concat(plans_made_ > 0 ? plan_name_ : ran.name, ": ", describe_plan(ran));
+  report->calls = ran.buckets.size();
   if (plans_made_ > 0) {
     const PlanTimeline timeline = simulate_plan(planned_profile_, cost_, chosen_plan_);
     report->predicted = timeline.iteration + planned_update_seconds_;

@@ -18,8 +18,8 @@ class DsyncOptions final : public MethodOptions {
   std::int64_t replan_every = 0;
 
   bool layer_wise() const { return !buckets.empty(); }
-  // Layer-wise runs profile first (with other plans): their steady state starts after the plan.
-  std::int64_t steady_state_start(std::int64_t warmup_iterations) const override;
+  // Layer-wise runs profile first (with other plans): their steady state starts with the plan.
+  std::optional<DeferredPhase> deferred_phase(std::int64_t warmup_iterations) const override;
   std::string fingerprint() const override;
 };
 

@@ -8,17 +8,31 @@
 
 namespace pipesgd {
 
+std::string LayerWiseReport::plan_text() const {
+  if (planned) return plan;
+  return concat(plan_name, ": not reached (it takes effect at iteration ", plan_start, "); the last iteration ran ",
+                plan);
+}
+
 void LayerWiseReport::add_json(nlohmann::json& summary, const RunFigures& run) const {
   summary["non_overlapped_comm_s"] = run.mean.wait;
-  summary["predicted_non_overlapped_comm_s"] = predicted_non_overlapped;
+  summary["predicted_non_overlapped_comm_s"] =
+      planned ? nlohmann::json(predicted_non_overlapped) : nlohmann::json(nullptr);
+  summary["planned_bucket_plan"] = plan_name;
+  summary["bucket_plan_reached"] = planned;
+  summary["bucket_plan_start_iteration"] = plan_start;
 }
 
 void LayerWiseReport::print(std::ostream& out, const RunFigures& run) const {
-  out << "\nLayer-wise communication: plan " << plan << "; " << calls
-      << " allreduces per iteration. Non-overlapped communication t_c^no (the wait after backward): "
-      << milliseconds(run.mean.wait) << " ms measured, " << milliseconds(predicted_non_overlapped)
-      << " ms predicted by the plan's timeline (mg-wfbp.txt Eq. 8 / 21); iteration " << milliseconds(run.mean.iteration)
-      << " ms measured, " << milliseconds(run.predicted_iteration) << " ms predicted.\n";
+  out << "\nLayer-wise communication: plan " << plan_text() << "; " << calls
+      << (calls == 1 ? " allreduce" : " allreduces") << " per iteration. Non-overlapped communication t_c^no (the wait "
+      << "after backward): " << milliseconds(run.mean.wait) << " ms measured";
+  if (planned) {
+    out << ", " << milliseconds(predicted_non_overlapped)
+        << " ms predicted by the plan's timeline (mg-wfbp.txt Eq. 8 / 21)";
+  }
+  out << "; iteration " << milliseconds(run.mean.iteration) << " ms measured, " << milliseconds(run.predicted_iteration)
+      << " ms predicted" << (planned ? "" : " (Eq. 2: no plan was made)") << ".\n";
 }
 
 ComparisonTable layer_wise_table() {
@@ -41,8 +55,9 @@ ComparisonTable layer_wise_table() {
       rows.push_back({run.method_spec, concat(run.report->allreduce_calls()), milliseconds(run.mean.iteration),
                       milliseconds(run.predicted_iteration), format_number("%.3f", ratio),
                       layer_wise ? milliseconds(run.mean.wait) : std::string("-"),
-                      layer_wise ? milliseconds(layer_wise->predicted_non_overlapped) : std::string("-"),
-                      layer_wise ? layer_wise->plan : std::string("(one allreduce after backward)")});
+                      layer_wise && layer_wise->planned ? milliseconds(layer_wise->predicted_non_overlapped)
+                                                        : std::string("-"),
+                      layer_wise ? layer_wise->plan_text() : std::string("(one allreduce after backward)")});
     }
     print_table(out, rows);
   };

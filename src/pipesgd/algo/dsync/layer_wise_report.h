@@ -11,8 +11,12 @@ namespace pipesgd {
 
 class LayerWiseReport final : public MethodReport {
  public:
-  std::string plan;       // "mgwfbp: 3 buckets ..."
-  std::size_t calls = 0;  // allreduces per iteration under the chosen plan
+  std::string plan_name;         // the plan asked for: "mgwfbp"
+  std::int64_t plan_start = 0;   // the first iteration the first plan made takes effect
+  // The plan that ran: the one made ("mgwfbp: 3 buckets ..."), or in a run that ended before it
+  // the one of the last iteration ("single: 1 bucket: [2..0]", "wfbp: ..." while profiling).
+  std::string plan;
+  std::size_t calls = 0;  // allreduces per iteration under `plan`
   // Once planned: the plan's timeline + update, its t_c^no, and what it was computed from
   // (averaged over the workers).
   bool planned = false;
@@ -20,6 +24,8 @@ class LayerWiseReport final : public MethodReport {
   double predicted_non_overlapped = 0;
   PlanningInputs planned_from;
 
+  // `plan`, or "mgwfbp: not reached (it takes effect at iteration 18); the last iteration ran <plan>".
+  std::string plan_text() const;
   std::string bucket_plan() const override { return plan; }
   std::size_t allreduce_calls() const override { return calls; }
   double predicted_iteration() const override { return planned ? predicted : 0; }

@@ -84,6 +84,11 @@ std::string OdSgdOptions::fingerprint() const {
                 ", dc lambda ", local_compensation.lambda, " momentum ", local_compensation.mean_square_decay);
 }
 
+std::optional<DeferredPhase> OdSgdOptions::deferred_phase(std::int64_t warmup_iterations) const {
+  return warmup_phase(warmup_iterations, "OD-SGD trains on locally updated global weights",
+                      "until then every iteration trains on the servers' synchronous global weights, as pssync");
+}
+
 OneStepDelaySgd::OneStepDelaySgd(const MethodContext& context)
     : model_(context.model),
       transport_(context.transport),

@@ -57,6 +57,7 @@ class OdSgdOptions final : public ParameterServerOptions {
   DelayCompensationOptions local_compensation;  // dcasgd-*: lambda and m (the variant is the updater's)
 
   WarmUp warmup() const override { return warmup_given; }
+  std::optional<DeferredPhase> deferred_phase(std::int64_t warmup_iterations) const override;
   std::string fingerprint() const override;
 };
 

@@ -34,6 +34,11 @@ void PipeReport::print(std::ostream& out, const RunFigures&) const {
       << "\n";
 }
 
+std::optional<DeferredPhase> PipeOptions::deferred_phase(std::int64_t warmup_iterations) const {
+  return warmup_phase(warmup_iterations, concat("Pipe-SGD with K = ", k, " starts"),
+                      "until then every iteration runs as D-Sync (allreduce, then update)");
+}
+
 PipeSgd::PipeSgd(const MethodContext& context)
     : model_(context.model),
       codec_(make_codec(context.common.codec)),

@@ -43,6 +43,7 @@ class PipeOptions final : public MethodOptions {
   FinalGradients final_gradients = FinalGradients::kApply;
 
   WarmUp warmup() const override { return warmup_given; }
+  std::optional<DeferredPhase> deferred_phase(std::int64_t warmup_iterations) const override;
   int staleness() const override { return k; }
   bool pipelined() const override { return k >= 2; }
   // Pipe-SGD sends whole chunks: its allreduce is hidden behind compute, and every extra segment

@@ -45,8 +45,8 @@ MethodDescriptor server_method(std::string name, std::string summary, ServerMode
 }  // namespace
 
 std::vector<OptionDeclaration> parameter_server_declarations() {
-  OptionDeclaration servers("--servers", "Parameter-server ranks (threads after the workers; under --transport mpi the last S ranks of "
-                 "mpirun -np); 0 = 1", "0");
+  OptionDeclaration servers("--servers", "Parameter-server ranks, at least 1 (threads after the workers; under --transport mpi "
+                 "the last S ranks of mpirun -np)", "1");
   servers.users_label = "the parameter-server methods";
   OptionDeclaration optimizer("--optimizer", "The servers run sgd", "sgd");
   optimizer.applies = [](const OptionValues& given) { return given.text("--optimizer", "sgd") == "sgd"; };
@@ -58,11 +58,12 @@ std::vector<OptionDeclaration> parameter_server_declarations() {
 }
 
 int parse_servers(const OptionValues& given) {
-  const std::int64_t servers = given.integer("--servers", 0);
-  if (servers < 0 || servers > kMaxServers) {
-    throw UsageError(concat("--servers must be in [0, ", kMaxServers, "], got ", servers));
+  const std::int64_t servers = given.integer("--servers", 1);
+  if (servers < 1 || servers > kMaxServers) {
+    throw UsageError(concat("--servers must be in [1, ", kMaxServers, "], got ", servers,
+                            " (the parameter-server methods need a server)"));
   }
-  return servers == 0 ? 1 : static_cast<int>(servers);
+  return static_cast<int>(servers);
 }
 
 OptionDeclaration dc_lambda_declaration(const std::string& help, const std::string& constant, const std::string& adaptive) {

@@ -12,7 +12,7 @@ MethodDescriptor asgd_method();
 MethodDescriptor dcasgd_method();
 
 // --servers and --optimizer (sgd only: the servers run SGD) as every parameter-server method
-// declares them; the server count given (0 = 1), in [0, kMaxServers].
+// declares them; the server count given (default 1), in [1, kMaxServers].
 inline constexpr int kMaxServers = 1024;
 std::vector<OptionDeclaration> parameter_server_declarations();
 int parse_servers(const OptionValues& given);

@@ -377,6 +377,14 @@ std::shared_ptr<MethodReport> SaPipe::report() const {
   facts.compensation = compensation_names()[static_cast<std::size_t>(options_.compensation)];
   facts.bounded_compensations = compensation_.bounded_compensations();
   facts.pipeline_start = pipeline_start_;
+  // Pipelined iterations ran unless the run ended before the first (a stall check needs them).
+  facts.pipelined = next_iteration_ > pipeline_start_ || !monitor_.checks().empty();
+  if (!facts.pipelined) {
+    report->plan = "(never pipelined: the whole gradient in one allreduce after backward)";
+    report->calls = 1;
+    facts.stale_layers = 0;
+    facts.stale_fraction = 0;
+  }
   return report;
 }
 

@@ -39,6 +39,22 @@ std::int64_t SapipeOptions::pipeline_start(std::int64_t warmup_iterations) const
   return std::max(warmup_iterations, kProfileWarmupIterations + profile_iterations);
 }
 
+std::optional<DeferredPhase> SapipeOptions::deferred_phase(std::int64_t warmup_iterations) const {
+  const std::int64_t start = pipeline_start(warmup_iterations);
+  const std::string event = "SAPipe starts pipelining";
+  const std::string before =
+      "until then every iteration runs synchronously: the whole gradient in one allreduce after backward, no layer "
+      "stale";
+  if (start == warmup_iterations) return warmup_phase(warmup_iterations, event, before);
+  return DeferredPhase{start, event,
+                       concat("after ", kProfileWarmupIterations, " start-up and ", profile_iterations,
+                              profile_iterations == 1 ? " profiling iteration, which chooses "
+                                                      : " profiling iterations, which choose ",
+                              automatic() ? "k and " : "",
+                              "the synchronous layers' ", sync_plan, " plan"),
+                       before};
+}
+
 std::string SapipeOptions::fingerprint() const {
   return concat("stale layers ", automatic() ? std::string("auto") : concat(stale_layers), ", compensation ",
                 compensation_names()[static_cast<std::size_t>(compensation)], ", lambda ", lambda, ", plan ",

@@ -42,9 +42,8 @@ class SapipeOptions final : public MethodOptions {
   std::int64_t pipeline_start(std::int64_t warmup_iterations) const;
 
   WarmUp warmup() const override { return warmup_given; }
-  std::int64_t steady_state_start(std::int64_t warmup_iterations) const override {
-    return pipeline_start(warmup_iterations);
-  }
+  // Pipelining, from pipeline_start(warmup_iterations).
+  std::optional<DeferredPhase> deferred_phase(std::int64_t warmup_iterations) const override;
   int staleness() const override { return 2; }
   bool pipelined() const override { return true; }
   std::string fingerprint() const override;

@@ -16,7 +16,8 @@ void SapipeReport::add_json(nlohmann::json& summary, const RunFigures&) const {
                          {"stale_layers_automatic", r.automatic},
                          {"compensation", r.compensation},
                          {"bounded_compensations", r.bounded_compensations},
-                         {"pipeline_start_iteration", r.pipeline_start}};
+                         {"pipeline_start_iteration", r.pipeline_start},
+                         {"pipelined", r.pipelined}};
   if (r.profiled) {
     json["paper_program_stale_layers"] =
         r.paper_stale_layers ? nlohmann::json(*r.paper_stale_layers) : nlohmann::json(nullptr);
@@ -41,6 +42,14 @@ void SapipeReport::add_json(nlohmann::json& summary, const RunFigures&) const {
 }
 
 std::string describe_sapipe(const SapipeFacts& r) {
+  if (!r.pipelined) {
+    const std::string unused =
+        r.compensation == "none" ? std::string() : concat(" (compensation ", r.compensation, " never applied)");
+    return concat("never pipelined (it would start at iteration ", r.pipeline_start,
+                  "): every iteration ran synchronously, the whole gradient in one allreduce after backward, no layer "
+                  "stale",
+                  unused);
+  }
   std::string text = concat("k = ", r.stale_layers, " of ", r.layers, " layers stale, kappa = ",
                             percent(r.stale_fraction), " of the parameters (");
   if (r.automatic) {
@@ -74,7 +83,7 @@ std::string describe_sapipe(const SapipeFacts& r) {
 
 void SapipeReport::print(std::ostream& out, const RunFigures&) const {
   out << "\nSAPipe partial staleness: " << describe_sapipe(facts) << ".\nSynchronous layers: " << plan << "; " << calls
-      << " allreduces per iteration.\n";
+      << (calls == 1 ? " allreduce" : " allreduces") << " per iteration.\n";
 }
 
 ComparisonTable sapipe_table(std::string baseline) {

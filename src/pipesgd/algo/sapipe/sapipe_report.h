@@ -20,6 +20,9 @@ struct SapipeFacts {
   std::string compensation;
   std::int64_t bounded_compensations = 0;  // dc/wp3 updates whose DC scalar was bounded
   std::int64_t pipeline_start = 0;         // the first pipelined iteration
+  // False if the run ended before pipeline_start: every iteration ran synchronously, and k and
+  // kappa above are 0 (no layer was stale).
+  bool pipelined = true;
   bool profiled = false;                   // the fields below are set
   std::optional<std::size_t> paper_stale_layers;  // the paper's program (Sec. 3.1) on the same profile
   double predicted_iteration = 0;          // the simulated steady-state iteration with k (without update)
@@ -42,7 +45,8 @@ class SapipeReport final : public MethodReport {
   void print(std::ostream& out, const RunFigures& run) const override;
 };
 
-// The partition in one line: "k = 2 of 3 layers stale, kappa = ... (auto: ...), compensation wp3...".
+// The partition in one line: "k = 2 of 3 layers stale, kappa = ... (auto: ...), compensation wp3...",
+// or "never pipelined (it would start at iteration 18): ..." for a run that ended before.
 std::string describe_sapipe(const SapipeFacts& facts);
 
 // compare's table in sapipe.txt Table 2's form: final test accuracy per method (one run, so no +-
