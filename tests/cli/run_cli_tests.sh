@@ -516,7 +516,7 @@ assert 0 <= r["stale_fraction"] <= 1 and r["pipeline_start_iteration"] >= 10, r
 assert len(r["forward_s"]) == 5 and all(f > 0 for f in r["forward_s"]), r["forward_s"]
 assert s["mean"]["compensation_s"] >= 0, s["mean"]
 EOF
-run compare --algos dsync,pipe,sapipe,sapipe+dc,sapipe+wp1 --stale-layers 2 --model cnn --data synthetic \
+run compare --algos dsync,pipe,sapipe+none,sapipe+dc,sapipe+wp1 --stale-layers 2 --model cnn --data synthetic \
   --iters 30 --workers 2 --quiet >"$R/sapipe-compare.out" 2>"$R/sapipe-compare.err"
 rc=$?
 expect_success "compare/sapipe-exit-0" $rc "$R/sapipe-compare.out" "$R/sapipe-compare.err"

@@ -1,10 +1,11 @@
 // SAPipe (algo/sapipe/sapipe.h) on the tiny pure-C++ models: the limits k = 0 (D-Sync) and k = every layer
 // (Pipe-SGD with K = 2) bit for bit; the weights each worker computes on, iteration by iteration,
 // and the final weights against an independent replay of the header's semantics (the stale range
-// on G(t-2), the synchronous range on G(t-1), dc, wp1, wp2, wp3) from the recorded local gradients,
-// with 1 to 4 ranks, momentum, weight decay, the int8 codec (the replay's sums come from the same
-// collective and codec), and the pipeline start taken from the configuration; usage errors; the
-// partition report; Adam.
+// on G(t-2), the synchronous range on G(t-1), dc, wp1, wp2, wp3 with the DC term as printed or
+// clamped by --dc-bound on) from the recorded local gradients, with 1 to 4 ranks, momentum, weight
+// decay, the int8 codec (the replay's sums come from the same collective and codec), and the
+// pipeline start taken from the configuration; the defaults (sapipe.txt Sec. 5.1: wp3, lambda 0.2,
+// no clamp); usage errors; the partition report; Adam.
 #include "pipesgd/algo/sapipe/sapipe.h"
 #include "pipesgd/algo/sapipe/sapipe_report.h"
 
@@ -314,6 +315,7 @@ struct ReplayParams {
   std::size_t stale = 0;
   float lr = 0.1f, momentum = 0, weight_decay = 0, lambda = 0.2f;
   std::int64_t pipeline_start = 0;
+  bool dc_bound = false;  // --dc-bound on
 };
 
 // The expected weights of the header's semantics, replayed from G(t) (reduced_gradients) and the
@@ -322,20 +324,17 @@ struct ReplayParams {
 //   t >= P: at the start of t the stale range X steps with G(t-2)/n if t-2 >= P (dc: compensated
 //   with D, the last step of X), the synchronous range W with G(t-1)/n; for wp the model computes
 //   on predict(X, g~) when t-1 >= P.
+//   The DC term is g + lambda * g * (g . D) (sapipe.txt Eq. 1, Alg. 2 line 9, Alg. 3 line 10);
+//   with --dc-bound on, g . D clamped to |lambda * (g . D)| <= 1 - 1/sqrt(2).
 //   finish: W with G(T-1)/n, then X with G(T-2)/n and G(T-1)/n (the pipelined ones, compensated).
 // A step is LibTorch's SGD (optim/sgd.h): d = g + weight_decay * w, v = momentum * v + d,
 // w = w - lr * v; a prediction is the same without storing v.
 struct Expected {
   std::vector<std::vector<std::vector<float>>> weights;  // [rank][iteration]
   std::vector<float> final_weights;
+  // DC terms of rank 0 with |lambda * (g . D)| > 1 - 1/sqrt(2): those --dc-bound on clamps.
+  std::int64_t over_bound = 0;
 };
-
-// The DC scalar g . D, bounded as the header says: |lambda * (g . D)| <= 1 - 1/sqrt(2)
-// (sapipe.txt Theorem 3's condition).
-float bounded_dot(double dot, float lambda) {
-  const double bound = (1.0 - 1.0 / std::sqrt(2.0)) / lambda;
-  return static_cast<float>(std::clamp(dot, -bound, bound));
-}
 
 Expected replay(const RecordedRun& run, const std::vector<std::vector<float>>& reduced, const ReplayParams& params) {
   const std::string& compensation = params.compensation;
@@ -359,6 +358,14 @@ Expected replay(const RecordedRun& run, const std::vector<std::vector<float>>& r
   std::vector<float> w = run.initial;               // X = w[0, S), W = w[S, total)
   std::vector<float> velocity(total, 0.0f);
   std::vector<float> last_step(stale, 0.0f);        // D
+  Expected expected;
+  // The DC scalar g . D (rank 0 counts the terms over Theorem 3's bound 1 - 1/sqrt(2)).
+  auto dc_scalar = [&](double dot, std::size_t rank) {
+    const double bound = (1.0 - 1.0 / std::sqrt(2.0)) / lambda;
+    if (std::fabs(dot) <= bound) return static_cast<float>(dot);
+    if (rank == 0) ++expected.over_bound;
+    return static_cast<float>(params.dc_bound ? std::clamp(dot, -bound, bound) : dot);
+  };
   auto sgd_step = [&](std::size_t i, float g) {
     const float d = g + weight_decay * w[i];
     if (momentum == 0) {
@@ -374,12 +381,14 @@ Expected replay(const RecordedRun& run, const std::vector<std::vector<float>>& r
   };
   auto step_stale = [&](std::int64_t t, bool compensate) {
     const std::vector<float>& g = mean[static_cast<std::size_t>(t)];
-    double dot = 0;
+    float projection = 0;
     if (compensate && compensation == "dc") {
+      double dot = 0;
       for (std::size_t i = 0; i < stale; ++i) dot += static_cast<double>(g[i]) * last_step[i];
+      projection = dc_scalar(dot, 0);
     }
     for (std::size_t i = 0; i < stale; ++i) {
-      const float gi = compensate && compensation == "dc" ? g[i] + lambda * g[i] * bounded_dot(dot, lambda) : g[i];
+      const float gi = compensate && compensation == "dc" ? g[i] + lambda * g[i] * projection : g[i];
       const float old = w[i];
       sgd_step(i, gi);
       last_step[i] = w[i] - old;
@@ -390,7 +399,6 @@ Expected replay(const RecordedRun& run, const std::vector<std::vector<float>>& r
   };
   const bool predicts = compensation == "wp1" || compensation == "wp2" || compensation == "wp3";
 
-  Expected expected;
   expected.weights.resize(ranks);
   for (std::int64_t t = 0; t < iterations; ++t) {
     if (t >= 1 && t - 1 < P) {
@@ -419,8 +427,9 @@ Expected replay(const RecordedRun& run, const std::vector<std::vector<float>>& r
           }
           double dot = 0;
           for (std::size_t i = 0; i < stale; ++i) dot += static_cast<double>(h[i]) * last_step[i];
+          const float projection = dc_scalar(dot, r);
           for (std::size_t i = 0; i < stale; ++i) {
-            guess[i] = h[i] + lambda * h[i] * bounded_dot(dot, lambda) + local(r, t - 1)[i] * scale;
+            guess[i] = h[i] + lambda * h[i] * projection + local(r, t - 1)[i] * scale;
           }
         }
         for (std::size_t i = 0; i < stale; ++i) computed[i] = sgd_predict(i, guess[i]);
@@ -485,9 +494,11 @@ struct ReplayCase {
   // later of the two).
   int warmup = 0;
   bool profile = false;
-  // DC's lambda: 0.2 (the paper's; the DC scalar is often bounded here) or 0.002 (never bounded on
-  // this model, so the plain Eq. 1 term is checked too).
+  // DC's lambda: 0.2 (the paper's; |lambda * (g . D)| often exceeds 1 - 1/sqrt(2) here) or 0.002
+  // (never does on this model).
   float lambda = 0.2f;
+  // dc, wp3: --dc-bound on (clamps the DC scalar); off: not given, the default.
+  bool dc_bound = false;
   int workers = 2;
   float weight_decay = 0;
   std::string codec = "none";
@@ -497,7 +508,7 @@ std::string case_name(const ReplayCase& c) {
   std::string momentum = c.momentum == 0 ? "m0" : "m09";
   return concat(c.compensation, "_", momentum, "_", c.iterations, "iters",
                 c.warmup == 0 ? std::string() : concat("_warmup", c.warmup), c.profile ? "_profile" : "",
-                c.lambda == 0.2f ? "" : "_small_lambda", c.workers == 2 ? std::string() : concat("_", c.workers, "ranks"),
+                c.lambda == 0.2f ? "" : "_small_lambda", c.dc_bound ? "_dc_bound" : "", c.workers == 2 ? std::string() : concat("_", c.workers, "ranks"),
                 c.weight_decay == 0 ? "" : "_wd", c.codec == "none" ? "" : "_" + c.codec);
 }
 
@@ -514,6 +525,7 @@ TrainConfig replay_config(const ReplayCase& c, const std::string& compensation) 
                        {"--buckets", c.profile ? "optimal" : "single"},
                        {"--warmup-iters", std::to_string(c.warmup)}};
   if (c.profile) options.set("--profile-iters", "1");
+  if (c.dc_bound && (compensation == "dc" || compensation == "wp3")) options.set("--dc-bound", "on");
   TrainConfig config = tiny_config("sapipe", c.workers, 0, options);
   config.iterations = c.iterations;
   set_sgd(config, SgdOptions{0.1f, c.momentum, c.weight_decay});
@@ -543,10 +555,17 @@ TEST_P(SapipeReplay, WeightsComputedOnAndFinalWeightsMatchTheHeaderSemantics) {
   EXPECT_EQ(facts.pipeline_start, start);
   const std::size_t stale = 784 * 10;
   const std::vector<std::vector<float>> reduced = reduced_gradients(run, config.method, stale, start);
-  const Expected expected = replay(run, reduced,
-                                   ReplayParams{c.compensation, stale, 0.1f, c.momentum, c.weight_decay, c.lambda, start});
-  if (c.lambda != 0.2f) {
-    EXPECT_EQ(facts.bounded_compensations, 0);
+  const Expected expected = replay(
+      run, reduced, ReplayParams{c.compensation, stale, 0.1f, c.momentum, c.weight_decay, c.lambda, start, c.dc_bound});
+  // The clamp fires exactly where |lambda * (g . D)| exceeds its bound, and only when asked for.
+  EXPECT_EQ(facts.bounded_compensations, c.dc_bound ? expected.over_bound : 0);
+  const bool dc_term = c.compensation == "dc" || c.compensation == "wp3";
+  if (dc_term && c.lambda != 0.2f) {
+    EXPECT_EQ(expected.over_bound, 0);
+  }
+  // Not vacuous: the short runs with the paper's lambda exceed the bound, so the clamp changes them.
+  if (dc_term && c.lambda == 0.2f && c.iterations == 6) {
+    EXPECT_GT(expected.over_bound, 0);
   }
   const double tolerance = tolerance_for(c.compensation);
   for (std::size_t r = 0; r < ranks; ++r) {
@@ -582,6 +601,13 @@ TEST_P(SapipeReplay, WeightsComputedOnAndFinalWeightsMatchTheHeaderSemantics) {
     }
     EXPECT_GT(largest, 1e-7) << c.compensation << " computed on exactly the weights of none";
   }
+  if (c.dc_bound && expected.over_bound > 0) {
+    ReplayCase unbounded = c;
+    unbounded.dc_bound = false;
+    const RecordedRun printed = run_recorded(replay_config(unbounded, c.compensation));
+    EXPECT_GT(max_abs_difference(run.summary.final_parameters[0], printed.summary.final_parameters[0]), 1e-7)
+        << "the clamp changed nothing";
+  }
 }
 
 std::vector<ReplayCase> replay_cases() {
@@ -597,6 +623,15 @@ std::vector<ReplayCase> replay_cases() {
     for (float momentum : {0.0f, 0.9f}) {
       cases.push_back({.compensation = compensation, .momentum = momentum, .iterations = 6, .lambda = 0.002f});
     }
+  }
+  // --dc-bound on, on runs like the default's above.
+  for (const char* compensation : {"dc", "wp3"}) {
+    for (float momentum : {0.0f, 0.9f}) {
+      cases.push_back({.compensation = compensation, .momentum = momentum, .iterations = 6, .dc_bound = true});
+      cases.push_back({.compensation = compensation, .momentum = momentum, .iterations = 14, .profile = true, .dc_bound = true});
+    }
+    cases.push_back({.compensation = compensation, .momentum = 0.9f, .iterations = 9, .warmup = 3, .dc_bound = true,
+                     .workers = 3, .weight_decay = 0.01f});
   }
   // More ranks (odd and even), weight decay, the int8 codec, and pipeline starts from the warm-up
   // or from the profiling, whichever is later.
@@ -674,10 +709,86 @@ TEST(SapipeUsage, UsageErrors) {
 
   EXPECT_TRUE(contains(spec_error("sapipe", {{"--dc-lambda", "-1"}}), "--dc-lambda"))
       << spec_error("sapipe", {{"--dc-lambda", "-1"}});
+
+  EXPECT_EQ(spec_error("sapipe", {{"--dc-bound", "yes"}}), "--dc-bound must be off or on, got 'yes'");
+  // The bound is of the DC term: only dc and wp3 have one.
+  EXPECT_EQ(spec_error("sapipe+none", {{"--dc-bound", "on"}}),
+            "--dc-bound applies only to sapipe with --compensation dc or wp3 (the DC term's bound), not none");
+  EXPECT_EQ(spec_error("sapipe", {{"--compensation", "wp1"}, {"--dc-bound", "off"}}),
+            "--dc-bound applies only to sapipe with --compensation dc or wp3 (the DC term's bound), not wp1");
+  EXPECT_EQ(spec_error("sapipe+wp2", {{"--dc-bound", "on"}}),
+            "--dc-bound applies only to sapipe with --compensation dc or wp3 (the DC term's bound), not wp2");
+  EXPECT_EQ(spec_error("pipe", {{"--dc-bound", "on"}}),
+            "--dc-bound applies only to sapipe with --compensation dc or wp3, not 'pipe'");
+  for (const char* spec : {"sapipe", "sapipe+dc", "sapipe+wp3"}) {
+    EXPECT_EQ(spec_error(spec, {{"--dc-bound", "on"}}), "no error") << spec;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
-// 5. The partition report.
+// 5. The defaults: sapipe is the paper's SAPipe (sapipe.txt Sec. 5.1: "SAPipe uses Option 3 in
+// Algorithm 3 as the default staleness compensation method, with lambda empirically set as 0.2"),
+// its DC term as printed (no clamp); sapipe+none is vanilla SAPipe (Alg. 1).
+
+const SapipeOptions& sapipe_options(const MethodSelection& selection) {
+  return options_as<SapipeOptions>(*selection.options);
+}
+
+TEST(SapipeDefaults, SapipeIsThePapersWeightPredictionOption3) {
+  const MethodSelection plain = select_for_test("sapipe");
+  EXPECT_EQ(sapipe_options(plain).compensation, Compensation::kPredictCombined);
+  EXPECT_EQ(sapipe_options(plain).lambda, 0.2);
+  EXPECT_FALSE(sapipe_options(plain).dc_bound);
+  EXPECT_TRUE(contains(plain.options->fingerprint(), "compensation wp3, lambda 0.2, dc bound off,"))
+      << plain.options->fingerprint();
+
+  // +none names the compensation, not the codec (none either way); with a codec too.
+  const MethodSelection none = select_for_test("sapipe+none");
+  EXPECT_EQ(sapipe_options(none).compensation, Compensation::kNone);
+  EXPECT_EQ(none.common.codec, "none");
+  const MethodSelection none_int8 = select_for_test("sapipe+none+int8");
+  EXPECT_EQ(sapipe_options(none_int8).compensation, Compensation::kNone);
+  EXPECT_EQ(none_int8.common.codec, "int8");
+  EXPECT_EQ(sapipe_options(select_for_test("sapipe", {{"--compensation", "none"}})).compensation, Compensation::kNone);
+
+  const MethodSelection bounded = select_for_test("sapipe+dc", {{"--dc-bound", "on"}});
+  EXPECT_EQ(sapipe_options(bounded).compensation, Compensation::kDelay);
+  EXPECT_TRUE(sapipe_options(bounded).dc_bound);
+  EXPECT_TRUE(contains(bounded.options->fingerprint(), "compensation dc, lambda 0.2, dc bound on,"));
+}
+
+// A run of the default reports wp3, lambda 0.2 and no bound; with --dc-bound on it reports the count.
+TEST(SapipeDefaults, ReportStatesTheCompensationAndTheBound) {
+  TrainConfig config = tiny_config("sapipe", 2, 0, {{"--stale-layers", "2"}, {"--buckets", "single"}});
+  const RunSummary plain = run_training(config, softmax_factory(), small_data());
+  const SapipeFacts& facts = facts_of(plain);
+  EXPECT_EQ(facts.compensation, "wp3");
+  EXPECT_TRUE(facts.dc_term);
+  EXPECT_EQ(facts.lambda, 0.2);
+  EXPECT_FALSE(facts.dc_bound);
+  EXPECT_EQ(facts.bounded_compensations, 0);
+  EXPECT_TRUE(contains(describe_sapipe(facts), "compensation wp3 (lambda 0.2, DC term unbounded, as printed)"))
+      << describe_sapipe(facts);
+
+  set_method_options(config, {{"--dc-bound", "on"}, {"--dc-lambda", "1e6"}});
+  const RunSummary bounded = run_training(config, softmax_factory(), small_data());
+  const SapipeFacts& clamped = facts_of(bounded);
+  EXPECT_TRUE(clamped.dc_bound);
+  EXPECT_GT(clamped.bounded_compensations, 0);
+  EXPECT_TRUE(contains(describe_sapipe(clamped),
+                       concat("compensation wp3 (lambda 1e+06, --dc-bound on: the DC scalar clamped to Theorem 3's "
+                              "condition in ", clamped.bounded_compensations, " updates)")))
+      << describe_sapipe(clamped);
+
+  const RunSummary none = run_training(tiny_config("sapipe+none+single", 2, 0, {{"--stale-layers", "2"}}),
+                                       softmax_factory(), small_data());
+  EXPECT_EQ(facts_of(none).compensation, "none");
+  EXPECT_FALSE(facts_of(none).dc_term);
+  EXPECT_TRUE(contains(describe_sapipe(facts_of(none)), "compensation none, pipelined")) << describe_sapipe(facts_of(none));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. The partition report.
 
 TEST(SapipeReport, ReportsKAndKappa) {
   TrainConfig config = tiny_config("sapipe+single", 2, 0, {{"--stale-layers", "1"}});
@@ -687,7 +798,7 @@ TEST(SapipeReport, ReportsKAndKappa) {
   EXPECT_EQ(given.layers, 2u);
   EXPECT_DOUBLE_EQ(given.stale_fraction, 7840.0 / 7850);
   EXPECT_FALSE(given.automatic);
-  EXPECT_EQ(given.compensation, "none");
+  EXPECT_EQ(given.compensation, "wp3");
   EXPECT_EQ(given.pipeline_start, 0);
 
   config = tiny_config("sapipe", 2, 0, {{"--stale-layers", "auto"}, {"--profile-iters", "2"}});
@@ -708,13 +819,13 @@ TEST(SapipeReport, ReportsKAndKappa) {
   }
 }
 
-// The DC scalar is bounded by Theorem 3's condition |lambda * (g . D)| <= 1 - 1/sqrt(2): with an
-// absurd lambda every stale update is bounded and training stays finite (unbounded, the factor
-// 1 + lambda * g . D turns the steps uphill and the weights overflow within a few iterations).
+// --dc-bound on bounds the DC scalar by Theorem 3's condition |lambda * (g . D)| <= 1 - 1/sqrt(2):
+// with an absurd lambda every stale update is bounded and training stays finite.
 TEST(SapipeDelayCompensation, HugeLambdaIsBoundedAndTrainingStaysFinite) {
   for (const char* spec : {"sapipe+dc+single", "sapipe+wp3+single"}) {
     SCOPED_TRACE(spec);
-    const TrainConfig config = tiny_config(spec, 2, 0, {{"--stale-layers", "2"}, {"--dc-lambda", "1e6"}});
+    const TrainConfig config =
+        tiny_config(spec, 2, 0, {{"--stale-layers", "2"}, {"--dc-lambda", "1e6"}, {"--dc-bound", "on"}});
     const RunSummary summary = run_training(config, softmax_factory(), small_data());
     EXPECT_GT(facts_of(summary).bounded_compensations, 10);
     for (float w : summary.final_parameters[0]) ASSERT_TRUE(std::isfinite(w));
@@ -723,7 +834,7 @@ TEST(SapipeDelayCompensation, HugeLambdaIsBoundedAndTrainingStaysFinite) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 6. Adam.
+// 7. Adam.
 
 TEST(SapipeAdam, AdamWorks) {
   TrainConfig config =

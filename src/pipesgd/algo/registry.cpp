@@ -114,7 +114,7 @@ std::string example_method_specs() { return "pipe+int8, dsync+optimal, sapipe+wp
 
 std::string example_compare_lists() {
   return "pssync,asgd,dcasgd,odsgd,dsync,pipe or dsync,wfbp,mgwfbp,dsync+optimal or "
-         "dsync,pipe,sapipe,sapipe+dc,sapipe+wp1,sapipe+wp3";
+         "dsync,pipe,sapipe+none,sapipe+dc,sapipe+wp1,sapipe";
 }
 
 const MethodDescriptor* method_of_spec(std::string_view spec) { return find_method(spec.substr(0, spec.find('+'))); }

@@ -24,7 +24,8 @@ SaPipe::SaPipe(const MethodContext& context)
       partition_(context.model.layout(), static_cast<double>(codec_->encoded_bytes(1000)) / 1000.0, options_.sync_plan,
                  planning_cost(context.common, context.network, workers_,
                                static_cast<double>(context.model.layout().total()) * sizeof(float))),
-      compensation_(options_.compensation, options_.lambda, gradient_scale_, context.model.layout().total()),
+      compensation_(options_.compensation, static_cast<float>(options_.lambda), options_.dc_bound, gradient_scale_,
+                    context.model.layout().total()),
       forward_sums_(layers_),
       backward_sums_(layers_),
       profile_buffer_(2 * layers_ + kCostProbes, 0.0f),
@@ -374,7 +375,10 @@ std::shared_ptr<MethodReport> SaPipe::report() const {
     facts.profile = profile;
     facts.cost = partition_.cost();
   }
-  facts.compensation = compensation_names()[static_cast<std::size_t>(options_.compensation)];
+  facts.compensation = compensation_name(options_.compensation);
+  facts.dc_term = has_dc_term(options_.compensation);
+  facts.lambda = options_.lambda;
+  facts.dc_bound = options_.dc_bound;
   facts.bounded_compensations = compensation_.bounded_compensations();
   facts.pipeline_start = pipeline_start_;
   // Pipelined iterations ran unless the run ended before the first (a stall check needs them).

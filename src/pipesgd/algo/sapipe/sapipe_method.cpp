@@ -6,6 +6,7 @@
 #include "pipesgd/algo/planning.h"
 #include "pipesgd/algo/sapipe/sapipe.h"
 #include "pipesgd/algo/sapipe/sapipe_report.h"
+#include "pipesgd/collective/codec.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -16,21 +17,29 @@ bool is_compensation(std::string_view name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-std::shared_ptr<const MethodOptions> parse_sapipe_options(const OptionValues& given) {
-  auto options = std::make_shared<SapipeOptions>();
-  options->stale_layers = parse_stale_layers(given.text("--stale-layers", "auto"), kLayersUnknown);
-  const std::string compensation = given.text("--compensation", "none");
+// --compensation as given, or the default; throws UsageError for an unknown name.
+Compensation given_compensation(const OptionValues& given) {
+  const std::string compensation = given.text("--compensation", compensation_name(kSapipeDefaultCompensation));
   const std::vector<std::string> names = compensation_names();
   const auto found = std::find(names.begin(), names.end(), compensation);
   if (found == names.end()) {
     throw UsageError(concat("unknown --compensation '", compensation, "' (expected ", join(names), ")"));
   }
-  options->compensation = static_cast<Compensation>(found - names.begin());
+  return static_cast<Compensation>(found - names.begin());
+}
+
+std::shared_ptr<const MethodOptions> parse_sapipe_options(const OptionValues& given) {
+  auto options = std::make_shared<SapipeOptions>();
+  options->stale_layers = parse_stale_layers(given.text("--stale-layers", "auto"), kLayersUnknown);
+  options->compensation = given_compensation(given);
   const double lambda = given.real("--dc-lambda", kSapipeDefaultLambda);
   if (!(lambda >= 0) || !std::isfinite(lambda)) {
     throw UsageError(concat("--dc-lambda must be >= 0 and finite, got ", given.text("--dc-lambda", "")));
   }
-  options->lambda = static_cast<float>(lambda);
+  options->lambda = lambda;
+  const std::string bound = given.text("--dc-bound", "off");
+  if (bound != "off" && bound != "on") throw UsageError(concat("--dc-bound must be off or on, got '", bound, "'"));
+  options->dc_bound = bound == "on";
   options->sync_plan = given.text("--buckets", "optimal");
   check_bucket_plan_name(options->sync_plan);
   options->profile_iterations = checked_profile_iterations(given.integer("--profile-iters", options->profile_iterations));
@@ -47,6 +56,16 @@ MethodDescriptor sapipe_method(const std::string& baseline) {
                    "prediction wp1-3), the rest synchronous in buckets applied before each layer's forward";
   method.traits.replicas_identical = true;
   method.options = allreduce_method_declarations(CalibrationUse::kAlways);
+  // "+none" names the compensation (sapipe+none: vanilla SAPipe), not the codec (none by default).
+  for (OptionDeclaration& option : method.options) {
+    if (option.flag != "--codec") continue;
+    option.spec_value = [is_codec = option.spec_value](std::string_view value) {
+      return value != "none" && is_codec(value);
+    };
+    std::vector<std::string> codecs = codec_names();
+    codecs.erase(std::remove(codecs.begin(), codecs.end(), "none"), codecs.end());
+    option.spec_values = join(codecs);
+  }
   OptionDeclaration buckets = buckets_declaration("The synchronous layers' bucket plan");
   buckets.default_text = "optimal";
   method.options.push_back(buckets);
@@ -55,15 +74,27 @@ MethodDescriptor sapipe_method(const std::string& baseline) {
   OptionDeclaration stale_layers("--stale-layers", "How many first layers train on 1-step-stale gradients: auto (the least k whose pipeline never "
                       "stalls, from the profiled layer times and the allreduce cost) or a count", "auto");
   method.options.push_back(stale_layers);
-  OptionDeclaration compensation("--compensation", "Staleness compensation of the stale layers: none, dc (delay compensation, Alg. 2), "
-                      "wp1|wp2|wp3 (weight prediction with the local, the synchronized, or the combined gradient, "
-                      "Alg. 3)", "none");
+  OptionDeclaration compensation("--compensation", "Staleness compensation of the stale layers: none (vanilla SAPipe, Alg. 1), "
+                      "dc (delay compensation, Alg. 2), wp1|wp2|wp3 (weight prediction with the local, the synchronized, "
+                      "or the combined gradient with DC, Alg. 3 options 1-3; wp3 is the paper's default, Sec. 5.1)",
+                      compensation_name(kSapipeDefaultCompensation));
   compensation.spec_value = is_compensation;
   compensation.spec_kind = "compensation";
   compensation.spec_values = join(compensation_names());
   method.options.push_back(compensation);
   OptionDeclaration lambda("--dc-lambda", "Delay compensation lambda of dc and wp3 (sapipe.txt Sec. 5.1's 0.2)", concat(kSapipeDefaultLambda));
   method.options.push_back(lambda);
+  OptionDeclaration bound("--dc-bound", "off: the DC term g + lambda g g^T D as printed (Eq. 1, Alg. 2, Alg. 3 option 3); "
+                          "on: |lambda g^T D| clamped to 1 - 1/sqrt(2) each step, Theorem 3's condition on lambda "
+                          "enforced per step (a safeguard against a factor 1 + lambda g^T D <= 0 turning the step uphill, "
+                          "not in the paper; the summary counts the clamped updates)", "off");
+  bound.applies = [](const OptionValues& given) { return has_dc_term(given_compensation(given)); };
+  bound.condition = "with --compensation dc or wp3";
+  bound.rejection = [](const OptionValues& given, std::string_view method) {
+    return concat("--dc-bound applies only to ", method, " with --compensation dc or wp3 (the DC term's bound), not ",
+                  compensation_name(given_compensation(given)));
+  };
+  method.options.push_back(bound);
   for (OptionDeclaration& option : warmup_declarations("run synchronously", "0")) method.options.push_back(std::move(option));
   method.parse = parse_sapipe_options;
   method.make = [](const MethodContext& context) { return std::make_unique<SaPipe>(context); };

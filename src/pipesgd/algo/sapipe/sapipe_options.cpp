@@ -15,6 +15,14 @@ bool predicts(Compensation compensation) {
          compensation == Compensation::kPredictCombined;
 }
 
+bool has_dc_term(Compensation compensation) {
+  return compensation == Compensation::kDelay || compensation == Compensation::kPredictCombined;
+}
+
+std::string compensation_name(Compensation compensation) {
+  return compensation_names()[static_cast<std::size_t>(compensation)];
+}
+
 long parse_stale_layers(const std::string& text, std::size_t layers) {
   if (text == "auto") return -1;
   long value = -1;
@@ -57,7 +65,8 @@ std::optional<DeferredPhase> SapipeOptions::deferred_phase(std::int64_t warmup_i
 
 std::string SapipeOptions::fingerprint() const {
   return concat("stale layers ", automatic() ? std::string("auto") : concat(stale_layers), ", compensation ",
-                compensation_names()[static_cast<std::size_t>(compensation)], ", lambda ", lambda, ", plan ",
+                compensation_name(compensation), ", lambda ", lambda,
+                has_dc_term(compensation) ? concat(", dc bound ", dc_bound ? "on" : "off") : std::string(), ", plan ",
                 sync_plan, ", profile ", profile_iterations);
 }
 

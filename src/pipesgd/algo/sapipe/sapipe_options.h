@@ -11,13 +11,18 @@
 namespace pipesgd {
 
 // --dc-lambda's default for sapipe (sapipe.txt Sec. 5.1: "lambda empirically set as 0.2").
-inline constexpr float kSapipeDefaultLambda = 0.2f;
+inline constexpr double kSapipeDefaultLambda = 0.2;
 
 // The stale range's compensation, in the order of compensation_names().
 enum class Compensation { kNone, kDelay, kPredictLocal, kPredictSynchronized, kPredictCombined };
 // --compensation values: none, dc, wp1, wp2, wp3.
 std::vector<std::string> compensation_names();
-bool predicts(Compensation compensation);  // wp1, wp2, wp3
+bool predicts(Compensation compensation);      // wp1, wp2, wp3
+bool has_dc_term(Compensation compensation);   // dc, wp3: lambda and --dc-bound apply
+// --compensation's default: wp3 (sapipe.txt Sec. 5.1: "SAPipe uses Option 3 in Algorithm 3 as the
+// default staleness compensation method").
+inline constexpr Compensation kSapipeDefaultCompensation = Compensation::kPredictCombined;
+std::string compensation_name(Compensation compensation);
 
 // "auto" or a layer count in [0, layers] (kLayersUnknown: any count >= 0); throws UsageError
 // otherwise (naming --stale-layers). Returns -1 for auto.
@@ -27,8 +32,11 @@ long parse_stale_layers(const std::string& text, std::size_t layers);
 class SapipeOptions final : public MethodOptions {
  public:
   long stale_layers = -1;  // k as given; -1: auto
-  Compensation compensation = Compensation::kNone;
-  float lambda = kSapipeDefaultLambda;  // dc and wp3
+  Compensation compensation = kSapipeDefaultCompensation;
+  double lambda = kSapipeDefaultLambda;  // dc and wp3 (applied in fp32)
+  // dc and wp3: the DC term's scalar is bounded per step (--dc-bound on, stale_compensation.h);
+  // off (the default) is Alg. 2 / Alg. 3 as printed.
+  bool dc_bound = false;
   std::string sync_plan = "optimal";    // the synchronous layers' bucket plan (timing/bucket_plan.h)
   std::int64_t profile_iterations = 10;
   WarmUp warmup_given;

@@ -15,9 +15,13 @@ void SapipeReport::add_json(nlohmann::json& summary, const RunFigures&) const {
                          {"stale_fraction", r.stale_fraction},
                          {"stale_layers_automatic", r.automatic},
                          {"compensation", r.compensation},
-                         {"bounded_compensations", r.bounded_compensations},
                          {"pipeline_start_iteration", r.pipeline_start},
                          {"pipelined", r.pipelined}};
+  if (r.dc_term) {
+    json["dc_lambda"] = r.lambda;
+    json["dc_bound"] = r.dc_bound;
+    if (r.dc_bound) json["bounded_compensations"] = r.bounded_compensations;
+  }
   if (r.profiled) {
     json["paper_program_stale_layers"] =
         r.paper_stale_layers ? nlohmann::json(*r.paper_stale_layers) : nlohmann::json(nullptr);
@@ -75,8 +79,12 @@ std::string describe_sapipe(const SapipeFacts& r) {
     text += "--stale-layers";
   }
   text += concat("), compensation ", r.compensation);
-  if (r.bounded_compensations > 0) {
-    text += concat(" (DC scalar bounded by Theorem 3's condition in ", r.bounded_compensations, " updates)");
+  if (r.dc_term) {
+    text += concat(" (lambda ", r.lambda, ", ",
+                   r.dc_bound ? concat("--dc-bound on: the DC scalar clamped to Theorem 3's condition in ",
+                                       r.bounded_compensations, " updates")
+                              : std::string("DC term unbounded, as printed"),
+                   ")");
   }
   return text + concat(", pipelined from iteration ", r.pipeline_start);
 }

@@ -18,7 +18,10 @@ struct SapipeFacts {
   double stale_fraction = 0;     // kappa = stale parameters / all parameters (sapipe.txt Def. 1)
   bool automatic = false;        // k from the timeline (--stale-layers auto) or given
   std::string compensation;
-  std::int64_t bounded_compensations = 0;  // dc/wp3 updates whose DC scalar was bounded
+  bool dc_term = false;                    // dc, wp3: the fields below apply
+  double lambda = 0;                       // --dc-lambda
+  bool dc_bound = false;                   // --dc-bound on
+  std::int64_t bounded_compensations = 0;  // updates whose DC scalar was clamped (rank 0's)
   std::int64_t pipeline_start = 0;         // the first pipelined iteration
   // False if the run ended before pipeline_start: every iteration ran synchronously, and k and
   // kappa above are 0 (no layer was stale).

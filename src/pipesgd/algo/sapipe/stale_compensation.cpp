@@ -8,8 +8,9 @@
 
 namespace pipesgd {
 
-StaleCompensation::StaleCompensation(Compensation kind, float lambda, float gradient_scale, std::size_t elements)
-    : kind_(kind), lambda_(lambda), gradient_scale_(gradient_scale) {
+StaleCompensation::StaleCompensation(Compensation kind, float lambda, bool bound, float gradient_scale,
+                                     std::size_t elements)
+    : kind_(kind), lambda_(lambda), bound_(bound), gradient_scale_(gradient_scale) {
   if (pipesgd::predicts(kind)) {
     for (auto& local : local_) local.assign(elements, 0.0f);
   }
@@ -45,7 +46,8 @@ void StaleCompensation::step_synchronous(Optimizer& optimizer, std::span<float> 
   });
 }
 
-float StaleCompensation::bounded_projection(double dot) {
+float StaleCompensation::dc_projection(double dot) {
+  if (!bound_) return static_cast<float>(dot);
   const double bound = kDelayCompensationBound / std::max(static_cast<double>(lambda_), 1e-30);
   if (std::fabs(dot) <= bound) return static_cast<float>(dot);
   ++bounded_compensations_;
@@ -63,7 +65,7 @@ void StaleCompensation::step_stale(Optimizer& optimizer, std::span<float> model_
   if (kind_ == Compensation::kDelay && stale) {
     // g . D over the whole stale range (Eq. 1's scalar).
     const double dot = sum_terms(n, [&](std::size_t i) { return static_cast<double>(gradient[i] * scale) * step[i]; });
-    const float projection = bounded_projection(dot);
+    const float projection = dc_projection(dot);
     fused_update(optimizer, 0, n, /*steps=*/true, [&](std::size_t i, auto& kernel) {
       const float g = gradient[i] * scale;
       const float old = weights[i];
@@ -112,7 +114,7 @@ void StaleCompensation::predict(Optimizer& optimizer, std::span<float> model_wei
       const double dot = synchronized == nullptr ? 0.0 : sum_terms(n, [&](std::size_t i) {
         return static_cast<double>(synchronized[i] * scale - local_before[i] * scale) * step[i];
       });
-      const float projection = bounded_projection(dot);
+      const float projection = dc_projection(dot);
       fused_update(optimizer, 0, n, /*steps=*/false, [&](std::size_t i, auto& kernel) {
         const float h = synchronized ? synchronized[i] * scale - local_before[i] * scale : 0.0f;
         model[i] = kernel.predict(i, weights[i], h + lambda * h * projection + local_previous[i] * scale);
@@ -145,7 +147,10 @@ void StaleCompensation::load(const CheckpointReader& in, const std::string& pref
     std::copy(values.begin(), values.end(), buffer.begin());
   };
   const std::int64_t bounded = in.integer(prefix + "bounded_compensations");
-  if (bounded < 0) throw DataError(concat("checkpoint '", in.origin(), "': ", bounded, " bounded compensations"));
+  if (bounded < 0 || (bounded > 0 && !bound_)) {
+    throw DataError(concat("checkpoint '", in.origin(), "': ", bounded, " bounded compensations",
+                           bound_ ? "" : " with --dc-bound off"));
+  }
   load_buffer("local0", local_[0]);
   load_buffer("local1", local_[1]);
   load_buffer("last_step", last_step_);

@@ -9,11 +9,13 @@
 //         W = predict(X, g~) (Alg. 3 line 11; the optimizer's update without changing its state):
 //         wp1 g~ = L(t-1); wp2 g~ = G(t-2)/n;
 //         wp3 g~ = DC(G(t-2)/n - L(t-2)/n, D) + L(t-1)/n, with D the step just taken.
-// The DC term's scalar is bounded: |lambda * (g . D)| <= kDelayCompensationBound = 1 - 1/sqrt(2),
-// the condition lambda * eta * V2 <= 1 - 1/sqrt(2) of sapipe.txt Theorem 3 (DC's error bound holds
-// only there). Unbounded, a loss spike makes the factor 1 + lambda * g . D negative: the step goes
-// uphill, the next D is larger, and the run diverges within a few iterations (seen on cnn with all
-// layers stale). The report counts the bounded updates.
+// The DC term is Eq. 1 as printed by default. With `bound` (--dc-bound on) its scalar is clamped
+// each step: |lambda * (g . D)| <= kDelayCompensationBound = 1 - 1/sqrt(2), the condition
+// lambda * eta * V2 <= 1 - 1/sqrt(2) of sapipe.txt Theorem 3 (a condition on the hyper-parameters
+// there, not a per-step clip; Theorem 6, wp3, has none) enforced as a safeguard: a loss spike can
+// make the factor 1 + lambda * g . D negative, the step then goes uphill and the next D is larger.
+// bounded_compensations() counts the clamped updates (always 0 without `bound`); wp3 predicts with
+// this worker's local gradients, so its count is per worker.
 //
 // The update is fused over the flat stale range (optim/fused_update.h), never per tensor: one pass
 // that compensates (dc), steps and records the step; for wp one more pass that predicts; and before
@@ -38,8 +40,8 @@ inline constexpr double kDelayCompensationBound = 0.29289321881345254;  // 1 - 1
 
 class StaleCompensation {
  public:
-  // `elements`: the flat buffers' size; `gradient_scale` 1/n.
-  StaleCompensation(Compensation kind, float lambda, float gradient_scale, std::size_t elements);
+  // `elements`: the flat buffers' size; `gradient_scale` 1/n; `bound`: clamp the DC scalar.
+  StaleCompensation(Compensation kind, float lambda, bool bound, float gradient_scale, std::size_t elements);
 
   Compensation kind() const { return kind_; }
   bool predicts() const { return pipesgd::predicts(kind_); }
@@ -74,16 +76,19 @@ class StaleCompensation {
   // after the history stopped being kept for them).
   void forget(std::size_t offset, std::size_t count);
 
-  // Checkpoint sections `prefix` + ...; load throws DataError for another size.
+  // Checkpoint sections `prefix` + ...; load throws DataError for another size, or for clamped
+  // updates counted when this run does not bound.
   void save(CheckpointWriter& out, const std::string& prefix) const;
   void load(const CheckpointReader& in, const std::string& prefix);
 
  private:
-  // g . D as used by the DC term: bounded so that |lambda * (g . D)| <= kDelayCompensationBound.
-  float bounded_projection(double dot);
+  // g . D as used by the DC term: with bound_, clamped so that |lambda * (g . D)| <=
+  // kDelayCompensationBound (counted).
+  float dc_projection(double dot);
 
   const Compensation kind_;
   const float lambda_;
+  const bool bound_;
   const float gradient_scale_;
   std::vector<float> local_[2];       // wp: L(t) in local_[t % 2], whole buffer
   std::vector<float> true_weights_;   // wp: the stale range's true weights
