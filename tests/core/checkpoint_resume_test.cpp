@@ -59,6 +59,7 @@ struct Variant {
   const char* stale_layers = "";   // sapipe: --stale-layers
   const char* compensation = "";   // sapipe: --compensation
   const char* final_gradients = "";  // pipe: --final-gradients ("": the default, apply)
+  const char* dc_bound = "";         // sapipe: --dc-bound
 };
 
 void PrintTo(const Variant& variant, std::ostream* out) { *out << variant.name; }
@@ -91,6 +92,7 @@ const Variant kVariants[] = {
     {"sapipe_k1_dc_momentum", "sapipe", 2, "sgd", kMomentumSgd, 0, "", "1", "dc"},
     {"sapipe_k1_wp1", "sapipe", 2, "sgd", kPlainSgd, 0, "wfbp", "1", "wp1"},
     {"sapipe_k1_wp3_momentum", "sapipe", 2, "sgd", kMomentumSgd, 0, "", "1", "wp3"},
+    {"sapipe_k1_dc_bound_momentum", "sapipe", 2, "sgd", kMomentumSgd, 0, "", "1", "dc", "", "on"},
     {"sapipe_all_stale_wp2_warmup5", "sapipe", 2, "sgd", kMomentumSgd, 5, "single", "2", "wp2"},
 };
 
@@ -114,6 +116,7 @@ TrainConfig make_config(const Variant& variant, int workers) {
   if (*variant.stale_layers != '\0') options.set("--stale-layers", variant.stale_layers);
   if (*variant.compensation != '\0') options.set("--compensation", variant.compensation);
   if (*variant.final_gradients != '\0') options.set("--final-gradients", variant.final_gradients);
+  if (*variant.dc_bound != '\0') options.set("--dc-bound", variant.dc_bound);
   config.method = reselect(config.method, options, variant.sgd);
   return config;
 }
@@ -206,6 +209,14 @@ TEST_P(CheckpointResume, InterruptAndResumeIsBitIdentical) {
     EXPECT_EQ(resumed.epochs[e].iterations, uninterrupted.epochs[e].iterations) << "epoch " << e;
     EXPECT_EQ(resumed.epochs[e].train_loss, uninterrupted.epochs[e].train_loss) << "epoch " << e;
     EXPECT_EQ(resumed.epochs[e].train_accuracy, uninterrupted.epochs[e].train_accuracy) << "epoch " << e;
+  }
+  // sapipe --dc-bound on: the clamps counted before the checkpoint are kept.
+  if (const auto* sapipe = dynamic_cast<const SapipeReport*>(uninterrupted.figures.report.get())) {
+    const std::int64_t clamped = sapipe->facts.bounded_compensations;
+    if (*variant.dc_bound != '\0') {
+      EXPECT_GT(clamped, 0) << "the clamp never fired";
+    }
+    EXPECT_EQ(dynamic_cast<const SapipeReport&>(*resumed.figures.report).facts.bounded_compensations, clamped);
   }
 }
 
@@ -491,7 +502,7 @@ TrainConfig sapipe_checkpointed(const TempDir& dir) {
   return config;
 }
 
-// Resuming a sapipe checkpoint with another --stale-layers or --compensation is refused: the run's
+// Resuming a sapipe checkpoint with another --stale-layers, --compensation or --dc-bound is refused: the run's
 // fingerprint names every method option, so the resume is a UsageError naming both settings. A
 // checkpoint whose own record of them disagrees with the run (edited, or of another build) is a
 // DataError naming the file, never continued with the wrong partition.
@@ -512,6 +523,9 @@ TEST(CheckpointResumeTest, SapipeResumeWithAnotherStaleLayerCountIsRefused) {
   TrainConfig other_compensation = resuming(config, dir.path(), false);
   set_method_options(other_compensation, {{"--compensation", "wp1"}});
   expect_usage_error(other_compensation, "compensation wp1");
+  TrainConfig other_bound = resuming(config, dir.path(), false);
+  set_method_options(other_bound, {{"--dc-bound", "on"}});
+  expect_usage_error(other_bound, "dc bound on");
 
   const std::string path = dir.file(part);
   rewrite_integer(path, "method.sapipe.requested_stale_layers", 2);

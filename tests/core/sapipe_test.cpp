@@ -777,7 +777,7 @@ TEST(SapipeDefaults, ReportStatesTheCompensationAndTheBound) {
   EXPECT_GT(clamped.bounded_compensations, 0);
   EXPECT_TRUE(contains(describe_sapipe(clamped),
                        concat("compensation wp3 (lambda 1e+06, --dc-bound on: the DC scalar clamped to Theorem 3's "
-                              "condition in ", clamped.bounded_compensations, " updates)")))
+                              "condition in ", clamped.bounded_compensations, " predictions of rank 0)")))
       << describe_sapipe(clamped);
 
   const RunSummary none = run_training(tiny_config("sapipe+none+single", 2, 0, {{"--stale-layers", "2"}}),

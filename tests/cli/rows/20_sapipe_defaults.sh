@@ -25,7 +25,8 @@ r = json.load(open(sys.argv[1]))["sapipe"]
 assert r["compensation"] == "wp3" and r["dc_bound"] is True and r["dc_lambda"] == 1e6, r
 count = r["bounded_compensations"]
 assert count > 0, f"lambda 1e6 clamped {count} updates"
-line = f"compensation wp3 (lambda 1e+06, --dc-bound on: the DC scalar clamped to Theorem 3's condition in {count} updates)"
+line = ("compensation wp3 (lambda 1e+06, --dc-bound on: the DC scalar clamped to Theorem 3's condition in "
+        f"{count} predictions of rank 0)")
 assert line in open(sys.argv[2]).read(), line
 PY
 

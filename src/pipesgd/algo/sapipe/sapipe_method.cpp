@@ -52,8 +52,9 @@ std::shared_ptr<const MethodOptions> parse_sapipe_options(const OptionValues& gi
 MethodDescriptor sapipe_method(const std::string& baseline) {
   MethodDescriptor method;
   method.name = "sapipe";
-  method.summary = "SAPipe (sapipe.txt): the first k layers 1-step stale with compensation (dc, weight "
-                   "prediction wp1-3), the rest synchronous in buckets applied before each layer's forward";
+  method.summary = "SAPipe (sapipe.txt): the first k layers 1-step stale with compensation (by default the paper's "
+                   "wp3, weight prediction option 3; +none, +dc, +wp1, +wp2), the rest synchronous in buckets applied "
+                   "before each layer's forward";
   method.traits.replicas_identical = true;
   method.options = allreduce_method_declarations(CalibrationUse::kAlways);
   // "+none" names the compensation (sapipe+none: vanilla SAPipe), not the codec (none by default).

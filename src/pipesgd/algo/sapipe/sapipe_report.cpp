@@ -82,7 +82,8 @@ std::string describe_sapipe(const SapipeFacts& r) {
   if (r.dc_term) {
     text += concat(" (lambda ", r.lambda, ", ",
                    r.dc_bound ? concat("--dc-bound on: the DC scalar clamped to Theorem 3's condition in ",
-                                       r.bounded_compensations, " updates")
+                                       r.bounded_compensations,
+                                       r.compensation == "dc" ? " updates" : " predictions of rank 0")
                               : std::string("DC term unbounded, as printed"),
                    ")");
   }

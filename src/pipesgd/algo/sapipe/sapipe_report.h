@@ -21,7 +21,9 @@ struct SapipeFacts {
   bool dc_term = false;                    // dc, wp3: the fields below apply
   double lambda = 0;                       // --dc-lambda
   bool dc_bound = false;                   // --dc-bound on
-  std::int64_t bounded_compensations = 0;  // updates whose DC scalar was clamped (rank 0's)
+  // DC terms clamped by --dc-bound on: dc's updates (the same on every rank), wp3's predictions
+  // (each worker's own; rank 0's).
+  std::int64_t bounded_compensations = 0;
   std::int64_t pipeline_start = 0;         // the first pipelined iteration
   // False if the run ended before pipeline_start: every iteration ran synchronously, and k and
   // kappa above are 0 (no layer was stale).
