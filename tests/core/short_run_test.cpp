@@ -239,7 +239,7 @@ TEST(ShortRunReport, SapipeBeforeItsPipelineReportsSynchronousIterations) {
             "(never pipelined: the whole gradient in one allreduce after backward)");
   EXPECT_EQ(describe_sapipe(facts),
             "never pipelined (it would start at iteration 18): every iteration ran synchronously, the whole gradient "
-            "in one allreduce after backward, no layer stale");
+            "in one allreduce after backward, no layer stale (compensation wp3 never applied)");  // the default
   // Never pipelined: D-Sync's Eq. 2, not Pipe-SGD's Eq. 4.
   EXPECT_EQ(summary.figures.predicted_iteration, summary.timing.predicted_sync_iteration);
   const nlohmann::json json = summary_to_json(summary);

@@ -94,7 +94,7 @@ run train --algo sapipe --stale-layers 0 --iters 3 "${NQ[@]}" --out "$R/nswr-sap
 expect_success "short-run/sapipe-exit-0" $? "$R/nswr-sapipe.out" "$R/nswr-sapipe.err"
 exact_stderr "short-run/sapipe-warning" "$R/nswr-sapipe.err" "$SAPIPE_WARNING"
 expect_contains "short-run/sapipe-report" "$R/nswr-sapipe.out" \
-  "SAPipe partial staleness: never pipelined (it would start at iteration 18): every iteration ran synchronously, the whole gradient in one allreduce after backward, no layer stale." \
+  "SAPipe partial staleness: never pipelined (it would start at iteration 18): every iteration ran synchronously, the whole gradient in one allreduce after backward, no layer stale (compensation wp3 never applied)." \
   "Synchronous layers: (never pipelined: the whole gradient in one allreduce after backward); 1 allreduce per iteration." \
   "This method follows Eq. 2."
 pycheck "short-run/sapipe-summary" "$R/nswr-sapipe/summary.json" <<'PY'
