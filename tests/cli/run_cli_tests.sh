@@ -473,12 +473,12 @@ rc=$?
 expect_success "compare/ps-methods-exit-0" $rc "$R/ps-compare.out" "$R/ps-compare.err"
 expect_contains "compare/ps-methods-table" "$R/ps-compare.out" pssync asgd "samples/s"
 # OD-SGD reports its timing model (Eq. 1-3) measured on its warm-up; DC-ASGD runs; compare prints
-# the od-sgd.txt Table 1 form and applies --dc-*/--local-* only where they belong.
+# the OD-SGD paper Table 1 form and applies --dc-*/--local-* only where they belong.
 run train --algo odsgd --data synthetic --iters 40 --warmup-iters 20 --workers 2 --local-updater dcasgd-a \
   --dc-lambda 0.1 --dc-momentum 0.9 --quiet --out "$R/odsgd" >"$R/odsgd.out" 2>"$R/odsgd.err"
 rc=$?
 expect_success "train/odsgd-exit-0" $rc "$R/odsgd.out" "$R/odsgd.err"
-expect_contains "train/odsgd-timing-model" "$R/odsgd.out" "OD-SGD timing model (od-sgd.txt Eq. 1-3)" \
+expect_contains "train/odsgd-timing-model" "$R/odsgd.out" "OD-SGD timing model (the paper's Eq. 1-3)" \
   "predicted (Eq. 2, 3)" "improvement rate" "Final train accuracy"
 pycheck "train/odsgd-summary" "$R/odsgd/summary.json" <<'EOF'
 import json, sys
@@ -495,10 +495,10 @@ run compare --algos pssync,dcasgd,odsgd,dsync --iters 30 --warmup-iters 12 --dat
 rc=$?
 expect_success "compare/dcasgd-odsgd-exit-0" $rc "$R/odsgd-compare.out" "$R/odsgd-compare.err"
 expect_contains "compare/table-1-form" "$R/odsgd-compare.out" \
-  "Training speed and accuracy (the form of od-sgd.txt Table 1)" "Speed (samples/s)" "Train Acc (%)" \
+  "Training speed and accuracy (the form of the OD-SGD paper's Table 1)" "Speed (samples/s)" "Train Acc (%)" \
   dcasgd odsgd "OD-SGD improvement rate over its synchronous warm-up"
 
-# SAPipe: a run reports k, kappa and the compensation column; compare prints the sapipe.txt Table 2
+# SAPipe: a run reports k, kappa and the compensation column; compare prints the SAPipe paper Table 2
 # form; Adam runs under sapipe.
 run train --algo sapipe+wp3 --model cnn --data synthetic --iters 40 --workers 2 --profile-iters 2 --quiet \
   --out "$R/sapipe" >"$R/sapipe.out" 2>"$R/sapipe.err"
@@ -521,7 +521,7 @@ run compare --algos dsync,pipe,sapipe+none,sapipe+dc,sapipe+wp1 --stale-layers 2
 rc=$?
 expect_success "compare/sapipe-exit-0" $rc "$R/sapipe-compare.out" "$R/sapipe-compare.err"
 expect_contains "compare/table-2-form" "$R/sapipe-compare.out" \
-  "Model performance (the form of sapipe.txt Table 2" "Test Acc (cnn)" "Best SAPipe over pipe" \
+  "Model performance (the form of the SAPipe paper's Table 2" "Test Acc (cnn)" "Best SAPipe over pipe" \
   "sapipe+dc: k = 2 of 5 layers stale" "sapipe+wp1: k = 2 of 5 layers stale"
 run train --algo sapipe --optimizer adam --lr 0.001 --stale-layers 1 --buckets wfbp --data synthetic --iters 20 \
   --workers 3 --quiet >"$R/sapipe-adam.out" 2>"$R/sapipe-adam.err"
@@ -625,7 +625,7 @@ run compare --algos dsync,wfbp,mgwfbp --model cnn --data synthetic --iters 12 --
   --quiet --no-eval >"$R/layer-compare.out" 2>"$R/layer-compare.err"
 rc=$?
 expect_success "compare/layer-wise-exit-0" $rc "$R/layer-compare.out" "$R/layer-compare.err"
-expect_contains "compare/layer-wise-table" "$R/layer-compare.out" "Layer-wise communication (mg-wfbp.txt" \
+expect_contains "compare/layer-wise-table" "$R/layer-compare.out" "Layer-wise communication (MG-WFBP paper" \
   "allreduces/iter" "(one allreduce after backward)" "wfbp: 5 buckets"
 
 # 3d. Emulated networks: the runs work and the link is taken into account.

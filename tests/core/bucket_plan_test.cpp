@@ -323,7 +323,7 @@ TEST(MgWfbpPlan, ALayerExactlyAtTheThresholdIsNotMerged) {
   EXPECT_EQ(ranges(mgwfbp_plan(LayerProfile{{4, 2, 6}, {1, 1.75, 0.5}, 1}, cost)), (Ranges{{0, 3}}));
 }
 
-// MG-WFBP Algorithm 1, written here from mg-wfbp.txt (not from bucket_plan.cpp), in the paper's
+// MG-WFBP Algorithm 1, written here from MG-WFBP paper (not from bucket_plan.cpp), in the paper's
 // numbering: layer l = 1..L is segment l - 1; arrays are indexed by l. Returns M, the merged-gradient
 // layers, in the order Algorithm 1 pushes them (l = L down to 2); `differences`, if given, receives
 // tau_b[l-2] - tau_c[l] for each l as line 13 tests it. Two readings of the text:

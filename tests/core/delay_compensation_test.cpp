@@ -1,4 +1,4 @@
-// DC-ASGD's delay compensation (optim/delay_compensation.h, od-sgd.txt Eq. 4-6) against values
+// DC-ASGD's delay compensation (optim/delay_compensation.h, OD-SGD paper Eq. 4-6) against values
 // worked by hand, and its usage errors.
 #include "pipesgd/optim/delay_compensation.h"
 

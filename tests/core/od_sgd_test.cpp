@@ -1,4 +1,4 @@
-// OD-SGD (algo/odsgd/od_sgd.h, od-sgd.txt Alg. 1-2) on the tiny pure-C++ model: the weights each worker
+// OD-SGD (algo/odsgd/od_sgd.h, OD-SGD paper Alg. 1-2) on the tiny pure-C++ model: the weights each worker
 // trains on, iteration by iteration, against an independent replay of Alg. 1-2 from the recorded
 // gradients (plain SGD; and with momentum and weight decay on the servers and in every local
 // updater, 1 to 4 workers); the warm-up and switching stage; the local updaters; the final global
@@ -191,7 +191,7 @@ TEST(OdSgd, DelayCompensatingLocalUpdatersFollowEquations4To6) {
 
 // ---------------------------------------------------------------------------------------------
 // The replay with momentum and weight decay: every worker's training weights, iteration by
-// iteration, against an independent implementation of od-sgd.txt Alg. 1-2 as od_sgd.h documents it.
+// iteration, against an independent implementation of OD-SGD paper Alg. 1-2 as od_sgd.h documents it.
 
 // One fp32 SGD step of one element, LibTorch's semantics as optim/sgd.h states them (dampening 0,
 // no Nesterov; the velocity starts at zero):

@@ -342,7 +342,7 @@ TEST(ParameterServer, AsynchronousManyWorkersApplyEveryPushOnce) {
   }
 }
 
-// DC-ASGD on the server (od-sgd.txt Eq. 4-6), two workers in a fixed order, by hand. Layout {1, 2}
+// DC-ASGD on the server (OD-SGD paper Eq. 4-6), two workers in a fixed order, by hand. Layout {1, 2}
 // (so 2 servers split it), w0 = {1, -2, 0.5}, lr 0.5, scale 1/2, lambda 0.25:
 //   worker 0 pushes g0 = {2, 1, -4} computed on w0 (its backup: it has not pulled, so w0):
 //     w1 = w0 - 0.25 * (g0 + 0) = {0.5, -2.25, 1.5}

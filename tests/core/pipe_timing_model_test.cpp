@@ -1,4 +1,4 @@
-// Pipe-SGD's timing models (timing/pipe_timing_model.h, pipe-sgd.txt Eq. 5-7) against the formulas
+// Pipe-SGD's timing models (timing/pipe_timing_model.h, Pipe-SGD paper Eq. 5-7) against the formulas
 // worked by hand with concrete numbers, their limits (L = 1 is Eq. 5; SE = 1 when compute-bound), and
 // the run summary's Eq. 5 with a calibration's gamma.
 #include "pipesgd/timing/pipe_timing_model.h"

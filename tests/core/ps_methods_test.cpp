@@ -204,7 +204,7 @@ TEST(AsynchronousServers, ScaleIsNotAnOptionOfSynchronousServers) {
   }
 }
 
-// --dc-lambda's default is the variant's (od-sgd.txt Sec. 4): 0.04 for DC-ASGD-c, 2 for DC-ASGD-a,
+// --dc-lambda's default is the variant's (OD-SGD paper Sec. 4): 0.04 for DC-ASGD-c, 2 for DC-ASGD-a,
 // on dcasgd's servers and odsgd's local updaters alike; a given --dc-lambda wins.
 TEST(DelayCompensationDefaults, LambdaIsTheVariants) {
   struct Case {

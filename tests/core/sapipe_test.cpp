@@ -4,7 +4,7 @@
 // on G(t-2), the synchronous range on G(t-1), dc, wp1, wp2, wp3 with the DC term as printed or
 // clamped by --dc-bound on) from the recorded local gradients, with 1 to 4 ranks, momentum, weight
 // decay, the int8 codec (the replay's sums come from the same collective and codec), and the
-// pipeline start taken from the configuration; the defaults (sapipe.txt Sec. 5.1: wp3, lambda 0.2,
+// pipeline start taken from the configuration; the defaults (SAPipe paper Sec. 5.1: wp3, lambda 0.2,
 // no clamp); usage errors; the partition report; Adam.
 #include "pipesgd/algo/sapipe/sapipe.h"
 #include "pipesgd/algo/sapipe/sapipe_report.h"
@@ -324,7 +324,7 @@ struct ReplayParams {
 //   t >= P: at the start of t the stale range X steps with G(t-2)/n if t-2 >= P (dc: compensated
 //   with D, the last step of X), the synchronous range W with G(t-1)/n; for wp the model computes
 //   on predict(X, g~) when t-1 >= P.
-//   The DC term is g + lambda * g * (g . D) (sapipe.txt Eq. 1, Alg. 2 line 9, Alg. 3 line 10);
+//   The DC term is g + lambda * g * (g . D) (SAPipe paper Eq. 1, Alg. 2 line 9, Alg. 3 line 10);
 //   with --dc-bound on, g . D clamped to |lambda * (g . D)| <= 1 - 1/sqrt(2).
 //   finish: W with G(T-1)/n, then X with G(T-2)/n and G(T-1)/n (the pipelined ones, compensated).
 // A step is LibTorch's SGD (optim/sgd.h): d = g + weight_decay * w, v = momentum * v + d,
@@ -726,7 +726,7 @@ TEST(SapipeUsage, UsageErrors) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 5. The defaults: sapipe is the paper's SAPipe (sapipe.txt Sec. 5.1: "SAPipe uses Option 3 in
+// 5. The defaults: sapipe is the paper's SAPipe (SAPipe paper Sec. 5.1: "SAPipe uses Option 3 in
 // Algorithm 3 as the default staleness compensation method, with lambda empirically set as 0.2"),
 // its DC term as printed (no clamp); sapipe+none is vanilla SAPipe (Alg. 1).
 

@@ -1,4 +1,4 @@
-// SAPipe's compensation of the stale range (algo/sapipe/stale_compensation.h) against sapipe.txt's
+// SAPipe's compensation of the stale range (algo/sapipe/stale_compensation.h) against the SAPipe paper's
 // formulas worked by hand: Alg. 2 (dc) and Alg. 3 option 3 (wp3) with the DC term of Eq. 1 as
 // printed (the default) and with --dc-bound on (|lambda g^T D| clamped to 1 - 1/sqrt(2)), on cases
 // where |lambda g^T D| exceeds 1 - 1/sqrt(2), so the two differ; the clamp count and its checkpoint.

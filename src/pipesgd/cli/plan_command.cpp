@@ -153,7 +153,7 @@ int run_plan(const PlanFlags& flags) {
                "of the communication not hidden behind backward.\n";
   std::cout << "(one allreduce after backward, without buckets, is the single plan.)\n";
   const WfbpCase wfbp = classify_wfbp(profile, cost);
-  std::cout << "WFBP is case " << wfbp.number << " of mg-wfbp.txt Sec. III-A: ";
+  std::cout << "WFBP is case " << wfbp.number << " of MG-WFBP paper Sec. III-A: ";
   if (wfbp.number == 3) {
     std::cout << "communication-bound from layer " << wfbp.communication_bound_layer
               << " (paper numbering) down, Eq. 13: t_iter = r_C + sum_{j<=C} t_c(j) = ";
@@ -172,7 +172,7 @@ int run_plan(const PlanFlags& flags) {
   const double sequential_comm = ring_allreduce_time(flags.workers, gradient_bytes, ring);
   const double sequential = predict_pipe_sequential_iteration(compute, sequential_comm);
   const double efficiency = pipe_scaling_efficiency(compute, sequential_comm);
-  std::cout << "\nPipe-SGD (pipe-sgd.txt Eq. 5-7, K >= 2, ring allreduce, S = 0) from " << planning_link_source(common, network)
+  std::cout << "\nPipe-SGD (the paper's Eq. 5-7, K >= 2, ring allreduce, S = 0) from " << planning_link_source(common, network)
             << ": alpha = " << link.alpha * 1e6 << " us, beta = " << link.beta * 1e9 << " ns/byte, gamma = "
             << link.gamma * 1e9 << " ns/byte; up + comp = t_f + t_b + update = " << compute * 1e3 << " ms\n";
   std::vector<std::vector<std::string>> pipe_rows = {

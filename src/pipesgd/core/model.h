@@ -30,7 +30,7 @@ using SegmentReadyFn = std::function<void(std::size_t segment, double backward_s
 // Called on the compute thread during forward, before forward first reads the parameters of
 // segments [first, end). In one forward_backward the calls come in forward order and together cover
 // every segment exactly once; the hook may still change those parameters (a method applies their
-// update there, so communication overlaps the forward of the earlier layers: sapipe.txt Fig. 2).
+// update there, so communication overlaps the forward of the earlier layers: SAPipe paper Fig. 2).
 using SegmentsNeededFn = std::function<void(std::size_t first, std::size_t end)>;
 
 struct StepResult {

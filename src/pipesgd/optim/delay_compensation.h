@@ -1,5 +1,5 @@
 #pragma once
-// DC-ASGD's compensation of a delayed gradient (od-sgd.txt Eq. 4-6, after Zheng et al., "Asynchronous
+// DC-ASGD's compensation of a delayed gradient (OD-SGD paper Eq. 4-6, after Zheng et al., "Asynchronous
 // SGD with delay compensation"). A gradient g = g(w_then) computed on weights w_then is applied to
 // weights w_now that have moved on; the first-order Taylor correction, with the Hessian
 // approximated by lambda * g (.) g, gives the compensated gradient
@@ -22,7 +22,7 @@ class CheckpointReader;
 
 enum class DelayCompensationVariant { kConstant, kAdaptive };
 
-// lambda's default per variant, the DC-ASGD paper's recommended values as od-sgd.txt uses them:
+// lambda's default per variant, the DC-ASGD paper's recommended values as OD-SGD paper uses them:
 // 0.04 for DC-ASGD-c (Sec. 4.2, 4.3), 2 for DC-ASGD-a (Sec. 4.3, 4.4).
 inline constexpr float kConstantDefaultLambda = 0.04f;
 inline constexpr float kAdaptiveDefaultLambda = 2.0f;

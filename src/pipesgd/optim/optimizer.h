@@ -1,7 +1,7 @@
 #pragma once
 // The optimizer interface of the allreduce-family methods (dsync, pipe, layer-wise dsync, sapipe):
 // an update fused over a flat range of the parameter buffer, and the same update as a prediction that
-// changes no state (SAPipe's weight prediction, sapipe.txt Alg. 3 line 11).
+// changes no state (SAPipe's weight prediction, SAPipe paper Alg. 3 line 11).
 //
 // Ranges are given as (parameters, gradients, offset): elements [offset, offset + n) of the model's
 // flat buffers. Every range must consist of whole segments of the layout the optimizer was built for

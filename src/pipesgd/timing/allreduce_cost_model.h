@@ -1,5 +1,5 @@
 #pragma once
-// Cost model of the allreduce algorithms (mg-wfbp.txt Sec. II.D, Table II; the ring is Pipe-SGD
+// Cost model of the allreduce algorithms (MG-WFBP paper Sec. II.D, Table II; the ring is Pipe-SGD
 // Eq. 5 without the synchronisation term S), its fit to measured timings, the calibration file that
 // stores the result, and the choice of an algorithm from it.
 //

@@ -1,6 +1,6 @@
 #pragma once
 // Gradient buckets for layer-wise allreduce: which consecutive layers' gradients are allreduced
-// together, and the iteration time a choice gives under the MG-WFBP timing model (mg-wfbp.txt
+// together, and the iteration time a choice gives under the MG-WFBP timing model (MG-WFBP paper
 // Eq. 6-9, 21). docs/bucket-planner.md states the model and proves the optimal plan.
 //
 // Model. Segments (layers) are numbered in forward order 0..L-1; the paper's layer l is segment

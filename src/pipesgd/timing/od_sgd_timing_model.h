@@ -1,5 +1,5 @@
 #pragma once
-// OD-SGD's performance model (od-sgd.txt Sec. 3.2, Eq. 1-3): the improvement rate of OD-SGD over
+// OD-SGD's performance model (OD-SGD paper Sec. 3.2, Eq. 1-3): the improvement rate of OD-SGD over
 // synchronous SGD (SSGD) on a parameter server, from measured per-iteration times.
 //
 //   T_org = T_cop + T'_com                                   (SSGD: compute, then communicate)

@@ -1,5 +1,5 @@
 #pragma once
-// SAPipe's partial staleness (sapipe.txt Sec. 3.1): the least number k of first layers (forward
+// SAPipe's partial staleness (SAPipe paper Sec. 3.1): the least number k of first layers (forward
 // order) that must train on 1-step-stale aggregated gradients so that the training pipeline never
 // stalls, i.e. the computation never waits for communication.
 //

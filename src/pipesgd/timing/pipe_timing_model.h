@@ -1,5 +1,5 @@
 #pragma once
-// Pipe-SGD timing models (pipe-sgd.txt Sec. 3.1-3.2), per iteration (the paper's totals are T times
+// Pipe-SGD timing models (Pipe-SGD paper Sec. 3.1-3.2), per iteration (the paper's totals are T times
 // these):
 //   Eq. 2  D-Sync:   l_up + l_comp + l_comm
 //   Eq. 4  Pipe-SGD: max(l_up + l_comp, l_comm)           (K >= 2, limited resources)

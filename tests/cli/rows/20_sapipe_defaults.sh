@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# SAPipe's defaults (sourced by run_cli_tests.sh): --algo sapipe is the paper's SAPipe (sapipe.txt
+# SAPipe's defaults (sourced by run_cli_tests.sh): --algo sapipe is the paper's SAPipe (SAPipe paper
 # Sec. 5.1: weight prediction option 3, lambda 0.2) with the DC term as printed; --dc-bound on clamps
 # the DC scalar (Theorem 3's condition per step) and the summary counts the clamps; sapipe+none is
 # vanilla SAPipe; the help states the defaults.

@@ -20,9 +20,9 @@ run train --help >"$R/defaults-help.out" 2>&1
 expect_contains "help/defaults-stated" "$R/defaults-help.out" \
   "--async-scale" "1 (as MXNet's dist_async, the paper's ASGD baseline, applies every push) or 1/M" \
   "[asgd and dcasgd; default: 1]" \
-  "default: 0.04 with --dc-variant c, 2 with --dc-variant a (od-sgd.txt Sec. 4)" \
-  "default: 0.04 with dcasgd-c, 2 with dcasgd-a (od-sgd.txt Sec. 4)" \
-  "--final-gradients" "drop (pipe-sgd.txt Alg. 1 as printed" "[pipe; default: apply]"
+  "default: 0.04 with --dc-variant c, 2 with --dc-variant a (OD-SGD paper Sec. 4)" \
+  "default: 0.04 with dcasgd-c, 2 with dcasgd-a (OD-SGD paper Sec. 4)" \
+  "--final-gradients" "drop (Pipe-SGD paper Alg. 1 as printed" "[pipe; default: apply]"
 
 # Runs: summary.json and the report say what the run used.
 ps_run() {  # NAME ARGS...
@@ -63,12 +63,12 @@ PY
 ps_run pipe-default --algo pipe --net 10gbe
 expect_contains "defaults/pipe-default-report" "$R/pipe-default.out" \
   "End of training (--final-gradients apply): the aggregated gradients of the last 2 iterations were applied" \
-  "drop is pipe-sgd.txt Alg. 1 as printed" "Eq. 5 (Pipe-SGD, sequential comm" \
+  "drop is Pipe-SGD paper Alg. 1 as printed" "Eq. 5 (Pipe-SGD, sequential comm" \
   "Eq. 5 comm term (alpha 20 us, beta 0.8 ns/byte, gamma 0 ns/byte, S = 0; alpha and beta of the emulated link, gamma 0 without a calibration)" \
   "Eq. 7 scaling efficiency"
 ps_run pipe-drop --algo pipe --final-gradients drop
 expect_contains "defaults/pipe-drop-report" "$R/pipe-drop.out" \
-  "End of training (--final-gradients drop)" "dropped, as pipe-sgd.txt Alg. 1 as printed"
+  "End of training (--final-gradients drop)" "dropped, as Pipe-SGD paper Alg. 1 as printed"
 pycheck "defaults/pipe-summaries" "$R" <<'PY'
 import json, sys
 def s(name): return json.load(open(f"{sys.argv[1]}/{name}/summary.json"))
@@ -109,7 +109,7 @@ run plan --model softmax --workers 2 --data synthetic --profile-iters 2 --plans 
   --calibration "$R/calibration.json" --out "$R/plan-calibrated" >"$R/plan-calibrated.out" 2>"$R/plan-calibrated.err"
 expect_success "defaults/plan-pipe-sgd-exit-0" $? "$R/plan-calibrated.out" "$R/plan-calibrated.err"
 expect_contains "defaults/plan-pipe-sgd-section" "$R/plan-calibrated.out" \
-  "Pipe-SGD (pipe-sgd.txt Eq. 5-7, K >= 2, ring allreduce, S = 0) from the calibration file's link parameters" \
+  "Pipe-SGD (the paper's Eq. 5-7, K >= 2, ring allreduce, S = 0) from the calibration file's link parameters" \
   "Eq. 5" "pipelined, plan wfbp" "Eq. 6" "Eq. 7 scaling efficiency with sequential communication"
 # softmax: 2 layers (weights, bias) so wfbp has L = 2 segments, single L = 1; p = 2.
 pycheck "defaults/plan-pipe-sgd-numbers" "$R/plan-calibrated/plan.json" <<'PY'

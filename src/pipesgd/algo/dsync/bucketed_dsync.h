@@ -1,5 +1,5 @@
 #pragma once
-// D-Sync with layer-wise communication (mg-wfbp.txt): as backward reports each layer's gradient
+// D-Sync with layer-wise communication (MG-WFBP paper): as backward reports each layer's gradient
 // final, the gradient of a bucket (a contiguous range of layers, timing/bucket_plan.h) is allreduced
 // on this worker's comm thread while backward goes on with the earlier layers; end_iteration waits
 // for the last bucket (that wait is the non-overlapped communication t_c^no), then updates. The

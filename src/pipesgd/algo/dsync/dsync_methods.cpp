@@ -75,7 +75,7 @@ MethodDescriptor fixed_plan_method(std::string name, std::string plan, std::stri
 MethodDescriptor dsync_method() {
   MethodDescriptor method;
   method.name = "dsync";
-  method.summary = "D-Sync: compute, allreduce, update (pipe-sgd.txt's baseline); with a bucket plan (+PLAN or "
+  method.summary = "D-Sync: compute, allreduce, update (the Pipe-SGD paper's baseline); with a bucket plan (+PLAN or "
                    "--buckets) layer-wise, each bucket allreduced as backward makes it ready";
   method.traits.replicas_identical = true;
   method.options = allreduce_method_declarations(CalibrationUse::kWithAutoOrBuckets);
@@ -92,7 +92,7 @@ MethodDescriptor dsync_method() {
 }
 
 MethodDescriptor wfbp_method() {
-  return fixed_plan_method("wfbp", "wfbp", "layer-wise D-Sync, one bucket per layer (mg-wfbp.txt's WFBP)");
+  return fixed_plan_method("wfbp", "wfbp", "layer-wise D-Sync, one bucket per layer (the MG-WFBP paper's WFBP)");
 }
 
 MethodDescriptor synceasgd_method() {
@@ -101,7 +101,7 @@ MethodDescriptor synceasgd_method() {
 }
 
 MethodDescriptor mgwfbp_method() {
-  return fixed_plan_method("mgwfbp", "mgwfbp", "layer-wise D-Sync with MG-WFBP's merged buckets (mg-wfbp.txt Alg. 1)");
+  return fixed_plan_method("mgwfbp", "mgwfbp", "layer-wise D-Sync with MG-WFBP's merged buckets (MG-WFBP paper Alg. 1)");
 }
 
 }  // namespace pipesgd

@@ -1,11 +1,11 @@
 #pragma once
 // The registry entries of the D-Sync family (algo/registry.cpp lists them):
-//   dsync      D-Sync (pipe-sgd.txt's synchronous baseline), optionally layer-wise with a bucket
+//   dsync      D-Sync (the Pipe-SGD paper's synchronous baseline), optionally layer-wise with a bucket
 //              plan (--buckets PLAN or dsync+PLAN);
-//   wfbp       layer-wise D-Sync with one bucket per layer (mg-wfbp.txt's WFBP);
+//   wfbp       layer-wise D-Sync with one bucket per layer (the MG-WFBP paper's WFBP);
 //   synceasgd  layer-wise D-Sync with one bucket (SyncEASGD: one allreduce after backward, on the
 //              comm thread);
-//   mgwfbp     layer-wise D-Sync with MG-WFBP's merged buckets (mg-wfbp.txt Alg. 1).
+//   mgwfbp     layer-wise D-Sync with MG-WFBP's merged buckets (MG-WFBP paper Alg. 1).
 #include "pipesgd/algo/method_descriptor.h"
 
 namespace pipesgd {

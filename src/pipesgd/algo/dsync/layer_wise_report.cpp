@@ -29,7 +29,7 @@ void LayerWiseReport::print(std::ostream& out, const RunFigures& run) const {
       << "after backward): " << milliseconds(run.mean.wait) << " ms measured";
   if (planned) {
     out << ", " << milliseconds(predicted_non_overlapped)
-        << " ms predicted by the plan's timeline (mg-wfbp.txt Eq. 8 / 21)";
+        << " ms predicted by the plan's timeline (MG-WFBP paper Eq. 8 / 21)";
   }
   out << "; iteration " << milliseconds(run.mean.iteration) << " ms measured, " << milliseconds(run.predicted_iteration)
       << " ms predicted" << (planned ? "" : " (Eq. 2: no plan was made)") << ".\n";
@@ -43,7 +43,7 @@ ComparisonTable layer_wise_table() {
       return dynamic_cast<const LayerWiseReport*>(run.report.get()) != nullptr;
     });
     if (!any) return;
-    out << "\nLayer-wise communication (mg-wfbp.txt; predicted = the plan's timeline + update from the "
+    out << "\nLayer-wise communication (MG-WFBP paper; predicted = the plan's timeline + update from the "
            "run's profile):\n";
     std::vector<std::vector<std::string>> rows = {{"method", "allreduces/iter", "iter ms", "predicted ms",
                                                    "measured/predicted", "t_c^no ms", "predicted t_c^no", "plan"}};

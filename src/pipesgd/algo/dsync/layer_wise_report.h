@@ -1,6 +1,6 @@
 #pragma once
 // What a layer-wise D-Sync run reports (algo/dsync/bucketed_dsync.h): its plan, what the plan was
-// computed from, and the plan's timeline beside the measurement (mg-wfbp.txt Eq. 8 / 21); and the
+// computed from, and the plan's timeline beside the measurement (MG-WFBP paper Eq. 8 / 21); and the
 // layer-wise table of `compare`.
 #include <string>
 

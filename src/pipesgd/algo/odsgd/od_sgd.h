@@ -1,5 +1,5 @@
 #pragma once
-// OD-SGD (od-sgd.txt Alg. 1-2), the worker side; the servers run the synchronous mode of
+// OD-SGD (the paper's Alg. 1-2), the worker side; the servers run the synchronous mode of
 // ps/parameter_server.h unchanged (Alg. 1). Let G_v be the servers' weights of version v (G_0 the
 // initial weights; G_{v+1} = SGD step of G_v with the mean of the M gradients of iteration v) and
 // W_t the weights a worker trains on at iteration t, with N = max(warmup_iterations, 1):
@@ -42,7 +42,7 @@
 namespace pipesgd {
 
 // Warm-up iterations of odsgd when neither --warmup-iters nor --warmup-epochs is given (the paper's
-// setting, od-sgd.txt Sec. 4).
+// setting, OD-SGD paper Sec. 4).
 inline constexpr std::int64_t kOdSgdDefaultWarmupIterations = 200;
 
 // Names accepted by --local-updater.

@@ -54,7 +54,7 @@ void OdSgdReport::print(std::ostream& out, const RunFigures& run) const {
   ParameterServerReport::print(out, run);
   if (!model_) return;
   const OdSgdModel& r = *model_;
-  out << "\nOD-SGD timing model (od-sgd.txt Eq. 1-3): T_cop = compute thread busy = " << milliseconds(r.times.compute)
+  out << "\nOD-SGD timing model (the paper's Eq. 1-3): T_cop = compute thread busy = " << milliseconds(r.times.compute)
       << " ms, T_com = push + pull on the comm thread = " << milliseconds(r.times.communication) << " ms";
   if (r.sync_iterations <= 0) {
     out << "\nT_org and T'_com are measured on the synchronous warm-up iterations, and this run had "

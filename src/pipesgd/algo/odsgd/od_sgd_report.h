@@ -1,5 +1,5 @@
 #pragma once
-// What an odsgd run reports: OD-SGD's performance model (od-sgd.txt Eq. 1-3) beside the
+// What an odsgd run reports: OD-SGD's performance model (OD-SGD paper Eq. 1-3) beside the
 // measurement. T_org and T'_com come from the synchronous warm-up iterations (SSGD on the same
 // servers), T_cop and T_com from the measured pipelined iterations.
 #include <cstdint>

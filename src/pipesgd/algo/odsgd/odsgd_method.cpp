@@ -36,7 +36,7 @@ std::shared_ptr<const MethodOptions> parse_odsgd_options(const OptionValues& giv
 MethodDescriptor odsgd_method() {
   MethodDescriptor method;
   method.name = "odsgd";
-  method.summary = "OD-SGD (od-sgd.txt Alg. 1-2): after a synchronous warm-up, train on the global weights of t-1 "
+  method.summary = "OD-SGD (the paper's Alg. 1-2): after a synchronous warm-up, train on the global weights of t-1 "
                    "updated locally while the push and pull of t run on the comm thread";
   method.traits.uses_servers = true;
   method.options = parameter_server_declarations();

@@ -1,5 +1,5 @@
 #pragma once
-// The registry entry of OD-SGD (`odsgd`, od-sgd.txt Alg. 1-2; algo/odsgd/od_sgd.h).
+// The registry entry of OD-SGD (`odsgd`, OD-SGD paper Alg. 1-2; algo/odsgd/od_sgd.h).
 #include "pipesgd/algo/method_descriptor.h"
 
 namespace pipesgd {

@@ -8,7 +8,7 @@ namespace pipesgd {
 MethodDescriptor pipe_method() {
   MethodDescriptor method;
   method.name = "pipe";
-  method.summary = "Pipe-SGD (pipe-sgd.txt Alg. 1): the update at t uses the aggregated gradient of t-K while the "
+  method.summary = "Pipe-SGD (the paper's Alg. 1): the update at t uses the aggregated gradient of t-K while the "
                    "allreduce of t runs on the comm thread";
   method.traits.replicas_identical = true;
   method.options = allreduce_method_declarations(CalibrationUse::kWithAllreduceAuto);
@@ -18,7 +18,7 @@ MethodDescriptor pipe_method() {
   method.options.emplace_back(
       "--final-gradients",
       "The aggregated gradients of the last K iterations at the end of training: apply (every computed gradient is "
-      "applied; K = 1 is D-Sync bit for bit) or drop (pipe-sgd.txt Alg. 1 as printed: its comm thread reduces "
+      "applied; K = 1 is D-Sync bit for bit) or drop (Pipe-SGD paper Alg. 1 as printed: its comm thread reduces "
       "iterations 1..T-K, so T-K gradients are applied)",
       final_gradients_name(FinalGradients::kApply));
   method.parse = [](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {

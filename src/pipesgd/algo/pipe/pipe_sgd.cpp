@@ -29,8 +29,8 @@ void PipeReport::print(std::ostream& out, const RunFigures&) const {
   out << "\nEnd of training (--final-gradients " << final_gradients_name(final_gradients_) << "): the aggregated "
       << "gradients of the last " << staleness_ << (staleness_ == 1 ? " iteration were " : " iterations were ")
       << (final_gradients_ == FinalGradients::kApply
-              ? "applied, so every computed gradient counts (drop is pipe-sgd.txt Alg. 1 as printed)."
-              : "dropped, as pipe-sgd.txt Alg. 1 as printed (its comm thread reduces iterations 1..T-K).")
+              ? "applied, so every computed gradient counts (drop is Pipe-SGD paper Alg. 1 as printed)."
+              : "dropped, as Pipe-SGD paper Alg. 1 as printed (its comm thread reduces iterations 1..T-K).")
       << "\n";
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Pipe-SGD (pipe-sgd.txt Alg. 1): iterations pipelined with width K. The update at iteration t uses
+// Pipe-SGD (the paper's Alg. 1): iterations pipelined with width K. The update at iteration t uses
 // the aggregated gradient of iteration t-K; the allreduce of iteration t's gradient runs on this
 // worker's comm thread while the compute thread goes on with iterations t+1 .. t+K-1.
 //

@@ -69,7 +69,7 @@ int parse_servers(const OptionValues& given) {
 OptionDeclaration dc_lambda_declaration(const std::string& help, const std::string& constant, const std::string& adaptive) {
   return OptionDeclaration("--dc-lambda", help,
                            concat(kConstantDefaultLambda, " with ", constant, ", ", kAdaptiveDefaultLambda, " with ",
-                                  adaptive, " (od-sgd.txt Sec. 4)"));
+                                  adaptive, " (OD-SGD paper Sec. 4)"));
 }
 
 DelayCompensationOptions parse_delay_compensation(const OptionValues& given, DelayCompensationVariant variant) {
@@ -82,7 +82,7 @@ DelayCompensationOptions parse_delay_compensation(const OptionValues& given, Del
 }
 
 MethodDescriptor pssync_method() {
-  return server_method("pssync", "PS-Sync: push, the servers sum the M gradients and step, pull (pipe-sgd.txt "
+  return server_method("pssync", "PS-Sync: push, the servers sum the M gradients and step, pull (Pipe-SGD paper "
                        "Sec. 4's parameter-server baseline)", ServerMode::kSynchronous);
 }
 
@@ -93,7 +93,7 @@ MethodDescriptor asgd_method() {
 
 MethodDescriptor dcasgd_method() {
   MethodDescriptor method = server_method(
-      "dcasgd", "DC-ASGD: ASGD whose servers compensate each push for its delay (od-sgd.txt Eq. 4-6)",
+      "dcasgd", "DC-ASGD: ASGD whose servers compensate each push for its delay (OD-SGD paper Eq. 4-6)",
       ServerMode::kAsynchronous);
   OptionDeclaration variant("--dc-variant", "The servers' delay compensation: c (DC-ASGD-c, Eq. 4) or a (DC-ASGD-a, Eq. 5-6)", "c");
   method.options.push_back(variant);

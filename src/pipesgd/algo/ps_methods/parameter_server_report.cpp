@@ -38,7 +38,7 @@ ComparisonTable parameter_server_table() {
     bool any = false;
     for (const RunFigures& run : runs) any = any || dynamic_cast<const ParameterServerReport*>(run.report.get());
     if (!any) return;
-    out << "\nTraining speed and accuracy (the form of od-sgd.txt Table 1):\n";
+    out << "\nTraining speed and accuracy (the form of the OD-SGD paper's Table 1):\n";
     std::vector<std::vector<std::string>> rows = {{"Algorithms", "Speed (samples/s)", "Train Acc (%)", "Test Acc (%)"}};
     for (const RunFigures& run : runs) {
       rows.push_back({run.method_spec, format_number("%.1f", run.throughput),

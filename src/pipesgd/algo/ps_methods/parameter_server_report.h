@@ -1,6 +1,6 @@
 #pragma once
 // What a parameter-server run reports (pssync, asgd, dcasgd; odsgd's report extends it), and the
-// table `compare` prints when one was compared: od-sgd.txt Table 1's form, speed and accuracy.
+// table `compare` prints when one was compared: OD-SGD paper Table 1's form, speed and accuracy.
 #include "pipesgd/algo/method_report.h"
 #include "pipesgd/algo/ps_methods/ps_methods.h"
 

@@ -8,7 +8,7 @@
 //     servers (synchronous mode) sum the M gradients in worker order 0..M-1 and take one SGD step
 //     with gradient scale 1/M, exactly D-Sync's update up to the summation order of the gradients.
 //   ASGD (`asgd`) and DC-ASGD (`dcasgd`, the servers compensate each push for its delay with the
-//   worker's backup weights, od-sgd.txt Eq. 4-6): iteration t pushes the local gradient (tagged
+//   worker's backup weights, OD-SGD paper Eq. 4-6): iteration t pushes the local gradient (tagged
 //     with the version of the weights it was computed on) and pulls the latest weights; the servers
 //     (asynchronous mode) apply each push as it arrives with the gradient scale of --async-scale
 //     (AsyncScale). With one worker ASGD is sequential SGD whatever the scale.
@@ -30,7 +30,7 @@ namespace pipesgd {
 
 // How an asynchronous server scales each push (--async-scale):
 //   kOne             1: every push is one SGD step of its worker's batch-mean gradient, as MXNet's
-//                    dist_async kvstore (the ASGD and DC-ASGD baseline of od-sgd.txt) applies it.
+//                    dist_async kvstore (the ASGD and DC-ASGD baseline of OD-SGD paper) applies it.
 //   kInverseWorkers  1/M: with no staleness M pushes move the weights as far as one SSGD step of
 //                    global batch M x batch (the per-sample learning rate of D-Sync).
 enum class AsyncScale { kOne, kInverseWorkers };

@@ -1,5 +1,5 @@
 #pragma once
-// SAPipe (sapipe.txt Sec. 3): partial staleness with staleness compensation.
+// SAPipe (SAPipe paper Sec. 3): partial staleness with staleness compensation.
 //
 // Layers 0..k-1 (forward order; the "stale range", elements [0, S) of the flat buffers) train on
 // 1-step-stale aggregated gradients exactly as Pipe-SGD with K = 2: the update at the start of
@@ -7,7 +7,7 @@
 // gradient is allreduced in buckets (timing/bucket_plan.h) launched as backward produces them, and
 // each bucket's update is applied inside the next forward, just before forward first reads those
 // layers (FlatParameters::set_forward_hook), so their communication overlaps the backward of the
-// earlier layers and the forward of the stale ones (sapipe.txt Fig. 2). A model that does not report
+// earlier layers and the forward of the stale ones (SAPipe paper Fig. 2). A model that does not report
 // forward progress gets the synchronous update at the start of the iteration instead.
 //
 // The method is built from four parts, each in its own file:

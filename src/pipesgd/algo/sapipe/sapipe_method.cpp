@@ -52,7 +52,7 @@ std::shared_ptr<const MethodOptions> parse_sapipe_options(const OptionValues& gi
 MethodDescriptor sapipe_method(const std::string& baseline) {
   MethodDescriptor method;
   method.name = "sapipe";
-  method.summary = "SAPipe (sapipe.txt): the first k layers 1-step stale with compensation (by default the paper's "
+  method.summary = "SAPipe (the SAPipe paper): the first k layers 1-step stale with compensation (by default the paper's "
                    "wp3, weight prediction option 3; +none, +dc, +wp1, +wp2), the rest synchronous in buckets applied "
                    "before each layer's forward";
   method.traits.replicas_identical = true;
@@ -83,7 +83,7 @@ MethodDescriptor sapipe_method(const std::string& baseline) {
   compensation.spec_kind = "compensation";
   compensation.spec_values = join(compensation_names());
   method.options.push_back(compensation);
-  OptionDeclaration lambda("--dc-lambda", "Delay compensation lambda of dc and wp3 (sapipe.txt Sec. 5.1's 0.2)", concat(kSapipeDefaultLambda));
+  OptionDeclaration lambda("--dc-lambda", "Delay compensation lambda of dc and wp3 (SAPipe paper Sec. 5.1's 0.2)", concat(kSapipeDefaultLambda));
   method.options.push_back(lambda);
   OptionDeclaration bound("--dc-bound", "off: the DC term g + lambda g g^T D as printed (Eq. 1, Alg. 2, Alg. 3 option 3); "
                           "on: |lambda g^T D| clamped to 1 - 1/sqrt(2) each step, Theorem 3's condition on lambda "

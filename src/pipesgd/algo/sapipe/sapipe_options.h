@@ -10,7 +10,7 @@
 
 namespace pipesgd {
 
-// --dc-lambda's default for sapipe (sapipe.txt Sec. 5.1: "lambda empirically set as 0.2").
+// --dc-lambda's default for sapipe (SAPipe paper Sec. 5.1: "lambda empirically set as 0.2").
 inline constexpr double kSapipeDefaultLambda = 0.2;
 
 // The stale range's compensation, in the order of compensation_names().
@@ -19,7 +19,7 @@ enum class Compensation { kNone, kDelay, kPredictLocal, kPredictSynchronized, kP
 std::vector<std::string> compensation_names();
 bool predicts(Compensation compensation);      // wp1, wp2, wp3
 bool has_dc_term(Compensation compensation);   // dc, wp3: lambda and --dc-bound apply
-// --compensation's default: wp3 (sapipe.txt Sec. 5.1: "SAPipe uses Option 3 in Algorithm 3 as the
+// --compensation's default: wp3 (SAPipe paper Sec. 5.1: "SAPipe uses Option 3 in Algorithm 3 as the
 // default staleness compensation method").
 inline constexpr Compensation kSapipeDefaultCompensation = Compensation::kPredictCombined;
 std::string compensation_name(Compensation compensation);

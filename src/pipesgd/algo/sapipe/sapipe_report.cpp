@@ -105,7 +105,7 @@ ComparisonTable sapipe_table(std::string baseline) {
     };
     if (std::none_of(runs.begin(), runs.end(), [&](const RunFigures& run) { return facts_of(run) != nullptr; })) return;
     const std::string vs = concat("vs ", baseline);
-    out << "\nModel performance (the form of sapipe.txt Table 2; one run per method):\n";
+    out << "\nModel performance (the form of the SAPipe paper's Table 2; one run per method):\n";
     std::vector<std::vector<std::string>> rows = {
         {"Method", concat("Test Acc (", runs.front().model, ")"), "Samples/s", vs, "k", "kappa", "Compensation ms"}};
     double baseline_accuracy = -1, baseline_throughput = 0, best_sapipe = -1;

@@ -1,6 +1,6 @@
 #pragma once
 // What a sapipe run reports: its partition and how it was chosen, its compensation, and the table
-// `compare` prints in sapipe.txt Table 2's form.
+// `compare` prints in SAPipe paper Table 2's form.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,7 +15,7 @@ namespace pipesgd {
 struct SapipeFacts {
   std::size_t layers = 0;
   std::size_t stale_layers = 0;  // k
-  double stale_fraction = 0;     // kappa = stale parameters / all parameters (sapipe.txt Def. 1)
+  double stale_fraction = 0;     // kappa = stale parameters / all parameters (SAPipe paper Def. 1)
   bool automatic = false;        // k from the timeline (--stale-layers auto) or given
   std::string compensation;
   bool dc_term = false;                    // dc, wp3: the fields below apply
@@ -54,7 +54,7 @@ class SapipeReport final : public MethodReport {
 // or "never pipelined (it would start at iteration 18): ..." for a run that ended before.
 std::string describe_sapipe(const SapipeFacts& facts);
 
-// compare's table in sapipe.txt Table 2's form: final test accuracy per method (one run, so no +-
+// compare's table in SAPipe paper Table 2's form: final test accuracy per method (one run, so no +-
 // column), throughput against `baseline` (the method spec Table 2 compares with), k and kappa,
 // and the best SAPipe variant's gain over the baseline.
 ComparisonTable sapipe_table(std::string baseline);

@@ -11,7 +11,7 @@
 //         wp3 g~ = DC(G(t-2)/n - L(t-2)/n, D) + L(t-1)/n, with D the step just taken.
 // The DC term is Eq. 1 as printed by default. With `bound` (--dc-bound on) its scalar is clamped
 // each step: |lambda * (g . D)| <= kDelayCompensationBound = 1 - 1/sqrt(2), the condition
-// lambda * eta * V2 <= 1 - 1/sqrt(2) of sapipe.txt Theorem 3 (a condition on the hyper-parameters
+// lambda * eta * V2 <= 1 - 1/sqrt(2) of SAPipe paper Theorem 3 (a condition on the hyper-parameters
 // there, not a per-step clip; Theorem 6, wp3, has none) enforced as a safeguard: a loss spike can
 // make the factor 1 + lambda * g . D negative, the step then goes uphill and the next D is larger.
 // bounded_compensations() counts the clamped updates (always 0 without `bound`); wp3 predicts with
