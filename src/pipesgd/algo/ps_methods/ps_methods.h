@@ -42,7 +42,7 @@ AsyncScale parse_async_scale(const std::string& text);
 // The options of pssync, asgd and dcasgd (odsgd's derive from them: algo/odsgd/).
 class ParameterServerOptions : public MethodOptions {
  public:
-  int server_count = 1;  // S >= 1 (--servers; 0 given means 1)
+  int server_count = 1;  // S >= 1 (--servers)
   ServerMode mode = ServerMode::kSynchronous;
   AsyncScale async_scale = AsyncScale::kOne;  // asynchronous mode only
   // dcasgd: the servers' delay compensation (--dc-variant, --dc-lambda, --dc-momentum).
