@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pipesgd/cli/commands.h"
+#include "pipesgd/cli/train_options.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/interrupt.h"
 #include "pipesgd/torch/torch_models.h"
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
     // rank stopped (rank 0 reports the run: cli/train_options.h, interrupted_exit).
     const int signal = interrupt_signal().load();
     if (signal != 0 && !session->leader() && dynamic_cast<const CommError*>(&error) != nullptr) {
-      MpiRuntime::exit_without_finalize(128 + signal);
+      interrupted_exit(signal, session.get());
     }
     // Otherwise tell the other ranks at once (they stop with PeerFailedError instead of waiting
     // for their timeouts), print one line (a usage error once, from rank 0: every rank has the same

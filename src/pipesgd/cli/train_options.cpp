@@ -1,5 +1,7 @@
 #include "pipesgd/cli/train_options.h"
 
+#include <thread>
+
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/timeout.h"
 #include "pipesgd/core/error.h"
@@ -181,8 +183,13 @@ void prepare_run_record(TrainConfig& config, const TrainFlags& flags, const Data
 
 int interrupted_exit(int signal, MpiSession* session) {
   const int code = 128 + signal;
-  if (session != nullptr) MpiRuntime::exit_without_finalize(code);
-  return code;
+  if (session == nullptr) return code;
+  if (!session->leader()) {
+    // mpirun ends the job (SIGKILL) as soon as a rank exits non-zero: wait for rank 0 to write the
+    // run's files and exit first.
+    std::this_thread::sleep_for(kRankZeroGrace);
+  }
+  MpiRuntime::exit_without_finalize(code);
 }
 
 std::string describe_interruption(const Interruption& interrupted) {

@@ -4,6 +4,7 @@
 // method takes or rejects as its registry entry says.
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -70,7 +71,9 @@ void prepare_run_record(TrainConfig& config, const TrainFlags& flags, const Data
                         const MpiSession* session);
 
 // After a run stopped early: the exit code 128 + signal. Under MPI the process ends here, without
-// MPI_Finalize (the ranks told each other through the failure notice).
+// MPI_Finalize (the ranks told each other through the failure notice); a rank other than 0 first
+// waits up to kRankZeroGrace for rank 0 to finish (mpirun then ends it).
+inline constexpr std::chrono::seconds kRankZeroGrace{10};
 int interrupted_exit(int signal, MpiSession* session);
 
 // "interrupted by SIGINT after iteration 37 of 60", for the line of a run stopped early.

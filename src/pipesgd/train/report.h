@@ -9,7 +9,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipesgd/algo/iteration_times.h"
 #include "pipesgd/train/run_summary.h"
 
 namespace pipesgd {
@@ -18,8 +17,8 @@ nlohmann::json summary_to_json(const RunSummary& summary);
 // {"signal": "SIGINT", "at_iteration": N, "of_iterations": M, "workers_reported": W}, or null.
 nlohmann::json interruption_to_json(const std::optional<Interruption>& interrupted);
 
-// Writes DIR/summary.json atomically (metrics.jsonl: train/metrics_file.h). Throws UsageError /
-// DataError naming the file.
+// Writes DIR/summary.json atomically, durably unless the run was interrupted (metrics.jsonl:
+// train/metrics_file.h). Throws UsageError / DataError naming the file.
 void write_summary_file(const std::string& dir, const RunSummary& summary);
 
 // The end-of-run table: timing breakdown, throughput and the timing models' predictions, then the

@@ -414,11 +414,11 @@ class WorkerLoop {
   double train_seconds_ = 0;
 };
 
-}  // namespace
-
 bool interrupt_requested(const TrainConfig& config) {
   return config.interrupt != nullptr && config.interrupt->load(std::memory_order_relaxed) != 0;
 }
+
+}  // namespace
 
 void run_worker(const RunContext& run, int rank, Model& model, Transport& run_transport, const DataSplits& data,
                 const FaultControl& faults, EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader,

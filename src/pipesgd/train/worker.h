@@ -51,7 +51,4 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& transp
                 const FaultControl& faults, EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader,
                 MetricsStream* metrics);
 
-// True if `config.interrupt` holds a signal.
-bool interrupt_requested(const TrainConfig& config);
-
 }  // namespace pipesgd
