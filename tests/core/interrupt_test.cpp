@@ -12,10 +12,13 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
 #include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/train/early_stop.h"
 #include "pipesgd/train/trainer.h"
 #include "resume_checks.h"
 #include "temp_dir.h"
@@ -183,24 +186,26 @@ TEST(InterruptedRunTest, MetricsAreStreamedWhileTheRunGoes) {
 }
 
 // Each rank a process of its own (run_training_rank; here threads over a LocalFabric, each rank
-// with its own EarlyStop of one worker, all reading one flag): the ranks stop separately, each at
-// its own boundary or, told by a rank that stopped, in a wait; none hangs, each reports what it
-// completed, and rank 0 writes its own times, marked interrupted.
+// with its own EarlyStop of one worker): the ranks stop separately, each at its own boundary if it
+// was signalled or, told by a rank that stopped, in a wait; none hangs, each reports what it
+// completed and the signal, and rank 0 writes its own times, marked interrupted. Every rank
+// signalled (as mpirun does), or rank 1 only (the others learn it from rank 1's notice).
 TEST(InterruptedRunTest, RanksThatAreProcessesStopWithoutHanging) {
-  for (const char* spec : {"dsync", "pipe"}) {
-    SCOPED_TRACE(spec);
+  for (const auto& [spec, rank_1_only] : {std::pair{"dsync", false}, std::pair{"pipe", false}, std::pair{"pipe", true}}) {
+    SCOPED_TRACE(concat(spec, rank_1_only ? ", rank 1 signalled" : ", every rank signalled"));
     TrainConfig config = tiny_config(spec, 3);
     config.iterations = kLength;
     set_timeout(config, std::chrono::seconds(60));  // a hang would be a test timeout, not a pass
     std::atomic<int> flag{0};
-    config.interrupt = &flag;
     TempDir out;
     config.out_dir = out.path();
     std::vector<RunSummary> summaries(3);
     const ModelFactory factory = flagging(flag, SIGTERM);
     const auto start = Clock::now();
     run_ranks(3, [&](int rank, Transport& transport) {
-      summaries[static_cast<std::size_t>(rank)] = run_training_rank(config, factory, data(), transport);
+      TrainConfig own = config;
+      own.interrupt = !rank_1_only || rank == 1 ? &flag : nullptr;
+      summaries[static_cast<std::size_t>(rank)] = run_training_rank(own, factory, data(), transport);
     });
     EXPECT_LT(seconds_since(start), 30.0);
     for (const RunSummary& summary : summaries) {
@@ -220,6 +225,17 @@ TEST(InterruptedRunTest, RanksThatAreProcessesStopWithoutHanging) {
     for (const nlohmann::json& record : read_lines(out.file("metrics.jsonl"))) iterations += record["type"] == "iteration";
     EXPECT_EQ(iterations, rank0);
   }
+}
+
+// A peer's interruption notice is told from any other failure by its reason.
+TEST(InterruptedRunTest, PeerInterruptionNotices) {
+  EXPECT_EQ(interruption_notice(SIGINT), "interrupted by SIGINT");
+  EXPECT_EQ(peer_interruption(PeerFailedError("ring allreduce: recv from rank 1 (tag gradients:3 step 0 segment 0) "
+                                              "on rank 0 aborted: rank 1 failed: interrupted by SIGTERM")),
+            SIGTERM);
+  EXPECT_EQ(peer_interruption(PeerFailedError("x aborted: rank 2 failed: " + interruption_notice(SIGINT))), SIGINT);
+  EXPECT_EQ(peer_interruption(PeerFailedError("x aborted: rank 2 failed: ring allreduce: timed out after 5 s")),
+            std::nullopt);
 }
 
 }  // namespace

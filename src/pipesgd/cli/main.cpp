@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/interrupt.h"
 #include "pipesgd/torch/torch_models.h"
+#include "pipesgd/train/early_stop.h"
 
 int main(int argc, char** argv) {
   using namespace pipesgd;
@@ -89,11 +91,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "pipesgd: error: %s\n", error.what());
       return exit_code;
     }
-    // Under MPI: a rank other than 0 that was signalled stops quietly when it learns that another
-    // rank stopped (rank 0 reports the run: cli/train_options.h, interrupted_exit).
-    const int signal = interrupt_signal().load();
-    if (signal != 0 && !session->leader() && dynamic_cast<const CommError*>(&error) != nullptr) {
-      interrupted_exit(signal, session.get());
+    // Under MPI: a rank other than 0 that stops because the run was interrupted (another rank told
+    // it so, or it was signalled itself) exits quietly; rank 0 reports the run (interrupted_exit).
+    if (!session->leader()) {
+      const auto* peer_failed = dynamic_cast<const PeerFailedError*>(&error);
+      const std::optional<int> told = peer_failed != nullptr ? peer_interruption(*peer_failed) : std::nullopt;
+      const int signalled = interrupt_signal().load();
+      if (told || (signalled != 0 && dynamic_cast<const CommError*>(&error) != nullptr)) {
+        interrupted_exit(told.value_or(signalled), session.get());
+      }
     }
     // Otherwise tell the other ranks at once (they stop with PeerFailedError instead of waiting
     // for their timeouts), print one line (a usage error once, from rank 0: every rank has the same

@@ -1,10 +1,12 @@
 #include "pipesgd/train/early_stop.h"
 
 #include <algorithm>
+#include <csignal>
 #include <thread>
 
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/interrupt.h"
 
 namespace pipesgd {
 
@@ -15,6 +17,16 @@ namespace pipesgd {
 // after D1 reads kDeciding or S, and waits for S before going on. So no worker runs an iteration
 // >= S, and each stops at its first boundary >= S, which is S. (Store-load ordering across two
 // variables, as here, needs seq_cst; acquire / release would let W and R, or D1 and D2, swap.)
+
+std::string interruption_notice(int signal) { return concat("interrupted by ", signal_name(signal)); }
+
+std::optional<int> peer_interruption(const PeerFailedError& error) {
+  const std::string message = error.what();
+  for (const int signal : {SIGINT, SIGTERM}) {
+    if (message.find(concat(" failed: ", interruption_notice(signal))) != std::string::npos) return signal;
+  }
+  return std::nullopt;
+}
 
 EarlyStop::EarlyStop(int workers, const std::atomic<int>* flag, Timeout timeout)
     : workers_(workers), slots_(std::make_unique<Slot[]>(static_cast<std::size_t>(workers))), flag_(flag),

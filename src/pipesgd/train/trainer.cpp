@@ -241,7 +241,7 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
     placed[static_cast<std::size_t>(rank)] = std::move(summary.final_parameters.front());
     summary.final_parameters = std::move(placed);
   }
-  summary.interrupted = interruption(run, own.completed, config.interrupt ? config.interrupt->load() : 0, 1);
+  summary.interrupted = interruption(run, own.completed, own.stop_signal, 1);
   if (rank != 0 || config.out_dir.empty()) return summary;
   // The stream held rank 0's times; the file gets every rank's means.
   if (all) write_metrics_file(config.out_dir, metrics_lines(run, records), run.start_iteration(), summary.timing.iterations, summary.epochs);

@@ -11,7 +11,6 @@
 #include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
-#include "pipesgd/core/interrupt.h"
 #include "pipesgd/core/thread_priority.h"
 #include "pipesgd/data/sampler.h"
 #include "pipesgd/train/checkpointing.h"
@@ -226,11 +225,12 @@ class WorkerLoop {
     finish_record();
   }
 
-  // Where each rank is a process: another rank stopped early and told this one, which was
-  // signalled too, in a wait of iteration t_; the iterations before are what it completed.
-  void stopped_by_peer() {
+  // Where each rank is a process: another rank stopped early, by `signal`, and told this one in a
+  // wait of iteration t_; the iterations before are what it completed.
+  void stopped_by_peer(int signal) {
     stop_.publish(stop_slot_, t_);
     progress_.interrupt();
+    record_.stop_signal = signal;
     finish_record();
   }
 
@@ -264,8 +264,9 @@ class WorkerLoop {
   // other ranks, which may be waiting for this one.
   void stop_early() {
     progress_.interrupt();
+    record_.stop_signal = stop_.signal();
     if (faults_.rank_is_process) {
-      transport_.report_failure(concat("interrupted by ", signal_name(stop_.signal())));
+      transport_.report_failure(interruption_notice(stop_.signal()));
       return;
     }
     IterationTimes drain;
@@ -414,10 +415,6 @@ class WorkerLoop {
   double train_seconds_ = 0;
 };
 
-bool interrupt_requested(const TrainConfig& config) {
-  return config.interrupt != nullptr && config.interrupt->load(std::memory_order_relaxed) != 0;
-}
-
 }  // namespace
 
 void run_worker(const RunContext& run, int rank, Model& model, Transport& run_transport, const DataSplits& data,
@@ -450,11 +447,12 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
     loop.run();
     if (leader != nullptr) leader->method_report = method->report();
   } catch (const PeerFailedError& error) {
-    if (!faults.rank_is_process || !interrupt_requested(config)) {
+    const std::optional<int> signal = peer_interruption(error);
+    if (!faults.rank_is_process || !signal) {
       transport.report_failure(error.what());
       throw;
     }
-    loop.stopped_by_peer();
+    loop.stopped_by_peer(*signal);
     if (leader != nullptr) leader->method_report = method->report();
   } catch (const CommTimeoutError& error) {
     // The one line names the peer, the operation and the tag; add where this worker was.

@@ -24,6 +24,7 @@ namespace pipesgd {
 struct WorkerRecord {
   std::vector<IterationTimes> times;  // per iteration of the run (those this process ran)
   std::int64_t completed = 0;         // the iterations [0, completed) are done
+  int stop_signal = 0;                // the signal that stopped it early (0: it was not)
   std::uint64_t bytes_sent = 0;
   std::int64_t nonfinite_skipped = 0;   // --on-nonfinite skip: layers zeroed
   double loss_sum = 0;                  // losses of the iterations [RunPlan::loss_from, completed), in order
@@ -45,8 +46,8 @@ struct LeaderRecord {
 // CommTimeoutError then names this worker's iteration.
 // Stopping early: among threads every worker stops at the agreed iteration and applies what is in
 // flight (as at the run's end). Where each rank is a process, a rank stops at its own boundary and
-// tells the others through the failure notice (transport.report_failure); a rank that was
-// signalled too and learns of it in a wait stops there, having completed the iterations before.
+// tells the others through the failure notice (interruption_notice); a rank that learns of it in a
+// wait stops there, having completed the iterations before.
 void run_worker(const RunContext& run, int rank, Model& model, Transport& transport, const DataSplits& data,
                 const FaultControl& faults, EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader,
                 MetricsStream* metrics);
