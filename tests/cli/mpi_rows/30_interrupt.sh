@@ -11,15 +11,18 @@ mkdir -p "$d"
  exec timeout -k 5 120 mpirun -np 3 --oversubscribe sh -c "$RANK_WRAPPER" sh "$PIDS" "" "$BIN" \
    train --transport mpi --algo pipe --data synthetic --iters 100000 --quiet --no-eval --out "$d/out") \
   >"$d/mpirun.out" 2>"$d/mpirun.err" &
-mpirun_pid=$!  # timeout(1), which passes SIGINT on to mpirun
-BACKGROUND=$mpirun_pid
+timeout_pid=$!
+BACKGROUND=$timeout_pid
 i=0
-until [ "$(cat "$d/out/metrics.jsonl" 2>/dev/null | wc -l)" -ge 20 ] || [ $i -ge 600 ] || ! kill -0 "$mpirun_pid" 2>/dev/null; do
+until [ "$(cat "$d/out/metrics.jsonl" 2>/dev/null | wc -l)" -ge 20 ] || [ $i -ge 600 ] || ! kill -0 "$timeout_pid" 2>/dev/null; do
   i=$((i + 1))
   sleep 0.1
 done
-kill -INT "$mpirun_pid" 2>/dev/null
-wait "$mpirun_pid"
+# Ctrl-C as a terminal sends it: SIGINT to mpirun itself. (Not through timeout(1), which follows
+# the signal with SIGCONT, after which mpirun may kill the ranks at once instead of SIGTERM first.)
+mpirun_pid=$(pgrep -P "$timeout_pid" -x mpirun)
+[ -n "$mpirun_pid" ] && kill -INT "$mpirun_pid"
+wait "$timeout_pid"
 echo $? >"$d/mpirun.rc"
 BACKGROUND=
 pycheck "interrupt/mpi-rank0-writes-what-it-completed" "$d/mpirun.err" "$d/out" <<'PYEOF'
