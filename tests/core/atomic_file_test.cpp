@@ -79,6 +79,20 @@ TEST(AtomicFile, ReplacesAnExistingFile) {
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"f.txt"});
 }
 
+// Without the syncs (AtomicWrite::kProcessCrash) the file is replaced all the same, by a rename.
+TEST(AtomicFile, ReplacesAnExistingFileWithoutSyncing) {
+  TempDir dir;
+  const fs::path path = dir.file("summary.json");
+  write_text(path, "old content, longer than the new one");
+  write_file_atomically(path, std::string("new"), "summary", AtomicWrite::kProcessCrash);
+  EXPECT_EQ(read_text(path), "new");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"summary.json"});
+  EXPECT_CONTAINS(message_of<UsageError>([&] {
+                    write_file_atomically(dir.file("missing/x"), std::string("x"), "summary", AtomicWrite::kProcessCrash);
+                  }),
+                  "cannot write summary '");
+}
+
 TEST(AtomicFile, AFailingProducerKeepsTheOldFileAndRemovesTheTemporary) {
   TempDir dir;
   const fs::path path = dir.file("f.txt");

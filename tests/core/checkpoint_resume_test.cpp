@@ -9,6 +9,7 @@
 // a 1 s comm timeout, so the surviving workers stop quickly, in a run resumed after the checkpoints
 // were written: interrupt() in resume_checks.h.)
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +32,7 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/algo/sapipe/sapipe_report.h"
+#include "pipesgd/train/checkpointing.h"
 #include "pipesgd/train/fault_injection.h"
 #include "pipesgd/train/trainer.h"
 #include "temp_dir.h"
@@ -172,9 +174,10 @@ TEST_P(CheckpointResume, InterruptAndResumeIsBitIdentical) {
   EXPECT_EQ(uninterrupted.reliability.resumed_from, -1);
 
   const bool deterministic = !plan_depends_on_timing(variant);
+  RunSummary with_checkpoints;
   {  // Writing checkpoints does not change the math.
     TempDir dir;
-    const RunSummary with_checkpoints = run_training(checkpointing(config, dir.path()), softmax_factory(), data());
+    with_checkpoints = run_training(checkpointing(config, dir.path()), softmax_factory(), data());
     if (deterministic) {
       EXPECT_TRUE(BitIdentical(uninterrupted, with_checkpoints)) << "checkpointing changed the weights";
     } else {
@@ -203,6 +206,8 @@ TEST_P(CheckpointResume, InterruptAndResumeIsBitIdentical) {
   EXPECT_TRUE(Trained(resumed));
   if (!deterministic) return;  // compared above with a resume of the same run
   EXPECT_TRUE(BitIdentical(uninterrupted, resumed)) << "the resumed run's weights differ";
+  // Its summary says what the run never interrupted says (bytes, mean loss, epochs, ...).
+  EXPECT_TRUE(SameReport(with_checkpoints, resumed));
   // The epoch records (train loss and accuracy summed over the resumed epoch) match too.
   ASSERT_EQ(resumed.epochs.size(), uninterrupted.epochs.size());
   for (std::size_t e = 0; e < resumed.epochs.size(); ++e) {
@@ -246,6 +251,109 @@ TEST(CheckpointResumeTest, ResumesAfterAnEpochBoundary) {
   EXPECT_FLOAT_EQ(resumed.epochs[0].train_accuracy, uninterrupted.epochs[0].train_accuracy);
   EXPECT_EQ(resumed.epochs[1].train_loss, uninterrupted.epochs[1].train_loss);
   EXPECT_EQ(resumed.epochs[1].train_accuracy, uninterrupted.epochs[1].train_accuracy);
+}
+
+// Resumed exactly at an epoch boundary (3 workers: 40 iterations per epoch; checkpoints every 20,
+// a crash at 45, so the resume is from 40). The checkpoint after iteration 39 precedes that epoch's
+// end, which the resumed run therefore does first: the first epoch's record, the replica checks
+// passed before the checkpoint (--check-consistency 7) and the bytes sent before it all reach the
+// summary, as the run never interrupted has them.
+TEST(CheckpointResumeTest, ResumesAtAnEpochBoundaryWithTheWholeHistory) {
+  TrainConfig config = make_config(kVariants[0], 3);  // dsync
+  config.reliability.check_consistency = 7;
+  auto every_20 = [&](const std::string& dir) {
+    TrainConfig writing = config;
+    writing.reliability.checkpoint_dir = dir;
+    writing.reliability.checkpoint_every = 20;
+    return writing;
+  };
+  TempDir uninterrupted_dir, dir;
+  const RunSummary uninterrupted = run_training(every_20(uninterrupted_dir.path()), softmax_factory(), data());
+  ASSERT_EQ(uninterrupted.epochs.size(), 2u);
+  EXPECT_EQ(uninterrupted.reliability.consistency_checks, kIterations / 7);
+  EXPECT_EQ(interrupt(every_20(dir.path()), data(), 45), CrashOutcome::kThrew);
+  TrainConfig resuming_config = every_20(dir.path());
+  resuming_config.reliability.resume = true;
+  const RunSummary resumed = run_training(resuming_config, softmax_factory(), data());
+  EXPECT_EQ(resumed.reliability.resumed_from, 40);
+  EXPECT_TRUE(BitIdentical(uninterrupted, resumed));
+  EXPECT_TRUE(SameReport(uninterrupted, resumed));
+}
+
+// The history a worker's part carries reads back bit for bit; a negative count is a DataError.
+TEST(CheckpointResumeTest, WorkerHistoryRoundTrip) {
+  const WorkerHistory history{(std::uint64_t{1} << 40) + 3, 5, 1.0 / 3.0};
+  CheckpointWriter part;
+  add_history(part, history);
+  const WorkerHistory read = read_history(CheckpointReader::parse(part.serialize(), "<memory>"));
+  EXPECT_EQ(read.bytes_sent, history.bytes_sent);
+  EXPECT_EQ(read.nonfinite_skipped, history.nonfinite_skipped);
+  EXPECT_EQ(read.loss_sum, history.loss_sum);  // bit for bit: the mean loss continues from it
+
+  CheckpointWriter negative;
+  add_history(negative, WorkerHistory{1, -1, 0});
+  EXPECT_THROW(read_history(CheckpointReader::parse(negative.serialize(), "<memory>")), DataError);
+  try {
+    read_history(CheckpointReader::parse(CheckpointWriter().serialize(), "<memory>"));
+    ADD_FAILURE() << "a part without history was read";
+  } catch (const DataError& error) {
+    EXPECT_TRUE(Contains(error.what(), "history.bytes_sent")) << error.what();
+  }
+}
+
+// `path` rewritten without its sections named history.* (as a pipesgd before them wrote it).
+void drop_history(const std::string& path) {
+  const CheckpointReader in = CheckpointReader::read_file(path);
+  CheckpointWriter out;
+  for (const std::string& name : in.names()) {
+    if (name.rfind("history.", 0) == 0) continue;
+    switch (in.kind(name)) {
+      case CheckpointKind::float32: out.add(name, in.floats(name)); break;
+      case CheckpointKind::bytes: out.add(name, in.bytes(name)); break;
+      case CheckpointKind::int64: out.add_int(name, in.integer(name)); break;
+      case CheckpointKind::string: out.add_string(name, std::string(in.string(name))); break;
+    }
+  }
+  out.write_atomically(path);
+}
+
+// A checkpoint written before the history existed is refused with one line, before any training.
+TEST(CheckpointResumeTest, ACheckpointWithoutTheHistoryIsRefused) {
+  const TrainConfig config = make_config(kVariants[0], 2);
+  TempDir dir;
+  interrupt(checkpointing(config, dir.path()), data());
+  for (const std::string& name : complete_set(30, 2)) drop_history(dir.file(name));
+  try {
+    run_training(resuming(config, dir.path()), softmax_factory(), data());
+    ADD_FAILURE() << "a checkpoint without the run's history was resumed";
+  } catch (const UsageError& error) {
+    EXPECT_TRUE(Contains(error.what(), "--resume: the checkpoint in '")) << error.what();
+    EXPECT_TRUE(Contains(error.what(), "written by an older pipesgd")) << error.what();
+  }
+}
+
+// A resumed run's metrics.jsonl holds the iterations it ran, after a record of where it resumed
+// from: no record of an iteration before it.
+TEST(CheckpointResumeTest, ResumedMetricsHoldOnlyTheIterationsRun) {
+  const TrainConfig config = make_config(kVariants[1], 2);  // pipe
+  TempDir dir, out;
+  interrupt(checkpointing(config, dir.path()), data());
+  TrainConfig resumed = resuming(config, dir.path());
+  resumed.out_dir = out.path();
+  run_training(resumed, softmax_factory(), data());
+  std::ifstream metrics(out.file("metrics.jsonl"));
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  EXPECT_EQ(line, R"({"from_iteration":30,"type":"resume"})");
+  std::int64_t next = 30;
+  while (std::getline(metrics, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["type"] == "epoch") continue;
+    ASSERT_EQ(record["type"], "iteration") << line;
+    EXPECT_EQ(record["iteration"].get<std::int64_t>(), next++) << line;
+    EXPECT_GT(record["iteration_s"].get<double>(), 0) << line;
+  }
+  EXPECT_EQ(next, kIterations);
 }
 
 // The comparison is sensitive: continuing the same checkpoint with another learning rate (not part

@@ -5,6 +5,7 @@
 // checkpointing run by a crashed worker (interrupt(): --inject-fault, see there).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -95,6 +96,38 @@ inline ::testing::AssertionResult BitIdentical(const RunSummary& expected, const
     return ::testing::AssertionFailure() << "weights_checksum differs";
   }
   return ::testing::AssertionSuccess();
+}
+
+// The figures of `actual`'s summary that are not timings equal `expected`'s: what a resumed run
+// must report as the run never interrupted does (with the same checkpoints, whose barriers and
+// markers count in the bytes sent).
+inline ::testing::AssertionResult SameReport(const RunSummary& expected, const RunSummary& actual) {
+  ::testing::AssertionResult result = ::testing::AssertionSuccess();
+  auto differs = [&](const char* what, auto a, auto b) {
+    if (a == b) return;
+    if (result) result = ::testing::AssertionFailure();
+    result << what << ": " << a << " vs " << b << "; ";
+  };
+  differs("iterations", expected.timing.iterations, actual.timing.iterations);
+  differs("bytes_sent_per_iteration", expected.timing.bytes_sent_per_iteration, actual.timing.bytes_sent_per_iteration);
+  differs("mean loss", expected.figures.mean.loss, actual.figures.mean.loss);
+  differs("non-finite skipped", expected.reliability.nonfinite_skipped, actual.reliability.nonfinite_skipped);
+  differs("consistency checks", expected.reliability.consistency_checks, actual.reliability.consistency_checks);
+  differs("final train accuracy", expected.figures.final_train_accuracy, actual.figures.final_train_accuracy);
+  differs("final test accuracy", expected.figures.final_test_accuracy, actual.figures.final_test_accuracy);
+  differs("weights checksum", expected.weights_checksum, actual.weights_checksum);
+  differs("epochs", expected.epochs.size(), actual.epochs.size());
+  for (std::size_t e = 0; e < std::min(expected.epochs.size(), actual.epochs.size()); ++e) {
+    const EpochRecord& a = expected.epochs[e];
+    const EpochRecord& b = actual.epochs[e];
+    differs("epoch number", a.epoch, b.epoch);
+    differs("epoch iterations", a.iterations, b.iterations);
+    differs("epoch train loss", a.train_loss, b.train_loss);
+    differs("epoch train accuracy", a.train_accuracy, b.train_accuracy);
+    differs("epoch test accuracy", a.test_accuracy, b.test_accuracy);
+    differs("epoch test loss", a.test_loss, b.test_loss);
+  }
+  return result;
 }
 
 // The run trained: every parameter is finite (memcmp of two NaN runs would pass as well).

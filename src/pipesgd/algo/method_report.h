@@ -3,6 +3,7 @@
 // model, its paragraph of `train`'s report, its fields of summary.json and compare.json, and the
 // tables `compare` prints for its family. Each method derives its report (algo/<method>/); the
 // trainer and the report printer use only this interface.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -34,16 +35,28 @@ struct RunFigures {
   std::shared_ptr<const MethodReport> report;  // never null once the run is summarized
 };
 
-// Every worker's per-iteration times of a finished run (rank 0 has them all, threads or MPI).
+// Every worker's per-iteration times of a finished run (rank 0 has them all, threads or MPI), indexed
+// by iteration. Only the iterations [first_recorded, iterations) were measured: a run resumed from a
+// checkpoint starts there, one stopped early ends there.
 class RunTimings {
  public:
-  explicit RunTimings(std::span<const std::vector<IterationTimes>> per_worker) : per_worker_(per_worker) {}
-  // The mean over every worker and the iterations [first, end) (zeros if the range is empty).
+  RunTimings(std::span<const std::vector<IterationTimes>> per_worker, std::int64_t first_recorded,
+             std::int64_t end_recorded)
+      : per_worker_(per_worker), first_(first_recorded), end_(end_recorded) {}
+  // The mean over every worker and the measured iterations of [first, end) (zeros if none).
   IterationTimes mean(std::int64_t first, std::int64_t end) const;
-  std::int64_t iterations() const { return per_worker_.empty() ? 0 : static_cast<std::int64_t>(per_worker_[0].size()); }
+  // The measured iterations of [first, end).
+  std::int64_t recorded(std::int64_t first, std::int64_t end) const {
+    return std::max<std::int64_t>(0, std::min(end, end_) - std::max(first, first_));
+  }
+  std::int64_t first_recorded() const { return first_; }
+  // The iterations the run completed.
+  std::int64_t iterations() const { return end_; }
 
  private:
   std::span<const std::vector<IterationTimes>> per_worker_;
+  std::int64_t first_;
+  std::int64_t end_;
 };
 
 class MethodReport {

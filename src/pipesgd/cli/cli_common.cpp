@@ -4,6 +4,7 @@
 
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd_version.h"  // generated at build time (CMakeLists.txt)
 
 namespace pipesgd {
 
@@ -44,6 +45,8 @@ DataSplits load_data_set(const std::string& data, const std::string& dir, std::i
   }
   return load_mnist_format(dir.empty() ? kDefaultDataDir : dir);
 }
+
+std::string pipesgd_version() { return PIPESGD_VERSION; }
 
 void prepare_output_directory(const std::string& dir) {
   if (!dir.empty()) ensure_writable_directory(dir, "--out");

@@ -36,6 +36,10 @@ std::vector<std::string> split_list(const std::string& text);
 // synthetic, from `seed`). UsageError / DataError naming the flag or file.
 DataSplits load_data_set(const std::string& data, const std::string& dir, std::int64_t seed);
 
+// pipesgd's version: the git description of the source tree it was built from ("git unknown"
+// without git).
+std::string pipesgd_version();
+
 // --out: a directory for every subcommand. Creates it and checks that files can be written there
 // (before any work); "" when not given.
 void prepare_output_directory(const std::string& dir);

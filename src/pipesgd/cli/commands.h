@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "pipesgd/cli/cli_common.h"
 
@@ -15,6 +16,8 @@ struct Subcommand {
   CLI::App* command = nullptr;
   std::function<std::string()> transport;      // its --transport (local or mpi); empty: threads only (plan)
   std::function<int(MpiSession* session)> run;  // session: nullptr unless --transport mpi
+  // Given the command line as typed (argv) before run, by a subcommand that records it.
+  std::function<void(const std::vector<std::string>& argv)> command_line;
 };
 
 Subcommand add_train_command(CLI::App& app);

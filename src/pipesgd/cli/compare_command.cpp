@@ -2,6 +2,7 @@
 // the tables of the compared methods' families.
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "pipesgd/cli/commands.h"
@@ -40,6 +41,7 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, MpiSessi
   if (prints_results(session)) prepare_output_directory(flags.out_dir);
   const ModelFactory factory = torch_model_factory(flags.model);
   const DataSplits data = load_data(flags);
+  for (TrainConfig& config : configs) prepare_run_record(config, flags, data, session);
   const bool leader = prints_results(session);
   if (leader) {
     // The header names the servers if any method of the list has them (the others run without).
@@ -57,13 +59,28 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, MpiSessi
     if (leader && !flags.quiet) std::cerr << "[" << i + 1 << "/" << configs.size() << "] " << config.method.spec << std::endl;
     summaries.push_back(session != nullptr ? run_training_rank(config, factory, data, session->transport)
                                            : run_training(config, factory, data));
+    if (summaries.back().interrupted) break;  // the methods after it do not start
   }
-  if (!leader) return 0;
+  const std::optional<Interruption> interrupted = summaries.back().interrupted;
+  if (!leader) return interrupted ? interrupted_exit(interrupted->signal, session) : 0;
   std::cout << "\n";
   print_compare_table(std::cout, summaries);
   if (!flags.out_dir.empty()) {
     write_compare_outputs(flags.out_dir, summaries);
-    std::cout << "wrote " << flags.out_dir << "/compare.json\n";
+    if (!interrupted) std::cout << "wrote " << flags.out_dir << "/compare.json\n";
+  }
+  if (interrupted) {
+    // One line: where it stopped, what did not run, what was written.
+    std::cout << std::flush;
+    const std::size_t ran = summaries.size();
+    std::cerr << "pipesgd: " << configs[ran - 1].method.spec << " (method " << ran << " of " << configs.size()
+              << ") " << describe_interruption(*interrupted)
+              << (ran < configs.size() ? "; the methods after it did not run" : "")
+              << (flags.out_dir.empty() ? std::string("; nothing written (no --out)")
+                                        : concat("; wrote ", flags.out_dir, "/compare.json and ", configs[ran - 1].out_dir,
+                                                 "/summary.json (marked interrupted)"))
+              << std::endl;
+    return interrupted_exit(interrupted->signal, session);
   }
   return 0;
 }
@@ -85,6 +102,7 @@ Subcommand add_compare_command(CLI::App& app) {
   add_train_flags(*compare.command, *flags);
   compare.transport = [flags] { return flags->transport; };
   compare.run = [flags, methods](MpiSession* session) { return run_compare(*flags, *methods, session); };
+  compare.command_line = [flags](const std::vector<std::string>& argv) { flags->command_line = argv; };
   return compare;
 }
 

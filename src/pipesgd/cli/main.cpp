@@ -8,12 +8,18 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "pipesgd/cli/commands.h"
 #include "pipesgd/comm/launch_environment.h"
+#include "pipesgd/cli/train_options.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/interrupt.h"
 #include "pipesgd/torch/torch_models.h"
+#include "pipesgd/train/early_stop.h"
 
 namespace {
 
@@ -48,6 +54,7 @@ int main(int argc, char** argv) {
   // every iteration pays for fresh page faults (expensive in a VM). Keep freed memory in the heap.
   mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
   mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
+  const std::vector<std::string> command_line(argv, argv + argc);  // as typed (MPI_Init may edit argv)
   CLI::App app{
       "pipesgd: data-parallel training that hides gradient communication behind computation\n"
       "(D-Sync and Pipe-SGD over ring, recursive-doubling, halving-doubling, tree or direct allreduce\n"
@@ -91,6 +98,7 @@ int main(int argc, char** argv) {
   }
   if (chosen == nullptr) return 2;  // CLI11 requires one
 
+  if (chosen->command_line) chosen->command_line(command_line);
   // --transport mpi: MPI starts here, after the flags parsed (a typo never needs mpirun to report).
   std::unique_ptr<MpiSession> session;
   try {
@@ -117,7 +125,17 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "pipesgd: error: %s\n", error.what());
       return exit_code;
     }
-    // Under MPI: tell the other ranks at once (they stop with PeerFailedError instead of waiting
+    // Under MPI: a rank other than 0 that stops because the run was interrupted (another rank told
+    // it so, or it was signalled itself) exits quietly; rank 0 reports the run (interrupted_exit).
+    if (!session->leader()) {
+      const auto* peer_failed = dynamic_cast<const PeerFailedError*>(&error);
+      const std::optional<int> told = peer_failed != nullptr ? peer_interruption(*peer_failed) : std::nullopt;
+      const int signalled = interrupt_signal().load();
+      if (told || (signalled != 0 && dynamic_cast<const CommError*>(&error) != nullptr)) {
+        interrupted_exit(told.value_or(signalled), session.get());
+      }
+    }
+    // Otherwise tell the other ranks at once (they stop with PeerFailedError instead of waiting
     // for their timeouts), print one line (a usage error once, from rank 0: every rank has the same
     // flags), and leave without MPI_Finalize, which could wait forever on a dead peer.
     if (!usage || session->leader()) {

@@ -20,18 +20,30 @@ std::string methods_help() {
 }
 
 int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSession* session) {
-  const TrainConfig config = to_train_config(flags, method_spec, FlagPolicy::kReject, session);
+  TrainConfig config = to_train_config(flags, method_spec, FlagPolicy::kReject, session);
   if (prints_results(session)) prepare_output_directory(config.out_dir);  // before the data is read
   const ModelFactory factory = torch_model_factory(config.model);
   const DataSplits data = load_data(flags);
+  prepare_run_record(config, flags, data, session);
   if (prints_results(session)) {
     std::cout << "pipesgd train: " << config.method.spec << " on " << config.model << " (" << data.train.name << ", "
               << data.train.size << " training examples), " << describe_workers(config, session) << std::endl;
   }
   const RunSummary summary = session != nullptr ? run_training_rank(config, factory, data, session->transport)
                                                 : run_training(config, factory, data);
-  if (!prints_results(session)) return 0;
+  if (!prints_results(session)) return summary.interrupted ? interrupted_exit(summary.interrupted->signal, session) : 0;
   print_run_report(std::cout, summary);
+  if (summary.interrupted) {
+    std::cout << std::flush;
+    const Interruption& interrupted = *summary.interrupted;
+    const std::string& out = config.out_dir;
+    std::cerr << "pipesgd: " << describe_interruption(interrupted)
+              << (out.empty() ? std::string("; nothing written (no --out)")
+                              : concat("; wrote ", out, "/summary.json (marked interrupted) and ", out, "/metrics.jsonl"))
+              << (interrupted.workers_reported < config.workers ? " (rank 0's times: the ranks stopped separately)" : "")
+              << std::endl;
+    return interrupted_exit(interrupted.signal, session);
+  }
   if (!config.out_dir.empty()) std::cout << "wrote " << config.out_dir << "/{metrics.jsonl,summary.json}\n";
   return 0;
 }
@@ -47,6 +59,7 @@ Subcommand add_train_command(CLI::App& app) {
   add_train_flags(*train.command, *flags);
   train.transport = [flags] { return flags->transport; };
   train.run = [flags, method](MpiSession* session) { return run_train(*flags, *method, session); };
+  train.command_line = [flags](const std::vector<std::string>& argv) { flags->command_line = argv; };
   return train;
 }
 

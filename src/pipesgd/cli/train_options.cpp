@@ -1,8 +1,12 @@
 #include "pipesgd/cli/train_options.h"
 
+#include <thread>
+
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/timeout.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/interrupt.h"
+#include "pipesgd/torch/torch_models.h"
 
 namespace pipesgd {
 namespace {
@@ -172,6 +176,38 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
 }
 
 DataSplits load_data(const TrainFlags& flags) { return load_data_set(flags.data, flags.data_dir, flags.seed); }
+
+void prepare_run_record(TrainConfig& config, const TrainFlags& flags, const DataSplits& data,
+                        const MpiSession* session) {
+  RunProvenance& provenance = config.provenance;
+  provenance.command_line = flags.command_line;
+  provenance.transport = flags.transport;
+  provenance.data_set = flags.data;
+  provenance.data_source = flags.data == "synthetic" ? concat("generated from --seed ", flags.seed)
+                                                     : (flags.data_dir.empty() ? kDefaultDataDir : flags.data_dir);
+  provenance.train_examples = data.train.size;
+  provenance.test_examples = data.test.size;
+  provenance.versions = {{"pipesgd", pipesgd_version()}, {"libtorch", torch_version()}};
+  if (session != nullptr) provenance.versions.emplace_back("mpi", session->runtime.library_version());
+  install_interrupt_handlers();
+  config.interrupt = &interrupt_signal();
+}
+
+int interrupted_exit(int signal, MpiSession* session) {
+  const int code = 128 + signal;
+  if (session == nullptr) return code;
+  if (!session->leader()) {
+    // mpirun ends the job (SIGKILL) as soon as a rank exits non-zero: wait for rank 0 to write the
+    // run's files and exit first.
+    std::this_thread::sleep_for(kRankZeroGrace);
+  }
+  MpiRuntime::exit_without_finalize(code);
+}
+
+std::string describe_interruption(const Interruption& interrupted) {
+  return concat("interrupted by ", signal_name(interrupted.signal), " after iteration ", interrupted.at_iteration,
+                " of ", interrupted.of_iterations);
+}
 
 std::string describe_workers(const TrainConfig& config, const MpiSession* session) {
   const int servers = server_ranks(config);

@@ -4,14 +4,17 @@
 // method takes or rejects as its registry entry says.
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/cli/cli_common.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/train/run_config.h"
+#include "pipesgd/train/run_summary.h"
 
 namespace pipesgd {
 
@@ -42,6 +45,7 @@ struct TrainFlags {
   std::string inject_fault;
   bool quiet = false;
   bool no_eval = false;
+  std::vector<std::string> command_line;  // argv, for summary.json
   // Every method option (registry), as text: flag -> value, filled by add_train_flags' options.
   std::map<std::string, std::string> method_values;
   CLI::App* command = nullptr;  // to tell which flags appeared
@@ -60,6 +64,20 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
                             const MpiSession* session);
 
 DataSplits load_data(const TrainFlags& flags);
+
+// Fills config.provenance (command line, transport, data set, versions) for summary.json and makes
+// the run stop cleanly on SIGINT / SIGTERM (core/interrupt.h; the handlers are installed here).
+void prepare_run_record(TrainConfig& config, const TrainFlags& flags, const DataSplits& data,
+                        const MpiSession* session);
+
+// After a run stopped early: the exit code 128 + signal. Under MPI the process ends here, without
+// MPI_Finalize (the ranks told each other through the failure notice); a rank other than 0 first
+// waits up to kRankZeroGrace for rank 0 to finish (mpirun then ends it).
+inline constexpr std::chrono::seconds kRankZeroGrace{10};
+int interrupted_exit(int signal, MpiSession* session);
+
+// "interrupted by SIGINT after iteration 37 of 60", for the line of a run stopped early.
+std::string describe_interruption(const Interruption& interrupted);
 
 // "4 workers (threads), network 10gbe (...)" or "4 workers as MpiTransport ...".
 std::string describe_workers(const TrainConfig& config, const MpiSession* session);

@@ -118,7 +118,8 @@ void sync_directory(const fs::path& dir, std::string_view what, const std::strin
 
 void write_file_atomically_streaming(const fs::path& path,
                                      const std::function<void(const AtomicFileSink&)>& produce,
-                                     std::string_view what) {
+                                     std::string_view what, AtomicWrite mode) {
+  const bool durable = mode == AtomicWrite::kDurable;
   const std::string target = path.string();
   const std::string file_name = path.filename().string();
   if (file_name.empty() || file_name == "." || file_name == "..") {
@@ -146,7 +147,7 @@ void write_file_atomically_streaming(const fs::path& path,
       left -= static_cast<std::size_t>(written);
     }
   });
-  if (::fsync(temp.fd()) != 0) fail("syncing", errno);
+  if (durable && ::fsync(temp.fd()) != 0) fail("syncing", errno);
   if (const int error_number = temp.close(); error_number != 0) fail("closing", error_number);
   if (::rename(temp.path().c_str(), path.c_str()) != 0) {
     const int error_number = errno;
@@ -154,16 +155,17 @@ void write_file_atomically_streaming(const fs::path& path,
                            "' over it: ", errno_text(error_number)));
   }
   temp.commit();
-  sync_directory(dir, what, target);
+  if (durable) sync_directory(dir, what, target);
 }
 
 void write_file_atomically(const fs::path& path, std::span<const std::byte> content,
-                           std::string_view what) {
-  write_file_atomically_streaming(path, [&](const AtomicFileSink& sink) { sink(content); }, what);
+                           std::string_view what, AtomicWrite mode) {
+  write_file_atomically_streaming(path, [&](const AtomicFileSink& sink) { sink(content); }, what, mode);
 }
 
-void write_file_atomically(const fs::path& path, std::string_view content, std::string_view what) {
-  write_file_atomically(path, std::as_bytes(std::span(content.data(), content.size())), what);
+void write_file_atomically(const fs::path& path, std::string_view content, std::string_view what,
+                           AtomicWrite mode) {
+  write_file_atomically(path, std::as_bytes(std::span(content.data(), content.size())), what, mode);
 }
 
 }  // namespace pipesgd

@@ -32,18 +32,23 @@ inline constexpr std::string_view kAtomicFileTempMarker = ".tmp.";
 // Appends the next bytes to the file being written.
 using AtomicFileSink = std::function<void(std::span<const std::byte>)>;
 
+// kDurable: the file and the rename are fsynced (atomic and durable across a crash of the
+// machine). kProcessCrash: no fsync, so the write takes no disk wait (atomic across a crash of
+// this process, which is all a process about to be killed needs: a run stopped by a signal).
+enum class AtomicWrite { kDurable, kProcessCrash };
+
 // Replaces (or creates) `path` with `content`.
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::byte> content,
-                           std::string_view what = "file");
+                           std::string_view what = "file", AtomicWrite mode = AtomicWrite::kDurable);
 // The same for text, e.g. a JSON document.
 void write_file_atomically(const std::filesystem::path& path, std::string_view content,
-                           std::string_view what = "file");
+                           std::string_view what = "file", AtomicWrite mode = AtomicWrite::kDurable);
 // Replaces (or creates) `path` with the bytes `produce` passes to its sink, in order, so a large file
 // need not be held in memory at once. An exception thrown by `produce` removes the temporary file
 // and propagates unchanged.
 void write_file_atomically_streaming(const std::filesystem::path& path,
                                      const std::function<void(const AtomicFileSink&)>& produce,
-                                     std::string_view what = "file");
+                                     std::string_view what = "file", AtomicWrite mode = AtomicWrite::kDurable);
 
 }  // namespace pipesgd
 

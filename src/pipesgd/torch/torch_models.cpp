@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -623,6 +624,8 @@ const char* const not_a_torch_model =
     "\"resnet\"))";
 
 }  // namespace
+
+std::string torch_version() { return TORCH_VERSION; }
 
 void init_torch_runtime(int threads) {
   if (threads < 1) throw UsageError(concat("torch threads must be at least 1, got ", threads));

@@ -52,6 +52,9 @@ namespace pipesgd {
 // threads < 1. Call before building models; safe to call again.
 void init_torch_runtime(int threads);
 
+// The LibTorch version this binary was built with, e.g. "1.13.0".
+std::string torch_version();
+
 // Factory for `name`: "mlp", "cnn", "resnet", or "softmax" (SoftmaxRegression(784, 10), so the CLI has
 // a single entry point). Throws UsageError("unknown model 'x' (expected mlp, cnn, resnet, softmax)")
 // otherwise.

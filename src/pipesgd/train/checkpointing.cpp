@@ -48,6 +48,13 @@ std::vector<EpochRecord> load_epochs(const CheckpointReader& in) {
   return epochs;
 }
 
+// An int64 section that must not be negative (a count).
+std::int64_t non_negative(const CheckpointReader& in, std::string_view name) {
+  const std::int64_t value = in.integer(name);
+  if (value < 0) throw DataError(concat("checkpoint '", in.origin(), "': section '", name, "' is negative (", value, ")"));
+  return value;
+}
+
 }  // namespace
 
 void BackgroundCheckpointWriter::submit(Files files, std::function<void()> after) {
@@ -81,8 +88,13 @@ CheckpointWriter worker_checkpoint(std::int64_t t, FlatParameters& model, Traini
   return part;
 }
 
-std::pair<std::int64_t, EpochSums> restore_worker(const RunContext& run, int rank, FlatParameters& model,
-                                                  TrainingMethod& method) {
+void add_history(CheckpointWriter& part, const WorkerHistory& history) {
+  part.add_int("history.bytes_sent", static_cast<std::int64_t>(history.bytes_sent));
+  part.add_int("history.nonfinite_skipped", history.nonfinite_skipped);
+  part.add_double("history.loss_sum", history.loss_sum);
+}
+
+RestoredWorker restore_worker(const RunContext& run, int rank, FlatParameters& model, TrainingMethod& method) {
   const CheckpointReader part = CheckpointReader::read_file(run.resume_from->parts.at(worker_part(rank)));
   const std::int64_t next = part.integer("next_iteration");
   if (next != run.resume_from->iteration) {
@@ -96,15 +108,30 @@ std::pair<std::int64_t, EpochSums> restore_worker(const RunContext& run, int ran
   }
   std::copy(weights.begin(), weights.end(), model.parameters().begin());
   method.load_state(part, next);
-  return {next, EpochSums{part.real("epoch.loss_sum"), part.real("epoch.correct")}};
+  return RestoredWorker{next, EpochSums{part.real("epoch.loss_sum"), part.real("epoch.correct")}, read_history(part)};
 }
 
-CheckpointWriter shared_checkpoint(const RunContext& run, std::int64_t t, const std::vector<EpochRecord>& epochs) {
+WorkerHistory read_history(const CheckpointReader& part) {
+  WorkerHistory history;
+  history.bytes_sent = static_cast<std::uint64_t>(non_negative(part, "history.bytes_sent"));
+  history.nonfinite_skipped = non_negative(part, "history.nonfinite_skipped");
+  history.loss_sum = part.real("history.loss_sum");
+  return history;
+}
+
+CheckpointWriter shared_checkpoint(const RunContext& run, std::int64_t t, const std::vector<EpochRecord>& epochs,
+                                   const RunHistory& history) {
   CheckpointWriter common;
   common.add_string("run", run.fingerprint);
   common.add_int("next_iteration", t + 1);
   save_epochs(common, epochs);
+  common.add_int("history.consistency_checks", history.consistency_checks);
+  common.add_double("history.train_seconds", history.train_seconds);
   return common;
+}
+
+RunHistory read_run_history(const CheckpointReader& shared) {
+  return RunHistory{non_negative(shared, "history.consistency_checks"), shared.real("history.train_seconds")};
 }
 
 void find_resume_point(RunContext& run, bool leader) {
@@ -128,7 +155,12 @@ void find_resume_point(RunContext& run, bool leader) {
   }
   const CheckpointReader shared_part = CheckpointReader::read_file(run.resume_from->parts.at("shared"));
   check_fingerprint(shared_part);
+  if (!shared_part.has("history.consistency_checks")) {
+    throw UsageError(concat("--resume: the checkpoint in '", dir, "' was written by an older pipesgd, without the ",
+                            "run's history that summary.json reports; it cannot be resumed (run again from the start)"));
+  }
   run.resumed_epochs = load_epochs(shared_part);
+  run.resumed_history = read_run_history(shared_part);
 }
 
 void prune_run_checkpoints(const RunContext& run) {

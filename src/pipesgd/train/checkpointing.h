@@ -40,19 +40,39 @@ struct EpochSums {
   double correct = 0;  // training examples predicted right (before their update)
 };
 
-// This worker's part after iteration t: the weights, the method's state and the epoch sums.
+// What a worker's part carries of the run so far beside its state, so that a resumed run reports
+// what the run never interrupted reports.
+struct WorkerHistory {
+  std::uint64_t bytes_sent = 0;        // payload bytes this worker sent before the checkpoint
+  std::int64_t nonfinite_skipped = 0;  // --on-nonfinite skip: its layers zeroed
+  double loss_sum = 0;                 // its losses of the iterations [RunPlan::loss_from, next), in order
+};
+
+// This worker's part after iteration t: the weights, the method's state and the epoch sums; then
+// add_history (taken once save_state waited for the communication in flight, whose bytes count).
 CheckpointWriter worker_checkpoint(std::int64_t t, FlatParameters& model, TrainingMethod& method,
                                    const EpochSums& sums);
-// Restores this worker's part of the set being resumed into `model` and `method`; returns the
-// iteration to go on with and the epoch sums. DataError naming the file for anything wrong.
-std::pair<std::int64_t, EpochSums> restore_worker(const RunContext& run, int rank, FlatParameters& model,
-                                                  TrainingMethod& method);
+void add_history(CheckpointWriter& part, const WorkerHistory& history);
+// What add_history wrote. DataError naming the file and section if one is missing or invalid.
+WorkerHistory read_history(const CheckpointReader& part);
+struct RestoredWorker {
+  std::int64_t next = 0;  // the iteration to go on with
+  EpochSums sums;
+  WorkerHistory history;
+};
+// Restores this worker's part of the set being resumed into `model` and `method`. DataError naming
+// the file for anything wrong.
+RestoredWorker restore_worker(const RunContext& run, int rank, FlatParameters& model, TrainingMethod& method);
 
-// Rank 0's shared part after iteration t: the fingerprint and the epoch records so far.
-CheckpointWriter shared_checkpoint(const RunContext& run, std::int64_t t, const std::vector<EpochRecord>& epochs);
+// Rank 0's shared part after iteration t: the fingerprint, the epoch records so far and the history.
+CheckpointWriter shared_checkpoint(const RunContext& run, std::int64_t t, const std::vector<EpochRecord>& epochs,
+                                   const RunHistory& history);
+// The shared part's history. DataError naming the file and section if one is missing or invalid.
+RunHistory read_run_history(const CheckpointReader& shared);
 
-// The newest complete valid checkpoint of this run in its --checkpoint-dir and its epoch records
-// (prepare_run's --resume). Throws UsageError if there is none or it is another run's.
+// The newest complete valid checkpoint of this run in its --checkpoint-dir, its epoch records and
+// history (prepare_run's --resume). Throws UsageError if there is none, it is another run's, or it
+// was written by a version of pipesgd whose checkpoints lack the history.
 void find_resume_point(RunContext& run, bool leader);
 
 // Keeps the 2 newest complete sets.

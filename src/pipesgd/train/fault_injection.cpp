@@ -90,6 +90,14 @@ FaultInjection parse_fault_injection(const std::string& text) {
   return fault;
 }
 
+std::string describe(const FaultInjection& fault) {
+  if (!fault.active()) return "";
+  constexpr const char* kPoints[] = {"iteration", "checkpoint", "allreduce", "push"};
+  return concat("rank=", fault.rank, ",iter=", fault.iteration, ",kind=",
+                fault.kind == FaultInjection::Kind::kCrash ? "crash" : "hang", ",at=",
+                kPoints[static_cast<int>(fault.point)]);
+}
+
 FaultInjectingTransport::FaultInjectingTransport(Transport& inner, FaultInjection::Point point, int fire_on,
                                                  std::function<void()> fire)
     : inner_(inner), point_(point), fire_on_(fire_on), fire_(std::move(fire)) {}

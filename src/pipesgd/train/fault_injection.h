@@ -40,6 +40,8 @@ struct FaultInjection {
 // Parses "rank=R,iter=N,kind=crash|hang" (keys in any order, each once). Throws UsageError naming
 // --inject-fault and the bad part.
 FaultInjection parse_fault_injection(const std::string& text);
+// "rank=R,iter=N,kind=K,at=P", which parses back to `fault`; "" if it is not active.
+std::string describe(const FaultInjection& fault);
 
 // Thrown on the faulty worker's own thread to end it silently (not a std::exception: no handler
 // reports it to the peers).

@@ -47,4 +47,10 @@ void ProgressReporter::end_epoch(const std::string& result) {
   std::fflush(stderr);
 }
 
+void ProgressReporter::interrupt() {
+  if (!enabled_ || !terminal_) return;
+  std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
 }  // namespace pipesgd

@@ -15,6 +15,8 @@ class ProgressReporter {
   // After iteration `done` (1-based within the epoch) with the mean loss so far.
   void update(std::int64_t done, double loss, double samples_per_second);
   void end_epoch(const std::string& result);
+  // The run stopped inside the epoch: ends the bar's line (on a terminal).
+  void interrupt();
 
  private:
   bool enabled_;

@@ -3,33 +3,17 @@
 #include <algorithm>
 #include <ostream>
 #include <set>
-#include <sstream>
 
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/interrupt.h"
 #include "pipesgd/core/text_table.h"
 #include "pipesgd/train/short_run.h"
+#include "pipesgd/train/metrics_file.h"
 
 namespace pipesgd {
 namespace {
-
-nlohmann::json times_to_json(const IterationTimes& t) {
-  return {{"update_s", t.update},     {"compensation_s", t.compensation}, {"data_s", t.data},
-          {"forward_s", t.forward},   {"backward_s", t.backward},         {"wait_s", t.wait},
-          {"comm_s", t.comm},         {"iteration_s", t.iteration},       {"checkpoint_s", t.checkpoint},
-          {"loss", t.loss}};
-}
-
-nlohmann::json epoch_to_json(const EpochRecord& e) {
-  return {{"epoch", e.epoch},
-          {"iterations", e.iterations},
-          {"train_loss", e.train_loss},
-          {"train_accuracy", e.train_accuracy},
-          {"test_accuracy", e.test_accuracy},
-          {"test_loss", e.test_loss},
-          {"elapsed_s", e.elapsed_seconds}};
-}
 
 // "speedup vs dsync": the speedup column is relative to the first method compared.
 std::string speedup_heading(const std::vector<RunSummary>& summaries) {
@@ -57,6 +41,8 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"bucket_plan", f.report->bucket_plan()},
                          {"allreduce_calls_per_iteration", f.report->allreduce_calls()},
                          {"iterations", s.timing.iterations},
+                         {"interrupted", interruption_to_json(s.interrupted)},
+                         {"timing_iterations", {s.timing.first_timed, s.timing.iterations}},
                          {"measured_iterations", s.timing.measured_iterations},
                          {"mean", times_to_json(f.mean)},
                          {"compute_s", s.timing.stages.compute()},
@@ -78,35 +64,25 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"resumed_from_iteration", s.reliability.resumed_from},
                          {"final_train_accuracy", f.final_train_accuracy},
                          {"final_test_accuracy", f.final_test_accuracy},
-                         {"epochs", epochs}};
+                         {"epochs", epochs},
+                         {"configuration", s.configuration}};
   json["unreached_phase"] = unreached_phase_json(s.unreached_phase);
   f.report->add_json(json, f);
   return json;
 }
 
-void write_run_outputs(const std::string& dir, const RunSummary& summary,
-                       const std::vector<std::vector<IterationTimes>>& times_per_rank,
-                       std::int64_t iterations_per_epoch) {
-  std::ostringstream metrics;
-  const double ranks = static_cast<double>(times_per_rank.size());
-  std::size_t next_epoch = 0;
-  for (std::int64_t t = 0; t < summary.timing.iterations; ++t) {
-    IterationTimes mean;
-    for (const auto& per_rank : times_per_rank) mean.add_scaled(per_rank[static_cast<std::size_t>(t)], 1.0 / ranks);
-    nlohmann::json record = times_to_json(mean);
-    record["type"] = "iteration";
-    record["iteration"] = t;
-    record["epoch"] = t / iterations_per_epoch + 1;
-    record["pipelined"] = times_per_rank.front()[static_cast<std::size_t>(t)].pipelined;
-    metrics << record.dump() << '\n';
-    while (next_epoch < summary.epochs.size() && summary.epochs[next_epoch].iterations == t + 1) {
-      nlohmann::json epoch_record = epoch_to_json(summary.epochs[next_epoch++]);
-      epoch_record["type"] = "epoch";
-      metrics << epoch_record.dump() << '\n';
-    }
-  }
-  write_file_atomically(std::filesystem::path(dir) / "metrics.jsonl", metrics.str(), "metrics");
-  write_file_atomically(std::filesystem::path(dir) / "summary.json", summary_to_json(summary).dump(2) + "\n", "summary");
+nlohmann::json interruption_to_json(const std::optional<Interruption>& interrupted) {
+  if (!interrupted) return nullptr;
+  return {{"signal", signal_name(interrupted->signal)},
+          {"at_iteration", interrupted->at_iteration},
+          {"of_iterations", interrupted->of_iterations},
+          {"workers_reported", interrupted->workers_reported}};
+}
+
+void write_summary_file(const std::string& dir, const RunSummary& summary) {
+  // A run stopped by a signal may be killed soon (mpirun: 1 s after its SIGTERM): no disk wait.
+  write_file_atomically(std::filesystem::path(dir) / "summary.json", summary_to_json(summary).dump(2) + "\n", "summary",
+                        summary.interrupted ? AtomicWrite::kProcessCrash : AtomicWrite::kDurable);
 }
 
 void print_run_report(std::ostream& out, const RunSummary& s) {
@@ -164,6 +140,10 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
   out << "This method follows " << (!model.empty() ? model : follows_eq4 ? std::string("Eq. 4") : std::string("Eq. 2"))
       << ".";
   if (s.reliability.resumed_from >= 0) out << " Resumed at iteration " << s.reliability.resumed_from << " from its checkpoint.";
+  if (s.interrupted) {
+    out << " Interrupted by " << signal_name(s.interrupted->signal) << " after iteration " << s.interrupted->at_iteration
+        << " of " << s.interrupted->of_iterations << ".";
+  }
   if (s.reliability.consistency_checks > 0) {
     out << " Replica consistency: " << s.reliability.consistency_checks << " checks, every replica identical.";
   }
@@ -221,7 +201,8 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                              {"allreduce_calls_per_iteration", f.report->allreduce_calls()},
                              {"speedup", base > 0 ? f.throughput / base : 0},
                              {"speedup_baseline", summaries.front().figures.method_spec},
-                             {"unreached_phase", unreached_phase_json(s.unreached_phase)}};
+                             {"unreached_phase", unreached_phase_json(s.unreached_phase)},
+                             {"interrupted", interruption_to_json(s.interrupted)}};
     f.report->add_json(record, f);
     records.push_back(record);
   }

@@ -3,23 +3,23 @@
 // with --out (metrics.jsonl, summary.json, compare.json). The generic figures are printed here; each
 // method adds its own through its report (algo/method_report.h) and compare's tables of its family.
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "pipesgd/algo/iteration_times.h"
 #include "pipesgd/train/run_summary.h"
 
 namespace pipesgd {
 
 nlohmann::json summary_to_json(const RunSummary& summary);
+// {"signal": "SIGINT", "at_iteration": N, "of_iterations": M, "workers_reported": W}, or null.
+nlohmann::json interruption_to_json(const std::optional<Interruption>& interrupted);
 
-// Writes DIR/metrics.jsonl (one record per iteration, averaged over workers, and one per epoch) and
-// DIR/summary.json, each atomically. Throws UsageError / DataError naming the file.
-void write_run_outputs(const std::string& dir, const RunSummary& summary,
-                       const std::vector<std::vector<IterationTimes>>& times_per_rank,
-                       std::int64_t iterations_per_epoch);
+// Writes DIR/summary.json atomically, durably unless the run was interrupted (metrics.jsonl:
+// train/metrics_file.h). Throws UsageError / DataError naming the file.
+void write_summary_file(const std::string& dir, const RunSummary& summary);
 
 // The end-of-run table: timing breakdown, throughput and the timing models' predictions, then the
 // method's own paragraph.

@@ -2,8 +2,11 @@
 // What a training run is asked to do: the method (selected and configured through the registry,
 // algo/registry.h), the workers, the model, the data's batching and length, the network, outputs
 // and reliability options.
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/comm/network_spec.h"
@@ -36,6 +39,18 @@ struct ReliabilityOptions {
   FaultInjection fault;  // train/fault_injection.h
 };
 
+// Where a run comes from, for summary.json's configuration (the CLI fills it; tests may leave it).
+struct RunProvenance {
+  std::vector<std::string> command_line;  // argv
+  std::string transport = "local";        // local (the workers are threads) or mpi
+  std::string data_set;                   // fashion-mnist, synthetic, ...
+  std::string data_source;                // the directory read, or how the data was made
+  std::size_t train_examples = 0;
+  std::size_t test_examples = 0;
+  // What the run was built with, name -> version (pipesgd, LibTorch, the MPI library).
+  std::vector<std::pair<std::string, std::string>> versions;
+};
+
 struct TrainConfig {
   MethodSelection method;      // select_method(spec, flags, ...)
   int workers = 4;             // the parameter-server methods add method.options->servers() server ranks
@@ -54,6 +69,10 @@ struct TrainConfig {
   // off for runs meant to end there, such as `pipesgd plan`'s profiling).
   bool warn_short_run = true;
   ReliabilityOptions reliability;
+  // Once it holds a signal's number (core/interrupt.h), the run stops at the next iteration
+  // boundary and reports what it completed (train/early_stop.h). nullptr: it never stops early.
+  const std::atomic<int>* interrupt = nullptr;
+  RunProvenance provenance;
 };
 
 // The server ranks the run has (0 for the allreduce methods).

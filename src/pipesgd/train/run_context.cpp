@@ -38,6 +38,7 @@ RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
   plan.first_measured = measured_from(config.method.options->steady_state_start(plan.warmup_iterations),
                                       plan.total_iterations);
   plan.unreached_phase = unreached_phase(*config.method.options, plan.warmup_iterations, plan.total_iterations);
+  plan.loss_from = plan.first_measured;
   const FaultInjection& fault = config.reliability.fault;
   if (fault.active() && fault.iteration >= plan.total_iterations) {
     throw UsageError(concat("--inject-fault: iteration ", fault.iteration, " is past the run's last (",

@@ -22,6 +22,15 @@ struct RunPlan {
   std::int64_t first_measured = 0;     // iterations before this are excluded from the means
   // The method's deferred phase if the run ends before it (train/short_run.h).
   std::optional<DeferredPhase> unreached_phase;
+  // The first iteration of the mean loss: first_measured of the run not resumed (a resumed run's
+  // timing means start later; its mean loss must not).
+  std::int64_t loss_from = 0;
+};
+
+// What the shared part of a checkpoint carries of the run so far, beside the epoch records.
+struct RunHistory {
+  std::int64_t consistency_checks = 0;  // passed
+  double train_seconds = 0;             // training wall time up to the checkpoint
 };
 
 struct RunContext {
@@ -33,6 +42,7 @@ struct RunContext {
   // --resume: the checkpoint set the ranks continue from and its epoch records.
   std::optional<CheckpointSet> resume_from{};
   std::vector<EpochRecord> resumed_epochs{};
+  RunHistory resumed_history{};
 
   std::int64_t start_iteration() const { return resume_from ? resume_from->iteration : 0; }
 };

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pipesgd/algo/method_options.h"
 #include "pipesgd/algo/method_report.h"
 #include "pipesgd/timing/pipe_timing_model.h"
@@ -41,9 +43,14 @@ struct RunSetup {
 
 // The timing of the measured iterations and what the models predict from them.
 struct RunTiming {
-  std::int64_t iterations = 0;
-  std::int64_t measured_iterations = 0;  // those averaged (warm-up and start-up excluded)
-  double train_seconds = 0;              // wall time of all iterations (evaluation excluded)
+  std::int64_t iterations = 0;           // completed (all of the plan's, unless interrupted)
+  // The iterations [first_timed, iterations) the timing means cover: warm-up and start-up
+  // excluded, and in a resumed run everything before 10 iterations past where it resumed.
+  std::int64_t first_timed = 0;
+  std::int64_t measured_iterations = 0;  // iterations - first_timed
+  // Wall time of all iterations (evaluation excluded), a resumed run's included up to its
+  // checkpoint.
+  double train_seconds = 0;
   StageTimes stages;                     // the measured stage times the models use
   double predicted_sync_iteration = 0;   // Eq. 2
   double predicted_pipe_iteration = 0;   // Eq. 4
@@ -63,8 +70,21 @@ struct ReliabilityCounts {
   std::int64_t resumed_from = -1;       // --resume: the iteration the run continued from
 };
 
+// A run stopped early by a signal (core/interrupt.h) after `at_iteration` of `of_iterations`.
+struct Interruption {
+  int signal = 0;
+  std::int64_t at_iteration = 0;
+  std::int64_t of_iterations = 0;
+  // The workers whose times the summary and metrics.jsonl hold: all, except under MPI, where the
+  // ranks stop separately and rank 0 reports its own.
+  int workers_reported = 0;
+};
+
 struct RunSummary {
   RunSetup setup;
+  // The whole configuration as summary.json records it (train/run_description.h).
+  nlohmann::json configuration;
+  std::optional<Interruption> interrupted;
   // The figures compare and the method reports show: method spec, means per iteration,
   // throughput, the predicted iteration (the method's model, else Eq. 2 or Eq. 4), accuracies,
   // and the method's report.

@@ -6,6 +6,7 @@
 #include "pipesgd/core/checksum.h"
 #include "pipesgd/timing/allreduce_cost_model.h"
 #include "pipesgd/timing/pipe_timing_model.h"
+#include "pipesgd/train/run_description.h"
 
 namespace pipesgd {
 namespace {
@@ -41,15 +42,28 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
   const RunPlan& plan = run.plan;
   RunSummary summary;
   summary.setup = describe_setup(run, model);
+  summary.configuration = describe_configuration(run, model);
 
+  // The iterations every worker completed (all of them, unless the run stopped early), of which
+  // this process measured those from where it started.
+  std::int64_t end = plan.total_iterations;
+  for (const WorkerRecord& worker : workers) end = std::min(end, worker.completed);
   std::vector<std::vector<IterationTimes>> times;
   for (const WorkerRecord& worker : workers) times.push_back(worker.times);
-  const RunTimings timings(times);
-  const IterationTimes mean = timings.mean(plan.first_measured, plan.total_iterations);
+  const RunTimings timings(times, run.start_iteration(), end);
+  IterationTimes mean = timings.mean(plan.first_measured, end);
+  // The mean loss covers the same iterations in a resumed run as in the run not interrupted: each
+  // worker's sum (in iteration order, continued from its checkpoint) over [loss_from, end).
+  mean.loss = 0;
+  if (end > plan.loss_from) {
+    for (const WorkerRecord& worker : workers) mean.loss += worker.loss_sum;
+    mean.loss /= static_cast<double>(workers.size()) * static_cast<double>(end - plan.loss_from);
+  }
 
   RunTiming& timing = summary.timing;
-  timing.iterations = plan.total_iterations;
-  timing.measured_iterations = plan.total_iterations - plan.first_measured;
+  timing.iterations = end;
+  timing.first_timed = std::min(plan.first_measured, end);
+  timing.measured_iterations = end - timing.first_timed;
   timing.train_seconds = leader.train_seconds;
   // The compute thread is busy for the whole iteration except its exposed waits. Compensation (a
   // method's delay compensation or weight prediction) is update work for the timing model; `other`
@@ -84,8 +98,7 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
   std::uint64_t bytes = 0;
   for (const WorkerRecord& worker : workers) bytes += worker.bytes_sent;
   timing.bytes_sent_per_iteration =
-      plan.total_iterations ? bytes / static_cast<std::uint64_t>(config.workers) / static_cast<std::uint64_t>(plan.total_iterations)
-                            : 0;
+      end > 0 ? bytes / static_cast<std::uint64_t>(workers.size()) / static_cast<std::uint64_t>(end) : 0;
 
   // The method's report measures itself; its own model, if any, predicts the iteration. (A worker
   // other than rank 0 summarizes its own view only: no report, no epochs.)
@@ -99,7 +112,8 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
   figures.compute = busy;
   figures.throughput = mean.iteration > 0 ? static_cast<double>(config.workers * config.batch) / mean.iteration : 0;
   // A pipelined method's deferred phase is its pipeline: a run that ends before it never pipelined.
-  const bool pipelined = config.method.options->pipelined() && !plan.unreached_phase;
+  const bool pipelined = config.method.options->pipelined() && !plan.unreached_phase &&
+                         plan.warmup_iterations < end;
   figures.predicted_iteration = pipelined ? timing.predicted_pipe_iteration : timing.predicted_sync_iteration;
   if (report->predicted_iteration() > 0) figures.predicted_iteration = report->predicted_iteration();
   figures.report = report;

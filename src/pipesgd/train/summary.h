@@ -9,10 +9,11 @@
 
 namespace pipesgd {
 
-// `workers`: every worker's record (under MPI, the others' times and counts gathered at rank 0);
-// `model`: this rank's model (its final parameters give the checksum). The method's report (in
-// `leader`, rank 0's) measures itself on the workers' times first. Another rank gets its own view:
-// its times, its final parameters and checksum, no report or epochs.
+// `workers`: the records the summary averages: every worker's (under MPI, the others' times and
+// counts gathered at rank 0), or one rank's own (another MPI rank's view; rank 0's of an MPI run
+// stopped early). The summary covers the iterations every one of them completed. `model`: this
+// rank's model (its final parameters give the checksum). The method's report (in `leader`, rank
+// 0's) measures itself on the workers' times first; another rank's view has no report or epochs.
 RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, const LeaderRecord& leader,
                      FlatParameters& model);
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "pipesgd/algo/registry.h"
@@ -16,6 +17,8 @@
 #include "pipesgd/ps/parameter_server.h"
 #include "pipesgd/ps/shard_plan.h"
 #include "pipesgd/train/checkpointing.h"
+#include "pipesgd/train/early_stop.h"
+#include "pipesgd/train/metrics_file.h"
 #include "pipesgd/train/report.h"
 #include "pipesgd/train/summary.h"
 #include "pipesgd/train/worker.h"
@@ -55,12 +58,26 @@ std::unique_ptr<Model> build_model(const ModelFactory& factory, std::uint64_t se
   return model;
 }
 
-// Writes the run's files when it has an --out directory.
-void write_outputs(const RunContext& run, const RunSummary& summary, std::span<const WorkerRecord> workers) {
-  if (run.config.out_dir.empty()) return;
-  std::vector<std::vector<IterationTimes>> times;
-  for (const WorkerRecord& worker : workers) times.push_back(worker.times);
-  write_run_outputs(run.config.out_dir, summary, times, run.plan.iterations_per_epoch);
+// metrics.jsonl's lines of the per-iteration times of `workers`.
+MetricsLines metrics_lines(const RunContext& run, std::span<const WorkerRecord> workers) {
+  std::vector<const std::vector<IterationTimes>*> times;
+  for (const WorkerRecord& worker : workers) times.push_back(&worker.times);
+  return MetricsLines(std::move(times), run.plan.iterations_per_epoch);
+}
+
+// The stream of metrics.jsonl of `workers` (the workers of this process, in the order of their
+// EarlyStop slots) if the run has an --out directory and this is its leader.
+std::unique_ptr<MetricsStream> open_metrics_stream(const RunContext& run, bool leader,
+                                                   std::span<const WorkerRecord> workers, const EarlyStop& stop) {
+  if (!leader || run.config.out_dir.empty()) return nullptr;
+  return std::make_unique<MetricsStream>(run.config.out_dir, metrics_lines(run, workers), stop, run.start_iteration());
+}
+
+// The interruption of a run whose workers completed `completed` iterations, if that is fewer than
+// the plan's; `signal`: the one that stopped it.
+std::optional<Interruption> interruption(const RunContext& run, std::int64_t completed, int signal, int workers) {
+  if (completed >= run.plan.total_iterations) return std::nullopt;
+  return Interruption{signal, completed, run.plan.total_iterations, workers};
 }
 
 // When every rank is its own process: ranks 1..M-1 send their per-iteration times and counts to
@@ -70,6 +87,8 @@ void gather_at_leader(Transport& workers, const RunContext& run, std::vector<Wor
   struct Counts {
     std::uint64_t bytes_sent = 0;
     std::int64_t nonfinite_skipped = 0;
+    std::int64_t completed = 0;
+    double loss_sum = 0;
   };
   const Tag base = collective_tag(Channel::kControl, static_cast<std::uint64_t>(2 * run.plan.epochs));
   const Timeout timeout = run.config.method.common.timeout;
@@ -77,7 +96,7 @@ void gather_at_leader(Transport& workers, const RunContext& run, std::vector<Wor
   auto times_of = [&](int r) { return std::as_writable_bytes(std::span(records[static_cast<std::size_t>(r)].times)); };
   if (rank != 0) {
     const WorkerRecord& own = records[static_cast<std::size_t>(rank)];
-    const Counts counts{own.bytes_sent, own.nonfinite_skipped};
+    const Counts counts{own.bytes_sent, own.nonfinite_skipped, own.completed, own.loss_sum};
     Request times = workers.send(0, step_tag(base, 0, 0), times_of(rank), kOperation);
     Request count = workers.send(0, step_tag(base, 0, 1), std::as_bytes(std::span(&counts, 1)), kOperation);
     times.wait(timeout);
@@ -95,6 +114,8 @@ void gather_at_leader(Transport& workers, const RunContext& run, std::vector<Wor
     }
     record.bytes_sent = counts.bytes_sent;
     record.nonfinite_skipped = counts.nonfinite_skipped;
+    record.completed = counts.completed;
+    record.loss_sum = counts.loss_sum;
   }
 }
 
@@ -120,6 +141,8 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, 
   std::atomic<bool> worker_failed{false};          // stops the servers at once (ServeOptions::stop)
   std::atomic<bool> injected_fault_ended{false};   // a worker ended by --inject-fault
   const FaultControl faults{&worker_failed, /*rank_is_process=*/false, config.method.common.timeout};
+  EarlyStop stop(config.workers, config.interrupt, config.method.common.timeout);
+  const std::unique_ptr<MetricsStream> metrics = open_metrics_stream(run, /*leader=*/true, records, stop);
 
   std::vector<std::thread> threads;
   for (int rank = 0; rank < ranks; ++rank) {
@@ -127,8 +150,9 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, 
       Transport& transport = fabric.endpoint(rank);
       try {
         if (rank < config.workers) {
-          run_worker(run, rank, *models[static_cast<std::size_t>(rank)], transport, data, faults,
-                     records[static_cast<std::size_t>(rank)], rank == 0 ? &leader : nullptr);
+          run_worker(run, rank, *models[static_cast<std::size_t>(rank)], transport, data, faults, stop,
+                     records[static_cast<std::size_t>(rank)], rank == 0 ? &leader : nullptr,
+                     rank == 0 ? metrics.get() : nullptr);
         } else {
           serve_shard(run, *shard_plan, initial_weights, transport, &worker_failed);
         }
@@ -150,8 +174,10 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, 
     throw CommError(concat("worker ", fault.rank, " was stopped by --inject-fault at iteration ", fault.iteration,
                            " and no other worker was left to report it"));
   }
+  if (metrics) metrics->close();
   RunSummary summary = summarize(run, records, leader, *models[0]);
-  write_outputs(run, summary, records);
+  summary.interrupted = interruption(run, summary.timing.iterations, stop.signal(), config.workers);
+  if (!config.out_dir.empty()) write_summary_file(config.out_dir, summary);
   return summary;
 }
 
@@ -187,22 +213,39 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
     }
   }
   std::vector<WorkerRecord> records(static_cast<std::size_t>(config.workers));
+  WorkerRecord& own = records[static_cast<std::size_t>(rank)];
   LeaderRecord leader;
   const FaultControl faults{nullptr, /*rank_is_process=*/true, config.method.common.timeout};
-  run_worker(run, rank, *model, transport, data, faults, records[static_cast<std::size_t>(rank)],
-             rank == 0 ? &leader : nullptr);  // reports its own failure
-  try {
-    // The timings are gathered among the workers only.
-    RankSubsetTransport workers(transport, config.workers);
-    gather_at_leader(workers, run, records);
-  } catch (const std::exception& error) {
-    transport.report_failure(error.what());
-    throw;
+  EarlyStop stop(1, config.interrupt, config.method.common.timeout);  // this process's one worker
+  const std::unique_ptr<MetricsStream> metrics = open_metrics_stream(run, rank == 0, std::span(&own, 1), stop);
+  run_worker(run, rank, *model, transport, data, faults, stop, own, rank == 0 ? &leader : nullptr,
+             metrics.get());  // reports its own failure
+  if (metrics) metrics->close();
+  const bool interrupted = own.completed < run.plan.total_iterations;
+  if (!interrupted) {
+    try {
+      // The timings are gathered among the workers only.
+      RankSubsetTransport workers(transport, config.workers);
+      gather_at_leader(workers, run, records);
+    } catch (const std::exception& error) {
+      transport.report_failure(error.what());
+      throw;
+    }
   }
-  // Another rank summarizes its own view (its final parameters in its own place).
-  for (WorkerRecord& record : records) record.times.resize(static_cast<std::size_t>(run.plan.total_iterations));
-  RunSummary summary = summarize(run, records, leader, *model);
-  if (rank == 0) write_outputs(run, summary, records);
+  // Another rank, and rank 0 of a run stopped early (the ranks stopped separately, each told the
+  // others through the failure notice: nothing more can be gathered), summarize their own view.
+  const bool all = rank == 0 && !interrupted;
+  RunSummary summary = summarize(run, all ? std::span(records) : std::span(&own, 1), leader, *model);
+  if (!all && config.keep_parameters) {  // in its own place, as in a summary of every rank
+    std::vector<std::vector<float>> placed(static_cast<std::size_t>(config.workers));
+    placed[static_cast<std::size_t>(rank)] = std::move(summary.final_parameters.front());
+    summary.final_parameters = std::move(placed);
+  }
+  summary.interrupted = interruption(run, own.completed, own.stop_signal, 1);
+  if (rank != 0 || config.out_dir.empty()) return summary;
+  // The stream held rank 0's times; the file gets every rank's means.
+  if (all) write_metrics_file(config.out_dir, metrics_lines(run, records), run.start_iteration(), summary.timing.iterations, summary.epochs);
+  write_summary_file(config.out_dir, summary);
   return summary;
 }
 

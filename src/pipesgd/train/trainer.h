@@ -3,7 +3,13 @@
 // method on one data set, and the run reports per-iteration timings, per-epoch accuracy and a
 // summary. The parts: run_config.h (what is asked), run_context.h (what every rank knows before it
 // starts), worker.h (a worker's loop), checkpointing.h (save and load), fault_injection.h,
-// summary.h (the figures), report.h (tables and files); this header launches the ranks.
+// summary.h (the figures), report.h (tables and files), metrics_file.h (metrics.jsonl, streamed
+// while the run goes), early_stop.h (stopping at an iteration boundary on SIGINT / SIGTERM); this
+// header launches the ranks.
+//
+// With --out, the leader writes metrics.jsonl as the run goes and summary.json at its end. A run
+// whose TrainConfig::interrupt flag is set stops early and returns normally: its summary has
+// `interrupted` set and covers the iterations completed (summary.json says so too).
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/data/dataset.h"
@@ -26,7 +32,9 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, 
 // every rank calls it with the same config and data. Ranks 1..M-1 send their timings to rank 0, so
 // the returned summary is complete on rank 0 only; only rank 0 prints progress and writes
 // config.out_dir. Training is the same computation as run_training with the same config: same
-// weights, bit for bit.
+// weights, bit for bit. Stopped early (the interrupt flag), each rank stops on its own and tells
+// the others through the failure notice (run_worker); each returns its own view, rank 0's written
+// to config.out_dir, marked interrupted. The process must then end without MPI_Finalize.
 RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& factory, const DataSplits& data,
                              Transport& transport);
 

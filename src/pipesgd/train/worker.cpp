@@ -150,7 +150,7 @@ class WorkerLoop {
  public:
   WorkerLoop(const RunContext& run, int rank, Model& model, Transport& transport, TrainingMethod& method,
              const DataSplits& data, const FaultControl& faults, FaultInjectingTransport* mid_operation_fault,
-             WorkerRecord& record, LeaderRecord* leader)
+             EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader, MetricsStream* metrics)
       : run_(run),
         config_(run.config),
         rank_(rank),
@@ -160,8 +160,11 @@ class WorkerLoop {
         data_(data),
         faults_(faults),
         mid_operation_fault_(mid_operation_fault),
+        stop_(stop),
+        stop_slot_(faults.rank_is_process ? 0 : rank),
         record_(record),
         leader_(leader),
+        metrics_(metrics),
         sampler_(data.train.size, config_.workers, rank, config_.batch, config_.seed),
         assembler_(data.train, config_.batch),
         worker_ranks_(transport, config_.workers),  // the workers, never the server ranks
@@ -184,53 +187,100 @@ class WorkerLoop {
   void run() {
     const RunPlan& plan = run_.plan;
     if (run_.resume_from) resume();
-    for (std::int64_t epoch = t_ / plan.iterations_per_epoch; epoch < plan.epochs; ++epoch) {
+    bool stopped = false;
+    for (std::int64_t epoch = t_ / plan.iterations_per_epoch; epoch < plan.epochs && !stopped; ++epoch) {
       const std::int64_t epoch_start = epoch * plan.iterations_per_epoch;
       const std::int64_t count = std::min(plan.iterations_per_epoch, plan.total_iterations - epoch_start);
       sampler_.start_epoch(static_cast<std::size_t>(epoch));
       progress_.start_epoch(epoch, plan.epochs, count);
-      Stopwatch epoch_clock;
+      epoch_clock_.restart();
       if (t_ == epoch_start) sums_ = EpochSums{};  // else resumed inside this epoch with its sums
       for (std::int64_t i = t_ - epoch_start; i < count; ++i, ++t_) {
+        if (stop_.stop_before(stop_slot_, t_)) {
+          stopped = true;
+          break;
+        }
         iterate(i);
         if (leader_ != nullptr) {
           progress_.update(i + 1, sums_.loss / static_cast<double>(i + 1),
-                           samples_per_iteration() * static_cast<double>(i + 1) / epoch_clock.seconds());
+                           samples_per_iteration() * static_cast<double>(i + 1) / epoch_clock_.seconds());
         }
       }
       if (t_ == plan.total_iterations) {
         IterationTimes drain;
         method_.finish(drain);  // apply what is still in flight before the final evaluation
       }
-      train_seconds_ += epoch_clock.seconds();
-      end_epoch(epoch, count);
+      train_seconds_ += epoch_clock_.seconds();
+      if (!stopped) end_epoch(epoch, count);  // an epoch cut short has no record
     }
+    stop_.publish(stop_slot_, t_);
+    if (stopped) stop_early();
     checkpoints_.finish();  // the last checkpoint is on disk before the run reports success
-    if (config_.reliability.checkpoint_every > 0) {
+    if (config_.reliability.checkpoint_every > 0 && !(stopped && faults_.rank_is_process)) {
       // Every worker's writes are done (a barrier on the consistency channel, whose sequence 0 no
       // check uses): now the newest sets are complete and pruning leaves exactly the 2 newest.
       float token[1] = {0};
       control_.run(token, collective_tag(Channel::kConsistency, 0));
       if (leader_ != nullptr) prune_run_checkpoints(run_);
     }
-    record_.bytes_sent = transport_.bytes_sent();
-    if (leader_ != nullptr) leader_->train_seconds = train_seconds_;
-    if (config_.keep_parameters) {
-      const std::span<const float> parameters = model_.parameters();
-      record_.final_parameters.assign(parameters.begin(), parameters.end());
-    }
+    finish_record();
+  }
+
+  // Where each rank is a process: another rank stopped early, by `signal`, and told this one in a
+  // wait of iteration t_; the iterations before are what it completed.
+  void stopped_by_peer(int signal) {
+    stop_.publish(stop_slot_, t_);
+    progress_.interrupt();
+    record_.stop_signal = signal;
+    finish_record();
   }
 
  private:
   double samples_per_iteration() const { return static_cast<double>(config_.workers * config_.batch); }
 
   void resume() {
-    const auto [next, sums] = restore_worker(run_, rank_, model_, method_);
-    t_ = next;
-    sums_ = sums;
+    const RestoredWorker restored = restore_worker(run_, rank_, model_, method_);
+    t_ = restored.next;
+    sums_ = restored.sums;
+    history_ = restored.history;
+    record_.nonfinite_skipped = history_.nonfinite_skipped;
+    record_.loss_sum = history_.loss_sum;
+    train_seconds_ = run_.resumed_history.train_seconds;
     if (leader_ != nullptr) {
       leader_->epochs = run_.resumed_epochs;
-      train_seconds_ = run_.resumed_epochs.empty() ? 0.0 : run_.resumed_epochs.back().elapsed_seconds;
+      leader_->consistency_checks = run_.resumed_history.consistency_checks;
+    }
+    const RunPlan& plan = run_.plan;
+    if (t_ % plan.iterations_per_epoch == 0 && t_ > 0) {
+      // The checkpoint after an epoch's last iteration precedes that epoch's end: end it now, as
+      // the run not interrupted did next (its record, its barrier, its evaluation of these weights).
+      const std::int64_t ended = t_ / plan.iterations_per_epoch - 1;
+      progress_.start_epoch(ended, plan.epochs, plan.iterations_per_epoch);
+      end_epoch(ended, plan.iterations_per_epoch);
+    }
+  }
+
+  // After the agreed stop: among threads apply what is in flight, as at the run's end (every
+  // worker completed the same iterations); where each rank is a process, abandon it and tell the
+  // other ranks, which may be waiting for this one.
+  void stop_early() {
+    progress_.interrupt();
+    record_.stop_signal = stop_.signal();
+    if (faults_.rank_is_process) {
+      transport_.report_failure(interruption_notice(stop_.signal()));
+      return;
+    }
+    IterationTimes drain;
+    method_.finish(drain);
+  }
+
+  void finish_record() {
+    record_.completed = t_;
+    record_.bytes_sent = history_.bytes_sent + transport_.bytes_sent();
+    if (leader_ != nullptr) leader_->train_seconds = train_seconds_;
+    if (config_.keep_parameters) {
+      const std::span<const float> parameters = model_.parameters();
+      record_.final_parameters.assign(parameters.begin(), parameters.end());
     }
   }
 
@@ -257,6 +307,7 @@ class WorkerLoop {
     times.backward = step.backward_seconds;
     times.loss = step.loss;
     nonfinite_.finish(step.loss);  // before end_iteration sends what the model did not report
+    if (t_ >= run_.plan.loss_from) record_.loss_sum += step.loss;
     method_.end_iteration(t_, times);
     const ReliabilityOptions& reliability = config_.reliability;
     if (consistency_ && (t_ + 1) % reliability.check_consistency == 0) {
@@ -280,6 +331,8 @@ class WorkerLoop {
   void save_checkpoint(const EpochSums& sums) {
     const std::string& dir = config_.reliability.checkpoint_dir;
     CheckpointWriter part = worker_checkpoint(t_, model_, method_, sums);
+    add_history(part, WorkerHistory{history_.bytes_sent + transport_.bytes_sent(), record_.nonfinite_skipped,
+                                    record_.loss_sum});
     const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(rank_));
     const FaultInjection& fault = config_.reliability.fault;
     if (fault.active() && fault.during_checkpoint() && fault.rank == rank_ && fault.iteration == t_) {
@@ -297,7 +350,8 @@ class WorkerLoop {
       checkpoints_.submit(std::move(files), {});
       return;
     }
-    files.emplace_back(checkpoint_path(dir, t_ + 1, "shared"), shared_checkpoint(run_, t_, leader_->epochs));
+    const RunHistory history{leader_->consistency_checks, train_seconds_ + epoch_clock_.seconds()};
+    files.emplace_back(checkpoint_path(dir, t_ + 1, "shared"), shared_checkpoint(run_, t_, leader_->epochs, history));
     checkpoints_.submit(std::move(files), [this] { prune_run_checkpoints(run_); });
   }
 
@@ -324,6 +378,7 @@ class WorkerLoop {
       }
       progress_.end_epoch(result);
       leader_->epochs.push_back(record);
+      if (metrics_ != nullptr) metrics_->add_epoch(record);
     }
     float token[1] = {0};
     control_.run(token, control_tag(2 * epoch + 1));
@@ -338,8 +393,11 @@ class WorkerLoop {
   const DataSplits& data_;
   const FaultControl& faults_;
   FaultInjectingTransport* mid_operation_fault_;
+  EarlyStop& stop_;
+  const int stop_slot_;
   WorkerRecord& record_;
   LeaderRecord* leader_;
+  MetricsStream* metrics_;
   ShardedSampler sampler_;
   BatchAssembler assembler_;
   RankSubsetTransport worker_ranks_;
@@ -353,13 +411,16 @@ class WorkerLoop {
   BackgroundCheckpointWriter checkpoints_;
   std::int64_t t_ = 0;
   EpochSums sums_;
+  WorkerHistory history_;  // what the checkpoint resumed from carried (zeros if none)
+  Stopwatch epoch_clock_;
   double train_seconds_ = 0;
 };
 
 }  // namespace
 
 void run_worker(const RunContext& run, int rank, Model& model, Transport& run_transport, const DataSplits& data,
-                const FaultControl& faults, WorkerRecord& record, LeaderRecord* leader) {
+                const FaultControl& faults, EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader,
+                MetricsStream* metrics) {
   const TrainConfig& config = run.config;
   record.times.assign(static_cast<std::size_t>(run.plan.total_iterations), IterationTimes{});
   // --inject-fault at=allreduce|push: the faulty worker's sends go through a decorator that fails
@@ -385,9 +446,18 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
   if (config.deprioritize_compute && transport.waits_sleep() && !realtime_priority_permitted()) {
     lower_compute_thread_priority();
   }
-  WorkerLoop loop(run, rank, model, transport, *method, data, faults, faulty ? &*faulty : nullptr, record, leader);
+  WorkerLoop loop(run, rank, model, transport, *method, data, faults, faulty ? &*faulty : nullptr, stop, record, leader,
+                  metrics);
   try {
     loop.run();
+    if (leader != nullptr) leader->method_report = method->report();
+  } catch (const PeerFailedError& error) {
+    const std::optional<int> signal = peer_interruption(error);
+    if (!faults.rank_is_process || !signal) {
+      transport.report_failure(error.what());
+      throw;
+    }
+    loop.stopped_by_peer(*signal);
     if (leader != nullptr) leader->method_report = method->report();
   } catch (const CommTimeoutError& error) {
     // The one line names the peer, the operation and the tag; add where this worker was.

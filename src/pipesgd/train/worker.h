@@ -11,16 +11,23 @@
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/data/dataset.h"
+#include "pipesgd/train/early_stop.h"
 #include "pipesgd/train/fault_injection.h"
+#include "pipesgd/train/metrics_file.h"
 #include "pipesgd/train/run_context.h"
 
 namespace pipesgd {
 
-// What one worker records; written by that worker's compute thread only, read after the run.
+// What one worker records; written by that worker's compute thread only, read after the run (and,
+// of the iterations it published as completed, by the metrics stream: train/early_stop.h). The
+// counts include what a resumed run's checkpoint carried (checkpointing.h, WorkerHistory).
 struct WorkerRecord {
-  std::vector<IterationTimes> times;  // per iteration of the run
+  std::vector<IterationTimes> times;  // per iteration of the run (those this process ran)
+  std::int64_t completed = 0;         // the iterations [0, completed) are done
+  int stop_signal = 0;                // the signal that stopped it early (0: it was not)
   std::uint64_t bytes_sent = 0;
   std::int64_t nonfinite_skipped = 0;   // --on-nonfinite skip: layers zeroed
+  double loss_sum = 0;                  // losses of the iterations [RunPlan::loss_from, completed), in order
   std::vector<float> final_parameters;  // TrainConfig::keep_parameters
 };
 
@@ -32,10 +39,17 @@ struct LeaderRecord {
   std::shared_ptr<MethodReport> method_report;  // its method's
 };
 
-// Runs worker `rank` of `run` to the end. `transport` is the run's whole transport (servers
-// included, if any); `leader` is non-null on rank 0. A failure is reported to the other ranks
-// before the method unwinds, and rethrown; a CommTimeoutError then names this worker's iteration.
+// Runs worker `rank` of `run` to the end, or until `stop` stops it early (its slot: the rank among
+// threads, 0 where each rank is a process). `transport` is the run's whole transport (servers
+// included, if any); `leader` is non-null on rank 0, `metrics` on rank 0 of a run with --out. A
+// failure is reported to the other ranks before the method unwinds, and rethrown; a
+// CommTimeoutError then names this worker's iteration.
+// Stopping early: among threads every worker stops at the agreed iteration and applies what is in
+// flight (as at the run's end). Where each rank is a process, a rank stops at its own boundary and
+// tells the others through the failure notice (interruption_notice); a rank that learns of it in a
+// wait stops there, having completed the iterations before.
 void run_worker(const RunContext& run, int rank, Model& model, Transport& transport, const DataSplits& data,
-                const FaultControl& faults, WorkerRecord& record, LeaderRecord* leader);
+                const FaultControl& faults, EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader,
+                MetricsStream* metrics);
 
 }  // namespace pipesgd

@@ -15,9 +15,10 @@ void OdSgdReport::measure(const RunTimings& timings, std::int64_t first_measured
   OdSgdModel model;
   model.times.compute = pipelined.iteration - pipelined.wait;
   model.times.communication = pipelined.comm;
-  // The warm-up's first iterations pay one-off costs: skip them as the measured range does.
+  // The warm-up's first iterations pay one-off costs: skip them as the measured range does. (A run
+  // resumed after its warm-up measured none of it.)
   const std::int64_t start_up = std::min<std::int64_t>(10, switching / 10);
-  model.sync_iterations = switching - start_up;
+  model.sync_iterations = timings.recorded(start_up, switching);
   if (model.sync_iterations > 0) {
     const IterationTimes sync = timings.mean(start_up, switching);
     model.sync_iteration = sync.iteration;
