@@ -24,7 +24,7 @@ using SegmentCall = std::pair<std::size_t, std::size_t>;
 struct OwnedBatch {
   std::vector<float> inputs;
   std::vector<std::int32_t> labels;
-  Batch view() const { return Batch{inputs, labels, labels.size(), test_features}; }
+  Batch view() const { return labelled_batch(inputs, labels, labels.size(), test_features); }
 };
 
 OwnedBatch make_batch() {

@@ -23,7 +23,7 @@ struct OwnedBatch {
   std::size_t features = 0;
 
   Batch view() const {
-    return Batch{inputs, labels, labels.size(), features};
+    return labelled_batch(inputs, labels, labels.size(), features);
   }
 };
 
@@ -112,7 +112,7 @@ TEST(SoftmaxRegression, LossIsStableForLargeLogits) {
   const std::vector<float> inputs = {1, 0};
   const std::vector<std::int32_t> labels = {1};  // logits are 1000, -1000, 0
   std::vector<float> gradients(model.layout().total());
-  const StepResult result = model.forward_backward(Batch{inputs, labels, 1, 2}, gradients, {});
+  const StepResult result = model.forward_backward(labelled_batch(inputs, labels, 1, 2), gradients, {});
   EXPECT_NEAR(result.loss, 2000.0, 1e-9);
   for (float value : gradients) EXPECT_TRUE(std::isfinite(value));
 }
@@ -184,7 +184,7 @@ TEST(SoftmaxRegression, EvaluateSumsLossAndCountsCorrect) {
   std::copy(params.begin(), params.end(), model.parameters().begin());
   const std::vector<float> inputs = {1, 0, 0, 1, 1, 0};
   const std::vector<std::int32_t> labels = {0, 1, 1};
-  const Batch batch{inputs, labels, 3, 2};
+  const Batch batch = labelled_batch(inputs, labels, 3, 2);
   const Evaluation evaluation = model.evaluate(batch);
   EXPECT_EQ(evaluation.count, 3u);
   EXPECT_EQ(evaluation.correct, 2u);
@@ -192,7 +192,7 @@ TEST(SoftmaxRegression, EvaluateSumsLossAndCountsCorrect) {
   const double mean = model.forward_backward(batch, gradients, {}).loss;
   EXPECT_NEAR(evaluation.loss_sum, 3 * mean, 1e-12);
 
-  const Evaluation empty = model.evaluate(Batch{{}, {}, 0, 2});
+  const Evaluation empty = model.evaluate(labelled_batch({}, {}, 0, 2));
   EXPECT_EQ(empty.count, 0u);
   EXPECT_EQ(empty.correct, 0u);
   EXPECT_EQ(empty.loss_sum, 0.0);
@@ -224,7 +224,7 @@ TEST(SoftmaxRegression, RejectsMalformedBatches) {
   too_few_inputs.inputs = too_few_inputs.inputs.first(test_features);
   EXPECT_THROW(model.forward_backward(too_few_inputs, gradients, {}), UsageError);
 
-  EXPECT_THROW(model.forward_backward(Batch{{}, {}, 0, test_features}, gradients, {}),
+  EXPECT_THROW(model.forward_backward(labelled_batch({}, {}, 0, test_features), gradients, {}),
                UsageError);
   EXPECT_THROW(SoftmaxRegression(0, 3, 0), UsageError);
   EXPECT_THROW(softmax_regression_factory(5, 1), UsageError);

@@ -59,7 +59,7 @@ class TorchForwardHookTest : public ::testing::TestWithParam<std::string> {
     data_ = make_synthetic(batch_rows, 1, 5).train;
   }
   std::unique_ptr<Model> build() { return torch_model_factory(GetParam())(model_seed); }
-  Batch batch() const { return Batch{data_.inputs, data_.labels, data_.size, data_.features}; }
+  Batch batch() const { return labelled_batch(data_.inputs, data_.labels, data_.size, data_.features); }
 
   Dataset data_;
 };

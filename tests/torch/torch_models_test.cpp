@@ -25,7 +25,7 @@ struct OwnedBatch {
   std::vector<float> inputs;
   std::vector<std::int32_t> labels;
 
-  Batch view() const { return Batch{inputs, labels, labels.size(), image_features}; }
+  Batch view() const { return labelled_batch(inputs, labels, labels.size(), image_features); }
 };
 
 // Deterministic "images" with values in [0, 1) and labels in [0, 10).
@@ -339,10 +339,9 @@ TEST_P(TorchModelTest, EvaluateChunksLargeBatches) {
   double loss_sum = 0;
   std::size_t correct = 0;
   for (std::size_t first = 0; first < rows; first += part_rows) {
-    const Batch part{std::span<const float>(batch.inputs).subspan(first * image_features,
-                                                                  part_rows * image_features),
-                     std::span<const std::int32_t>(batch.labels).subspan(first, part_rows),
-                     part_rows, image_features};
+    const Batch part = labelled_batch(
+        std::span<const float>(batch.inputs).subspan(first * image_features, part_rows * image_features),
+        std::span<const std::int32_t>(batch.labels).subspan(first, part_rows), part_rows, image_features);
     const Evaluation evaluation = model->evaluate(part);
     loss_sum += evaluation.loss_sum;
     correct += evaluation.correct;

@@ -13,14 +13,30 @@
 
 namespace pipesgd {
 
-// A batch of examples, row-major: inputs has size * features floats, labels has size entries.
-// The model reads it; the caller owns the memory.
+// A batch of examples, row-major: inputs has size * features floats; labels has size entries (a
+// labelled data set) or targets has size * target_features floats (regression targets; labels is
+// then empty). example_shape is one example's shape (product: features), or empty where only the
+// flat rows are known. The model reads it; the caller owns the memory.
 struct Batch {
   std::span<const float> inputs;
   std::span<const std::int32_t> labels;
   std::size_t size = 0;
   std::size_t features = 0;
+  std::span<const std::int64_t> example_shape;
+  std::span<const float> targets;
+  std::size_t target_features = 0;
 };
+
+// A labelled batch of flat rows (no example shape, no targets).
+inline Batch labelled_batch(std::span<const float> inputs, std::span<const std::int32_t> labels, std::size_t size,
+                            std::size_t features) {
+  Batch batch;
+  batch.inputs = inputs;
+  batch.labels = labels;
+  batch.size = size;
+  batch.features = features;
+  return batch;
+}
 
 // Called on the compute thread during backward, once per segment, in backward order (last layer
 // first), as soon as that segment's gradient is final in the gradient buffer. `backward_seconds` is

@@ -79,6 +79,7 @@ Dataset load_split(const std::string& images_path, const std::string& labels_pat
   }
   // The reader checked that the product of the dims fits in size_t.
   dataset.features = std::size_t{images.dims[1]} * images.dims[2];
+  dataset.example_shape = {1, static_cast<std::int64_t>(images.dims[1]), static_cast<std::int64_t>(images.dims[2])};
   PIPESGD_ASSERT(images.data.size() == dataset.size * dataset.features);
 
   std::array<float, 256> pixel_to_float{};
@@ -102,6 +103,7 @@ Dataset generate_synthetic_split(std::size_t size, Random& random,
   Dataset dataset;
   dataset.size = size;
   dataset.features = kSyntheticFeatures;
+  dataset.example_shape = {1, 28, 28};
   dataset.classes = kSyntheticClasses;
   dataset.name = std::move(name);
   dataset.inputs.resize(size * kSyntheticFeatures);

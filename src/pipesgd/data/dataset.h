@@ -11,13 +11,24 @@ namespace pipesgd {
 // Where the Debian package dataset-fashion-mnist installs Fashion-MNIST.
 constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
 
+// A data set is either labelled (classification: `labels`, one per example, in [0, classes)) or has
+// regression targets (`targets`: target_features floats per example; `labels` is empty and classes
+// is 0).
 struct Dataset {
   std::size_t size = 0;       // number of examples
   std::size_t features = 0;   // floats per example
+  // The shape of one example, e.g. {1, 28, 28} for MNIST-format images (channels, rows, columns);
+  // the product of its dimensions is `features`. A model given inputs [batch, example_shape...]
+  // (a TorchScript model) reads it; the built-in models read the flat rows.
+  std::vector<std::int64_t> example_shape;
   std::size_t classes = 0;    // labels are in [0, classes)
   std::vector<float> inputs;  // size * features, row-major; pixels scaled to [0, 1] (pixel / 255)
-  std::vector<std::int32_t> labels;  // size entries
+  std::vector<std::int32_t> labels;  // size entries (empty for a regression data set)
+  std::size_t target_features = 0;   // regression: floats per target (0: labelled)
+  std::vector<float> targets;        // size * target_features, row-major
   std::string name;                  // for logs, e.g. "fashion-mnist/train"
+
+  bool regression() const { return target_features > 0; }
 };
 
 struct DataSplits {
@@ -27,7 +38,8 @@ struct DataSplits {
 
 // Loads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
 // t10k-labels-idx1-ubyte from `dir`; each may be plain or gzip-compressed with a ".gz" suffix (the
-// plain file is used if both exist). Images must be [N, rows, cols], labels [N] with values < 10.
+// plain file is used if both exist). Images must be [N, rows, cols], labels [N] with values < 10;
+// each example has the shape {1, rows, cols}.
 // Throws DataError with a one-line message; for the default directory the message for a missing
 // directory or file says how to install the data or pass --data-dir.
 DataSplits load_mnist_format(const std::string& dir);
@@ -37,7 +49,7 @@ DataSplits load_mnist_format(const std::string& dir);
 // a data directory must hold.
 std::string missing_data_hint(const std::string& dir);
 
-// Feature count and class count of make_synthetic data (the shape of MNIST).
+// Feature count and class count of make_synthetic data (the shape of MNIST: examples {1, 28, 28}).
 inline constexpr std::size_t kSyntheticFeatures = 784;
 inline constexpr std::size_t kSyntheticClasses = 10;
 

@@ -85,9 +85,11 @@ BatchAssembler::BatchAssembler(const Dataset& dataset, std::size_t capacity)
     : dataset_(dataset), capacity_(capacity) {
   if (capacity == 0) throw UsageError("batch assembler: capacity must be at least 1, got 0");
   PIPESGD_ASSERT(dataset.inputs.size() == dataset.size * dataset.features);
-  PIPESGD_ASSERT(dataset.labels.size() == dataset.size);
+  PIPESGD_ASSERT(dataset.labels.size() == (dataset.regression() ? 0 : dataset.size));
+  PIPESGD_ASSERT(dataset.targets.size() == dataset.size * dataset.target_features);
   inputs_.resize(capacity * dataset.features);
-  labels_.resize(capacity);
+  labels_.resize(dataset.regression() ? 0 : capacity);
+  targets_.resize(capacity * dataset.target_features);
 }
 
 Batch BatchAssembler::assemble(std::span<const std::uint32_t> indices) {
@@ -107,13 +109,21 @@ Batch BatchAssembler::assemble(std::span<const std::uint32_t> indices) {
       std::memcpy(inputs_.data() + row * features, dataset_.inputs.data() + example * features,
                   features * sizeof(float));
     }
-    labels_[row] = dataset_.labels[example];
+    if (dataset_.regression()) {
+      const std::size_t width = dataset_.target_features;
+      std::memcpy(targets_.data() + row * width, dataset_.targets.data() + example * width, width * sizeof(float));
+    } else {
+      labels_[row] = dataset_.labels[example];
+    }
   }
   Batch batch;
   batch.inputs = std::span<const float>(inputs_).first(indices.size() * features);
-  batch.labels = std::span<const std::int32_t>(labels_).first(indices.size());
+  batch.labels = std::span<const std::int32_t>(labels_).first(dataset_.regression() ? 0 : indices.size());
   batch.size = indices.size();
   batch.features = features;
+  batch.example_shape = dataset_.example_shape;
+  batch.targets = std::span<const float>(targets_).first(indices.size() * dataset_.target_features);
+  batch.target_features = dataset_.target_features;
   return batch;
 }
 
@@ -123,13 +133,20 @@ Batch dataset_range(const Dataset& dataset, std::size_t begin, std::size_t end) 
                             dataset.name, " of ", dataset.size, " examples"));
   }
   PIPESGD_ASSERT(dataset.inputs.size() == dataset.size * dataset.features);
-  PIPESGD_ASSERT(dataset.labels.size() == dataset.size);
+  PIPESGD_ASSERT(dataset.labels.size() == (dataset.regression() ? 0 : dataset.size));
+  PIPESGD_ASSERT(dataset.targets.size() == dataset.size * dataset.target_features);
   Batch batch;
   batch.inputs = std::span<const float>(dataset.inputs)
                      .subspan(begin * dataset.features, (end - begin) * dataset.features);
-  batch.labels = std::span<const std::int32_t>(dataset.labels).subspan(begin, end - begin);
+  if (!dataset.regression()) {
+    batch.labels = std::span<const std::int32_t>(dataset.labels).subspan(begin, end - begin);
+  }
   batch.size = end - begin;
   batch.features = dataset.features;
+  batch.example_shape = dataset.example_shape;
+  const std::size_t width = dataset.target_features;
+  batch.targets = std::span<const float>(dataset.targets).subspan(begin * width, (end - begin) * width);
+  batch.target_features = width;
   return batch;
 }
 

@@ -84,6 +84,7 @@ class BatchAssembler {
   std::size_t capacity_;
   std::vector<float> inputs_;
   std::vector<std::int32_t> labels_;
+  std::vector<float> targets_;
 };
 
 // A zero-copy Batch of examples [begin, end) of `dataset`, which must outlive the Batch. Throws
