@@ -8,6 +8,8 @@ packages=(
   libtorch-dev libopenblas0-openmp
   libgtest-dev libgmock-dev googletest
   libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libxtensor-dev  # .npy headers (--data npy:DIR)
+  python3-numpy   # tests/cli: writes the .npy fixtures
   openmpi-bin libopenmpi-dev
   dataset-fashion-mnist
   clang libclang-rt-14-dev llvm  # scripts/fuzz.sh: libFuzzer, sanitizers, llvm-symbolizer

@@ -1,9 +1,12 @@
 #include "pipesgd/cli/cli_common.h"
 
+#include <algorithm>
 #include <sstream>
+#include <string_view>
 
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/torch/torch_models.h"
 #include "pipesgd_version.h"  // generated at build time (CMakeLists.txt)
 
 namespace pipesgd {
@@ -35,15 +38,56 @@ std::vector<std::string> split_list(const std::string& text) {
   return items;
 }
 
+namespace {
+
+constexpr std::string_view kNpyPrefix = "npy:";
+
+bool is_npy(const std::string& data) { return data.starts_with(kNpyPrefix); }
+
+}  // namespace
+
 DataSplits load_data_set(const std::string& data, const std::string& dir, std::int64_t seed) {
+  if (is_npy(data)) {
+    const std::string npy_dir = data.substr(kNpyPrefix.size());
+    if (npy_dir.empty()) throw UsageError("--data npy:DIR needs a directory after 'npy:', e.g. --data npy:./my-data");
+    if (!dir.empty()) {
+      throw UsageError(concat("--data-dir cannot be combined with --data ", data, " (the directory is part of --data)"));
+    }
+    return load_npy_dir(npy_dir);
+  }
   if (data == "synthetic") {
     if (!dir.empty()) throw UsageError("--data-dir cannot be combined with --data synthetic");
     return make_synthetic(12000, 2000, static_cast<std::uint64_t>(seed));
   }
   if (data != "fashion-mnist" && data != "mnist-format") {
-    throw UsageError(concat("unknown data set '", data, "' (expected fashion-mnist or synthetic)"));
+    throw UsageError(concat("unknown data set '", data, "' (expected fashion-mnist, synthetic or npy:DIR)"));
   }
   return load_mnist_format(dir.empty() ? kDefaultDataDir : dir);
+}
+
+DataSetDescription describe_data_set(const std::string& data, const std::string& dir, std::int64_t seed) {
+  if (is_npy(data)) return {"npy", data.substr(kNpyPrefix.size())};
+  if (data == "synthetic") return {data, concat("generated from --seed ", seed)};
+  return {data, dir.empty() ? std::string(kDefaultDataDir) : dir};
+}
+
+void check_data_fits_builtin_model(const std::string& model, const DataSplits& data, const std::string& data_flag) {
+  const std::vector<std::string> builtin = torch_model_names();
+  if (std::find(builtin.begin(), builtin.end(), model) == builtin.end()) return;
+  const Dataset& train = data.train;
+  std::string mismatch;
+  if (train.features != kBuiltinModelFeatures) {
+    std::vector<std::string> dims;
+    for (std::int64_t d : train.example_shape) dims.push_back(concat(d));
+    mismatch = concat("examples of shape [", join(dims, ", "), "] (", train.features, " features)");
+  } else if (train.regression()) {
+    mismatch = concat("regression targets (", train.target_features, " per example)");
+  } else if (data.train.classes > kBuiltinModelClasses || data.test.classes > kBuiltinModelClasses) {
+    mismatch = concat("labels up to ", std::max(data.train.classes, data.test.classes) - 1);
+  }
+  if (mismatch.empty()) return;
+  throw UsageError(concat("model '", model, "' takes ", kBuiltinModelFeatures, " features per example (28x28) and labels 0 to ",
+                          kBuiltinModelClasses - 1, "; the data --data ", data_flag, " has ", mismatch));
 }
 
 std::string pipesgd_version() { return PIPESGD_VERSION; }

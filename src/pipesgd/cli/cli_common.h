@@ -32,9 +32,24 @@ int resolve_workers(int workers, bool workers_given, const MpiSession* session);
 // "a,b,c" -> {"a", "b", "c"}; UsageError for an empty list or entry.
 std::vector<std::string> split_list(const std::string& text);
 
-// The data set `data` (fashion-mnist: MNIST-format files in `dir`, default kDefaultDataDir; or
-// synthetic, from `seed`). UsageError / DataError naming the flag or file.
+// The data set `data` (fashion-mnist: MNIST-format files in `dir`, default kDefaultDataDir;
+// synthetic, from `seed`; or npy:DIR, NumPy files in DIR, which takes no `dir`). UsageError /
+// DataError naming the flag or file.
 DataSplits load_data_set(const std::string& data, const std::string& dir, std::int64_t seed);
+
+// How summary.json names a data set: set "fashion-mnist", "synthetic" or "npy"; source the
+// directory read or how the data was made.
+struct DataSetDescription {
+  std::string set;
+  std::string source;
+};
+DataSetDescription describe_data_set(const std::string& data, const std::string& dir, std::int64_t seed);
+
+// For the built-in models (torch_model_names(): 784 features, labels 0 to 9) only: UsageError naming
+// the model and the data's shape if `data` does not fit `model` (another example size, regression
+// targets, more classes); call it before any training. Any other model name passes (its own loader
+// checks its data).
+void check_data_fits_builtin_model(const std::string& model, const DataSplits& data, const std::string& data_flag);
 
 // pipesgd's version: the git description of the source tree it was built from ("git unknown"
 // without git).

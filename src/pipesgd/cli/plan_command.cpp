@@ -52,7 +52,7 @@ void add_plan_flags(CLI::App& command, PlanFlags& flags) {
   command.add_option("--codec", flags.codec, "Gradient codec (sets the bytes per element on the wire)")
       ->capture_default_str();
   command.add_option("--batch", flags.batch, "Per-worker batch of the profile")->capture_default_str();
-  command.add_option("--data", flags.data, "Data set of the profile: fashion-mnist or synthetic")->capture_default_str();
+  command.add_option("--data", flags.data, "Data set of the profile: fashion-mnist, synthetic or npy:DIR (as train's --data)")->capture_default_str();
   command.add_option("--data-dir", flags.data_dir, "Directory of MNIST-format IDX files");
   command.add_option("--seed", flags.seed, "Seed of the model initialisation and data order")->capture_default_str();
   command.add_option("--plans", flags.plans, concat("Comma-separated plans: ", join(bucket_plan_names())))
@@ -101,6 +101,7 @@ int run_plan(const PlanFlags& flags) {
   const CommonOptions& common = config.method.common;
   const ModelFactory factory = torch_model_factory(flags.model);
   const DataSplits data = load_data_set(flags.data, flags.data_dir, flags.seed);
+  check_data_fits_builtin_model(flags.model, data, flags.data);
   const double bytes_per_element = static_cast<double>(make_codec(flags.codec)->encoded_bytes(1000)) / 1000.0;
   if (!flags.quiet) {
     std::cerr << "profiling " << flags.model << ": " << flags.workers << " workers (threads), " << kProfileWarmupIterations

@@ -53,7 +53,9 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--model", flags.model,
                      "Model: mlp (784-500-500-10), cnn (LeNet-style), resnet (ResNet-20-style with batch norm), softmax")
       ->capture_default_str();
-  command.add_option("--data", flags.data, "Data set: fashion-mnist (MNIST-format files, see --data-dir) or synthetic")
+  command.add_option("--data", flags.data, "Data set: fashion-mnist (MNIST-format files, see --data-dir), synthetic, or npy:DIR (DIR/train_x.npy, "
+                     "train_y.npy, test_x.npy, test_y.npy: inputs [N, ...] float32 or uint8 (scaled by 1/255); y int64/int32 "
+                     "labels [N] or float32/float64 regression targets [N] or [N, k])")
       ->capture_default_str();
   command.add_option("--data-dir", flags.data_dir,
                      std::string("Directory of MNIST-format IDX files (gzip or plain) [default: ") + kDefaultDataDir + "]");
@@ -175,16 +177,20 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
   return config;
 }
 
-DataSplits load_data(const TrainFlags& flags) { return load_data_set(flags.data, flags.data_dir, flags.seed); }
+DataSplits load_data(const TrainFlags& flags) {
+  DataSplits data = load_data_set(flags.data, flags.data_dir, flags.seed);
+  check_data_fits_builtin_model(flags.model, data, flags.data);
+  return data;
+}
 
 void prepare_run_record(TrainConfig& config, const TrainFlags& flags, const DataSplits& data,
                         const MpiSession* session) {
   RunProvenance& provenance = config.provenance;
   provenance.command_line = flags.command_line;
   provenance.transport = flags.transport;
-  provenance.data_set = flags.data;
-  provenance.data_source = flags.data == "synthetic" ? concat("generated from --seed ", flags.seed)
-                                                     : (flags.data_dir.empty() ? kDefaultDataDir : flags.data_dir);
+  const DataSetDescription described = describe_data_set(flags.data, flags.data_dir, flags.seed);
+  provenance.data_set = described.set;
+  provenance.data_source = described.source;
   provenance.train_examples = data.train.size;
   provenance.test_examples = data.test.size;
   provenance.versions = {{"pipesgd", pipesgd_version()}, {"libtorch", torch_version()}};

@@ -8,6 +8,7 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/random.h"
 #include "pipesgd/data/idx_reader.h"
+#include "pipesgd/data/npy_reader.h"
 
 namespace pipesgd {
 namespace {
@@ -122,7 +123,89 @@ Dataset generate_synthetic_split(std::size_t size, Random& random,
   return dataset;
 }
 
+std::string example_shape_text(const std::vector<std::int64_t>& shape) {
+  std::vector<std::size_t> dims(shape.begin(), shape.end());
+  return shape_text(dims);
+}
+
+std::string npy_file(const std::string& dir, const char* name) {
+  const std::string path = (std::filesystem::path(dir) / name).string();
+  std::error_code status_error;
+  if (!std::filesystem::exists(path, status_error)) {
+    throw DataError(concat("data directory ", dir, ": missing ", name, npy_missing_data_hint()));
+  }
+  return path;
+}
+
+Dataset load_npy_split(const std::string& inputs_path, const std::string& targets_path, std::string name) {
+  NpyTargets targets = decode_npy_targets(read_npy(targets_path), targets_path);
+  NpyInputs inputs = decode_npy_inputs(read_npy(inputs_path), inputs_path);
+  if (inputs.count != targets.count) {
+    throw DataError(concat("x/y count mismatch: ", inputs_path, " has ", inputs.count, " examples but ", targets_path,
+                           " has ", targets.count, targets.regression() ? " targets" : " labels"));
+  }
+  Dataset dataset;
+  dataset.name = std::move(name);
+  dataset.size = inputs.count;
+  dataset.features = inputs.features;
+  dataset.example_shape = std::move(inputs.example_shape);
+  dataset.inputs = std::move(inputs.values);
+  dataset.labels = std::move(targets.labels);
+  dataset.target_features = targets.target_features;
+  dataset.targets = std::move(targets.targets);
+  if (!dataset.regression()) {
+    dataset.classes = static_cast<std::size_t>(*std::max_element(dataset.labels.begin(), dataset.labels.end())) + 1;
+  }
+  return dataset;
+}
+
 }  // namespace
+
+std::string npy_missing_data_hint() {
+  return concat("; --data npy:DIR must name a directory holding ", kNpyTrainInputsFile, ", ", kNpyTrainTargetsFile,
+                ", ", kNpyTestInputsFile, " and ", kNpyTestTargetsFile);
+}
+
+DataSplits load_npy_dir(const std::string& dir) {
+  std::error_code status_error;
+  const auto status = std::filesystem::status(dir, status_error);
+  if (!std::filesystem::exists(status)) {
+    throw DataError(concat("data directory ", dir, " does not exist", npy_missing_data_hint()));
+  }
+  if (!std::filesystem::is_directory(status)) {
+    throw DataError(concat("data directory ", dir, " is not a directory", npy_missing_data_hint()));
+  }
+  // Find all four files before reading any, so a missing one is reported at once.
+  const std::string train_x = npy_file(dir, kNpyTrainInputsFile);
+  const std::string train_y = npy_file(dir, kNpyTrainTargetsFile);
+  const std::string test_x = npy_file(dir, kNpyTestInputsFile);
+  const std::string test_y = npy_file(dir, kNpyTestTargetsFile);
+
+  const std::string label = directory_label(dir);
+  DataSplits splits;
+  splits.train = load_npy_split(train_x, train_y, label + "/train");
+  splits.test = load_npy_split(test_x, test_y, label + "/test");
+  const Dataset& train = splits.train;
+  const Dataset& test = splits.test;
+  if (train.example_shape != test.example_shape) {
+    throw DataError(concat("example shape mismatch: ", train_x, " has examples of shape ",
+                           example_shape_text(train.example_shape), " but ", test_x, " has ",
+                           example_shape_text(test.example_shape)));
+  }
+  if (train.regression() != test.regression()) {
+    const auto kind = [](const Dataset& d) { return d.regression() ? "float regression targets" : "integer labels"; };
+    throw DataError(concat("label kind mismatch: ", train_y, " has ", kind(train), " but ", test_y, " has ",
+                           kind(test)));
+  }
+  if (train.target_features != test.target_features) {
+    throw DataError(concat("target width mismatch: ", train_y, " has ", train.target_features,
+                           " values per example but ", test_y, " has ", test.target_features));
+  }
+  const std::size_t classes = std::max(train.classes, test.classes);
+  splits.train.classes = classes;
+  splits.test.classes = classes;
+  return splits;
+}
 
 std::string missing_data_hint(const std::string& dir) {
   if (without_trailing_separators(dir) == without_trailing_separators(kDefaultDataDir)) {

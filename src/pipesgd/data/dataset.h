@@ -44,6 +44,24 @@ struct DataSplits {
 // directory or file says how to install the data or pass --data-dir.
 DataSplits load_mnist_format(const std::string& dir);
 
+// The files of a NumPy data directory (--data npy:DIR).
+inline constexpr const char* kNpyTrainInputsFile = "train_x.npy";
+inline constexpr const char* kNpyTrainTargetsFile = "train_y.npy";
+inline constexpr const char* kNpyTestInputsFile = "test_x.npy";
+inline constexpr const char* kNpyTestTargetsFile = "test_y.npy";
+
+// Loads train_x.npy, train_y.npy, test_x.npy and test_y.npy from `dir` (see data/npy_reader.h for
+// the dtypes and shapes taken). Inputs [N, d1, ...] give example_shape {d1, ...}; float32 values
+// are taken as they are, uint8 values scaled by 1/255. Integer y gives labels (classes = the
+// largest label of train and test + 1); float y regression targets (classes 0). Train and test
+// must agree on the example shape and on labels versus targets (and their width). Throws
+// DataError with a one-line message naming the file; a missing directory or file is reported
+// with npy_missing_data_hint.
+DataSplits load_npy_dir(const std::string& dir);
+
+// The end of a "data missing" message for a NumPy directory, starting with "; ".
+std::string npy_missing_data_hint();
+
 // The end of a "data missing" message for `dir`, starting with "; ". For kDefaultDataDir it says to
 // install the Debian package dataset-fashion-mnist or pass --data-dir; otherwise it lists the files
 // a data directory must hold.

@@ -64,6 +64,10 @@ std::string torch_version();
 // LibTorch's global generator.
 ModelFactory torch_model_factory(const std::string& name);
 
+// What every built-in model takes: flat examples of 784 features (28x28) and labels 0 to 9.
+inline constexpr std::size_t kBuiltinModelFeatures = 784;
+inline constexpr std::size_t kBuiltinModelClasses = 10;
+
 // The names torch_model_factory accepts, in the order of the error message.
 std::vector<std::string> torch_model_names();
 
