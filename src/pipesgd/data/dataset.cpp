@@ -125,7 +125,7 @@ Dataset generate_synthetic_split(std::size_t size, Random& random,
 
 std::string example_shape_text(const std::vector<std::int64_t>& shape) {
   std::vector<std::size_t> dims(shape.begin(), shape.end());
-  return shape_text(dims);
+  return npy_shape_text(dims);
 }
 
 std::string npy_file(const std::string& dir, const char* name) {

@@ -145,16 +145,16 @@ void check_header(const NpyHeader& header, std::size_t data_bytes, const std::st
   std::size_t expected = item;
   for (std::size_t dimension : header.shape) {
     if (dimension != 0 && expected > std::numeric_limits<std::size_t>::max() / dimension) {
-      fail(source_name, concat("broken .npy header: shape ", shape_text(header.shape), " has more elements than fit in memory"));
+      fail(source_name, concat("broken .npy header: shape ", npy_shape_text(header.shape), " has more elements than fit in memory"));
     }
     expected *= dimension;
   }
   if (data_bytes < expected) {
-    fail(source_name, concat("truncated: shape ", shape_text(header.shape), " of ", dtype_name(header.dtype), " needs ",
+    fail(source_name, concat("truncated: shape ", npy_shape_text(header.shape), " of ", dtype_name(header.dtype), " needs ",
                              expected, " data bytes, the file has ", data_bytes));
   }
   if (data_bytes > expected) {
-    fail(source_name, concat(data_bytes - expected, " bytes after the data of shape ", shape_text(header.shape), " of ",
+    fail(source_name, concat(data_bytes - expected, " bytes after the data of shape ", npy_shape_text(header.shape), " of ",
                              dtype_name(header.dtype), " (", expected, " bytes)"));
   }
   if (header.fortran_order && header.shape.size() > 1) {
@@ -190,7 +190,7 @@ T load_element(const std::uint8_t* data, std::size_t index) {
 
 }  // namespace
 
-std::string shape_text(const std::vector<std::size_t>& shape) {
+std::string npy_shape_text(const std::vector<std::size_t>& shape) {
   std::string text = "[";
   for (std::size_t k = 0; k < shape.size(); ++k) text += concat(k == 0 ? "" : ", ", shape[k]);
   return text + "]";
@@ -233,16 +233,16 @@ NpyInputs decode_npy_inputs(const NpyArray& array, const std::string& source_nam
                              " are not accepted; expected float32 (<f4) or uint8 (|u1, scaled by 1/255)"));
   }
   if (array.shape.size() < 2) {
-    fail(source_name, concat("inputs of shape ", shape_text(array.shape),
+    fail(source_name, concat("inputs of shape ", npy_shape_text(array.shape),
                              ": expected [count, d1, ...] with at least 2 dimensions"));
   }
   NpyInputs inputs;
   inputs.count = array.shape[0];
-  if (inputs.count == 0) fail(source_name, concat("zero examples (inputs of shape ", shape_text(array.shape), ")"));
+  if (inputs.count == 0) fail(source_name, concat("zero examples (inputs of shape ", npy_shape_text(array.shape), ")"));
   inputs.features = 1;
   for (std::size_t k = 1; k < array.shape.size(); ++k) {
     if (array.shape[k] == 0 || array.shape[k] > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max())) {
-      fail(source_name, concat("inputs of shape ", shape_text(array.shape), ": every example dimension must be >= 1"));
+      fail(source_name, concat("inputs of shape ", npy_shape_text(array.shape), ": every example dimension must be >= 1"));
     }
     inputs.example_shape.push_back(static_cast<std::int64_t>(array.shape[k]));
     inputs.features *= array.shape[k];  // the product of all dims matched the data bytes
@@ -274,13 +274,13 @@ NpyTargets decode_npy_targets(const NpyArray& array, const std::string& source_n
   }
   const bool labels = int64 || int32;
   if (array.shape.empty() || array.shape.size() > (labels ? 1u : 2u)) {
-    fail(source_name, concat(labels ? "labels" : "regression targets", " of shape ", shape_text(array.shape),
+    fail(source_name, concat(labels ? "labels" : "regression targets", " of shape ", npy_shape_text(array.shape),
                              labels ? ": expected [count]" : ": expected [count] or [count, k]"));
   }
   NpyTargets result;
   result.count = array.shape[0];
   if (result.count == 0) fail(source_name, concat("zero examples (", labels ? "labels" : "targets", " of shape ",
-                                                  shape_text(array.shape), ")"));
+                                                  npy_shape_text(array.shape), ")"));
   if (labels) {
     result.labels.resize(result.count);
     for (std::size_t index = 0; index < result.count; ++index) {
@@ -296,7 +296,7 @@ NpyTargets decode_npy_targets(const NpyArray& array, const std::string& source_n
   }
   result.target_features = array.shape.size() == 2 ? array.shape[1] : 1;
   if (result.target_features == 0) {
-    fail(source_name, concat("regression targets of shape ", shape_text(array.shape), ": k must be >= 1"));
+    fail(source_name, concat("regression targets of shape ", npy_shape_text(array.shape), ": k must be >= 1"));
   }
   const std::size_t count = element_count(array.shape);
   result.targets.resize(count);

@@ -23,7 +23,7 @@ struct NpyArray {
 };
 
 // "[3, 4]": a shape in messages.
-std::string shape_text(const std::vector<std::size_t>& shape);
+std::string npy_shape_text(const std::vector<std::size_t>& shape);
 
 // Reads and validates the .npy file at `path`. Throws DataError.
 NpyArray read_npy(const std::string& path);
