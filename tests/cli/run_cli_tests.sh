@@ -612,8 +612,9 @@ run train --algo dsync+optimal+int8 --model cnn --data synthetic --iters 20 --wo
   --replan-every 5 --net bw=1Gbit,lat=200us --quiet --no-eval --out "$R/optimal" >"$R/optimal.out" 2>"$R/optimal.err"
 rc=$?
 expect_success "train/layer-wise-exit-0" $rc "$R/optimal.out" "$R/optimal.err"
+# The optimal plan may be one bucket on a loaded machine: "1 allreduce per iteration" or "N allreduces ...".
 expect_contains "train/layer-wise-report" "$R/optimal.out" "Layer-wise communication: plan optimal:" \
-  "allreduces per iteration" "t_c^no"
+  "allreduce" "t_c^no"
 pycheck "train/layer-wise-summary" "$R/optimal/summary.json" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
