@@ -395,15 +395,15 @@ TEST(LocalUpdater, MatchesHandComputedSteps) {
   const std::vector<float> base = {1.0f, 2.0f}, gradient = {2.0f, -1.0f};
   std::vector<float> weights = {0.5f, 3.0f};
   LocalUpdater sgd(2, "sgd", SgdOptions{0.5f, 0.0f, 0.0f}, compensation);
-  sgd.apply(base, gradient, weights);
+  sgd.apply(base, gradient, weights, 1.0);
   EXPECT_EQ(weights, (std::vector<float>{0.0f, 2.5f}));
   weights = {0.5f, 3.0f};
   LocalUpdater dc(2, "dcasgd-c", SgdOptions{0.5f, 0.0f, 0.0f}, compensation);
-  dc.apply(base, gradient, weights);
+  dc.apply(base, gradient, weights, 1.0);
   EXPECT_EQ(weights, (std::vector<float>{-0.5f, 2.75f}));
   // In place (the switching iteration: the base is the weights themselves): no delay, plain step.
   weights = {1.0f, 2.0f};
-  dc.apply(weights, gradient, weights);
+  dc.apply(weights, gradient, weights, 1.0);
   EXPECT_EQ(weights, (std::vector<float>{0.0f, 2.5f}));
 }
 

@@ -90,7 +90,7 @@ TEST(ParameterServerCheckpoint, SynchronousCutIsTheVersionOfTheMarkedIteration) 
       std::vector<float> gradients(layout.total(), static_cast<float>(rank + 1));
       std::vector<float> weights(layout.total());
       for (std::uint64_t t = 0; t < 4; ++t) {
-        PushHandle push = client.push(gradients, t);
+        PushHandle push = client.push(gradients, t, static_cast<std::int64_t>(t));
         PullHandle pull = client.pull(weights, t + 1);
         push.wait(kWait);
         EXPECT_EQ(pull.wait(kWait), t + 1);
@@ -142,7 +142,7 @@ TEST(ParameterServerCheckpoint, AsynchronousCutHoldsExactlyThePushesBeforeTheMar
       const int before = rank == 0 ? 1 : 2;
       std::uint64_t version = 0;
       for (int k = 0; k < before + 2; ++k) {
-        PushHandle push = client.push(gradients, version);
+        PushHandle push = client.push(gradients, version, k);
         PullHandle pull = client.pull(weights, 0);
         push.wait(kWait);
         version = pull.wait(kWait);
@@ -204,7 +204,7 @@ TEST(ParameterServerCheckpoint, APushAndAMarkerOfTheSameVersionAreAProtocolError
       [](ParameterClient& client, int rank) {
         std::vector<float> gradients(9, 1.0f);
         if (rank == 0) {
-          client.push(gradients, 0).wait(kWait);
+          client.push(gradients, 0, 0).wait(kWait);
         } else {
           client.mark_checkpoint(0);
         }

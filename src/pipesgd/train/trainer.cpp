@@ -37,6 +37,7 @@ void serve_shard(const RunContext& run, const ShardPlan& shard_plan, std::span<c
   PIPESGD_ASSERT(config.method.descriptor->serve);  // every method with servers says how they serve
   ServeOptions options = config.method.descriptor->serve(*config.method.options, config.method.common, config.workers);
   options.stop = stop;
+  options.learning_rate_schedule = run_learning_rate_schedule(run);
   options.on_checkpoint = server_checkpoints(run, shard, writer);
   shard.serve(options);
   writer.finish();
