@@ -62,6 +62,8 @@ struct Variant {
   const char* compensation = "";   // sapipe: --compensation
   const char* final_gradients = "";  // pipe: --final-gradients ("": the default, apply)
   const char* dc_bound = "";         // sapipe: --dc-bound
+  const char* lr_schedule = "constant";  // --lr-schedule
+  std::int64_t lr_warmup = 0;            // --lr-warmup
 };
 
 void PrintTo(const Variant& variant, std::ostream* out) { *out << variant.name; }
@@ -96,6 +98,16 @@ const Variant kVariants[] = {
     {"sapipe_k1_wp3_momentum", "sapipe", 2, "sgd", kMomentumSgd, 0, "", "1", "wp3"},
     {"sapipe_k1_dc_bound_momentum", "sapipe", 2, "sgd", kMomentumSgd, 0, "", "1", "dc", "", "on"},
     {"sapipe_all_stale_wp2_warmup5", "sapipe", 2, "sgd", kMomentumSgd, 5, "single", "2", "wp2"},
+    // Learning-rate schedules: the crash at 37 and the resume from 30 cross the rate's changes (a
+    // step at iteration 40 with 3 workers, 40 iterations per epoch; cosine and warm-ups every iteration).
+    {.name = "dsync_step", .spec = "dsync", .lr_schedule = "step:1:0.5"},
+    {.name = "pipe_k3_momentum_cosine_warmup45", .spec = "pipe", .staleness = 3, .sgd = kMomentumSgd,
+     .lr_schedule = "cosine", .lr_warmup = 45},
+    {.name = "pipe_adam_multistep_warmup5", .spec = "pipe", .optimizer = "adam", .sgd = SgdOptions{0.01f, 0.0f, 0.0f},
+     .lr_schedule = "multistep:1:0.3", .lr_warmup = 5},
+    {.name = "wfbp_step", .spec = "wfbp", .lr_schedule = "step:1:0.5"},
+    {.name = "sapipe_k1_wp3_momentum_cosine", .spec = "sapipe", .sgd = kMomentumSgd, .stale_layers = "1",
+     .compensation = "wp3", .lr_schedule = "cosine", .lr_warmup = 10},
 };
 
 // mgwfbp and dsync+optimal plan their buckets from measured times: two runs may choose different
@@ -120,6 +132,7 @@ TrainConfig make_config(const Variant& variant, int workers) {
   if (*variant.final_gradients != '\0') options.set("--final-gradients", variant.final_gradients);
   if (*variant.dc_bound != '\0') options.set("--dc-bound", variant.dc_bound);
   config.method = reselect(config.method, options, variant.sgd);
+  config.method.common.lr_schedule = parse_lr_schedule(variant.lr_schedule, variant.lr_warmup);
   return config;
 }
 
@@ -489,6 +502,27 @@ TEST(CheckpointResumeTest, PipeResumeWithAnotherFinalGradientsIsRefused) {
     expect_usage_error(resuming(other, dir.path(), false), "is of another run");
   }
   EXPECT_EQ(select_for_test("pipe", {{"--staleness-k", "3"}}).options->fingerprint(), "K 3");
+}
+
+// The schedule is part of the run: a checkpoint resumes only under the same schedule and warm-up.
+TEST(CheckpointResumeTest, ResumeWithAnotherLearningRateScheduleIsRefused) {
+  TempDir dir;
+  TrainConfig config = make_config(kVariants[1], 2);  // pipe
+  config.method.common.lr_schedule = parse_lr_schedule("step:1:0.5", 3);
+  config.iterations = 30;
+  run_training(checkpointing(config, dir.path()), softmax_factory(), data());
+  EXPECT_EQ(run_training(resuming(config, dir.path(), false), softmax_factory(), data()).reliability.resumed_from, 20);
+  for (const auto& [schedule, warmup] : std::vector<std::pair<const char*, std::int64_t>>{
+           {"step:1:0.25", 3}, {"step:2:0.5", 3}, {"step:1:0.5", 0}, {"constant", 3}, {"cosine", 3}, {"constant", 0}}) {
+    SCOPED_TRACE(concat(schedule, " warm-up ", warmup));
+    TrainConfig other = config;
+    other.method.common.lr_schedule = parse_lr_schedule(schedule, warmup);
+    expect_usage_error(resuming(other, dir.path(), false), "is of another run");
+  }
+  // The fingerprint names the schedule; a constant one adds nothing (older checkpoints resume).
+  EXPECT_NE(fingerprint(config.method.common).find(", lr schedule step:1:0.5, warm-up 3 iterations"), std::string::npos);
+  config.method.common.lr_schedule = LrScheduleSpec{};
+  EXPECT_EQ(fingerprint(config.method.common).find("lr schedule"), std::string::npos);
 }
 
 TEST(CheckpointResumeTest, UsageErrors) {

@@ -220,8 +220,11 @@ struct Replayed {
 // LocalUpdate = SGD with the local learning rate and the run's momentum and weight decay, with a
 // velocity of the worker's own that starts at the switching stage, its gradient compensated first
 // by a DC-ASGD updater (Eq. 4 or Eq. 5-6, w_now = G_{t-1}, w_then = W_{t-1}, MeanSquare per worker).
+// With a learning-rate schedule, the servers' step with the gradients of iteration t and the local
+// update with g_m(t) both scale their own rate by the schedule's factor(t).
 Replayed replay_od_sgd(const RecordedRun& run, const SgdOptions& sgd, float local_lr, std::int64_t warmup,
-                       const std::string& updater, const DelayCompensationOptions& dc) {
+                       const std::string& updater, const DelayCompensationOptions& dc,
+                       const LrSchedule& schedule = {}) {
   const std::size_t workers = run.gradients.size();
   const std::size_t iterations = run.gradients[0].size();
   const std::size_t n = run.initial.size();
@@ -232,6 +235,7 @@ Replayed replay_od_sgd(const RecordedRun& run, const SgdOptions& sgd, float loca
   out.global.push_back(run.initial);
   for (std::size_t t = 0; t < iterations; ++t) {
     std::vector<float> next = out.global.back();
+    server.lr = static_cast<float>(static_cast<double>(sgd.learning_rate) * schedule.factor(static_cast<std::int64_t>(t)));
     for (std::size_t i = 0; i < n; ++i) {
       float sum = run.gradients[0][t][i];
       for (std::size_t m = 1; m < workers; ++m) sum += run.gradients[m][t][i];
@@ -249,6 +253,7 @@ Replayed replay_od_sgd(const RecordedRun& run, const SgdOptions& sgd, float loca
       const std::vector<float>& base = out.global[t - 1];  // G_{t-1}
       const std::vector<float>& then = w[t - 1];           // W_{t-1}, what g_m(t-1) was computed on
       const std::vector<float>& g = run.gradients[m][t - 1];
+      local.lr = static_cast<float>(static_cast<double>(local_lr) * schedule.factor(static_cast<std::int64_t>(t - 1)));
       std::vector<float> next(n);
       for (std::size_t i = 0; i < n; ++i) {
         float gi = g[i];
@@ -341,6 +346,32 @@ INSTANTIATE_TEST_SUITE_P(OdSgd, OdSgdMomentumReplay,
                          });
 
 // With warm-up covering the whole run, OD-SGD is PS-Sync (every iteration trains on G_t).
+// A learning-rate schedule scales the servers' rate and the local updater's (--local-lr) alike,
+// each by the factor of the iteration whose gradient it applies: cosine with a warm-up changes the
+// factor every iteration, so an update at another iteration's rate would show. Bit for bit.
+TEST(OdSgd, ScheduleScalesTheServersAndTheLocalUpdaterByTheGradientsIteration) {
+  for (const std::string updater : {"sgd", "dcasgd-c"}) {
+    SCOPED_TRACE(updater);
+    OptionValues given{{"--local-lr", "0.05"}, {"--local-updater", updater}, {"--warmup-iters", "3"}};
+    TrainConfig config = tiny_config("odsgd", 2, 1, given);
+    const SgdOptions sgd{0.1f, 0.9f, 0.01f};
+    set_sgd(config, sgd);
+    config.method.common.lr_schedule = parse_lr_schedule("cosine", 4);
+    const RecordedRun run = run_recorded(config);
+    const LrSchedule schedule(config.method.common.lr_schedule, {60, 25});  // 600 examples / (2 x 5); 25 iterations
+    DelayCompensationOptions compensation;  // the defaults of dcasgd-c
+    const Replayed expected = replay_od_sgd(run, sgd, 0.05f, 3, updater, compensation, schedule);
+    const Replayed constant = replay_od_sgd(run, sgd, 0.05f, 3, updater, compensation);
+    for (std::size_t m = 0; m < 2; ++m) {
+      for (std::size_t t = 0; t < 25; ++t) {
+        ASSERT_TRUE(equal(run.weights[m][t], expected.weights[m][t])) << "worker " << m << ", iteration " << t;
+      }
+      ASSERT_FALSE(equal(run.weights[m][10], constant.weights[m][10]));  // the schedule mattered
+      EXPECT_TRUE(equal(run.summary.final_parameters[m], expected.global[25])) << "worker " << m;
+    }
+  }
+}
+
 TEST(OdSgd, AllWarmUpIsPsSyncBitForBit) {
   TrainConfig odsgd = tiny_config("odsgd", 3, 2, {{"--warmup-iters", "1000"}});
   const RunSummary a = run_training(odsgd, softmax_factory(), small_data());
@@ -395,15 +426,15 @@ TEST(LocalUpdater, MatchesHandComputedSteps) {
   const std::vector<float> base = {1.0f, 2.0f}, gradient = {2.0f, -1.0f};
   std::vector<float> weights = {0.5f, 3.0f};
   LocalUpdater sgd(2, "sgd", SgdOptions{0.5f, 0.0f, 0.0f}, compensation);
-  sgd.apply(base, gradient, weights);
+  sgd.apply(base, gradient, weights, 1.0);
   EXPECT_EQ(weights, (std::vector<float>{0.0f, 2.5f}));
   weights = {0.5f, 3.0f};
   LocalUpdater dc(2, "dcasgd-c", SgdOptions{0.5f, 0.0f, 0.0f}, compensation);
-  dc.apply(base, gradient, weights);
+  dc.apply(base, gradient, weights, 1.0);
   EXPECT_EQ(weights, (std::vector<float>{-0.5f, 2.75f}));
   // In place (the switching iteration: the base is the weights themselves): no delay, plain step.
   weights = {1.0f, 2.0f};
-  dc.apply(weights, gradient, weights);
+  dc.apply(weights, gradient, weights, 1.0);
   EXPECT_EQ(weights, (std::vector<float>{0.0f, 2.5f}));
 }
 

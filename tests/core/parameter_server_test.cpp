@@ -203,7 +203,7 @@ RunResult run_ps(int workers, int servers, int iterations, ServerMode mode, SgdO
     pulled.push_back(weights);
     for (int t = 0; t < iterations; ++t) {
       for (std::size_t i = 0; i < gradients.size(); ++i) gradients[i] = gradient(rank, t, i);
-      PushHandle push = client.push(gradients, static_cast<std::uint64_t>(t));
+      PushHandle push = client.push(gradients, static_cast<std::uint64_t>(t), t);
       // Both in flight at once: the pull is answered after this worker's push was applied.
       PullHandle pull = client.pull(weights, synchronous ? static_cast<std::uint64_t>(t + 1) : 0);
       EXPECT_EQ(push.wait(kWait), static_cast<std::uint64_t>(t));
@@ -393,19 +393,19 @@ TEST_P(ServerDelayCompensation, CompensatesEachWorkerWithItsBackupByHand) {
     }
     ParameterClient client(transport, plan, 2, kWait);
     if (rank == 0) {
-      client.push(g0, 0).wait(kWait);
+      client.push(g0, 0, 0).wait(kWait);
       EXPECT_EQ(client.pull(w1, 1).wait(kWait), 1u);  // also makes w1 this worker's backup
       first_applied.set_value();
       if (second_applied_seen.wait_for(kWait) != std::future_status::ready) {
         throw std::runtime_error("worker 1 never pushed");
       }
-      client.push(g0, 2).wait(kWait);
+      client.push(g0, 2, 1).wait(kWait);
       EXPECT_EQ(client.pull(w3, 3).wait(kWait), 3u);
     } else {
       if (first_applied_seen.wait_for(kWait) != std::future_status::ready) {
         throw std::runtime_error("worker 0 never pushed");
       }
-      client.push(g1, 0).wait(kWait);
+      client.push(g1, 0, 0).wait(kWait);
       EXPECT_EQ(client.pull(w2, 2).wait(kWait), 2u);
       second_applied.set_value();
     }
@@ -463,7 +463,7 @@ TEST(ParameterClient, ServerThatNeverStartsTimesOut) {
     ParameterClient client(transport, plan, 1, timeout);
     const std::vector<float> gradients(layout.total(), 1.0f);
     try {
-      client.push(gradients, 0).wait(timeout);
+      client.push(gradients, 0, 0).wait(timeout);
     } catch (const CommTimeoutError& error) {
       message = error.what();
     }
@@ -489,7 +489,7 @@ TEST(ParameterServer, WorkerThatNeverPushesTimesOut) {
       ParameterClient client(transport, plan, 2, kWait);
       const std::vector<float> gradients(layout.total(), 1.0f);
       std::vector<float> weights(layout.total());
-      client.push(gradients, 0).wait(kWait);
+      client.push(gradients, 0, 0).wait(kWait);
       client.pull(weights, 1).wait(kWait);  // aborted by the server's failure
     });
     FAIL() << "expected CommTimeoutError";

@@ -90,7 +90,7 @@ TEST(ParameterServerCheckpoint, SynchronousCutIsTheVersionOfTheMarkedIteration) 
       std::vector<float> gradients(layout.total(), static_cast<float>(rank + 1));
       std::vector<float> weights(layout.total());
       for (std::uint64_t t = 0; t < 4; ++t) {
-        PushHandle push = client.push(gradients, t);
+        PushHandle push = client.push(gradients, t, static_cast<std::int64_t>(t));
         PullHandle pull = client.pull(weights, t + 1);
         push.wait(kWait);
         EXPECT_EQ(pull.wait(kWait), t + 1);
@@ -142,7 +142,7 @@ TEST(ParameterServerCheckpoint, AsynchronousCutHoldsExactlyThePushesBeforeTheMar
       const int before = rank == 0 ? 1 : 2;
       std::uint64_t version = 0;
       for (int k = 0; k < before + 2; ++k) {
-        PushHandle push = client.push(gradients, version);
+        PushHandle push = client.push(gradients, version, k);
         PullHandle pull = client.pull(weights, 0);
         push.wait(kWait);
         version = pull.wait(kWait);
@@ -204,7 +204,7 @@ TEST(ParameterServerCheckpoint, APushAndAMarkerOfTheSameVersionAreAProtocolError
       [](ParameterClient& client, int rank) {
         std::vector<float> gradients(9, 1.0f);
         if (rank == 0) {
-          client.push(gradients, 0).wait(kWait);
+          client.push(gradients, 0, 0).wait(kWait);
         } else {
           client.mark_checkpoint(0);
         }
@@ -268,6 +268,8 @@ struct Variant {
   const char* local_updater = "sgd";
   DelayCompensationVariant dc = DelayCompensationVariant::kConstant;
   bool deterministic_with_many_workers = true;
+  const char* lr_schedule = "constant";  // --lr-schedule, with --lr-warmup lr_warmup
+  std::int64_t lr_warmup = 0;
 };
 
 void PrintTo(const Variant& variant, std::ostream* out) { *out << variant.name; }
@@ -280,6 +282,11 @@ const Variant kVariants[] = {
     {"odsgd_no_warmup", "odsgd", 0, "dcasgd-c"},
     {"asgd", "asgd", 0, "sgd", DelayCompensationVariant::kConstant, false},
     {"dcasgd_a", "dcasgd", 0, "sgd", DelayCompensationVariant::kAdaptive, false},
+    // Learning-rate schedules whose factor changes every iteration across the crash and the resume:
+    // the servers step at the rate of the iteration each push carries, odsgd's local updater too.
+    {"pssync_cosine_warmup40", "pssync", 0, "sgd", DelayCompensationVariant::kConstant, true, "cosine", 40},
+    {"odsgd_dcasgd_c_cosine", "odsgd", 5, "dcasgd-c", DelayCompensationVariant::kConstant, true, "cosine", 0},
+    {"asgd_cosine_warmup35", "asgd", 0, "sgd", DelayCompensationVariant::kConstant, false, "cosine", 35},
 };
 
 TrainConfig make_config(const Variant& variant, int workers, int servers) {
@@ -298,6 +305,7 @@ TrainConfig make_config(const Variant& variant, int workers, int servers) {
     options.set("--dc-lambda", "0.5");
   }
   set_method_options(config, options);
+  config.method.common.lr_schedule = parse_lr_schedule(variant.lr_schedule, variant.lr_warmup);
   return config;
 }
 

@@ -159,7 +159,7 @@ std::vector<float> weights_after_two_pushes(const MethodSelection& method, int s
       return;
     }
     ParameterClient client(transport, plan, 2, method.common.timeout);
-    client.push(pushed[static_cast<std::size_t>(rank)], 0).wait(method.common.timeout);
+    client.push(pushed[static_cast<std::size_t>(rank)], 0, 0).wait(method.common.timeout);
     client.close();
   });
   return weights;

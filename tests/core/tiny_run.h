@@ -36,14 +36,16 @@ inline MethodSelection select_for_test(const std::string& spec, const OptionValu
 }
 
 // `selection` selected again with `options` added (or replaced), and the SGD hyper-parameters or the
-// timeout changed where given.
+// timeout changed where given (its learning-rate schedule kept).
 inline MethodSelection reselect(const MethodSelection& selection, const OptionValues& options,
                                 std::optional<SgdOptions> sgd = std::nullopt,
                                 std::optional<Timeout> timeout = std::nullopt) {
   OptionValues given = selection.given;
   for (const auto& [flag, value] : options.all()) given.set(flag, value);
-  return select_for_test(selection.spec, given, sgd.value_or(selection.common.optimizer.sgd),
-                         timeout.value_or(selection.common.timeout));
+  MethodSelection reselected = select_for_test(selection.spec, given, sgd.value_or(selection.common.optimizer.sgd),
+                                               timeout.value_or(selection.common.timeout));
+  reselected.common.lr_schedule = selection.common.lr_schedule;
+  return reselected;
 }
 
 // Changes `config`'s method options in place (see reselect).

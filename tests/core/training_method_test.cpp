@@ -2,7 +2,9 @@
 // hand-computed sequence, K = 1 == D-Sync bit for bit, warm-up, and failure propagation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <ostream>
@@ -56,13 +58,13 @@ struct Observed {
 };
 
 Observed run_method(const MethodSelection& method, std::int64_t warmup, int ranks, std::int64_t iterations,
-                    const Batches& data) {
+                    const Batches& data, LrScheduleLength length = {}) {
   Observed observed;
   observed.weights_used.assign(ranks, {});
   observed.final_weights.assign(ranks, {});
   run_ranks(ranks, [&](int rank, Transport& transport) {
     SoftmaxRegression model(kFeatures, kClasses, kSeed);
-    auto method_object = make_method(method, transport, model, warmup);
+    auto method_object = make_method(method, transport, model, warmup, {}, length);
     TrainingMethod* const trained = method_object.get();
     for (std::int64_t t = 0; t < iterations; ++t) {
       IterationTimes times;
@@ -86,28 +88,30 @@ Observed run_method(const MethodSelection& method, std::int64_t warmup, int rank
 //   t >= W:  if t-K >= W: w <- SGD(w, g_{t-K});  g_t = mean_r g_r(w_t)   (stale by K-1)
 //   drain:   w <- SGD(w, g_t) for the pipelined t in [T-K, T), in order; without it (drop, Alg. 1 as
 //            printed, whose comm thread reduces 1..T-K) the final w is the one after t = T-1's update.
-// SGD as LibTorch: v = m v + (g + wd w); w -= lr v. Computed in double.
+// SGD as LibTorch: v = m v + (g + wd w); w -= lr v. Computed in double. With a learning-rate
+// schedule, the update with g_i uses lr(i) = schedule.learning_rate(lr, i), i the gradient's iteration.
 struct Expected {
   std::vector<std::vector<double>> weights_used;
   std::vector<double> final_weights;
 };
 
 Expected hand_computed(const SgdOptions& sgd, int K, std::int64_t W, int ranks, std::int64_t iterations,
-                       const Batches& data, bool drain = true) {
+                       const Batches& data, bool drain = true, const LrSchedule& schedule = {}) {
   SoftmaxRegression initial(kFeatures, kClasses, kSeed);
   std::vector<double> w(initial.parameters().begin(), initial.parameters().end());
   std::vector<double> v(w.size(), 0.0);
   std::vector<std::vector<double>> gradient_of(iterations + K);
-  auto apply = [&](const std::vector<double>& g) {
+  auto apply = [&](const std::vector<double>& g, std::int64_t of_iteration) {
+    const double lr = schedule.learning_rate(sgd.learning_rate, of_iteration);
     for (std::size_t i = 0; i < w.size(); ++i) {
       v[i] = sgd.momentum * v[i] + (g[i] + sgd.weight_decay * w[i]);
-      w[i] -= sgd.learning_rate * v[i];
+      w[i] -= lr * v[i];
     }
   };
   Expected expected;
   for (std::int64_t t = 0; t < (drain ? iterations + K : iterations); ++t) {
     const bool pipelined = t >= W;
-    if (pipelined && t - K >= W && t - K < iterations) apply(gradient_of[t - K]);
+    if (pipelined && t - K >= W && t - K < iterations) apply(gradient_of[t - K], t - K);
     if (t >= iterations) continue;  // drain
     expected.weights_used.push_back(w);
     std::vector<float> w_float(w.begin(), w.end());
@@ -117,7 +121,7 @@ Expected hand_computed(const SgdOptions& sgd, int K, std::int64_t W, int ranks, 
       for (std::size_t i = 0; i < g.size(); ++i) mean[i] += g[i] / ranks;
     }
     gradient_of[t] = mean;
-    if (!pipelined) apply(mean);
+    if (!pipelined) apply(mean, t);
   }
   expected.final_weights = w;
   return expected;
@@ -247,6 +251,94 @@ TEST(PipeStaleness, HandComputedSequenceDistinguishesStaleness) {
     largest = std::max(largest, std::fabs(observed.final_weights[0][i] - wrong.final_weights[i]));
   }
   EXPECT_GT(largest, 1e-3);
+}
+
+// A learning-rate schedule: the update that applies the gradient of iteration i uses lr(i), for
+// D-Sync (K = 1 here: pipe's warm-up runs D-Sync) and for Pipe-SGD, whose update at t applies
+// g_{t-K} at lr(t-K), drained at the end at the rates of their iterations. Per-iteration factors
+// (cosine with a warm-up; a step every 3 iterations) make an update at another iteration's rate show.
+struct ScheduleCase {
+  int ranks;
+  int staleness;
+  std::int64_t warmup;
+  const char* schedule;
+  std::int64_t lr_warmup;
+};
+
+void PrintTo(const ScheduleCase& c, std::ostream* out) {
+  *out << c.ranks << " ranks, K " << c.staleness << ", warm-up " << c.warmup << ", " << c.schedule << " lr warm-up "
+       << c.lr_warmup;
+}
+
+class PipeSchedule : public ::testing::TestWithParam<ScheduleCase> {};
+
+TEST_P(PipeSchedule, UpdatesUseTheRateOfTheirGradientsIteration) {
+  const ScheduleCase c = GetParam();
+  const std::int64_t iterations = 11;
+  const Batches data = make_batches(c.ranks, iterations);
+  const SgdOptions sgd{0.5f, 0.5f, 0.01f};
+  MethodSelection pipe = select_for_test("pipe", {{"--staleness-k", std::to_string(c.staleness)}}, sgd);
+  pipe.common.lr_schedule = parse_lr_schedule(c.schedule, c.lr_warmup);
+  const LrScheduleLength length{3, iterations};  // "epochs" of 3 iterations
+  const Observed observed = run_method(pipe, c.warmup, c.ranks, iterations, data, length);
+  const LrSchedule schedule(pipe.common.lr_schedule, length);
+  const Expected expected = hand_computed(sgd, c.staleness, c.warmup, c.ranks, iterations, data, true, schedule);
+  for (int rank = 0; rank < c.ranks; ++rank) {
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      expect_close(observed.weights_used[rank][t], expected.weights_used[t],
+                   concat("rank ", rank, " weights used at iteration ", t));
+    }
+    expect_close(observed.final_weights[rank], expected.final_weights, concat("rank ", rank, " final"));
+  }
+  // Not vacuous: the same sequence at the constant rate differs.
+  const Expected constant = hand_computed(sgd, c.staleness, c.warmup, c.ranks, iterations, data);
+  double difference = 0;
+  for (std::size_t i = 0; i < constant.final_weights.size(); ++i) {
+    difference = std::max(difference, std::fabs(constant.final_weights[i] - expected.final_weights[i]));
+  }
+  EXPECT_GT(difference, 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PipeSchedule,
+    ::testing::Values(ScheduleCase{3, 1, 0, "step:1:0.5", 0}, ScheduleCase{3, 2, 0, "step:1:0.5", 0},
+                      ScheduleCase{2, 3, 0, "cosine", 4}, ScheduleCase{3, 2, 4, "multistep:1,2:0.3", 2},
+                      ScheduleCase{1, 2, 0, "cosine", 0}),
+    [](const auto& info) {
+      const ScheduleCase& c = info.param;
+      std::string name = concat("p", c.ranks, "_K", c.staleness, "_warmup", c.warmup, "_", c.schedule, "_lrwarmup",
+                                c.lr_warmup);
+      for (char& ch : name) {
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      }
+      return name;
+    });
+
+// Pipe-SGD with K = 1 stays D-Sync bit for bit under a schedule (the same update at the same rate).
+TEST(PipeSchedule, KOneIsBitIdenticalToDSyncWithASchedule) {
+  const DataSplits data = small_data();
+  for (const char* schedule : {"step:1:0.5", "cosine"}) {
+    SCOPED_TRACE(schedule);
+    TrainConfig dsync = tiny_config("dsync", 3);
+    TrainConfig pipe = tiny_config("pipe", 3, 0, {{"--staleness-k", "1"}});
+    for (TrainConfig* config : {&dsync, &pipe}) {
+      config->iterations = 0;
+      config->epochs = 2;
+      config->method.common.lr_schedule = parse_lr_schedule(schedule, 5);
+    }
+    const RunSummary a = run_training(dsync, softmax_factory(), data);
+    const RunSummary b = run_training(pipe, softmax_factory(), data);
+    ASSERT_EQ(a.final_parameters[0].size(), b.final_parameters[0].size());
+    for (int rank = 0; rank < 3; ++rank) {
+      EXPECT_EQ(0, std::memcmp(a.final_parameters[rank].data(), b.final_parameters[rank].data(),
+                               a.final_parameters[rank].size() * sizeof(float)))
+          << "rank " << rank;
+    }
+    // And the schedule changed the run (so the comparison is not of two constant runs).
+    TrainConfig constant = dsync;
+    constant.method.common.lr_schedule = LrScheduleSpec{};
+    EXPECT_NE(run_training(constant, softmax_factory(), data).final_parameters[0], a.final_parameters[0]);
+  }
 }
 
 class PipeWithKOne : public ::testing::TestWithParam<std::tuple<int, std::string>> {};

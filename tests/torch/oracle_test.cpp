@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pipesgd/data/dataset.h"
@@ -97,7 +100,10 @@ struct Reference {
   std::vector<double> epoch_loss;  // the mean loss of each epoch's iterations (before their update)
 };
 
-Reference train_reference(const Dataset& train, const TrainConfig& config, bool reshuffle = true) {
+// `learning_rate`: when given, the learning rate of iteration t, set on the torch optimizer by hand
+// before its step (a schedule's oracle).
+Reference train_reference(const Dataset& train, const TrainConfig& config, bool reshuffle = true,
+                          const std::function<double(std::int64_t)>& learning_rate = nullptr) {
   PlainMlp reference;
   load_flat(reference, initial_parameters(config));
   torch::optim::SGD sgd(reference.parameters(),
@@ -121,6 +127,9 @@ Reference train_reference(const Dataset& train, const TrainConfig& config, bool 
     sgd.zero_grad();
     torch::Tensor loss = torch::nn::functional::cross_entropy(reference.forward(inputs), labels);
     loss.backward();
+    if (learning_rate) {
+      static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options()).lr(learning_rate(t));
+    }
     sgd.step();
     loss_sum += loss.item<double>();
     const bool epoch_ends = i + 1 == iterations_per_epoch || t + 1 == config.iterations;
@@ -185,6 +194,45 @@ TEST_P(OracleAcrossEpochs, DSyncFollowsTheReshuffledBatchesOfEveryEpoch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Oracle, OracleAcrossEpochs, ::testing::Values(1, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::to_string(info.param) + "workers";
+                         });
+
+// A learning-rate schedule: D-Sync with --lr-schedule step:1:0.5 and --lr-warmup 3 (5 iterations per
+// epoch, 12 iterations) against torch::optim::SGD whose lr is set by hand before every step to the
+// closed form lr(t) = 0.05 * 0.5^floor(t / 5) * min(1, (t + 1) / 3); and cosine over the 12
+// iterations, lr(t) = 0.05 * (1 + cos(pi t / 12)) / 2.
+class OracleSchedule : public ::testing::TestWithParam<int> {};
+
+TEST_P(OracleSchedule, DSyncMatchesLibTorchSgdWithTheRateSetByHandEveryIteration) {
+  init_torch_runtime(1);
+  const int workers = GetParam();
+  constexpr std::size_t kBatch = 8;
+  const std::size_t global_batch = static_cast<std::size_t>(workers) * kBatch;
+  const DataSplits data = make_synthetic(5 * global_batch + 3, 50, 21);
+  const auto step_rate = [](std::int64_t t) {
+    return 0.05 * std::pow(0.5, static_cast<double>(t / 5)) * std::min(1.0, static_cast<double>(t + 1) / 3);
+  };
+  const auto cosine_rate = [](std::int64_t t) { return 0.05 * (1 + std::cos(M_PI * static_cast<double>(t) / 12)) / 2; };
+  for (const auto& [spec, warmup, rate] :
+       std::vector<std::tuple<const char*, std::int64_t, std::function<double(std::int64_t)>>>{
+           {"step:1:0.5", 3, step_rate}, {"cosine", 0, cosine_rate}}) {
+    SCOPED_TRACE(spec);
+    TrainConfig config = dsync_config(workers, kBatch, 12);
+    config.method.common.lr_schedule = parse_lr_schedule(spec, warmup);
+    const RunSummary ours = run_training(config, torch_model_factory("mlp"), data);
+    const Reference expected = train_reference(data.train, config, true, rate);
+    for (int rank = 0; rank < workers; ++rank) {
+      EXPECT_LE(relative_error(ours.final_parameters[static_cast<std::size_t>(rank)], expected.parameters), 1e-5)
+          << "rank " << rank;
+    }
+    // Not vacuous: the same oracle at the constant rate ends far outside the tolerance.
+    const Reference constant = train_reference(data.train, config);
+    EXPECT_GT(relative_error(constant.parameters, expected.parameters), 1e-3);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Oracle, OracleSchedule, ::testing::Values(1, 3),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::to_string(info.param) + "workers";
                          });

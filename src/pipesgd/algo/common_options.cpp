@@ -161,6 +161,8 @@ std::string fingerprint(const CommonOptions& options) {
   if (optimizer.name == "adam") {
     text += concat(" betas ", optimizer.adam.beta1, " ", optimizer.adam.beta2, " eps ", optimizer.adam.epsilon);
   }
+  // Nothing for the constant schedule: checkpoints written before schedules existed still resume.
+  if (!options.lr_schedule.is_constant()) text += concat(", lr schedule ", options.lr_schedule.describe());
   return text;
 }
 

@@ -13,6 +13,7 @@
 #include "pipesgd/collective/allreduce.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/comm/transport.h"
+#include "pipesgd/optim/lr_schedule.h"
 #include "pipesgd/optim/optimizer.h"
 #include "pipesgd/timing/allreduce_cost_model.h"
 
@@ -30,6 +31,10 @@ struct CommonOptions {
   // The optimizer and its hyper-parameters (Adam's learning rate and L2 are SGD's --lr and
   // --weight-decay). The parameter-server methods' servers run optimizer.sgd.
   OptimizerOptions optimizer;
+  // The run's learning-rate schedule (--lr-schedule, --lr-warmup; optim/lr_schedule.h): it scales
+  // every learning rate of every method alike. Bound to the run's length in make_method
+  // (MethodContext::learning_rate_schedule) and for the servers (ServeOptions).
+  LrScheduleSpec lr_schedule;
 };
 
 // The flags that set CommonOptions, for the methods that take them: the allreduce family (--codec,
@@ -72,7 +77,8 @@ std::unique_ptr<Allreduce> make_method_allreduce(const CommonOptions& options, T
                                                  const Codec& codec, std::size_t default_segment_bytes);
 
 // "codec int8, allreduce ring, optimizer sgd lr 0.1 momentum 0 decay 0": what of `options`
-// changes the math (a checkpoint's fingerprint).
+// changes the math (a checkpoint's fingerprint); a schedule other than constant adds
+// ", lr schedule step:1:0.5, warm-up 10 iterations".
 std::string fingerprint(const CommonOptions& options);
 
 }  // namespace pipesgd

@@ -33,6 +33,10 @@ struct MethodContext {
   // The emulated network, if any (none under MPI): the cost model planning methods start from
   // before they measure their own (algo/planning.h).
   NetworkSpec network;
+  // common.lr_schedule bound to the run's length. The rule every method keeps: the update that
+  // applies the gradient of iteration t uses learning_rate_schedule.factor(t)
+  // (Optimizer::set_learning_rate_factor before it), whenever that update happens.
+  LrSchedule learning_rate_schedule{};
 };
 
 // Facts about a method that do not depend on its options.

@@ -218,9 +218,11 @@ MethodSelection select_method(std::string_view spec, const OptionValues& flags, 
 
 std::unique_ptr<TrainingMethod> make_method(const MethodSelection& selection, Transport& transport,
                                             FlatParameters& model, std::int64_t warmup_iterations,
-                                            const NetworkSpec& network) {
+                                            const NetworkSpec& network, LrScheduleLength length) {
   PIPESGD_ASSERT(selection.descriptor != nullptr && selection.options != nullptr);
-  const MethodContext context{transport, model, selection.common, *selection.options, warmup_iterations, network};
+  const MethodContext context{transport,         model,   selection.common,
+                              *selection.options, warmup_iterations, network,
+                              LrSchedule(selection.common.lr_schedule, length)};
   return selection.descriptor->make(context);
 }
 

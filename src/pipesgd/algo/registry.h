@@ -70,9 +70,11 @@ enum class FlagPolicy {
 MethodSelection select_method(std::string_view spec, const OptionValues& flags, FlagPolicy policy,
                               const CommonOptions& base);
 
-// The methods built for one worker from `selection`.
+// The methods built for one worker from `selection`, its learning-rate schedule
+// (selection.common.lr_schedule) bound to `length` (needed unless the schedule is constant: a
+// UsageError says so).
 std::unique_ptr<TrainingMethod> make_method(const MethodSelection& selection, Transport& transport,
                                             FlatParameters& model, std::int64_t warmup_iterations,
-                                            const NetworkSpec& network = {});
+                                            const NetworkSpec& network = {}, LrScheduleLength length = {});
 
 }  // namespace pipesgd

@@ -4,12 +4,14 @@
 
 namespace pipesgd {
 
-void allreduce_then_step(Allreduce& allreduce, Optimizer& optimizer, std::span<float> parameters,
-                         std::span<float> gradient, float scale, std::int64_t t, IterationTimes& times) {
+void allreduce_then_step(Allreduce& allreduce, Optimizer& optimizer, const LrSchedule& schedule,
+                         std::span<float> parameters, std::span<float> gradient, float scale, std::int64_t t,
+                         IterationTimes& times) {
   Stopwatch communication;
   allreduce.run(gradient, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(t)));
   times.wait = times.comm = communication.seconds();
   Stopwatch update;
+  optimizer.set_learning_rate_factor(schedule.factor(t));
   optimizer.step(parameters, gradient, scale, 0);
   times.update = update.seconds();
 }

@@ -66,6 +66,15 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--seed", flags.seed, "Seed of the model initialisation and data shuffling")->capture_default_str();
   command.add_option("--lr", flags.learning_rate, "Learning rate (SGD's, and Adam's with --optimizer adam)")
       ->capture_default_str();
+  command.add_option("--lr-schedule", flags.lr_schedule,
+                     "Learning-rate schedule, scaling every learning rate of every method (the update of iteration "
+                     "t's gradient uses lr(t), even when it is applied later): constant; step:EVERY_EPOCHS:GAMMA "
+                     "(lr * GAMMA^floor(epoch / EVERY_EPOCHS)); multistep:E1,E2,...:GAMMA (lr * GAMMA^(milestones "
+                     "<= epoch)); cosine (lr * (1 + cos(pi t / T)) / 2 over the run's T iterations). GAMMA in (0, 1]")
+      ->capture_default_str();
+  command.add_option("--lr-warmup", flags.lr_warmup,
+                     "Linear learning-rate warm-up: iteration t < N uses (t + 1) / N of the scheduled rate")
+      ->capture_default_str();
   command.add_option("--momentum", flags.momentum, "SGD momentum")->capture_default_str();
   command.add_option("--weight-decay", flags.weight_decay, "Weight decay (L2)")->capture_default_str();
   command.add_option("--batch", flags.batch, "Per-worker batch (4 workers x 25 = the paper's global batch of 100)")
@@ -120,6 +129,7 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
   CommonOptions base;
   base.optimizer.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
   base.timeout = timeout_from_seconds(flags.comm_timeout_seconds, "--comm-timeout");
+  base.lr_schedule = parse_lr_schedule(flags.lr_schedule, flags.lr_warmup, {"--lr-schedule", "--lr-warmup"});
   TrainConfig config;
   config.method = select_method(method_spec, given_method_options(flags), policy, base);
   if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));

@@ -32,6 +32,8 @@ struct TrainFlags {
   float learning_rate = 0.1f;
   float momentum = 0.0f;
   float weight_decay = 0.0f;
+  std::string lr_schedule = "constant";  // optim/lr_schedule.h
+  std::int64_t lr_warmup = 0;
   std::int64_t batch = 25;
   std::string network = "none";
   double comm_timeout_seconds = 120;

@@ -6,6 +6,7 @@
 
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/optim/lr_schedule.h"
 
 namespace pipesgd {
 void check_adam_options(const AdamOptions& options, const AdamOptionNames& names) {
@@ -28,6 +29,7 @@ void check_adam_options(const AdamOptions& options, const AdamOptionNames& names
 
 Adam::Adam(const Layout& layout, AdamOptions options)
     : options_(options),
+      learning_rate_(options.learning_rate),
       one_minus_beta1_(static_cast<float>(1.0 - static_cast<double>(options.beta1))),
       one_minus_beta2_(static_cast<float>(1.0 - static_cast<double>(options.beta2))),
       layout_(layout) {
@@ -41,8 +43,12 @@ Adam::Adam(const Layout& layout, AdamOptions options)
 Adam::StepConstants Adam::constants_for(std::int64_t step) const {
   const double bias_correction1 = 1 - std::pow(static_cast<double>(options_.beta1), step);
   const double bias_correction2 = 1 - std::pow(static_cast<double>(options_.beta2), step);
-  const double step_size = static_cast<double>(options_.learning_rate) / bias_correction1;
+  const double step_size = static_cast<double>(learning_rate_) / bias_correction1;
   return {static_cast<float>(-step_size), static_cast<float>(std::sqrt(bias_correction2))};
+}
+
+void Adam::set_learning_rate_factor(double factor) {
+  learning_rate_ = scaled_learning_rate(options_.learning_rate, factor);
 }
 
 std::size_t Adam::segment_starting_at(std::size_t offset) const {

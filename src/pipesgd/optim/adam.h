@@ -49,6 +49,7 @@ class Adam final : public Optimizer {
 
   void save_state(CheckpointWriter& out, const std::string& prefix) const override;
   void load_state(const CheckpointReader& in, const std::string& prefix) override;
+  void set_learning_rate_factor(double factor) override;
 
   // Steps taken so far by segment `index` of the layout (for tests and checkpoints).
   std::int64_t step_count(std::size_t index) const { return step_counts_.at(index); }
@@ -117,6 +118,7 @@ class Adam final : public Optimizer {
   std::size_t segment_starting_at(std::size_t offset) const;
 
   AdamOptions options_;
+  float learning_rate_;    // scaled_learning_rate(options_.learning_rate, factor)
   float one_minus_beta1_;  // float(1 - double(beta1)), as LibTorch's add_ alpha
   float one_minus_beta2_;  // float(1 - double(beta2)), as LibTorch's addcmul_ value
   Layout layout_;

@@ -5,6 +5,7 @@
 
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/optim/lr_schedule.h"
 
 namespace pipesgd {
 
@@ -20,8 +21,13 @@ void check_sgd_options(const SgdOptions& options, const SgdOptionNames& names) {
   }
 }
 
-Sgd::Sgd(std::size_t count, SgdOptions options) : options_(options), velocity_(count, 0.0f) {
+Sgd::Sgd(std::size_t count, SgdOptions options)
+    : options_(options), learning_rate_(options.learning_rate), velocity_(count, 0.0f) {
   check_sgd_options(options);
+}
+
+void Sgd::set_learning_rate_factor(double factor) {
+  learning_rate_ = scaled_learning_rate(options_.learning_rate, factor);
 }
 
 void Sgd::step(std::span<float> parameters, std::span<const float> gradients, float gradient_scale,
@@ -32,7 +38,7 @@ void Sgd::step(std::span<float> parameters, std::span<const float> gradients, fl
   float* w = parameters.data();
   const float* g = gradients.data();
   float* v = velocity_.data() + offset;
-  const float lr = options_.learning_rate, momentum = options_.momentum,
+  const float lr = learning_rate_, momentum = options_.momentum,
               decay = options_.weight_decay;
   if (momentum == 0) {
     for (std::size_t i = 0; i < n; ++i) {
@@ -72,7 +78,7 @@ void Sgd::predict(std::span<const float> parameters, std::span<const float> grad
   const float* g = gradients.data();
   const float* v = velocity_.data() + offset;
   float* out = predicted.data();
-  const float lr = options_.learning_rate, momentum = options_.momentum,
+  const float lr = learning_rate_, momentum = options_.momentum,
               decay = options_.weight_decay;
   if (momentum == 0) {
     for (std::size_t i = 0; i < n; ++i) {

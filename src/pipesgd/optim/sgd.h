@@ -67,13 +67,17 @@ class Sgd final : public Optimizer {
   };
   void save_state(CheckpointWriter& out, const std::string& prefix) const override;
   void load_state(const CheckpointReader& in, const std::string& prefix) override;
+  void set_learning_rate_factor(double factor) override;
+  // The learning rate step() uses now (options.learning_rate scaled by the factor last set).
+  float learning_rate() const { return learning_rate_; }
 
   ElementKernel element_kernel() {
-    return {options_.learning_rate, options_.momentum, options_.weight_decay, velocity_.data()};
+    return {learning_rate_, options_.momentum, options_.weight_decay, velocity_.data()};
   }
 
  private:
   SgdOptions options_;
+  float learning_rate_;  // scaled_learning_rate(options_.learning_rate, factor)
   std::vector<float> velocity_;
 };
 

@@ -12,8 +12,8 @@ namespace pipesgd {
 
 namespace {
 
-// Request header: two uint64 (kind, version) in the first four floats of a request buffer.
-constexpr std::size_t kRequestHeaderFloats = 4;
+// Request header: three uint64 (kind, version, iteration) in the first six floats of a request buffer.
+constexpr std::size_t kRequestHeaderFloats = 6;
 // Reply header: one uint64 (version) in the first two floats of a reply buffer.
 constexpr std::size_t kReplyHeaderFloats = 2;
 constexpr int kRequestStep = 0;
@@ -146,6 +146,7 @@ struct ParameterServerShard::ServeSession {
   std::size_t push_bytes = 0;              // of a push request: header + the shard's gradients
   int closed = 0;                          // workers that closed; serving ends when all did
   int pushed = 0;                          // synchronous: workers holding a push of the current version
+  std::uint64_t push_iteration = 0;        // synchronous: the iteration those pushes carry
   int marked = 0;                          // workers whose checkpoint marker arrived
   std::int64_t checkpoint_iteration = -1;  // of the markers received so far
 };
@@ -296,6 +297,14 @@ void ParameterServerShard::handle_synchronous_push(ServeSession& session, int wo
                                                        session.checkpoint_iteration)
                                               : std::string()));
   }
+  const std::uint64_t iteration = read_u64(w.request, 2);
+  if (session.pushed == 0) {
+    session.push_iteration = iteration;
+  } else if (iteration != session.push_iteration) {
+    throw CommError(concat(where(), ": synchronous push of version ", version, " from rank ", worker, " (",
+                           describe_tag(w.receive_tag), ") carries iteration ", iteration,
+                           ", the other workers' pushes of this version carry ", session.push_iteration));
+  }
   w.pushed = true;  // its buffer holds the gradients until the update; no receive reposted
   if (++session.pushed < workers_) return;
   // Sum in worker order 0..M-1: the result does not depend on arrival order.
@@ -306,6 +315,7 @@ void ParameterServerShard::handle_synchronous_push(ServeSession& session, int wo
     const float* g = state_[static_cast<std::size_t>(k)].request.data() + kRequestHeaderFloats;
     for (std::size_t i = 0; i < count; ++i) sum_[i] += g[i];
   }
+  set_learning_rate_for_push(session, 0);
   sgd_.step(weights_, sum_, 1.0f / static_cast<float>(workers_));
   ++version_;
   session.pushed = 0;
@@ -323,6 +333,7 @@ void ParameterServerShard::handle_asynchronous_push(const ServeSession& session,
                            describe_tag(w.receive_tag), ") is ahead of the shard's version ", version_));
   }
   const std::span<const float> gradients(w.request.data() + kRequestHeaderFloats, plan_shard_.count());
+  set_learning_rate_for_push(session, worker);
   if (compensation_) {
     compensation_->compensate(gradients, weights_, backups_[static_cast<std::size_t>(worker)], compensated_);
     sgd_.step(weights_, compensated_, session.options.async_scale);
@@ -332,6 +343,14 @@ void ParameterServerShard::handle_asynchronous_push(const ServeSession& session,
   ++version_;
   post_receive(worker);
   answer_pulls(session.options.timeout);
+}
+
+void ParameterServerShard::set_learning_rate_for_push(const ServeSession& session, int worker) {
+  const auto iteration = static_cast<std::int64_t>(read_u64(state_[static_cast<std::size_t>(worker)].request, 2));
+  if (iteration < 0) {
+    throw CommError(concat(where(), ": push from rank ", worker, " carries iteration ", iteration));
+  }
+  sgd_.set_learning_rate_factor(session.options.learning_rate_schedule.factor(iteration));
 }
 
 void ParameterServerShard::handle_pull(const ServeSession& session, int worker, std::uint64_t min_version) {
@@ -470,8 +489,9 @@ ParameterClient::ParameterClient(Transport& transport, const ShardPlan& plan, in
   reply_requests_.resize(servers);
 }
 
-PushHandle ParameterClient::push(std::span<const float> gradients, std::uint64_t version) {
+PushHandle ParameterClient::push(std::span<const float> gradients, std::uint64_t version, std::int64_t iteration) {
   if (closed_) throw UsageError("parameter client: push after close()");
+  PIPESGD_ASSERT(iteration >= 0);
   if (gradients.size() != plan_.total()) {
     throw UsageError(concat("parameter client: push of ", gradients.size(),
                             " gradients, the layout has ", plan_.total()));
@@ -481,6 +501,7 @@ PushHandle ParameterClient::push(std::span<const float> gradients, std::uint64_t
     const Shard& shard = plan_.shard(s);
     std::vector<float>& buffer = push_buffers_[static_cast<std::size_t>(s)];
     write_u64(buffer, 1, version);
+    write_u64(buffer, 2, static_cast<std::uint64_t>(iteration));
     std::copy(gradients.begin() + static_cast<std::ptrdiff_t>(shard.begin),
               gradients.begin() + static_cast<std::ptrdiff_t>(shard.end),
               buffer.begin() + kRequestHeaderFloats);

@@ -8,9 +8,10 @@
 // Protocol (all messages on Channel::kParameterServer, one message per shard):
 //   worker -> server, step 0 (request), sequence = the worker's request count (push, pull,
 //     checkpoint and close requests share one sequence, so a server handles each worker's requests
-//     in order), segment = shard. Payload: a 16-byte header (uint64 kind: push, pull, checkpoint or
-//     close; uint64 version, or for a checkpoint the iteration the workers continue from) then, for
-//     a push, the shard's fp32 gradients.
+//     in order), segment = shard. Payload: a 24-byte header (uint64 kind: push, pull, checkpoint or
+//     close; uint64 version, or for a checkpoint the iteration the workers continue from; uint64 the
+//     pushing worker's iteration, for the learning-rate schedule) then, for a push, the shard's fp32
+//     gradients.
 //   server -> worker, step 1 (pull reply), sequence = the worker's pull count, segment = shard.
 //     Payload: the 8-byte version of the weights, then the shard's fp32 weights.
 // A server keeps exactly one receive posted per worker (there is no any-source receive) and polls
@@ -21,7 +22,10 @@
 // Versions: a shard's version counts its updates (0 = the initial weights). Synchronous mode: the
 // gradients pushed by the M workers with version t are summed in worker order 0..M-1
 // (deterministic) and applied as one SGD step with gradient scale 1/M; the version becomes t + 1. A
-// push whose version is not the shard's current version is a protocol error (CommError).
+// push whose version is not the shard's current version, or whose iteration differs from the other
+// workers' pushes of that version, is a protocol error (CommError).
+// Learning rate: every update steps at ServeOptions::learning_rate_schedule's rate for the iteration
+// the push carries (synchronous: the workers' common iteration; asynchronous: the pushing worker's).
 // Asynchronous mode: every push is applied as it arrives with gradient scale `async_scale`, version
 // += 1; the push's version (the weights the gradient was computed on) must not exceed the shard's
 // version. Asynchronous mode with delay compensation (DC-ASGD, `dcasgd`): the shard keeps, per
@@ -58,6 +62,7 @@
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/optim/delay_compensation.h"
+#include "pipesgd/optim/lr_schedule.h"
 #include "pipesgd/optim/sgd.h"
 #include "pipesgd/ps/shard_plan.h"
 
@@ -84,6 +89,9 @@ struct ServeOptions {
   // (see "Checkpoints" above), before any later request is handled; it may call
   // shard.save_state(). Unset: a checkpoint marker is a protocol error (CommError).
   std::function<void(const ParameterServerShard& shard, std::int64_t iteration)> on_checkpoint{};
+  // The run's learning-rate schedule (optim/lr_schedule.h): the update of a push of iteration t
+  // uses factor(t) times the shard's SGD learning rate.
+  LrSchedule learning_rate_schedule{};
 };
 
 // One shard of the parameters, served on a server rank. Thread contract: constructed and served by
@@ -135,6 +143,8 @@ class ParameterServerShard {
   void handle_push(ServeSession& session, int worker, std::size_t bytes, std::uint64_t version);
   void handle_synchronous_push(ServeSession& session, int worker, std::uint64_t version);
   void handle_asynchronous_push(const ServeSession& session, int worker, std::uint64_t version);
+  // Sets the SGD's learning rate for the update of worker `worker`'s push (its iteration).
+  void set_learning_rate_for_push(const ServeSession& session, int worker);
   void handle_pull(const ServeSession& session, int worker, std::uint64_t min_version);
   void handle_checkpoint_marker(ServeSession& session, int worker, std::int64_t iteration);
   void handle_close(ServeSession& session, int worker);
@@ -216,9 +226,10 @@ class ParameterClient {
   ParameterClient(const ParameterClient&) = delete;
   ParameterClient& operator=(const ParameterClient&) = delete;
 
-  // Sends gradients (plan.total() elements) computed on weights of `version`, one message per
-  // shard.
-  PushHandle push(std::span<const float> gradients, std::uint64_t version);
+  // Sends gradients (plan.total() elements) of the worker's iteration `iteration` (>= 0; the servers
+  // update at that iteration's scheduled learning rate) computed on weights of `version`, one
+  // message per shard.
+  PushHandle push(std::span<const float> gradients, std::uint64_t version, std::int64_t iteration);
   // Asks every shard for its weights once it reached `min_version` (0: the latest at once).
   PullHandle pull(std::span<float> weights, std::uint64_t min_version = 0);
   // Completes any push/pull in flight, then tells every server that this worker checkpoints and

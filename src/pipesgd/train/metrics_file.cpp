@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 
@@ -11,6 +13,16 @@
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
+
+namespace {
+// A float as the shortest decimal that reads back as it (0.05, not 0.05000000074505806).
+double shortest_decimal(float value) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, value);
+  PIPESGD_ASSERT(error == std::errc());
+  return std::strtod(std::string(text, end).c_str(), nullptr);
+}
+}  // namespace
 
 nlohmann::json times_to_json(const IterationTimes& t) {
   return {{"update_s", t.update},     {"compensation_s", t.compensation}, {"data_s", t.data},
@@ -43,6 +55,7 @@ std::string MetricsLines::iteration(std::int64_t t) const {
   record["iteration"] = t;
   record["epoch"] = t / iterations_per_epoch_ + 1;
   record["pipelined"] = (*times_.front())[index].pipelined;
+  record["lr"] = shortest_decimal(schedule_.learning_rate(base_learning_rate_, t));
   return record.dump() + "\n";
 }
 

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipesgd/algo/iteration_times.h"
+#include "pipesgd/optim/lr_schedule.h"
 #include "pipesgd/train/early_stop.h"
 #include "pipesgd/train/run_summary.h"
 
@@ -31,11 +32,16 @@ nlohmann::json times_to_json(const IterationTimes& times);
 nlohmann::json epoch_to_json(const EpochRecord& epoch);
 
 // The lines of metrics.jsonl (each with its newline) from the per-iteration times of the workers in
-// `times` (each indexed by iteration), with `iterations_per_epoch`.
+// `times` (each indexed by iteration), with `iterations_per_epoch`. An iteration's "lr" is
+// schedule.learning_rate(base_learning_rate, t): the rate of the update that applies its gradient.
 class MetricsLines {
  public:
-  MetricsLines(std::vector<const std::vector<IterationTimes>*> times, std::int64_t iterations_per_epoch)
-      : times_(std::move(times)), iterations_per_epoch_(iterations_per_epoch) {}
+  MetricsLines(std::vector<const std::vector<IterationTimes>*> times, std::int64_t iterations_per_epoch,
+               float base_learning_rate = 0.1f, LrSchedule schedule = {})
+      : times_(std::move(times)),
+        iterations_per_epoch_(iterations_per_epoch),
+        base_learning_rate_(base_learning_rate),
+        schedule_(std::move(schedule)) {}
   std::size_t workers() const { return times_.size(); }
   static std::string resume(std::int64_t from_iteration);
   std::string iteration(std::int64_t t) const;
@@ -44,6 +50,8 @@ class MetricsLines {
  private:
   std::vector<const std::vector<IterationTimes>*> times_;
   std::int64_t iterations_per_epoch_;
+  float base_learning_rate_;
+  LrSchedule schedule_;
 };
 
 // Writes DIR/metrics.jsonl atomically: the iterations [start, end) and `epochs` (each after its last

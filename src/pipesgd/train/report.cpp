@@ -97,6 +97,7 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
   } else {
     out << ", allreduce " << setup.allreduce << " (segments " << setup.segmenting << ")";
   }
+  if (setup.lr_schedule != "constant") out << ", lr schedule " << setup.lr_schedule;
   out << ", network " << setup.network << ", " << timing.iterations << " iterations (means over the last "
       << timing.measured_iterations << ")\n\n";
   if (s.unreached_phase) out << "Short run: " << describe_short_run(*s.unreached_phase, timing.iterations) << ".\n\n";

@@ -75,4 +75,8 @@ RunContext prepare_run(const TrainConfig& config, const Dataset& train, bool lea
   return run;
 }
 
+LrSchedule run_learning_rate_schedule(const RunContext& run) {
+  return LrSchedule(run.config.method.common.lr_schedule, schedule_length(run.plan));
+}
+
 }  // namespace pipesgd

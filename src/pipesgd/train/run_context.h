@@ -53,6 +53,13 @@ struct RunContext {
 // DataError with one line. Every rank of an MPI run calls it (they read the same directory).
 RunContext prepare_run(const TrainConfig& config, const Dataset& train, bool leader);
 
+// The run's learning-rate schedule (config.method.common.lr_schedule) bound to the plan's length.
+LrSchedule run_learning_rate_schedule(const RunContext& run);
+// The plan's length as a schedule needs it.
+inline LrScheduleLength schedule_length(const RunPlan& plan) {
+  return {plan.iterations_per_epoch, plan.total_iterations};
+}
+
 // Part names of a checkpoint set.
 std::string worker_part(int rank);
 std::string server_part(int shard);

@@ -39,6 +39,7 @@ struct RunSetup {
   std::string segmenting;  // allreduce message segmenting in effect ("256 KiB", "unsegmented")
   std::string allreduce;   // the gradient allreduce's algorithm ("auto" resolved)
   int staleness = 0;       // the method's iteration dependency K
+  std::string lr_schedule = "constant";  // LrScheduleSpec::describe(): "step:1:0.5, warm-up 10 iterations"
 };
 
 // The timing of the measured iterations and what the models predict from them.

@@ -31,6 +31,7 @@ RunSetup describe_setup(const RunContext& run, const FlatParameters& model) {
                             : resolve_allreduce_algorithm(method.common, config.workers,
                                                           static_cast<double>(model.layout().total()) * sizeof(float));
   setup.staleness = method.options->staleness();
+  setup.lr_schedule = method.common.lr_schedule.describe();
   return setup;
 }
 

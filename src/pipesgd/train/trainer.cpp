@@ -37,6 +37,7 @@ void serve_shard(const RunContext& run, const ShardPlan& shard_plan, std::span<c
   PIPESGD_ASSERT(config.method.descriptor->serve);  // every method with servers says how they serve
   ServeOptions options = config.method.descriptor->serve(*config.method.options, config.method.common, config.workers);
   options.stop = stop;
+  options.learning_rate_schedule = run_learning_rate_schedule(run);
   options.on_checkpoint = server_checkpoints(run, shard, writer);
   shard.serve(options);
   writer.finish();
@@ -62,7 +63,8 @@ std::unique_ptr<Model> build_model(const ModelFactory& factory, std::uint64_t se
 MetricsLines metrics_lines(const RunContext& run, std::span<const WorkerRecord> workers) {
   std::vector<const std::vector<IterationTimes>*> times;
   for (const WorkerRecord& worker : workers) times.push_back(&worker.times);
-  return MetricsLines(std::move(times), run.plan.iterations_per_epoch);
+  return MetricsLines(std::move(times), run.plan.iterations_per_epoch,
+                      run.config.method.common.optimizer.sgd.learning_rate, run_learning_rate_schedule(run));
 }
 
 // The stream of metrics.jsonl of `workers` (the workers of this process, in the order of their

@@ -436,7 +436,7 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
   }
   Transport& transport = faulty ? static_cast<Transport&>(*faulty) : run_transport;
   std::unique_ptr<TrainingMethod> method =
-      make_method(config.method, transport, model, run.plan.warmup_iterations, config.network);
+      make_method(config.method, transport, model, run.plan.warmup_iterations, config.network, schedule_length(run.plan));
   // Once the method is built (its usage errors come first): a run too short for its steady state.
   if (leader != nullptr && config.warn_short_run && run.plan.unreached_phase) {
     std::cerr << short_run_warning(*run.plan.unreached_phase, run.plan.total_iterations) << std::flush;

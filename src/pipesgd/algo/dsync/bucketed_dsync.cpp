@@ -37,6 +37,7 @@ BucketedDSync::BucketedDSync(const MethodContext& context)
                                        context.options.default_segment_bytes())),
       planning_(context.transport, layers_ + 3 + kCostProbes, context.common.timeout),
       optimizer_(make_optimizer(context.common.optimizer, context.model.layout())),
+      schedule_(context.learning_rate_schedule),
       gradients_(context.model.layout().total()),
       backward_sums_(layers_),
       profile_buffer_(layers_ + 3 + kCostProbes, 0.0f),
@@ -106,6 +107,7 @@ void BucketedDSync::end_iteration(std::int64_t t, IterationTimes& times) {
   times.comm = comm_seconds;
   times.wait = waiting.seconds();
   Stopwatch update;
+  optimizer_->set_learning_rate_factor(schedule_.factor(t));
   optimizer_->step(model_.parameters(), gradients_, 1.0f / static_cast<float>(workers_), 0);
   times.update = update.seconds();
   times.pipelined = true;  // communication overlapped with backward

@@ -82,6 +82,7 @@ class BucketedDSync final : public TrainingMethod {
   std::unique_ptr<Allreduce> allreduce_;
   PlanningExchange planning_;
   std::unique_ptr<Optimizer> optimizer_;
+  const LrSchedule schedule_;
   std::vector<float> gradients_;
   SegmentReadyFn on_segment_ready_;
 

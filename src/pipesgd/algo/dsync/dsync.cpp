@@ -11,12 +11,13 @@ DSync::DSync(const MethodContext& context)
       allreduce_(make_method_allreduce(context.common, context.transport, context.model.layout().total(), *codec_,
                                        context.options.default_segment_bytes())),
       optimizer_(make_optimizer(context.common.optimizer, context.model.layout())),
+      schedule_(context.learning_rate_schedule),
       gradients_(context.model.layout().total()) {}
 
 std::span<float> DSync::begin_iteration(std::int64_t, IterationTimes&) { return gradients_; }
 
 void DSync::end_iteration(std::int64_t t, IterationTimes& times) {
-  allreduce_then_step(*allreduce_, *optimizer_, model_.parameters(), gradients_, gradient_scale_, t, times);
+  allreduce_then_step(*allreduce_, *optimizer_, schedule_, model_.parameters(), gradients_, gradient_scale_, t, times);
 }
 
 std::shared_ptr<MethodReport> DSync::report() const { return std::make_shared<AllreduceCallsReport>(1); }

@@ -30,6 +30,7 @@ class DSync final : public TrainingMethod {
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Allreduce> allreduce_;
   std::unique_ptr<Optimizer> optimizer_;
+  const LrSchedule schedule_;
   std::vector<float> gradients_;
 };
 

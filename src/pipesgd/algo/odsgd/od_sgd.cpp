@@ -45,8 +45,8 @@ LocalUpdater::LocalUpdater(std::size_t count, const std::string& kind, SgdOption
   }
 }
 
-void LocalUpdater::apply(std::span<const float> base, std::span<const float> gradient,
-                         std::span<float> weights) {
+void LocalUpdater::apply(std::span<const float> base, std::span<const float> gradient, std::span<float> weights,
+                         double learning_rate_factor) {
   PIPESGD_ASSERT(base.size() == weights.size() && gradient.size() == weights.size());
   std::span<const float> step_gradient = gradient;
   if (compensation_) {
@@ -57,6 +57,7 @@ void LocalUpdater::apply(std::span<const float> base, std::span<const float> gra
   if (base.data() != weights.data()) {
     std::memcpy(weights.data(), base.data(), weights.size() * sizeof(float));
   }
+  sgd_.set_learning_rate_factor(learning_rate_factor);
   sgd_.step(weights, step_gradient, 1.0f);
 }
 
@@ -101,6 +102,7 @@ OneStepDelaySgd::OneStepDelaySgd(const MethodContext& context)
                local_sgd(options_as<OdSgdOptions>(context.options), context.common),
                options_as<OdSgdOptions>(context.options).local_compensation),
       settings_(od_sgd_update_settings(options_as<OdSgdOptions>(context.options))),
+      schedule_(context.learning_rate_schedule),
       first_job_(switch_iteration_),
       comm_(context.transport, "odsgd", 2, context.common.timeout,
             [this](const CommWorker::Job& job) { run_job(job.iteration); }) {
@@ -113,7 +115,7 @@ void OneStepDelaySgd::run_job(std::int64_t t) {
   // Job t: push g_t (computed on W_t), pull G_{t+1}. The client copies the gradient at push(), and
   // the pull writes pulled(t + 1), which the compute thread reads only after this job.
   const auto version = static_cast<std::uint64_t>(t);
-  PushHandle push = client_.push(gradients(t), version);
+  PushHandle push = client_.push(gradients(t), version, t);
   PullHandle pull = client_.pull(pulled(t + 1), version + 1);
   push.wait(timeout_);
   const std::uint64_t got = pull.wait(timeout_);
@@ -142,7 +144,7 @@ void OneStepDelaySgd::end_iteration(std::int64_t t, IterationTimes& times) {
   if (t < switch_iteration_) {  // warm-up: SSGD on this thread, W_{t+1} = G_{t+1}
     Stopwatch communication;
     const auto version = static_cast<std::uint64_t>(t);
-    PushHandle push = client_.push(gradients(t), version);
+    PushHandle push = client_.push(gradients(t), version, t);
     PullHandle pull = client_.pull(model_.parameters(), version + 1);
     push.wait(timeout_);
     pull.wait(timeout_);
@@ -159,7 +161,7 @@ void OneStepDelaySgd::end_iteration(std::int64_t t, IterationTimes& times) {
     base = pulled(t);
   }
   Stopwatch update;
-  updater_.apply(base, gradients(t), model_.parameters());
+  updater_.apply(base, gradients(t), model_.parameters(), schedule_.factor(t));
   times.update = update.seconds();
 }
 

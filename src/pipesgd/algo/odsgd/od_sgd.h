@@ -22,6 +22,8 @@
 //   dcasgd-c  the same step with g compensated per Eq. 4: g + lambda g (.) g (.) (G - W_old)
 //   dcasgd-a  ... per Eq. 5-6 (adaptive lambda / sqrt(MeanSquare + eps))
 // where W_old are the weights g was computed on (optim/delay_compensation.h).
+// Learning-rate schedule: the local update with g_t and the servers' global update with g_t both
+// scale their own learning rate by the schedule's factor(t).
 //
 // Threads: the compute thread calls begin/end/finish; the worker's CommWorker drives the
 // ParameterClient from the switching stage on (the compute thread drives it during the warm-up and
@@ -66,14 +68,16 @@ class OdSgdOptions final : public ParameterServerOptions {
 ServerUpdateSettings od_sgd_update_settings(const OdSgdOptions& options);
 
 // A worker's local updater: weights = update of `base` with `gradient`, where `weights` holds on
-// entry the weights `gradient` was computed on (delay compensation needs them). `base` may alias
-// `weights`. Not thread-safe (the compute thread owns it).
+// entry the weights `gradient` was computed on (delay compensation needs them), at --local-lr (or
+// --lr) times `learning_rate_factor` (the schedule's factor for the gradient's iteration). `base`
+// may alias `weights`. Not thread-safe (the compute thread owns it).
 class LocalUpdater {
  public:
   // Throws UsageError for an unknown kind or bad options.
   LocalUpdater(std::size_t count, const std::string& kind, SgdOptions sgd,
                DelayCompensationOptions compensation);
-  void apply(std::span<const float> base, std::span<const float> gradient, std::span<float> weights);
+  void apply(std::span<const float> base, std::span<const float> gradient, std::span<float> weights,
+             double learning_rate_factor);
   // Checkpoints: the local momentum and, for dcasgd-a, MeanSquare (sections `prefix` + ...).
   void save_state(CheckpointWriter& out, const std::string& prefix) const;
   void load_state(const CheckpointReader& in, const std::string& prefix);
@@ -119,6 +123,7 @@ class OneStepDelaySgd final : public TrainingMethod {
   ParameterClient client_;
   LocalUpdater updater_;
   ServerUpdateSettings settings_;  // for its report
+  const LrSchedule schedule_;      // the local update of g_t uses factor(t), as the servers' of g_t
   std::vector<float> gradients_[2];
   std::vector<float> pulled_[2];
   std::int64_t next_iteration_ = 0;

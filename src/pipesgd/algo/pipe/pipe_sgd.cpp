@@ -45,6 +45,7 @@ PipeSgd::PipeSgd(const MethodContext& context)
       allreduce_(make_method_allreduce(context.common, context.transport, context.model.layout().total(), *codec_,
                                        context.options.default_segment_bytes())),
       optimizer_(make_optimizer(context.common.optimizer, context.model.layout())),
+      schedule_(context.learning_rate_schedule),
       staleness_(options_as<PipeOptions>(context.options).k),
       warmup_iterations_(context.warmup_iterations),
       final_gradients_(options_as<PipeOptions>(context.options).final_gradients),
@@ -72,6 +73,7 @@ void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times, bool apply) {
   PIPESGD_ASSERT(slot.iteration == t - staleness_);
   if (apply) {
     Stopwatch update;
+    optimizer_->set_learning_rate_factor(schedule_.factor(slot.iteration));  // g_sum[t-K] at lr(t-K)
     optimizer_->step(model_.parameters(), slot.gradient, gradient_scale_, 0);
     times.update += update.seconds();
   }
@@ -90,7 +92,7 @@ std::span<float> PipeSgd::begin_iteration(std::int64_t t, IterationTimes& times)
 void PipeSgd::end_iteration(std::int64_t t, IterationTimes& times) {
   next_iteration_ = t + 1;
   if (in_warmup(t)) {  // D-Sync: allreduce on this thread, then update
-    allreduce_then_step(*allreduce_, *optimizer_, model_.parameters(), slots_[0].gradient, gradient_scale_, t, times);
+    allreduce_then_step(*allreduce_, *optimizer_, schedule_, model_.parameters(), slots_[0].gradient, gradient_scale_, t, times);
     return;
   }
   Slot& slot = slots_[t % staleness_];

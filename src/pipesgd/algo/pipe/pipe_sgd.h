@@ -103,6 +103,7 @@ class PipeSgd final : public TrainingMethod {
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Allreduce> allreduce_;  // the comm thread's after warm-up; the compute thread's during it
   std::unique_ptr<Optimizer> optimizer_;
+  const LrSchedule schedule_;  // the update of g_sum[i] uses factor(i)
   const int staleness_;
   const std::int64_t warmup_iterations_;
   const FinalGradients final_gradients_;

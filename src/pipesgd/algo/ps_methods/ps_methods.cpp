@@ -71,12 +71,12 @@ void ParameterServerMethod::end_iteration(std::int64_t t, IterationTimes& times)
   if (synchronous_) {
     // The servers are at version t when iteration t pushes (one update per iteration).
     const auto version = static_cast<std::uint64_t>(t);
-    PushHandle push = client_.push(gradients_, version);
+    PushHandle push = client_.push(gradients_, version, t);
     PullHandle pull = client_.pull(model_.parameters(), version + 1);
     push.wait(timeout_);
     version_ = pull.wait(timeout_);
   } else {
-    PushHandle push = client_.push(gradients_, version_);
+    PushHandle push = client_.push(gradients_, version_, t);
     // The server handles this worker's requests in order: the reply includes this push.
     PullHandle pull = client_.pull(model_.parameters(), 0);
     push.wait(timeout_);

@@ -21,6 +21,7 @@ SaPipe::SaPipe(const MethodContext& context)
                                        context.options.default_segment_bytes())),
       planning_(context.transport, 2 * layers_ + kCostProbes, context.common.timeout),
       optimizer_(make_optimizer(context.common.optimizer, context.model.layout())),
+      schedule_(context.learning_rate_schedule),
       partition_(context.model.layout(), static_cast<double>(codec_->encoded_bytes(1000)) / 1000.0, options_.sync_plan,
                  planning_cost(context.common, context.network, workers_,
                                static_cast<double>(context.model.layout().total()) * sizeof(float))),
@@ -86,7 +87,7 @@ std::span<float> SaPipe::begin_iteration(std::int64_t t, IterationTimes& times) 
     // The last iteration was synchronous: its gradient (the whole buffer, reduced in end_iteration)
     // is applied now, the stale range without compensation, as D-Sync does.
     update_stale_range(t - 1, /*predict=*/false, times);
-    step_synchronous_range(partition_.range(partition_.stale_layers(), layers_), slots_[(t - 1) % 2], times);
+    step_synchronous_range(partition_.range(partition_.stale_layers(), layers_), slots_[(t - 1) % 2], t - 1, times);
   } else if (t >= 2 && pipelined(t - 2) && stale_job_valid_[t % 2]) {
     // Pipelined: the stale range takes G(t-2) (reduced by now or waited for); the synchronous
     // buckets of t-1 are applied by the forward hook, or below for a model without one.
@@ -133,7 +134,7 @@ void SaPipe::apply_sync_buckets(std::size_t end, IterationTimes& times) {
     const Range& bucket = buckets[index];
     if (bucket.begin >= end) break;  // forward has not reached it yet
     wait_for(previous_sync_jobs_[index], "the allreduce of a synchronous bucket", iteration_ - 1, times);
-    step_synchronous_range(bucket, slots_[(iteration_ - 1) % 2], times);
+    step_synchronous_range(bucket, slots_[(iteration_ - 1) % 2], iteration_ - 1, times);
     ++previous_sync_applied_;
   }
   if (previous_sync_applied_ == buckets.size()) previous_sync_pending_ = false;
@@ -154,9 +155,11 @@ void SaPipe::segment_ready(std::size_t segment, double backward_seconds) {
   submit_ready(segment);
 }
 
-void SaPipe::step_synchronous_range(const Range& range, std::span<const float> slot, IterationTimes& times) {
+void SaPipe::step_synchronous_range(const Range& range, std::span<const float> slot, std::int64_t gradient_iteration,
+                                    IterationTimes& times) {
   if (range.count == 0) return;
   Stopwatch update;
+  optimizer_->set_learning_rate_factor(schedule_.factor(gradient_iteration));
   compensation_.step_synchronous(*optimizer_, model_.parameters(), slot, range.offset, range.count,
                                  partition_may_change());
   times.update += update.seconds();
@@ -306,6 +309,7 @@ void SaPipe::update_stale_range(std::int64_t gradient_iteration, bool predict, I
   Stopwatch watch;
   const bool stale = gradient_iteration >= 0 && pipelined(gradient_iteration);
   const float* const gradient = gradient_iteration >= 0 ? slots_[gradient_iteration % 2].data() : nullptr;
+  if (gradient_iteration >= 0) optimizer_->set_learning_rate_factor(schedule_.factor(gradient_iteration));
   compensation_.step_stale(*optimizer_, model_.parameters(), gradient, n, stale);
   if (compensation_.true_weights().empty()) {
     (compensation_.kind() == Compensation::kNone ? times.update : times.compensation) += watch.seconds();
@@ -316,6 +320,8 @@ void SaPipe::update_stale_range(std::int64_t gradient_iteration, bool predict, I
   if (!predict || !pipelined(t - 1) || t < 1) {
     compensation_.show_true_weights(model_.parameters(), n);
   } else {
+    // The prediction anticipates the next update of the stale range, which applies G(t-1).
+    optimizer_->set_learning_rate_factor(schedule_.factor(t - 1));
     compensation_.predict(*optimizer_, model_.parameters(), n, t, t >= 2 ? slots_[t % 2].data() : nullptr);
   }
   times.compensation += watch.seconds();
@@ -328,7 +334,7 @@ void SaPipe::finish(IterationTimes& times) {
   iteration_ = next_iteration_;  // as if beginning iteration T: applies what T would have applied
   if (!pipelined(last)) {
     update_stale_range(last, /*predict=*/false, times);
-    step_synchronous_range(partition_.range(partition_.stale_layers(), layers_), slots_[last % 2], times);
+    step_synchronous_range(partition_.range(partition_.stale_layers(), layers_), slots_[last % 2], last, times);
     return;
   }
   if (previous_sync_pending_) apply_sync_buckets(layers_, times);

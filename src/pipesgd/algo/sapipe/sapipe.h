@@ -86,16 +86,19 @@ class SaPipe final : public TrainingMethod {
   // (adding the wait and the allreduce's time to `times`) and returns the allreduce's seconds.
   std::uint64_t submit(std::span<float> range, std::uint64_t sequence);
   double wait_for(std::uint64_t job, const char* what, std::int64_t iteration, IterationTimes& times);
-  // The synchronous update of `range` with the gradient in `slot`.
-  void step_synchronous_range(const Range& range, std::span<const float> slot, IterationTimes& times);
+  // The synchronous update of `range` with the gradient of iteration `gradient_iteration` in `slot`
+  // (at that iteration's learning rate).
+  void step_synchronous_range(const Range& range, std::span<const float> slot, std::int64_t gradient_iteration,
+                              IterationTimes& times);
   void segment_ready(std::size_t segment, double backward_seconds);
   void submit_ready(std::size_t lowest_ready_segment);
   void forward_needs(std::size_t first, std::size_t end);
   // Applies (waiting for them) the synchronous buckets of the previous iteration not yet applied
   // that start below segment `end`: forward is about to read segments below `end`.
   void apply_sync_buckets(std::size_t end, IterationTimes& times);
-  // The stale range's update with G(gradient_iteration) (or none: -1), then the prediction
-  // (predict: something in flight).
+  // The stale range's update with G(gradient_iteration) (or none: -1) at that iteration's learning
+  // rate, then the prediction (predict: something in flight), at the learning rate of the update it
+  // anticipates: the next one, which applies G(t-1) at the start of t+1.
   void update_stale_range(std::int64_t gradient_iteration, bool predict, IterationTimes& times);
   void plan_from_profile();
   // The stall check of --stale-layers auto at the end of pipelined iteration t (collective).
@@ -113,6 +116,7 @@ class SaPipe final : public TrainingMethod {
   std::unique_ptr<Allreduce> allreduce_;
   PlanningExchange planning_;
   std::unique_ptr<Optimizer> optimizer_;
+  const LrSchedule schedule_;
   SegmentReadyFn on_segment_ready_;
 
   SapipePartition partition_;
