@@ -50,9 +50,8 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--transport", flags.transport,
                      "local (workers are threads of this process) or mpi (one worker per rank of mpirun -np N)")
       ->capture_default_str();
-  command.add_option("--model", flags.model,
-                     "Model: mlp (784-500-500-10), cnn (LeNet-style), resnet (ResNet-20-style with batch norm), softmax")
-      ->capture_default_str();
+  command.add_option("--model", flags.model, kModelFlagHelp)->capture_default_str();
+  command.add_option("--loss", flags.loss, kLossFlagHelp)->capture_default_str();
   command.add_option("--data", flags.data, "Data set: fashion-mnist (MNIST-format files, see --data-dir) or synthetic")
       ->capture_default_str();
   command.add_option("--data-dir", flags.data_dir,

@@ -33,7 +33,9 @@ constexpr std::size_t evaluation_chunk_rows = 1000;
 // calling thread, so every thread that runs a model applies it once itself (see apply_thread_setting).
 std::atomic<int> configured_threads{0};
 
-void apply_thread_setting() {
+}  // namespace
+
+void apply_torch_thread_setting() {
   thread_local int applied = 0;
   const int wanted = configured_threads.load(std::memory_order_relaxed);
   if (wanted > 0 && applied != wanted) {
@@ -41,6 +43,8 @@ void apply_thread_setting() {
     applied = wanted;
   }
 }
+
+namespace {
 
 // LibTorch's default initialisation draws from its global generator; this serialises seeding and
 // construction so concurrent factory calls are deterministic.
@@ -396,7 +400,7 @@ torch::Tensor label_rows(const Batch& batch, std::size_t first_row, std::size_t 
 StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gradients,
                                         const SegmentReadyFn& on_ready) {
   PIPESGD_ASSERT(gradients.size() == binding_.layout().total());
-  apply_thread_setting();
+  apply_torch_thread_setting();
   validate(batch, /*allow_empty=*/false);
   StepResult result;
 
@@ -420,7 +424,7 @@ StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gra
 }
 
 Evaluation TorchModel::evaluate(const Batch& batch) {
-  apply_thread_setting();
+  apply_torch_thread_setting();
   validate(batch, /*allow_empty=*/true);
   torch::NoGradGuard no_grad;
   module_->eval();  // BatchNorm: running statistics
