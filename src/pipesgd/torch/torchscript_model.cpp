@@ -16,6 +16,7 @@
 
 #include "pipesgd/core/error.h"
 #include "pipesgd/torch/parameter_binding.h"
+#include "pipesgd/torch/torchscript_load.h"
 #include "pipesgd/torch/torch_models.h"
 
 namespace pipesgd {
@@ -23,21 +24,6 @@ namespace {
 
 constexpr std::size_t evaluation_chunk_rows = 1000;
 constexpr std::int64_t probe_rows = 2;  // BatchNorm in train mode needs more than one value per channel
-
-// One line of a LibTorch error: the first, without the C++ backtrace; for an error raised inside the
-// TorchScript interpreter (which prints the script's traceback first), the last.
-std::string first_line(const std::exception& error) {
-  std::string text = error.what();
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) text = c10_error->what_without_backtrace();
-  std::vector<std::string> lines;
-  std::istringstream stream(text);
-  for (std::string line; std::getline(stream, line);) {
-    if (line.find_first_not_of(" \t\r") != std::string::npos) lines.push_back(line);
-  }
-  if (lines.empty()) return "no message";
-  const bool script_traceback = text.find("Traceback of TorchScript") != std::string::npos;
-  return script_traceback ? lines.back() : lines.front();
-}
 
 // Rethrows our checked errors unchanged; turns anything else LibTorch throws into UsageError(prefix:
 // its line).
@@ -47,7 +33,7 @@ std::string first_line(const std::exception& error) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& error) {
-    throw UsageError(concat(prefix, ": ", first_line(error)));
+    throw UsageError(concat(prefix, ": ", torch_error_line(error)));
   }
 }
 
@@ -55,16 +41,6 @@ std::string shape_text(c10::IntArrayRef sizes) {
   std::string text = "[";
   for (std::size_t i = 0; i < sizes.size(); ++i) text += concat(i == 0 ? "" : ", ", sizes[i]);
   return text + "]";
-}
-
-torch::jit::Module load_module(std::string_view bytes, const std::string& name) {
-  try {
-    std::istringstream stream{std::string(bytes)};
-    return torch::jit::load(stream, torch::kCPU);
-  } catch (const std::exception& error) {
-    throw DataError(concat("model file '", name, "' is not a TorchScript module saved by torch.jit.save (",
-                           first_line(error), ")"));
-  }
 }
 
 std::string read_model_file(const std::string& path) {
@@ -352,8 +328,6 @@ bool names_torchscript_file(const std::string& model) {
          (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0);
 }
 
-void check_torchscript_bytes(std::string_view bytes, const std::string& name) { (void)load_module(bytes, name); }
-
 ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const Dataset& train) {
   apply_torch_thread_setting();
   if (loss == Loss::kMse && !train.regression()) {
@@ -370,7 +344,7 @@ ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const
   {
     std::lock_guard<std::mutex> lock(load_mutex);
     torch::jit::GraphOptimizerEnabledGuard eager_like(false);
-    torch::jit::Module module = load_module(*bytes, path);
+    torch::jit::Module module = load_torchscript(*bytes, path);
     if (module_segments(module).empty()) {
       throw UsageError(concat("model file '", path, "' has no trainable parameters"));
     }
@@ -395,7 +369,7 @@ ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const
   }
   return [path, bytes, loss, shape, order](std::uint64_t /*seed*/) -> std::unique_ptr<Model> {
     std::lock_guard<std::mutex> lock(load_mutex);
-    return std::make_unique<TorchScriptModel>(path, load_module(*bytes, path), loss, shape, order);
+    return std::make_unique<TorchScriptModel>(path, load_torchscript(*bytes, path), loss, shape, order);
   };
 }
 

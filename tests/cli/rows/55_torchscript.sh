@@ -64,3 +64,12 @@ assert n["configuration"]["model"]["name"] == f"{ts}/mlp_logsoftmax.pt"
 c = json.load(open(f"{r}/ts-compare/compare.json"))
 assert len(c["runs"] if isinstance(c, dict) and "runs" in c else c) == 3, str(c)[:200]
 PY
+
+# SAPipe pipelines a model without a forward hook: the synchronous layers' pending updates are applied
+# before the next forward starts (torchscript_model.h); 22 iterations pass its start-up (8) and
+# profiling (10).
+TIMEOUT=180 run train --model "$TS/transformer.pt" --algo sapipe+wp3 --data synthetic --iters 22 --workers 2 --quiet \
+  --no-eval >"$R/ts-sapipe.out" 2>"$R/ts-sapipe.err"
+expect_success "torchscript/sapipe-pipelines" $? "$R/ts-sapipe.out" "$R/ts-sapipe.err"
+expect_contains "torchscript/sapipe-report" "$R/ts-sapipe.out" "SAPipe partial staleness: k = " "pipelined from iteration 18"
+if grep -qF "never pipelined" "$R/ts-sapipe.out"; then fail "torchscript/sapipe-pipelined" "the run never pipelined"; else pass "torchscript/sapipe-pipelined"; fi
