@@ -193,7 +193,14 @@ TEST(TorchScriptModelTest, MseRegressionLearnsAndHasNoAccuracy) {
   all.target_features = 1;
   const Evaluation before = factory(0)->evaluate(all);
   TrainConfig config = short_config("dsync", 2, 60);
+  config.has_accuracy = false;
+  config.evaluate = true;
   const RunSummary summary = run_training(config, factory, data);
+  ASSERT_FALSE(summary.epochs.empty());
+  EXPECT_EQ(summary.epochs.back().train_accuracy, -1.0) << "no accuracy for mse";
+  EXPECT_EQ(summary.epochs.back().test_accuracy, -1.0);
+  EXPECT_EQ(summary.figures.final_train_accuracy, -1.0);
+  EXPECT_GE(summary.epochs.back().test_loss, 0.0);
   auto trained = factory(0);
   std::copy(summary.final_parameters[0].begin(), summary.final_parameters[0].end(), trained->parameters().begin());
   const Evaluation after = trained->evaluate(all);
@@ -260,6 +267,11 @@ TEST(TorchScriptModelTest, BadInputIsOneLine) {
   std::filesystem::copy_file(model_file("gru.pt"), truncated);
   std::filesystem::resize_file(truncated, 4000);
   expect_one_line_error<DataError>(load(truncated, Loss::kCrossEntropy, labelled), "truncated.pt");
+  // A pickle whose memo index would make LibTorch allocate 10 GB (the fuzzer's find): refused first.
+  expect_one_line_error<DataError>(
+      load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/regression-memo-index-oom",
+           Loss::kCrossEntropy, labelled),
+      "pickle memo index 671107865 beyond its 561 bytes");
   EXPECT_THROW(parse_loss("hinge"), UsageError);
 }
 

@@ -7,6 +7,7 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/interrupt.h"
 #include "pipesgd/torch/torch_models.h"
+#include "pipesgd/torch/torchscript_model.h"
 
 namespace pipesgd {
 namespace {
@@ -163,6 +164,7 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
   config.out_dir = flags.out_dir;
   config.progress = !flags.quiet && prints_results(session);
   config.evaluate = !flags.no_eval;
+  config.has_accuracy = loss_has_accuracy(parse_loss(flags.loss));
   ReliabilityOptions& reliability = config.reliability;
   reliability.on_nonfinite = flags.on_nonfinite;
   reliability.check_consistency = flags.check_consistency;
