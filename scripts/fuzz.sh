@@ -29,6 +29,8 @@ if symbolizer=$(command -v llvm-symbolizer || command -v llvm-symbolizer-14); th
   export ASAN_SYMBOLIZER_PATH="$symbolizer"
 fi
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+# Leaks inside LibTorch itself (the TorchScript target links Debian's uninstrumented library) are not ours.
+export LSAN_OPTIONS="suppressions=$PWD/fuzz/lsan-suppressions.txt${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 mapfile -t targets <"$build/fuzz_targets.txt"
 failed=0

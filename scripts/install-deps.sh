@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libtorch-dev libopenblas0-openmp
+  python3-torch python3-torchvision  # examples/export_models.py (TorchScript models; tests run it)
   libgtest-dev libgmock-dev googletest
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   libxtensor-dev  # .npy headers (--data npy:DIR)

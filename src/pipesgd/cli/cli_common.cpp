@@ -7,6 +7,7 @@
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/torch/torch_models.h"
+#include "pipesgd/torch/torchscript_model.h"
 #include "pipesgd_version.h"  // generated at build time (CMakeLists.txt)
 
 namespace pipesgd {
@@ -45,6 +46,29 @@ constexpr std::string_view kNpyPrefix = "npy:";
 bool is_npy(const std::string& data) { return data.starts_with(kNpyPrefix); }
 
 }  // namespace
+const char* const kModelFlagHelp =
+    "Model: mlp (784-500-500-10), cnn (LeNet-style), resnet (ResNet-20-style with batch norm), softmax, or PATH.pt: a "
+    "TorchScript module saved by torch.jit.save (inputs [batch, example shape], e.g. [B, 1, 28, 28]; every worker loads "
+    "the same file, so its initial weights do not depend on --seed; see docs/user-guide.md)";
+const char* const kLossFlagHelp =
+    "Loss: cross-entropy (logits [B, C], labels), nll (log-probabilities [B, C], labels) or mse (regression targets; no "
+    "accuracy); nll and mse only with a TorchScript --model (the built-in models are cross-entropy classifiers)";
+
+void check_model_flags(const std::string& model, const std::string& loss) {
+  const Loss parsed = parse_loss(loss);
+  if (names_torchscript_file(model)) return;
+  (void)torch_model_factory(model);  // UsageError for an unknown name
+  if (parsed != Loss::kCrossEntropy) {
+    throw UsageError(concat("--loss ", loss, " needs a TorchScript --model PATH.pt; the built-in model '", model,
+                            "' is a cross-entropy classifier"));
+  }
+}
+
+ModelFactory make_model_factory(const std::string& model, const std::string& loss, const Dataset& train) {
+  check_model_flags(model, loss);
+  if (names_torchscript_file(model)) return torchscript_model_factory(model, parse_loss(loss), train);
+  return torch_model_factory(model);
+}
 
 DataSplits load_data_set(const std::string& data, const std::string& dir, std::int64_t seed) {
   if (is_npy(data)) {

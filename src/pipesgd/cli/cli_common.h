@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "pipesgd/core/model.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/mpi/mpi_runtime.h"
 #include "pipesgd/mpi/mpi_transport.h"
@@ -50,6 +51,18 @@ DataSetDescription describe_data_set(const std::string& data, const std::string&
 // targets, more classes); call it before any training. Any other model name passes (its own loader
 // checks its data).
 void check_data_fits_builtin_model(const std::string& model, const DataSplits& data, const std::string& data_flag);
+// The --model help text shared by train, compare and plan, and --loss's.
+extern const char* const kModelFlagHelp;
+extern const char* const kLossFlagHelp;
+
+// Checks --model and --loss before any data is read: a built-in model's name (torch_model_factory)
+// and that --loss other than cross-entropy comes with a TorchScript file (built-ins are
+// cross-entropy classifiers). A file itself is read by make_model_factory.
+void check_model_flags(const std::string& model, const std::string& loss);
+
+// The factory of --model for data like `train`: a built-in model, or a TorchScript file
+// (torchscript_model_factory: loaded and probed here, errors name the file).
+ModelFactory make_model_factory(const std::string& model, const std::string& loss, const Dataset& train);
 
 // pipesgd's version: the git description of the source tree it was built from ("git unknown"
 // without git).

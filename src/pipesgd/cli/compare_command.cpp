@@ -39,8 +39,9 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, MpiSessi
     }
   }
   if (prints_results(session)) prepare_output_directory(flags.out_dir);
-  const ModelFactory factory = torch_model_factory(flags.model);
+  check_model_flags(flags.model, flags.loss);
   const DataSplits data = load_data(flags);
+  const ModelFactory factory = make_model_factory(flags.model, flags.loss, data.train);
   for (TrainConfig& config : configs) prepare_run_record(config, flags, data, session);
   const bool leader = prints_results(session);
   if (leader) {

@@ -24,6 +24,7 @@ namespace {
 
 struct PlanFlags {
   std::string model = "mlp";
+  std::string loss = "cross-entropy";
   int workers = 4;
   std::string network = "none";
   std::string calibration_file;
@@ -40,7 +41,8 @@ struct PlanFlags {
 };
 
 void add_plan_flags(CLI::App& command, PlanFlags& flags) {
-  command.add_option("--model", flags.model, "Model: mlp, cnn, resnet, softmax")->capture_default_str();
+  command.add_option("--model", flags.model, kModelFlagHelp)->capture_default_str();
+  command.add_option("--loss", flags.loss, kLossFlagHelp)->capture_default_str();
   command.add_option("--workers", flags.workers, "World size the plans are for (the profile runs this many replicas at once)")
       ->capture_default_str();
   command.add_option("--net", flags.network, "Network: none, 1gbe, 10gbe, 25gbe, 100gbe or bw=1Gbit,lat=200us")
@@ -99,9 +101,10 @@ int run_plan(const PlanFlags& flags) {
   prepare_output_directory(flags.out);
   const NetworkSpec& network = config.network;
   const CommonOptions& common = config.method.common;
-  const ModelFactory factory = torch_model_factory(flags.model);
+  check_model_flags(flags.model, flags.loss);
   const DataSplits data = load_data_set(flags.data, flags.data_dir, flags.seed);
   check_data_fits_builtin_model(flags.model, data, flags.data);
+  const ModelFactory factory = make_model_factory(flags.model, flags.loss, data.train);
   const double bytes_per_element = static_cast<double>(make_codec(flags.codec)->encoded_bytes(1000)) / 1000.0;
   if (!flags.quiet) {
     std::cerr << "profiling " << flags.model << ": " << flags.workers << " workers (threads), " << kProfileWarmupIterations

@@ -22,8 +22,9 @@ std::string methods_help() {
 int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSession* session) {
   TrainConfig config = to_train_config(flags, method_spec, FlagPolicy::kReject, session);
   if (prints_results(session)) prepare_output_directory(config.out_dir);  // before the data is read
-  const ModelFactory factory = torch_model_factory(config.model);
+  check_model_flags(config.model, flags.loss);
   const DataSplits data = load_data(flags);
+  const ModelFactory factory = make_model_factory(config.model, flags.loss, data.train);
   prepare_run_record(config, flags, data, session);
   if (prints_results(session)) {
     std::cout << "pipesgd train: " << config.method.spec << " on " << config.model << " (" << data.train.name << ", "

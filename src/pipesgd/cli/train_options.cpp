@@ -7,6 +7,7 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/interrupt.h"
 #include "pipesgd/torch/torch_models.h"
+#include "pipesgd/torch/torchscript_model.h"
 
 namespace pipesgd {
 namespace {
@@ -50,9 +51,8 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--transport", flags.transport,
                      "local (workers are threads of this process) or mpi (one worker per rank of mpirun -np N)")
       ->capture_default_str();
-  command.add_option("--model", flags.model,
-                     "Model: mlp (784-500-500-10), cnn (LeNet-style), resnet (ResNet-20-style with batch norm), softmax")
-      ->capture_default_str();
+  command.add_option("--model", flags.model, kModelFlagHelp)->capture_default_str();
+  command.add_option("--loss", flags.loss, kLossFlagHelp)->capture_default_str();
   command.add_option("--data", flags.data, "Data set: fashion-mnist (MNIST-format files, see --data-dir), synthetic, or npy:DIR (DIR/train_x.npy, "
                      "train_y.npy, test_x.npy, test_y.npy: inputs [N, ...] float32 or uint8 (scaled by 1/255); y int64/int32 "
                      "labels [N] or float32/float64 regression targets [N] or [N, k])")
@@ -176,6 +176,7 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
   config.out_dir = flags.out_dir;
   config.progress = !flags.quiet && prints_results(session);
   config.evaluate = !flags.no_eval;
+  config.has_accuracy = loss_has_accuracy(parse_loss(flags.loss));
   ReliabilityOptions& reliability = config.reliability;
   reliability.on_nonfinite = flags.on_nonfinite;
   reliability.check_consistency = flags.check_consistency;

@@ -22,6 +22,7 @@ namespace pipesgd {
 struct TrainFlags {
   int workers = 4;
   std::string model = "mlp";
+  std::string loss = "cross-entropy";
   std::string data = "fashion-mnist";
   std::string data_dir;
   std::int64_t epochs = 1;

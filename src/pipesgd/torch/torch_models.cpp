@@ -19,6 +19,7 @@
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/models/softmax_regression.h"
+#include "pipesgd/torch/parameter_binding.h"
 
 namespace pipesgd {
 namespace {
@@ -27,14 +28,14 @@ constexpr std::int64_t image_side = 28;
 constexpr std::size_t image_features = 784;
 constexpr std::size_t class_count = 10;
 constexpr std::size_t evaluation_chunk_rows = 1000;
-// Distinct gradient buffers whose views stay cached (a method rotating through K slots needs K).
-constexpr std::size_t gradient_view_cache_capacity = 8;
 
 // Intra-op threads requested by init_torch_runtime (0: not set). OpenMP keeps the thread count per
 // calling thread, so every thread that runs a model applies it once itself (see apply_thread_setting).
 std::atomic<int> configured_threads{0};
 
-void apply_thread_setting() {
+}  // namespace
+
+void apply_torch_thread_setting() {
   thread_local int applied = 0;
   const int wanted = configured_threads.load(std::memory_order_relaxed);
   if (wanted > 0 && applied != wanted) {
@@ -42,6 +43,8 @@ void apply_thread_setting() {
     applied = wanted;
   }
 }
+
+namespace {
 
 // LibTorch's default initialisation draws from its global generator; this serialises seeding and
 // construction so concurrent factory calls are deterministic.
@@ -304,18 +307,39 @@ torch::Tensor view_of(float* data, c10::IntArrayRef sizes) {
   return torch::from_blob(data, sizes, torch::TensorOptions().dtype(torch::kFloat32));
 }
 
-// A model whose LibTorch parameters are views into its own flat buffer. Built and then used by one
-// thread at a time (the Model contract); autograd runs CPU backward on the calling thread, so the
-// hooks below run on that thread too.
+std::vector<ParameterSegment> parameter_segments(Architecture& architecture) {
+  PIPESGD_ASSERT(architecture.segment_parameters.size() == architecture.segment_names.size());
+  std::vector<ParameterSegment> segments;
+  std::size_t parameter_count = 0;
+  for (std::size_t s = 0; s < architecture.segment_names.size(); ++s) {
+    for (const torch::Tensor& parameter : architecture.segment_parameters[s]) {
+      PIPESGD_ASSERT(parameter.defined() && parameter.scalar_type() == torch::kFloat32 &&
+                     parameter.is_contiguous());
+    }
+    parameter_count += architecture.segment_parameters[s].size();
+    segments.push_back({architecture.segment_names[s], std::move(architecture.segment_parameters[s])});
+  }
+  // Every parameter of the network belongs to exactly one segment.
+  PIPESGD_ASSERT(parameter_count == architecture.module->parameters(/*recurse=*/true).size());
+  return segments;
+}
+
+// A model whose LibTorch parameters are views into its binding's flat buffer. Built and then used by
+// one thread at a time (the Model contract); autograd runs CPU backward on the calling thread, so the
+// binding's hooks run on that thread too.
 class TorchModel final : public Model {
  public:
-  TorchModel(std::string name, Architecture architecture);
+  TorchModel(std::string name, Architecture architecture)
+      : name_(std::move(name)),
+        module_(architecture.module),
+        forward_(std::move(architecture.forward)),
+        binding_(parameter_segments(architecture)) {}
   ~TorchModel() override = default;
   TorchModel(const TorchModel&) = delete;
   TorchModel& operator=(const TorchModel&) = delete;
 
-  const Layout& layout() const override { return layout_; }
-  std::span<float> parameters() override { return flat_parameters_; }
+  const Layout& layout() const override { return binding_.layout(); }
+  std::span<float> parameters() override { return binding_.parameters(); }
   StepResult forward_backward(const Batch& batch, std::span<float> gradients,
                               const SegmentReadyFn& on_ready) override;
   Evaluation evaluate(const Batch& batch) override;
@@ -323,131 +347,19 @@ class TorchModel final : public Model {
   bool reports_forward_progress() const override { return true; }
   void set_forward_hook(SegmentsNeededFn hook) override { forward_hook_ = std::move(hook); }
 
-  std::size_t gradient_copy_count() const { return gradient_copy_count_; }
+  std::size_t gradient_copy_count() const { return binding_.gradient_copy_count(); }
   void set_out_of_place_accumulation(bool enabled) { out_of_place_accumulation_ = enabled; }
 
  private:
-  // Runs after LibTorch's AccumulateGrad node of one parameter (registered once, at construction).
-  class ParameterAccumulatedHook final : public torch::autograd::FunctionPostHook {
-   public:
-    ParameterAccumulatedHook(TorchModel& model, std::size_t parameter_index)
-        : model_(model), parameter_index_(parameter_index) {}
-    torch::autograd::variable_list operator()(
-        const torch::autograd::variable_list& outputs,
-        const torch::autograd::variable_list& /*inputs*/) override {
-      model_.on_parameter_accumulated(parameter_index_);
-      return outputs;
-    }
-
-   private:
-    TorchModel& model_;
-    std::size_t parameter_index_;
-  };
-
-  // Per-parameter views into one caller-owned gradient buffer.
-  struct GradientViews {
-    const float* data = nullptr;
-    std::uint64_t last_used = 0;
-    std::vector<torch::Tensor> views;
-  };
-
-  // Clears the per-backward state and the parameters' grad fields however backward ends, so no
-  // parameter keeps referring to the caller's buffer after forward_backward returns.
-  class BackwardScope {
-   public:
-    BackwardScope(TorchModel& model, std::vector<torch::Tensor>& views, const SegmentReadyFn& on_ready);
-    ~BackwardScope();
-    BackwardScope(const BackwardScope&) = delete;
-    BackwardScope& operator=(const BackwardScope&) = delete;
-
-   private:
-    TorchModel& model_;
-  };
-
   void validate(const Batch& batch, bool allow_empty) const;
-  std::vector<torch::Tensor>& gradient_views_for(std::span<float> gradients);
-  void on_parameter_accumulated(std::size_t parameter_index);
-  void ensure_gradient_in_buffer(std::size_t parameter_index);
-  void report_completed_segments();
 
   std::string name_;
-  // Declared before the network: destroyed after the modules whose parameters view it.
-  std::vector<float> flat_parameters_;
-  Layout layout_;
   std::shared_ptr<torch::nn::Module> module_;
   ForwardFn forward_;
   SegmentsNeededFn forward_hook_;  // empty: none
-  std::vector<torch::Tensor> parameters_;  // the modules' parameters, in layout order
-  std::vector<std::size_t> parameter_offsets_;
-  std::vector<std::size_t> parameter_segments_;
-  std::vector<std::size_t> parameters_per_segment_;
-  // Holding the accumulator nodes keeps them (and their hooks) alive: a parameter refers to its
-  // accumulator only weakly.
-  std::vector<std::shared_ptr<torch::autograd::Node>> gradient_accumulators_;
-  std::array<GradientViews, gradient_view_cache_capacity> gradient_view_cache_;
-  std::uint64_t gradient_view_clock_ = 0;
-
-  // State of the backward pass in progress; only touched on the thread running forward_backward.
-  bool backward_active_ = false;
-  std::vector<torch::Tensor>* active_gradient_views_ = nullptr;
-  const SegmentReadyFn* active_on_ready_ = nullptr;
-  std::vector<std::size_t> accumulated_per_segment_;
-  std::vector<char> segment_complete_;
-  std::size_t segments_reported_ = 0;
-  Clock::time_point last_report_time_;
-
-  std::size_t gradient_copy_count_ = 0;
+  ParameterBinding binding_;
   bool out_of_place_accumulation_ = false;
 };
-
-TorchModel::TorchModel(std::string name, Architecture architecture)
-    : name_(std::move(name)),
-      module_(std::move(architecture.module)),
-      forward_(std::move(architecture.forward)) {
-  // Lay out one segment per layer that has parameters.
-  const std::vector<std::vector<torch::Tensor>>& layer_parameters = architecture.segment_parameters;
-  PIPESGD_ASSERT(layer_parameters.size() == architecture.segment_names.size());
-  std::size_t parameter_count = 0;
-  for (std::size_t segment = 0; segment < layer_parameters.size(); ++segment) {
-    std::size_t segment_count = 0;
-    for (const torch::Tensor& parameter : layer_parameters[segment]) {
-      PIPESGD_ASSERT(parameter.defined() && parameter.scalar_type() == torch::kFloat32 &&
-                     parameter.is_contiguous());
-      parameter_offsets_.push_back(layout_.total() + segment_count);
-      parameter_segments_.push_back(segment);
-      parameters_.push_back(parameter);
-      segment_count += static_cast<std::size_t>(parameter.numel());
-    }
-    layout_.add(architecture.segment_names[segment], segment_count);
-    parameters_per_segment_.push_back(layer_parameters[segment].size());
-    parameter_count += layer_parameters[segment].size();
-  }
-  // Every parameter of the network belongs to exactly one segment.
-  PIPESGD_ASSERT(parameter_count == module_->parameters(/*recurse=*/true).size());
-
-  // Move the initial values into the flat buffer and make every parameter a view into it.
-  flat_parameters_.resize(layout_.total());
-  for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    torch::Tensor& parameter = parameters_[i];
-    float* destination = flat_parameters_.data() + parameter_offsets_[i];
-    std::memcpy(destination, parameter.data_ptr<float>(),
-                static_cast<std::size_t>(parameter.numel()) * sizeof(float));
-    parameter.set_data(view_of(destination, parameter.sizes()));
-    PIPESGD_ASSERT(parameter.data_ptr<float>() == destination && parameter.requires_grad());
-  }
-
-  for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    std::shared_ptr<torch::autograd::Node> accumulator =
-        torch::autograd::impl::grad_accumulator(parameters_[i]);
-    PIPESGD_ASSERT(accumulator != nullptr);
-    accumulator->add_post_hook(std::make_unique<ParameterAccumulatedHook>(*this, i));
-    gradient_accumulators_.push_back(std::move(accumulator));
-  }
-
-  for (GradientViews& entry : gradient_view_cache_) entry.views.reserve(parameters_.size());
-  accumulated_per_segment_.assign(layout_.segment_count(), 0);
-  segment_complete_.assign(layout_.segment_count(), 0);
-}
 
 void TorchModel::validate(const Batch& batch, bool allow_empty) const {
   if (batch.size == 0 && !allow_empty) {
@@ -485,89 +397,10 @@ torch::Tensor label_rows(const Batch& batch, std::size_t first_row, std::size_t 
       .to(torch::kInt64);
 }
 
-std::vector<torch::Tensor>& TorchModel::gradient_views_for(std::span<float> gradients) {
-  ++gradient_view_clock_;
-  GradientViews* least_recent = &gradient_view_cache_[0];
-  for (GradientViews& entry : gradient_view_cache_) {
-    if (entry.data == gradients.data()) {
-      entry.last_used = gradient_view_clock_;
-      return entry.views;
-    }
-    if (entry.last_used < least_recent->last_used) least_recent = &entry;
-  }
-  least_recent->data = gradients.data();
-  least_recent->last_used = gradient_view_clock_;
-  least_recent->views.clear();  // capacity was reserved at construction
-  for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    least_recent->views.push_back(
-        view_of(gradients.data() + parameter_offsets_[i], parameters_[i].sizes()));
-  }
-  return least_recent->views;
-}
-
-TorchModel::BackwardScope::BackwardScope(TorchModel& model, std::vector<torch::Tensor>& views,
-                                         const SegmentReadyFn& on_ready)
-    : model_(model) {
-  for (std::size_t i = 0; i < model_.parameters_.size(); ++i) {
-    model_.parameters_[i].mutable_grad() = views[i];
-  }
-  std::fill(model_.accumulated_per_segment_.begin(), model_.accumulated_per_segment_.end(), 0);
-  std::fill(model_.segment_complete_.begin(), model_.segment_complete_.end(), 0);
-  model_.segments_reported_ = 0;
-  model_.active_gradient_views_ = &views;
-  model_.active_on_ready_ = &on_ready;
-  model_.last_report_time_ = Clock::now();
-  model_.backward_active_ = true;
-}
-
-TorchModel::BackwardScope::~BackwardScope() {
-  model_.backward_active_ = false;
-  model_.active_gradient_views_ = nullptr;
-  model_.active_on_ready_ = nullptr;
-  for (torch::Tensor& parameter : model_.parameters_) parameter.mutable_grad().reset();
-}
-
-// If LibTorch replaced the parameter's grad instead of accumulating into our view, copies the value
-// into the caller's buffer and points the grad back at the view.
-void TorchModel::ensure_gradient_in_buffer(std::size_t parameter_index) {
-  torch::Tensor& grad = parameters_[parameter_index].mutable_grad();
-  torch::Tensor& view = (*active_gradient_views_)[parameter_index];
-  if (!grad.defined() || grad.data_ptr() == view.data_ptr()) return;
-  torch::NoGradGuard no_grad;
-  view.copy_(grad);
-  grad = view;
-  ++gradient_copy_count_;
-}
-
-void TorchModel::on_parameter_accumulated(std::size_t parameter_index) {
-  if (!backward_active_) return;  // a backward pass not started by forward_backward
-  ensure_gradient_in_buffer(parameter_index);
-  const std::size_t segment = parameter_segments_[parameter_index];
-  if (++accumulated_per_segment_[segment] == parameters_per_segment_[segment]) {
-    segment_complete_[segment] = 1;
-    report_completed_segments();
-  }
-}
-
-// Reports completed segments strictly from the last to the first: a segment that completes before a
-// later one is held back until the later one has been reported.
-void TorchModel::report_completed_segments() {
-  const std::size_t segment_count = layout_.segment_count();
-  while (segments_reported_ < segment_count &&
-         segment_complete_[segment_count - 1 - segments_reported_]) {
-    const std::size_t segment = segment_count - 1 - segments_reported_;
-    const Clock::time_point now = Clock::now();
-    const double seconds = Seconds(now - last_report_time_).count();
-    last_report_time_ = now;
-    ++segments_reported_;
-    if (*active_on_ready_) (*active_on_ready_)(segment, seconds);
-  }
-}
-
 StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gradients,
                                         const SegmentReadyFn& on_ready) {
-  PIPESGD_ASSERT(gradients.size() == layout_.total());
-  apply_thread_setting();
+  PIPESGD_ASSERT(gradients.size() == binding_.layout().total());
+  apply_torch_thread_setting();
   validate(batch, /*allow_empty=*/false);
   StepResult result;
 
@@ -584,24 +417,14 @@ StepResult TorchModel::forward_backward(const Batch& batch, std::span<float> gra
   }
 
   Stopwatch backward_watch;
-  std::fill(gradients.begin(), gradients.end(), 0.0f);
-  std::vector<torch::Tensor>& views = gradient_views_for(gradients);
-  {
-    BackwardScope scope(*this, views, on_ready);
-    loss.backward(/*gradient=*/{}, /*retain_graph=*/c10::nullopt,
-                  /*create_graph=*/out_of_place_accumulation_);
-    // Parameters whose hook did not run (none in these architectures) keep a zero gradient.
-    for (std::size_t i = 0; i < parameters_.size(); ++i) ensure_gradient_in_buffer(i);
-    std::fill(segment_complete_.begin(), segment_complete_.end(), 1);
-    report_completed_segments();
-  }
+  binding_.backward(loss, gradients, on_ready, /*create_graph=*/out_of_place_accumulation_);
   result.backward_seconds = backward_watch.seconds();
   result.loss = loss.item<double>();
   return result;
 }
 
 Evaluation TorchModel::evaluate(const Batch& batch) {
-  apply_thread_setting();
+  apply_torch_thread_setting();
   validate(batch, /*allow_empty=*/true);
   torch::NoGradGuard no_grad;
   module_->eval();  // BatchNorm: running statistics

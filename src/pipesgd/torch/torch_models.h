@@ -52,6 +52,10 @@ namespace pipesgd {
 // threads < 1. Call before building models; safe to call again.
 void init_torch_runtime(int threads);
 
+// Applies init_torch_runtime's thread count to the calling thread (OpenMP keeps it per thread); every
+// model calls it at the start of forward_backward and evaluate. Cheap after the first call.
+void apply_torch_thread_setting();
+
 // The LibTorch version this binary was built with, e.g. "1.13.0".
 std::string torch_version();
 

@@ -35,7 +35,8 @@ nlohmann::json epoch_to_json(const EpochRecord& e) {
   return {{"epoch", e.epoch},
           {"iterations", e.iterations},
           {"train_loss", e.train_loss},
-          {"train_accuracy", e.train_accuracy},
+          // -1: the loss has no accuracy (TrainConfig::has_accuracy).
+          {"train_accuracy", e.train_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(e.train_accuracy)},
           {"test_accuracy", e.test_accuracy},
           {"test_loss", e.test_loss},
           {"elapsed_s", e.elapsed_seconds}};

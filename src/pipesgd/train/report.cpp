@@ -62,7 +62,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"nonfinite_gradients_skipped", s.reliability.nonfinite_skipped},
                          {"consistency_checks_passed", s.reliability.consistency_checks},
                          {"resumed_from_iteration", s.reliability.resumed_from},
-                         {"final_train_accuracy", f.final_train_accuracy},
+                         {"final_train_accuracy", f.final_train_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_train_accuracy)},
                          {"final_test_accuracy", f.final_test_accuracy},
                          {"epochs", epochs},
                          {"configuration", s.configuration}};
@@ -196,7 +196,7 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                              {"iteration_s", f.mean.iteration},
                              {"breakdown", times_to_json(f.mean)},
                              {"predicted_iteration_s", f.predicted_iteration},
-                             {"final_train_accuracy", f.final_train_accuracy},
+                             {"final_train_accuracy", f.final_train_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_train_accuracy)},
                              {"final_test_accuracy", f.final_test_accuracy},
                              {"bucket_plan", f.report->bucket_plan()},
                              {"allreduce_calls_per_iteration", f.report->allreduce_calls()},

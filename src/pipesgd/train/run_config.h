@@ -63,6 +63,9 @@ struct TrainConfig {
   std::string out_dir;         // "": write nothing
   bool progress = true;        // progress output on stderr (bar on a tty, lines otherwise)
   bool evaluate = true;        // test accuracy after every epoch
+  // False when the model's loss has no accuracy (a TorchScript model with --loss mse): every accuracy
+  // is then -1, written as null in metrics.jsonl / summary.json and "-" in reports.
+  bool has_accuracy = true;
   bool keep_parameters = false;  // return every rank's final parameters (tests)
   bool deprioritize_compute = true;  // core/thread_priority.h: comm threads preempt compute
   // Rank 0 warns on stderr when the run ends before its method's deferred phase (train/short_run.h;

@@ -368,13 +368,21 @@ class WorkerLoop {
       record.train_loss = reduced[1] > 0 ? reduced[0] / reduced[1] : 0;
       record.train_accuracy = reduced[1] > 0 ? reduced[2] / (reduced[1] * static_cast<double>(config_.batch)) : 0;
       record.elapsed_seconds = train_seconds_;
-      std::string result = concat("train loss ", std::fixed, std::setprecision(4), record.train_loss,
-                                  ", train accuracy ", std::setprecision(2), record.train_accuracy * 100, "%");
+      if (!config_.has_accuracy) record.train_accuracy = -1;
+      std::string result = concat("train loss ", std::fixed, std::setprecision(4), record.train_loss);
+      if (config_.has_accuracy) {
+        result += concat(", train accuracy ", std::setprecision(2), record.train_accuracy * 100, "%");
+      }
       if (config_.evaluate) {
         const Evaluation evaluation = evaluate(model_, data_.test);
-        record.test_accuracy = evaluation.count ? double(evaluation.correct) / evaluation.count : 0;
+        record.test_accuracy = evaluation.count && config_.has_accuracy ? double(evaluation.correct) / evaluation.count
+                                                                        : (config_.has_accuracy ? 0 : -1);
         record.test_loss = evaluation.count ? evaluation.loss_sum / evaluation.count : 0;
-        result += concat(", test accuracy ", std::fixed, std::setprecision(2), record.test_accuracy * 100, "%");
+        if (config_.has_accuracy) {
+          result += concat(", test accuracy ", std::fixed, std::setprecision(2), record.test_accuracy * 100, "%");
+        } else {
+          result += concat(", test loss ", std::fixed, std::setprecision(4), record.test_loss);
+        }
       }
       progress_.end_epoch(result);
       leader_->epochs.push_back(record);

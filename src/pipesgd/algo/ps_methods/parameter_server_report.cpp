@@ -42,7 +42,7 @@ ComparisonTable parameter_server_table() {
     std::vector<std::vector<std::string>> rows = {{"Algorithms", "Speed (samples/s)", "Train Acc (%)", "Test Acc (%)"}};
     for (const RunFigures& run : runs) {
       rows.push_back({run.method_spec, format_number("%.1f", run.throughput),
-                      format_number("%.3f", run.final_train_accuracy * 100),
+                      run.final_train_accuracy < 0 ? std::string("-") : format_number("%.3f", run.final_train_accuracy * 100),
                       run.final_test_accuracy < 0 ? std::string("-") : format_number("%.3f", run.final_test_accuracy * 100)});
     }
     print_table(out, rows);

@@ -1,0 +1,128 @@
+#include "pipesgd/torch/torchscript_load.h"
+
+#include <caffe2/serialize/inline_container.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+
+std::string torch_error_line(const std::exception& error) {
+  std::string text = error.what();
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) text = c10_error->what_without_backtrace();
+  std::vector<std::string> lines;
+  std::istringstream stream(text);
+  for (std::string line; std::getline(stream, line);) {
+    if (line.find_first_not_of(" \t\r") != std::string::npos) lines.push_back(line);
+  }
+  if (lines.empty()) return "no message";
+  const bool script_traceback = text.find("Traceback of TorchScript") != std::string::npos;
+  return script_traceback ? lines.back() : lines.front();
+}
+
+namespace {
+
+// LibTorch 1.13's unpickler trusts the numbers in a pickle: a memo index (BINPUT, LONG_BINPUT) sizes
+// its memo table and a length prefix sizes a string before the bytes are read, so a 5 KB file can make
+// it allocate and fill gigabytes (the process is then killed; found by fuzz/torchscript_load). This
+// walks each pickle's opcodes (Python's pickle protocol 2-5 argument formats) before LibTorch reads
+// it and returns why it refuses it: an unknown opcode, an argument running past the record, a length
+// larger than the rest of the record, or a memo index larger than the record. It does not interpret
+// the pickle; LibTorch does.
+std::optional<std::string> pickle_problem(const std::uint8_t* data, std::size_t size) {
+  std::size_t at = 0;
+  const auto take = [&](std::size_t bytes) -> std::optional<std::uint64_t> {
+    if (bytes > size - at) return std::nullopt;
+    std::uint64_t value = 0;
+    for (std::size_t i = 0; i < bytes; ++i) value |= std::uint64_t{data[at + i]} << (8 * i);
+    at += bytes;
+    return value;
+  };
+  const auto skip_line = [&]() -> std::optional<std::string> {
+    const void* end = std::memchr(data + at, '\n', size - at);
+    if (end == nullptr) return std::nullopt;
+    const std::size_t length = static_cast<const std::uint8_t*>(end) - (data + at);
+    std::string line(reinterpret_cast<const char*>(data + at), length);
+    at += length + 1;
+    return line;
+  };
+  while (at < size) {
+    const std::uint8_t opcode = data[at++];
+    std::size_t fixed = 0, length_bytes = 0, lines = 0;
+    bool memo_index = false;
+    switch (opcode) {
+      case '.': return std::nullopt;  // STOP
+      case 0x80: case 'K': case 0x82: case 'h': fixed = 1; break;
+      case 'M': case 0x83: fixed = 2; break;
+      case 'J': case 'j': case 0x84: fixed = 4; break;
+      case 'G': case 0x95: fixed = 8; break;
+      case 'q': fixed = 1; memo_index = true; break;
+      case 'r': fixed = 4; memo_index = true; break;
+      case 'U': case 'C': case 0x8c: case 0x8a: length_bytes = 1; break;
+      case 'T': case 'X': case 'B': case 0x8b: length_bytes = 4; break;
+      case 0x8d: case 0x8e: case 0x96: length_bytes = 8; break;
+      case 'c': case 'i': lines = 2; break;
+      case 'I': case 'L': case 'S': case 'V': case 'F': case 'g': case 'P': lines = 1; break;
+      case 'p': lines = 1; memo_index = true; break;
+      case '(': case '0': case '1': case '2': case 'N': case 0x88: case 0x89: case 'a': case 'e': case 'b':
+      case 'd': case '}': case 'l': case ']': case 'o': case 'R': case 's': case 'u': case 't': case ')':
+      case 0x85: case 0x86: case 0x87: case 0x81: case 'Q': case 0x8f: case 0x90: case 0x91: case 0x92:
+      case 0x93: case 0x94: case 0x97: case 0x98:
+        break;
+      default: return concat("unknown pickle opcode ", static_cast<int>(opcode), " at byte ", at - 1);
+    }
+    if (fixed > 0) {
+      const std::optional<std::uint64_t> value = take(fixed);
+      if (!value) return concat("pickle ends inside an argument at byte ", at);
+      if (memo_index && *value > size) return concat("pickle memo index ", *value, " beyond its ", size, " bytes");
+    }
+    if (length_bytes > 0) {
+      const std::optional<std::uint64_t> length = take(length_bytes);
+      if (!length || *length > size - at) return concat("pickle length runs past its end at byte ", at);
+      at += static_cast<std::size_t>(*length);
+    }
+    for (std::size_t line = 0; line < lines; ++line) {
+      const std::optional<std::string> text = skip_line();
+      if (!text) return concat("pickle ends inside a text argument at byte ", at);
+      if (memo_index && (text->size() > 18 || std::strtoull(text->c_str(), nullptr, 10) > size)) {
+        return concat("pickle memo index beyond its ", size, " bytes");
+      }
+    }
+  }
+  return std::string("pickle has no STOP opcode");
+}
+
+// Opens the zip container with LibTorch's reader and checks every pickle in it (pickle_problem).
+void check_container(std::string_view bytes) {
+  std::istringstream stream{std::string(bytes)};
+  caffe2::serialize::PyTorchStreamReader reader(&stream);
+  for (const std::string& record : reader.getAllRecords()) {
+    if (record.size() < 4 || record.compare(record.size() - 4, 4, ".pkl") != 0) continue;
+    auto [data, size] = reader.getRecord(record);
+    if (const std::optional<std::string> problem = pickle_problem(static_cast<const std::uint8_t*>(data.get()), size)) {
+      throw std::runtime_error(concat(record, ": ", *problem));
+    }
+  }
+}
+
+}  // namespace
+
+torch::jit::Module load_torchscript(std::string_view bytes, const std::string& name) {
+  try {
+    check_container(bytes);
+    std::istringstream stream{std::string(bytes)};
+    return torch::jit::load(stream, torch::kCPU);
+  } catch (const std::exception& error) {
+    throw DataError(concat("model file '", name, "' is not a TorchScript module saved by torch.jit.save (",
+                           torch_error_line(error), ")"));
+  }
+}
+
+void check_torchscript_bytes(std::string_view bytes, const std::string& name) { (void)load_torchscript(bytes, name); }
+
+}  // namespace pipesgd

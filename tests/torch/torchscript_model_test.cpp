@@ -1,0 +1,286 @@
+// TorchScript models (torch/torchscript_model.h) on files exported by examples/export_models.py, which
+// the tests run with Debian's /usr/bin/python3 (python3-torch, python3-torchvision: installed by
+// scripts/install-deps.sh). A missing interpreter or torch fails these tests; they never skip.
+#include "pipesgd/torch/torchscript_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "../core/tiny_run.h"
+#include "pipesgd/algo/registry.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/data/dataset.h"
+#include "pipesgd/torch/torch_models.h"
+#include "pipesgd/train/trainer.h"
+
+namespace pipesgd {
+namespace {
+
+// The exported models, made once per test process in a fresh temporary directory.
+const std::string& models_dir() {
+  static const std::string dir = [] {
+    std::string pattern = (std::filesystem::temp_directory_path() / "pipesgd-torchscript.XXXXXX").string();
+    const char* made = mkdtemp(pattern.data());
+    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
+    const std::string command = std::string("/usr/bin/python3 ") + PIPESGD_SOURCE_DIR +
+                                "/examples/export_models.py --test-models --out " + made + " >" + made +
+                                "/export.log 2>&1";
+    if (std::system(command.c_str()) != 0) {
+      throw std::runtime_error("examples/export_models.py failed (is python3-torch installed? "
+                               "scripts/install-deps.sh): " + command);
+    }
+    return std::string(made);
+  }();
+  return dir;
+}
+
+std::string model_file(const std::string& name) { return models_dir() + "/" + name; }
+
+const DataSplits& images() {
+  static const DataSplits data = make_synthetic(600, 100, 3);
+  return data;
+}
+
+// y = 0.5 * sum(x) - 0.25 over 4 inputs in [0, 1): a regression set for --loss mse.
+DataSplits regression_data(std::size_t target_features = 1) {
+  DataSplits splits;
+  for (Dataset* set : {&splits.train, &splits.test}) {
+    set->size = set == &splits.train ? 400 : 50;
+    set->features = 4;
+    set->example_shape = {4};
+    set->target_features = target_features;
+    set->name = "regression";
+    std::uint32_t state = set == &splits.train ? 1u : 2u;
+    for (std::size_t i = 0; i < set->size; ++i) {
+      float sum = 0;
+      for (int k = 0; k < 4; ++k) {
+        state = state * 1664525u + 1013904223u;
+        const float x = static_cast<float>(state >> 8) / static_cast<float>(1u << 24);
+        set->inputs.push_back(x);
+        sum += x;
+      }
+      for (std::size_t k = 0; k < target_features; ++k) set->targets.push_back(0.5f * sum - 0.25f);
+    }
+  }
+  return splits;
+}
+
+TrainConfig short_config(const std::string& spec, int workers, std::int64_t iterations) {
+  TrainConfig config = tiny_config(spec, workers);
+  config.model = "test.pt";
+  config.iterations = iterations;
+  config.warn_short_run = false;
+  return config;
+}
+
+// The TorchScript mlp given the built-in mlp's initial weights for the seed: both lay out fc1, fc2,
+// fc3, weight then bias, so the flat buffers are copied as they are.
+ModelFactory scripted_mlp_with_builtin_weights() {
+  const ModelFactory scripted = torchscript_model_factory(model_file("mlp.pt"), Loss::kCrossEntropy, images().train);
+  const ModelFactory builtin = torch_model_factory("mlp");
+  return [scripted, builtin](std::uint64_t seed) {
+    std::unique_ptr<Model> model = scripted(seed);
+    const std::unique_ptr<Model> reference = builtin(seed);
+    EXPECT_EQ(model->layout().total(), reference->layout().total());
+    std::copy(reference->parameters().begin(), reference->parameters().end(), model->parameters().begin());
+    return model;
+  };
+}
+
+TEST(TorchScriptModelTest, SegmentsAreTheLayersInBackwardReadinessOrder) {
+  const auto factory = torchscript_model_factory(model_file("mlp.pt"), Loss::kCrossEntropy, images().train);
+  const auto model = factory(1);
+  const Layout& layout = model->layout();
+  ASSERT_EQ(layout.segment_count(), 3u);
+  EXPECT_EQ(layout.segment(0).name, "fc1");
+  EXPECT_EQ(layout.segment(1).name, "fc2");
+  EXPECT_EQ(layout.segment(2).name, "fc3");
+  EXPECT_EQ(layout.total(), 648010u);
+  EXPECT_FALSE(model->reports_forward_progress());
+  // The seed does not change the weights: every replica loads the same file.
+  EXPECT_TRUE(std::equal(model->parameters().begin(), model->parameters().end(), factory(99)->parameters().begin()));
+}
+
+TEST(TorchScriptModelTest, BackwardReportsEverySegmentOnceLastFirst) {
+  const auto model = torchscript_model_factory(model_file("transformer.pt"), Loss::kCrossEntropy, images().train)(1);
+  const Dataset& train = images().train;
+  Batch batch = labelled_batch(std::span(train.inputs).first(8 * 784), std::span(train.labels).first(8), 8, 784);
+  batch.example_shape = train.example_shape;
+  std::vector<float> gradients(model->layout().total(), 1.0f);
+  std::vector<std::size_t> reported;
+  const StepResult step =
+      model->forward_backward(batch, gradients, [&](std::size_t segment, double) { reported.push_back(segment); });
+  ASSERT_EQ(reported.size(), model->layout().segment_count());
+  for (std::size_t i = 0; i < reported.size(); ++i) EXPECT_EQ(reported[i], reported.size() - 1 - i);
+  EXPECT_TRUE(std::isfinite(step.loss));
+  double norm = 0;
+  for (float g : gradients) norm += double(g) * g;
+  EXPECT_GT(norm, 0.0);
+}
+
+// The built-in mlp and its TorchScript export, same initial weights, same method and data: the same
+// weights after training, bit for bit (the JIT runs with its graph optimizer off, so forward and
+// backward run the same ATen kernels in the same order as the built-in model's).
+class ScriptedMlpEqualsBuiltin : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ScriptedMlpEqualsBuiltin, BitIdenticalWeights) {
+  const TrainConfig config = short_config(GetParam(), 2, 4);
+  TrainConfig builtin_config = config;
+  builtin_config.model = "mlp";
+  const RunSummary builtin = run_training(builtin_config, torch_model_factory("mlp"), images());
+  const RunSummary scripted = run_training(config, scripted_mlp_with_builtin_weights(), images());
+  ASSERT_EQ(builtin.final_parameters.size(), 2u);
+  ASSERT_EQ(scripted.final_parameters.size(), 2u);
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_EQ(scripted.final_parameters[rank].size(), builtin.final_parameters[rank].size());
+    std::size_t differing = 0;
+    for (std::size_t i = 0; i < builtin.final_parameters[rank].size(); ++i) {
+      differing += scripted.final_parameters[rank][i] != builtin.final_parameters[rank][i];
+    }
+    EXPECT_EQ(differing, 0u) << "rank " << rank;
+  }
+  // Not vacuous: training moved the weights away from the initial ones.
+  const auto initial = torch_model_factory("mlp")(config.seed);
+  EXPECT_FALSE(std::equal(initial->parameters().begin(), initial->parameters().end(),
+                          builtin.final_parameters[0].begin()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Methods, ScriptedMlpEqualsBuiltin, ::testing::Values("dsync", "pipe"),
+                         [](const auto& info) { return info.param; });
+
+// Every registered method runs a few iterations on a TorchScript model with 2 workers.
+std::vector<std::string> registered_methods() {
+  std::vector<std::string> names;
+  for (const MethodDescriptor* method : method_registry()) names.push_back(method->name);
+  return names;
+}
+
+class EveryMethodOnTorchScript : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EveryMethodOnTorchScript, TrainsAFewIterations) {
+  const ModelFactory factory =
+      torchscript_model_factory(model_file("transformer.pt"), Loss::kCrossEntropy, images().train);
+  const TrainConfig config = short_config(GetParam(), 2, 8);
+  const RunSummary summary = run_training(config, factory, images());
+  ASSERT_FALSE(summary.final_parameters.empty());
+  const auto initial = factory(0);
+  for (const std::vector<float>& parameters : summary.final_parameters) {
+    ASSERT_EQ(parameters.size(), initial->layout().total());
+    for (float p : parameters) ASSERT_TRUE(std::isfinite(p));
+    EXPECT_FALSE(std::equal(parameters.begin(), parameters.end(), initial->parameters().begin()));
+  }
+  ASSERT_FALSE(summary.epochs.empty());
+  EXPECT_TRUE(std::isfinite(summary.epochs.back().train_loss));
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, EveryMethodOnTorchScript, ::testing::ValuesIn(registered_methods()),
+                         [](const auto& info) { return info.param; });
+
+TEST(TorchScriptModelTest, MseRegressionLearnsAndHasNoAccuracy) {
+  const DataSplits data = regression_data();
+  const ModelFactory factory = torchscript_model_factory(model_file("regression.pt"), Loss::kMse, data.train);
+  Batch all;
+  all.inputs = data.test.inputs;
+  all.size = data.test.size;
+  all.features = 4;
+  all.example_shape = data.test.example_shape;
+  all.targets = data.test.targets;
+  all.target_features = 1;
+  const Evaluation before = factory(0)->evaluate(all);
+  TrainConfig config = short_config("dsync", 2, 60);
+  config.has_accuracy = false;
+  config.evaluate = true;
+  const RunSummary summary = run_training(config, factory, data);
+  ASSERT_FALSE(summary.epochs.empty());
+  EXPECT_EQ(summary.epochs.back().train_accuracy, -1.0) << "no accuracy for mse";
+  EXPECT_EQ(summary.epochs.back().test_accuracy, -1.0);
+  EXPECT_EQ(summary.figures.final_train_accuracy, -1.0);
+  EXPECT_GE(summary.epochs.back().test_loss, 0.0);
+  auto trained = factory(0);
+  std::copy(summary.final_parameters[0].begin(), summary.final_parameters[0].end(), trained->parameters().begin());
+  const Evaluation after = trained->evaluate(all);
+  EXPECT_EQ(after.correct, 0u);
+  EXPECT_EQ(after.count, data.test.size);
+  // The mean squared error, computed independently from the parameters: fc1 (8x4 + 8), fc2 (1x8 + 1).
+  std::span<const float> p = summary.final_parameters[0];
+  const Layout& layout = trained->layout();
+  ASSERT_EQ(layout.segment(0).name, "fc1");
+  double squared = 0;
+  for (std::size_t row = 0; row < all.size; ++row) {
+    double out = p[layout.segment(1).offset + 8];
+    for (int j = 0; j < 8; ++j) {
+      double h = p[32 + j];
+      for (int k = 0; k < 4; ++k) h += double(p[j * 4 + k]) * all.inputs[row * 4 + k];
+      out += double(p[layout.segment(1).offset + j]) * std::tanh(h);
+    }
+    squared += std::pow(out - all.targets[row], 2);
+  }
+  EXPECT_NEAR(after.loss_sum, squared, 1e-4 * std::max(1.0, squared));
+  EXPECT_LT(after.loss_sum, before.loss_sum * 0.5) << "training reduced the error";
+}
+
+// Each bad input: the given error type, with one line naming the file.
+template <typename ErrorType>
+void expect_one_line_error(const std::function<void()>& action, const std::string& fragment) {
+  try {
+    action();
+    ADD_FAILURE() << "no error; expected one containing '" << fragment << "'";
+  } catch (const ErrorType& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_NE(message.find(fragment), std::string::npos) << message;
+  }
+}
+
+TEST(TorchScriptModelTest, BadInputIsOneLine) {
+  const Dataset& labelled = images().train;
+  const DataSplits targets = regression_data();
+  const auto load = [](const std::string& file, Loss loss, const Dataset& data) {
+    return [=] { (void)torchscript_model_factory(file, loss, data); };
+  };
+  expect_one_line_error<DataError>(load(model_file("missing.pt"), Loss::kCrossEntropy, labelled), "missing.pt");
+  expect_one_line_error<DataError>(load(model_file("state_dict.pt"), Loss::kCrossEntropy, labelled),
+                                   "not a TorchScript module");
+  expect_one_line_error<DataError>(load(model_file("export.log"), Loss::kCrossEntropy, labelled),
+                                   "not a TorchScript module");
+  expect_one_line_error<UsageError>(load(model_file("no_parameters.pt"), Loss::kCrossEntropy, labelled),
+                                    "has no trainable parameters");
+  expect_one_line_error<UsageError>(load(model_file("five_logits.pt"), Loss::kCrossEntropy, labelled),
+                                    "outputs Float [2, 5] for a batch of 2 but --loss cross-entropy needs logits [2, C] "
+                                    "with C >= 10 classes");
+  expect_one_line_error<UsageError>(load(model_file("regression.pt"), Loss::kCrossEntropy, labelled),
+                                    "forward on an input of shape [2, 1, 28, 28] failed");
+  expect_one_line_error<UsageError>(load(model_file("mlp.pt"), Loss::kMse, labelled),
+                                    "--loss mse needs regression targets");
+  expect_one_line_error<UsageError>(load(model_file("regression.pt"), Loss::kCrossEntropy, targets.train),
+                                    "has regression targets (use --loss mse)");
+  const DataSplits two_targets = regression_data(2);
+  expect_one_line_error<UsageError>(load(model_file("regression.pt"), Loss::kMse, two_targets.train),
+                                    "outputs Float [2, 1] for a batch of 2 but --loss mse needs the targets' shape [2, 2]");
+  // A truncated file: the zip's central directory is missing.
+  const std::string truncated = models_dir() + "/truncated.pt";
+  std::filesystem::copy_file(model_file("gru.pt"), truncated);
+  std::filesystem::resize_file(truncated, 4000);
+  expect_one_line_error<DataError>(load(truncated, Loss::kCrossEntropy, labelled), "truncated.pt");
+  // A pickle whose memo index would make LibTorch allocate 10 GB (the fuzzer's find): refused first.
+  expect_one_line_error<DataError>(
+      load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/regression-memo-index-oom",
+           Loss::kCrossEntropy, labelled),
+      "pickle memo index 671107865 beyond its 561 bytes");
+  EXPECT_THROW(parse_loss("hinge"), UsageError);
+}
+
+TEST(TorchScriptModelTest, NllWithLogSoftmaxOutputs) {
+  const auto factory = torchscript_model_factory(model_file("mlp_logsoftmax.pt"), Loss::kNll, images().train);
+  const RunSummary summary = run_training(short_config("dsync", 2, 4), factory, images());
+  EXPECT_TRUE(std::isfinite(summary.epochs.back().train_loss));
+  EXPECT_GT(summary.epochs.back().train_loss, 0.0);
+}
+
+}  // namespace
+}  // namespace pipesgd
