@@ -115,6 +115,7 @@ class DistributedOptimizer {
   // The layers in the order of the flat buffer (forward order; after the first step, by readiness).
   std::vector<std::string> layer_names() const;
   // The whole flat parameter buffer as a tensor view (float32, not a copy): what the method updates.
+  // The first step() moves the buffer (the readiness rebuild): take the view again after it.
   torch::Tensor flat_parameters();
 
   struct Impl;
