@@ -1,5 +1,7 @@
 // The public API's world (include/pipesgd/world.h): run_threads, the Worker and its collectives.
+#include <array>
 #include <atomic>
+#include <cstring>
 #include <cstdlib>
 #include <exception>
 #include <string>
@@ -37,7 +39,8 @@ void check_root(int root, int size, const char* call) {
 }
 
 std::span<std::byte> bytes_of(torch::Tensor& contiguous) {
-  return {static_cast<std::byte*>(contiguous.data_ptr()), contiguous.numel() * contiguous.element_size()};
+  return {static_cast<std::byte*>(contiguous.data_ptr()),
+          static_cast<std::size_t>(contiguous.numel()) * contiguous.element_size()};
 }
 
 // Root's bytes of `tensor` to every worker (linear: root sends to each).
@@ -115,11 +118,9 @@ torch::Tensor Worker::allgather(const torch::Tensor& tensor) {
   const Tag tag = impl_->next_collective_tag();
   torch::Tensor work = tensor.dim() == 0 ? tensor.reshape({1}).contiguous() : tensor.contiguous();
   // Every worker's (dtype, rank of the shape, rows, elements per row).
-  const std::int64_t row_elements = work.size(0) == 0 ? work.numel() : work.numel() / work.size(0);
   std::int64_t trailing = 1;
   for (std::int64_t d = 1; d < work.dim(); ++d) trailing *= work.size(d);
   const std::array<std::int64_t, 4> own{static_cast<std::int64_t>(work.scalar_type()), work.dim(), work.size(0), trailing};
-  (void)row_elements;
   Transport& workers = impl_->workers;
   const int me = workers.rank();
   const int count = workers.size();
