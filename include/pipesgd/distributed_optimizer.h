@@ -1,0 +1,139 @@
+#pragma once
+// DistributedOptimizer: trains a user's torch::nn::Module in the user's own loop with any pipesgd
+// method, given as the CLI's method spec ("dsync", "pipe+int8", "wfbp", "dsync+optimal",
+// "sapipe+wp3", "pssync", "asgd", "odsgd", ...) and the CLI's option flags.
+//
+// The loop (one DistributedOptimizer per worker, built by every worker at the same point):
+//
+//   pipesgd::DistributedOptimizer opt(worker, model, "pipe+int8", options);
+//   for (...) {
+//     torch::Tensor loss = loss_fn(model->forward(x), y);   // this worker's batch
+//     loss.backward();                                       // gradients go to the flat buffer
+//     opt.step();                                            // what the method does between iterations
+//   }
+//   opt.finish();   // applies every update still in flight; the parameters are final after it
+//
+// What the constructor does: takes the module's parameters that require grad, grouped into layers
+// (a layer = a submodule that owns parameters directly, in module registration order), broadcasts
+// worker 0's parameters and buffers to every worker (options.broadcast_initial_parameters), moves
+// the parameters into one flat float32 buffer and rebinds them as views of it, and arms the first
+// backward. Parameters must be float32 CPU tensors; a module without parameters that require grad
+// is a UsageError.
+//
+// The first step() (the readiness rebuild): the first backward runs on this initial layout while
+// autograd hooks on the parameters record the order in which the layers' gradients become ready.
+// step() then takes worker 0's order (so every replica agrees), rebinds the parameters to a new
+// flat buffer with the layers in forward order = reverse order of backward completion (as DDP
+// rebuilds its buckets; layers that got no gradient come first), builds the method on it (the
+// parameter servers get the layout and the initial weights now), and hands it the first
+// iteration's gradient, permuted to the new layout, reporting the layers in backward order with the
+// backward times measured. From the second step on, backward writes straight into the method's
+// gradient buffer (gradient-as-bucket-view) and each layer is reported to the method as soon as
+// its gradient is complete, so overlapping methods (wfbp, layer-wise dsync, sapipe) start
+// communicating during backward.
+//
+// step(): the method's end of iteration t (communicate; synchronous methods update) and the
+// beginning of t+1 (wait for and apply the updates t+1 depends on), then arms the next backward.
+// The module gives no hook before a layer's forward, so a method that would apply a layer's update
+// just before that layer's forward (SAPipe's synchronous layers) applies every pending update in
+// step(), before the next forward.
+//
+// Gradients (zero_grad semantics): each step() leaves a zeroed gradient buffer armed, so calling
+// zero_grad() is not needed (it zeroes the armed buffer again and is harmless before backward).
+// Exactly one backward per step: a second backward adds into the buffer but is not reported to the
+// method, and methods that communicate during backward have already sent the first. Accumulate by
+// summing losses. The parameters' .grad() are views of the buffer between backward and step();
+// they read as undefined outside that window. Changing .grad() or the parameters by hand between
+// backward and step() is not supported.
+//
+// Threads: used by its worker's thread only. Errors: UsageError with the CLI's one-line message
+// for a bad spec, flag or hyper-parameter; CommError for a peer (timeouts from options.timeout).
+// After an exception the optimizer is unusable (destroy it).
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pipesgd/world.h"
+
+namespace pipesgd {
+
+struct DistributedOptimizerOptions {
+  // "sgd" (momentum, weight decay as torch::optim::SGD, dampening 0, no Nesterov) or "adam"
+  // (torch::optim::Adam semantics; learning_rate and weight_decay are its lr and L2). The
+  // parameter-server methods' servers run SGD only, as in the CLI (--optimizer is theirs to reject).
+  std::string optimizer = "sgd";
+  float learning_rate = 0.1f;  // --lr
+  float momentum = 0.0f;       // --momentum (SGD)
+  float weight_decay = 0.0f;   // --weight-decay
+  float adam_beta1 = 0.9f, adam_beta2 = 0.999f, adam_eps = 1e-8f;  // --adam-beta1/2, --adam-eps
+  // Every wait on a peer (--comm-timeout).
+  std::chrono::milliseconds timeout{120000};
+  // The method's option flags exactly as the CLI takes them: {"--staleness-k", "2"},
+  // {"--warmup-iters", "0"}, {"--codec", "int8"}, ... (the leading "--" may be left out). A flag the
+  // method does not take is the CLI's UsageError.
+  std::map<std::string, std::string> flags;
+  // What --warmup-epochs counts in: the iterations of one epoch of the user's loop (0: unknown, and
+  // --warmup-epochs is then a UsageError).
+  std::int64_t iterations_per_epoch = 0;
+  // Learning-rate schedule (the CLI's --lr-schedule / --lr-warmup). Only "constant" with no
+  // warm-up is available in this version; anything else is a UsageError.
+  std::string lr_schedule = "constant";
+  std::int64_t lr_warmup_iterations = 0;
+  // Broadcast worker 0's parameters and buffers at construction (Worker::broadcast_parameters).
+  bool broadcast_initial_parameters = true;
+};
+
+class DistributedOptimizer {
+ public:
+  // See the top of this header. `worker` and `module` must outlive the optimizer.
+  DistributedOptimizer(Worker& worker, torch::nn::Module& module, const std::string& method_spec,
+                       const DistributedOptimizerOptions& options = {});
+  template <typename ModuleType>
+  DistributedOptimizer(Worker& worker, torch::nn::ModuleHolder<ModuleType>& module, const std::string& method_spec,
+                       const DistributedOptimizerOptions& options = {})
+      : DistributedOptimizer(worker, *module, method_spec, options) {}
+  // Leaves the module's parameters as they are (ordinary tensors again). Does not finish(): without
+  // finish() the updates in flight are dropped and parameter servers see this worker vanish.
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  void step();
+  void zero_grad();
+  // Applies every update still in flight (the method's finish) and ends training with this
+  // optimizer; step() after it is a UsageError. Idempotent.
+  void finish();
+  void synchronize() { finish(); }
+
+  std::int64_t iteration() const;  // steps taken
+  const std::string& method_spec() const;
+  // The layers in the order of the flat buffer (forward order; after the first step, by readiness).
+  std::vector<std::string> layer_names() const;
+  // The whole flat parameter buffer as a tensor view (float32, not a copy): what the method updates.
+  // The first step() moves the buffer (the readiness rebuild): take the view again after it.
+  torch::Tensor flat_parameters();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The registry's methods, in the order the CLI's --help lists them.
+struct MethodInfo {
+  std::string name;                 // as in a method spec: "pipe"
+  std::string summary;              // the CLI's one line
+  bool uses_servers = false;        // needs WorldOptions::servers >= 1 (--servers, default 1)
+  bool replicas_identical = false;  // every worker holds the same weights between steps
+};
+std::vector<MethodInfo> available_methods();
+
+// Same as worker.broadcast_parameters(module, root).
+void broadcast_parameters(Worker& worker, torch::nn::Module& module, int root = 0);
+
+}  // namespace pipesgd

@@ -1,0 +1,9 @@
+#pragma once
+// pipesgd's public C++ API (docs/user-guide.md, "C++ API"):
+//   pipesgd/world.h                  run_threads / run_mpi, Worker (rank, size, collectives)
+//   pipesgd/distributed_optimizer.h  DistributedOptimizer: any method of the CLI in your own loop
+//   pipesgd/core/error.h             the exception types (UsageError, DataError, CommError, ...)
+// Link the CMake target pipesgd::pipesgd (find_package(pipesgd)).
+#include "pipesgd/core/error.h"
+#include "pipesgd/distributed_optimizer.h"
+#include "pipesgd/world.h"

@@ -1,0 +1,94 @@
+#pragma once
+// pipesgd's public C++ API: joining the world of workers and collectives on tensors.
+//
+// A world is M workers and S parameter-server ranks (S = WorldOptions::servers, 0 unless a
+// parameter-server method is used). Workers are ranks 0..M-1, servers M..M+S-1. Two ways to join:
+//  * run_threads(options, fn): the M workers (and S servers) as threads of this process over the
+//    in-process transport; fn runs once on each worker's own thread. The embedded default.
+//  * run_mpi(&argc, &argv, options, fn): one rank per process under mpirun (M = ranks - S); fn runs
+//    on the worker ranks, the last S ranks serve. MPI is initialised and finalised inside.
+// In both, server ranks run no user code: they wait for a DistributedOptimizer of a parameter-server
+// method to send them its layout and initial weights, serve it until every worker finished it, and
+// stop when worker 0's fn returned.
+//
+// Errors: every failure is a C++ exception of pipesgd's checked types (pipesgd/core/error.h):
+// UsageError / DataError with the same one-line message the CLI prints, CommError (CommTimeoutError,
+// PeerFailedError) for a peer. A worker whose fn throws tells every other rank, whose waits then
+// throw PeerFailedError; run_threads/run_mpi rethrow the root cause. Every wait has a timeout.
+//
+// Threads: a Worker belongs to the thread fn runs on; only that thread may use it (and the objects
+// built from it). LibTorch's intra-op pool is shared by every thread of the process: set
+// OMP_NUM_THREADS / torch::set_num_threads for several thread workers.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include <torch/torch.h>
+
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+
+struct WorldOptions {
+  int workers = 1;  // run_threads only (run_mpi: the ranks mpirun started, minus `servers`)
+  int servers = 0;  // parameter-server ranks after the workers (pssync, asgd, dcasgd need >= 1)
+  // Every wait of a collective on a peer, and a server's wait while serving (the optimizer has its
+  // own, DistributedOptimizerOptions::timeout).
+  std::chrono::milliseconds timeout{120000};
+};
+
+enum class ReduceOp { kSum, kAverage };
+
+class Worker {
+ public:
+  struct Impl;
+  explicit Worker(std::unique_ptr<Impl> impl);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  int rank() const;        // 0..size()-1
+  int size() const;        // the number of workers (servers excluded)
+  int local_rank() const;  // rank among the workers of this host (threads: rank())
+  int servers() const;     // parameter-server ranks of the world
+  bool is_mpi() const;
+  std::chrono::milliseconds timeout() const;
+
+  // Collectives among the workers: every worker calls the same ones in the same order with tensors
+  // of the same shape (allgather: the same shape after dimension 0). Tensors must be contiguous
+  // or not, float32, on the CPU; anything else is a UsageError naming the call. Blocking.
+  // In place: every worker's `tensor` becomes the element-wise sum (or mean) over the workers.
+  void allreduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kAverage);
+  // In place: every worker's `tensor` becomes root's.
+  void broadcast(torch::Tensor& tensor, int root = 0);
+  // The workers' tensors concatenated along dimension 0 in rank order (their dimension 0 may
+  // differ; a 0-dimensional tensor counts as one row).
+  torch::Tensor allgather(const torch::Tensor& tensor);
+  // Returns once every worker called it.
+  void barrier();
+  // Every parameter and buffer (e.g. batch-norm statistics) of `module` becomes root's, so the
+  // replicas start identical. Every worker's module must have the same parameters and buffers in
+  // the same order and shapes.
+  void broadcast_parameters(torch::nn::Module& module, int root = 0);
+
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Runs fn(worker) on options.workers threads (plus options.servers server threads) and returns
+// once all ended. Throws UsageError for workers < 1 or servers < 0, and the root cause of any
+// failure (the first worker's own error rather than the others' PeerFailedError).
+void run_threads(const WorldOptions& options, const std::function<void(Worker&)>& fn);
+void run_threads(int workers, const std::function<void(Worker&)>& fn);
+
+// Under mpirun: initialises MPI (MPI_THREAD_MULTIPLE), runs fn on this rank if it is a worker or
+// serves if it is one of the last options.servers ranks, and finalises MPI. Returns 0. On failure
+// it throws (after telling the other ranks) and leaves MPI unfinalised: the process should exit
+// with a non-zero status. UsageError if the ranks do not exceed options.servers. Call once per
+// process, from the main thread.
+int run_mpi(int* argc, char*** argv, const WorldOptions& options, const std::function<void(Worker&)>& fn);
+
+}  // namespace pipesgd

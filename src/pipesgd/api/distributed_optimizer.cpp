@@ -1,0 +1,306 @@
+// DistributedOptimizer (include/pipesgd/distributed_optimizer.h): a registry method driven by the
+// user's loop over a ParameterBinding of the user's module.
+#include "pipesgd/distributed_optimizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+#include <unordered_set>
+
+#include "pipesgd/algo/registry.h"
+#include "pipesgd/api/server_ranks.h"
+#include "pipesgd/api/worker_impl.h"
+#include "pipesgd/torch/parameter_binding.h"
+
+namespace pipesgd {
+namespace {
+
+std::string text_of(float value) {
+  std::ostringstream out;
+  out << std::setprecision(9) << value;
+  return out.str();
+}
+
+// The method's option flags: the user's (with "--" added where left out) and the optimizer's.
+OptionValues method_flags(const DistributedOptimizerOptions& options) {
+  OptionValues flags;
+  for (const auto& [flag, value] : options.flags) flags.set(flag.rfind("--", 0) == 0 ? flag : "--" + flag, value);
+  const DistributedOptimizerOptions defaults;
+  if (options.optimizer != defaults.optimizer) flags.set("--optimizer", options.optimizer);
+  if (options.optimizer == "adam" || options.adam_beta1 != defaults.adam_beta1) flags.set("--adam-beta1", text_of(options.adam_beta1));
+  if (options.optimizer == "adam" || options.adam_beta2 != defaults.adam_beta2) flags.set("--adam-beta2", text_of(options.adam_beta2));
+  if (options.optimizer == "adam" || options.adam_eps != defaults.adam_eps) flags.set("--adam-eps", text_of(options.adam_eps));
+  return flags;
+}
+
+// Layers: every submodule that owns parameters requiring grad directly (the module itself first),
+// in registration order; a parameter shared by several modules belongs to the first.
+std::vector<ParameterSegment> layers_of(torch::nn::Module& module) {
+  std::vector<ParameterSegment> segments;
+  std::unordered_set<const void*> seen;
+  auto add = [&](const std::string& name, torch::nn::Module& owner) {
+    ParameterSegment segment{name.empty() ? std::string("(root)") : name, {}};
+    for (const torch::Tensor& parameter : owner.parameters(/*recurse=*/false)) {
+      if (!parameter.requires_grad() || !seen.insert(parameter.unsafeGetTensorImpl()).second) continue;
+      segment.parameters.push_back(parameter);
+    }
+    if (!segment.parameters.empty()) segments.push_back(std::move(segment));
+  };
+  add("", module);
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) add(item.key(), *item.value());
+  return segments;
+}
+
+}  // namespace
+
+struct DistributedOptimizer::Impl final : FlatParameters {
+  Impl(Worker& worker_, torch::nn::Module& module_, const std::string& spec_, const DistributedOptimizerOptions& options_)
+      : worker(worker_.impl()), module(module_), spec(spec_), options(options_) {}
+
+  const Layout& layout() const override { return binding->layout(); }
+  std::span<float> parameters() override { return binding->parameters(); }
+
+  void check_usable(const char* call) const {
+    if (failed) throw UsageError(concat("DistributedOptimizer::", call, ": the optimizer failed earlier; destroy it"));
+    if (finished) throw UsageError(concat("DistributedOptimizer::", call, " after finish()"));
+  }
+  Transport& method_transport() { return uses_servers ? worker.world : worker.workers; }
+  void first_step();
+  void next_step();
+  void arm(std::span<float> gradients) {
+    gradients_ = gradients;
+    const SegmentReadyFn* ready = method ? method->segment_ready() : &record_first_backward;
+    binding->arm(gradients, ready != nullptr ? *ready : no_report);
+  }
+
+  Worker::Impl& worker;
+  torch::nn::Module& module;
+  std::string spec;
+  DistributedOptimizerOptions options;
+  OptionValues flags;
+  MethodSelection selection;
+  bool uses_servers = false;
+  std::int64_t warmup_iterations = 0;
+  std::unique_ptr<ParameterBinding> binding;
+  std::unique_ptr<TrainingMethod> method;
+  // The first backward (before the method exists): its gradient and each layer's backward time.
+  std::vector<float> first_gradients;
+  std::vector<double> first_seconds;
+  SegmentReadyFn record_first_backward;
+  SegmentReadyFn no_report;
+  std::span<float> gradients_;
+  IterationTimes times;
+  std::int64_t t = 0;
+  bool finished = false;
+  bool failed = false;
+};
+
+void DistributedOptimizer::Impl::first_step() {
+  binding->finish();
+  // Worker 0's readiness order, so every replica lays its buffer out alike.
+  const std::size_t count = binding->layout().segment_count();
+  torch::Tensor order = torch::full({static_cast<std::int64_t>(count)}, -1, torch::kInt64);
+  const std::vector<std::size_t>& completed = binding->segment_readiness_order();
+  for (std::size_t k = 0; k < completed.size(); ++k) order[static_cast<std::int64_t>(k)] = static_cast<std::int64_t>(completed[k]);
+  Worker::Impl& w = worker;
+  {
+    torch::Tensor roots = order.clone();
+    const Tag tag = w.next_collective_tag();
+    std::span<std::byte> bytes(static_cast<std::byte*>(roots.data_ptr()), count * sizeof(std::int64_t));
+    if (w.workers.rank() == 0) {
+      std::vector<Request> sends;
+      for (int peer = 1; peer < w.workers.size(); ++peer) sends.push_back(w.workers.send(peer, step_tag(tag, 0, 0), bytes, "the readiness order"));
+      for (Request& send : sends) send.wait(options.timeout);
+    } else {
+      w.workers.recv(0, step_tag(tag, 0, 0), bytes, "the readiness order").wait(options.timeout);
+    }
+    order = roots;
+  }
+  // Forward order: layers that never completed (registration order), then reverse completion order.
+  std::vector<std::size_t> forward;
+  std::vector<char> placed(count, 0);
+  std::vector<std::size_t> by_completion;
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::int64_t segment = order[static_cast<std::int64_t>(k)].item<std::int64_t>();
+    if (segment < 0) break;
+    by_completion.push_back(static_cast<std::size_t>(segment));
+    placed[static_cast<std::size_t>(segment)] = 1;
+  }
+  for (std::size_t s = 0; s < count; ++s) {
+    if (!placed[s]) forward.push_back(s);
+  }
+  forward.insert(forward.end(), by_completion.rbegin(), by_completion.rend());
+  const Layout old_layout = binding->layout();
+  std::vector<ParameterSegment> segments;
+  {
+    std::vector<ParameterSegment> old_segments(count);
+    const auto& tensors = binding->tensors();
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      ParameterSegment& segment = old_segments[binding->tensor_segment(k)];
+      segment.name = old_layout.segment(binding->tensor_segment(k)).name;
+      segment.parameters.push_back(tensors[k]);
+    }
+    for (std::size_t s : forward) segments.push_back(std::move(old_segments[s]));
+  }
+  binding.reset();
+  binding = std::make_unique<ParameterBinding>(std::move(segments));
+  if (uses_servers && w.workers.rank() == 0) {
+    nlohmann::json description;
+    description["spec"] = spec;
+    description["flags"] = nlohmann::json::object();
+    for (const auto& [flag, value] : flags.all()) description["flags"][flag] = value;
+    description["lr"] = options.learning_rate;
+    description["momentum"] = options.momentum;
+    description["weight_decay"] = options.weight_decay;
+    description["timeout_ms"] = options.timeout.count();
+    description["total"] = binding->layout().total();
+    description["segments"] = nlohmann::json::array();
+    for (const Segment& segment : binding->layout().segments()) {
+      description["segments"].push_back({{"name", segment.name}, {"count", segment.count}});
+    }
+    send_server_setup(w.world, w.worker_count, w.server_message_sequence,
+                      ServerSetup{description.dump(), binding->parameters()}, options.timeout);
+  }
+  method = make_method(selection, method_transport(), *this, warmup_iterations);
+  // Iteration 0: its gradient was computed at the initial parameters, as every method's iteration 0 is.
+  times = IterationTimes{};
+  std::span<float> gradients = method->begin_iteration(0, times);
+  const Layout& layout = binding->layout();
+  for (std::size_t k = 0; k < count; ++k) {
+    const Segment& from = old_layout.segment(forward[k]);
+    std::copy_n(first_gradients.begin() + static_cast<std::ptrdiff_t>(from.offset), from.count,
+                gradients.begin() + static_cast<std::ptrdiff_t>(layout.segment(k).offset));
+  }
+  if (const SegmentReadyFn* ready = method->segment_ready()) {
+    for (std::size_t k = count; k-- > 0;) (*ready)(k, first_seconds[forward[k]]);
+  }
+  method->end_iteration(0, times);
+  first_gradients = {};
+  t = 1;
+  times = IterationTimes{};
+  arm(method->begin_iteration(t, times));
+}
+
+void DistributedOptimizer::Impl::next_step() {
+  binding->finish();
+  method->end_iteration(t, times);
+  ++t;
+  times = IterationTimes{};
+  arm(method->begin_iteration(t, times));
+}
+
+DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& module, const std::string& method_spec,
+                                           const DistributedOptimizerOptions& options)
+    : impl_(std::make_unique<Impl>(worker, module, method_spec, options)) {
+  Impl& impl = *impl_;
+  if (options.lr_schedule != "constant" || options.lr_warmup_iterations != 0) {
+    throw UsageError(concat("lr_schedule '", options.lr_schedule, "' with ", options.lr_warmup_iterations,
+                            " warm-up iterations: only 'constant' with no warm-up is available in this version"));
+  }
+  if (options.timeout.count() <= 0) throw UsageError("--comm-timeout must be > 0");
+  impl.flags = method_flags(options);
+  // The servers of a parameter-server method are the world's: --servers defaults to them.
+  const MethodDescriptor* descriptor = method_of_spec(method_spec);
+  const bool takes_servers =
+      descriptor != nullptr && std::any_of(descriptor->options.begin(), descriptor->options.end(),
+                                           [](const OptionDeclaration& option) { return option.flag == "--servers"; });
+  if (takes_servers && !impl.flags.has("--servers") && worker.servers() > 0) {
+    impl.flags.set("--servers", std::to_string(worker.servers()));
+  }
+  CommonOptions base;
+  base.optimizer.sgd = SgdOptions{options.learning_rate, options.momentum, options.weight_decay};
+  base.timeout = options.timeout;
+  impl.selection = select_method(method_spec, impl.flags, FlagPolicy::kReject, base);
+  const int servers = impl.selection.options->servers();
+  impl.uses_servers = servers > 0;
+  if (servers != worker.servers() && impl.uses_servers) {
+    throw UsageError(concat("'", method_spec, "' needs ", servers, " parameter-server rank", servers == 1 ? "" : "s",
+                            " (--servers ", servers, "); the world has ", worker.servers(),
+                            ": create it with WorldOptions::servers = ", servers));
+  }
+  const WarmUp warmup = impl.selection.options->warmup();
+  if (warmup.epochs > 0 && options.iterations_per_epoch <= 0) {
+    throw UsageError("--warmup-epochs needs DistributedOptimizerOptions::iterations_per_epoch (the iterations of one "
+                     "epoch of your loop); or give --warmup-iters");
+  }
+  impl.warmup_iterations = warmup.epochs * options.iterations_per_epoch + warmup.iterations;
+  std::vector<ParameterSegment> segments = layers_of(module);
+  if (segments.empty()) throw UsageError("the model has no parameters");
+  if (impl.uses_servers && static_cast<std::size_t>(servers) > segments.size()) {
+    throw UsageError(concat("--servers ", servers, " exceeds the model's ", segments.size(),
+                            " parameter segments: each server must own at least one whole segment"));
+  }
+  if (options.broadcast_initial_parameters) worker.broadcast_parameters(module, 0);
+  impl.binding = std::make_unique<ParameterBinding>(std::move(segments));
+  impl.first_gradients.assign(impl.binding->layout().total(), 0.0f);
+  impl.first_seconds.assign(impl.binding->layout().segment_count(), 0.0);
+  impl.record_first_backward = [&impl](std::size_t segment, double seconds) { impl.first_seconds[segment] = seconds; };
+  impl.arm(impl.first_gradients);
+}
+
+DistributedOptimizer::~DistributedOptimizer() {
+  if (impl_->binding) impl_->binding->disarm();
+  impl_->method.reset();   // joins its communication before the buffer it uses goes
+  impl_->binding.reset();  // the module's parameters become ordinary tensors again
+}
+
+void DistributedOptimizer::step() {
+  impl_->check_usable("step");
+  try {
+    if (!impl_->method) {
+      impl_->first_step();
+    } else {
+      impl_->next_step();
+    }
+  } catch (...) {
+    impl_->failed = true;
+    if (impl_->binding) impl_->binding->disarm();
+    throw;
+  }
+}
+
+void DistributedOptimizer::zero_grad() {
+  impl_->check_usable("zero_grad");
+  std::fill(impl_->gradients_.begin(), impl_->gradients_.end(), 0.0f);
+}
+
+void DistributedOptimizer::finish() {
+  if (impl_->finished) return;
+  impl_->check_usable("finish");
+  impl_->binding->disarm();
+  impl_->finished = true;
+  if (!impl_->method) return;
+  try {
+    impl_->method->finish(impl_->times);
+  } catch (...) {
+    impl_->failed = true;
+    throw;
+  }
+}
+
+std::vector<MethodInfo> available_methods() {
+  std::vector<MethodInfo> methods;
+  for (const MethodDescriptor* descriptor : method_registry()) {
+    const bool servers = descriptor->traits.uses_servers || descriptor->parse(OptionValues{})->servers() > 0;
+    methods.push_back({descriptor->name, descriptor->summary, servers, descriptor->traits.replicas_identical});
+  }
+  return methods;
+}
+
+std::int64_t DistributedOptimizer::iteration() const { return impl_->t; }
+const std::string& DistributedOptimizer::method_spec() const { return impl_->spec; }
+
+std::vector<std::string> DistributedOptimizer::layer_names() const {
+  std::vector<std::string> names;
+  for (const Segment& segment : impl_->binding->layout().segments()) names.push_back(segment.name);
+  return names;
+}
+
+torch::Tensor DistributedOptimizer::flat_parameters() {
+  std::span<float> parameters = impl_->binding->parameters();
+  return torch::from_blob(parameters.data(), {static_cast<std::int64_t>(parameters.size())}, torch::kFloat32);
+}
+
+}  // namespace pipesgd

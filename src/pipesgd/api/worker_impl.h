@@ -1,0 +1,42 @@
+#pragma once
+// The inside of a public Worker (include/pipesgd/world.h): its rank's endpoint of the world's
+// transport and the bookkeeping of the API's own messages. Used by its worker's thread only.
+//
+// Tags of the API's messages (comm/transport.h), on Channel::kControl:
+//   user collectives    sequence = the worker's collective count (every worker calls the same
+//                       collectives in the same order), < kServerSequenceBase;
+//   server control      sequence = kServerSequenceBase + worker 0's count of messages to the
+//                       servers (server_ranks.h).
+// The optimizer's methods use their own channels (kGradients, kPlanning, kParameterServer).
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "pipesgd/comm/rank_subset_transport.h"
+#include "pipesgd/comm/transport.h"
+#include "pipesgd/world.h"
+
+namespace pipesgd {
+
+inline constexpr std::uint64_t kServerSequenceBase = 0x80000000u;
+
+struct Worker::Impl {
+  Impl(Transport& world_transport, int workers_, int servers_, int local_rank_, bool mpi_, Timeout timeout_)
+      : world(world_transport), workers(world_transport, workers_), worker_count(workers_), server_count(servers_),
+        local_rank(local_rank_), mpi(mpi_), timeout(timeout_) {}
+
+  Transport& world;              // workers then servers
+  RankSubsetTransport workers;   // ranks 0..worker_count-1
+  int worker_count;
+  int server_count;
+  int local_rank;
+  bool mpi;
+  Timeout timeout;
+  std::uint64_t collective_sequence = 0;
+  std::uint64_t server_message_sequence = 0;  // worker 0 only
+
+  // The tag of the next user collective.
+  Tag next_collective_tag() { return collective_tag(Channel::kControl, collective_sequence++); }
+};
+
+}  // namespace pipesgd
