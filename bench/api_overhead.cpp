@@ -22,6 +22,8 @@
 //   step_median_ms  the median step time over every worker's measured steps
 //   step_mean_ms    their mean: the CLI's iteration_s definition (mean over workers and iterations)
 //   samples_per_s   workers * batch / step_mean (the CLI's throughput_samples_per_s)
+//   optimizer_median_ms  the median of the steps' part after backward (bare: SGD step and
+//                   zero_grad; api: DistributedOptimizer::step), a diagnostic of where time goes
 //   loop_s          wall time of training: bare from the optimizer's construction, api from
 //                   run_threads' start, to the end of the last step (api: after finish())
 //   final_loss      worker 0's last loss (a sanity check that training ran on finite numbers)
@@ -163,31 +165,47 @@ double forward_backward(LeNet& model, const Batches& batches, std::int64_t t, st
   return loss.item<double>();
 }
 
-// Step times of one worker: entry t is iteration t's (from its start to the next one's).
-using StepTimes = std::vector<double>;
+// One worker's times: entry t of `step` is iteration t's (from its start to the next one's), of
+// `optimizer` the part after backward (bare: SGD step and zero_grad; api: DistributedOptimizer::step).
+struct StepTimes {
+  std::vector<double> step, optimizer;
+  void reserve(std::int64_t iterations) {
+    step.reserve(static_cast<std::size_t>(iterations));
+    optimizer.reserve(static_cast<std::size_t>(iterations));
+  }
+};
 
-void record_step(StepTimes& times, Clock::time_point& start) {
-  const Clock::time_point now = Clock::now();
-  times.push_back(std::chrono::duration<double>(now - start).count());
-  start = now;
+// Called right after backward (returns the time) and at the end of the step.
+Clock::time_point now() { return Clock::now(); }
+void record_step(StepTimes& times, Clock::time_point& start, Clock::time_point backward_done) {
+  const Clock::time_point end = Clock::now();
+  times.step.push_back(std::chrono::duration<double>(end - start).count());
+  times.optimizer.push_back(std::chrono::duration<double>(end - backward_done).count());
+  start = end;
+}
+
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 void print_result(const Flags& flags, const std::vector<StepTimes>& per_worker, double loop_seconds, double final_loss) {
   const std::int64_t first = std::min<std::int64_t>(10, flags.iterations / 10);
-  std::vector<double> measured;
-  for (const StepTimes& times : per_worker) measured.insert(measured.end(), times.begin() + first, times.end());
-  std::vector<double> sorted = measured;
-  std::sort(sorted.begin(), sorted.end());
-  const std::size_t n = sorted.size();
-  const double median = n % 2 == 1 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
-  const double mean = std::accumulate(measured.begin(), measured.end(), 0.0) / static_cast<double>(n);
+  std::vector<double> measured, optimizer;
+  for (const StepTimes& times : per_worker) {
+    measured.insert(measured.end(), times.step.begin() + first, times.step.end());
+    optimizer.insert(optimizer.end(), times.optimizer.begin() + first, times.optimizer.end());
+  }
+  const double median = median_of(measured);
+  const double mean = std::accumulate(measured.begin(), measured.end(), 0.0) / static_cast<double>(measured.size());
   std::printf(
       "mode=%s method=%s workers=%d batch=%lld iters=%lld measured=%lld step_median_ms=%.4f step_mean_ms=%.4f "
-      "samples_per_s=%.1f loop_s=%.4f final_loss=%.4f\n",
+      "samples_per_s=%.1f optimizer_median_ms=%.4f loop_s=%.4f final_loss=%.4f\n",
       flags.mode.c_str(), flags.mode == "api" ? flags.method.c_str() : "torch.optim.SGD", flags.workers,
       static_cast<long long>(flags.batch), static_cast<long long>(flags.iterations),
       static_cast<long long>(flags.iterations - first), median * 1e3, mean * 1e3,
-      static_cast<double>(flags.workers * flags.batch) / mean, loop_seconds, final_loss);
+      static_cast<double>(flags.workers * flags.batch) / mean, median_of(optimizer) * 1e3, loop_seconds, final_loss);
 }
 
 void run_bare(const Flags& flags) {
@@ -197,7 +215,7 @@ void run_bare(const Flags& flags) {
   LeNet model;
   model->train();
   std::vector<StepTimes> times(1);
-  times[0].reserve(static_cast<std::size_t>(flags.iterations));
+  times[0].reserve(flags.iterations);
   std::int64_t correct = 0;
   double loss = 0;
   const Clock::time_point loop_start = Clock::now();
@@ -205,9 +223,10 @@ void run_bare(const Flags& flags) {
   Clock::time_point step_start = Clock::now();
   for (std::int64_t t = 0; t < flags.iterations; ++t) {
     loss = forward_backward(model, batches, t, correct);
+    const Clock::time_point backward_done = now();
     optimizer.step();
     optimizer.zero_grad();
-    record_step(times[0], step_start);
+    record_step(times[0], step_start, backward_done);
   }
   print_result(flags, times, std::chrono::duration<double>(Clock::now() - loop_start).count(), loss);
 }
@@ -238,15 +257,16 @@ void run_api(const Flags& flags) {
     LeNet& model = models[rank];
     model->train();
     StepTimes& mine = times[rank];
-    mine.reserve(static_cast<std::size_t>(flags.iterations));
+    mine.reserve(flags.iterations);
     std::int64_t correct = 0;
     double loss = 0;
     pipesgd::DistributedOptimizer optimizer(worker, model, flags.method, options);
     Clock::time_point step_start = Clock::now();
     for (std::int64_t t = 0; t < flags.iterations; ++t) {
       loss = forward_backward(model, batches[rank], t, correct);
+      const Clock::time_point backward_done = now();
       optimizer.step();
-      record_step(mine, step_start);
+      record_step(mine, step_start, backward_done);
     }
     optimizer.finish();
     if (rank == 0) final_loss = loss;

@@ -143,6 +143,7 @@ echo
 echo "(a) 1 worker, dsync, LeNet, batch 25, $iters_one steps: A = API, B = bare LibTorch loop"
 show_runs one
 summarize one "per-step overhead A/B (median step time)" step_median_ms step_median_ms A/B 1.03 "<="
+summarize one "the step's part after backward A/B (optimizer_median_ms)" optimizer_median_ms optimizer_median_ms A/B - "<="
 summarize one "whole-process wall A/B" wall_s wall_s A/B - "<="
 echo "(b) 4 workers, dsync, LeNet, batch 25 per worker, $iters_four iterations: A = API, B = CLI"
 show_runs four
