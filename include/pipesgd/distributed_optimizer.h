@@ -77,11 +77,21 @@ struct DistributedOptimizerOptions {
   // {"--warmup-iters", "0"}, {"--codec", "int8"}, ... (the leading "--" may be left out). A flag the
   // method does not take is the CLI's UsageError.
   std::map<std::string, std::string> flags;
-  // What --warmup-epochs counts in: the iterations of one epoch of the user's loop (0: unknown, and
-  // --warmup-epochs is then a UsageError).
+  // What --warmup-epochs and the step/multistep schedules count in: the iterations (step() calls)
+  // of one epoch of the user's loop (0: unknown; --warmup-epochs is then a UsageError).
   std::int64_t iterations_per_epoch = 0;
-  // Learning-rate schedule (the CLI's --lr-schedule / --lr-warmup). Only "constant" with no
-  // warm-up is available in this version; anything else is a UsageError.
+  // The run's total iterations (step() calls), which the cosine schedule anneals over (0: unknown).
+  std::int64_t total_iterations = 0;
+  // Learning-rate schedule, as the CLI's --lr-schedule / --lr-warmup (docs/user-guide.md,
+  // "Learning-rate schedules"); it scales the learning rate of the update of step() t (0-based),
+  // the servers' too:
+  //   "constant"                    needs nothing
+  //   "step:EVERY:GAMMA"            needs iterations_per_epoch >= 1
+  //   "multistep:E1,E2,..:GAMMA"    needs iterations_per_epoch >= 1
+  //   "cosine"                      needs total_iterations >= 1
+  // lr_warmup_iterations (>= 0) ramps the rate linearly over the first steps with any schedule.
+  // A malformed schedule, or a missing length, is a one-line UsageError from the constructor, e.g.
+  // "lr_schedule 'step:1:0.5' needs DistributedOptimizerOptions::iterations_per_epoch (...), got 0".
   std::string lr_schedule = "constant";
   std::int64_t lr_warmup_iterations = 0;
   // Broadcast worker 0's parameters and buffers at construction (Worker::broadcast_parameters).

@@ -208,6 +208,98 @@ TEST_P(DsyncOracle, ThreeWorkersEqualSgdWithTripleBatch) {
 INSTANTIATE_TEST_SUITE_P(Hyperparameters, DsyncOracle,
                          ::testing::Values(OracleCase{0.0f, 0.0f}, OracleCase{0.9f, 0.0f}, OracleCase{0.9f, 0.01f}));
 
+// Learning-rate schedules: dsync through the API against torch::optim::SGD whose lr is set by hand
+// before every step from the schedule's closed form (docs/user-guide.md, "Learning-rate schedules").
+struct ScheduleCase {
+  std::string schedule;
+  std::int64_t warmup;
+  std::int64_t iterations_per_epoch;
+  std::int64_t total_iterations;
+  friend std::ostream& operator<<(std::ostream& out, const ScheduleCase& c) {
+    return out << c.schedule << ", warm-up " << c.warmup << ", " << c.iterations_per_epoch << " iterations per epoch, "
+               << c.total_iterations << " total";
+  }
+};
+class ScheduleOracle : public ::testing::TestWithParam<ScheduleCase> {};
+
+// The factor of iteration t in closed form: step:1:0.5 halves every epoch, cosine anneals over T,
+// the warm-up ramps (t + 1) / N.
+double schedule_factor(const ScheduleCase& c, std::int64_t t) {
+  double decay = 1.0;
+  if (c.schedule == "step:1:0.5") decay = std::pow(0.5, static_cast<double>(t / c.iterations_per_epoch));
+  if (c.schedule == "cosine") {
+    decay = (1.0 + std::cos(M_PI * static_cast<double>(std::min(t, c.total_iterations)) /
+                            static_cast<double>(c.total_iterations))) / 2.0;
+  }
+  const double warm = t < c.warmup ? static_cast<double>(t + 1) / static_cast<double>(c.warmup) : 1.0;
+  return decay * warm;
+}
+
+TEST_P(ScheduleOracle, DsyncEqualsSgdWithTheLrSetPerStep) {
+  const ScheduleCase c = GetParam();
+  constexpr int kWorkers = 3, kIterations = 6;
+  constexpr std::int64_t kBatch = 4;
+  constexpr double kLr = 0.2, kMomentum = 0.9;
+  const Samples data = make_samples(kWorkers * kBatch * kIterations, 4, 3);
+  torch::manual_seed(4);
+  TwoLayerNet initial(4, 6, 3);
+  DistributedOptimizerOptions options;
+  options.learning_rate = static_cast<float>(kLr);
+  options.momentum = static_cast<float>(kMomentum);
+  options.lr_schedule = c.schedule;
+  options.lr_warmup_iterations = c.warmup;
+  options.iterations_per_epoch = c.iterations_per_epoch;
+  options.total_iterations = c.total_iterations;
+  const auto replicas = train_with_api(kWorkers, "dsync", options, initial, data, kBatch, kIterations);
+  options.lr_schedule = "constant";
+  options.lr_warmup_iterations = 0;
+  const auto constant = train_with_api(kWorkers, "dsync", options, initial, data, kBatch, kIterations);
+
+  TwoLayerNet reference(4, 6, 3);
+  copy_parameters(*reference, *initial);
+  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum));
+  for (int t = 0; t < kIterations; ++t) {
+    const std::int64_t first = t * kWorkers * kBatch;
+    for (auto& group : sgd.param_groups()) {
+      static_cast<torch::optim::SGDOptions&>(group.options()).lr(kLr * schedule_factor(c, t));
+    }
+    sgd.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(data.x.slice(0, first, first + kWorkers * kBatch)),
+                                         data.y.slice(0, first, first + kWorkers * kBatch))
+        .backward();
+    sgd.step();
+  }
+  const auto expected = clone_parameters(*reference);
+  EXPECT_GT(relative_error(constant[0], expected), 1e-3);  // the schedule changed the run
+  for (const auto& replica : replicas) EXPECT_LE(relative_error(replica, expected), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, ScheduleOracle,
+                         ::testing::Values(ScheduleCase{"step:1:0.5", 0, 2, 0}, ScheduleCase{"step:1:0.5", 3, 1, 0},
+                                           ScheduleCase{"cosine", 2, 0, 6}));
+
+// Parameter servers apply the schedule too: synchronous pssync with a schedule equals dsync with it
+// (plain SGD), and differs from pssync with a constant rate.
+TEST(DistributedOptimizer, PssyncServersFollowTheSchedule) {
+  constexpr int kWorkers = 2, kIterations = 6;
+  constexpr std::int64_t kBatch = 3;
+  const Samples data = make_samples(kWorkers * kBatch * kIterations, 4, 3);
+  torch::manual_seed(5);
+  TwoLayerNet initial(4, 6, 3);
+  DistributedOptimizerOptions options;
+  options.learning_rate = 0.3f;
+  const auto constant = train_with_api(kWorkers, "pssync", options, initial, data, kBatch, kIterations, 1);
+  options.lr_schedule = "step:1:0.5";
+  options.iterations_per_epoch = 2;
+  const auto scheduled = train_with_api(kWorkers, "pssync", options, initial, data, kBatch, kIterations, 1);
+  const auto dsync = train_with_api(kWorkers, "dsync", options, initial, data, kBatch, kIterations);
+  for (const auto& replica : scheduled) {
+    for (const auto& tensor : replica) EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>());
+    EXPECT_GT(relative_error(replica, constant[0]), 1e-3);
+    EXPECT_LE(relative_error(replica, dsync[0]), 1e-5);
+  }
+}
+
 TEST(DistributedOptimizer, PipeK1EqualsDsyncBitForBit) {
   const Samples data = make_samples(2 * 3 * 6, 4, 3);
   torch::manual_seed(2);
@@ -394,6 +486,40 @@ TEST(Errors, BadSpecHasTheCliMessage) {
     });
   });
   EXPECT_NE(flag.find("--staleness-k"), std::string::npos) << flag;
+}
+
+std::string schedule_error(const std::string& schedule, std::int64_t warmup, std::int64_t iterations_per_epoch,
+                           std::int64_t total_iterations) {
+  return error_of([&] {
+    pipesgd::run_threads(1, [&](Worker& w) {
+      TwoLayerNet model(2, 2, 2);
+      DistributedOptimizerOptions options;
+      options.lr_schedule = schedule;
+      options.lr_warmup_iterations = warmup;
+      options.iterations_per_epoch = iterations_per_epoch;
+      options.total_iterations = total_iterations;
+      DistributedOptimizer opt(w, model, "dsync", options);
+    });
+  });
+}
+
+TEST(Errors, BadLrScheduleHasTheCliMessage) {
+  EXPECT_EQ(schedule_error("step:0:0.5", 0, 10, 0),
+            "DistributedOptimizerOptions::lr_schedule 'step:0:0.5': EVERY_EPOCHS must be >= 1, got 0 (expected constant, "
+            "step:EVERY_EPOCHS:GAMMA, multistep:E1,E2,...:GAMMA or cosine)");
+  for (const std::string& message :
+       {schedule_error("linear", 0, 10, 100), schedule_error("step:2:1.5", 0, 10, 100),
+        schedule_error("constant", -1, 10, 100)}) {
+    EXPECT_NE(message.find("DistributedOptimizerOptions::lr_"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  EXPECT_EQ(schedule_error("step:1:0.5", 0, 0, 100),
+            "lr_schedule 'step:1:0.5' needs DistributedOptimizerOptions::iterations_per_epoch (the iterations of one "
+            "epoch of your loop, >= 1), got 0");
+  EXPECT_EQ(schedule_error("cosine", 0, 10, 0),
+            "lr_schedule 'cosine' needs DistributedOptimizerOptions::total_iterations (the steps of the whole run, "
+            ">= 1), got 0");
+  EXPECT_EQ(schedule_error("cosine", 5, 0, 10), "(no UsageError)");  // cosine needs no epoch length
 }
 
 TEST(Errors, NonFloatTensorToAllreduce) {

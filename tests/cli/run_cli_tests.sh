@@ -820,7 +820,7 @@ import json, sys
 s = json.load(open(sys.argv[1] + "/summary.json"))
 got = {k: s.get(k) for k in ["method", "staleness_k", "codec", "batch_per_worker", "final_test_accuracy"]}
 assert got == {"method": "pipe", "staleness_k": 3, "codec": "bf16", "batch_per_worker": 10,
-               "final_test_accuracy": -1}, f"summary {got}"
+               "final_test_accuracy": None}, f"summary {got}"
 records = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
 pipelined = [r["pipelined"] for r in records if r.get("type") == "iteration"]
 assert pipelined == [False] * 4 + [True] * 11, f"pipelined flags {pipelined} (--warmup-iters 4)"

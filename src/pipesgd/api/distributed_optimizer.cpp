@@ -83,6 +83,7 @@ struct DistributedOptimizer::Impl final : FlatParameters {
   MethodSelection selection;
   bool uses_servers = false;
   std::int64_t warmup_iterations = 0;
+  LrScheduleLength schedule_length;
   std::unique_ptr<ParameterBinding> binding;
   std::unique_ptr<TrainingMethod> method;
   // The first backward (before the method exists): its gradient and each layer's backward time.
@@ -155,6 +156,10 @@ void DistributedOptimizer::Impl::first_step() {
     description["momentum"] = options.momentum;
     description["weight_decay"] = options.weight_decay;
     description["timeout_ms"] = options.timeout.count();
+    description["lr_schedule"] = options.lr_schedule;
+    description["lr_warmup_iterations"] = options.lr_warmup_iterations;
+    description["iterations_per_epoch"] = schedule_length.iterations_per_epoch;
+    description["total_iterations"] = schedule_length.total_iterations;
     description["total"] = binding->layout().total();
     description["segments"] = nlohmann::json::array();
     for (const Segment& segment : binding->layout().segments()) {
@@ -163,7 +168,7 @@ void DistributedOptimizer::Impl::first_step() {
     send_server_setup(w.world, w.worker_count, w.server_message_sequence,
                       ServerSetup{description.dump(), binding->parameters()}, options.timeout);
   }
-  method = make_method(selection, method_transport(), *this, warmup_iterations);
+  method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length);
   // Iteration 0: its gradient was computed at the initial parameters, as every method's iteration 0 is.
   times = IterationTimes{};
   std::span<float> gradients = method->begin_iteration(0, times);
@@ -195,9 +200,18 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& mo
                                            const DistributedOptimizerOptions& options)
     : impl_(std::make_unique<Impl>(worker, module, method_spec, options)) {
   Impl& impl = *impl_;
-  if (options.lr_schedule != "constant" || options.lr_warmup_iterations != 0) {
-    throw UsageError(concat("lr_schedule '", options.lr_schedule, "' with ", options.lr_warmup_iterations,
-                            " warm-up iterations: only 'constant' with no warm-up is available in this version"));
+  const LrScheduleSpec schedule =
+      parse_lr_schedule(options.lr_schedule, options.lr_warmup_iterations,
+                        {"DistributedOptimizerOptions::lr_schedule", "DistributedOptimizerOptions::lr_warmup_iterations"});
+  impl.schedule_length = LrScheduleLength{options.iterations_per_epoch, options.total_iterations};
+  if ((schedule.kind == LrScheduleKind::kStep || schedule.kind == LrScheduleKind::kMultiStep) &&
+      options.iterations_per_epoch <= 0) {
+    throw UsageError(concat("lr_schedule '", schedule.text(), "' needs DistributedOptimizerOptions::iterations_per_epoch ",
+                            "(the iterations of one epoch of your loop, >= 1), got ", options.iterations_per_epoch));
+  }
+  if (schedule.kind == LrScheduleKind::kCosine && options.total_iterations <= 0) {
+    throw UsageError(concat("lr_schedule 'cosine' needs DistributedOptimizerOptions::total_iterations (the steps of ",
+                            "the whole run, >= 1), got ", options.total_iterations));
   }
   if (options.timeout.count() <= 0) throw UsageError("--comm-timeout must be > 0");
   impl.flags = method_flags(options);
@@ -212,6 +226,7 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& mo
   CommonOptions base;
   base.optimizer.sgd = SgdOptions{options.learning_rate, options.momentum, options.weight_decay};
   base.timeout = options.timeout;
+  base.lr_schedule = schedule;
   impl.selection = select_method(method_spec, impl.flags, FlagPolicy::kReject, base);
   const int servers = impl.selection.options->servers();
   impl.uses_servers = servers > 0;

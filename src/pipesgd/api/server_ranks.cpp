@@ -10,6 +10,7 @@
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/api/worker_impl.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/optim/lr_schedule.h"
 #include "pipesgd/ps/parameter_server.h"
 #include "pipesgd/ps/shard_plan.h"
 
@@ -58,6 +59,11 @@ void serve_setup(Transport& world, int workers, const std::string& text, std::sp
   base.optimizer.sgd = SgdOptions{description.at("lr").get<float>(), description.at("momentum").get<float>(),
                                   description.at("weight_decay").get<float>()};
   base.timeout = Timeout(description.at("timeout_ms").get<std::int64_t>());
+  // Worker 0 checked the schedule and its length before sending them.
+  base.lr_schedule = parse_lr_schedule(description.at("lr_schedule").get<std::string>(),
+                                       description.at("lr_warmup_iterations").get<std::int64_t>());
+  const LrScheduleLength length{description.at("iterations_per_epoch").get<std::int64_t>(),
+                                description.at("total_iterations").get<std::int64_t>()};
   const MethodSelection method =
       select_method(description.at("spec").get<std::string>(), flags, FlagPolicy::kReject, base);
   Layout layout;
@@ -70,6 +76,7 @@ void serve_setup(Transport& world, int workers, const std::string& text, std::sp
   PIPESGD_ASSERT(method.descriptor->serve);
   ServeOptions options = method.descriptor->serve(*method.options, method.common, workers);
   options.stop = stop;
+  options.learning_rate_schedule = LrSchedule(method.common.lr_schedule, length);
   (void)timeout;
   shard.serve(options);
 }

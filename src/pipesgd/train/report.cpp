@@ -63,7 +63,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"consistency_checks_passed", s.reliability.consistency_checks},
                          {"resumed_from_iteration", s.reliability.resumed_from},
                          {"final_train_accuracy", f.final_train_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_train_accuracy)},
-                         {"final_test_accuracy", f.final_test_accuracy},
+                         {"final_test_accuracy", f.final_test_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_test_accuracy)},
                          {"epochs", epochs},
                          {"configuration", s.configuration}};
   json["unreached_phase"] = unreached_phase_json(s.unreached_phase);
@@ -197,7 +197,7 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                              {"breakdown", times_to_json(f.mean)},
                              {"predicted_iteration_s", f.predicted_iteration},
                              {"final_train_accuracy", f.final_train_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_train_accuracy)},
-                             {"final_test_accuracy", f.final_test_accuracy},
+                             {"final_test_accuracy", f.final_test_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_test_accuracy)},
                              {"bucket_plan", f.report->bucket_plan()},
                              {"allreduce_calls_per_iteration", f.report->allreduce_calls()},
                              {"speedup", base > 0 ? f.throughput / base : 0},

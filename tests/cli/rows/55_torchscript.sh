@@ -73,3 +73,44 @@ TIMEOUT=180 run train --model "$TS/transformer.pt" --algo sapipe+wp3 --data synt
 expect_success "torchscript/sapipe-pipelines" $? "$R/ts-sapipe.out" "$R/ts-sapipe.err"
 expect_contains "torchscript/sapipe-report" "$R/ts-sapipe.out" "SAPipe partial staleness: k = " "pipelined from iteration 18"
 if grep -qF "never pipelined" "$R/ts-sapipe.out"; then fail "torchscript/sapipe-pipelined" "the run never pipelined"; else pass "torchscript/sapipe-pipelined"; fi
+
+# --loss mse end to end: regression.pt (inputs [batch, 4], output [batch, 1]) on float32 targets
+# y = x . w + 0.5 in npy files; the loss falls and no accuracy is reported (null).
+MSE=$TMP/mse-data
+if /usr/bin/python3 - "$MSE" >"$R/mse-data.log" 2>&1 <<'PY'
+import os, sys
+import numpy as np
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+rng = np.random.default_rng(0)
+w = np.array([0.5, -1.0, 0.25, 2.0], dtype=np.float32)
+for split, n in (("train", 512), ("test", 128)):
+    x = rng.standard_normal((n, 4)).astype(np.float32)
+    np.save(f"{d}/{split}_x.npy", x)
+    np.save(f"{d}/{split}_y.npy", (x @ w + 0.5).astype(np.float32).reshape(n, 1))
+os.makedirs(d + "-labels", exist_ok=True)
+for split, n in (("train", 64), ("test", 16)):
+    np.save(f"{d}-labels/{split}_x.npy", rng.standard_normal((n, 4)).astype(np.float32))
+    np.save(f"{d}-labels/{split}_y.npy", rng.integers(0, 3, n))
+PY
+then pass "torchscript/mse-data"; else fail "torchscript/mse-data" "numpy data: $(excerpt "$R/mse-data.log")"; fi
+run train --model "$TS/regression.pt" --loss mse --data "npy:$MSE" --iters 20 --workers 2 --quiet --out "$R/ts-mse" \
+  >"$R/ts-mse.out" 2>"$R/ts-mse.err"
+expect_success "torchscript/train-mse-regression" $? "$R/ts-mse.out" "$R/ts-mse.err"
+pycheck "torchscript/mse-loss-falls-no-accuracy" "$R/ts-mse" <<'PY'
+import json, sys
+d = sys.argv[1]
+s = json.load(open(f"{d}/summary.json"))
+assert s["final_train_accuracy"] is None and s["final_test_accuracy"] is None, (s["final_train_accuracy"], s["final_test_accuracy"])
+losses = [r["loss"] for r in map(json.loads, open(f"{d}/metrics.jsonl")) if r["type"] == "iteration"]
+assert len(losses) == 20, len(losses)
+first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+assert last < 0.5 * first, f"mse loss did not fall: first {first}, last {last}"
+epochs = [r for r in map(json.loads, open(f"{d}/metrics.jsonl")) if r["type"] == "epoch"]
+assert epochs and epochs[-1]["train_accuracy"] is None and epochs[-1]["test_loss"] > 0, epochs[-1]
+PY
+# The loss and the data disagree: one line, non-zero exit.
+row ts-mse-on-labels   2 "--loss mse needs regression targets" \
+  train --model "$TS/regression.pt" --loss mse --data "npy:$MSE-labels" --iters 2 --workers 2 --quiet
+row ts-ce-on-targets   2 "--loss cross-entropy" \
+  train --model "$TS/regression.pt" --data "npy:$MSE" --iters 2 --workers 2 --quiet
