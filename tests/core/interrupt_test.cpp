@@ -195,19 +195,17 @@ TEST(InterruptedRunTest, RanksThatAreProcessesStopWithoutHanging) {
     SCOPED_TRACE(concat(spec, rank_1_only ? ", rank 1 signalled" : ", every rank signalled"));
     TrainConfig config = tiny_config(spec, 3);
     config.iterations = kLength;
-    set_timeout(config, std::chrono::seconds(60));  // a hang would be a test timeout, not a pass
+    set_timeout(config, std::chrono::seconds(60));  // a hang: a timed-out wait throws, failing the run
     std::atomic<int> flag{0};
     TempDir out;
     config.out_dir = out.path();
     std::vector<RunSummary> summaries(3);
     const ModelFactory factory = flagging(flag, SIGTERM);
-    const auto start = Clock::now();
     run_ranks(3, [&](int rank, Transport& transport) {
       TrainConfig own = config;
       own.interrupt = !rank_1_only || rank == 1 ? &flag : nullptr;
       summaries[static_cast<std::size_t>(rank)] = run_training_rank(own, factory, data(), transport);
     });
-    EXPECT_LT(seconds_since(start), 30.0);
     for (const RunSummary& summary : summaries) {
       ASSERT_TRUE(summary.interrupted);
       EXPECT_EQ(summary.interrupted->signal, SIGTERM);
