@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 
+#include "fuzz_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/data/npy_reader.h"
 
@@ -30,20 +31,12 @@ namespace {
 
 // A file of our own in tmpfs when there is one; written for every input and removed after reading.
 const std::string& temp_path() {
-  static const std::string path = [] {
-    const char* dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::getenv("TMPDIR");
-    return std::string(dir != nullptr ? dir : "/tmp") + "/pipesgd_npy_fuzz_" + std::to_string(getpid()) + ".npy";
-  }();
+  static const std::string path = pipesgd_fuzz::temp_file_path("pipesgd_npy_fuzz", ".npy");
   return path;
 }
 
 void write_file(const std::string& path, std::span<const std::uint8_t> bytes) {
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) finding("cannot create the temporary file", path);
-  if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), file) != bytes.size()) {
-    finding("cannot write the temporary file", path);
-  }
-  std::fclose(file);
+  if (const char* failure = pipesgd_fuzz::write_whole_file(path, bytes)) finding(failure, path);
 }
 
 void check_message(const pipesgd::DataError& error) {
