@@ -46,10 +46,16 @@
 // they read as undefined outside that window. Changing .grad() or the parameters by hand between
 // backward and step() is not supported.
 //
+// Saving and restoring (resume; starting every worker from one state): step_and_save_state() is
+// step() that also returns the optimizer's state at the step's boundary, load_state() continues
+// from such a state on a new optimizer, and broadcast_optimizer_state() gives every worker root's.
+// See OptimizerState below.
+//
 // Threads: used by its worker's thread only. Errors: UsageError with the CLI's one-line message
 // for a bad spec, flag or hyper-parameter; CommError for a peer (timeouts from options.timeout).
 // After an exception the optimizer is unusable (destroy it).
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -61,6 +67,16 @@
 #include "pipesgd/world.h"
 
 namespace pipesgd {
+
+// The whole state of a DistributedOptimizer at a step boundary, what it needs to go on exactly with
+// the next step: the iteration, the layers' order in the flat buffer, the flat parameters as they
+// are between the method's end of one iteration and the beginning of the next (where the CLI's
+// --checkpoint-dir saves), and the method's own state (momentum or Adam moments, the pipeline's
+// updates in flight, SAPipe's stale gradients, the codecs' residuals, ...). Opaque bytes in
+// pipesgd's checkpoint format (checksummed): store them as they are, e.g. in a file per worker.
+struct OptimizerState {
+  std::vector<std::byte> bytes;
+};
 
 struct DistributedOptimizerOptions {
   // "sgd" (momentum, weight decay as torch::optim::SGD, dampening 0, no Nesterov) or "adam"
@@ -114,6 +130,20 @@ class DistributedOptimizer {
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
   void step();
+  // step(), returning the state at its boundary (see OptimizerState): loading it into a new
+  // optimizer and running the same steps on the same batches gives the same parameters, bit for
+  // bit, as going on with this one. It waits for the communication in flight at the boundary, so
+  // it costs the overlap of one step: save every few hundred steps, not every step. UsageError for a
+  // parameter-server method (its state lives on the servers).
+  OptimizerState step_and_save_state();
+  // Continues from `state`, saved by step_and_save_state() of an optimizer of the same
+  // configuration (method spec, flags, hyper-parameters, schedule, worker count) over a module with
+  // the same layers: restores the parameters, the method's state and the iteration, so the next
+  // backward is the saved optimizer's next step. Call it on a new optimizer, before its first
+  // backward, on every worker (each with its own saved state for a bit-identical resume; see
+  // broadcast_optimizer_state for starting all from one). UsageError for a state of another
+  // configuration or module, or when called later; DataError for corrupt bytes.
+  void load_state(const OptimizerState& state);
   void zero_grad();
   // Applies every update still in flight (the method's finish) and ends training with this
   // optimizer; step() after it is a UsageError. Idempotent.
@@ -129,6 +159,7 @@ class DistributedOptimizer {
   torch::Tensor flat_parameters();
 
   struct Impl;
+  Impl& impl() { return *impl_; }
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -145,5 +176,14 @@ std::vector<MethodInfo> available_methods();
 
 // Same as worker.broadcast_parameters(module, root).
 void broadcast_parameters(Worker& worker, torch::nn::Module& module, int root = 0);
+
+// Every worker's optimizer state becomes root's (as Horovod's broadcast_optimizer_state): the
+// state root's optimizer was loaded with (load_state), or else root's fresh state (its parameters,
+// iteration 0). A collective: every worker calls it on its new optimizer before the first backward
+// (the usual resume: root loads the saved state, then this). Method state that is per worker by
+// nature (the codecs' residuals, a local optimizer's weights) becomes root's too; for a
+// bit-identical resume of such methods let each worker load its own state. UsageError after the
+// first backward or a bad root.
+void broadcast_optimizer_state(Worker& worker, DistributedOptimizer& optimizer, int root = 0);
 
 }  // namespace pipesgd

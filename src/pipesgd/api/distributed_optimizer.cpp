@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <iomanip>
 #include <sstream>
 #include <unordered_set>
@@ -12,6 +13,7 @@
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/api/server_ranks.h"
 #include "pipesgd/api/worker_impl.h"
+#include "pipesgd/core/checkpoint.h"
 #include "pipesgd/torch/parameter_binding.h"
 
 namespace pipesgd {
@@ -53,6 +55,25 @@ std::vector<ParameterSegment> layers_of(torch::nn::Module& module) {
   return segments;
 }
 
+// The binding's segments (names and parameter tensors) in the order `order` gives (old indices).
+std::vector<ParameterSegment> segments_in_order(const ParameterBinding& binding, const std::vector<std::size_t>& order) {
+  const Layout& layout = binding.layout();
+  std::vector<ParameterSegment> old_segments(layout.segment_count());
+  const auto& tensors = binding.tensors();
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    ParameterSegment& segment = old_segments[binding.tensor_segment(k)];
+    segment.name = layout.segment(binding.tensor_segment(k)).name;
+    segment.parameters.push_back(tensors[k]);
+  }
+  std::vector<ParameterSegment> segments;
+  for (std::size_t s : order) segments.push_back(std::move(old_segments[s]));
+  return segments;
+}
+
+// OptimizerState's sections (besides the method's own, written by its save_state).
+constexpr std::int64_t kStateFormat = 1;
+constexpr const char* kStateOrigin = "the optimizer state";
+
 }  // namespace
 
 struct DistributedOptimizer::Impl final : FlatParameters {
@@ -69,6 +90,15 @@ struct DistributedOptimizer::Impl final : FlatParameters {
   Transport& method_transport() { return uses_servers ? worker.world : worker.workers; }
   void first_step();
   void next_step();
+  // What must match between a saved state and the optimizer that loads it.
+  std::string configuration() const;
+  // The state at this point: call between end_iteration(next - 1) and begin_iteration(next), or
+  // with next == 0 before the first step (the fresh state).
+  std::vector<std::byte> capture_state(std::int64_t next);
+  // Makes this optimizer continue from `bytes` (a new optimizer before its first backward).
+  void restore_state(std::span<const std::byte> bytes);
+  // UsageError unless this is a new optimizer before its first backward (`call` names the caller).
+  void check_restorable(const char* call) const;
   void arm(std::span<float> gradients) {
     gradients_ = gradients;
     const SegmentReadyFn* ready = method ? method->segment_ready() : &record_first_backward;
@@ -96,7 +126,107 @@ struct DistributedOptimizer::Impl final : FlatParameters {
   std::int64_t t = 0;
   bool finished = false;
   bool failed = false;
+  bool stepped = false;  // step() was called
+  // Where step() puts the state at its boundary (step_and_save_state), or nullptr.
+  std::vector<std::byte>* save_state_into = nullptr;
+  // The state load_state() restored, until the first step (broadcast_optimizer_state sends it).
+  std::vector<std::byte> loaded_state;
 };
+
+std::string DistributedOptimizer::Impl::configuration() const {
+  const std::string method_options = selection.options->fingerprint();
+  return concat("method ", spec, " (", fingerprint(selection.common), method_options.empty() ? "" : ", ",
+                method_options, ", warm-up ", warmup_iterations, " iterations, ", schedule_length.iterations_per_epoch,
+                " iterations per epoch, ", schedule_length.total_iterations, " in all), ", worker.worker_count,
+                " workers");
+}
+
+std::vector<std::byte> DistributedOptimizer::Impl::capture_state(std::int64_t next) {
+  CheckpointWriter out;
+  out.add_int("api.format", kStateFormat);
+  out.add_string("api.configuration", configuration());
+  out.add_int("api.next_iteration", next);
+  nlohmann::json layers = nlohmann::json::array();
+  for (const Segment& segment : binding->layout().segments()) layers.push_back({segment.name, segment.count});
+  out.add_string("api.layers", layers.dump());
+  out.add("api.parameters", std::span<const float>(binding->parameters()));
+  if (method) method->save_state(out);
+  return out.serialize();
+}
+
+void DistributedOptimizer::Impl::check_restorable(const char* call) const {
+  check_usable(call);
+  if (stepped || !binding->parameter_readiness_order().empty()) {
+    throw UsageError(concat("DistributedOptimizer::", call, ": call it on a new optimizer, before its first backward"));
+  }
+}
+
+void DistributedOptimizer::Impl::restore_state(std::span<const std::byte> bytes) {
+  const CheckpointReader in = CheckpointReader::parse(bytes, kStateOrigin);
+  if (in.integer("api.format") != kStateFormat) {
+    throw DataError(concat("checkpoint '", kStateOrigin, "': format ", in.integer("api.format"), ", this pipesgd reads ", kStateFormat));
+  }
+  const std::string saved_configuration(in.string("api.configuration"));
+  if (saved_configuration != configuration()) {
+    throw UsageError(concat("the optimizer state was saved by another configuration: saved '", saved_configuration,
+                            "', this optimizer '", configuration(), "'"));
+  }
+  const std::int64_t next = in.integer("api.next_iteration");
+  if (next < 0) throw DataError(concat("checkpoint '", kStateOrigin, "': next iteration ", next));
+  // The saved layer order, as indices of this binding's segments.
+  nlohmann::json layers;
+  try {
+    layers = nlohmann::json::parse(in.string("api.layers"));
+  } catch (const nlohmann::json::exception&) {
+    throw DataError(concat("checkpoint '", kStateOrigin, "': its layer list does not parse"));
+  }
+  const Layout& layout = binding->layout();
+  auto describe = [](const Layout& of) {
+    std::string text;
+    for (const Segment& segment : of.segments()) text += concat(text.empty() ? "" : ", ", segment.name, " (", segment.count, ")");
+    return text;
+  };
+  std::vector<std::size_t> order;
+  std::vector<char> used(layout.segment_count(), 0);
+  const std::string mismatch = concat("the optimizer state was saved for other layers than this module's (", describe(layout), ")");
+  if (!layers.is_array() || layers.size() != layout.segment_count()) throw UsageError(mismatch);
+  for (const nlohmann::json& layer : layers) {
+    if (!layer.is_array() || layer.size() != 2 || !layer[0].is_string() || !layer[1].is_number_unsigned()) {
+      throw DataError(concat("checkpoint '", kStateOrigin, "': its layer list is malformed"));
+    }
+    std::size_t found = layout.segment_count();
+    for (std::size_t s = 0; s < layout.segment_count(); ++s) {
+      if (!used[s] && layout.segment(s).name == layer[0].get<std::string>() && layout.segment(s).count == layer[1].get<std::size_t>()) found = s;
+    }
+    if (found == layout.segment_count()) throw UsageError(mismatch);
+    used[found] = 1;
+    order.push_back(found);
+  }
+  const std::span<const float> parameters = in.floats("api.parameters", layout.total());
+  if (uses_servers && next > 0) {
+    throw UsageError(concat("'", spec, "' keeps its state on its parameter servers: the API saves and loads the state of worker-only methods"));
+  }
+  // Everything checked: from here on a failure leaves the optimizer unusable.
+  failed = true;
+  binding->disarm();
+  method.reset();
+  std::vector<ParameterSegment> segments = segments_in_order(*binding, order);
+  binding.reset();
+  binding = std::make_unique<ParameterBinding>(std::move(segments));
+  std::copy(parameters.begin(), parameters.end(), binding->parameters().begin());
+  times = IterationTimes{};
+  t = next;
+  if (next == 0) {
+    first_gradients.assign(binding->layout().total(), 0.0f);
+    arm(first_gradients);
+  } else {
+    method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length);
+    method->load_state(in, next);
+    first_gradients = {};
+    arm(method->begin_iteration(t, times));
+  }
+  failed = false;
+}
 
 void DistributedOptimizer::Impl::first_step() {
   binding->finish();
@@ -134,17 +264,7 @@ void DistributedOptimizer::Impl::first_step() {
   }
   forward.insert(forward.end(), by_completion.rbegin(), by_completion.rend());
   const Layout old_layout = binding->layout();
-  std::vector<ParameterSegment> segments;
-  {
-    std::vector<ParameterSegment> old_segments(count);
-    const auto& tensors = binding->tensors();
-    for (std::size_t k = 0; k < tensors.size(); ++k) {
-      ParameterSegment& segment = old_segments[binding->tensor_segment(k)];
-      segment.name = old_layout.segment(binding->tensor_segment(k)).name;
-      segment.parameters.push_back(tensors[k]);
-    }
-    for (std::size_t s : forward) segments.push_back(std::move(old_segments[s]));
-  }
+  std::vector<ParameterSegment> segments = segments_in_order(*binding, forward);
   binding.reset();
   binding = std::make_unique<ParameterBinding>(std::move(segments));
   if (uses_servers && w.workers.rank() == 0) {
@@ -182,7 +302,9 @@ void DistributedOptimizer::Impl::first_step() {
     for (std::size_t k = count; k-- > 0;) (*ready)(k, first_seconds[forward[k]]);
   }
   method->end_iteration(0, times);
+  if (save_state_into != nullptr) *save_state_into = capture_state(1);
   first_gradients = {};
+  loaded_state = {};
   t = 1;
   times = IterationTimes{};
   arm(method->begin_iteration(t, times));
@@ -191,6 +313,8 @@ void DistributedOptimizer::Impl::first_step() {
 void DistributedOptimizer::Impl::next_step() {
   binding->finish();
   method->end_iteration(t, times);
+  if (save_state_into != nullptr) *save_state_into = capture_state(t + 1);
+  loaded_state = {};
   ++t;
   times = IterationTimes{};
   arm(method->begin_iteration(t, times));
@@ -263,6 +387,7 @@ DistributedOptimizer::~DistributedOptimizer() {
 
 void DistributedOptimizer::step() {
   impl_->check_usable("step");
+  impl_->stepped = true;
   try {
     if (!impl_->method) {
       impl_->first_step();
@@ -274,6 +399,30 @@ void DistributedOptimizer::step() {
     if (impl_->binding) impl_->binding->disarm();
     throw;
   }
+}
+
+OptimizerState DistributedOptimizer::step_and_save_state() {
+  impl_->check_usable("step_and_save_state");
+  if (impl_->uses_servers) {
+    throw UsageError(concat("DistributedOptimizer::step_and_save_state: '", impl_->spec, "' keeps its state on its ",
+                            "parameter servers: the API saves the state of worker-only methods"));
+  }
+  OptimizerState state;
+  impl_->save_state_into = &state.bytes;
+  try {
+    step();
+  } catch (...) {
+    impl_->save_state_into = nullptr;
+    throw;
+  }
+  impl_->save_state_into = nullptr;
+  return state;
+}
+
+void DistributedOptimizer::load_state(const OptimizerState& state) {
+  impl_->check_restorable("load_state");
+  impl_->restore_state(state.bytes);
+  impl_->loaded_state = state.bytes;
 }
 
 void DistributedOptimizer::zero_grad() {
@@ -293,6 +442,27 @@ void DistributedOptimizer::finish() {
     impl_->failed = true;
     throw;
   }
+}
+
+void broadcast_optimizer_state(Worker& worker, DistributedOptimizer& optimizer, int root) {
+  DistributedOptimizer::Impl& impl = optimizer.impl();
+  if (root < 0 || root >= worker.size()) {
+    throw UsageError(concat("broadcast_optimizer_state: root ", root, " is not a worker rank (0..", worker.size() - 1, ")"));
+  }
+  if (&worker.impl() != &impl.worker) throw UsageError("broadcast_optimizer_state: the optimizer belongs to another worker");
+  impl.check_restorable("broadcast_optimizer_state");
+  std::vector<std::byte> state;
+  if (worker.rank() == root) state = impl.loaded_state.empty() ? impl.capture_state(0) : impl.loaded_state;
+  torch::Tensor size = torch::tensor({static_cast<std::int64_t>(state.size())}, torch::kInt64);
+  worker.broadcast(size, root);
+  torch::Tensor bytes = torch::empty({size.item<std::int64_t>()}, torch::kUInt8);
+  if (worker.rank() == root) std::memcpy(bytes.data_ptr(), state.data(), state.size());
+  worker.broadcast(bytes, root);
+  if (worker.rank() == root) return;
+  state.resize(static_cast<std::size_t>(bytes.numel()));
+  std::memcpy(state.data(), bytes.data_ptr(), state.size());
+  impl.restore_state(state);
+  impl.loaded_state = std::move(state);
 }
 
 std::vector<MethodInfo> available_methods() {
