@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pipesgd/pipesgd.h"
+#include "test_modules.h"
 
 namespace {
 
@@ -363,15 +364,7 @@ TEST(DistributedOptimizer, PipeK2EqualsHandComputedSequence) {
   }
 }
 
-// A user's convnet-like module with three parameter layers (enough for every method's options).
-struct ThreeLayerNetImpl : torch::nn::Module {
-  ThreeLayerNetImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(4, 8))), fc2(register_module("fc2", torch::nn::Linear(8, 8))),
-        fc3(register_module("fc3", torch::nn::Linear(8, 3))) {}
-  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(ThreeLayerNet);
+using pipesgd_test::ThreeLayerNet;
 
 class EveryMethod : public ::testing::TestWithParam<pipesgd::MethodInfo> {};
 
@@ -435,12 +428,7 @@ TEST(DistributedOptimizer, SpecsWithOptionsRun) {
 
 // The first step rebuilds the layout in backward readiness order: a module whose layers are
 // registered in an order its forward does not follow gets its buffer in forward order.
-struct ReversedImpl : torch::nn::Module {
-  ReversedImpl() : last(register_module("last", torch::nn::Linear(5, 2))), first(register_module("first", torch::nn::Linear(3, 5))) {}
-  torch::Tensor forward(torch::Tensor x) { return last(torch::tanh(first(x))); }
-  torch::nn::Linear last, first;
-};
-TORCH_MODULE(Reversed);
+using pipesgd_test::Reversed;
 
 TEST(DistributedOptimizer, FirstStepOrdersLayersByReadiness) {
   pipesgd::run_threads(1, [](Worker& w) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pipesgd/pipesgd.h"
+#include "test_modules.h"
 
 namespace {
 
@@ -19,15 +20,8 @@ using pipesgd::OptimizerState;
 using pipesgd::Worker;
 using pipesgd::WorldOptions;
 
-// A user's module with three parameter layers.
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(4, 8))), fc2(register_module("fc2", torch::nn::Linear(8, 8))),
-        fc3(register_module("fc3", torch::nn::Linear(8, 3))) {}
-  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Net);
+using Net = pipesgd_test::ThreeLayerNet;
+using pipesgd_test::Reversed;
 
 constexpr std::int64_t kBatch = 4;
 
@@ -284,12 +278,6 @@ TEST(BroadcastOptimizerState, FreshRootGivesItsParameters) {
 }
 
 // The saved layer order (the first step's readiness rebuild) is restored with the state.
-struct ReversedImpl : torch::nn::Module {
-  ReversedImpl() : last(register_module("last", torch::nn::Linear(5, 2))), first(register_module("first", torch::nn::Linear(3, 5))) {}
-  torch::Tensor forward(torch::Tensor x) { return last(torch::tanh(first(x))); }
-  torch::nn::Linear last, first;
-};
-TORCH_MODULE(Reversed);
 
 TEST(LoadState, RestoresTheLayerOrder) {
   pipesgd::run_threads(1, [](Worker& w) {

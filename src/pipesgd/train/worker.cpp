@@ -20,9 +20,16 @@
 namespace pipesgd {
 namespace {
 
-// The trainer's own messages (epoch-end loss reduction and barrier) use the control channel: epoch
-// e uses sequences 2e and 2e + 1 (the result gathering after the run 2 * epochs).
+// The trainer's own messages (epoch-end loss reduction and rank 0's evaluation) use the control
+// channel: epoch e uses sequences 2e and 2e + 1 (the result gathering after the run 2 * epochs).
 Tag control_tag(std::int64_t sequence) { return collective_tag(Channel::kControl, static_cast<std::uint64_t>(sequence)); }
+
+// Rank 0's words to the others while it evaluates (message k of epoch e: step k of sequence 2e + 1,
+// one byte). The step field has 12 bits: rank 0 stops sending kStillEvaluating before the last.
+constexpr std::byte kStillEvaluating{1};
+constexpr std::byte kEvaluationDone{0};
+constexpr int kLastEvaluationMessage = (1 << 12) - 1;
+constexpr const char* kEvaluationWait = "waiting for rank 0's evaluation";
 
 // True if every element of `values` is finite (no NaN or Inf): the exponent bits of none are all
 // ones. An integer OR over the bits, so the loop vectorizes.
@@ -134,13 +141,15 @@ class ConsistencyCheck {
   std::vector<float> pieces_;
 };
 
-Evaluation evaluate(Model& model, const Dataset& test) {
+// The whole test set through `model`, 1000 examples at a time; after_chunk runs after each.
+Evaluation evaluate(Model& model, const Dataset& test, const std::function<void()>& after_chunk) {
   Evaluation total;
   for_each_chunk(test, 0, test.size, 1000, [&](const Batch& batch) {
     Evaluation part = model.evaluate(batch);
     total.loss_sum += part.loss_sum;
     total.correct += part.correct;
     total.count += part.count;
+    after_chunk();
   });
   return total;
 }
@@ -355,41 +364,77 @@ class WorkerLoop {
     checkpoints_.submit(std::move(files), [this] { prune_run_checkpoints(run_); });
   }
 
+  // Rank 0 tells every other worker `word` as epoch `epoch`'s message `message` (then counts it).
+  void tell_workers(std::int64_t epoch, int& message, std::byte word) {
+    const Tag tag = step_tag(control_tag(2 * epoch + 1), message++, 0);
+    std::vector<Request> sends;
+    for (int peer = 1; peer < worker_ranks_.size(); ++peer) {
+      sends.push_back(worker_ranks_.send(peer, tag, std::span<const std::byte>(&word, 1), kEvaluationWait));
+    }
+    for (Request& send : sends) send.wait(config_.method.common.timeout);
+  }
+
+  // The other workers: wait until rank 0 says its evaluation is done. Each wait has the comm
+  // timeout; rank 0 says it is still evaluating often enough (see end_epoch).
+  void wait_for_evaluation(std::int64_t epoch) {
+    for (int message = 0;; ++message) {
+      std::byte word{};
+      worker_ranks_.recv(0, step_tag(control_tag(2 * epoch + 1), message, 0), std::span<std::byte>(&word, 1), kEvaluationWait)
+          .wait(config_.method.common.timeout);
+      if (word == kEvaluationDone) return;
+      if (message == kLastEvaluationMessage) {
+        throw CommError(concat(kEvaluationWait, ": rank 0 sent ", message + 1, " messages without finishing"));
+      }
+    }
+  }
+
   // Epoch end: mean training loss over all workers (this reduction is also a barrier), then rank 0
-  // evaluates while the others wait at a second barrier, so evaluation never pollutes timings.
+  // evaluates while the others wait for its word that it is done, so evaluation never pollutes
+  // timings. Evaluating a large model on one core can take longer than the comm timeout: between
+  // test chunks, whenever a quarter of the timeout has passed since its last word, rank 0 tells the
+  // others it is still evaluating, so a long evaluation never looks like a dead peer (a single
+  // 1000-example chunk must still take less than the timeout).
   // (Counts up to 2^24 are exact in fp32: an epoch of this run has at most that many examples.)
   void end_epoch(std::int64_t epoch, std::int64_t count) {
     float reduced[3] = {static_cast<float>(sums_.loss), static_cast<float>(count), static_cast<float>(sums_.correct)};
     control_.run(reduced, control_tag(2 * epoch));
-    if (leader_ != nullptr) {
-      EpochRecord record;
-      record.epoch = epoch + 1;
-      record.iterations = t_;
-      record.train_loss = reduced[1] > 0 ? reduced[0] / reduced[1] : 0;
-      record.train_accuracy = reduced[1] > 0 ? reduced[2] / (reduced[1] * static_cast<double>(config_.batch)) : 0;
-      record.elapsed_seconds = train_seconds_;
-      if (!config_.has_accuracy) record.train_accuracy = -1;
-      std::string result = concat("train loss ", std::fixed, std::setprecision(4), record.train_loss);
-      if (config_.has_accuracy) {
-        result += concat(", train accuracy ", std::setprecision(2), record.train_accuracy * 100, "%");
-      }
-      if (config_.evaluate) {
-        const Evaluation evaluation = evaluate(model_, data_.test);
-        record.test_accuracy = evaluation.count && config_.has_accuracy ? double(evaluation.correct) / evaluation.count
-                                                                        : (config_.has_accuracy ? 0 : -1);
-        record.test_loss = evaluation.count ? evaluation.loss_sum / evaluation.count : 0;
-        if (config_.has_accuracy) {
-          result += concat(", test accuracy ", std::fixed, std::setprecision(2), record.test_accuracy * 100, "%");
-        } else {
-          result += concat(", test loss ", std::fixed, std::setprecision(4), record.test_loss);
-        }
-      }
-      progress_.end_epoch(result);
-      leader_->epochs.push_back(record);
-      if (metrics_ != nullptr) metrics_->add_epoch(record);
+    if (leader_ == nullptr) {
+      wait_for_evaluation(epoch);
+      return;
     }
-    float token[1] = {0};
-    control_.run(token, control_tag(2 * epoch + 1));
+    int message = 0;
+    EpochRecord record;
+    record.epoch = epoch + 1;
+    record.iterations = t_;
+    record.train_loss = reduced[1] > 0 ? reduced[0] / reduced[1] : 0;
+    record.train_accuracy = reduced[1] > 0 ? reduced[2] / (reduced[1] * static_cast<double>(config_.batch)) : 0;
+    record.elapsed_seconds = train_seconds_;
+    if (!config_.has_accuracy) record.train_accuracy = -1;
+    std::string result = concat("train loss ", std::fixed, std::setprecision(4), record.train_loss);
+    if (config_.has_accuracy) {
+      result += concat(", train accuracy ", std::setprecision(2), record.train_accuracy * 100, "%");
+    }
+    if (config_.evaluate) {
+      Clock::time_point last_word = Clock::now();
+      const auto word_interval = config_.method.common.timeout / 4;
+      const Evaluation evaluation = evaluate(model_, data_.test, [&] {
+        if (Clock::now() - last_word < word_interval || message == kLastEvaluationMessage) return;
+        tell_workers(epoch, message, kStillEvaluating);
+        last_word = Clock::now();
+      });
+      record.test_accuracy = evaluation.count && config_.has_accuracy ? double(evaluation.correct) / evaluation.count
+                                                                      : (config_.has_accuracy ? 0 : -1);
+      record.test_loss = evaluation.count ? evaluation.loss_sum / evaluation.count : 0;
+      if (config_.has_accuracy) {
+        result += concat(", test accuracy ", std::fixed, std::setprecision(2), record.test_accuracy * 100, "%");
+      } else {
+        result += concat(", test loss ", std::fixed, std::setprecision(4), record.test_loss);
+      }
+    }
+    progress_.end_epoch(result);
+    leader_->epochs.push_back(record);
+    if (metrics_ != nullptr) metrics_->add_epoch(record);
+    tell_workers(epoch, message, kEvaluationDone);
   }
 
   const RunContext& run_;
