@@ -272,6 +272,11 @@ TEST(TorchScriptModelTest, BadInputIsOneLine) {
       load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/regression-memo-index-oom",
            Loss::kCrossEntropy, labelled),
       "pickle memo index 671107865 beyond its 561 bytes");
+  // A corrupt source-range pickle (.debug_pkl) on which LibTorch allocated 1.8 GB before failing.
+  expect_one_line_error<DataError>(
+      load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/regression-debug-pkl-oom",
+           Loss::kCrossEntropy, labelled),
+      "__torch__.py.debug_pkl: pickle");
   EXPECT_THROW(parse_loss("hinge"), UsageError);
 }
 
