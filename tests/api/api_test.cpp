@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <mutex>
 #include <ostream>
 #include <string>
@@ -167,6 +168,26 @@ std::vector<std::vector<torch::Tensor>> train_with_api(int workers, const std::s
   return result;
 }
 
+// The oracle: single-process torch::optim::SGD from `initial`'s weights, batch `global_batch` (the
+// workers' batches of an iteration together), the learning rate of step t from lr_of(t).
+std::vector<torch::Tensor> sgd_reference(TwoLayerNet initial, const Samples& data, std::int64_t global_batch,
+                                         int iterations, const torch::optim::SGDOptions& sgd_options,
+                                         const std::function<double(std::int64_t)>& lr_of) {
+  TwoLayerNet reference(4, 6, 3);
+  copy_parameters(*reference, *initial);
+  torch::optim::SGD sgd(reference->parameters(), sgd_options);
+  for (int t = 0; t < iterations; ++t) {
+    const std::int64_t first = t * global_batch;
+    for (auto& group : sgd.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr_of(t));
+    sgd.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(data.x.slice(0, first, first + global_batch)),
+                                         data.y.slice(0, first, first + global_batch))
+        .backward();
+    sgd.step();
+  }
+  return clone_parameters(*reference);
+}
+
 struct OracleCase {
   float momentum;
   float weight_decay;
@@ -189,19 +210,9 @@ TEST_P(DsyncOracle, ThreeWorkersEqualSgdWithTripleBatch) {
   options.weight_decay = c.weight_decay;
   const auto replicas = train_with_api(kWorkers, "dsync", options, initial, data, kBatch, kIterations);
 
-  TwoLayerNet reference(4, 6, 3);
-  copy_parameters(*reference, *initial);
-  torch::optim::SGD sgd(reference->parameters(),
-                        torch::optim::SGDOptions(0.2).momentum(c.momentum).weight_decay(c.weight_decay));
-  for (int t = 0; t < kIterations; ++t) {
-    const std::int64_t first = t * kWorkers * kBatch;
-    sgd.zero_grad();
-    torch::nn::functional::cross_entropy(reference->forward(data.x.slice(0, first, first + kWorkers * kBatch)),
-                                         data.y.slice(0, first, first + kWorkers * kBatch))
-        .backward();
-    sgd.step();
-  }
-  const auto expected = clone_parameters(*reference);
+  const auto expected = sgd_reference(initial, data, kWorkers * kBatch, kIterations,
+                                      torch::optim::SGDOptions(0.2).momentum(c.momentum).weight_decay(c.weight_decay),
+                                      [](std::int64_t) { return 0.2; });
   EXPECT_GT(relative_error(clone_parameters(*initial), expected), 1e-3);  // training moved the weights
   for (const auto& replica : replicas) EXPECT_LE(relative_error(replica, expected), 1e-5);
 }
@@ -256,21 +267,9 @@ TEST_P(ScheduleOracle, DsyncEqualsSgdWithTheLrSetPerStep) {
   options.lr_warmup_iterations = 0;
   const auto constant = train_with_api(kWorkers, "dsync", options, initial, data, kBatch, kIterations);
 
-  TwoLayerNet reference(4, 6, 3);
-  copy_parameters(*reference, *initial);
-  torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum));
-  for (int t = 0; t < kIterations; ++t) {
-    const std::int64_t first = t * kWorkers * kBatch;
-    for (auto& group : sgd.param_groups()) {
-      static_cast<torch::optim::SGDOptions&>(group.options()).lr(kLr * schedule_factor(c, t));
-    }
-    sgd.zero_grad();
-    torch::nn::functional::cross_entropy(reference->forward(data.x.slice(0, first, first + kWorkers * kBatch)),
-                                         data.y.slice(0, first, first + kWorkers * kBatch))
-        .backward();
-    sgd.step();
-  }
-  const auto expected = clone_parameters(*reference);
+  const auto expected = sgd_reference(initial, data, kWorkers * kBatch, kIterations,
+                                      torch::optim::SGDOptions(kLr).momentum(kMomentum),
+                                      [&](std::int64_t t) { return kLr * schedule_factor(c, t); });
   EXPECT_GT(relative_error(constant[0], expected), 1e-3);  // the schedule changed the run
   for (const auto& replica : replicas) EXPECT_LE(relative_error(replica, expected), 1e-5);
 }

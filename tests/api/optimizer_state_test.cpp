@@ -88,6 +88,17 @@ DistributedOptimizerOptions options_of(const ResumeCase& c) {
 
 constexpr int kIterations = 9;
 
+// Steps `from` .. kIterations - 1 of worker `rank`, then finish(); returns its final parameters.
+std::vector<torch::Tensor> train_to_the_end(DistributedOptimizer& opt, Net& model, const Samples& data,
+                                            const ResumeCase& c, int rank, int from) {
+  for (int t = from; t < kIterations; ++t) {
+    backward(model, data, c.workers, rank, t);
+    opt.step();
+  }
+  opt.finish();
+  return parameters_of(model);
+}
+
 // Every worker's final parameters after kIterations steps without interruption.
 std::vector<std::vector<torch::Tensor>> straight_run(const ResumeCase& c, const Samples& data) {
   std::vector<std::vector<torch::Tensor>> finals(static_cast<std::size_t>(c.workers));
@@ -95,34 +106,33 @@ std::vector<std::vector<torch::Tensor>> straight_run(const ResumeCase& c, const 
   pipesgd::run_threads(c.workers, [&](Worker& w) {
     Net model = copy_of(initial);
     DistributedOptimizer opt(w, model, c.spec, options_of(c));
-    for (int t = 0; t < kIterations; ++t) {
-      backward(model, data, c.workers, w.rank(), t);
-      opt.step();
-    }
-    opt.finish();
-    finals[static_cast<std::size_t>(w.rank())] = parameters_of(model);
+    finals[static_cast<std::size_t>(w.rank())] = train_to_the_end(opt, model, data, c, w.rank(), 0);
   });
   return finals;
 }
 
-// The run saved at step `save_at` (every worker its state), then continued by new optimizers over
-// new modules (other initial weights) that load the states.
-std::vector<std::vector<torch::Tensor>> resumed_run(const ResumeCase& c, const Samples& data, int save_at) {
+// Every worker's state, saved by step_and_save_state() at step `save_at` of the straight run. The
+// optimizers are destroyed without finish(): the updates in flight live on in the states only.
+std::vector<OptimizerState> saved_states(const ResumeCase& c, const Samples& data, int save_at) {
   std::vector<OptimizerState> states(static_cast<std::size_t>(c.workers));
   const Net initial = initial_net(100);
   pipesgd::run_threads(c.workers, [&](Worker& w) {
     Net model = copy_of(initial);
     DistributedOptimizer opt(w, model, c.spec, options_of(c));
-    for (int t = 0; t <= save_at; ++t) {
+    for (int t = 0; t < save_at; ++t) {
       backward(model, data, c.workers, w.rank(), t);
-      if (t < save_at) {
-        opt.step();
-      } else {
-        states[static_cast<std::size_t>(w.rank())] = opt.step_and_save_state();
-      }
+      opt.step();
     }
-    // Destroyed without finish(): the updates in flight live on in the saved state only.
+    backward(model, data, c.workers, w.rank(), save_at);
+    states[static_cast<std::size_t>(w.rank())] = opt.step_and_save_state();
   });
+  return states;
+}
+
+// The run saved at step `save_at` (every worker its state), then continued by new optimizers over
+// new modules (other initial weights) that load the states.
+std::vector<std::vector<torch::Tensor>> resumed_run(const ResumeCase& c, const Samples& data, int save_at) {
+  const std::vector<OptimizerState> states = saved_states(c, data, save_at);
   std::vector<std::vector<torch::Tensor>> finals(static_cast<std::size_t>(c.workers));
   const Net other = initial_net(200);
   pipesgd::run_threads(c.workers, [&](Worker& w) {
@@ -130,12 +140,7 @@ std::vector<std::vector<torch::Tensor>> resumed_run(const ResumeCase& c, const S
     DistributedOptimizer opt(w, model, c.spec, options_of(c));
     opt.load_state(states[static_cast<std::size_t>(w.rank())]);
     EXPECT_EQ(opt.iteration(), save_at + 1);
-    for (int t = save_at + 1; t < kIterations; ++t) {
-      backward(model, data, c.workers, w.rank(), t);
-      opt.step();
-    }
-    opt.finish();
-    finals[static_cast<std::size_t>(w.rank())] = parameters_of(model);
+    finals[static_cast<std::size_t>(w.rank())] = train_to_the_end(opt, model, data, c, w.rank(), save_at + 1);
   });
   return finals;
 }
@@ -197,23 +202,11 @@ TEST(BroadcastOptimizerState, RootsLoadedStateResumesEveryWorker) {
     const Samples data = make_samples(c.workers * kBatch * kIterations);
     const auto expected = straight_run(c, data);
     constexpr int kSaveAt = 3;
-    OptimizerState root_state;
-    const Net initial = initial_net(100);
-    pipesgd::run_threads(c.workers, [&](Worker& w) {
-      Net model = copy_of(initial);
-      DistributedOptimizer opt(w, model, c.spec, options_of(c));
-      for (int t = 0; t < kSaveAt; ++t) {
-        backward(model, data, c.workers, w.rank(), t);
-        opt.step();
-      }
-      backward(model, data, c.workers, w.rank(), kSaveAt);
-      OptimizerState state = opt.step_and_save_state();
-      if (w.rank() == c.workers - 1) root_state = std::move(state);
-    });
+    const int root = c.workers - 1;
+    const OptimizerState root_state = saved_states(c, data, kSaveAt)[static_cast<std::size_t>(root)];
     std::vector<std::vector<torch::Tensor>> finals(static_cast<std::size_t>(c.workers));
     const std::vector<Net> others{initial_net(300), initial_net(301), initial_net(302)};
     pipesgd::run_threads(c.workers, [&](Worker& w) {
-      const int root = c.workers - 1;
       Net model = copy_of(others[static_cast<std::size_t>(w.rank())]);  // different weights on each worker
       DistributedOptimizerOptions options = options_of(c);
       options.broadcast_initial_parameters = false;
@@ -221,12 +214,7 @@ TEST(BroadcastOptimizerState, RootsLoadedStateResumesEveryWorker) {
       if (w.rank() == root) opt.load_state(root_state);
       pipesgd::broadcast_optimizer_state(w, opt, root);
       EXPECT_EQ(opt.iteration(), kSaveAt + 1);
-      for (int t = kSaveAt + 1; t < kIterations; ++t) {
-        backward(model, data, c.workers, w.rank(), t);
-        opt.step();
-      }
-      opt.finish();
-      finals[static_cast<std::size_t>(w.rank())] = parameters_of(model);
+      finals[static_cast<std::size_t>(w.rank())] = train_to_the_end(opt, model, data, c, w.rank(), kSaveAt + 1);
     });
     expect_bit_identical(finals, expected);
   }

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstring>
 #include <iomanip>
+#include <map>
 #include <sstream>
 #include <unordered_set>
 
@@ -186,21 +186,20 @@ void DistributedOptimizer::Impl::restore_state(std::span<const std::byte> bytes)
     for (const Segment& segment : of.segments()) text += concat(text.empty() ? "" : ", ", segment.name, " (", segment.count, ")");
     return text;
   };
-  std::vector<std::size_t> order;
-  std::vector<char> used(layout.segment_count(), 0);
+  // Segment names are module paths, unique within a module.
+  std::map<std::string, std::size_t> index_of;
+  for (std::size_t s = 0; s < layout.segment_count(); ++s) index_of.emplace(layout.segment(s).name, s);
   const std::string mismatch = concat("the optimizer state was saved for other layers than this module's (", describe(layout), ")");
   if (!layers.is_array() || layers.size() != layout.segment_count()) throw UsageError(mismatch);
+  std::vector<std::size_t> order;
   for (const nlohmann::json& layer : layers) {
     if (!layer.is_array() || layer.size() != 2 || !layer[0].is_string() || !layer[1].is_number_unsigned()) {
       throw DataError(concat("checkpoint '", kStateOrigin, "': its layer list is malformed"));
     }
-    std::size_t found = layout.segment_count();
-    for (std::size_t s = 0; s < layout.segment_count(); ++s) {
-      if (!used[s] && layout.segment(s).name == layer[0].get<std::string>() && layout.segment(s).count == layer[1].get<std::size_t>()) found = s;
-    }
-    if (found == layout.segment_count()) throw UsageError(mismatch);
-    used[found] = 1;
-    order.push_back(found);
+    const auto found = index_of.find(layer[0].get<std::string>());
+    if (found == index_of.end() || layout.segment(found->second).count != layer[1].get<std::size_t>()) throw UsageError(mismatch);
+    order.push_back(found->second);
+    index_of.erase(found);  // each layer once
   }
   const std::span<const float> parameters = in.floats("api.parameters", layout.total());
   if (uses_servers && next > 0) {
@@ -455,12 +454,10 @@ void broadcast_optimizer_state(Worker& worker, DistributedOptimizer& optimizer, 
   if (worker.rank() == root) state = impl.loaded_state.empty() ? impl.capture_state(0) : impl.loaded_state;
   torch::Tensor size = torch::tensor({static_cast<std::int64_t>(state.size())}, torch::kInt64);
   worker.broadcast(size, root);
-  torch::Tensor bytes = torch::empty({size.item<std::int64_t>()}, torch::kUInt8);
-  if (worker.rank() == root) std::memcpy(bytes.data_ptr(), state.data(), state.size());
-  worker.broadcast(bytes, root);
+  state.resize(static_cast<std::size_t>(size.item<std::int64_t>()));
+  torch::Tensor bytes = torch::from_blob(state.data(), {static_cast<std::int64_t>(state.size())}, torch::kUInt8);
+  worker.broadcast(bytes, root);  // in place: into `state`
   if (worker.rank() == root) return;
-  state.resize(static_cast<std::size_t>(bytes.numel()));
-  std::memcpy(state.data(), bytes.data_ptr(), state.size());
   impl.restore_state(state);
   impl.loaded_state = std::move(state);
 }
