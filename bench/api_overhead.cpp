@@ -14,6 +14,9 @@
 //   api:  DistributedOptimizer::step() (method SPEC, default dsync) on W workers (default 1) that
 //         are threads of this process (pipesgd::run_threads), each with its own batches; a
 //         parameter-server method (pssync, ...) gets one server thread, as the CLI's --servers 1.
+// Both keep freed memory in the heap: api through pipesgd::run_threads (WorldOptions::keep_freed_memory,
+// the default), bare by the same two mallopt calls, so that the figure is the API's own per-step
+// work and not glibc's page faults (which the API's setting removes).
 // Torch runs one intra-op thread in both (at::set_num_threads(1) on every thread that computes, and
 // one inter-op thread), as the CLI does (init_torch_runtime(1)).
 //
@@ -24,6 +27,9 @@
 //   samples_per_s   workers * batch / step_mean (the CLI's throughput_samples_per_s)
 //   optimizer_median_ms  the median of the steps' part after backward (bare: SGD step and
 //                   zero_grad; api: DistributedOptimizer::step), a diagnostic of where time goes
+//   forward_mean_ms backward_mean_ms optimizer_mean_ms  the mean of the step's three parts (forward,
+//                   loss and correct count; backward; after backward): with step_mean_ms, to set
+//                   beside the CLI's summary.json mean.forward_s, mean.backward_s and the rest
 //   loop_s          wall time of training: bare from the optimizer's construction, api from
 //                   run_threads' start, to the end of the last step (api: after finish())
 //   final_loss      worker 0's last loss (a sanity check that training ran on finite numbers)
@@ -31,6 +37,7 @@
 // the CLI's: iterations [min(10, iters / 10), iters), skipping the start-up (the API's first step
 // rebuilds the flat buffer). Exit status: 0, 2 for a bad argument (one line on stderr), 1 for an
 // error of the run.
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -155,8 +162,10 @@ Batches make_batches(int rank, std::int64_t batch) {
 }
 
 // The loop body before the optimizer: forward, loss, the correct count and the loss's value (what the
-// CLI's model computes every step), backward. Returns the loss.
-double forward_backward(LeNet& model, const Batches& batches, std::int64_t t, std::int64_t& correct) {
+// CLI's model computes every step), backward. Returns the loss; `forward_done` gets the time between
+// the forward part (forward, loss, correct count: the CLI's forward_s) and backward.
+double forward_backward(LeNet& model, const Batches& batches, std::int64_t t, std::int64_t& correct,
+                        Clock::time_point& forward_done) {
   const auto k = static_cast<std::size_t>(t % kBatchesPerWorker);
   const torch::Tensor logits = model->forward(batches.inputs[k]);
   const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, batches.labels[k]);
@@ -164,26 +173,31 @@ double forward_backward(LeNet& model, const Batches& batches, std::int64_t t, st
     torch::NoGradGuard no_grad;
     correct += logits.argmax(1).eq(batches.labels[k]).sum().item<std::int64_t>();
   }
+  forward_done = Clock::now();
   loss.backward();
   return loss.item<double>();
 }
 
-// One worker's times: entry t of `step` is iteration t's (from its start to the next one's), of
-// `optimizer` the part after backward (bare: SGD step and zero_grad; api: DistributedOptimizer::step).
+// One worker's times: entry t of `step` is iteration t's (from its start to the next one's), its
+// parts `forward` (forward, loss, correct count), `backward`, and `optimizer` the part after backward
+// (bare: SGD step and zero_grad; api: DistributedOptimizer::step).
 struct StepTimes {
-  std::vector<double> step, optimizer;
+  std::vector<double> step, forward, backward, optimizer;
   void reserve(std::int64_t iterations) {
-    step.reserve(static_cast<std::size_t>(iterations));
-    optimizer.reserve(static_cast<std::size_t>(iterations));
+    for (std::vector<double>* part : {&step, &forward, &backward, &optimizer}) part->reserve(static_cast<std::size_t>(iterations));
   }
 };
 
 // Called right after backward (returns the time) and at the end of the step.
 Clock::time_point now() { return Clock::now(); }
-void record_step(StepTimes& times, Clock::time_point& start, Clock::time_point backward_done) {
+void record_step(StepTimes& times, Clock::time_point& start, Clock::time_point forward_done,
+                 Clock::time_point backward_done) {
   const Clock::time_point end = Clock::now();
-  times.step.push_back(std::chrono::duration<double>(end - start).count());
-  times.optimizer.push_back(std::chrono::duration<double>(end - backward_done).count());
+  auto seconds = [](Clock::time_point from, Clock::time_point to) { return std::chrono::duration<double>(to - from).count(); };
+  times.step.push_back(seconds(start, end));
+  times.forward.push_back(seconds(start, forward_done));
+  times.backward.push_back(seconds(forward_done, backward_done));
+  times.optimizer.push_back(seconds(backward_done, end));
   start = end;
 }
 
@@ -195,23 +209,33 @@ double median_of(std::vector<double> values) {
 
 void print_result(const Flags& flags, const std::vector<StepTimes>& per_worker, double loop_seconds, double final_loss) {
   const std::int64_t first = std::min<std::int64_t>(10, flags.iterations / 10);
-  std::vector<double> measured, optimizer;
+  std::vector<double> measured, forward, backward, optimizer;
   for (const StepTimes& times : per_worker) {
     measured.insert(measured.end(), times.step.begin() + first, times.step.end());
+    forward.insert(forward.end(), times.forward.begin() + first, times.forward.end());
+    backward.insert(backward.end(), times.backward.begin() + first, times.backward.end());
     optimizer.insert(optimizer.end(), times.optimizer.begin() + first, times.optimizer.end());
   }
+  auto mean_of = [](const std::vector<double>& values) {
+    return std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+  };
   const double median = median_of(measured);
-  const double mean = std::accumulate(measured.begin(), measured.end(), 0.0) / static_cast<double>(measured.size());
+  const double mean = mean_of(measured);
   std::printf(
       "mode=%s method=%s workers=%d batch=%lld iters=%lld measured=%lld step_median_ms=%.4f step_mean_ms=%.4f "
-      "samples_per_s=%.1f optimizer_median_ms=%.4f loop_s=%.4f final_loss=%.4f\n",
+      "samples_per_s=%.1f optimizer_median_ms=%.4f forward_mean_ms=%.4f backward_mean_ms=%.4f "
+      "optimizer_mean_ms=%.4f loop_s=%.4f final_loss=%.4f\n",
       flags.mode.c_str(), flags.mode == "api" ? flags.method.c_str() : "torch.optim.SGD", flags.workers,
       static_cast<long long>(flags.batch), static_cast<long long>(flags.iterations),
       static_cast<long long>(flags.iterations - first), median * 1e3, mean * 1e3,
-      static_cast<double>(flags.workers * flags.batch) / mean, median_of(optimizer) * 1e3, loop_seconds, final_loss);
+      static_cast<double>(flags.workers * flags.batch) / mean, median_of(optimizer) * 1e3, mean_of(forward) * 1e3,
+      mean_of(backward) * 1e3, mean_of(optimizer) * 1e3, loop_seconds, final_loss);
 }
 
 void run_bare(const Flags& flags) {
+  // What pipesgd::run_threads does by default (include/pipesgd/world.h, WorldOptions::keep_freed_memory).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   at::set_num_threads(1);
   const Batches batches = make_batches(0, flags.batch);
   torch::manual_seed(1);
@@ -225,11 +249,12 @@ void run_bare(const Flags& flags) {
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(flags.learning_rate));
   Clock::time_point step_start = Clock::now();
   for (std::int64_t t = 0; t < flags.iterations; ++t) {
-    loss = forward_backward(model, batches, t, correct);
+    Clock::time_point forward_done;
+    loss = forward_backward(model, batches, t, correct, forward_done);
     const Clock::time_point backward_done = now();
     optimizer.step();
     optimizer.zero_grad();
-    record_step(times[0], step_start, backward_done);
+    record_step(times[0], step_start, forward_done, backward_done);
   }
   print_result(flags, times, std::chrono::duration<double>(Clock::now() - loop_start).count(), loss);
 }
@@ -266,10 +291,11 @@ void run_api(const Flags& flags) {
     pipesgd::DistributedOptimizer optimizer(worker, model, flags.method, options);
     Clock::time_point step_start = Clock::now();
     for (std::int64_t t = 0; t < flags.iterations; ++t) {
-      loss = forward_backward(model, batches[rank], t, correct);
+      Clock::time_point forward_done;
+      loss = forward_backward(model, batches[rank], t, correct, forward_done);
       const Clock::time_point backward_done = now();
       optimizer.step();
-      record_step(mine, step_start, backward_done);
+      record_step(mine, step_start, forward_done, backward_done);
     }
     optimizer.finish();
     if (rank == 0) final_loss = loss;

@@ -11,8 +11,10 @@
 #
 # (a) one worker: `pipesgd_api_bench api --workers 1 --method dsync` (A) against
 #     `pipesgd_api_bench bare` (B), the same LeNet (the CLI's --model cnn), the same fixed synthetic
-#     batches of 25, SGD lr 0.01, one torch thread. Figure: A's median step time / B's (per-step
-#     overhead of DistributedOptimizer over torch::optim::SGD). Target <= 1.03.
+#     batches of 25, SGD lr 0.01, one torch thread, and glibc malloc keeping freed memory in the heap
+#     (the API's default, WorldOptions::keep_freed_memory; the bare loop makes the same mallopt
+#     calls). Figure: A's median step time / B's (per-step overhead of DistributedOptimizer over
+#     torch::optim::SGD). Target <= 1.03.
 # (b) four workers: `pipesgd_api_bench api --workers 4 --method dsync` (A) against
 #     `pipesgd train --model cnn --algo dsync --workers 4 --data synthetic --iters N --no-eval` (B).
 #     Figure: B's iteration_s (summary.json) / A's step_mean_ms, i.e. the API's steady-state speed

@@ -15,6 +15,7 @@
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/comm/rank_failures.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/heap_retention.h"
 #include "pipesgd/world.h"
 
 namespace pipesgd {
@@ -206,6 +207,7 @@ void run_threads(const WorldOptions& options, const std::function<void(Worker&)>
   if (options.workers < 1) throw UsageError(concat("workers must be >= 1, got ", options.workers));
   if (options.servers < 0) throw UsageError(concat("servers must be >= 0, got ", options.servers));
   if (options.timeout.count() <= 0) throw UsageError("timeout must be > 0");
+  if (options.keep_freed_memory) keep_freed_memory_in_heap();
   const int ranks = options.workers + options.servers;
   LocalFabric fabric(ranks);
   std::vector<std::exception_ptr> failures(static_cast<std::size_t>(ranks));
@@ -244,6 +246,7 @@ void run_threads(const WorldOptions& options, const std::function<void(Worker&)>
 int run_mpi_world(Transport& transport, const WorldOptions& options, const std::function<void(Worker&)>& fn) {
   const int workers = transport.size() - options.servers;
   if (options.servers < 0) throw UsageError(concat("servers must be >= 0, got ", options.servers));
+  if (options.keep_freed_memory) keep_freed_memory_in_heap();
   if (workers < 1) {
     throw UsageError(concat("mpirun started ", transport.size(), " ranks: that leaves no worker beside ",
                             options.servers, " parameter servers"));

@@ -3,8 +3,6 @@
 // `pipesgd: error: ...` (exit 2 for usage errors, 1 otherwise).
 #include <CLI/CLI.hpp>
 
-#include <malloc.h>
-
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -14,9 +12,10 @@
 #include <vector>
 
 #include "pipesgd/cli/commands.h"
-#include "pipesgd/comm/launch_environment.h"
 #include "pipesgd/cli/train_options.h"
+#include "pipesgd/comm/launch_environment.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/heap_retention.h"
 #include "pipesgd/core/interrupt.h"
 #include "pipesgd/torch/torch_models.h"
 #include "pipesgd/train/early_stop.h"
@@ -49,11 +48,7 @@ int refuse_independent_ranks(const pipesgd::LaunchEnvironment& launch, const std
 
 int main(int argc, char** argv) {
   using namespace pipesgd;
-  // LibTorch allocates and frees the same large temporaries (activations, per-parameter gradients)
-  // every iteration. With glibc's defaults they are mmap'd and unmapped, or trimmed, each time, and
-  // every iteration pays for fresh page faults (expensive in a VM). Keep freed memory in the heap.
-  mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
-  mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
+  keep_freed_memory_in_heap();  // no fresh page faults for every iteration's temporaries
   const std::vector<std::string> command_line(argv, argv + argc);  // as typed (MPI_Init may edit argv)
   CLI::App app{
       "pipesgd: data-parallel training that hides gradient communication behind computation\n"
