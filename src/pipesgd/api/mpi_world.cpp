@@ -1,28 +1,26 @@
-// run_mpi (include/pipesgd/world.h): the world over MpiTransport, one rank per process.
+// run_mpi (include/pipesgd/world.h): the callback form of Session::join_mpi (session.h).
+#include <exception>
 #include <memory>
 
-#include "pipesgd/core/error.h"
-#include "pipesgd/mpi/mpi_runtime.h"
-#include "pipesgd/mpi/mpi_transport.h"
+#include "pipesgd/session.h"
 #include "pipesgd/world.h"
 
 namespace pipesgd {
 
-int run_mpi_world(Transport& transport, const WorldOptions& options, const std::function<void(Worker&)>& fn);
-
 int run_mpi(int* argc, char*** argv, const WorldOptions& options, const std::function<void(Worker&)>& fn) {
-  auto runtime = std::make_unique<MpiRuntime>(argc, argv);
-  auto transport = std::make_unique<MpiTransport>(*runtime);
-  try {
-    run_mpi_world(*transport, options, fn);
-  } catch (...) {
-    // MPI_Finalize could wait forever on a failed peer: leave MPI as it is (mpi/mpi_transport.h).
-    (void)transport.release();
-    (void)runtime.release();
-    throw;
+  std::unique_ptr<Session> session = Session::join_mpi(argc, argv, options);
+  if (session->is_worker()) {
+    try {
+      fn(session->worker());
+    } catch (const std::exception& error) {
+      session->fail(error.what());  // the others' waits throw PeerFailedError; MPI stays unfinalised
+      throw;
+    } catch (...) {
+      session->fail("an exception that is not a std::exception");
+      throw;
+    }
   }
-  transport.reset();
-  runtime.reset();
+  session->shutdown();
   return 0;
 }
 

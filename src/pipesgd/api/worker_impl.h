@@ -39,4 +39,8 @@ struct Worker::Impl {
   Tag next_collective_tag() { return collective_tag(Channel::kControl, collective_sequence++); }
 };
 
+// A worker rank's local rank under a launcher (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
+// MV2_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else `rank`.
+int local_rank_from_environment(int rank);
+
 }  // namespace pipesgd

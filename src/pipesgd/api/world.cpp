@@ -67,6 +67,8 @@ void broadcast_bytes(Worker::Impl& impl, torch::Tensor& tensor, int root, const 
   if (!work.is_same(tensor)) tensor.copy_(work);
 }
 
+}  // namespace
+
 int local_rank_from_environment(int rank) {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
     if (const char* value = std::getenv(name)) {
@@ -78,7 +80,6 @@ int local_rank_from_environment(int rank) {
   return rank;
 }
 
-}  // namespace
 
 Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Worker::~Worker() = default;
@@ -240,34 +241,6 @@ void run_threads(const WorldOptions& options, const std::function<void(Worker&)>
   }
   for (std::thread& thread : threads) thread.join();
   rethrow_root_cause(failures);
-}
-
-// Defined here rather than in a file of its own: the MPI world differs only in its transport.
-int run_mpi_world(Transport& transport, const WorldOptions& options, const std::function<void(Worker&)>& fn) {
-  const int workers = transport.size() - options.servers;
-  if (options.servers < 0) throw UsageError(concat("servers must be >= 0, got ", options.servers));
-  if (options.keep_freed_memory) keep_freed_memory_in_heap();
-  if (workers < 1) {
-    throw UsageError(concat("mpirun started ", transport.size(), " ranks: that leaves no worker beside ",
-                            options.servers, " parameter servers"));
-  }
-  try {
-    if (transport.rank() < workers) {
-      Worker worker(std::make_unique<Worker::Impl>(transport, workers, options.servers,
-                                                   local_rank_from_environment(transport.rank()), /*mpi=*/true,
-                                                   options.timeout));
-      fn(worker);
-      if (transport.rank() == 0 && options.servers > 0) {
-        send_server_shutdown(transport, workers, worker.impl().server_message_sequence, options.timeout);
-      }
-    } else {
-      run_server_rank(transport, workers, options.timeout, nullptr);
-    }
-  } catch (const std::exception& error) {
-    transport.report_failure(error.what());
-    throw;
-  }
-  return 0;
 }
 
 }  // namespace pipesgd
