@@ -188,8 +188,7 @@ struct StepTimes {
   }
 };
 
-// Called right after backward (returns the time) and at the end of the step.
-Clock::time_point now() { return Clock::now(); }
+// Called at the end of the step, with the times the step's forward part and its backward ended.
 void record_step(StepTimes& times, Clock::time_point& start, Clock::time_point forward_done,
                  Clock::time_point backward_done) {
   const Clock::time_point end = Clock::now();
@@ -251,7 +250,7 @@ void run_bare(const Flags& flags) {
   for (std::int64_t t = 0; t < flags.iterations; ++t) {
     Clock::time_point forward_done;
     loss = forward_backward(model, batches, t, correct, forward_done);
-    const Clock::time_point backward_done = now();
+    const Clock::time_point backward_done = Clock::now();
     optimizer.step();
     optimizer.zero_grad();
     record_step(times[0], step_start, forward_done, backward_done);
@@ -293,7 +292,7 @@ void run_api(const Flags& flags) {
     for (std::int64_t t = 0; t < flags.iterations; ++t) {
       Clock::time_point forward_done;
       loss = forward_backward(model, batches[rank], t, correct, forward_done);
-      const Clock::time_point backward_done = now();
+      const Clock::time_point backward_done = Clock::now();
       optimizer.step();
       record_step(mine, step_start, forward_done, backward_done);
     }

@@ -10,7 +10,7 @@
 //
 // join_mpi: one rank per process under mpirun; MPI is initialised here (once per process: a second
 // join_mpi in the same process is a CommError). The last WorldOptions::servers ranks are parameter
-// servers: on them join_mpi serves (as run_mpi does) and returns only when worker 0 shuts down,
+// servers: on them join_mpi serves and returns only when worker 0 shuts down,
 // with is_worker() false. join_alone: one worker and no peer, for a script run without a launcher
 // (no MPI; parameter-server methods need servers and are refused by the optimizer).
 //

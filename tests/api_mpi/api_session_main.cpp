@@ -15,19 +15,12 @@
 #include <string>
 
 #include "pipesgd/pipesgd.h"
+#include "test_support.h"
 
 namespace {
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() : fc1(register_module("fc1", torch::nn::Linear(4, 6))), fc2(register_module("fc2", torch::nn::Linear(6, 3))) {}
-  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x))); }
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Net);
-
-void check(bool condition, const std::string& what) {
-  if (!condition) throw pipesgd::Error("check failed: " + what);
-}
+using api_mpi_test::check;
+using api_mpi_test::Net;
 
 int train(int argc, char** argv, const std::string& spec, int servers) {
   pipesgd::WorldOptions world;

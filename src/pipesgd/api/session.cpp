@@ -8,7 +8,6 @@
 #include "pipesgd/api/worker_impl.h"
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/error.h"
-#include "pipesgd/core/heap_retention.h"
 #include "pipesgd/mpi/mpi_runtime.h"
 #include "pipesgd/mpi/mpi_transport.h"
 
@@ -34,18 +33,8 @@ struct Session::Impl {
   }
 };
 
-namespace {
-
-void check_world_options(const WorldOptions& options) {
-  if (options.servers < 0) throw UsageError(concat("servers must be >= 0, got ", options.servers));
-  if (options.timeout.count() <= 0) throw UsageError("timeout must be > 0");
-}
-
-}  // namespace
-
 std::unique_ptr<Session> Session::join_mpi(int* argc, char*** argv, const WorldOptions& options) {
-  check_world_options(options);
-  if (options.keep_freed_memory) keep_freed_memory_in_heap();
+  prepare_world(options);
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->runtime = std::make_unique<MpiRuntime>(argc, argv);
@@ -76,12 +65,11 @@ std::unique_ptr<Session> Session::join_mpi(int* argc, char*** argv, const WorldO
 }
 
 std::unique_ptr<Session> Session::join_alone(const WorldOptions& options) {
-  check_world_options(options);
+  prepare_world(options);
   if (options.servers != 0) {
     throw UsageError(concat("a world of one worker alone has no parameter servers: WorldOptions::servers must be 0, got ",
                             options.servers, " (start the program under mpirun with join_mpi)"));
   }
-  if (options.keep_freed_memory) keep_freed_memory_in_heap();
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->fabric = std::make_unique<LocalFabric>(1);

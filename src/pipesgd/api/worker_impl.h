@@ -39,6 +39,10 @@ struct Worker::Impl {
   Tag next_collective_tag() { return collective_tag(Channel::kControl, collective_sequence++); }
 };
 
+// What every way of joining a world does first: UsageError for servers < 0 or a timeout <= 0, then
+// keep_freed_memory_in_heap() unless options.keep_freed_memory is false.
+void prepare_world(const WorldOptions& options);
+
 // A worker rank's local rank under a launcher (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
 // MV2_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else `rank`.
 int local_rank_from_environment(int rank);

@@ -69,6 +69,12 @@ void broadcast_bytes(Worker::Impl& impl, torch::Tensor& tensor, int root, const 
 
 }  // namespace
 
+void prepare_world(const WorldOptions& options) {
+  if (options.servers < 0) throw UsageError(concat("servers must be >= 0, got ", options.servers));
+  if (options.timeout.count() <= 0) throw UsageError("timeout must be > 0");
+  if (options.keep_freed_memory) keep_freed_memory_in_heap();
+}
+
 int local_rank_from_environment(int rank) {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
     if (const char* value = std::getenv(name)) {
@@ -79,7 +85,6 @@ int local_rank_from_environment(int rank) {
   }
   return rank;
 }
-
 
 Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Worker::~Worker() = default;
@@ -206,9 +211,7 @@ void run_threads(int workers, const std::function<void(Worker&)>& fn) {
 
 void run_threads(const WorldOptions& options, const std::function<void(Worker&)>& fn) {
   if (options.workers < 1) throw UsageError(concat("workers must be >= 1, got ", options.workers));
-  if (options.servers < 0) throw UsageError(concat("servers must be >= 0, got ", options.servers));
-  if (options.timeout.count() <= 0) throw UsageError("timeout must be > 0");
-  if (options.keep_freed_memory) keep_freed_memory_in_heap();
+  prepare_world(options);
   const int ranks = options.workers + options.servers;
   LocalFabric fabric(ranks);
   std::vector<std::exception_ptr> failures(static_cast<std::size_t>(ranks));
