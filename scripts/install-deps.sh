@@ -14,6 +14,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   dataset-fashion-mnist
   clang libclang-rt-14-dev llvm  # scripts/fuzz.sh: libFuzzer, sanitizers, llvm-symbolizer
+  pybind11-dev python3-pytest     # the Python package pipesgd.torch (python/) and its tests
 )
 
 missing=()

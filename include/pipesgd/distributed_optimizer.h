@@ -34,15 +34,18 @@
 //
 // step(): the method's end of iteration t (communicate; synchronous methods update) and the
 // beginning of t+1 (wait for and apply the updates t+1 depends on), then arms the next backward.
-// The module gives no hook before a layer's forward, so a method that would apply a layer's update
-// just before that layer's forward (SAPipe's synchronous layers) applies every pending update in
-// step(), before the next forward.
+// A C++ module gives no hook before a layer's forward, so a method that would apply a layer's
+// update just before that layer's forward (SAPipe's synchronous layers) applies every pending
+// update in step(), before the next forward, unless options.forward_hooks is set: the caller then
+// calls before_layer_forward(layer) before each layer's forward (the Python front end does, from
+// forward pre-hooks), and the update waits until then; layers the forward did not reach are
+// brought up to date in the next step().
 //
 // Gradients (zero_grad semantics): each step() leaves a zeroed gradient buffer armed, so calling
 // zero_grad() is not needed (it zeroes the armed buffer again and is harmless before backward).
-// Exactly one backward per step: a second backward adds into the buffer but is not reported to the
-// method, and methods that communicate during backward have already sent the first. Accumulate by
-// summing losses. The parameters' .grad() are views of the buffer between backward and step();
+// options.backward_passes_per_step backwards per step (default 1) accumulate (sum) into the buffer;
+// each layer is reported to the method after its last pass. Further backwards add into the buffer
+// but are not reported, and methods that communicate during backward have already sent the layer. The parameters' .grad() are views of the buffer between backward and step();
 // they read as undefined outside that window. Changing .grad() or the parameters by hand between
 // backward and step() is not supported.
 //
@@ -50,6 +53,9 @@
 // step() that also returns the optimizer's state at the step's boundary, load_state() continues
 // from such a state on a new optimizer, and broadcast_optimizer_state() gives every worker root's.
 // See OptimizerState below.
+//
+// Models other than a torch::nn::Module of this process (the Python front end's): the constructor
+// that takes the layers (DistributedOptimizer::Layer) directly.
 //
 // Threads: used by its worker's thread only. Errors: UsageError with the CLI's one-line message
 // for a bad spec, flag or hyper-parameter; CommError for a peer (timeouts from options.timeout).
@@ -108,14 +114,29 @@ struct DistributedOptimizerOptions {
   // lr_warmup_iterations (>= 0) ramps the rate linearly over the first steps with any schedule.
   // A malformed schedule, or a missing length, is a one-line UsageError from the constructor, e.g.
   // "lr_schedule 'step:1:0.5' needs DistributedOptimizerOptions::iterations_per_epoch (...), got 0".
+  //   "external"                    the caller sets the rate before each step: set_learning_rate(lr)
+  //                                 (no warm-up; learning_rate is the rate before the first set, > 0)
   std::string lr_schedule = "constant";
   std::int64_t lr_warmup_iterations = 0;
+  // Backward passes whose gradients one step() sums (gradient accumulation), >= 1.
+  int backward_passes_per_step = 1;
+  // How the workers' gradients combine: their mean (kAverage) or their sum (kSum: each worker's
+  // gradient is multiplied by the worker count before the method averages it).
+  ReduceOp gradient_reduction = ReduceOp::kAverage;
+  // The caller calls before_layer_forward(layer) before each layer's forward (see the top).
+  bool forward_hooks = false;
   // Broadcast worker 0's parameters and buffers at construction (Worker::broadcast_parameters).
   bool broadcast_initial_parameters = true;
 };
 
 class DistributedOptimizer {
  public:
+  // A layer of a model given as layers: a name, unique in the model, and its parameters (distinct
+  // float32 CPU tensors that require grad), in the model's forward order.
+  struct Layer {
+    std::string name;
+    std::vector<torch::Tensor> parameters;
+  };
   // See the top of this header. `worker` and `module` must outlive the optimizer.
   DistributedOptimizer(Worker& worker, torch::nn::Module& module, const std::string& method_spec,
                        const DistributedOptimizerOptions& options = {});
@@ -123,6 +144,12 @@ class DistributedOptimizer {
   DistributedOptimizer(Worker& worker, torch::nn::ModuleHolder<ModuleType>& module, const std::string& method_spec,
                        const DistributedOptimizerOptions& options = {})
       : DistributedOptimizer(worker, *module, method_spec, options) {}
+  // A model given as its layers (the module's constructor finds them: every submodule that owns
+  // parameters directly). options.broadcast_initial_parameters broadcasts these parameters (not
+  // buffers: broadcast those with Worker::broadcast). UsageError for no layers, an empty or
+  // repeated layer name, a parameter in two layers.
+  DistributedOptimizer(Worker& worker, std::vector<Layer> layers, const std::string& method_spec,
+                       const DistributedOptimizerOptions& options = {});
   // Leaves the module's parameters as they are (ordinary tensors again). Does not finish(): without
   // finish() the updates in flight are dropped and parameter servers see this worker vanish.
   ~DistributedOptimizer();
@@ -145,6 +172,15 @@ class DistributedOptimizer {
   // configuration or module, or when called later; DataError for corrupt bytes.
   void load_state(const OptimizerState& state);
   void zero_grad();
+  // With lr_schedule "external": the learning rate of the update of the gradient the next step()
+  // hands over (whenever the method applies it: a pipelined method K steps later), and of the
+  // servers' update of it. lr >= 0 and finite. UsageError with another schedule.
+  void set_learning_rate(float lr);
+  // With options.forward_hooks: call before layer `layer` (an index into the layers in the order
+  // the optimizer was given them: the constructor's `layers`, or the module's layers in
+  // registration order) runs its forward; the method applies what that layer still needs. Cheap
+  // and allocation-free; calls for layers that an earlier call already covered do nothing.
+  void before_layer_forward(std::size_t layer);
   // Applies every update still in flight (the method's finish) and ends training with this
   // optimizer; step() after it is a UsageError. Idempotent.
   void finish();
@@ -154,6 +190,8 @@ class DistributedOptimizer {
   const std::string& method_spec() const;
   // The layers in the order of the flat buffer (forward order; after the first step, by readiness).
   std::vector<std::string> layer_names() const;
+  // The layers in the order the optimizer was given them (before_layer_forward's indices).
+  std::vector<std::string> given_layer_names() const;
   // The whole flat parameter buffer as a tensor view (float32, not a copy): what the method updates.
   // The first step() moves the buffer (the readiness rebuild): take the view again after it.
   torch::Tensor flat_parameters();

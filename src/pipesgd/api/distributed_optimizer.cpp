@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <map>
 #include <sstream>
@@ -39,11 +40,11 @@ OptionValues method_flags(const DistributedOptimizerOptions& options) {
 
 // Layers: every submodule that owns parameters requiring grad directly (the module itself first),
 // in registration order; a parameter shared by several modules belongs to the first.
-std::vector<ParameterSegment> layers_of(torch::nn::Module& module) {
-  std::vector<ParameterSegment> segments;
+std::vector<DistributedOptimizer::Layer> layers_of(torch::nn::Module& module) {
+  std::vector<DistributedOptimizer::Layer> segments;
   std::unordered_set<const void*> seen;
   auto add = [&](const std::string& name, torch::nn::Module& owner) {
-    ParameterSegment segment{name.empty() ? std::string("(root)") : name, {}};
+    DistributedOptimizer::Layer segment{name.empty() ? std::string("(root)") : name, {}};
     for (const torch::Tensor& parameter : owner.parameters(/*recurse=*/false)) {
       if (!parameter.requires_grad() || !seen.insert(parameter.unsafeGetTensorImpl()).second) continue;
       segment.parameters.push_back(parameter);
@@ -52,6 +53,27 @@ std::vector<ParameterSegment> layers_of(torch::nn::Module& module) {
   };
   add("", module);
   for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) add(item.key(), *item.value());
+  return segments;
+}
+
+// The given layers as the binding's segments, after checking what the binding does not.
+std::vector<ParameterSegment> segments_of(std::vector<DistributedOptimizer::Layer> layers) {
+  if (layers.empty()) throw UsageError("the model has no parameters");
+  std::unordered_set<std::string> names;
+  std::unordered_set<const void*> seen;
+  std::vector<ParameterSegment> segments;
+  for (DistributedOptimizer::Layer& layer : layers) {
+    if (layer.name.empty()) throw UsageError("a layer of the model has an empty name");
+    if (!names.insert(layer.name).second) throw UsageError(concat("the model has two layers named '", layer.name, "'"));
+    if (layer.parameters.empty()) throw UsageError(concat("layer '", layer.name, "' has no parameters"));
+    for (const torch::Tensor& parameter : layer.parameters) {
+      if (!parameter.defined()) throw UsageError(concat("layer '", layer.name, "' has an undefined parameter"));
+      if (!seen.insert(parameter.unsafeGetTensorImpl()).second) {
+        throw UsageError(concat("a parameter of layer '", layer.name, "' belongs to an earlier layer too"));
+      }
+    }
+    segments.push_back(ParameterSegment{std::move(layer.name), std::move(layer.parameters)});
+  }
   return segments;
 }
 
@@ -77,11 +99,13 @@ constexpr const char* kStateOrigin = "the optimizer state";
 }  // namespace
 
 struct DistributedOptimizer::Impl final : FlatParameters {
-  Impl(Worker& worker_, torch::nn::Module& module_, const std::string& spec_, const DistributedOptimizerOptions& options_)
-      : worker(worker_.impl()), module(module_), spec(spec_), options(options_) {}
+  Impl(Worker& worker_, const std::string& spec_, const DistributedOptimizerOptions& options_)
+      : worker(worker_.impl()), spec(spec_), options(options_) {}
 
   const Layout& layout() const override { return binding->layout(); }
   std::span<float> parameters() override { return binding->parameters(); }
+  bool reports_forward_progress() const override { return options.forward_hooks; }
+  void set_forward_hook(SegmentsNeededFn hook) override { forward_hook = std::move(hook); }
 
   void check_usable(const char* call) const {
     if (failed) throw UsageError(concat("DistributedOptimizer::", call, ": the optimizer failed earlier; destroy it"));
@@ -101,12 +125,33 @@ struct DistributedOptimizer::Impl final : FlatParameters {
   void check_restorable(const char* call) const;
   void arm(std::span<float> gradients) {
     gradients_ = gradients;
+    next_forward_segment = 0;
     const SegmentReadyFn* ready = method ? method->segment_ready() : &record_first_backward;
-    binding->arm(gradients, ready != nullptr ? *ready : no_report);
+    if (method && ready != nullptr && gradient_multiplier != 1.0f) {
+      method_ready = ready;
+      ready = &multiply_then_report;
+    }
+    binding->arm(gradients, ready != nullptr ? *ready : no_report,
+                 static_cast<std::uint32_t>(options.backward_passes_per_step));
+  }
+  void multiply(std::span<float> gradients) const {
+    for (float& value : gradients) value *= gradient_multiplier;
+  }
+  // The binding's segments were reordered: new segment k is old segment order[k].
+  void reorder_layers(const std::vector<std::size_t>& order) {
+    std::vector<std::size_t> layers(order.size());
+    for (std::size_t k = 0; k < order.size(); ++k) layers[k] = layer_of_segment[order[k]];
+    layer_of_segment = std::move(layers);
+    for (std::size_t k = 0; k < layer_of_segment.size(); ++k) segment_of_layer[layer_of_segment[k]] = k;
+  }
+  // Forward is about to read segments below `end` (forward hooks).
+  void forward_reaches(std::size_t end) {
+    if (!forward_hook || end <= next_forward_segment) return;
+    forward_hook(next_forward_segment, end);
+    next_forward_segment = end;
   }
 
   Worker::Impl& worker;
-  torch::nn::Module& module;
   std::string spec;
   DistributedOptimizerOptions options;
   OptionValues flags;
@@ -121,6 +166,20 @@ struct DistributedOptimizer::Impl final : FlatParameters {
   std::vector<double> first_seconds;
   SegmentReadyFn record_first_backward;
   SegmentReadyFn no_report;
+  // kSum: each worker's gradient times the worker count (the methods average).
+  float gradient_multiplier = 1.0f;
+  const SegmentReadyFn* method_ready = nullptr;  // what multiply_then_report reports to
+  SegmentReadyFn multiply_then_report;
+  // The given layers (construction order) <-> the binding's segments.
+  std::vector<std::size_t> layer_of_segment;
+  std::vector<std::size_t> segment_of_layer;
+  std::vector<std::string> given_names;
+  // Forward hooks: the method's (SAPipe's), and the first segment forward has not yet reached.
+  SegmentsNeededFn forward_hook;
+  std::size_t next_forward_segment = 0;
+  // lr_schedule "external": the factors the methods read; the rate factor 1 stands for.
+  std::shared_ptr<ExternalLearningRates> external_rates;
+  float base_learning_rate = 0;
   std::span<float> gradients_;
   IterationTimes times;
   std::int64_t t = 0;
@@ -212,6 +271,7 @@ void DistributedOptimizer::Impl::restore_state(std::span<const std::byte> bytes)
   std::vector<ParameterSegment> segments = segments_in_order(*binding, order);
   binding.reset();
   binding = std::make_unique<ParameterBinding>(std::move(segments));
+  reorder_layers(order);
   std::copy(parameters.begin(), parameters.end(), binding->parameters().begin());
   times = IterationTimes{};
   t = next;
@@ -266,6 +326,7 @@ void DistributedOptimizer::Impl::first_step() {
   std::vector<ParameterSegment> segments = segments_in_order(*binding, forward);
   binding.reset();
   binding = std::make_unique<ParameterBinding>(std::move(segments));
+  reorder_layers(forward);
   if (uses_servers && w.workers.rank() == 0) {
     nlohmann::json description;
     description["spec"] = spec;
@@ -290,6 +351,7 @@ void DistributedOptimizer::Impl::first_step() {
   method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length);
   // Iteration 0: its gradient was computed at the initial parameters, as every method's iteration 0 is.
   times = IterationTimes{};
+  multiply(first_gradients);
   std::span<float> gradients = method->begin_iteration(0, times);
   const Layout& layout = binding->layout();
   for (std::size_t k = 0; k < count; ++k) {
@@ -311,6 +373,8 @@ void DistributedOptimizer::Impl::first_step() {
 
 void DistributedOptimizer::Impl::next_step() {
   binding->finish();
+  if (gradient_multiplier != 1.0f && method->segment_ready() == nullptr) multiply(gradients_);
+  forward_reaches(binding->layout().segment_count());  // layers this iteration's forward did not reach
   method->end_iteration(t, times);
   if (save_state_into != nullptr) *save_state_into = capture_state(t + 1);
   loaded_state = {};
@@ -321,12 +385,37 @@ void DistributedOptimizer::Impl::next_step() {
 
 DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& module, const std::string& method_spec,
                                            const DistributedOptimizerOptions& options)
-    : impl_(std::make_unique<Impl>(worker, module, method_spec, options)) {
+    : DistributedOptimizer(worker, layers_of(module), method_spec,
+                           [&] {
+                             // The module's buffers (batch-norm statistics) too: broadcast here.
+                             DistributedOptimizerOptions given = options;
+                             if (options.broadcast_initial_parameters) worker.broadcast_parameters(module, 0);
+                             given.broadcast_initial_parameters = false;
+                             return given;
+                           }()) {
+  impl_->options.broadcast_initial_parameters = options.broadcast_initial_parameters;
+}
+
+DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> layers, const std::string& method_spec,
+                                           const DistributedOptimizerOptions& options)
+    : impl_(std::make_unique<Impl>(worker, method_spec, options)) {
   Impl& impl = *impl_;
-  const LrScheduleSpec schedule =
-      parse_lr_schedule(options.lr_schedule, options.lr_warmup_iterations,
-                        {"DistributedOptimizerOptions::lr_schedule", "DistributedOptimizerOptions::lr_warmup_iterations"});
+  const LrScheduleSpec schedule = parse_api_lr_schedule(
+      options.lr_schedule, options.lr_warmup_iterations,
+      {"DistributedOptimizerOptions::lr_schedule", "DistributedOptimizerOptions::lr_warmup_iterations"});
   impl.schedule_length = LrScheduleLength{options.iterations_per_epoch, options.total_iterations};
+  if (schedule.kind == LrScheduleKind::kExternal) {
+    if (!(options.learning_rate > 0)) {
+      throw UsageError(concat("lr_schedule 'external' needs DistributedOptimizerOptions::learning_rate > 0 (the rate ",
+                              "before the first set_learning_rate), got ", options.learning_rate));
+    }
+    impl.external_rates = std::make_shared<ExternalLearningRates>();
+    impl.schedule_length.external_factors = impl.external_rates;
+    impl.base_learning_rate = options.learning_rate;
+  }
+  if (options.backward_passes_per_step < 1) {
+    throw UsageError(concat("backward_passes_per_step must be >= 1, got ", options.backward_passes_per_step));
+  }
   if ((schedule.kind == LrScheduleKind::kStep || schedule.kind == LrScheduleKind::kMultiStep) &&
       options.iterations_per_epoch <= 0) {
     throw UsageError(concat("lr_schedule '", schedule.text(), "' needs DistributedOptimizerOptions::iterations_per_epoch ",
@@ -364,13 +453,31 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& mo
                      "epoch of your loop); or give --warmup-iters");
   }
   impl.warmup_iterations = warmup.epochs * options.iterations_per_epoch + warmup.iterations;
-  std::vector<ParameterSegment> segments = layers_of(module);
-  if (segments.empty()) throw UsageError("the model has no parameters");
+  std::vector<ParameterSegment> segments = segments_of(std::move(layers));
   if (impl.uses_servers && static_cast<std::size_t>(servers) > segments.size()) {
     throw UsageError(concat("--servers ", servers, " exceeds the model's ", segments.size(),
                             " parameter segments: each server must own at least one whole segment"));
   }
-  if (options.broadcast_initial_parameters) worker.broadcast_parameters(module, 0);
+  if (options.broadcast_initial_parameters) {
+    for (ParameterSegment& segment : segments) {
+      for (torch::Tensor& parameter : segment.parameters) {
+        if (parameter.scalar_type() != torch::kFloat32 || !parameter.device().is_cpu()) continue;  // the binding names it
+        torch::NoGradGuard no_grad;
+        worker.broadcast(parameter, 0);
+      }
+    }
+  }
+  if (options.gradient_reduction == ReduceOp::kSum) impl.gradient_multiplier = static_cast<float>(worker.size());
+  for (std::size_t k = 0; k < segments.size(); ++k) {
+    impl.layer_of_segment.push_back(k);
+    impl.segment_of_layer.push_back(k);
+    impl.given_names.push_back(segments[k].name);
+  }
+  impl.multiply_then_report = [&impl](std::size_t segment, double seconds) {
+    const Segment& range = impl.binding->layout().segment(segment);
+    impl.multiply(impl.gradients_.subspan(range.offset, range.count));
+    (*impl.method_ready)(segment, seconds);
+  };
   impl.binding = std::make_unique<ParameterBinding>(std::move(segments));
   impl.first_gradients.assign(impl.binding->layout().total(), 0.0f);
   impl.first_seconds.assign(impl.binding->layout().segment_count(), 0.0);
@@ -422,6 +529,28 @@ void DistributedOptimizer::load_state(const OptimizerState& state) {
   impl_->check_restorable("load_state");
   impl_->restore_state(state.bytes);
   impl_->loaded_state = state.bytes;
+}
+
+void DistributedOptimizer::set_learning_rate(float lr) {
+  impl_->check_usable("set_learning_rate");
+  if (!impl_->external_rates) {
+    throw UsageError(concat("DistributedOptimizer::set_learning_rate needs lr_schedule 'external', this optimizer's is '",
+                            impl_->options.lr_schedule, "'"));
+  }
+  if (!std::isfinite(lr) || lr < 0) throw UsageError(concat("learning rate must be finite and >= 0, got ", lr));
+  impl_->external_rates->set(impl_->t, static_cast<double>(lr) / static_cast<double>(impl_->base_learning_rate));
+}
+
+void DistributedOptimizer::before_layer_forward(std::size_t layer) {
+  if (!impl_->options.forward_hooks) {
+    throw UsageError("DistributedOptimizer::before_layer_forward needs DistributedOptimizerOptions::forward_hooks");
+  }
+  if (layer >= impl_->segment_of_layer.size()) {
+    throw UsageError(concat("DistributedOptimizer::before_layer_forward: layer ", layer, " of ",
+                            impl_->segment_of_layer.size()));
+  }
+  if (impl_->failed || impl_->finished) return;
+  impl_->forward_reaches(impl_->segment_of_layer[layer] + 1);
 }
 
 void DistributedOptimizer::zero_grad() {
@@ -479,6 +608,8 @@ std::vector<std::string> DistributedOptimizer::layer_names() const {
   for (const Segment& segment : impl_->binding->layout().segments()) names.push_back(segment.name);
   return names;
 }
+
+std::vector<std::string> DistributedOptimizer::given_layer_names() const { return impl_->given_names; }
 
 torch::Tensor DistributedOptimizer::flat_parameters() {
   std::span<float> parameters = impl_->binding->parameters();

@@ -60,10 +60,12 @@ void serve_setup(Transport& world, int workers, const std::string& text, std::sp
                                   description.at("weight_decay").get<float>()};
   base.timeout = Timeout(description.at("timeout_ms").get<std::int64_t>());
   // Worker 0 checked the schedule and its length before sending them.
-  base.lr_schedule = parse_lr_schedule(description.at("lr_schedule").get<std::string>(),
-                                       description.at("lr_warmup_iterations").get<std::int64_t>());
+  base.lr_schedule = parse_api_lr_schedule(description.at("lr_schedule").get<std::string>(),
+                                           description.at("lr_warmup_iterations").get<std::int64_t>());
+  // External: each push carries the workers' factor; the server's own table stays unused.
   const LrScheduleLength length{description.at("iterations_per_epoch").get<std::int64_t>(),
-                                description.at("total_iterations").get<std::int64_t>()};
+                                description.at("total_iterations").get<std::int64_t>(),
+                                std::make_shared<ExternalLearningRates>()};
   const MethodSelection method =
       select_method(description.at("spec").get<std::string>(), flags, FlagPolicy::kReject, base);
   Layout layout;
@@ -82,6 +84,18 @@ void serve_setup(Transport& world, int workers, const std::string& text, std::sp
 }
 
 }  // namespace
+
+LrScheduleSpec parse_api_lr_schedule(const std::string& text, std::int64_t warmup_iterations,
+                                     const LrScheduleNames& names) {
+  if (text != "external") return parse_lr_schedule(text, warmup_iterations, names);
+  if (warmup_iterations != 0) {
+    throw UsageError(concat(names.schedule, " 'external' takes no ", names.warmup, " (the caller sets every rate), got ",
+                            warmup_iterations));
+  }
+  LrScheduleSpec spec;
+  spec.kind = LrScheduleKind::kExternal;
+  return spec;
+}
 
 void send_server_setup(Transport& world, int workers, std::uint64_t& sequence, const ServerSetup& setup,
                        Timeout timeout) {

@@ -11,8 +11,14 @@
 #include <string>
 
 #include "pipesgd/comm/transport.h"
+#include "pipesgd/optim/lr_schedule.h"
 
 namespace pipesgd {
+
+// DistributedOptimizerOptions::lr_schedule: the CLI's forms (parse_lr_schedule) or "external" (the
+// caller sets the rate at every step; no warm-up). UsageError as parse_lr_schedule's, naming `names`.
+LrScheduleSpec parse_api_lr_schedule(const std::string& text, std::int64_t warmup_iterations,
+                                     const LrScheduleNames& names = {});
 
 struct ServerSetup {
   std::string description;             // JSON, see server_ranks.cpp

@@ -65,8 +65,11 @@ class ReplicaDivergenceError : public Error {
   using Error::Error;
 };
 
-// Builds a message from any streamable parts: concat("rank ", 3, " timed out").
+// Builds a message from any streamable parts: concat("rank ", 3, " timed out"). Constrained to
+// streamable parts, so that argument-dependent lookup from other libraries' own concat (pybind11's,
+// over types of this namespace) does not pick it.
 template <typename... Parts>
+  requires(requires(std::ostream& out, Parts&& part) { out << std::forward<Parts>(part); } && ...)
 std::string concat(Parts&&... parts) {
   std::ostringstream out;
   (out << ... << std::forward<Parts>(parts));

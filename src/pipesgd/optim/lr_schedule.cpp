@@ -62,6 +62,8 @@ std::string LrScheduleSpec::text() const {
     }
     case LrScheduleKind::kCosine:
       return "cosine";
+    case LrScheduleKind::kExternal:
+      return "external";
   }
   PIPESGD_ASSERT(false);
   return {};
@@ -138,12 +140,37 @@ LrSchedule::LrSchedule(LrScheduleSpec spec, LrScheduleLength length) : spec_(std
     throw UsageError(concat("learning-rate schedule cosine needs the run's total iterations (>= 1), got ",
                             length_.total_iterations));
   }
+  PIPESGD_ASSERT(spec_.kind != LrScheduleKind::kExternal || length_.external_factors != nullptr);
+}
+
+ExternalLearningRates::ExternalLearningRates() = default;
+
+void ExternalLearningRates::set(std::int64_t t, double factor) {
+  PIPESGD_ASSERT(t >= 0);
+  Entry& entry = entries_[static_cast<std::size_t>(t) % kCapacity];
+  entry.iteration.store(-1, std::memory_order_release);  // a reader of the old iteration misses
+  entry.factor.store(factor, std::memory_order_release);
+  entry.iteration.store(t, std::memory_order_release);
+  latest_.store(factor, std::memory_order_release);
+}
+
+double ExternalLearningRates::factor(std::int64_t t) const {
+  PIPESGD_ASSERT(t >= 0);
+  const Entry& entry = entries_[static_cast<std::size_t>(t) % kCapacity];
+  if (entry.iteration.load(std::memory_order_acquire) == t) {
+    const double factor = entry.factor.load(std::memory_order_acquire);
+    if (entry.iteration.load(std::memory_order_acquire) == t) return factor;  // not rewritten meanwhile
+  }
+  return latest_.load(std::memory_order_acquire);
 }
 
 double LrSchedule::factor(std::int64_t t) const {
   PIPESGD_ASSERT(t >= 0);
+  if (spec_.kind == LrScheduleKind::kExternal) return length_.external_factors->factor(t);
   double decay = 1.0;
   switch (spec_.kind) {
+    case LrScheduleKind::kExternal:
+      break;
     case LrScheduleKind::kConstant:
       break;
     case LrScheduleKind::kStep:

@@ -22,15 +22,24 @@
 //   LrScheduleSpec spec = parse_lr_schedule("step:30:0.1", /*warmup_iterations=*/500);
 //   LrSchedule schedule(spec, {iterations_per_epoch, total_iterations});
 //   float lr = schedule.learning_rate(0.1f, t);
-// Pure functions of their arguments; LrSchedule is immutable and may be shared between threads.
+//
+// external (the public API's DistributedOptimizerOptions::lr_schedule "external"; not a CLI form):
+// factor(t) is whatever the caller set for iteration t in an ExternalLearningRates table shared by
+// every copy of the schedule (the Python front end sets the user's torch optimizer's rate at every
+// step, so PyTorch's own schedulers work).
+// Pure functions of their arguments (external: of the table); LrSchedule is immutable and may be
+// shared between threads.
+#include <array>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace pipesgd {
 
-enum class LrScheduleKind { kConstant, kStep, kMultiStep, kCosine };
+enum class LrScheduleKind { kConstant, kStep, kMultiStep, kCosine, kExternal };
 
 // The accepted forms, for messages and --help.
 inline constexpr const char* kLrScheduleForms = "constant, step:EVERY_EPOCHS:GAMMA, multistep:E1,E2,...:GAMMA or cosine";
@@ -69,11 +78,34 @@ struct LrScheduleNames {
 LrScheduleSpec parse_lr_schedule(std::string_view text, std::int64_t warmup_iterations = 0,
                                  const LrScheduleNames& names = {});
 
+// The factors of an external schedule: the caller sets factor(t) for iteration t before the update
+// of t's gradient can happen (before handing the gradient of t to the method); the method reads it
+// whenever it applies that update. Holds the last kCapacity iterations: an update lags its gradient
+// by far fewer iterations than that in every method. Reading an iteration not (or no longer) held
+// gives the factor set last (1 before any), which is what a prediction of a future update and a
+// resumed run's in-flight updates use. Threads: one thread sets, any thread reads (lock-free).
+class ExternalLearningRates {
+ public:
+  static constexpr std::size_t kCapacity = 1024;
+  ExternalLearningRates();
+  void set(std::int64_t t, double factor);
+  double factor(std::int64_t t) const;
+
+ private:
+  struct Entry {
+    std::atomic<std::int64_t> iteration{-1};
+    std::atomic<double> factor{1.0};
+  };
+  std::array<Entry, kCapacity> entries_;
+  std::atomic<double> latest_{1.0};
+};
+
 // The run lengths a schedule needs: iterations per epoch (step, multistep) and the run's total
-// iterations (cosine).
+// iterations (cosine); for external, the table of factors (shared by every copy of the schedule).
 struct LrScheduleLength {
   std::int64_t iterations_per_epoch = 0;
   std::int64_t total_iterations = 0;
+  std::shared_ptr<const ExternalLearningRates> external_factors{};
 };
 
 // base * factor, rounded once to float: every learning rate a schedule scales.
@@ -85,7 +117,7 @@ class LrSchedule {
  public:
   LrSchedule() = default;  // constant, no warm-up
   // Throws UsageError (naming the schedule) if a step or multistep schedule gets iterations_per_epoch
-  // < 1 or a cosine schedule total_iterations < 1.
+  // < 1 or a cosine schedule total_iterations < 1; asserts that an external one has its table.
   LrSchedule(LrScheduleSpec spec, LrScheduleLength length);
 
   // decay(t) * warm(t) as in the header comment; t >= 0.

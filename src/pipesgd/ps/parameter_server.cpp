@@ -1,6 +1,8 @@
 #include "pipesgd/ps/parameter_server.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -12,8 +14,9 @@ namespace pipesgd {
 
 namespace {
 
-// Request header: three uint64 (kind, version, iteration) in the first six floats of a request buffer.
-constexpr std::size_t kRequestHeaderFloats = 6;
+// Request header: three uint64 (kind, version, iteration) and the float64 learning-rate factor of a
+// push in the first eight floats of a request buffer.
+constexpr std::size_t kRequestHeaderFloats = 8;
 // Reply header: one uint64 (version) in the first two floats of a reply buffer.
 constexpr std::size_t kReplyHeaderFloats = 2;
 constexpr int kRequestStep = 0;
@@ -350,7 +353,18 @@ void ParameterServerShard::set_learning_rate_for_push(const ServeSession& sessio
   if (iteration < 0) {
     throw CommError(concat(where(), ": push from rank ", worker, " carries iteration ", iteration));
   }
-  sgd_.set_learning_rate_factor(session.options.learning_rate_schedule.factor(iteration));
+  const LrSchedule& schedule = session.options.learning_rate_schedule;
+  if (schedule.spec().kind == LrScheduleKind::kExternal) {
+    // The workers' rate, set by their caller: it travels with the push.
+    const std::uint64_t bits = read_u64(state_[static_cast<std::size_t>(worker)].request, 3);
+    const double factor = std::bit_cast<double>(bits);
+    if (!std::isfinite(factor) || factor < 0) {
+      throw CommError(concat(where(), ": push from rank ", worker, " carries learning-rate factor ", factor));
+    }
+    sgd_.set_learning_rate_factor(factor);
+  } else {
+    sgd_.set_learning_rate_factor(schedule.factor(iteration));
+  }
 }
 
 void ParameterServerShard::handle_pull(const ServeSession& session, int worker, std::uint64_t min_version) {
@@ -463,8 +477,8 @@ std::uint64_t PushHandle::wait(Timeout timeout) {
 std::uint64_t PullHandle::wait(Timeout timeout) { return client_->wait_pull(sequence_, timeout); }
 
 ParameterClient::ParameterClient(Transport& transport, const ShardPlan& plan, int workers,
-                                 Timeout timeout)
-    : transport_(transport), plan_(plan), workers_(workers), timeout_(timeout) {
+                                 Timeout timeout, LrSchedule schedule)
+    : transport_(transport), plan_(plan), workers_(workers), timeout_(timeout), schedule_(std::move(schedule)) {
   check_world(transport, plan, workers);
   if (transport.rank() >= workers) {
     throw UsageError(concat("parameter client: rank ", transport.rank(),
@@ -502,6 +516,7 @@ PushHandle ParameterClient::push(std::span<const float> gradients, std::uint64_t
     std::vector<float>& buffer = push_buffers_[static_cast<std::size_t>(s)];
     write_u64(buffer, 1, version);
     write_u64(buffer, 2, static_cast<std::uint64_t>(iteration));
+    write_u64(buffer, 3, std::bit_cast<std::uint64_t>(schedule_.factor(iteration)));
     std::copy(gradients.begin() + static_cast<std::ptrdiff_t>(shard.begin),
               gradients.begin() + static_cast<std::ptrdiff_t>(shard.end),
               buffer.begin() + kRequestHeaderFloats);

@@ -8,9 +8,10 @@
 // Protocol (all messages on Channel::kParameterServer, one message per shard):
 //   worker -> server, step 0 (request), sequence = the worker's request count (push, pull,
 //     checkpoint and close requests share one sequence, so a server handles each worker's requests
-//     in order), segment = shard. Payload: a 24-byte header (uint64 kind: push, pull, checkpoint or
+//     in order), segment = shard. Payload: a 32-byte header (uint64 kind: push, pull, checkpoint or
 //     close; uint64 version, or for a checkpoint the iteration the workers continue from; uint64 the
-//     pushing worker's iteration, for the learning-rate schedule) then, for a push, the shard's fp32
+//     pushing worker's iteration, for the learning-rate schedule; float64 the worker's learning-rate
+//     factor of that iteration, for an external schedule) then, for a push, the shard's fp32
 //     gradients.
 //   server -> worker, step 1 (pull reply), sequence = the worker's pull count, segment = shard.
 //     Payload: the 8-byte version of the weights, then the shard's fp32 weights.
@@ -25,7 +26,8 @@
 // push whose version is not the shard's current version, or whose iteration differs from the other
 // workers' pushes of that version, is a protocol error (CommError).
 // Learning rate: every update steps at ServeOptions::learning_rate_schedule's rate for the iteration
-// the push carries (synchronous: the workers' common iteration; asynchronous: the pushing worker's).
+// the push carries (synchronous: the workers' common iteration; asynchronous: the pushing worker's);
+// with an external schedule (the API's, set by the workers' caller), at the factor the push carries.
 // Asynchronous mode: every push is applied as it arrives with gradient scale `async_scale`, version
 // += 1; the push's version (the weights the gradient was computed on) must not exceed the shard's
 // version. Asynchronous mode with delay compensation (DC-ASGD, `dcasgd`): the shard keeps, per
@@ -221,8 +223,10 @@ class ParameterClient {
   // Throws UsageError if the transport's size is not workers + plan.servers() or the rank is not a
   // worker rank. `timeout` bounds the implicit waits of push/pull/close. `plan` must outlive the
   // client.
+  // `schedule`: the worker's learning-rate schedule, whose factor each push carries (the servers
+  // use it when their own schedule is external).
   ParameterClient(Transport& transport, const ShardPlan& plan, int workers,
-                  Timeout timeout = Timeout{60000});
+                  Timeout timeout = Timeout{60000}, LrSchedule schedule = {});
   ParameterClient(const ParameterClient&) = delete;
   ParameterClient& operator=(const ParameterClient&) = delete;
 
@@ -251,6 +255,7 @@ class ParameterClient {
   const ShardPlan& plan_;
   int workers_;
   Timeout timeout_;
+  LrSchedule schedule_;
   bool closed_ = false;
   std::uint64_t request_sequence_ = 0;
   // Buffers first: destroyed after the requests that may point into them.

@@ -130,8 +130,9 @@ std::vector<torch::Tensor>& ParameterBinding::gradient_views_for(std::span<float
   return least_recent->views;
 }
 
-void ParameterBinding::arm(std::span<float> gradients, const SegmentReadyFn& on_ready) {
-  PIPESGD_ASSERT(!armed_ && gradients.size() == layout_.total());
+void ParameterBinding::arm(std::span<float> gradients, const SegmentReadyFn& on_ready, std::uint32_t backward_passes) {
+  PIPESGD_ASSERT(!armed_ && gradients.size() == layout_.total() && backward_passes >= 1);
+  backward_passes_ = backward_passes;
   std::fill(gradients.begin(), gradients.end(), 0.0f);
   std::vector<torch::Tensor>& views = gradient_views_for(gradients);
   for (std::size_t i = 0; i < parameters_.size(); ++i) parameters_[i].mutable_grad() = views[i];
@@ -190,8 +191,8 @@ void ParameterBinding::ensure_gradient_in_buffer(std::size_t tensor) {
 void ParameterBinding::on_parameter_accumulated(std::size_t tensor) {
   if (!armed_) return;  // a backward while not armed
   ensure_gradient_in_buffer(tensor);
-  if (parameter_fired_[tensor]) return;  // a second backward in the same armed state
-  parameter_fired_[tensor] = 1;
+  if (parameter_fired_[tensor] >= backward_passes_) return;  // a further backward in the same armed state
+  if (++parameter_fired_[tensor] < backward_passes_) return;
   readiness_order_.push_back(tensor);
   const std::size_t segment = parameter_segments_[tensor];
   if (++accumulated_per_segment_[segment] == parameters_per_segment_[segment]) {

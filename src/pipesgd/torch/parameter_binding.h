@@ -30,8 +30,11 @@
 //   seconds) gets the time since the previous report (or since arm()). finish() ends the armed
 //   state normally: it copies any gradient LibTorch left outside the buffer, reports the segments
 //   not reported yet (a tensor that got no gradient keeps zeros), and resets every grad to
-//   undefined. disarm() ends it without reporting (e.g. when backward threw). One backward per arm:
-//   a second backward in the same armed state adds into `gradients` but reports nothing new.
+//   undefined. disarm() ends it without reporting (e.g. when backward threw). Backward passes per
+//   arm (arm's `backward_passes`, default 1): every pass accumulates into `gradients`; a tensor is
+//   ready when its accumulator fired that many times (gradient accumulation over several
+//   micro-batches reports each segment once, after its last pass); further passes add into
+//   `gradients` but report nothing new.
 // - If LibTorch replaces a grad instead of accumulating into the view (out-of-place accumulation,
 //   e.g. create_graph, or the user reset the grads after arm()), the hook copies the value into
 //   `gradients` and points the grad back at the view; gradient_copy_count() counts these copies.
@@ -80,7 +83,7 @@ class ParameterBinding {
   // See the contract above. `on_ready` may be empty; it must stay alive until finish()/disarm().
   // Views of the last few distinct gradient buffers are cached (a method rotating K buffers passes
   // the same K pointers), so arming with a known buffer does not allocate.
-  void arm(std::span<float> gradients, const SegmentReadyFn& on_ready);
+  void arm(std::span<float> gradients, const SegmentReadyFn& on_ready, std::uint32_t backward_passes = 1);
   void finish();
   void disarm() noexcept;
   bool armed() const { return armed_; }
@@ -129,7 +132,8 @@ class ParameterBinding {
   std::vector<torch::Tensor>* active_views_ = nullptr;
   const SegmentReadyFn* active_on_ready_ = nullptr;
   std::vector<std::size_t> accumulated_per_segment_;
-  std::vector<char> parameter_fired_;
+  std::uint32_t backward_passes_ = 1;
+  std::vector<std::uint32_t> parameter_fired_;  // times each tensor's accumulator fired
   std::vector<char> segment_complete_;
   std::size_t segments_reported_ = 0;
   Clock::time_point last_report_time_;

@@ -97,7 +97,7 @@ OneStepDelaySgd::OneStepDelaySgd(const MethodContext& context)
       timeout_(context.common.timeout),
       plan_(context.model.layout(), context.options.servers()),
       client_(context.transport, plan_, parameter_server_workers(context.options.servers(), context.transport),
-              context.common.timeout),
+              context.common.timeout, context.learning_rate_schedule),
       updater_(context.model.layout().total(), options_as<OdSgdOptions>(context.options).local_updater,
                local_sgd(options_as<OdSgdOptions>(context.options), context.common),
                options_as<OdSgdOptions>(context.options).local_compensation),

@@ -59,7 +59,7 @@ ParameterServerMethod::ParameterServerMethod(const MethodContext& context)
       timeout_(context.common.timeout),
       plan_(context.model.layout(), context.options.servers()),
       client_(context.transport, plan_, parameter_server_workers(context.options.servers(), context.transport),
-              context.common.timeout),
+              context.common.timeout, context.learning_rate_schedule),
       gradients_(context.model.layout().total()) {}
 
 std::span<float> ParameterServerMethod::begin_iteration(std::int64_t, IterationTimes&) {

@@ -1,0 +1,909 @@
+"""pipesgd.torch: Horovod's PyTorch API over pipesgd, with every pipesgd method.
+
+An existing Horovod script switches with one line::
+
+    import pipesgd.torch as hvd
+
+and then gains what Horovod does not have, as keyword arguments of the same DistributedOptimizer::
+
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         method="pipe+int8")          # Pipe-SGD, 8-bit in-ring codec
+
+Launch with ``pipesgdrun -np 4 /usr/bin/python3 train.py`` (or mpirun); without a launcher the
+script runs as one worker. Every method of pipesgd is the C++ library's (pipesgd._C); nothing of
+a method is implemented here. See docs/user-guide.md, "From PyTorch (Horovod-compatible)".
+
+Differences from Horovod, all deliberate and documented:
+  * Collectives run in the order they are issued; ``name=`` is accepted and not used to match
+    tensors across ranks. ``*_async`` calls return a handle and run at ``synchronize``/``poll``.
+  * ``DistributedOptimizer.step()`` runs the method's step (communication and update, or for a
+    pipelined method the update of an earlier gradient); the wrapped optimizer's own ``step`` is
+    never called: its class and ``param_groups`` give the update rule and hyper-parameters.
+  * ``synchronize()`` performs the step's communication and update early; the gradients read as
+    ``None`` after it (pipesgd averages and applies them inside the method, so changing them
+    between ``synchronize()`` and ``step()``, e.g. clipping, has no effect: see the user guide).
+  * ``Adasum``, process sets other than the global one, ``join`` and the GPU builds raise
+    ``NotImplementedError``.
+"""
+
+import atexit
+import contextlib
+import io
+import os
+import pickle
+import socket
+import sys
+import warnings
+import zlib
+
+import torch
+
+from pipesgd import _C
+from pipesgd._C import CommError, CommTimeoutError, DataError, PeerFailedError
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "is_worker", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
+    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_",
+    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "synchronize", "poll", "barrier", "join", "broadcast_parameters", "broadcast_optimizer_state",
+    "broadcast_object", "allgather_object", "DistributedOptimizer", "Compression", "Compressor",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "global_process_set", "available_methods",
+    "CommError", "CommTimeoutError", "DataError", "PeerFailedError",
+]
+
+# Reduction operations (Horovod's names).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+
+class ProcessSet:
+    """Horovod's process sets: pipesgd has the global one only (every worker)."""
+
+    def __init__(self, ranks=None):
+        self.ranks = ranks
+        self.process_set_id = 0
+
+    def __repr__(self):
+        return "ProcessSet(process_set_id=0, ranks=all)"
+
+
+global_process_set = ProcessSet()
+
+
+# --------------------------------------------------------------------------------------------
+# Compression (Horovod's Compression.none / Compression.fp16).
+
+class Compressor:
+    """Interface of Horovod's compressors: compress(tensor) -> (tensor, ctx), decompress(tensor, ctx)."""
+
+    @staticmethod
+    def compress(tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """In collectives: sends float tensors as float16. In DistributedOptimizer: pipesgd's 16-bit
+    in-ring codec (``--codec bf16``, Pipe-SGD's 16-bit truncation), which every allreduce method takes."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point:
+            return tensor.type(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.type(ctx) if ctx is not None else tensor
+
+
+class Compression:
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
+# --------------------------------------------------------------------------------------------
+# The world.
+
+class _State:
+    session = None
+    worker = None
+    servers = 0
+    failed = False
+    local_size = 1
+    cross_rank = 0
+    cross_size = 1
+    homogeneous = True
+    pending = []  # async operations not yet run: [handle, function, result]
+    results = {}
+    next_handle = 0
+    previous_excepthook = None
+
+
+_state = _State()
+
+_DEFAULT_TIMEOUT_SECONDS = 120.0
+
+
+def _under_launcher():
+    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ or "PMIX_RANK" in os.environ
+
+
+def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=True):
+    """Joins the world (Horovod's hvd.init).
+
+    Under mpirun/pipesgdrun every rank is a process of one world (MPI); otherwise the script is a
+    world of one worker. ``servers=S``: the last S ranks are parameter servers (for the methods
+    pssync, asgd, dcasgd, odsgd): on them init() serves until the workers shut down and then exits
+    the process with status 0 (``exit_servers=False``: returns instead, with ``is_worker()``
+    False). ``timeout``: seconds any wait on a peer may take (default 120, or $PIPESGD_TIMEOUT).
+    ``comm`` (an mpi4py communicator) and ``process_sets`` are not supported (only None).
+    Calling init() again does nothing.
+    """
+    if _state.session is not None:
+        return
+    if comm is not None:
+        raise NotImplementedError("pipesgd.torch.init: comm= (an mpi4py communicator) is not supported; "
+                                  "pipesgd joins MPI_COMM_WORLD")
+    if process_sets not in (None, [], "dynamic"):
+        raise NotImplementedError("pipesgd.torch.init: process sets are not supported (only the global one)")
+    if not isinstance(servers, int) or servers < 0:
+        raise ValueError(f"servers must be an integer >= 0, got {servers!r}")
+    if timeout is None:
+        timeout = float(os.environ.get("PIPESGD_TIMEOUT", _DEFAULT_TIMEOUT_SECONDS))
+    if _under_launcher():
+        session = _C.Session.join_mpi(servers, float(timeout))
+    else:
+        if servers > 0:
+            raise ValueError(f"servers={servers} needs ranks to serve: launch the script with "
+                             f"pipesgdrun -np N (N > {servers}) or mpirun")
+        session = _C.Session.join_alone(float(timeout))
+    _state.session = session
+    _state.servers = servers
+    _state.failed = False
+    atexit.register(_shutdown_at_exit)
+    if _state.previous_excepthook is None:
+        _state.previous_excepthook = sys.excepthook
+        sys.excepthook = _fail_on_uncaught_exception
+    if not session.is_worker:
+        # A server rank: it has served until the workers shut down.
+        _state.session = None
+        if exit_servers:
+            sys.exit(0)
+        return
+    _state.worker = session.worker()
+    _learn_hosts()
+
+
+def _learn_hosts():
+    """local_size, cross_rank and cross_size from the workers' host names (one allgather)."""
+    worker = _state.worker
+    host = zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
+    hosts = worker.allgather(torch.tensor([host], dtype=torch.int64)).tolist()
+    distinct = sorted(set(hosts), key=hosts.index)
+    _state.local_size = hosts.count(host)
+    _state.cross_rank = distinct.index(host)
+    _state.cross_size = len(distinct)
+    _state.homogeneous = len({hosts.count(h) for h in distinct}) == 1
+
+
+def _shutdown_at_exit():
+    if _state.session is not None and not _state.failed:
+        try:
+            shutdown()
+        except Exception as error:  # the process is ending: say why, do not raise from atexit
+            print(f"pipesgd: shutdown at exit failed: {error}", file=sys.stderr)
+
+
+def _fail_on_uncaught_exception(kind, value, traceback):
+    if _state.session is not None and not _state.failed:
+        _state.failed = True
+        _state.session.fail(f"{kind.__name__}: {value}".splitlines()[0])
+    _state.previous_excepthook(kind, value, traceback)
+
+
+def shutdown():
+    """Leaves the world: every worker calls it (or lets the interpreter exit: init() registered
+    it with atexit); worker 0 then stops the servers. Idempotent."""
+    session = _state.session
+    if session is None:
+        return
+    _run_pending()
+    _state.session = None
+    _state.worker = None
+    session.shutdown()
+
+
+def is_initialized():
+    return _state.session is not None
+
+
+def _worker():
+    if _state.worker is None:
+        raise ValueError("pipesgd.torch has not been initialized; use hvd.init().")
+    return _state.worker
+
+
+def rank():
+    return _worker().rank
+
+
+def size():
+    return _worker().size
+
+
+def local_rank():
+    return _worker().local_rank
+
+
+def local_size():
+    _worker()
+    return _state.local_size
+
+
+def cross_rank():
+    _worker()
+    return _state.cross_rank
+
+
+def cross_size():
+    _worker()
+    return _state.cross_size
+
+
+def is_homogeneous():
+    _worker()
+    return _state.homogeneous
+
+
+def is_worker():
+    """True on a worker rank after init(); False on a server rank (init(exit_servers=False))."""
+    return _state.worker is not None
+
+
+def mpi_threads_supported():
+    return _worker().is_mpi
+
+
+def mpi_enabled():
+    return _under_launcher()
+
+
+def mpi_built():
+    return True
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def available_methods():
+    """The methods a DistributedOptimizer's method= takes: dicts with name, summary, uses_servers."""
+    return _C.available_methods()
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives.
+
+def _check_process_set(process_set, call):
+    if process_set is not None and process_set is not global_process_set:
+        raise NotImplementedError(f"pipesgd.torch.{call}: only the global process set is supported")
+
+
+def _resolve_op(average, op, call):
+    if average is not None:
+        if op is not None:
+            raise ValueError(f"{call}: give op= or the deprecated average=, not both")
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed", DeprecationWarning)
+        op = Average if average else Sum
+    if op is None:
+        op = Average
+    if op == Adasum:
+        raise NotImplementedError(f"pipesgd.torch.{call}: op=Adasum is not supported; use op=hvd.Average "
+                                  "(or DistributedOptimizer(method=...) for pipesgd's methods)")
+    if op not in _OP_NAMES:
+        raise ValueError(f"{call}: unknown op {op!r} (hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product)")
+    return op
+
+
+def _reduce_in_place(tensor, op):
+    """tensor becomes the reduction over the workers (any CPU dtype; float32 sums in the ring)."""
+    worker = _worker()
+    if tensor.device.type != "cpu":
+        raise ValueError(f"pipesgd.torch: tensors must be on the CPU, got one on {tensor.device}")
+    with torch.no_grad():
+        if op in (Average, Sum) and tensor.dtype == torch.float32:
+            if tensor.is_contiguous():
+                worker.allreduce(tensor, op == Average)
+            else:
+                work = tensor.contiguous()
+                worker.allreduce(work, op == Average)
+                tensor.copy_(work)
+            return tensor
+        # Other dtypes and operations: every worker's tensor, reduced here (exact for integers and
+        # float64; the ring sums float32 only).
+        rows = worker.allgather(tensor.detach().reshape(1, -1).contiguous())
+        if op == Sum:
+            reduced = rows.sum(0)
+        elif op == Average:
+            reduced = rows.sum(0) / rows.shape[0] if tensor.dtype.is_floating_point else \
+                torch.div(rows.sum(0), rows.shape[0], rounding_mode="floor")
+        elif op == Min:
+            reduced = rows.amin(0)
+        elif op == Max:
+            reduced = rows.amax(0)
+        else:
+            reduced = rows.prod(0)
+        tensor.copy_(reduced.reshape(tensor.shape).to(tensor.dtype))
+    return tensor
+
+
+def _allreduce_into(output, tensor, op, compression, prescale_factor, postscale_factor):
+    compressed, ctx = compression.compress(tensor)
+    work = compressed.detach().clone() if compressed is tensor or compressed is output else compressed.detach()
+    if prescale_factor != 1.0:
+        work.mul_(prescale_factor)
+    _reduce_in_place(work, op)
+    if postscale_factor != 1.0:
+        work.mul_(postscale_factor)
+    with torch.no_grad():
+        output.copy_(compression.decompress(work, ctx))
+    return output
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    """allreduce with a gradient (Horovod's HorovodAllreduce): the gradient is allreduced the same way."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, compression, prescale_factor, postscale_factor):
+        ctx.op, ctx.compression = op, compression
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        return _allreduce_into(torch.empty_like(tensor), tensor, op, compression, prescale_factor, postscale_factor)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = _allreduce_into(torch.empty_like(grad_output), grad_output, ctx.op, ctx.compression,
+                               ctx.prescale_factor, ctx.postscale_factor)
+        return grad, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set):
+    """A new tensor: the reduction (default: mean) of every worker's `tensor`. Differentiable."""
+    _check_process_set(process_set, "allreduce")
+    op = _resolve_op(average, op, "allreduce")
+    _run_pending()
+    if tensor.requires_grad and op in (Average, Sum):
+        return _AllreduceFunction.apply(tensor, op, compression, prescale_factor, postscale_factor)
+    return _allreduce_into(torch.empty_like(tensor), tensor, op, compression, prescale_factor, postscale_factor)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    """In place: `tensor` becomes the reduction over the workers. Returns it."""
+    _check_process_set(process_set, "allreduce_")
+    op = _resolve_op(average, op, "allreduce_")
+    _run_pending()
+    return _allreduce_into(tensor, tensor, op, Compression.none, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    return [allreduce(t, average, None, compression, op, prescale_factor, postscale_factor, process_set)
+            for t in tensors]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    return [allreduce_(t, average, None, op, prescale_factor, postscale_factor, process_set) for t in tensors]
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every worker's tensor concatenated along dimension 0 in rank order (dimension 0 may differ)."""
+    _check_process_set(process_set, "allgather")
+    _run_pending()
+    return _worker().allgather(tensor.detach().contiguous())
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In place: every worker's `tensor` becomes root_rank's. Returns it."""
+    _check_process_set(process_set, "broadcast_")
+    _run_pending()
+    with torch.no_grad():
+        if tensor.is_contiguous():
+            _worker().broadcast(tensor, root_rank)
+        else:
+            work = tensor.contiguous()
+            _worker().broadcast(work, root_rank)
+            tensor.copy_(work)
+    return tensor
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """A new tensor holding root_rank's `tensor`."""
+    return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
+
+
+def barrier(process_set=global_process_set):
+    _check_process_set(process_set, "barrier")
+    _run_pending()
+    _worker().barrier()
+
+
+def join(device=-1):
+    raise NotImplementedError("pipesgd.torch.join (uneven inputs) is not supported: give every worker the "
+                              "same number of batches (e.g. DistributedSampler with drop_last=True)")
+
+
+# Asynchronous forms: a handle now; the operation runs, in issue order, at synchronize() or poll().
+
+def _defer(function):
+    _worker()
+    handle = _state.next_handle
+    _state.next_handle += 1
+    _state.pending.append((handle, function))
+    return handle
+
+
+def _run_pending(upto=None):
+    while _state.pending:
+        handle, function = _state.pending.pop(0)
+        _state.results[handle] = function()
+        if handle == upto:
+            return
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    _check_process_set(process_set, "allreduce_async")
+    op = _resolve_op(average, op, "allreduce_async")
+    return _defer(lambda: _allreduce_into(torch.empty_like(tensor), tensor, op, Compression.none,
+                                          prescale_factor, postscale_factor))
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    _check_process_set(process_set, "allreduce_async_")
+    op = _resolve_op(average, op, "allreduce_async_")
+    return _defer(lambda: _allreduce_into(tensor, tensor, op, Compression.none, prescale_factor, postscale_factor))
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    _check_process_set(process_set, "allgather_async")
+    return _defer(lambda: _worker().allgather(tensor.detach().contiguous()))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    _check_process_set(process_set, "broadcast_async")
+    copy = tensor.detach().clone()
+    return _defer(lambda: _broadcast_now(copy, root_rank))
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    _check_process_set(process_set, "broadcast_async_")
+    return _defer(lambda: _broadcast_now(tensor, root_rank))
+
+
+def _broadcast_now(tensor, root_rank):
+    with torch.no_grad():
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        _worker().broadcast(work, root_rank)
+        if work is not tensor:
+            tensor.copy_(work)
+    return tensor
+
+
+def poll(handle):
+    """True once the operation of `handle` is done: it (and every one issued before it) runs now."""
+    if handle not in _state.results:
+        if not any(h == handle for h, _ in _state.pending):
+            raise ValueError(f"poll: unknown handle {handle!r}")
+        _run_pending(upto=handle)
+    return True
+
+
+def synchronize(handle):
+    """The result of the asynchronous operation of `handle` (running it first if needed)."""
+    poll(handle)
+    return _state.results.pop(handle)
+
+
+# --------------------------------------------------------------------------------------------
+# Objects, parameters and optimizer state.
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """root_rank's `obj` (pickled) on every worker."""
+    _check_process_set(process_set, "broadcast_object")
+    worker = _worker()
+    _run_pending()
+    if worker.rank == root_rank:
+        buffer = io.BytesIO()
+        pickle.dump(obj, buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    worker.broadcast(length, root_rank)
+    if worker.rank != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    if payload.numel() > 0:
+        worker.broadcast(payload, root_rank)
+    if worker.rank == root_rank:
+        return obj
+    return pickle.loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Every worker's `obj` (pickled), in rank order."""
+    _check_process_set(process_set, "allgather_object")
+    worker = _worker()
+    _run_pending()
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+    lengths = worker.allgather(torch.tensor([payload.numel()], dtype=torch.int64)).tolist()
+    gathered = worker.allgather(payload).numpy().tobytes()
+    objects, offset = [], 0
+    for length in lengths:
+        objects.append(pickle.loads(gathered[offset:offset + length]))
+        offset += length
+    return objects
+
+
+def broadcast_parameters(params, root_rank, prefix=None):
+    """Every worker's parameters (and buffers) become root_rank's, in place.
+
+    `params`: a state_dict (``model.state_dict()``; its tensors share the module's storage) or an
+    iterable of (name, tensor) pairs such as ``model.named_parameters()``.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list) or hasattr(params, "__iter__"):
+        items = list(params)
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise ValueError(f"invalid params of type: {type(params)}: expected a state_dict or (name, tensor) pairs")
+    else:
+        raise ValueError(f"invalid params of type: {type(params)}")
+    for _, tensor in items:
+        if tensor is None:
+            continue
+        if not torch.is_tensor(tensor):
+            raise ValueError(f"broadcast_parameters: expected tensors, got {type(tensor)}")
+        broadcast_(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor, root_rank)
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None):
+    """Every worker's optimizer state becomes root_rank's.
+
+    For a pipesgd DistributedOptimizer: its hyper-parameters (param_groups) and the method's state
+    (momentum, moments, ...: valid before its first backward, as after a load). For a plain
+    torch.optim optimizer: its state_dict.
+    """
+    if isinstance(optimizer, _DistributedOptimizer):
+        groups = broadcast_object([{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
+                                  root_rank)
+        for group, values in zip(optimizer.param_groups, groups):
+            group.update(values)
+        _C.broadcast_optimizer_state(_worker(), optimizer._pipesgd, root_rank)
+        return
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"broadcast_optimizer_state: expected a torch.optim.Optimizer, got {type(optimizer)}")
+    state = broadcast_object(optimizer.state_dict(), root_rank)
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+# --------------------------------------------------------------------------------------------
+# DistributedOptimizer.
+
+# Keyword arguments that name a CLI flag differently; the rest map name_with_underscores ->
+# --name-with-underscores.
+_FLAG_ALIASES = {"staleness": "--staleness-k", "k": "--staleness-k"}
+_DEFAULT_METHOD = "dsync"
+
+
+def _hyper_parameters(optimizer):
+    """The C++ optimizer options from the wrapped torch optimizer (class and param_groups)."""
+    groups = optimizer.param_groups
+    first = {k: v for k, v in groups[0].items() if k not in ("params", "initial_lr")}
+    for index, group in enumerate(groups[1:], start=1):
+        other = {k: v for k, v in group.items() if k not in ("params", "initial_lr")}
+        if other != first:
+            different = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+            raise ValueError(f"pipesgd.torch.DistributedOptimizer: param_groups 0 and {index} differ in "
+                             f"{', '.join(different)}; pipesgd trains every parameter with one set of "
+                             "hyper-parameters (use one group)")
+    kind = type(optimizer)
+    bases = [c for c in kind.__mro__ if c in (torch.optim.SGD, torch.optim.Adam)]
+    if not bases:
+        raise ValueError(f"pipesgd.torch.DistributedOptimizer: {kind.__name__} is not supported; pipesgd's "
+                         "methods update with torch.optim.SGD (momentum, weight_decay) or torch.optim.Adam")
+    options = {"learning_rate": float(first["lr"]), "weight_decay": float(first.get("weight_decay", 0.0))}
+    if bases[0] is torch.optim.SGD:
+        if first.get("nesterov", False):
+            raise ValueError("pipesgd.torch.DistributedOptimizer: SGD with nesterov=True is not supported")
+        if first.get("dampening", 0) != 0:
+            raise ValueError("pipesgd.torch.DistributedOptimizer: SGD with dampening != 0 is not supported")
+        if first.get("maximize", False):
+            raise ValueError("pipesgd.torch.DistributedOptimizer: maximize=True is not supported")
+        options.update(optimizer="sgd", momentum=float(first.get("momentum", 0.0)))
+    else:
+        if first.get("amsgrad", False):
+            raise ValueError("pipesgd.torch.DistributedOptimizer: Adam with amsgrad=True is not supported")
+        if first.get("maximize", False):
+            raise ValueError("pipesgd.torch.DistributedOptimizer: maximize=True is not supported")
+        beta1, beta2 = first["betas"]
+        options.update(optimizer="adam", adam_beta1=float(beta1), adam_beta2=float(beta2),
+                       adam_eps=float(first["eps"]))
+    return first, options
+
+
+def _layers(optimizer, named_parameters, model):
+    """(name, [parameters]) per layer, in the model's order: the modules that own parameters directly
+    (with model=), else the named parameters grouped by their module path (the name before the last dot)."""
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"] if p.requires_grad}
+    layers = []
+    if model is not None:
+        for module_name, module in model.named_modules():
+            parameters = [p for p in module.parameters(recurse=False) if id(p) in trained]
+            seen = {id(p) for _, ps, _ in layers for p in ps}
+            parameters = [p for p in parameters if id(p) not in seen]
+            if parameters:
+                layers.append((module_name or "(root)", parameters, module))
+        return layers
+    by_name = {}
+    for name, parameter in named_parameters:
+        if id(parameter) not in trained:
+            continue
+        layer = name.rsplit(".", 1)[0] if "." in name else name
+        if layer not in by_name:
+            by_name[layer] = []
+            layers.append((layer, by_name[layer], None))
+        by_name[layer].append(parameter)
+    return layers
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, method, model, method_options, timeout):
+        self._wrapped_class.__init__(self, params)  # shares the wrapped optimizer's param_groups
+        worker = _worker()
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", v) for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) or len(p) != 2 for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually "
+                             "produced by model.named_parameters()")
+        names = [name for name, _ in named_parameters]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
+                             f"{', '.join(duplicates)}")
+        named_ids = {id(p) for _, p in named_parameters}
+        unnamed = [p for group in self.param_groups for p in group["params"] if id(p) not in named_ids]
+        if unnamed and model is None:
+            raise ValueError(f"named_parameters was specified, but one or more model parameters were not named. "
+                             f"Python object ids: {', '.join(str(id(p)) for p in unnamed)}")
+        if op == Adasum:
+            raise NotImplementedError("pipesgd.torch.DistributedOptimizer: op=Adasum is not supported; use "
+                                      "op=hvd.Average (or one of pipesgd's methods: method=...)")
+        if op not in (Average, Sum):
+            raise ValueError(f"DistributedOptimizer: op must be hvd.Average or hvd.Sum, got {_OP_NAMES.get(op, op)}")
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        if not gradient_predivide_factor > 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
+        spec = _DEFAULT_METHOD if method is None else str(method)
+        flags = {}
+        for key, value in method_options.items():
+            flag = _FLAG_ALIASES.get(key, "--" + key.replace("_", "-"))
+            flags[flag] = str(value).lower() if isinstance(value, bool) else str(value)
+        if compression is Compression.fp16 or compression is FP16Compressor:
+            if "+" in spec and any(part in ("bf16", "int8", "none") for part in spec.split("+")[1:]) \
+                    or "--codec" in flags:
+                raise ValueError(f"compression=Compression.fp16 and method '{spec}' both choose a codec; give one")
+            flags["--codec"] = "bf16"
+        elif compression is not Compression.none and compression is not NoneCompressor:
+            raise ValueError("DistributedOptimizer: compression must be hvd.Compression.none or hvd.Compression.fp16 "
+                             "(pipesgd compresses inside the ring; method='...+int8' for 8 bits)")
+        hyper, options = _hyper_parameters(self)
+        self._hyper = hyper
+        layers = _layers(self, named_parameters, model)
+        if not layers:
+            raise ValueError("DistributedOptimizer: no parameter that requires grad")
+        methods = {m["name"]: m for m in _C.available_methods()}
+        base = spec.split("+")[0]
+        self._forward_hooks = model is not None
+        if base == "sapipe" and model is None:
+            warnings.warn("pipesgd.torch: method 'sapipe' applies its synchronous layers' updates just before each "
+                          "layer's forward through module forward pre-hooks: pass model=your_module to "
+                          "DistributedOptimizer; without it they are applied at step()", stacklevel=3)
+        if base in methods and methods[base]["uses_servers"] and _state.servers == 0:
+            raise ValueError(f"method '{spec}' needs parameter-server ranks: call hvd.init(servers=S) and launch "
+                             f"with S more ranks than workers")
+        options.update(lr_schedule="external", flags=flags, backward_passes_per_step=backward_passes_per_step,
+                       sum=(op == Sum), forward_hooks=self._forward_hooks)
+        if timeout is not None:
+            options["timeout"] = float(timeout)
+        if not options["learning_rate"] > 0:
+            initial = self.param_groups[0].get("initial_lr", 0.0)
+            if not initial > 0:
+                raise ValueError(f"DistributedOptimizer: the learning rate is {options['learning_rate']}; pipesgd "
+                                 "needs a positive rate at construction (set it later with a scheduler)")
+            options["learning_rate"] = float(initial)
+        self._pipesgd = _C.DistributedOptimizer(worker, [(name, params) for name, params, _ in layers], spec, options)
+        self._method = spec
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hook_handles = []
+        if self._forward_hooks:
+            for index, (_, _, module) in enumerate(layers):
+                self._hook_handles.append(module.register_forward_pre_hook(self._make_forward_hook(index)))
+
+    def _make_forward_hook(self, index):
+        optimizer = self._pipesgd
+
+        def hook(module, inputs):
+            if module.training and torch.is_grad_enabled():
+                optimizer.before_layer_forward(index)
+        return hook
+
+    @property
+    def method(self):
+        """The pipesgd method spec this optimizer trains with ("dsync", "pipe+int8", ...)."""
+        return self._method
+
+    def _check_hyper_parameters(self):
+        current = {k: v for k, v in self.param_groups[0].items() if k not in ("params", "initial_lr", "lr")}
+        expected = {k: v for k, v in self._hyper.items() if k != "lr"}
+        if current != expected:
+            changed = sorted(k for k in set(current) | set(expected) if current.get(k) != expected.get(k))
+            raise ValueError(f"DistributedOptimizer: {', '.join(changed)} changed after construction; pipesgd "
+                             "follows the learning rate only")
+        lrs = {group["lr"] for group in self.param_groups}
+        if len(lrs) != 1:
+            raise ValueError("DistributedOptimizer: param_groups have different learning rates; pipesgd uses one")
+        return float(self.param_groups[0]["lr"])
+
+    def step(self, closure=None):
+        """The method's step: this step's gradients go to the method, which communicates and updates
+        (a pipelined method applies an earlier step's gradients). The learning rate is the wrapped
+        optimizer's param_groups' at this call, for the update of this step's gradients."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._synchronized:
+            if self._should_synchronize:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                              "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                              "your code.")
+            self._synchronized = False
+            return loss
+        self._pipesgd.set_learning_rate(self._check_hyper_parameters())
+        self._pipesgd.step()
+        return loss
+
+    def synchronize(self):
+        """Completes this step's communication now: the method's step runs here (communication and
+        update), and the step() that follows (inside skip_synchronize()) does nothing more."""
+        if self._synchronized:
+            return
+        self._pipesgd.set_learning_rate(self._check_hyper_parameters())
+        self._pipesgd.step()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """A context in which step() does not synchronize (it was done by synchronize())."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients the next backward accumulates into (each step leaves them zero)."""
+        self._pipesgd.zero_grad()
+
+    def finish(self):
+        """Applies every update still in flight (a pipelined method's last K steps): the model's
+        parameters are final after it. Further steps raise."""
+        self._pipesgd.finish()
+
+    @property
+    def iteration(self):
+        return self._pipesgd.iteration
+
+    def state_dict(self):
+        raise NotImplementedError("pipesgd.torch.DistributedOptimizer.state_dict: use save_state(), which steps "
+                                  "and returns the method's whole state as bytes, and load_state(bytes)")
+
+    def save_state(self):
+        """step() that also returns the optimizer's whole state after it (bytes; resume with load_state)."""
+        self._pipesgd.set_learning_rate(self._check_hyper_parameters())
+        return self._pipesgd.step_and_save_state()
+
+    def load_state(self, state):
+        """Continues from save_state()'s bytes (a new optimizer, before its first backward)."""
+        self._pipesgd.load_state(state)
+
+    def load_state_dict(self, state_dict):
+        raise NotImplementedError("pipesgd.torch.DistributedOptimizer.load_state_dict: use load_state(bytes) with "
+                                  "what save_state() returned")
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=global_process_set, method=None, model=None,
+                         timeout=None, **method_options):
+    """Horovod's DistributedOptimizer, training with a pipesgd method.
+
+    The result is an instance of the wrapped optimizer's class (sharing its param_groups, so
+    schedulers on either work) whose step() is the method's. Horovod's arguments keep their
+    meaning; num_groups/groups (fusion groups) and sparse_as_dense are accepted and do nothing
+    (pipesgd's methods choose their own buckets: method="dsync+optimal", "wfbp", ...).
+    pipesgd's: ``method`` a method spec as the CLI's --algo (default "dsync"); ``model`` the module
+    (its layers become pipesgd's layers, and SAPipe applies updates from its forward pre-hooks);
+    ``timeout`` seconds any wait may take; any other keyword is a method option of the CLI, e.g.
+    ``staleness=2`` (--staleness-k), ``warmup_iters=100``, ``stale_layers=3``,
+    ``compensation="dc"``, ``allreduce="tree"``.
+    """
+    _check_process_set(process_set, "DistributedOptimizer")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"DistributedOptimizer: expected a torch.optim.Optimizer, got {type(optimizer)}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("DistributedOptimizer: the optimizer is already a DistributedOptimizer")
+    # An instance of the user's optimizer class (isinstance and schedulers work) whose methods are ours.
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__),
+               {"_wrapped_class": optimizer.__class__})
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, method, model, method_options, timeout)

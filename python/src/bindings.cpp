@@ -1,0 +1,223 @@
+// pipesgd._C: the public C++ API (include/pipesgd) for Python, the only native part of the package
+// pipesgd (python/pipesgd). Thin: every method, collective and check is the C++ library's; this
+// file converts arguments and errors. The Horovod-compatible surface is pipesgd/torch/__init__.py.
+//
+// Errors: UsageError -> ValueError, DataError -> pipesgd.DataError (a ValueError), CommTimeoutError
+// -> pipesgd.CommTimeoutError and PeerFailedError -> pipesgd.PeerFailedError (both
+// pipesgd.CommError, a RuntimeError); the message is the C++ one-line message.
+// The GIL: released for every call that may wait on a peer (collectives, step, finish, shutdown),
+// so Python threads run meanwhile; kept for the cheap calls. Threads: one Session per process; its
+// worker and optimizers belong to the thread that joined (the C++ contract).
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipesgd/core/error.h"
+#include "pipesgd/pipesgd.h"
+#include "pipesgd/session.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using Released = py::call_guard<py::gil_scoped_release>;
+
+std::chrono::milliseconds milliseconds(double seconds) {
+  if (!(seconds > 0)) throw pipesgd::UsageError(pipesgd::concat("timeout must be > 0 seconds, got ", seconds));
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
+}
+
+pipesgd::WorldOptions world_options(int servers, double timeout_seconds) {
+  pipesgd::WorldOptions options;
+  options.servers = servers;
+  options.timeout = milliseconds(timeout_seconds);
+  return options;
+}
+
+// The optimizer options from a dict of the names of DistributedOptimizerOptions (Python keeps the
+// mapping from torch.optim and keyword arguments); an unknown key is a ValueError.
+pipesgd::DistributedOptimizerOptions optimizer_options(const py::dict& given) {
+  pipesgd::DistributedOptimizerOptions options;
+  for (const auto& [key_handle, value] : given) {
+    const auto key = key_handle.cast<std::string>();
+    if (key == "optimizer") options.optimizer = value.cast<std::string>();
+    else if (key == "learning_rate") options.learning_rate = value.cast<float>();
+    else if (key == "momentum") options.momentum = value.cast<float>();
+    else if (key == "weight_decay") options.weight_decay = value.cast<float>();
+    else if (key == "adam_beta1") options.adam_beta1 = value.cast<float>();
+    else if (key == "adam_beta2") options.adam_beta2 = value.cast<float>();
+    else if (key == "adam_eps") options.adam_eps = value.cast<float>();
+    else if (key == "timeout") options.timeout = milliseconds(value.cast<double>());
+    else if (key == "flags") options.flags = value.cast<std::map<std::string, std::string>>();
+    else if (key == "iterations_per_epoch") options.iterations_per_epoch = value.cast<std::int64_t>();
+    else if (key == "total_iterations") options.total_iterations = value.cast<std::int64_t>();
+    else if (key == "lr_schedule") options.lr_schedule = value.cast<std::string>();
+    else if (key == "lr_warmup_iterations") options.lr_warmup_iterations = value.cast<std::int64_t>();
+    else if (key == "backward_passes_per_step") options.backward_passes_per_step = value.cast<int>();
+    else if (key == "sum") options.gradient_reduction = value.cast<bool>() ? pipesgd::ReduceOp::kSum : pipesgd::ReduceOp::kAverage;
+    else if (key == "forward_hooks") options.forward_hooks = value.cast<bool>();
+    else if (key == "broadcast_initial_parameters") options.broadcast_initial_parameters = value.cast<bool>();
+    else throw pipesgd::UsageError(pipesgd::concat("unknown optimizer option '", key, "'"));
+  }
+  return options;
+}
+
+py::bytes to_bytes(const std::vector<std::byte>& bytes) {
+  return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+pipesgd::OptimizerState to_state(const py::bytes& given) {
+  const std::string text = given;
+  pipesgd::OptimizerState state;
+  state.bytes.resize(text.size());
+  std::memcpy(state.bytes.data(), text.data(), text.size());
+  return state;
+}
+
+// A session, its worker and its optimizers: the optimizers keep the session alive (py::keep_alive).
+class PySession {
+ public:
+  explicit PySession(std::unique_ptr<pipesgd::Session> session) : session_(std::move(session)) {}
+  bool is_worker() const { return session_->is_worker(); }
+  pipesgd::Worker& worker() { return session_->worker(); }
+  void shutdown() { session_->shutdown(); }
+  void fail(const std::string& reason) { session_->fail(reason); }
+
+ private:
+  std::unique_ptr<pipesgd::Session> session_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "pipesgd's C++ library API (include/pipesgd); use pipesgd.torch";
+
+  py::object value_error = py::reinterpret_borrow<py::object>(PyExc_ValueError);
+  py::object runtime_error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  static py::exception<pipesgd::DataError> data_error(m, "DataError", value_error.ptr());
+  static py::exception<pipesgd::CommError> comm_error(m, "CommError", runtime_error.ptr());
+  static py::exception<pipesgd::CommTimeoutError> timeout_error(m, "CommTimeoutError", comm_error.ptr());
+  static py::exception<pipesgd::PeerFailedError> peer_failed_error(m, "PeerFailedError", comm_error.ptr());
+  py::register_exception_translator([](std::exception_ptr failure) {
+    try {
+      if (failure) std::rethrow_exception(failure);
+    } catch (const pipesgd::UsageError& error) {
+      PyErr_SetString(PyExc_ValueError, error.what());
+    } catch (const pipesgd::DataError& error) {
+      PyErr_SetString(data_error.ptr(), error.what());
+    } catch (const pipesgd::CommTimeoutError& error) {
+      PyErr_SetString(timeout_error.ptr(), error.what());
+    } catch (const pipesgd::PeerFailedError& error) {
+      PyErr_SetString(peer_failed_error.ptr(), error.what());
+    } catch (const pipesgd::CommError& error) {
+      PyErr_SetString(comm_error.ptr(), error.what());
+    } catch (const pipesgd::Error& error) {
+      PyErr_SetString(PyExc_RuntimeError, error.what());
+    }
+  });
+
+  py::class_<pipesgd::Worker>(m, "Worker")
+      .def_property_readonly("rank", &pipesgd::Worker::rank)
+      .def_property_readonly("size", &pipesgd::Worker::size)
+      .def_property_readonly("local_rank", &pipesgd::Worker::local_rank)
+      .def_property_readonly("servers", &pipesgd::Worker::servers)
+      .def_property_readonly("is_mpi", &pipesgd::Worker::is_mpi)
+      .def(
+          "allreduce",
+          [](pipesgd::Worker& worker, torch::Tensor tensor, bool average) {
+            worker.allreduce(tensor, average ? pipesgd::ReduceOp::kAverage : pipesgd::ReduceOp::kSum);
+          },
+          py::arg("tensor"), py::arg("average"), Released(), "in place; float32 CPU tensors")
+      .def(
+          "broadcast", [](pipesgd::Worker& worker, torch::Tensor tensor, int root) { worker.broadcast(tensor, root); },
+          py::arg("tensor"), py::arg("root"), Released(), "in place")
+      .def("allgather", &pipesgd::Worker::allgather, py::arg("tensor"), Released())
+      .def("barrier", &pipesgd::Worker::barrier, Released());
+
+  py::class_<PySession>(m, "Session")
+      .def_static(
+          "join_mpi",
+          [](int servers, double timeout_seconds) {
+            const pipesgd::WorldOptions options = world_options(servers, timeout_seconds);
+            std::unique_ptr<pipesgd::Session> session;
+            {
+              py::gil_scoped_release released;  // a server rank serves inside join_mpi
+              session = pipesgd::Session::join_mpi(nullptr, nullptr, options);
+            }
+            return std::make_unique<PySession>(std::move(session));
+          },
+          py::arg("servers"), py::arg("timeout"))
+      .def_static(
+          "join_alone",
+          [](double timeout_seconds) {
+            return std::make_unique<PySession>(pipesgd::Session::join_alone(world_options(0, timeout_seconds)));
+          },
+          py::arg("timeout"))
+      .def_property_readonly("is_worker", &PySession::is_worker)
+      .def("worker", &PySession::worker, py::return_value_policy::reference_internal)
+      .def("shutdown", &PySession::shutdown, Released())
+      .def("fail", &PySession::fail, py::arg("reason"), Released());
+
+  py::class_<pipesgd::DistributedOptimizer>(m, "DistributedOptimizer")
+      .def(py::init([](pipesgd::Worker& worker, const std::vector<std::pair<std::string, std::vector<torch::Tensor>>>& layers,
+                       const std::string& spec, const py::dict& options) {
+             std::vector<pipesgd::DistributedOptimizer::Layer> given;
+             for (const auto& [name, parameters] : layers) given.push_back({name, parameters});
+             const pipesgd::DistributedOptimizerOptions parsed = optimizer_options(options);
+             py::gil_scoped_release released;  // broadcasts the initial parameters
+             return std::make_unique<pipesgd::DistributedOptimizer>(worker, std::move(given), spec, parsed);
+           }),
+           py::arg("worker"), py::arg("layers"), py::arg("spec"), py::arg("options"), py::keep_alive<1, 2>())
+      .def("step", &pipesgd::DistributedOptimizer::step, Released())
+      .def(
+          "step_and_save_state",
+          [](pipesgd::DistributedOptimizer& optimizer) {
+            pipesgd::OptimizerState state;
+            {
+              py::gil_scoped_release released;
+              state = optimizer.step_and_save_state();
+            }
+            return to_bytes(state.bytes);
+          })
+      .def(
+          "load_state", [](pipesgd::DistributedOptimizer& optimizer, const py::bytes& state) { optimizer.load_state(to_state(state)); },
+          py::arg("state"))
+      .def("zero_grad", &pipesgd::DistributedOptimizer::zero_grad)
+      .def("set_learning_rate", &pipesgd::DistributedOptimizer::set_learning_rate, py::arg("lr"))
+      .def("before_layer_forward", &pipesgd::DistributedOptimizer::before_layer_forward, py::arg("layer"), Released())
+      .def("finish", &pipesgd::DistributedOptimizer::finish, Released())
+      .def_property_readonly("iteration", &pipesgd::DistributedOptimizer::iteration)
+      .def_property_readonly("method_spec", &pipesgd::DistributedOptimizer::method_spec)
+      .def("layer_names", &pipesgd::DistributedOptimizer::layer_names)
+      .def("given_layer_names", &pipesgd::DistributedOptimizer::given_layer_names)
+      .def("flat_parameters", &pipesgd::DistributedOptimizer::flat_parameters);
+
+  m.def(
+      "broadcast_optimizer_state",
+      [](pipesgd::Worker& worker, pipesgd::DistributedOptimizer& optimizer, int root) {
+        pipesgd::broadcast_optimizer_state(worker, optimizer, root);
+      },
+      py::arg("worker"), py::arg("optimizer"), py::arg("root"), Released());
+
+  m.def("available_methods", [] {
+    py::list methods;
+    for (const pipesgd::MethodInfo& info : pipesgd::available_methods()) {
+      py::dict method;
+      method["name"] = info.name;
+      method["summary"] = info.summary;
+      method["uses_servers"] = info.uses_servers;
+      method["replicas_identical"] = info.replicas_identical;
+      methods.append(method);
+    }
+    return methods;
+  });
+}
