@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <numbers>
 #include <ostream>
 #include <string>
@@ -30,6 +31,29 @@ TEST(LrSchedule, ConstantIsExactlyOneAndLeavesTheRateBitIdentical) {
   EXPECT_TRUE(parse_lr_schedule("constant").is_constant());
   EXPECT_FALSE(parse_lr_schedule("constant", 3).is_constant());
   EXPECT_FALSE(parse_lr_schedule("cosine").is_constant());
+}
+
+// External: the factor set for an iteration, shared by every copy of the schedule; an iteration
+// not (or no longer) held reads the latest set, 1 before any.
+TEST(LrSchedule, ExternalReadsTheFactorSetForEachIterationThroughEveryCopy) {
+  auto table = std::make_shared<ExternalLearningRates>();
+  LrScheduleSpec spec;
+  spec.kind = LrScheduleKind::kExternal;
+  const LrSchedule schedule(spec, {0, 0, table});
+  const LrSchedule copy = schedule;
+  EXPECT_EQ(schedule.factor(0), 1.0);
+  table->set(0, 0.5);
+  table->set(1, 0.25);
+  EXPECT_EQ(copy.factor(0), 0.5);
+  EXPECT_EQ(copy.factor(1), 0.25);
+  EXPECT_EQ(copy.factor(7), 0.25);  // not set yet: the latest
+  EXPECT_EQ(schedule.learning_rate(0.2f, 0), 0.1f);
+  for (std::int64_t t = 2; t < 2 + static_cast<std::int64_t>(ExternalLearningRates::kCapacity); ++t) {
+    table->set(t, 1.0 / static_cast<double>(t));
+  }
+  EXPECT_EQ(copy.factor(1), 1.0 / static_cast<double>(1 + ExternalLearningRates::kCapacity));  // overwritten
+  EXPECT_EQ(copy.factor(100), 0.01);
+  EXPECT_EQ(spec.text(), "external");
 }
 
 TEST(LrSchedule, StepDecaysEveryEveryEpochs) {

@@ -34,6 +34,7 @@ import pickle
 import socket
 import sys
 import warnings
+import weakref
 import zlib
 
 import torch
@@ -134,7 +135,8 @@ class _State:
     cross_rank = 0
     cross_size = 1
     homogeneous = True
-    pending = []  # async operations not yet run: [handle, function, result]
+    pending = []  # async operations not yet run: (handle, function)
+    optimizers = weakref.WeakSet()  # live DistributedOptimizers, finished at shutdown
     results = {}
     next_handle = 0
     previous_excepthook = None
@@ -224,11 +226,19 @@ def _fail_on_uncaught_exception(kind, value, traceback):
 
 def shutdown():
     """Leaves the world: every worker calls it (or lets the interpreter exit: init() registered
-    it with atexit); worker 0 then stops the servers. Idempotent."""
+    it with atexit). Every DistributedOptimizer still alive is finished first (its updates in
+    flight applied); worker 0 then stops the servers. Idempotent."""
     session = _state.session
     if session is None:
         return
     _run_pending()
+    # Updates still in flight are applied, and parameter-server methods close their servers' session.
+    for optimizer in list(_state.optimizers):
+        try:
+            optimizer._pipesgd.finish()
+        except ValueError:
+            pass  # it failed earlier (its error was raised then)
+    _state.optimizers = weakref.WeakSet()
     _state.session = None
     _state.worker = None
     session.shutdown()
@@ -779,6 +789,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "needs a positive rate at construction (set it later with a scheduler)")
             options["learning_rate"] = float(initial)
         self._pipesgd = _C.DistributedOptimizer(worker, [(name, params) for name, params, _ in layers], spec, options)
+        _state.optimizers.add(self)
         self._method = spec
         self._synchronized = False
         self._should_synchronize = True
