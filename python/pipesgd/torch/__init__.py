@@ -218,7 +218,9 @@ def _shutdown_at_exit():
 
 
 def _fail_on_uncaught_exception(kind, value, traceback):
-    if _state.session is not None and not _state.failed:
+    # At an interactive prompt an uncaught exception does not end the program.
+    interactive = hasattr(sys, "ps1") or sys.flags.interactive
+    if _state.session is not None and not _state.failed and not interactive:
         _state.failed = True
         _state.session.fail(f"{kind.__name__}: {value}".splitlines()[0])
     _state.previous_excepthook(kind, value, traceback)

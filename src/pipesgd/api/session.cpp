@@ -26,8 +26,10 @@ struct Session::Impl {
   bool failed = false;
 
   // Leaves MPI as it is (a finalize could wait forever on a failed peer; mpi/mpi_transport.h).
+  // Leaves MPI unfinalised (its objects leaked: a finalize could wait forever on a failed peer).
+  // The worker stays: objects built on it (optimizers, the Python front end's references) may
+  // still call it, and its waits then throw.
   void abandon_mpi() noexcept {
-    worker.reset();
     (void)mpi_transport.release();
     (void)runtime.release();
   }
