@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Throughput of one PyTorch training script on two data-parallel back ends, launched by mpirun.
 
     mpirun -np 4 --oversubscribe /usr/bin/python3 bench/python/mlp_train.py --backend ddp

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Horovod's examples/pytorch/pytorch_mnist.py on pipesgd.torch, training on Fashion-MNIST.
 
 The script is Horovod's, line for line where it can be: only the import (pipesgd.torch instead of

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -68,8 +69,9 @@ class ReplicaDivergenceError : public Error {
 // Builds a message from any streamable parts: concat("rank ", 3, " timed out"). Constrained to
 // streamable parts, so that argument-dependent lookup from other libraries' own concat (pybind11's,
 // over types of this namespace) does not pick it.
-template <typename... Parts>
-  requires(requires(std::ostream& out, Parts&& part) { out << std::forward<Parts>(part); } && ...)
+// (SFINAE rather than a requires-clause: the fuzz build compiles some sources as C++17.)
+template <typename... Parts,
+          typename = std::void_t<decltype((std::declval<std::ostream&>() << ... << std::declval<Parts>()))>>
 std::string concat(Parts&&... parts) {
   std::ostringstream out;
   (out << ... << std::forward<Parts>(parts));
