@@ -83,19 +83,6 @@ pipesgd::OptimizerState to_state(const py::bytes& given) {
   return state;
 }
 
-// A session, its worker and its optimizers: the optimizers keep the session alive (py::keep_alive).
-class PySession {
- public:
-  explicit PySession(std::unique_ptr<pipesgd::Session> session) : session_(std::move(session)) {}
-  bool is_worker() const { return session_->is_worker(); }
-  pipesgd::Worker& worker() { return session_->worker(); }
-  void shutdown() { session_->shutdown(); }
-  void fail(const std::string& reason) { session_->fail(reason); }
-
- private:
-  std::unique_ptr<pipesgd::Session> session_;
-};
-
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -143,29 +130,26 @@ PYBIND11_MODULE(_C, m) {
       .def("allgather", &pipesgd::Worker::allgather, py::arg("tensor"), Released())
       .def("barrier", &pipesgd::Worker::barrier, Released());
 
-  py::class_<PySession>(m, "Session")
+  // The session owns its worker (returned with reference_internal: the worker keeps the session alive).
+  py::class_<pipesgd::Session>(m, "Session")
       .def_static(
           "join_mpi",
           [](int servers, double timeout_seconds) {
             const pipesgd::WorldOptions options = world_options(servers, timeout_seconds);
-            std::unique_ptr<pipesgd::Session> session;
-            {
-              py::gil_scoped_release released;  // a server rank serves inside join_mpi
-              session = pipesgd::Session::join_mpi(nullptr, nullptr, options);
-            }
-            return std::make_unique<PySession>(std::move(session));
+            py::gil_scoped_release released;  // a server rank serves inside join_mpi
+            return pipesgd::Session::join_mpi(nullptr, nullptr, options);
           },
           py::arg("servers"), py::arg("timeout"))
       .def_static(
           "join_alone",
           [](double timeout_seconds) {
-            return std::make_unique<PySession>(pipesgd::Session::join_alone(world_options(0, timeout_seconds)));
+            return pipesgd::Session::join_alone(world_options(0, timeout_seconds));
           },
           py::arg("timeout"))
-      .def_property_readonly("is_worker", &PySession::is_worker)
-      .def("worker", &PySession::worker, py::return_value_policy::reference_internal)
-      .def("shutdown", &PySession::shutdown, Released())
-      .def("fail", &PySession::fail, py::arg("reason"), Released());
+      .def_property_readonly("is_worker", &pipesgd::Session::is_worker)
+      .def("worker", &pipesgd::Session::worker, py::return_value_policy::reference_internal)
+      .def("shutdown", &pipesgd::Session::shutdown, Released())
+      .def("fail", &pipesgd::Session::fail, py::arg("reason"), Released());
 
   py::class_<pipesgd::DistributedOptimizer>(m, "DistributedOptimizer")
       .def(py::init([](pipesgd::Worker& worker, const std::vector<std::pair<std::string, std::vector<torch::Tensor>>>& layers,

@@ -367,18 +367,13 @@ def _reduce_in_place(tensor, op):
     worker = _worker()
     if tensor.device.type != "cpu":
         raise ValueError(f"pipesgd.torch: tensors must be on the CPU, got one on {tensor.device}")
+    if op in (Average, Sum) and tensor.dtype == torch.float32:
+        worker.allreduce(tensor, op == Average)  # in place, any layout
+        return tensor
     with torch.no_grad():
-        if op in (Average, Sum) and tensor.dtype == torch.float32:
-            if tensor.is_contiguous():
-                worker.allreduce(tensor, op == Average)
-            else:
-                work = tensor.contiguous()
-                worker.allreduce(work, op == Average)
-                tensor.copy_(work)
-            return tensor
         # Other dtypes and operations: every worker's tensor, reduced here (exact for integers and
         # float64; the ring sums float32 only).
-        rows = worker.allgather(tensor.detach().reshape(1, -1).contiguous())
+        rows = worker.allgather(tensor.reshape(1, -1))
         if op == Sum:
             reduced = rows.sum(0)
         elif op == Average:
@@ -458,21 +453,14 @@ def allgather(tensor, name=None, process_set=global_process_set):
     """Every worker's tensor concatenated along dimension 0 in rank order (dimension 0 may differ)."""
     _check_process_set(process_set, "allgather")
     _run_pending()
-    return _worker().allgather(tensor.detach().contiguous())
+    return _worker().allgather(tensor)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In place: every worker's `tensor` becomes root_rank's. Returns it."""
     _check_process_set(process_set, "broadcast_")
     _run_pending()
-    with torch.no_grad():
-        if tensor.is_contiguous():
-            _worker().broadcast(tensor, root_rank)
-        else:
-            work = tensor.contiguous()
-            _worker().broadcast(work, root_rank)
-            tensor.copy_(work)
-    return tensor
+    return _broadcast_now(tensor, root_rank)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -526,7 +514,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     _check_process_set(process_set, "allgather_async")
-    return _defer(lambda: _worker().allgather(tensor.detach().contiguous()))
+    return _defer(lambda: _worker().allgather(tensor))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -541,11 +529,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 
 def _broadcast_now(tensor, root_rank):
-    with torch.no_grad():
-        work = tensor if tensor.is_contiguous() else tensor.contiguous()
-        _worker().broadcast(work, root_rank)
-        if work is not tensor:
-            tensor.copy_(work)
+    _worker().broadcast(tensor, root_rank)  # in place, any layout
     return tensor
 
 

@@ -56,6 +56,11 @@ std::vector<DistributedOptimizer::Layer> layers_of(torch::nn::Module& module) {
   return segments;
 }
 
+DistributedOptimizerOptions without_initial_broadcast(DistributedOptimizerOptions options) {
+  options.broadcast_initial_parameters = false;
+  return options;
+}
+
 // The given layers as the binding's segments, after checking what the binding does not.
 std::vector<ParameterSegment> segments_of(std::vector<DistributedOptimizer::Layer> layers) {
   if (layers.empty()) throw UsageError("the model has no parameters");
@@ -173,7 +178,6 @@ struct DistributedOptimizer::Impl final : FlatParameters {
   // The given layers (construction order) <-> the binding's segments.
   std::vector<std::size_t> layer_of_segment;
   std::vector<std::size_t> segment_of_layer;
-  std::vector<std::string> given_names;
   // Forward hooks: the method's (SAPipe's), and the first segment forward has not yet reached.
   SegmentsNeededFn forward_hook;
   std::size_t next_forward_segment = 0;
@@ -385,15 +389,10 @@ void DistributedOptimizer::Impl::next_step() {
 
 DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& module, const std::string& method_spec,
                                            const DistributedOptimizerOptions& options)
-    : DistributedOptimizer(worker, layers_of(module), method_spec,
-                           [&] {
-                             // The module's buffers (batch-norm statistics) too: broadcast here.
-                             DistributedOptimizerOptions given = options;
-                             if (options.broadcast_initial_parameters) worker.broadcast_parameters(module, 0);
-                             given.broadcast_initial_parameters = false;
-                             return given;
-                           }()) {
+    : DistributedOptimizer(worker, layers_of(module), method_spec, without_initial_broadcast(options)) {
+  // The module's buffers (batch-norm statistics) too; its parameters are views of the flat buffer now.
   impl_->options.broadcast_initial_parameters = options.broadcast_initial_parameters;
+  if (options.broadcast_initial_parameters) worker.broadcast_parameters(module, 0);
 }
 
 DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> layers, const std::string& method_spec,
@@ -462,7 +461,6 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> la
     for (ParameterSegment& segment : segments) {
       for (torch::Tensor& parameter : segment.parameters) {
         if (parameter.scalar_type() != torch::kFloat32 || !parameter.device().is_cpu()) continue;  // the binding names it
-        torch::NoGradGuard no_grad;
         worker.broadcast(parameter, 0);
       }
     }
@@ -471,7 +469,6 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> la
   for (std::size_t k = 0; k < segments.size(); ++k) {
     impl.layer_of_segment.push_back(k);
     impl.segment_of_layer.push_back(k);
-    impl.given_names.push_back(segments[k].name);
   }
   impl.multiply_then_report = [&impl](std::size_t segment, double seconds) {
     const Segment& range = impl.binding->layout().segment(segment);
@@ -609,7 +606,11 @@ std::vector<std::string> DistributedOptimizer::layer_names() const {
   return names;
 }
 
-std::vector<std::string> DistributedOptimizer::given_layer_names() const { return impl_->given_names; }
+std::vector<std::string> DistributedOptimizer::given_layer_names() const {
+  std::vector<std::string> names;
+  for (const std::size_t segment : impl_->segment_of_layer) names.push_back(impl_->binding->layout().segment(segment).name);
+  return names;
+}
 
 torch::Tensor DistributedOptimizer::flat_parameters() {
   std::span<float> parameters = impl_->binding->parameters();
