@@ -1,7 +1,6 @@
 """pipesgdrun (pipesgd.run): the mpirun command it builds, --dry-run, and a real 2-rank launch
 (run by pytest alone; the launches are child processes)."""
 import os
-import re
 
 from pipesgd import run as launcher
 from psgd_testlib import PIPESGDRUN, PYTHON, clean_env
@@ -71,14 +70,17 @@ def test_dry_run_prints_the_command():
     assert "PYTHONPATH" in exported(words)
 
 
-def test_pipesgdrun_launches_two_ranks():
-    script = "import pipesgd.torch as hvd; hvd.init(); print('size', hvd.size(), 'rank', hvd.rank(), flush=True)"
+def test_pipesgdrun_launches_two_ranks(tmp_path):
+    # Each rank writes its own file: mpirun forwards the ranks' stdout in pieces that can interleave
+    # mid-line ("sizesize 2 rank 1" was seen in CI), so stdout is no place to count ranks.
+    script = ("import sys, pipesgd.torch as hvd; hvd.init(); "
+              "open(f'{sys.argv[1]}/rank{hvd.rank()}', 'w').write(f'size {hvd.size()} rank {hvd.rank()}')")
     env = clean_env()
     env.pop("PYTHONPATH")  # pipesgdrun puts its own package on the path
     if os.geteuid() == 0:  # pipesgdrun's --allow-run-as-root must be what lets mpirun run
         env.pop("OMPI_ALLOW_RUN_AS_ROOT")
         env.pop("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
-    result = run_child([PIPESGDRUN, "-np", "2", PYTHON, "-c", script], timeout=100, env=env)
+    result = run_child([PIPESGDRUN, "-np", "2", PYTHON, "-c", script, str(tmp_path)], timeout=100, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = sorted(line for line in result.stdout.splitlines() if re.match(r"^size \d+ rank \d+$", line))
-    assert lines == ["size 2 rank 0", "size 2 rank 1"], result.stdout + result.stderr
+    written = {path.name: path.read_text() for path in tmp_path.iterdir()}
+    assert written == {"rank0": "size 2 rank 0", "rank1": "size 2 rank 1"}, (written, result.stdout + result.stderr)
