@@ -15,6 +15,7 @@ packages=(
   dataset-fashion-mnist
   clang libclang-rt-14-dev llvm  # scripts/fuzz.sh: libFuzzer, sanitizers, llvm-symbolizer
   pybind11-dev python3-pytest     # the Python package pipesgd.torch (python/) and its tests
+  libsimgrid-dev                  # pipesgd simulate / advise (src/pipesgd/sim)
 )
 
 missing=()
