@@ -12,6 +12,7 @@
 #include "pipesgd/algo/common_options.h"
 #include "pipesgd/algo/method_options.h"
 #include "pipesgd/algo/method_report.h"
+#include "pipesgd/algo/simulated_method.h"
 #include "pipesgd/algo/training_method.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/transport.h"
@@ -64,6 +65,8 @@ struct MethodDescriptor {
   std::function<ServeOptions(const MethodOptions& options, const CommonOptions& common, int workers)> serve;
   // A message for a `+part` of a spec the method does not take ("" for the generic one).
   std::function<std::string(std::string_view part)> spec_hint;
+  // The method's schedule for the simulator (algo/simulated_method.h), one per simulated worker.
+  std::function<std::unique_ptr<SimulatedMethod>(const SimulationContext& context)> simulate;
   // Tables `compare` prints for this method's family.
   std::vector<ComparisonTable> tables;
 };

@@ -8,16 +8,9 @@
 
 #include "pipesgd/collective/allreduce.h"
 #include "pipesgd/sim/platform.h"
+#include "pipesgd/timing/model_profile.h"
 
 namespace pipesgd {
-
-// Simulated CPU seconds per fp32 byte of gradient a codec processes (encode reads them, decode and
-// decode-add write them). Profiles measure them on a real machine (pipesgd profile).
-struct CodecCost {
-  double encode = 0;
-  double decode = 0;
-  double decode_add = 0;
-};
 
 struct CollectiveScenario {
   std::string algorithm = "ring";  // an allreduce_algorithm_names() entry
@@ -25,7 +18,7 @@ struct CollectiveScenario {
   std::string codec = "none";
   std::size_t segment_bytes = kDefaultSegmentBytes;
   SimPlatformSpec platform;        // platform.hosts = the world size
-  CodecCost codec_cost;
+  CodecCost codec_cost;            // simulated CPU seconds per fp32 byte (timing/model_profile.h)
   int repetitions = 1;             // back-to-back allreduces (distinct tags); the result is their mean
 };
 

@@ -29,6 +29,7 @@ sg4::Engine& start_simulation_engine() {
 }
 
 std::vector<sg4::Host*> build_platform(sg4::Engine& engine, const SimPlatformSpec& spec) {
+  PIPESGD_ASSERT(spec.cores_per_host >= 1);
   if (spec.hosts < 1) throw UsageError(concat("a simulated cluster needs at least 1 host, got ", spec.hosts));
   if (!(spec.link.bits_per_second > 0)) {
     throw UsageError("a simulated network needs a bandwidth (e.g. --net 10gbe or bw=10Gbit,lat=20us)");
@@ -43,7 +44,7 @@ std::vector<sg4::Host*> build_platform(sg4::Engine& engine, const SimPlatformSpe
   std::vector<sg4::Host*> hosts;
   hosts.reserve(static_cast<std::size_t>(spec.hosts));
   for (int h = 0; h < spec.hosts; ++h) {
-    auto* host = zone->create_host(concat("host", h), kSimHostSpeed);
+    auto* host = zone->create_host(concat("host", h), kSimHostSpeed)->set_core_count(spec.cores_per_host);
     auto* nic = zone->create_split_duplex_link(concat("nic", h), spec.link.bytes_per_second())
                     ->set_latency(spec.link.latency_seconds / 2)
                     ->seal();

@@ -37,6 +37,7 @@ struct SimPlatformSpec {
   int hosts = 1;
   NetworkSpec link;  // each host's NIC; bits_per_second must be > 0
   SimNetworkModel model = SimNetworkModel::kIdeal;
+  int cores_per_host = 1;  // concurrent CPU work beyond this many activities shares the cores
 };
 
 // A host executes this many "flops" per second: simulated CPU work of s seconds is s x this.

@@ -1,8 +1,5 @@
 #include "pipesgd/timing/allreduce_cost_model.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -17,6 +14,7 @@
 #include "pipesgd/collective/allreduce_algorithm_names.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/json_file.h"
 
 namespace pipesgd {
 namespace {
@@ -333,10 +331,6 @@ void check_calibration(const Calibration& calibration, const std::string& source
   }
 }
 
-std::string system_message(int error_number) {
-  return std::system_category().message(error_number);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -574,41 +568,7 @@ void save_calibration(const Calibration& calibration, const std::string& path) {
 
 Calibration load_calibration(const std::string& path) {
   const std::string source = concat("calibration file '", path, "'");
-  const int descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (descriptor < 0) {
-    calibration_error(source, concat("cannot open (", system_message(errno), ")"));
-  }
-  std::string text;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t count = ::read(descriptor, buffer, sizeof buffer);
-    if (count < 0) {
-      if (errno == EINTR) continue;
-      const int error_number = errno;
-      ::close(descriptor);
-      calibration_error(source, concat("cannot read (", system_message(error_number), ")"));
-    }
-    if (count == 0) break;
-    text.append(buffer, static_cast<std::size_t>(count));
-  }
-  ::close(descriptor);
-  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
-    calibration_error(source, "is empty");
-  }
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error& error) {
-    calibration_error(source, concat("not valid JSON (parse error at byte ", error.byte, ")"));
-  } catch (const json::exception& error) {  // e.g. a number too large for a double
-    std::string what = error.what();  // "[json.exception.out_of_range.406] number overflow ..."
-    const std::size_t text_start = what.find("] ");
-    if (text_start != std::string::npos) what.erase(0, text_start + 2);
-    for (char& c : what) {
-      if (c == '\n' || c == '\r') c = ' ';
-    }
-    calibration_error(source, concat("not valid JSON (", what, ")"));
-  }
+  const json root = read_json_file(path, source);
   return calibration_from_json(root, source);
 }
 

@@ -4,6 +4,7 @@
 #include "pipesgd/algo/dsync/bucketed_dsync.h"
 #include "pipesgd/algo/dsync/dsync.h"
 #include "pipesgd/algo/dsync/dsync_options.h"
+#include "pipesgd/algo/dsync/dsync_simulation.h"
 #include "pipesgd/algo/dsync/layer_wise_report.h"
 #include "pipesgd/algo/planning.h"
 #include "pipesgd/core/error.h"
@@ -62,6 +63,7 @@ MethodDescriptor fixed_plan_method(std::string name, std::string plan, std::stri
   for (OptionDeclaration& option : planning_declarations(true)) method.options.push_back(std::move(option));
   method.parse = [plan](const OptionValues& given) { return parse_dsync_options(given, plan); };
   method.make = [](const MethodContext& context) { return std::make_unique<BucketedDSync>(context); };
+  method.simulate = simulate_dsync;
   method.spec_hint = [name, plan](std::string_view part) -> std::string {
     if (!is_bucket_plan_name(part)) return "";
     return concat("method '", name, "' is dsync with the ", plan, " plan; for the ", part, " plan use dsync+", part);
@@ -87,6 +89,7 @@ MethodDescriptor dsync_method() {
   for (OptionDeclaration& option : planning_declarations(false)) method.options.push_back(std::move(option));
   method.parse = [](const OptionValues& given) { return parse_dsync_options(given, ""); };
   method.make = make_dsync;
+  method.simulate = simulate_dsync;
   method.tables = {layer_wise_table()};
   return method;
 }

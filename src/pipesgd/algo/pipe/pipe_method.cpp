@@ -1,6 +1,7 @@
 #include "pipesgd/algo/pipe/pipe_method.h"
 
 #include "pipesgd/algo/pipe/pipe_sgd.h"
+#include "pipesgd/algo/pipe/pipe_simulation.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -34,6 +35,7 @@ MethodDescriptor pipe_method() {
     return options;
   };
   method.make = [](const MethodContext& context) { return std::make_unique<PipeSgd>(context); };
+  method.simulate = simulate_pipe;
   return method;
 }
 

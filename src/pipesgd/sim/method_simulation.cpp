@@ -1,0 +1,374 @@
+#include "pipesgd/sim/method_simulation.h"
+
+#include <simgrid/Exception.hpp>
+#include <simgrid/s4u.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "pipesgd/collective/allreduce_factory.h"
+#include "pipesgd/collective/codec.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/sim/isolated_run.h"
+#include "pipesgd/sim/sim_transport.h"
+#include "pipesgd/sim/timed_codec.h"
+
+namespace pipesgd {
+namespace sg4 = simgrid::s4u;
+
+CollectiveSimulation parse_collective_simulation(const std::string& text, const char* name) {
+  if (text == "auto") return CollectiveSimulation::kAuto;
+  if (text == "messages") return CollectiveSimulation::kMessages;
+  if (text == "model") return CollectiveSimulation::kModel;
+  throw UsageError(concat(name, " '", text, "': expected auto, messages or model"));
+}
+
+const char* collective_simulation_name(CollectiveSimulation mode) {
+  switch (mode) {
+    case CollectiveSimulation::kAuto: return "auto";
+    case CollectiveSimulation::kMessages: return "messages";
+    case CollectiveSimulation::kModel: return "model";
+  }
+  return "?";
+}
+
+namespace {
+
+// LV08's factors (sim/platform.h), for the modelled collectives on the simgrid network model.
+constexpr double kLv08LatencyFactor = 13.01;
+constexpr double kLv08BandwidthFactor = 0.97;
+
+// u in [0, 1) from (seed, worker, iteration): splitmix64.
+double uniform(std::uint64_t seed, int worker, std::int64_t iteration) {
+  std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(worker) * 1000003ULL +
+                                                   static_cast<std::uint64_t>(iteration) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+// What the run's allreduces are, on the simulated network.
+struct CollectivePlan {
+  std::string algorithm;
+  AllreduceOptions options;
+  bool messages = true;
+  LinkParameters link;  // for the model, and for the method's planning
+};
+
+// The simulation inside the child process. Actors run one at a time: no locks beyond SimGrid's.
+class Simulation {
+ public:
+  Simulation(const MethodSelection& selection, const ModelProfile& profile, const MethodSimulationOptions& options,
+             const CollectivePlan& collectives, std::int64_t warmup_iterations, std::int64_t skip)
+      : selection_(selection), profile_(profile), options_(options), collectives_(collectives),
+        warmup_iterations_(warmup_iterations), skip_(skip), total_(skip + options.iterations),
+        codec_(make_codec(selection.common.codec)),
+        timed_codec_(*codec_, profile.codec_cost(selection.common.codec)),
+        fabric_(options.workers), workers_(static_cast<std::size_t>(options.workers)) {}
+
+  std::string run() {
+    sg4::Engine& engine = start_simulation_engine();
+    SimPlatformSpec platform;
+    platform.hosts = options_.workers;
+    platform.link = options_.link;
+    platform.model = options_.model;
+    platform.cores_per_host = options_.comm_shares_core ? 1 : 2;
+    const std::vector<sg4::Host*> hosts = build_platform(engine, platform);
+    const SimulationContext context{profile_, options_.workers, selection_.common, *selection_.options,
+                                    warmup_iterations_, planning_cost()};
+    std::string schedule;
+    for (int w = 0; w < options_.workers; ++w) {
+      Worker& worker = workers_[static_cast<std::size_t>(w)];
+      worker.method = selection_.descriptor->simulate(context);
+      if (w == 0) schedule = worker.method->describe();
+      sg4::Host* host = hosts[static_cast<std::size_t>(w)];
+      sg4::ActorPtr compute = sg4::Actor::create(concat("worker", w, "-compute"), host, [this, w] { guarded(w, [&] { run_compute(w); }); });
+      fabric_.set_receiver(w, compute.get());
+      if (worker.method->has_comm_thread()) {
+        // Messages to a worker land in its compute actor's mailboxes; either of its actors takes them.
+        sg4::Actor::create(concat("worker", w, "-comm"), host, [this, w] {
+          guarded(w, [&] {
+            Thread thread(*this, w, /*compute=*/false);
+            workers_[static_cast<std::size_t>(w)].method->run_comm_thread(total_, thread);
+          });
+        });
+      }
+    }
+    engine.run();
+    if (failure_) std::rethrow_exception(failure_);
+    return summarize(schedule).dump();
+  }
+
+ private:
+  struct Worker {
+    std::unique_ptr<SimulatedMethod> method;
+    std::set<SimEvent> signalled;
+    sg4::MutexPtr mutex = sg4::Mutex::create();
+    sg4::ConditionVariablePtr changed = sg4::ConditionVariable::create();
+    std::uint64_t next_collective = 0;
+    std::unique_ptr<Allreduce> allreduce[2];  // [compute thread, comm thread], built on first use
+    std::vector<float> data[2];
+    std::int64_t iteration = 0;  // the compute thread's current iteration
+    double window_start = -1, window_end = -1;
+    double last_start = -1;  // of the last iteration
+    double compute_seconds = 0;    // in the window
+    double allreduce_seconds = 0;  // calls that started in the window
+  };
+
+  class Thread final : public SimulatedThread {
+   public:
+    Thread(Simulation& simulation, int worker, bool compute) : simulation_(simulation), worker_(worker), compute_(compute) {}
+    ~Thread() override = default;
+    int worker() const override { return worker_; }
+    int workers() const override { return simulation_.options_.workers; }
+    void compute(double seconds, const char*) override {
+      if (seconds <= 0) return;
+      Worker& state = simulation_.worker(worker_);
+      if (compute_) {
+        const double jitter = simulation_.options_.compute_jitter;
+        if (jitter > 0) seconds *= 1 + jitter * uniform(simulation_.options_.seed, worker_, state.iteration);
+        if (simulation_.in_window(state)) state.compute_seconds += seconds;
+      }
+      pending_ += seconds;
+    }
+    void signal(const SimEvent& event) override {
+      flush();
+      Worker& state = simulation_.worker(worker_);
+      std::unique_lock lock(*state.mutex);
+      state.signalled.insert(event);
+      state.changed->notify_all();
+    }
+    void wait(const SimEvent& event) override {
+      flush();
+      Worker& state = simulation_.worker(worker_);
+      std::unique_lock lock(*state.mutex);
+      while (state.signalled.count(event) == 0) state.changed->wait(lock);
+    }
+    void allreduce(std::size_t elements) override {
+      flush();
+      simulation_.allreduce(worker_, compute_ ? 0 : 1, elements);
+    }
+    // Executes the compute accumulated since the last synchronisation: consecutive spans cost one
+    // SimGrid activity, which keeps large worlds fast.
+    void flush() {
+      if (pending_ > 0) simulate_cpu_work(pending_);
+      pending_ = 0;
+    }
+
+   private:
+    Simulation& simulation_;
+    int worker_;
+    bool compute_;
+    double pending_ = 0;
+  };
+
+  Worker& worker(int w) { return workers_[static_cast<std::size_t>(w)]; }
+  bool in_window(const Worker& state) const { return state.iteration >= skip_; }
+
+  template <typename Body>
+  void guarded(int w, Body&& body) {
+    try {
+      body();
+      return;
+    } catch (const simgrid::ForcefulKillException&) {
+      throw;  // being killed by kill_all: SimGrid's own unwinding
+    } catch (...) {
+      if (!failure_) failure_ = std::current_exception();
+      fabric_.report_failure(w, "simulation failed");
+      failed_ = true;
+    }
+    if (failed_) sg4::Actor::kill_all();  // the others may wait for this actor forever
+  }
+
+  // The simulated trainer's loop (train/trainer's order of calls into the method).
+  void run_compute(int w) {
+    Worker& state = worker(w);
+    SimulatedMethod& method = *state.method;
+    Thread thread(*this, w, /*compute=*/true);
+    const bool hooks = method.wants_forward_hooks();
+    const std::size_t layers = profile_.layers.size();
+    for (std::int64_t t = 0; t < total_; ++t) {
+      state.iteration = t;
+      thread.flush();  // one SimGrid activity per iteration boundary: the iteration's start is exact
+      if (t == skip_) state.window_start = sg4::Engine::get_clock();
+      if (t == total_ - 1) state.last_start = sg4::Engine::get_clock();
+      method.begin_iteration(t, thread);
+      thread.compute(profile_.data_seconds, "data");
+      for (std::size_t s = 0; s < layers; ++s) {
+        if (hooks) method.before_forward(t, s, s + 1, thread);
+        thread.compute(profile_.layers[s].forward_seconds, "forward");
+      }
+      for (std::size_t s = layers; s-- > 0;) {
+        thread.compute(profile_.layers[s].backward_seconds, "backward");
+        method.segment_ready(t, s, thread);
+      }
+      method.end_iteration(t, thread);
+    }
+    thread.flush();
+    state.window_end = sg4::Engine::get_clock();
+  }
+
+  void allreduce(int w, int slot, std::size_t elements) {
+    Worker& state = worker(w);
+    const double start = sg4::Engine::get_clock();
+    const std::uint64_t sequence = state.next_collective++;
+    if (collectives_.messages) {
+      if (!state.allreduce[slot]) {
+        const std::size_t capacity = profile_.parameters();
+        state.allreduce[slot] = make_allreduce(collectives_.algorithm, fabric_.endpoint(w), capacity, timed_codec_,
+                                               collectives_.options);
+        state.data[slot].assign(capacity, 0.0f);
+      }
+      state.allreduce[slot]->run(std::span<float>(state.data[slot].data(), elements),
+                                 collective_tag(Channel::kGradients, sequence));
+    } else {
+      auto& barrier = barriers_[sequence];
+      if (!barrier) barrier = sg4::Barrier::create(static_cast<unsigned>(options_.workers));
+      barrier->wait();
+      const double seconds = modelled_seconds(elements);
+      if (seconds > 0) sg4::this_actor::sleep_for(seconds);
+    }
+    if (in_window(state)) state.allreduce_seconds += sg4::Engine::get_clock() - start;
+  }
+
+  // MG-WFBP Table II for the run's algorithm: messages x alpha + transferred x (bytes on the wire)
+  // x beta + reduced x (fp32 bytes) x (the codec's encode + decode-add + decode per byte).
+  double modelled_seconds(std::size_t elements) const {
+    if (options_.workers <= 1) return 0;
+    const AllreduceCoefficients c = allreduce_coefficients(collectives_.algorithm, options_.workers);
+    const CodecCost cost = profile_.codec_cost(selection_.common.codec);
+    const double wire = static_cast<double>(codec_->encoded_bytes(elements));
+    const double fp32 = 4.0 * static_cast<double>(elements);
+    double alpha = collectives_.link.alpha, beta = collectives_.link.beta;
+    if (options_.model == SimNetworkModel::kSimGrid) {
+      alpha *= kLv08LatencyFactor;
+      beta /= kLv08BandwidthFactor;
+    }
+    return c.messages * alpha + c.transferred * wire * beta + c.reduced * fp32 * (cost.encode + cost.decode_add + cost.decode);
+  }
+
+  // a + b·M of the run's allreduce of the whole gradient: what bucket plans are computed from.
+  LinearCost planning_cost() const { return allreduce_cost(collectives_.algorithm, options_.workers, collectives_.link); }
+
+  nlohmann::json summarize(const std::string& schedule) const {
+    double iteration = 0, compute = 0, allreduce_time = 0, last = 0;
+    for (const Worker& state : workers_) {
+      iteration += (state.window_end - state.window_start) / static_cast<double>(options_.iterations);
+      last += state.window_end - state.last_start;
+      compute += state.compute_seconds / static_cast<double>(options_.iterations);
+      allreduce_time += state.allreduce_seconds / static_cast<double>(options_.iterations);
+    }
+    const double n = static_cast<double>(options_.workers);
+    iteration /= n;
+    last /= n;
+    compute /= n;
+    allreduce_time /= n;
+    nlohmann::json result;
+    result["schedule"] = schedule;
+    result["allreduce"] = collectives_.algorithm;
+    result["collectives"] = collectives_.messages ? "messages" : "model";
+    result["iteration_seconds"] = iteration;
+    result["compute_seconds"] = compute;
+    result["exposed_seconds"] = std::max(0.0, iteration - compute);
+    result["allreduce_seconds"] = allreduce_time;
+    result["samples_per_second"] = iteration > 0 ? n * profile_.batch / iteration : 0.0;
+    result["measured_iterations"] = options_.iterations;
+    // Periodic already: the last iteration took the window's mean (without jitter every iteration
+    // of the steady state takes the same time; before it, a pipeline is still filling or draining).
+    result["steady"] = options_.compute_jitter > 0 || std::abs(last - iteration) <= 1e-9 * std::max(iteration, 1e-12);
+    return result;
+  }
+
+  const MethodSelection& selection_;
+  const ModelProfile& profile_;
+  const MethodSimulationOptions& options_;
+  const CollectivePlan collectives_;
+  const std::int64_t warmup_iterations_;
+  const std::int64_t skip_;
+  const std::int64_t total_;
+  std::unique_ptr<Codec> codec_;
+  TimedCodec timed_codec_;
+  SimFabric fabric_;
+  std::vector<Worker> workers_;
+  std::map<std::uint64_t, sg4::BarrierPtr> barriers_;
+  std::exception_ptr failure_;
+  bool failed_ = false;
+};
+
+void validate(const MethodSelection& selection, const ModelProfile& profile, const MethodSimulationOptions& options) {
+  if (!selection.descriptor->simulate) {
+    throw UsageError(concat("method '", selection.name(), "' cannot be simulated yet"));
+  }
+  validate_model_profile(profile, concat("profile of ", profile.model));
+  if (options.workers < 1) throw UsageError(concat("--workers must be at least 1, got ", options.workers));
+  if (!(options.link.bits_per_second > 0)) {
+    throw UsageError("a simulated network needs a bandwidth (e.g. --net 10gbe or bw=10Gbit,lat=20us)");
+  }
+  if (options.iterations < 1) throw UsageError(concat("--iters must be at least 1, got ", options.iterations));
+  if (!(std::isfinite(options.compute_jitter) && options.compute_jitter >= 0)) {
+    throw UsageError(concat("--compute-jitter must be finite and >= 0, got ", options.compute_jitter));
+  }
+}
+
+CollectivePlan plan_collectives(const MethodSelection& selection, const ModelProfile& profile,
+                                const MethodSimulationOptions& options) {
+  CollectivePlan plan;
+  plan.link.alpha = options.link.latency_seconds;
+  plan.link.beta = 1.0 / options.link.bytes_per_second();
+  plan.link.gamma = profile.codec_cost(selection.common.codec).decode_add;
+  const double bytes = 4.0 * static_cast<double>(profile.parameters());
+  plan.algorithm = selection.common.allreduce == "auto"
+                       ? choose_allreduce_algorithm(plan.link, options.workers, bytes, allreduce_algorithm_names())
+                       : selection.common.allreduce;
+  plan.options = method_allreduce_options(selection.common, selection.options->default_segment_bytes());
+  plan.options.timeout = std::chrono::hours(24);  // simulated time: only a broken schedule reaches it
+  plan.messages = options.collectives == CollectiveSimulation::kMessages ||
+                  (options.collectives == CollectiveSimulation::kAuto && options.workers <= kMessageLevelWorkers);
+  return plan;
+}
+
+}  // namespace
+
+MethodSimulationResult simulate_method(const MethodSelection& selection, const ModelProfile& profile,
+                                       const MethodSimulationOptions& options) {
+  validate(selection, profile, options);
+  const CollectivePlan collectives = plan_collectives(selection, profile, options);
+  // The steady state: a warm-up (at most 2 iterations of it: it is not measured) and the pipeline's
+  // fill (staleness + 2 iterations) run before the measured iterations.
+  const WarmUp warmup = selection.options->warmup();
+  const std::int64_t warmup_iterations = std::min<std::int64_t>(2, warmup.iterations + warmup.epochs);
+  // A pipeline whose communication and computation nearly balance takes many iterations to reach
+  // its steady state: the run is repeated with a longer lead-in until the measured iterations are
+  // periodic (at most kMaxLeadIn iterations before them).
+  constexpr std::int64_t kMaxLeadIn = 4096;
+  std::int64_t skip = warmup_iterations + selection.options->staleness() + 2;
+  nlohmann::json r;
+  for (;;) {
+    const std::string text = run_isolated(concat("simulating ", selection.spec), [&] {
+      Simulation simulation(selection, profile, options, collectives, warmup_iterations, skip);
+      return simulation.run();
+    });
+    r = nlohmann::json::parse(text);
+    if (r.at("steady").get<bool>() || skip >= kMaxLeadIn) break;
+    skip = std::min(kMaxLeadIn, 4 * skip + options.iterations);
+  }
+  MethodSimulationResult result;
+  result.schedule = r.at("schedule").get<std::string>();
+  result.allreduce = r.at("allreduce").get<std::string>();
+  result.collectives = r.at("collectives").get<std::string>();
+  result.iteration_seconds = r.at("iteration_seconds").get<double>();
+  result.compute_seconds = r.at("compute_seconds").get<double>();
+  result.exposed_seconds = r.at("exposed_seconds").get<double>();
+  result.allreduce_seconds = r.at("allreduce_seconds").get<double>();
+  result.samples_per_second = r.at("samples_per_second").get<double>();
+  result.measured_iterations = r.at("measured_iterations").get<std::int64_t>();
+  return result;
+}
+
+}  // namespace pipesgd

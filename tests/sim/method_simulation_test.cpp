@@ -1,0 +1,196 @@
+// Methods simulated on hand-built profiles against the papers' closed forms: D-Sync is Pipe-SGD's
+// Eq. 2, Pipe-SGD K >= 2 its Eq. 4, WFBP MG-WFBP's Eq. 11-13 (classify_wfbp), any bucket plan
+// simulate_plan's timeline.
+#include "pipesgd/sim/method_simulation.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <ostream>
+
+#include "pipesgd/algo/registry.h"
+#include "pipesgd/comm/network_spec.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/timing/bucket_plan.h"
+
+namespace pipesgd {
+namespace {
+
+constexpr double kAlpha = 20e-6;       // one-way latency, s
+constexpr double kBandwidth = 1.25e9;  // bytes/s
+
+// Layers in forward order: {parameters, forward s, backward s}.
+ModelProfile hand_profile(std::vector<ProfiledLayer> layers, double data = 1e-3, double update = 0.5e-3) {
+  ModelProfile profile;
+  profile.model = "hand-built";
+  profile.batch = 32;
+  profile.data_seconds = data;
+  profile.update_seconds = update;
+  profile.layers = std::move(layers);
+  return profile;
+}
+
+MethodSelection select(const std::string& spec, OptionValues flags = {}) {
+  return select_method(spec, flags, FlagPolicy::kReject, CommonOptions{});
+}
+
+MethodSimulationOptions options(int workers, CollectiveSimulation collectives = CollectiveSimulation::kMessages) {
+  MethodSimulationOptions o;
+  o.workers = workers;
+  o.link = parse_network_spec("bw=10Gbit,lat=20us");
+  o.iterations = 6;
+  o.collectives = collectives;
+  return o;
+}
+
+// Pipe-SGD Eq. 5's communication term: an unsegmented ring of `bytes` (divisible by 4p).
+double ring_seconds(int p, double bytes) { return p <= 1 ? 0 : 2.0 * (p - 1) * (kAlpha + bytes / p / kBandwidth); }
+
+const OptionValues kUnsegmented{{"--segment-bytes", "none"}};
+
+struct ClosedFormCase {
+  int workers;
+  CollectiveSimulation collectives;
+  double backward;  // seconds: small = communication-bound pipe, large = compute-bound
+};
+
+std::ostream& operator<<(std::ostream& out, const ClosedFormCase& c) {
+  return out << c.workers << " workers, " << collective_simulation_name(c.collectives) << " collectives, backward "
+             << c.backward << " s";
+}
+
+class ClosedForms : public testing::TestWithParam<ClosedFormCase> {};
+
+TEST_P(ClosedForms, DsyncIsEquation2AndPipeIsEquation4) {
+  const ClosedFormCase& c = GetParam();
+  const std::size_t parameters = 1 << 20;  // 4 MiB of gradient, divisible by 4p for p in {1, 2, 4, 8}
+  const ModelProfile profile = hand_profile({{"fc", parameters, 2e-3, c.backward}});
+  const double compute = profile.compute_seconds();
+  const double comm = ring_seconds(c.workers, 4.0 * parameters);
+
+  const MethodSimulationResult dsync = simulate_method(select("dsync", kUnsegmented), profile, options(c.workers, c.collectives));
+  EXPECT_NEAR(dsync.iteration_seconds, compute + comm, 1e-9) << "Eq. 2";
+  EXPECT_NEAR(dsync.compute_seconds, compute, 1e-9);
+  EXPECT_NEAR(dsync.allreduce_seconds, comm, 1e-9);
+  EXPECT_NEAR(dsync.samples_per_second, c.workers * 32 / (compute + comm), 1e-6 * dsync.samples_per_second);
+
+  // Pipe-SGD's default segmenting is none already (its allreduce hides behind compute).
+  for (int k : {2, 3}) {
+    const MethodSimulationResult pipe = simulate_method(select(concat("pipe"), {{"--staleness-k", std::to_string(k)}}),
+                                                        profile, options(c.workers, c.collectives));
+    EXPECT_NEAR(pipe.iteration_seconds, std::max(compute, comm), 1e-9) << "Eq. 4, K = " << k;
+  }
+  const MethodSimulationResult k1 = simulate_method(select("pipe", {{"--staleness-k", "1"}}), profile, options(c.workers, c.collectives));
+  EXPECT_NEAR(k1.iteration_seconds, compute + comm, 1e-9) << "K = 1 is D-Sync";
+}
+
+INSTANTIATE_TEST_SUITE_P(Simulated, ClosedForms,
+                         testing::Values(ClosedFormCase{1, CollectiveSimulation::kMessages, 3e-3},
+                                         ClosedFormCase{2, CollectiveSimulation::kMessages, 3e-3},
+                                         ClosedFormCase{4, CollectiveSimulation::kMessages, 1e-3},
+                                         ClosedFormCase{4, CollectiveSimulation::kMessages, 20e-3},
+                                         ClosedFormCase{8, CollectiveSimulation::kModel, 1e-3},
+                                         ClosedFormCase{8, CollectiveSimulation::kModel, 20e-3}));
+
+// Ten layers whose sizes are multiples of 4 x 8 x 4 elements, so every bucket's ring has equal chunks
+// (the a + b·M cost is then exact for the message-level simulation).
+ModelProfile layered_profile(std::vector<double> backward, double parameter_scale) {
+  std::vector<ProfiledLayer> layers;
+  for (std::size_t i = 0; i < backward.size(); ++i) {
+    const std::size_t parameters = static_cast<std::size_t>(parameter_scale * (1 + i % 3)) * 128;
+    layers.push_back({concat("layer", i), parameters, 0.2e-3, backward[i]});
+  }
+  return hand_profile(std::move(layers), 0.5e-3, 0.3e-3);
+}
+
+struct WfbpCaseParam {
+  const char* name;
+  std::vector<double> backward;
+  double parameter_scale;
+  int expected_case;
+};
+
+std::ostream& operator<<(std::ostream& out, const WfbpCaseParam& c) { return out << c.name; }
+
+class WfbpCases : public testing::TestWithParam<WfbpCaseParam> {};
+
+TEST_P(WfbpCases, WfbpIsMgWfbpEquations11To13) {
+  const WfbpCaseParam& c = GetParam();
+  const int p = 4;
+  const ModelProfile profile = layered_profile(c.backward, c.parameter_scale);
+  const LinearCost cost = allreduce_cost("ring", p, LinkParameters{kAlpha, 1 / kBandwidth, 0});
+  const WfbpCase wfbp = classify_wfbp(layer_profile(profile, "none"), cost);
+  ASSERT_EQ(wfbp.number, c.expected_case) << "the hand-built profile is not the case it is meant to be";
+  const MethodSimulationResult result = simulate_method(select("wfbp", kUnsegmented), profile, options(p));
+  EXPECT_NEAR(result.iteration_seconds, wfbp.iteration, 1e-9) << "Eq. " << 10 + wfbp.number;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Simulated, WfbpCases,
+    testing::Values(
+        // 1: each layer's allreduce (0.15-0.24 ms) hides behind the next layer's backward (1 ms).
+        WfbpCaseParam{"case1", std::vector<double>(10, 1e-3), 64, 1},
+        // 2: a slow allreduce does not hide behind a fast layer, but all end before layer 1 is ready.
+        // (segment 0, paper layer 1, is computed last: its 20 ms leave time for all of them).
+        WfbpCaseParam{"case2", {20e-3, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-3}, 1024, 2},
+        // 3: communication-bound: allreduces of 0.27-0.58 ms against 0.1 ms layers.
+        WfbpCaseParam{"case3", std::vector<double>(10, 1e-4), 256, 3}),
+    [](const testing::TestParamInfo<WfbpCaseParam>& info) { return std::string(info.param.name); });
+
+TEST(MethodSimulation, EveryBucketPlanIsItsTimeline) {
+  const int p = 4;
+  const ModelProfile profile = layered_profile({1e-4, 3e-4, 1e-3, 2e-4, 5e-4, 1e-4, 2e-3, 1e-4, 4e-4, 1e-3}, 512);
+  const LinearCost cost = allreduce_cost("ring", p, LinkParameters{kAlpha, 1 / kBandwidth, 0});
+  for (const std::string spec : {"wfbp", "synceasgd", "mgwfbp", "dsync+optimal", "dsync+fixed:0.01"}) {
+    const MethodSelection selection = select(spec, kUnsegmented);
+    const std::string plan_name = spec == "wfbp" ? "wfbp" : spec == "synceasgd" ? "single" : spec == "mgwfbp" ? "mgwfbp"
+                                  : spec == "dsync+optimal" ? "optimal" : "fixed:0.01";
+    const LayerProfile layers = layer_profile(profile, "none");
+    const PlanTimeline timeline = simulate_plan(layers, cost, make_bucket_plan(plan_name, layers, cost));
+    const MethodSimulationResult result = simulate_method(selection, profile, options(p));
+    EXPECT_NEAR(result.iteration_seconds, timeline.iteration, 1e-9) << spec;
+    EXPECT_NE(result.schedule.find(plan_name), std::string::npos) << spec << ": " << result.schedule;
+  }
+}
+
+TEST(MethodSimulation, IsDeterministicAndJitterSlowsTheSynchronousMethods) {
+  const ModelProfile profile = hand_profile({{"a", 65536, 1e-3, 2e-3}, {"b", 65536, 1e-3, 2e-3}});
+  MethodSimulationOptions o = options(4);
+  const double plain = simulate_method(select("dsync"), profile, o).iteration_seconds;
+  o.compute_jitter = 0.5;
+  o.seed = 7;
+  const double jittered = simulate_method(select("dsync"), profile, o).iteration_seconds;
+  EXPECT_EQ(jittered, simulate_method(select("dsync"), profile, o).iteration_seconds);
+  // Every iteration waits for the slowest of 4 workers: more than the mean factor 1.25 of one.
+  EXPECT_GT(jittered, plain);
+  o.seed = 8;
+  EXPECT_NE(jittered, simulate_method(select("dsync"), profile, o).iteration_seconds);
+}
+
+TEST(MethodSimulation, LargeWorldsWithModelledCollectives) {
+  const ModelProfile profile = hand_profile({{"a", 1 << 16, 1e-3, 2e-3}, {"b", 1 << 18, 1e-3, 2e-3}});
+  for (const std::string spec : {"dsync", "pipe", "wfbp", "mgwfbp", "dsync+optimal"}) {
+    for (int workers : {64, 1024}) {
+      MethodSimulationOptions o = options(workers, CollectiveSimulation::kAuto);
+      o.iterations = 3;
+      const MethodSimulationResult result = simulate_method(select(spec), profile, o);
+      EXPECT_EQ(result.collectives, "model");
+      EXPECT_GE(result.iteration_seconds, profile.compute_seconds() * (1 - 1e-9)) << spec << " " << workers;
+    }
+  }
+}
+
+TEST(MethodSimulation, BadInputIsAUsageError) {
+  const ModelProfile profile = hand_profile({{"a", 10, 1e-3, 1e-3}});
+  EXPECT_THROW(simulate_method(select("dsync"), profile, options(0)), UsageError);
+  MethodSimulationOptions no_network = options(2);
+  no_network.link = parse_network_spec("none");
+  EXPECT_THROW(simulate_method(select("dsync"), profile, no_network), UsageError);
+  MethodSimulationOptions jitter = options(2);
+  jitter.compute_jitter = -0.1;
+  EXPECT_THROW(simulate_method(select("dsync"), profile, jitter), UsageError);
+  EXPECT_THROW(parse_collective_simulation("exact"), UsageError);
+}
+
+}  // namespace
+}  // namespace pipesgd
