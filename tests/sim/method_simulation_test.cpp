@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <ostream>
 
@@ -191,6 +192,115 @@ TEST(MethodSimulation, BadInputIsAUsageError) {
   EXPECT_THROW(simulate_method(select("dsync"), profile, jitter), UsageError);
   EXPECT_THROW(parse_collective_simulation("exact"), UsageError);
 }
+
+}  // namespace
+}  // namespace pipesgd
+
+namespace pipesgd {
+namespace {
+
+TEST(MethodSimulation, PsSyncIsIncastAtTheServer) {
+  // M workers push P + 32 bytes each through the server's one NIC (max-min fair sharing: the last
+  // push lands after alpha + M (P + 32 + 32) / B with the pull requests), the server updates, the M
+  // replies of 8 + 4n bytes
+  // leave through the same NIC.
+  const int workers = 3;
+  const std::size_t n = 1 << 18;
+  const ModelProfile profile = hand_profile({{"fc", n, 2e-3, 4e-3}}, 1e-3, 0.6e-3);
+  const MethodSimulationResult result = simulate_method(select("pssync"), profile, options(workers));
+  const double push = kAlpha + workers * (4.0 * n + 32 + 32) / kBandwidth;  // and the 32-byte pull requests
+  const double reply = kAlpha + workers * (4.0 * n + 8) / kBandwidth;
+  const double compute = profile.data_seconds + profile.forward_seconds() + profile.backward_seconds();
+  EXPECT_NEAR(result.iteration_seconds, compute + push + profile.update_seconds + reply, 1e-9);
+  EXPECT_NEAR(result.compute_seconds, compute, 1e-12);  // the update runs on the server
+}
+
+TEST(MethodSimulation, OdSgdOverlapsTheRoundTripWithCompute) {
+  const int workers = 2;
+  const std::size_t n = 1 << 18;
+  for (double backward : {1e-3, 40e-3}) {  // round trip longer, then shorter than the computation
+    const ModelProfile profile = hand_profile({{"fc", n, 2e-3, backward}}, 1e-3, 0.6e-3);
+    const double round_trip = kAlpha + workers * (4.0 * n + 32) / kBandwidth + profile.update_seconds + kAlpha +
+                              workers * (4.0 * n + 8) / kBandwidth;
+    const double compute = profile.compute_seconds();  // data, forward, backward and the local update
+    const MethodSimulationResult result = simulate_method(select("odsgd"), profile, options(workers));
+    EXPECT_NEAR(result.iteration_seconds, std::max(compute, round_trip), 1e-9) << "backward " << backward;
+  }
+}
+
+TEST(MethodSimulation, SapipeEndsAreDsyncAndPipe) {
+  // All layers stale without compensation: Pipe-SGD K = 2. No stale layer, one synchronous bucket:
+  // D-Sync, but for where the update happens (below).
+  const int p = 4;
+  const ModelProfile profile = layered_profile({1e-4, 3e-4, 1e-3, 2e-4}, 512);
+  const MethodSimulationOptions o = options(p);
+  const OptionValues flags{{"--segment-bytes", "none"}};
+  const double pipe = simulate_method(select("pipe", flags), profile, o).iteration_seconds;
+  const double dsync = simulate_method(select("dsync", flags), profile, o).iteration_seconds;
+  OptionValues all_stale = flags;
+  all_stale.set("--stale-layers", "4");
+  all_stale.set("--compensation", "none");
+  EXPECT_NEAR(simulate_method(select("sapipe", all_stale), profile, o).iteration_seconds, pipe, 1e-9);
+  OptionValues none_stale = flags;
+  none_stale.set("--stale-layers", "0");
+  none_stale.set("--buckets", "single");
+  const MethodSimulationResult sync = simulate_method(select("sapipe", none_stale), profile, o);
+  // The bucket is applied just before layer 0's forward, after the next batch is loaded: its
+  // allreduce (longer than the loading here) hides the loading, so D-Sync minus the data time.
+  EXPECT_NEAR(sync.iteration_seconds, dsync - profile.data_seconds, 1e-9) << sync.schedule;
+  // auto: the least k whose timeline does not stall.
+  const MethodSimulationResult automatic = simulate_method(select("sapipe"), profile, o);
+  EXPECT_NE(automatic.schedule.find("(auto)"), std::string::npos) << automatic.schedule;
+  EXPECT_LE(automatic.iteration_seconds, dsync * (1 + 1e-9));
+}
+
+struct SpecCase {
+  std::string spec;
+  int workers;
+  std::string allreduce = "";  // --allreduce, if given
+};
+
+std::ostream& operator<<(std::ostream& out, const SpecCase& c) {
+  return out << c.spec << (c.allreduce.empty() ? "" : " --allreduce " + c.allreduce) << ", " << c.workers << " workers";
+}
+
+class EveryMethod : public testing::TestWithParam<SpecCase> {};
+
+TEST_P(EveryMethod, Simulates) {
+  const SpecCase& c = GetParam();
+  const ModelProfile profile = hand_profile({{"conv", 4096, 1e-3, 2e-3}, {"bn", 128, 1e-4, 2e-4}, {"fc", 65536, 5e-4, 1e-3}});
+  MethodSimulationOptions o = options(c.workers, CollectiveSimulation::kAuto);
+  o.iterations = 3;
+  OptionValues flags;
+  if (!c.allreduce.empty()) flags.set("--allreduce", c.allreduce);
+  const MethodSelection selection = select(c.spec, flags);
+  const MethodSimulationResult result = simulate_method(selection, profile, o);
+  EXPECT_GT(result.iteration_seconds, 0);
+  EXPECT_GE(result.iteration_seconds, result.compute_seconds * (1 - 1e-9));
+  EXPECT_NEAR(result.samples_per_second, c.workers * profile.batch / result.iteration_seconds, 1e-6 * result.samples_per_second);
+  EXPECT_EQ(result.collectives, c.workers <= kMessageLevelWorkers ? "messages" : "model");
+}
+
+std::vector<SpecCase> every_method_cases() {
+  std::vector<SpecCase> cases;
+  for (const std::string spec : {"dsync", "dsync+int8", "dsync+bf16", "pipe", "pipe+int8", "wfbp", "synceasgd", "mgwfbp",
+                                 "dsync+optimal", "dsync+fixed:1", "sapipe", "sapipe+wp3", "sapipe+dc", "pssync", "asgd",
+                                 "dcasgd", "odsgd"}) {
+    for (int workers : {1, 2, 3, 64, 1024}) cases.push_back({spec, workers});
+  }
+  for (const std::string algorithm : {"recursive-doubling", "halving-doubling", "tree", "direct", "auto"}) {
+    for (int workers : {1, 2, 3, 64}) cases.push_back({"dsync", workers, algorithm});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Simulated, EveryMethod, testing::ValuesIn(every_method_cases()),
+                         [](const testing::TestParamInfo<SpecCase>& info) {
+                           std::string name = info.param.spec + "_" + info.param.allreduce + "_" +
+                                              std::to_string(info.param.workers) + "_workers";
+                           for (char& ch : name) if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace pipesgd

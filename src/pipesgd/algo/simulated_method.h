@@ -34,6 +34,10 @@ struct SimEvent {
   auto operator<=>(const SimEvent&) const = default;
 };
 
+// What a worker asks a parameter server (ps/parameter_server.h): a push of gradients, or a pull the
+// server answers with weights.
+enum class ServerRequestKind { kPush, kPull };
+
 // One simulated thread of one worker. Every call takes simulated time and blocks the caller only.
 class SimulatedThread {
  public:
@@ -50,6 +54,29 @@ class SimulatedThread {
   // Allreduce of `elements` fp32 values among every worker, with the run's algorithm, codec and
   // segmenting. Collective: each worker makes the same calls in the same order over its threads.
   virtual void allreduce(std::size_t elements) = 0;
+  // Parameter servers: a request of `bytes` (header and payload, as the transport sends it) to server
+  // `server`; returns once it is posted (it travels on while the caller goes on).
+  virtual void send_to_server(int server, std::size_t bytes, ServerRequestKind kind) = 0;
+  // Waits for server `server`'s next reply to this worker.
+  virtual void receive_reply(int server) = 0;
+};
+
+struct ServerRequest {
+  int worker = 0;
+  ServerRequestKind kind = ServerRequestKind::kPush;
+};
+
+// One simulated parameter server (its own host; MethodOptions::servers() of them).
+class SimulatedServer {
+ public:
+  virtual ~SimulatedServer() = default;
+  virtual int server() const = 0;
+  virtual int workers() const = 0;
+  virtual void compute(double seconds, const char* what) = 0;
+  // The next request to arrive, from any worker (arrival order).
+  virtual ServerRequest receive() = 0;
+  // A reply of `bytes` to `worker`; returns once it is posted.
+  virtual void reply(int worker, std::size_t bytes) = 0;
 };
 
 struct SimulationContext {
@@ -75,6 +102,10 @@ class SimulatedMethod {
   virtual bool has_comm_thread() const { return false; }
   // The comm thread's whole life for a run of `iterations` iterations.
   virtual void run_comm_thread(std::int64_t iterations, SimulatedThread& comm) {}
+  // Parameter-server methods: the number of servers and each one's whole life for a run in which
+  // every worker runs `iterations` iterations.
+  virtual int servers() const { return 0; }
+  virtual void run_server(int server, std::int64_t iterations, SimulatedServer& thread) {}
   // What the schedule does, for reports ("4 buckets: [160..97] [96..41] ...", "K = 2").
   virtual std::string describe() const { return ""; }
 };

@@ -16,9 +16,9 @@ namespace {
 
 // Request header: three uint64 (kind, version, iteration) and the float64 learning-rate factor of a
 // push in the first eight floats of a request buffer.
-constexpr std::size_t kRequestHeaderFloats = 8;
+constexpr std::size_t kRequestHeaderFloats = kPsRequestHeaderBytes / sizeof(float);
 // Reply header: one uint64 (version) in the first two floats of a reply buffer.
-constexpr std::size_t kReplyHeaderFloats = 2;
+constexpr std::size_t kReplyHeaderFloats = kPsReplyHeaderBytes / sizeof(float);
 constexpr int kRequestStep = 0;
 constexpr int kReplyStep = 1;
 

@@ -74,6 +74,10 @@ class ParameterServerShard;
 
 enum class ServerMode { kSynchronous, kAsynchronous };
 
+// The protocol's message headers (above): a request's and a pull reply's, in bytes.
+inline constexpr std::size_t kPsRequestHeaderBytes = 32;
+inline constexpr std::size_t kPsReplyHeaderBytes = 8;
+
 struct ServeOptions {
   ServerMode mode = ServerMode::kSynchronous;
   // Asynchronous mode: the gradient scale of each push (e.g. 1, or 1/M).

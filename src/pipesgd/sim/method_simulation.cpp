@@ -74,14 +74,15 @@ class Simulation {
 
   std::string run() {
     sg4::Engine& engine = start_simulation_engine();
+    const SimulationContext context{profile_, options_.workers, selection_.common, *selection_.options,
+                                    warmup_iterations_, planning_cost()};
+    const int servers = selection_.descriptor->simulate(context)->servers();
     SimPlatformSpec platform;
-    platform.hosts = options_.workers;
+    platform.hosts = options_.workers + servers;
     platform.link = options_.link;
     platform.model = options_.model;
     platform.cores_per_host = options_.comm_shares_core ? 1 : 2;
     const std::vector<sg4::Host*> hosts = build_platform(engine, platform);
-    const SimulationContext context{profile_, options_.workers, selection_.common, *selection_.options,
-                                    warmup_iterations_, planning_cost()};
     std::string schedule;
     for (int w = 0; w < options_.workers; ++w) {
       Worker& worker = workers_[static_cast<std::size_t>(w)];
@@ -90,6 +91,7 @@ class Simulation {
       sg4::Host* host = hosts[static_cast<std::size_t>(w)];
       sg4::ActorPtr compute = sg4::Actor::create(concat("worker", w, "-compute"), host, [this, w] { guarded(w, [&] { run_compute(w); }); });
       fabric_.set_receiver(w, compute.get());
+      receivers_.push_back(compute);
       if (worker.method->has_comm_thread()) {
         // Messages to a worker land in its compute actor's mailboxes; either of its actors takes them.
         sg4::Actor::create(concat("worker", w, "-comm"), host, [this, w] {
@@ -99,6 +101,20 @@ class Simulation {
           });
         });
       }
+    }
+    for (int server = 0; server < servers; ++server) {
+      server_methods_.push_back(selection_.descriptor->simulate(context));
+      sg4::ActorPtr actor = sg4::Actor::create(
+          concat("server", server), hosts[static_cast<std::size_t>(options_.workers + server)], [this, server] {
+            guarded(options_.workers + server, [&] {
+              Server thread(*this, server);
+              server_methods_[static_cast<std::size_t>(server)]->run_server(server, total_, thread);
+            });
+          });
+      request_mailbox(server)->set_receiver(actor);
+    }
+    for (int w = 0; w < options_.workers; ++w) {
+      for (int server = 0; server < servers; ++server) reply_mailbox(server, w)->set_receiver(receivers_[static_cast<std::size_t>(w)]);
     }
     engine.run();
     if (failure_) std::rethrow_exception(failure_);
@@ -154,6 +170,15 @@ class Simulation {
       flush();
       simulation_.allreduce(worker_, compute_ ? 0 : 1, elements);
     }
+    void send_to_server(int server, std::size_t bytes, ServerRequestKind kind) override {
+      flush();
+      // The server deletes the request when it takes it.
+      simulation_.request_mailbox(server)->put_init(new ServerRequest{worker_, kind}, bytes)->detach();
+    }
+    void receive_reply(int server) override {
+      flush();
+      delete simulation_.reply_mailbox(server, worker_)->get<int>();
+    }
     // Executes the compute accumulated since the last synchronisation: consecutive spans cost one
     // SimGrid activity, which keeps large worlds fast.
     void flush() {
@@ -167,6 +192,30 @@ class Simulation {
     bool compute_;
     double pending_ = 0;
   };
+
+  class Server final : public SimulatedServer {
+   public:
+    Server(Simulation& simulation, int server) : simulation_(simulation), server_(server) {}
+    int server() const override { return server_; }
+    int workers() const override { return simulation_.options_.workers; }
+    void compute(double seconds, const char*) override { simulate_cpu_work(seconds); }
+    ServerRequest receive() override {
+      const std::unique_ptr<ServerRequest> request(simulation_.request_mailbox(server_)->get<ServerRequest>());
+      return *request;
+    }
+    void reply(int worker, std::size_t bytes) override {
+      simulation_.reply_mailbox(server_, worker)->put_init(new int(0), bytes)->detach();  // the worker deletes it
+    }
+
+   private:
+    Simulation& simulation_;
+    int server_;
+  };
+
+  static sg4::Mailbox* request_mailbox(int server) { return sg4::Mailbox::by_name(concat("ps-request-", server)); }
+  static sg4::Mailbox* reply_mailbox(int server, int worker) {
+    return sg4::Mailbox::by_name(concat("ps-reply-", server, ">", worker));
+  }
 
   Worker& worker(int w) { return workers_[static_cast<std::size_t>(w)]; }
   bool in_window(const Worker& state) const { return state.iteration >= skip_; }
@@ -297,6 +346,8 @@ class Simulation {
   SimFabric fabric_;
   std::vector<Worker> workers_;
   std::map<std::uint64_t, sg4::BarrierPtr> barriers_;
+  std::vector<std::unique_ptr<SimulatedMethod>> server_methods_;
+  std::vector<sg4::ActorPtr> receivers_;  // each worker's compute actor
   std::exception_ptr failure_;
   bool failed_ = false;
 };

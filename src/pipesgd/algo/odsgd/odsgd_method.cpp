@@ -2,6 +2,7 @@
 
 #include "pipesgd/algo/odsgd/od_sgd.h"
 #include "pipesgd/algo/odsgd/od_sgd_report.h"
+#include "pipesgd/algo/odsgd/od_sgd_simulation.h"
 #include "pipesgd/algo/ps_methods/parameter_server_methods.h"
 #include "pipesgd/algo/ps_methods/parameter_server_report.h"
 #include "pipesgd/core/error.h"
@@ -60,6 +61,7 @@ MethodDescriptor odsgd_method() {
   method.options.push_back(momentum);
   method.parse = parse_odsgd_options;
   method.make = [](const MethodContext& context) { return std::make_unique<OneStepDelaySgd>(context); };
+  method.simulate = simulate_od_sgd;
   method.serve = [](const MethodOptions& options, const CommonOptions& common, int workers) {
     return serve_options(options_as<OdSgdOptions>(options), common.timeout, workers);
   };

@@ -2,6 +2,7 @@
 #include "pipesgd/algo/ps_methods/parameter_server_methods.h"
 
 #include "pipesgd/algo/ps_methods/parameter_server_report.h"
+#include "pipesgd/algo/ps_methods/ps_simulation.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -35,6 +36,7 @@ MethodDescriptor server_method(std::string name, std::string summary, ServerMode
     return parse_server_options(given, mode);
   };
   method.make = [](const MethodContext& context) { return std::make_unique<ParameterServerMethod>(context); };
+  method.simulate = simulate_parameter_server;
   method.serve = [](const MethodOptions& options, const CommonOptions& common, int workers) {
     return serve_options(options_as<ParameterServerOptions>(options), common.timeout, workers);
   };

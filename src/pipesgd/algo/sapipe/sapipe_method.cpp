@@ -6,6 +6,7 @@
 #include "pipesgd/algo/planning.h"
 #include "pipesgd/algo/sapipe/sapipe.h"
 #include "pipesgd/algo/sapipe/sapipe_report.h"
+#include "pipesgd/algo/sapipe/sapipe_simulation.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/core/error.h"
 
@@ -99,6 +100,7 @@ MethodDescriptor sapipe_method(const std::string& baseline) {
   for (OptionDeclaration& option : warmup_declarations("run synchronously", "0")) method.options.push_back(std::move(option));
   method.parse = parse_sapipe_options;
   method.make = [](const MethodContext& context) { return std::make_unique<SaPipe>(context); };
+  method.simulate = simulate_sapipe;
   method.tables = {sapipe_table(baseline)};
   return method;
 }

@@ -1,0 +1,138 @@
+#include "pipesgd/algo/sapipe/sapipe_simulation.h"
+
+#include "pipesgd/algo/method_descriptor.h"
+#include "pipesgd/algo/sapipe/sapipe_options.h"
+#include "pipesgd/algo/sapipe/sapipe_partition.h"
+#include "pipesgd/collective/codec.h"
+#include "pipesgd/core/layout.h"
+
+namespace pipesgd {
+namespace {
+
+double compensation_passes(Compensation compensation) {
+  switch (compensation) {
+    case Compensation::kNone: return 0;
+    case Compensation::kDelay:
+    case Compensation::kPredictLocal:
+    case Compensation::kPredictSynchronized: return 1;
+    case Compensation::kPredictCombined: return 2;
+  }
+  return 0;
+}
+
+Layout layout_of(const ModelProfile& profile) {
+  Layout layout;
+  for (const ProfiledLayer& layer : profile.layers) layout.add(layer.name, layer.parameters);
+  return layout;
+}
+
+class SimulatedSapipe final : public SimulatedMethod {
+ public:
+  enum Event { kBucketReady, kBucketReduced, kStaleReady, kStaleReduced };
+
+  explicit SimulatedSapipe(const SimulationContext& context)
+      : options_(options_as<SapipeOptions>(context.options)),
+        partition_(layout_of(context.profile), bytes_per_element(context.common.codec), options_.sync_plan,
+                   context.allreduce_cost),
+        total_(context.profile.parameters()), update_seconds_(context.profile.update_seconds),
+        warmup_(context.warmup_iterations) {
+    StalenessProfile profile;
+    for (const ProfiledLayer& layer : context.profile.layers) {
+      profile.forward_seconds.push_back(layer.forward_seconds);
+      profile.backward_seconds.push_back(layer.backward_seconds);
+    }
+    partition_.plan(profile, context.allreduce_cost, options_.stale_layers);
+    const auto& buckets = partition_.sync_buckets();  // backward order
+    bucket_of_lowest_segment_.assign(context.profile.layers.size(), -1);
+    bucket_of_segment_.assign(context.profile.layers.size(), -1);
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      bucket_of_lowest_segment_[buckets[b].begin] = static_cast<std::int64_t>(b);
+      for (std::size_t s = buckets[b].begin; s < buckets[b].end; ++s) bucket_of_segment_[s] = static_cast<std::int64_t>(b);
+    }
+  }
+
+  void begin_iteration(std::int64_t t, SimulatedThread& compute) override {
+    next_unapplied_ = partition_.sync_buckets().size();  // applied from the last (lowest layers) down
+    if (t < warmup_ || partition_.stale_layers() == 0) return;
+    if (t - 2 >= warmup_) compute.wait({kStaleReduced, t - 2, 0});
+    const double stale_update = update_of(partition_.stale().count);
+    compute.compute(stale_update, "update");
+    if (t - 1 >= warmup_) compute.compute(stale_update * compensation_passes(options_.compensation), "compensation");
+  }
+
+  bool wants_forward_hooks() const override { return true; }
+
+  void before_forward(std::int64_t t, std::size_t first, std::size_t end, SimulatedThread& compute) override {
+    if (t - 1 < warmup_) return;  // the previous iteration was synchronous: applied already
+    // Forward reads segments below `end`: apply iteration t-1's buckets holding them, lowest first.
+    const auto& buckets = partition_.sync_buckets();
+    while (next_unapplied_ > 0 && buckets[next_unapplied_ - 1].begin < end) {
+      const std::size_t b = --next_unapplied_;
+      compute.wait({kBucketReduced, t - 1, static_cast<std::int64_t>(b)});
+      compute.compute(update_of(buckets[b].count), "update");
+    }
+  }
+
+  void segment_ready(std::int64_t t, std::size_t segment, SimulatedThread& compute) override {
+    if (t < warmup_) return;
+    const std::int64_t bucket = bucket_of_lowest_segment_[segment];
+    if (bucket >= 0) compute.signal({kBucketReady, t, bucket});
+    if (segment == 0 && partition_.stale_layers() > 0) compute.signal({kStaleReady, t, 0});
+  }
+
+  void end_iteration(std::int64_t t, SimulatedThread& compute) override {
+    if (t >= warmup_) return;
+    compute.allreduce(total_);
+    compute.compute(update_seconds_, "update");
+  }
+
+  bool has_comm_thread() const override { return true; }
+
+  void run_comm_thread(std::int64_t iterations, SimulatedThread& comm) override {
+    const auto& buckets = partition_.sync_buckets();
+    for (std::int64_t t = warmup_; t < iterations; ++t) {
+      for (std::size_t b = 0; b < buckets.size(); ++b) {
+        comm.wait({kBucketReady, t, static_cast<std::int64_t>(b)});
+        comm.allreduce(buckets[b].count);
+        comm.signal({kBucketReduced, t, static_cast<std::int64_t>(b)});
+      }
+      if (partition_.stale_layers() > 0) {
+        comm.wait({kStaleReady, t, 0});
+        comm.allreduce(partition_.stale().count);
+        comm.signal({kStaleReduced, t, 0});
+      }
+    }
+  }
+
+  std::string describe() const override {
+    return concat("k = ", partition_.stale_layers(), " of ", partition_.layers(), " layers stale (",
+                  options_.automatic() ? "auto" : "given", "), ", compensation_name(options_.compensation), ", ",
+                  describe_plan(partition_.sync_plan()));
+  }
+
+ private:
+  static double bytes_per_element(const std::string& codec) {
+    constexpr std::size_t kProbe = 1 << 20;
+    return static_cast<double>(make_codec(codec)->encoded_bytes(kProbe)) / kProbe;
+  }
+  double update_of(std::size_t elements) const {
+    return total_ > 0 ? update_seconds_ * static_cast<double>(elements) / static_cast<double>(total_) : 0;
+  }
+
+  const SapipeOptions& options_;
+  SapipePartition partition_;
+  std::size_t total_;
+  double update_seconds_;
+  std::int64_t warmup_;
+  std::vector<std::int64_t> bucket_of_lowest_segment_;  // segment -> the bucket it completes, or -1
+  std::vector<std::int64_t> bucket_of_segment_;
+  std::size_t next_unapplied_ = 0;  // buckets [0, next_unapplied_) of t-1 are not applied yet
+};
+
+}  // namespace
+
+std::unique_ptr<SimulatedMethod> simulate_sapipe(const SimulationContext& context) {
+  return std::make_unique<SimulatedSapipe>(context);
+}
+
+}  // namespace pipesgd
