@@ -191,3 +191,41 @@ TEST(IsolatedRun, AChildThatDiesIsAnError) {
 
 }  // namespace
 }  // namespace pipesgd
+
+namespace pipesgd {
+namespace {
+
+TEST(CollectiveSimulation, FatTreeOversubscriptionSlowsCrossLeafTraffic) {
+  // 8 hosts, leaf switches of 4. Halving-doubling's first step pairs hosts 4 apart: all 4 hosts of a
+  // leaf send across it at once, through 1 uplink (4:1) or 4 (non-blocking).
+  CollectiveScenario s = scenario("halving-doubling", 8, 1 << 20);
+  s.platform.topology = parse_sim_topology("fat-tree:2;4,2;1,4;1,1");
+  const double non_blocking = simulate_allreduce(s).seconds;
+  s.platform.topology = parse_sim_topology("fat-tree:2;4,2;1,1;1,1");
+  const double oversubscribed = simulate_allreduce(s).seconds;
+  EXPECT_GT(oversubscribed, 1.5 * non_blocking);
+  // The ring's neighbours share a leaf but at two places, one flow per uplink and direction: the
+  // oversubscription costs it only the extra level's latency, as on the non-blocking tree.
+  CollectiveScenario ring = scenario("ring", 8, 1 << 20);
+  ring.platform.topology = parse_sim_topology("fat-tree:2;4,2;1,1;1,1");
+  const double ring_oversubscribed = simulate_allreduce(ring).seconds;
+  ring.platform.topology = parse_sim_topology("fat-tree:2;4,2;1,4;1,1");
+  EXPECT_NEAR(ring_oversubscribed, simulate_allreduce(ring).seconds, 1e-9);
+}
+
+TEST(SimTopology, ParsesFlatAndFatTreesAndRejectsTheRest) {
+  EXPECT_FALSE(parse_sim_topology("flat").fat_tree);
+  const SimTopology tree = parse_sim_topology("fat-tree:2;16,4;1,4;1,1");
+  EXPECT_TRUE(tree.fat_tree);
+  EXPECT_EQ(tree.leaves(), 64u);
+  for (const char* bad : {"star", "fat-tree:", "fat-tree:2;16,4;1,4", "fat-tree:2;16;1,4;1,1", "fat-tree:2;16,0;1,4;1,1",
+                          "fat-tree:x;1;1;1", "fat-tree:9;1,1,1,1,1,1,1,1,1;1,1,1,1,1,1,1,1,1;1,1,1,1,1,1,1,1,1"}) {
+    EXPECT_THROW(parse_sim_topology(bad), UsageError) << bad;
+  }
+  CollectiveScenario too_small = scenario("ring", 8, 10);
+  too_small.platform.topology = parse_sim_topology("fat-tree:1;4;1;1");
+  EXPECT_THROW(simulate_allreduce(too_small), UsageError);
+}
+
+}  // namespace
+}  // namespace pipesgd

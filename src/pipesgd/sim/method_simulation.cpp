@@ -81,6 +81,7 @@ class Simulation {
     platform.hosts = options_.workers + servers;
     platform.link = options_.link;
     platform.model = options_.model;
+    platform.topology = options_.topology;
     platform.cores_per_host = options_.comm_shares_core ? 1 : 2;
     const std::vector<sg4::Host*> hosts = build_platform(engine, platform);
     std::string schedule;

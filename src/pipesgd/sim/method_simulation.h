@@ -32,6 +32,7 @@ struct MethodSimulationOptions {
   int workers = 2;
   NetworkSpec link;  // every worker's NIC
   SimNetworkModel model = SimNetworkModel::kIdeal;
+  SimTopology topology;
   std::int64_t iterations = 20;  // measured, after the warm-up and the pipeline's fill
   // Stragglers: each worker's compute in each iteration takes 1 + jitter x u times the profile's,
   // u uniform in [0, 1) from `seed` (0: no jitter).

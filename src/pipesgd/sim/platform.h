@@ -29,6 +29,28 @@ namespace pipesgd {
 
 enum class SimNetworkModel { kIdeal, kSimGrid };
 
+// The cluster's wiring (--topology):
+//   flat                          every NIC on one non-blocking switch (above).
+//   fat-tree:L;D1,..,DL;U1,..,UL;C1,..,CL
+//                                 SimGrid's fat-tree (its own notation, see SimGrid's "Fat-Tree
+//                                 Cluster" docs): L levels of switches; a level-i switch has Di children;
+//                                 an element of level i-1 has Ui parents, joined by Ci parallel links.
+//                                 D1 x ... x DL hosts (at least the simulation's); every link has the
+//                                 NIC's bandwidth and half its latency, so two hosts under one leaf
+//                                 switch are one latency apart and each level above adds one more.
+//                                 Oversubscription: D1 hosts share U2 x C2 uplinks of a leaf switch,
+//                                 e.g. fat-tree:2;16,4;1,4;1,1 is 16 hosts per leaf on 4 uplinks (4:1).
+struct SimTopology {
+  std::string text = "flat";  // as given
+  bool fat_tree = false;
+  unsigned levels = 0;
+  std::vector<unsigned> down, up, count;
+  std::size_t leaves() const;  // hosts the fat-tree holds (1 for flat: any number)
+};
+
+// Throws UsageError (one line, naming `name`) for anything but the forms above.
+SimTopology parse_sim_topology(const std::string& text, const char* name = "--topology");
+
 // "ideal" or "simgrid"; throws UsageError naming `name` otherwise.
 SimNetworkModel parse_sim_network_model(const std::string& text, const char* name = "network model");
 const char* sim_network_model_name(SimNetworkModel model);
@@ -37,6 +59,7 @@ struct SimPlatformSpec {
   int hosts = 1;
   NetworkSpec link;  // each host's NIC; bits_per_second must be > 0
   SimNetworkModel model = SimNetworkModel::kIdeal;
+  SimTopology topology;
   int cores_per_host = 1;  // concurrent CPU work beyond this many activities shares the cores
 };
 
@@ -44,7 +67,8 @@ struct SimPlatformSpec {
 inline constexpr double kSimHostSpeed = 1e9;
 
 // Configures `engine` (network model, quiet logs) and builds the platform; returns the hosts in
-// rank order. Throws UsageError for fewer than 1 host or a link without bandwidth.
+// rank order. Throws UsageError for fewer than 1 host, a link without bandwidth, or a fat-tree with
+// fewer leaves than hosts.
 std::vector<simgrid::s4u::Host*> build_platform(simgrid::s4u::Engine& engine, const SimPlatformSpec& spec);
 
 // Starts SimGrid's engine for a simulation process (one per process; see above).
