@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -77,6 +78,7 @@ class Simulation {
     const SimulationContext context{profile_, options_.workers, selection_.common, *selection_.options,
                                     warmup_iterations_, planning_cost()};
     const int servers = selection_.descriptor->simulate(context)->servers();
+    servers_ = servers;
     SimPlatformSpec platform;
     platform.hosts = options_.workers + servers;
     platform.link = options_.link;
@@ -136,6 +138,7 @@ class Simulation {
     double last_start = -1;  // of the last iteration
     double compute_seconds = 0;    // in the window
     double allreduce_seconds = 0;  // calls that started in the window
+    SimulatedStages stages;        // the compute thread's, in the window (wait: filled at the end)
   };
 
   class Thread final : public SimulatedThread {
@@ -144,13 +147,23 @@ class Simulation {
     ~Thread() override = default;
     int worker() const override { return worker_; }
     int workers() const override { return simulation_.options_.workers; }
-    void compute(double seconds, const char*) override {
+    void compute(double seconds, const char* what) override {
       if (seconds <= 0) return;
       Worker& state = simulation_.worker(worker_);
       if (compute_) {
         const double jitter = simulation_.options_.compute_jitter;
         if (jitter > 0) seconds *= 1 + jitter * uniform(simulation_.options_.seed, worker_, state.iteration);
-        if (simulation_.in_window(state)) state.compute_seconds += seconds;
+        if (simulation_.in_window(state)) {
+          state.compute_seconds += seconds;
+          stage(state.stages, what) += seconds;
+        }
+      }
+      if (simulation_.tracing()) {  // every span on its own, to be seen in the trace
+        flush();
+        const double start = sg4::Engine::get_clock();
+        simulate_cpu_work(seconds);
+        simulation_.span(pid(), tid(), what, start, {});
+        return;
       }
       pending_ += seconds;
     }
@@ -165,11 +178,22 @@ class Simulation {
       flush();
       Worker& state = simulation_.worker(worker_);
       std::unique_lock lock(*state.mutex);
+      const double start = sg4::Engine::get_clock();
       while (state.signalled.count(event) == 0) state.changed->wait(lock);
+      if (simulation_.tracing() && sg4::Engine::get_clock() > start) {
+        simulation_.span(pid(), tid(), "wait", start, {{"for_iteration", event.iteration}, {"kind", event.kind}, {"index", event.index}});
+      }
     }
     void allreduce(std::size_t elements) override {
       flush();
-      simulation_.allreduce(worker_, compute_ ? 0 : 1, elements);
+      const double start = sg4::Engine::get_clock();
+      const std::uint64_t sequence = simulation_.allreduce(worker_, compute_ ? 0 : 1, elements);
+      if (simulation_.tracing()) {
+        simulation_.span(pid(), tid(), "allreduce", start,
+                         {{"elements", elements}, {"bytes", simulation_.codec_->encoded_bytes(elements)},
+                          {"algorithm", simulation_.collectives_.algorithm}, {"codec", simulation_.selection_.common.codec},
+                          {"tag", describe_tag(collective_tag(Channel::kGradients, sequence))}});
+      }
     }
     void send_to_server(int server, std::size_t bytes, ServerRequestKind kind) override {
       flush();
@@ -178,7 +202,11 @@ class Simulation {
     }
     void receive_reply(int server) override {
       flush();
+      Worker& state = simulation_.worker(worker_);
+      const double start = sg4::Engine::get_clock();
       delete simulation_.reply_mailbox(server, worker_)->get<int>();
+      if (simulation_.in_window(state)) state.allreduce_seconds += sg4::Engine::get_clock() - start;
+      if (simulation_.tracing()) simulation_.span(pid(), tid(), "pull", start, {{"server", server}});
     }
     // Executes the compute accumulated since the last synchronisation: consecutive spans cost one
     // SimGrid activity, which keeps large worlds fast.
@@ -188,6 +216,9 @@ class Simulation {
     }
 
    private:
+    int pid() const { return worker_; }
+    int tid() const { return compute_ ? 0 : 1; }
+
     Simulation& simulation_;
     int worker_;
     bool compute_;
@@ -199,7 +230,11 @@ class Simulation {
     Server(Simulation& simulation, int server) : simulation_(simulation), server_(server) {}
     int server() const override { return server_; }
     int workers() const override { return simulation_.options_.workers; }
-    void compute(double seconds, const char*) override { simulate_cpu_work(seconds); }
+    void compute(double seconds, const char* what) override {
+      const double start = sg4::Engine::get_clock();
+      simulate_cpu_work(seconds);
+      if (simulation_.tracing() && seconds > 0) simulation_.span(simulation_.options_.workers + server_, 0, what, start, {});
+    }
     ServerRequest receive() override {
       const std::unique_ptr<ServerRequest> request(simulation_.request_mailbox(server_)->get<ServerRequest>());
       return *request;
@@ -219,6 +254,16 @@ class Simulation {
   }
 
   Worker& worker(int w) { return workers_[static_cast<std::size_t>(w)]; }
+
+  // The stage a compute span of the schedule or the trainer belongs to.
+  static double& stage(SimulatedStages& stages, const char* what) {
+    const std::string_view name(what);
+    if (name == "data") return stages.data;
+    if (name == "forward") return stages.forward;
+    if (name == "backward") return stages.backward;
+    if (name == "compensation") return stages.compensation;
+    return stages.update;  // "update", "local update"
+  }
   bool in_window(const Worker& state) const { return state.iteration >= skip_; }
 
   template <typename Body>
@@ -264,7 +309,8 @@ class Simulation {
     state.window_end = sg4::Engine::get_clock();
   }
 
-  void allreduce(int w, int slot, std::size_t elements) {
+  // Returns the collective's sequence number (its tag's).
+  std::uint64_t allreduce(int w, int slot, std::size_t elements) {
     Worker& state = worker(w);
     const double start = sg4::Engine::get_clock();
     const std::uint64_t sequence = state.next_collective++;
@@ -285,6 +331,17 @@ class Simulation {
       if (seconds > 0) sg4::this_actor::sleep_for(seconds);
     }
     if (in_window(state)) state.allreduce_seconds += sg4::Engine::get_clock() - start;
+    return sequence;
+  }
+
+  bool tracing() const { return options_.trace; }
+
+  // A complete span ("ph": "X") of the Chrome trace format, from `start` to now, in microseconds.
+  void span(int pid, int tid, const char* name, double start, nlohmann::json args) {
+    nlohmann::json event = {{"name", name}, {"ph", "X"}, {"pid", pid}, {"tid", tid},
+                            {"ts", start * 1e6}, {"dur", (sg4::Engine::get_clock() - start) * 1e6}};
+    if (!args.empty()) event["args"] = std::move(args);
+    trace_.push_back(std::move(event));
   }
 
   // MG-WFBP Table II for the run's algorithm: messages x alpha + transferred x (bytes on the wire)
@@ -308,7 +365,14 @@ class Simulation {
 
   nlohmann::json summarize(const std::string& schedule) const {
     double iteration = 0, compute = 0, allreduce_time = 0, last = 0;
+    SimulatedStages stages;
+    const double per_iteration = 1.0 / static_cast<double>(options_.iterations);
     for (const Worker& state : workers_) {
+      stages.data += state.stages.data * per_iteration;
+      stages.forward += state.stages.forward * per_iteration;
+      stages.backward += state.stages.backward * per_iteration;
+      stages.update += state.stages.update * per_iteration;
+      stages.compensation += state.stages.compensation * per_iteration;
       iteration += (state.window_end - state.window_start) / static_cast<double>(options_.iterations);
       last += state.window_end - state.last_start;
       compute += state.compute_seconds / static_cast<double>(options_.iterations);
@@ -328,9 +392,27 @@ class Simulation {
     result["exposed_seconds"] = std::max(0.0, iteration - compute);
     result["allreduce_seconds"] = allreduce_time;
     result["samples_per_second"] = iteration > 0 ? n * profile_.batch / iteration : 0.0;
+    result["stages"] = {{"data_s", stages.data / n},       {"forward_s", stages.forward / n},
+                        {"backward_s", stages.backward / n}, {"update_s", stages.update / n},
+                        {"compensation_s", stages.compensation / n}, {"wait_s", std::max(0.0, iteration - compute)},
+                        {"comm_s", allreduce_time}};
     result["measured_iterations"] = options_.iterations;
     // Periodic already: the last iteration took the window's mean (without jitter every iteration
     // of the steady state takes the same time; before it, a pipeline is still filling or draining).
+    if (tracing()) {
+      nlohmann::json events = trace_;
+      for (int w = 0; w < options_.workers + servers_; ++w) {
+        const bool server = w >= options_.workers;
+        events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", w},
+                          {"args", {{"name", server ? concat("server ", w - options_.workers) : concat("worker ", w)}}}});
+        events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", w}, {"tid", 0},
+                          {"args", {{"name", server ? "serve" : "compute"}}}});
+        if (!server) {
+          events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", w}, {"tid", 1}, {"args", {{"name", "comm"}}}});
+        }
+      }
+      result["trace_events"] = std::move(events);
+    }
     result["steady"] = options_.compute_jitter > 0 || std::abs(last - iteration) <= 1e-9 * std::max(iteration, 1e-12);
     return result;
   }
@@ -349,8 +431,10 @@ class Simulation {
   std::map<std::uint64_t, sg4::BarrierPtr> barriers_;
   std::vector<std::unique_ptr<SimulatedMethod>> server_methods_;
   std::vector<sg4::ActorPtr> receivers_;  // each worker's compute actor
+  nlohmann::json trace_ = nlohmann::json::array();
   std::exception_ptr failure_;
   bool failed_ = false;
+  int servers_ = 0;
 };
 
 void validate(const MethodSelection& selection, const ModelProfile& profile, const MethodSimulationOptions& options) {
@@ -420,7 +504,40 @@ MethodSimulationResult simulate_method(const MethodSelection& selection, const M
   result.allreduce_seconds = r.at("allreduce_seconds").get<double>();
   result.samples_per_second = r.at("samples_per_second").get<double>();
   result.measured_iterations = r.at("measured_iterations").get<std::int64_t>();
+  if (r.contains("trace_events")) result.trace_events = r.at("trace_events");
+  const nlohmann::json& stages = r.at("stages");
+  result.stages = {stages.at("data_s").get<double>(),   stages.at("forward_s").get<double>(),
+                   stages.at("backward_s").get<double>(), stages.at("update_s").get<double>(),
+                   stages.at("compensation_s").get<double>(), stages.at("wait_s").get<double>(),
+                   stages.at("comm_s").get<double>()};
   return result;
+}
+
+std::vector<MethodSimulationResult> simulate_methods(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
+                                                     int parallel, const std::function<void(std::size_t)>& progress) {
+  std::vector<MethodSimulationResult> results(jobs.size());
+  std::vector<std::exception_ptr> errors(jobs.size());
+  std::vector<std::future<void>> running;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (running.size() >= static_cast<std::size_t>(std::max(1, parallel))) {
+      running.front().get();
+      running.erase(running.begin());
+    }
+    if (progress) progress(i);
+    running.push_back(std::async(std::launch::async, [&, i] {
+      try {
+        results[i] = simulate_method(jobs[i].selection, profile, jobs[i].options);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }));
+    if (std::any_of(errors.begin(), errors.end(), [](const std::exception_ptr& e) { return e != nullptr; })) break;
+  }
+  for (auto& job : running) job.get();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  return results;
 }
 
 }  // namespace pipesgd

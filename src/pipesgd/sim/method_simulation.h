@@ -14,6 +14,9 @@
 //             link's latency and bandwidth and the codec's per-byte costs: for large worlds.
 //   auto      messages up to kMessageLevelWorkers workers, model above.
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <vector>
 #include <string>
 
 #include "pipesgd/algo/registry.h"
@@ -43,6 +46,17 @@ struct MethodSimulationOptions {
   // accelerator computes while the host CPU communicates).
   bool comm_shares_core = false;
   CollectiveSimulation collectives = CollectiveSimulation::kAuto;
+  // Record the timeline (MethodSimulationResult::trace_events): every compute span on its own, so
+  // slower for large worlds.
+  bool trace = false;
+};
+
+// The compute thread's time per iteration by stage, as the trainer's IterationTimes names them
+// (train/metrics_file.cpp times_to_json): data, forward, backward, update (local updates too),
+// compensation, wait (the rest of the iteration: waits and communication on the compute thread),
+// comm (time inside allreduces and server round trips, on any thread).
+struct SimulatedStages {
+  double data = 0, forward = 0, backward = 0, update = 0, compensation = 0, wait = 0, comm = 0;
 };
 
 // Per iteration, in the steady state (means over the measured iterations and the workers).
@@ -53,9 +67,15 @@ struct MethodSimulationResult {
   double iteration_seconds = 0;
   double compute_seconds = 0;      // the compute thread's own work (data, forward, backward, update, ...)
   double exposed_seconds = 0;      // iteration - compute: waits and allreduces on the compute thread
-  double allreduce_seconds = 0;    // time inside allreduce calls, on any thread
+  double allreduce_seconds = 0;    // time inside allreduce calls and server round trips, any thread
+  SimulatedStages stages;
   double samples_per_second = 0;   // workers x batch / iteration
   std::int64_t measured_iterations = 0;
+  // With MethodSimulationOptions::trace: Chrome trace events (the "traceEvents" of the format
+  // Perfetto and chrome://tracing open), pid = worker (then the servers), tid 0 compute, 1 comm;
+  // spans of compute (by stage), wait, allreduce (elements, bytes, algorithm, codec, tag) and pull;
+  // times in simulated microseconds.
+  nlohmann::json trace_events;
 };
 
 // Simulates `selection` on `profile` in an isolated simulation process. Throws UsageError if the
@@ -63,5 +83,16 @@ struct MethodSimulationResult {
 // or not finite, iterations < 1), and what the schedule throws (e.g. a bucket plan's UsageError).
 MethodSimulationResult simulate_method(const MethodSelection& selection, const ModelProfile& profile,
                                        const MethodSimulationOptions& options);
+
+// Many simulations, `parallel` at a time (each in its own process); results in the jobs' order.
+// `progress` (may be empty) is called from the calling thread as each one starts. The first error
+// is rethrown once the running ones have ended.
+struct SimulationJob {
+  MethodSelection selection;
+  MethodSimulationOptions options;
+};
+std::vector<MethodSimulationResult> simulate_methods(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
+                                                     int parallel,
+                                                     const std::function<void(std::size_t index)>& progress = {});
 
 }  // namespace pipesgd
