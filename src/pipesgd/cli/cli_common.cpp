@@ -50,6 +50,15 @@ const char* const kModelFlagHelp =
     "Model: mlp (784-500-500-10), cnn (LeNet-style), resnet (ResNet-20-style with batch norm), softmax, or PATH.pt: a "
     "TorchScript module saved by torch.jit.save (inputs [batch, example shape], e.g. [B, 1, 28, 28]; every worker loads "
     "the same file, so its initial weights do not depend on --seed; see docs/user-guide.md)";
+const char* const kDataFlagHelp =
+    "Data set: fashion-mnist (MNIST-format files, see --data-dir), synthetic, or npy:DIR (DIR/train_x.npy, "
+    "train_y.npy, test_x.npy, test_y.npy: inputs [N, ...] float32 or uint8 (scaled by 1/255); y int64/int32 "
+    "labels [N] or float32/float64 regression targets [N] or [N, k])";
+
+std::string data_dir_flag_help() {
+  return concat("Directory of MNIST-format IDX files (gzip or plain) [default: ", kDefaultDataDir, "]");
+}
+
 const char* const kLossFlagHelp =
     "Loss: cross-entropy (logits [B, C], labels), nll (log-probabilities [B, C], labels) or mse (regression targets; no "
     "accuracy); nll and mse only with a TorchScript --model (the built-in models are cross-entropy classifiers)";

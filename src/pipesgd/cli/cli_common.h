@@ -51,9 +51,12 @@ DataSetDescription describe_data_set(const std::string& data, const std::string&
 // targets, more classes); call it before any training. Any other model name passes (its own loader
 // checks its data).
 void check_data_fits_builtin_model(const std::string& model, const DataSplits& data, const std::string& data_flag);
-// The --model help text shared by train, compare and plan, and --loss's.
+// The --model help text shared by train, compare, plan and profile, and --loss's.
 extern const char* const kModelFlagHelp;
 extern const char* const kLossFlagHelp;
+// train's (and compare's and profile's) --data and --data-dir help texts.
+extern const char* const kDataFlagHelp;
+std::string data_dir_flag_help();
 
 // Checks --model and --loss before any data is read: a built-in model's name (torch_model_factory)
 // and that --loss other than cross-entropy comes with a TorchScript file (built-ins are

@@ -1,7 +1,8 @@
 #pragma once
 // The subcommands of `pipesgd`, one file each: train_command.cpp, compare_command.cpp,
-// bench_command.cpp (bench allreduce and calibrate), plan_command.cpp. Each registers its flags
-// and says how to run; main.cpp parses, starts MPI when asked, runs and reports errors.
+// bench_command.cpp (bench allreduce and calibrate), plan_command.cpp, profile_command.cpp. Each
+// registers its flags and says how to run; main.cpp parses, starts MPI when asked, runs and reports
+// errors.
 #include <CLI/CLI.hpp>
 
 #include <functional>
@@ -26,5 +27,6 @@ Subcommand add_compare_command(CLI::App& app);
 Subcommand add_bench_allreduce_command(CLI::App& bench);
 Subcommand add_calibrate_command(CLI::App& app);
 Subcommand add_plan_command(CLI::App& app);
+Subcommand add_profile_command(CLI::App& app);
 
 }  // namespace pipesgd

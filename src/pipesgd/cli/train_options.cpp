@@ -53,12 +53,8 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
       ->capture_default_str();
   command.add_option("--model", flags.model, kModelFlagHelp)->capture_default_str();
   command.add_option("--loss", flags.loss, kLossFlagHelp)->capture_default_str();
-  command.add_option("--data", flags.data, "Data set: fashion-mnist (MNIST-format files, see --data-dir), synthetic, or npy:DIR (DIR/train_x.npy, "
-                     "train_y.npy, test_x.npy, test_y.npy: inputs [N, ...] float32 or uint8 (scaled by 1/255); y int64/int32 "
-                     "labels [N] or float32/float64 regression targets [N] or [N, k])")
-      ->capture_default_str();
-  command.add_option("--data-dir", flags.data_dir,
-                     std::string("Directory of MNIST-format IDX files (gzip or plain) [default: ") + kDefaultDataDir + "]");
+  command.add_option("--data", flags.data, kDataFlagHelp)->capture_default_str();
+  command.add_option("--data-dir", flags.data_dir, data_dir_flag_help());
   command.add_option("--epochs", flags.epochs, "Epochs to train (>= 1); --iters replaces them")->capture_default_str();
   command.add_option("--iters", flags.iterations,
                      concat("Train exactly this many iterations (1 to ", kMaxIterations,

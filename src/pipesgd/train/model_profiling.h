@@ -1,0 +1,74 @@
+#pragma once
+// `pipesgd profile`: a model's profile (timing/model_profile.h) measured on this machine, as one
+// worker of a D-Sync run computes: per iteration the batch is fetched as the trainer fetches it
+// (ShardedSampler of one worker, BatchAssembler), the model runs forward and backward, and plain SGD
+// (optim/sgd.h) updates the whole flat parameter vector. A few untimed warm-up iterations come
+// first; every figure is the median over the measured iterations.
+//
+//   parameters        each Layout segment's element count
+//   backward_seconds  the time the model reports per segment through SegmentReadyFn; a segment it
+//                     does not report in an iteration shares what is left of that iteration's
+//                     backward with the other unreported ones, by parameter count
+//   forward_seconds   a model that reports forward progress (FlatParameters::set_forward_hook):
+//                     the time from one hook call to the next (the time before the first call goes
+//                     to the first group, the time after the last one, the loss included, to the
+//                     last), a group of several segments split by their backward times; otherwise
+//                     the whole forward (StepResult::forward_seconds) split over the layers in
+//                     proportion to their backward times (by parameter count if those are all 0)
+//   data_seconds      fetching one batch
+//   update_seconds    one Sgd::step over all parameters
+//   codecs            every codec of collective/codec.h timed on the last gradient: encode, decode
+//                     and decode_add of the whole buffer, median of `codec_repetitions` after one
+//                     untimed run, divided by its fp32 bytes
+// Runs on the calling thread; LibTorch's thread count is the caller's (init_torch_runtime).
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+
+#include "pipesgd/core/model.h"
+#include "pipesgd/data/dataset.h"
+#include "pipesgd/optim/sgd.h"
+#include "pipesgd/timing/model_profile.h"
+
+namespace pipesgd {
+
+inline constexpr std::int64_t kProfilingWarmupIterations = 3;
+inline constexpr std::int64_t kDefaultProfilingIterations = 20;
+inline constexpr int kCodecTimingRepetitions = 9;
+
+struct ProfilingOptions {
+  std::string model;  // the profile's model name
+  std::size_t batch = 25;
+  std::int64_t warmup_iterations = kProfilingWarmupIterations;  // untimed, >= 0
+  std::int64_t iterations = kDefaultProfilingIterations;        // measured, >= 1
+  std::uint64_t seed = 1;                                       // the data order
+  SgdOptions sgd;                                               // the update timed (train's defaults)
+  int codec_repetitions = kCodecTimingRepetitions;              // >= 1
+  // Called after every iteration (warm-up ones included: done of total = warm-up + measured) and
+  // once more with phase "codecs" before the codecs are timed; may be empty.
+  std::function<void(const std::string& phase, std::int64_t done, std::int64_t total)> progress;
+};
+
+struct MeasuredProfile {
+  ModelProfile profile;             // everything but `source` (left empty)
+  bool forward_from_hooks = false;  // false: the whole forward split by backward times
+  bool backward_all_reported = true;  // false: some segment's backward was inferred (see above)
+};
+
+// Measures `model` on batches of `train` (UsageError for options out of range, or a batch larger
+// than the data set).
+MeasuredProfile measure_model_profile(Model& model, const Dataset& train, const ProfilingOptions& options);
+
+// CPU seconds per fp32 byte of encode, decode and decode_add of every codec (codec_names()) on a
+// buffer holding `values`: the median of `repetitions` timed runs after one untimed one.
+std::map<std::string, CodecCost> measure_codec_costs(std::span<const float> values, int repetitions);
+
+// The profile's `source`: "measured by pipesgd profile on HOST, DATE, N iterations, batch B", and
+// how the per-layer figures were derived where the model did not report them.
+std::string measured_profile_source(const MeasuredProfile& measured, const std::string& host, const std::string& date,
+                                    std::int64_t iterations);
+
+}  // namespace pipesgd

@@ -1,0 +1,145 @@
+// `pipesgd profile`'s measurement (train/model_profiling.h) on the pure-C++ softmax model: per-layer
+// figures from the model's reports, the fallbacks for a model that reports nothing, codec costs,
+// the source line, and the profile file's round trip.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipesgd/collective/codec.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/data/sampler.h"
+#include "pipesgd/models/softmax_regression.h"
+#include "pipesgd/train/model_profiling.h"
+#include "tiny_run.h"
+
+namespace pipesgd {
+namespace {
+
+// The softmax model without its reports: no segment ready, no forward hook.
+class SilentModel final : public Model {
+ public:
+  explicit SilentModel(std::uint64_t seed) : inner_(784, 10, seed) {}
+  const Layout& layout() const override { return inner_.layout(); }
+  std::span<float> parameters() override { return inner_.parameters(); }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients, const SegmentReadyFn&) override {
+    return inner_.forward_backward(batch, gradients, {});
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_.evaluate(batch); }
+
+ private:
+  SoftmaxRegression inner_;
+};
+
+ProfilingOptions small_options() {
+  ProfilingOptions options;
+  options.model = "softmax";
+  options.batch = 5;
+  options.warmup_iterations = 2;
+  options.iterations = 5;
+  options.codec_repetitions = 3;
+  return options;
+}
+
+void expect_codecs(const ModelProfile& profile) {
+  ASSERT_EQ(profile.codecs.size(), codec_names().size());
+  for (const std::string& name : codec_names()) {
+    ASSERT_TRUE(profile.codecs.count(name)) << name;
+    const CodecCost cost = profile.codec_cost(name);
+    EXPECT_GT(cost.encode, 0) << name;
+    EXPECT_GT(cost.decode, 0) << name;
+    EXPECT_GT(cost.decode_add, 0) << name;
+  }
+}
+
+TEST(ModelProfiling, SoftmaxFromItsReports) {
+  const DataSplits data = small_data();
+  SoftmaxRegression model(784, 10, 1);
+  ProfilingOptions options = small_options();
+  std::vector<std::pair<std::string, std::int64_t>> progress;
+  options.progress = [&](const std::string& phase, std::int64_t done, std::int64_t total) {
+    EXPECT_EQ(total, 7);
+    progress.emplace_back(phase, done);
+  };
+  const MeasuredProfile measured = measure_model_profile(model, data.train, options);
+  const ModelProfile& profile = measured.profile;
+  EXPECT_TRUE(measured.forward_from_hooks);
+  EXPECT_TRUE(measured.backward_all_reported);
+  EXPECT_EQ(profile.model, "softmax");
+  EXPECT_EQ(profile.batch, 5);
+  ASSERT_EQ(profile.layers.size(), 2u);
+  EXPECT_EQ(profile.layers[0].name, "linear.weight");
+  EXPECT_EQ(profile.layers[0].parameters, 7840u);
+  EXPECT_EQ(profile.layers[1].name, "linear.bias");
+  EXPECT_EQ(profile.layers[1].parameters, 10u);
+  EXPECT_GT(profile.forward_seconds(), 0);
+  EXPECT_GT(profile.backward_seconds(), 0);
+  EXPECT_GT(profile.data_seconds, 0);
+  EXPECT_GT(profile.update_seconds, 0);
+  expect_codecs(profile);
+  // One call per iteration (warm-up included), then the codecs'.
+  ASSERT_EQ(progress.size(), 8u);
+  for (std::int64_t t = 0; t < 7; ++t) {
+    EXPECT_EQ(progress[static_cast<std::size_t>(t)], std::make_pair(std::string("iterations"), t + 1));
+  }
+  EXPECT_EQ(progress.back().first, "codecs");
+  // The hook is cleared afterwards: the model's forward runs without it.
+  std::vector<float> gradients(model.layout().total());
+  (void)model.forward_backward(dataset_range(data.train, 0, 5), gradients, {});
+
+  EXPECT_EQ(measured_profile_source(measured, "host1", "2025-01-02", 5),
+            "measured by pipesgd profile on host1, 2025-01-02, 5 iterations, batch 5");
+  // What the file holds reads back as the same profile.
+  const ModelProfile back = model_profile_from_json(to_json(profile), "test");
+  ASSERT_EQ(back.layers.size(), 2u);
+  EXPECT_EQ(back.layers[0].parameters, 7840u);
+  EXPECT_DOUBLE_EQ(back.layers[1].backward_seconds, profile.layers[1].backward_seconds);
+}
+
+TEST(ModelProfiling, ModelWithoutReportsIsSplitAndSaysSo) {
+  const DataSplits data = small_data();
+  SilentModel model(1);
+  const MeasuredProfile measured = measure_model_profile(model, data.train, small_options());
+  const ModelProfile& profile = measured.profile;
+  EXPECT_FALSE(measured.forward_from_hooks);
+  EXPECT_FALSE(measured.backward_all_reported);
+  ASSERT_EQ(profile.layers.size(), 2u);
+  // Backward by parameter count, forward in proportion to backward: both 7840 : 10.
+  ASSERT_GT(profile.layers[1].backward_seconds, 0);
+  ASSERT_GT(profile.layers[1].forward_seconds, 0);
+  EXPECT_NEAR(profile.layers[0].backward_seconds / profile.layers[1].backward_seconds, 784.0, 1e-6);
+  EXPECT_NEAR(profile.layers[0].forward_seconds / profile.layers[1].forward_seconds, 784.0, 1e-6);
+  const std::string source = measured_profile_source(measured, "h", "d", 5);
+  EXPECT_NE(source.find("reports no forward progress"), std::string::npos) << source;
+  EXPECT_NE(source.find("split in proportion to the layers' backward times"), std::string::npos) << source;
+  EXPECT_NE(source.find("by parameter count"), std::string::npos) << source;
+}
+
+TEST(ModelProfiling, BadOptions) {
+  const DataSplits data = small_data();
+  SoftmaxRegression model(784, 10, 1);
+  ProfilingOptions options = small_options();
+  options.iterations = 0;
+  EXPECT_THROW(measure_model_profile(model, data.train, options), UsageError);
+  options = small_options();
+  options.batch = data.train.size + 1;
+  EXPECT_THROW(measure_model_profile(model, data.train, options), UsageError);
+}
+
+TEST(ModelProfiling, CodecCosts) {
+  const std::vector<float> values(4096, 0.25f);
+  const std::map<std::string, CodecCost> costs = measure_codec_costs(values, 3);
+  ASSERT_EQ(costs.size(), 3u);
+  for (const auto& [name, cost] : costs) {
+    EXPECT_GT(cost.encode, 0) << name;
+    EXPECT_GT(cost.decode, 0) << name;
+    EXPECT_GT(cost.decode_add, 0) << name;
+  }
+  for (const auto& [name, cost] : measure_codec_costs({}, 3)) EXPECT_EQ(cost.encode, 0) << name;
+  EXPECT_THROW(measure_codec_costs(values, 0), UsageError);
+}
+
+}  // namespace
+}  // namespace pipesgd
