@@ -49,6 +49,13 @@ struct MethodTraits {
   bool uses_servers = false;
 };
 
+// A configuration of a method worth simulating for `pipesgd advise`, and what it trades.
+struct AdvisedVariant {
+  std::string spec;           // a method spec, e.g. "pipe"
+  OptionValues flags;         // e.g. --staleness-k 3
+  std::string accuracy_cost;  // what it trades in accuracy and what the papers and our runs say; "" for nothing
+};
+
 struct MethodDescriptor {
   std::string name;     // as in a method spec: "pipe"
   std::string summary;  // one line for --help and docs
@@ -67,6 +74,9 @@ struct MethodDescriptor {
   std::function<std::string(std::string_view part)> spec_hint;
   // The method's schedule for the simulator (algo/simulated_method.h), one per simulated worker.
   std::function<std::unique_ptr<SimulatedMethod>(const SimulationContext& context)> simulate;
+  // The variants `pipesgd advise` ranks at `workers` workers (the codecs are varied by advise itself
+  // for methods that take --codec).
+  std::function<std::vector<AdvisedVariant>(int workers)> advise;
   // Tables `compare` prints for this method's family.
   std::vector<ComparisonTable> tables;
 };

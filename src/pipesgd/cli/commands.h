@@ -28,5 +28,8 @@ Subcommand add_bench_allreduce_command(CLI::App& bench);
 Subcommand add_calibrate_command(CLI::App& app);
 Subcommand add_plan_command(CLI::App& app);
 Subcommand add_profile_command(CLI::App& app);
+// simulate_command.cpp and advise_command.cpp (flags shared in simulation_flags.h).
+Subcommand add_simulate_command(CLI::App& app);
+Subcommand add_advise_command(CLI::App& app);
 
 }  // namespace pipesgd

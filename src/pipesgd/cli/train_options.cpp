@@ -106,18 +106,26 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
   command.add_option("--out", flags.out_dir, "Directory to write metrics.jsonl and summary.json to (compare: compare.json)");
   command.add_flag("--quiet", flags.quiet, "No progress output");
   command.add_flag("--no-eval", flags.no_eval, "Skip the test-set evaluation after each epoch");
+  add_method_option_flags(command, flags.method_values);
+}
+
+void add_method_option_flags(CLI::App& command, std::map<std::string, std::string>& values) {
   // Every method option the registry declares; the method decides whether it takes it.
   for (const DeclaredOption& option : declared_options()) {
-    command.add_option(option.flag, flags.method_values[option.flag], method_option_help(option));
+    command.add_option(option.flag, values[option.flag], method_option_help(option));
   }
 }
 
-OptionValues given_method_options(const TrainFlags& flags) {
-  OptionValues values;
-  for (const auto& [flag, value] : flags.method_values) {
-    if (flags.command->count(flag) > 0) values.set(flag, value);
+OptionValues given_method_options(const CLI::App& command, const std::map<std::string, std::string>& values) {
+  OptionValues given;
+  for (const auto& [flag, value] : values) {
+    if (command.count(flag) > 0) given.set(flag, value);
   }
-  return values;
+  return given;
+}
+
+OptionValues given_method_options(const TrainFlags& flags) {
+  return given_method_options(*flags.command, flags.method_values);
 }
 
 TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_spec, FlagPolicy policy,

@@ -60,6 +60,11 @@ void add_train_flags(CLI::App& command, TrainFlags& flags);
 // The method options that appeared on the command line.
 OptionValues given_method_options(const TrainFlags& flags);
 
+// Every method option the registry declares as a flag of `command`, its text into values[flag]
+// (train, compare, simulate, advise); and those of them that appeared on the command line.
+void add_method_option_flags(CLI::App& command, std::map<std::string, std::string>& values);
+OptionValues given_method_options(const CLI::App& command, const std::map<std::string, std::string>& values);
+
 // The run of `method_spec` with `flags` (policy: train rejects a flag its method does not take,
 // compare applies each flag to the methods of its list that take it). Checks everything that does
 // not need the data. Under MPI (`session`) the workers are mpirun's ranks, less the servers.

@@ -8,6 +8,7 @@
 #include <exception>
 #include <future>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
@@ -135,7 +136,8 @@ class Simulation {
     std::vector<float> data[2];
     std::int64_t iteration = 0;  // the compute thread's current iteration
     double window_start = -1, window_end = -1;
-    double last_start = -1;  // of the last iteration
+    std::vector<double> starts;  // of the measured iterations, then the end of the last
+    std::map<std::int64_t, double> comm_done;  // iteration -> the comm thread's last signal of it
     double compute_seconds = 0;    // in the window
     double allreduce_seconds = 0;  // calls that started in the window
     SimulatedStages stages;        // the compute thread's, in the window (wait: filled at the end)
@@ -170,6 +172,7 @@ class Simulation {
     void signal(const SimEvent& event) override {
       flush();
       Worker& state = simulation_.worker(worker_);
+      if (!compute_) state.comm_done[event.iteration] = sg4::Engine::get_clock();
       std::unique_lock lock(*state.mutex);
       state.signalled.insert(event);
       state.changed->notify_all();
@@ -292,7 +295,7 @@ class Simulation {
       state.iteration = t;
       thread.flush();  // one SimGrid activity per iteration boundary: the iteration's start is exact
       if (t == skip_) state.window_start = sg4::Engine::get_clock();
-      if (t == total_ - 1) state.last_start = sg4::Engine::get_clock();
+      if (t >= skip_) state.starts.push_back(sg4::Engine::get_clock());
       method.begin_iteration(t, thread);
       thread.compute(profile_.data_seconds, "data");
       for (std::size_t s = 0; s < layers; ++s) {
@@ -307,6 +310,7 @@ class Simulation {
     }
     thread.flush();
     state.window_end = sg4::Engine::get_clock();
+    state.starts.push_back(state.window_end);
   }
 
   // Returns the collective's sequence number (its tag's).
@@ -364,7 +368,7 @@ class Simulation {
   LinearCost planning_cost() const { return allreduce_cost(collectives_.algorithm, options_.workers, collectives_.link); }
 
   nlohmann::json summarize(const std::string& schedule) const {
-    double iteration = 0, compute = 0, allreduce_time = 0, last = 0;
+    double compute = 0, allreduce_time = 0;
     SimulatedStages stages;
     const double per_iteration = 1.0 / static_cast<double>(options_.iterations);
     for (const Worker& state : workers_) {
@@ -373,14 +377,11 @@ class Simulation {
       stages.backward += state.stages.backward * per_iteration;
       stages.update += state.stages.update * per_iteration;
       stages.compensation += state.stages.compensation * per_iteration;
-      iteration += (state.window_end - state.window_start) / static_cast<double>(options_.iterations);
-      last += state.window_end - state.last_start;
       compute += state.compute_seconds / static_cast<double>(options_.iterations);
       allreduce_time += state.allreduce_seconds / static_cast<double>(options_.iterations);
     }
     const double n = static_cast<double>(options_.workers);
-    iteration /= n;
-    last /= n;
+    const auto [iteration, steady] = steady_iteration();
     compute /= n;
     allreduce_time /= n;
     nlohmann::json result;
@@ -413,8 +414,47 @@ class Simulation {
       }
       result["trace_events"] = std::move(events);
     }
-    result["steady"] = options_.compute_jitter > 0 || std::abs(last - iteration) <= 1e-9 * std::max(iteration, 1e-12);
+    result["steady"] = steady;
     return result;
+  }
+
+  // The iteration time of the measured window, averaged over the workers, and whether the window is
+  // in the steady state: at least its second half repeats with some period q <= 8 (pipelines can
+  // settle into a cycle of a few iterations; a pipeline still filling does not repeat). The mean is
+  // then taken over whole periods of that periodic end, which is exact. With jitter nothing repeats:
+  // the whole window's mean.
+  std::pair<double, bool> steady_iteration() const {
+    const std::size_t n = static_cast<std::size_t>(options_.iterations);
+    // Per measured iteration, averaged over the workers: its duration on the compute thread and,
+    // for methods with a comm thread, how long after its start the comm thread last signalled it
+    // (a pipeline still filling shows as a growing lag even while the compute thread runs freely).
+    std::vector<double> durations(n, 0.0), lags(n, 0.0);
+    for (const Worker& state : workers_) {
+      PIPESGD_ASSERT(state.starts.size() == n + 1);
+      for (std::size_t i = 0; i < n; ++i) {
+        durations[i] += (state.starts[i + 1] - state.starts[i]) / options_.workers;
+        const auto done = state.comm_done.find(skip_ + static_cast<std::int64_t>(i));
+        if (done != state.comm_done.end()) lags[i] += (done->second - state.starts[i]) / options_.workers;
+      }
+    }
+    const double mean = std::accumulate(durations.begin(), durations.end(), 0.0) / static_cast<double>(n);
+    if (options_.compute_jitter > 0) return {mean, true};
+    const double tolerance = 1e-9 * std::max(mean, 1e-12);
+    auto same = [&](std::size_t i, std::size_t j) {
+      return std::abs(durations[i] - durations[j]) <= tolerance && std::abs(lags[i] - lags[j]) <= tolerance;
+    };
+    for (std::size_t q = 1; q <= std::min<std::size_t>(8, n / 2); ++q) {
+      // The longest suffix of the window that repeats with period q; steady if it is at least half of it.
+      std::size_t begin = n;
+      while (begin > q && same(begin - 1, begin - 1 - q)) --begin;
+      const std::size_t periodic = n - (begin - q);  // iterations [begin - q, n)
+      if (begin == n || periodic < std::max(2 * q, (n + 1) / 2)) continue;
+      const std::size_t whole = periodic / q * q;
+      return {std::accumulate(durations.end() - static_cast<std::ptrdiff_t>(whole), durations.end(), 0.0) /
+                  static_cast<double>(whole),
+              true};
+    }
+    return {mean, false};
   }
 
   const MethodSelection& selection_;

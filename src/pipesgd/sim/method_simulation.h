@@ -90,7 +90,9 @@ MethodSimulationResult simulate_method(const MethodSelection& selection, const M
 struct SimulationJob {
   MethodSelection selection;
   MethodSimulationOptions options;
+  std::string label;  // how reports name it (e.g. "pipe --staleness-k 3"); empty: the spec
 };
+inline const std::string& job_label(const SimulationJob& job) { return job.label.empty() ? job.selection.spec : job.label; }
 std::vector<MethodSimulationResult> simulate_methods(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
                                                      int parallel,
                                                      const std::function<void(std::size_t index)>& progress = {});

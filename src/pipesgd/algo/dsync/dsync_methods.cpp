@@ -64,6 +64,7 @@ MethodDescriptor fixed_plan_method(std::string name, std::string plan, std::stri
   method.parse = [plan](const OptionValues& given) { return parse_dsync_options(given, plan); };
   method.make = [](const MethodContext& context) { return std::make_unique<BucketedDSync>(context); };
   method.simulate = simulate_dsync;
+  method.advise = [name](int) { return std::vector<AdvisedVariant>{{name, {}, ""}}; };
   method.spec_hint = [name, plan](std::string_view part) -> std::string {
     if (!is_bucket_plan_name(part)) return "";
     return concat("method '", name, "' is dsync with the ", plan, " plan; for the ", part, " plan use dsync+", part);
@@ -90,6 +91,9 @@ MethodDescriptor dsync_method() {
   method.parse = [](const OptionValues& given) { return parse_dsync_options(given, ""); };
   method.make = make_dsync;
   method.simulate = simulate_dsync;
+  method.advise = [](int) {
+    return std::vector<AdvisedVariant>{{"dsync", {}, ""}, {"dsync+optimal", {}, ""}, {"dsync+fixed:25", {}, ""}};
+  };
   method.tables = {layer_wise_table()};
   return method;
 }

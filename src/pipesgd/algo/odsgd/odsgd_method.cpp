@@ -62,6 +62,15 @@ MethodDescriptor odsgd_method() {
   method.parse = parse_odsgd_options;
   method.make = [](const MethodContext& context) { return std::make_unique<OneStepDelaySgd>(context); };
   method.simulate = simulate_od_sgd;
+  method.advise = [](int workers) {
+    std::vector<AdvisedVariant> variants;
+    for (int servers = 1; servers <= std::max(1, workers / 2) && servers <= 8; servers *= 2) {
+      variants.push_back({"odsgd", {{"--servers", std::to_string(servers)}},
+                          "one-step delay: each worker trains on the global weights of the previous iteration plus its "
+                          "own local update (OD-SGD Sec. 4: accuracy of synchronous SGD in its runs)"});
+    }
+    return variants;
+  };
   method.serve = [](const MethodOptions& options, const CommonOptions& common, int workers) {
     return serve_options(options_as<OdSgdOptions>(options), common.timeout, workers);
   };

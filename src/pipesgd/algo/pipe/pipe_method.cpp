@@ -36,6 +36,20 @@ MethodDescriptor pipe_method() {
   };
   method.make = [](const MethodContext& context) { return std::make_unique<PipeSgd>(context); };
   method.simulate = simulate_pipe;
+  method.advise = [](int) {
+    std::vector<AdvisedVariant> variants;
+    for (int k : {2, 3, 4}) {
+      variants.push_back({"pipe", {{"--staleness-k", std::to_string(k)}},
+                          k == 2 ? "staleness: each update applies a gradient 1 iteration stale (Pipe-SGD Sec. 4: "
+                                   "with K = 2 only AlexNet lost top-1 accuracy, 0.005, against D-Sync, after a D-Sync "
+                                   "warm-up of 4 epochs for AlexNet and ResNet; ours: pipe+int8 85.08% vs dsync 85.28% "
+                                   "after 3 epochs, docs/results.md)"
+                                 : concat("staleness: each update applies a gradient ", k - 1,
+                                          " iterations stale (the papers evaluate K = 2 only: expect more accuracy loss, "
+                                          "more so with momentum)")});
+    }
+    return variants;
+  };
   return method;
 }
 

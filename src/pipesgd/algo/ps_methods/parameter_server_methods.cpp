@@ -37,6 +37,19 @@ MethodDescriptor server_method(std::string name, std::string summary, ServerMode
   };
   method.make = [](const MethodContext& context) { return std::make_unique<ParameterServerMethod>(context); };
   method.simulate = simulate_parameter_server;
+  method.advise = [mode, name = method.name](int workers) {
+    std::vector<AdvisedVariant> variants;
+    for (int servers = 1; servers <= std::max(1, workers / 2) && servers <= 8; servers *= 2) {
+      const std::string cost =
+          mode == ServerMode::kSynchronous
+              ? ""
+              : concat("asynchronous: each push is applied on weights up to M - 1 updates newer than those it was "
+                       "computed on", name == "dcasgd" ? ", compensated (DC-ASGD)" : "",
+                       "; OD-SGD Sec. 4 reports lower accuracy than synchronous SGD as workers grow");
+      variants.push_back({name, {{"--servers", std::to_string(servers)}}, cost});
+    }
+    return variants;
+  };
   method.serve = [](const MethodOptions& options, const CommonOptions& common, int workers) {
     return serve_options(options_as<ParameterServerOptions>(options), common.timeout, workers);
   };

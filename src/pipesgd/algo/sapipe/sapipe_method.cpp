@@ -101,6 +101,12 @@ MethodDescriptor sapipe_method(const std::string& baseline) {
   method.parse = parse_sapipe_options;
   method.make = [](const MethodContext& context) { return std::make_unique<SaPipe>(context); };
   method.simulate = simulate_sapipe;
+  method.advise = [](int) {
+    return std::vector<AdvisedVariant>{
+        {"sapipe", {},
+         "partial staleness: the first k layers update with 1-step-stale gradients, compensated by weight prediction "
+         "(wp3); SAPipe Sec. 5 reports accuracy within noise of synchronous training"}};
+  };
   method.tables = {sapipe_table(baseline)};
   return method;
 }

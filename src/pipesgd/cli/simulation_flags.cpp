@@ -1,0 +1,122 @@
+#include "pipesgd/cli/simulation_flags.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <thread>
+
+#include "pipesgd/comm/network_spec.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/timing/allreduce_cost_model.h"
+
+namespace pipesgd {
+namespace {
+
+// "10%" or "0.1" -> 0.1. Throws UsageError naming --compute-jitter.
+double parse_jitter(const std::string& text) {
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  const std::string rest(end ? end : "");
+  if (rest == "%") value /= 100;
+  if (end == text.c_str() || (!rest.empty() && rest != "%") || !std::isfinite(value) || value < 0 || value > 100) {
+    throw UsageError(concat("--compute-jitter '", text, "': expected a fraction >= 0 or a percentage, e.g. 0.1 or 10%"));
+  }
+  return value;
+}
+
+// The simulated NICs: --net, or the link a calibration measured (its alpha and beta).
+NetworkSpec simulated_link(const SimulationFlags& flags) {
+  if (flags.calibration_file.empty()) {
+    const NetworkSpec link = parse_network_spec(flags.network, "--net");
+    if (!(link.bits_per_second > 0)) {
+      throw UsageError(concat("--net ", flags.network, ": the simulator needs a bandwidth (e.g. 10gbe or bw=10Gbit,lat=20us)"));
+    }
+    return link;
+  }
+  const Calibration calibration = load_calibration(flags.calibration_file);
+  if (!(calibration.link.beta > 0)) {
+    throw DataError(concat("calibration file '", flags.calibration_file, "' has no bandwidth (beta 0)"));
+  }
+  NetworkSpec link;
+  link.bits_per_second = 8.0 / calibration.link.beta;
+  link.latency_seconds = calibration.link.alpha;
+  link.name = concat("calibration ", flags.calibration_file);
+  return link;
+}
+
+}  // namespace
+
+void add_simulation_flags(CLI::App& command, SimulationFlags& flags, bool calibration_flag) {
+  command.add_option("--profile", flags.profile, "Model profile JSON: `pipesgd profile`'s or profiles/*.json (required)");
+  command.add_option("--net", flags.network, "Each worker's NIC: 1gbe, 10gbe, 25gbe, 100gbe or bw=10Gbit,lat=20us")
+      ->capture_default_str();
+  if (calibration_flag) {
+    command.add_option("--calibration", flags.calibration_file,
+                       "Instead of --net: the link (latency, bandwidth) a `pipesgd calibrate` file measured");
+  }
+  command.add_option("--network-model", flags.network_model,
+                     "ideal (latency + bytes/bandwidth exactly, the papers' alpha-beta model) or simgrid (SimGrid's "
+                     "TCP-validated LV08 model: latency x 13.01, bandwidth x 0.97, cross-traffic)")
+      ->capture_default_str();
+  command.add_option("--topology", flags.topology,
+                     "flat (one switch) or fat-tree:LEVELS;DOWN,..;UP,..;COUNT,.. in SimGrid's notation, e.g. "
+                     "fat-tree:2;16,4;1,4;1,1 (16 hosts per leaf switch on 4 uplinks)")
+      ->capture_default_str();
+  command.add_option("--iters", flags.iterations, "Measured iterations per simulation (after the pipeline fills)")
+      ->capture_default_str();
+  command.add_option("--compute-scale", flags.compute_scale,
+                     "Multiply the profile's compute times (0.1: a device 10x as fast as the profiled one)")
+      ->capture_default_str();
+  command.add_option("--compute-jitter", flags.compute_jitter,
+                     "Stragglers: each worker's compute in each iteration takes up to this much longer (e.g. 10%)")
+      ->capture_default_str();
+  command.add_flag("--comm-shares-core", flags.comm_shares_core,
+                   "The comm thread's CPU work (codecs, reduction) competes with compute on one core (CPU workers); "
+                   "by default it has its own core (an accelerator computes)");
+  command.add_option("--collectives", flags.collectives,
+                     concat("messages (the runtime's allreduce, message by message), model (MG-WFBP Table II's time) "
+                            "or auto (messages up to ", kMessageLevelWorkers, " workers)"))
+      ->capture_default_str();
+  command.add_option("--seed", flags.seed, "Seed of --compute-jitter")->capture_default_str();
+  command.add_flag("--quiet", flags.quiet, "No progress output");
+}
+
+ModelProfile load_simulated_profile(const SimulationFlags& flags) {
+  if (flags.profile.empty()) {
+    throw UsageError("--profile FILE is required (a profile of `pipesgd profile` or profiles/*.json)");
+  }
+  const ModelProfile profile = load_model_profile(flags.profile);
+  return flags.compute_scale == 1 ? profile : scale_compute(profile, flags.compute_scale);
+}
+
+MethodSimulationOptions simulation_options(const SimulationFlags& flags) {
+  if (flags.iterations < 1) throw UsageError(concat("--iters must be at least 1, got ", flags.iterations));
+  MethodSimulationOptions options;
+  options.link = simulated_link(flags);
+  options.model = parse_sim_network_model(flags.network_model, "--network-model");
+  options.topology = parse_sim_topology(flags.topology);
+  options.iterations = flags.iterations;
+  options.compute_jitter = parse_jitter(flags.compute_jitter);
+  options.seed = static_cast<std::uint64_t>(flags.seed);
+  options.comm_shares_core = flags.comm_shares_core;
+  options.collectives = parse_collective_simulation(flags.collectives);
+  return options;
+}
+
+std::string describe_simulation(const ModelProfile& profile, const MethodSimulationOptions& options) {
+  return concat(profile.model, " (", profile.layers.size(), " layers, ", profile.parameters(), " parameters, batch ",
+                profile.batch, ") on ", describe(options.link), ", ", sim_network_model_name(options.model),
+                " network model, topology ", options.topology.text);
+}
+
+std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
+                                                        bool quiet) {
+  const int parallel = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return simulate_methods(jobs, profile, parallel, [&](std::size_t i) {
+    if (quiet) return;
+    std::cerr << "[" << i + 1 << "/" << jobs.size() << "] " << job_label(jobs[i]);
+    std::cerr << ", " << jobs[i].options.workers << (jobs[i].options.workers == 1 ? " worker" : " workers") << std::endl;
+  });
+}
+
+}  // namespace pipesgd

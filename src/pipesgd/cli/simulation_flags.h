@@ -1,0 +1,45 @@
+#pragma once
+// The flags `simulate` and `advise` share: the profile, the simulated cluster and how it is
+// simulated (src/pipesgd/sim/method_simulation.h).
+#include <CLI/CLI.hpp>
+
+#include <map>
+#include <string>
+
+#include "pipesgd/sim/method_simulation.h"
+#include "pipesgd/timing/model_profile.h"
+
+namespace pipesgd {
+
+struct SimulationFlags {
+  std::string profile;
+  std::string network = "10gbe";
+  std::string calibration_file;
+  std::string network_model = "simgrid";
+  std::string topology = "flat";
+  std::int64_t iterations = 20;
+  double compute_scale = 1;
+  std::string compute_jitter = "0";
+  bool comm_shares_core = false;
+  std::string collectives = "auto";
+  std::int64_t seed = 1;
+  bool quiet = false;
+};
+
+// `calibration_flag`: add --calibration (commands that also take every method option have it
+// already, as the methods' cost model: they copy its value into flags.calibration_file).
+void add_simulation_flags(CLI::App& command, SimulationFlags& flags, bool calibration_flag);
+
+// The profile (--profile, scaled by --compute-scale). Throws UsageError without --profile,
+// DataError for a bad file.
+ModelProfile load_simulated_profile(const SimulationFlags& flags);
+// Every option but the world size. Throws UsageError naming the flag.
+MethodSimulationOptions simulation_options(const SimulationFlags& flags);
+// "resnet50 (107 layers, 25557032 parameters, batch 32) on 10 Gbit/s, 20 us latency, simgrid network
+// model, topology flat".
+std::string describe_simulation(const ModelProfile& profile, const MethodSimulationOptions& options);
+// Runs `jobs` two (the cores) at a time, with a progress line per job on stderr unless quiet.
+std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
+                                                        bool quiet);
+
+}  // namespace pipesgd
