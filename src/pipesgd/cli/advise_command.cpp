@@ -2,6 +2,7 @@
 // times the codecs) by simulated throughput at one world size, marks what each trades in accuracy,
 // and prints the recommendation with the command line that runs it.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -53,7 +54,7 @@ struct Candidate {
 std::vector<Candidate> candidates(const AdviseFlags& flags, const MethodSimulationOptions& base) {
   const std::vector<std::string> codecs = split_list(flags.codecs);
   for (const std::string& codec : codecs) make_codec(codec);  // UsageError for an unknown one
-  std::vector<std::string> methods = split_list(flags.methods);
+  const std::vector<std::string> methods = flags.methods.empty() ? std::vector<std::string>{} : split_list(flags.methods);
   for (const std::string& name : methods) {
     if (!find_method(name)) throw UsageError(concat("--methods: unknown method '", name, "' (known: ", join(method_names()), ")"));
   }
@@ -79,6 +80,7 @@ std::vector<Candidate> candidates(const AdviseFlags& flags, const MethodSimulati
     }
   }
   if (result.empty()) throw UsageError("--methods: no method to advise on");
+  for (const Candidate& candidate : result) check_fits_topology(candidate.job);
   return result;
 }
 
@@ -105,8 +107,12 @@ int run_advise(const AdviseFlags& flags) {
 
   std::vector<std::size_t> order(all.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // By throughput; configurations as fast (to a relative 1e-9) keep the one that trades less, then
+  // the registry's order (e.g. K = 2 before K = 3).
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return results[a].samples_per_second > results[b].samples_per_second;
+    const double x = results[a].samples_per_second, y = results[b].samples_per_second;
+    if (std::abs(x - y) > 1e-9 * std::max(x, y)) return x > y;
+    return all[a].costs.size() < all[b].costs.size();
   });
   // The baseline: plain D-Sync, the first candidate of the registry's first method.
   const double baseline = results.front().samples_per_second;

@@ -64,6 +64,7 @@ nlohmann::json record_json(const SimulationJob& job, const MethodSimulationResul
           {"allreduce", r.allreduce},
           {"collectives", r.collectives},
           {"measured_iterations", r.measured_iterations},
+          {"periodic", r.periodic},
           {"simulated", true},
           {"profile", profile.model},
           {"batch", profile.batch}};
@@ -120,6 +121,7 @@ int run_simulate(const SimulateFlags& flags) {
       jobs.push_back({selection, options});
     }
   }
+  for (const SimulationJob& job : jobs) check_fits_topology(job);
   if (!flags.trace.empty() && !std::any_of(jobs.begin(), jobs.end(), [](const SimulationJob& job) { return job.options.trace; })) {
     throw UsageError(concat("--trace records world sizes up to ", kMaxTracedWorkers, " workers: add one to --workers"));
   }

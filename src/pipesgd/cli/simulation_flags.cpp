@@ -109,6 +109,15 @@ std::string describe_simulation(const ModelProfile& profile, const MethodSimulat
                 " network model, topology ", options.topology.text);
 }
 
+void check_fits_topology(const SimulationJob& job) {
+  const SimTopology& topology = job.options.topology;
+  const std::size_t hosts = static_cast<std::size_t>(job.options.workers + job.selection.options->servers());
+  if (topology.fat_tree && topology.leaves() < hosts) {
+    throw UsageError(concat("--topology ", topology.text, " holds ", topology.leaves(), " hosts, fewer than the ", hosts,
+                            " of ", job_label(job), " at ", job.options.workers, " workers"));
+  }
+}
+
 std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
                                                         bool quiet) {
   const int parallel = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -15,7 +15,7 @@ struct SimulationFlags {
   std::string profile;
   std::string network = "10gbe";
   std::string calibration_file;
-  std::string network_model = "simgrid";
+  std::string network_model = "ideal";
   std::string topology = "flat";
   std::int64_t iterations = 20;
   double compute_scale = 1;
@@ -38,6 +38,9 @@ MethodSimulationOptions simulation_options(const SimulationFlags& flags);
 // "resnet50 (107 layers, 25557032 parameters, batch 32) on 10 Gbit/s, 20 us latency, simgrid network
 // model, topology flat".
 std::string describe_simulation(const ModelProfile& profile, const MethodSimulationOptions& options);
+// Throws UsageError if the job's workers and servers do not fit its fat-tree (checked before any
+// simulation runs).
+void check_fits_topology(const SimulationJob& job);
 // Runs `jobs` two (the cores) at a time, with a progress line per job on stderr unless quiet.
 std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
                                                         bool quiet);

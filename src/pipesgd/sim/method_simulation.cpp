@@ -520,19 +520,21 @@ MethodSimulationResult simulate_method(const MethodSelection& selection, const M
   const WarmUp warmup = selection.options->warmup();
   const std::int64_t warmup_iterations = std::min<std::int64_t>(2, warmup.iterations + warmup.epochs);
   // A pipeline whose communication and computation nearly balance takes many iterations to reach
-  // its steady state: the run is repeated with a longer lead-in until the measured iterations are
-  // periodic (at most kMaxLeadIn iterations before them).
-  constexpr std::int64_t kMaxLeadIn = 4096;
+  // its steady state: the run is repeated (at most twice) with a longer lead-in until the measured
+  // iterations repeat. Some schedules never repeat within 8 iterations (asynchronous servers serve
+  // the workers in a rotating order): the last run's mean is taken then, over a longer window.
   std::int64_t skip = warmup_iterations + selection.options->staleness() + 2;
+  MethodSimulationOptions run_options = options;
   nlohmann::json r;
-  for (;;) {
+  for (int attempt = 0;; ++attempt) {
     const std::string text = run_isolated(concat("simulating ", selection.spec), [&] {
-      Simulation simulation(selection, profile, options, collectives, warmup_iterations, skip);
+      Simulation simulation(selection, profile, run_options, collectives, warmup_iterations, skip);
       return simulation.run();
     });
     r = nlohmann::json::parse(text);
-    if (r.at("steady").get<bool>() || skip >= kMaxLeadIn) break;
-    skip = std::min(kMaxLeadIn, 4 * skip + options.iterations);
+    if (r.at("steady").get<bool>() || attempt == 2) break;
+    skip = 4 * skip + run_options.iterations;
+    run_options.iterations = std::max<std::int64_t>(run_options.iterations, 32);
   }
   MethodSimulationResult result;
   result.schedule = r.at("schedule").get<std::string>();
@@ -544,6 +546,7 @@ MethodSimulationResult simulate_method(const MethodSelection& selection, const M
   result.allreduce_seconds = r.at("allreduce_seconds").get<double>();
   result.samples_per_second = r.at("samples_per_second").get<double>();
   result.measured_iterations = r.at("measured_iterations").get<std::int64_t>();
+  result.periodic = r.at("steady").get<bool>();
   if (r.contains("trace_events")) result.trace_events = r.at("trace_events");
   const nlohmann::json& stages = r.at("stages");
   result.stages = {stages.at("data_s").get<double>(),   stages.at("forward_s").get<double>(),

@@ -71,6 +71,9 @@ struct MethodSimulationResult {
   SimulatedStages stages;
   double samples_per_second = 0;   // workers x batch / iteration
   std::int64_t measured_iterations = 0;
+  // The measured iterations repeat with a period of at most 8 (the figure is then exact); false for
+  // schedules that do not settle (e.g. asynchronous servers): a longer window's mean.
+  bool periodic = true;
   // With MethodSimulationOptions::trace: Chrome trace events (the "traceEvents" of the format
   // Perfetto and chrome://tracing open), pid = worker (then the servers), tid 0 compute, 1 comm;
   // spans of compute (by stage), wait, allreduce (elements, bytes, algorithm, codec, tag) and pull;
