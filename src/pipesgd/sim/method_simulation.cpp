@@ -11,6 +11,7 @@
 #include <numeric>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "pipesgd/collective/allreduce_factory.h"
@@ -80,15 +81,19 @@ class Simulation {
                                     warmup_iterations_, planning_cost()};
     const int servers = selection_.descriptor->simulate(context)->servers();
     servers_ = servers;
+    // Without jitter, servers or messages, every worker's timeline is the same as every other's
+    // (the modelled collectives treat them alike): one worker stands for all, which keeps large
+    // worlds fast. The collectives' time is still that of the whole world.
+    simulated_ = !collectives_.messages && options_.compute_jitter == 0 && servers == 0 ? 1 : options_.workers;
     SimPlatformSpec platform;
-    platform.hosts = options_.workers + servers;
+    platform.hosts = simulated_ + servers;
     platform.link = options_.link;
     platform.model = options_.model;
     platform.topology = options_.topology;
     platform.cores_per_host = options_.comm_shares_core ? 1 : 2;
     const std::vector<sg4::Host*> hosts = build_platform(engine, platform);
     std::string schedule;
-    for (int w = 0; w < options_.workers; ++w) {
+    for (int w = 0; w < simulated_; ++w) {
       Worker& worker = workers_[static_cast<std::size_t>(w)];
       worker.method = selection_.descriptor->simulate(context);
       if (w == 0) schedule = worker.method->describe();
@@ -109,15 +114,15 @@ class Simulation {
     for (int server = 0; server < servers; ++server) {
       server_methods_.push_back(selection_.descriptor->simulate(context));
       sg4::ActorPtr actor = sg4::Actor::create(
-          concat("server", server), hosts[static_cast<std::size_t>(options_.workers + server)], [this, server] {
-            guarded(options_.workers + server, [&] {
+          concat("server", server), hosts[static_cast<std::size_t>(simulated_ + server)], [this, server] {
+            guarded(simulated_ + server, [&] {
               Server thread(*this, server);
               server_methods_[static_cast<std::size_t>(server)]->run_server(server, total_, thread);
             });
           });
       request_mailbox(server)->set_receiver(actor);
     }
-    for (int w = 0; w < options_.workers; ++w) {
+    for (int w = 0; w < simulated_; ++w) {
       for (int server = 0; server < servers; ++server) reply_mailbox(server, w)->set_receiver(receivers_[static_cast<std::size_t>(w)]);
     }
     engine.run();
@@ -236,7 +241,7 @@ class Simulation {
     void compute(double seconds, const char* what) override {
       const double start = sg4::Engine::get_clock();
       simulate_cpu_work(seconds);
-      if (simulation_.tracing() && seconds > 0) simulation_.span(simulation_.options_.workers + server_, 0, what, start, {});
+      if (simulation_.tracing() && seconds > 0) simulation_.span(simulation_.simulated_ + server_, 0, what, start, {});
     }
     ServerRequest receive() override {
       const std::unique_ptr<ServerRequest> request(simulation_.request_mailbox(server_)->get<ServerRequest>());
@@ -257,6 +262,9 @@ class Simulation {
   }
 
   Worker& worker(int w) { return workers_[static_cast<std::size_t>(w)]; }
+  std::span<const Worker> simulated_workers() const {
+    return std::span<const Worker>(workers_.data(), static_cast<std::size_t>(simulated_));
+  }
 
   // The stage a compute span of the schedule or the trainer belongs to.
   static double& stage(SimulatedStages& stages, const char* what) {
@@ -329,7 +337,7 @@ class Simulation {
                                  collective_tag(Channel::kGradients, sequence));
     } else {
       auto& barrier = barriers_[sequence];
-      if (!barrier) barrier = sg4::Barrier::create(static_cast<unsigned>(options_.workers));
+      if (!barrier) barrier = sg4::Barrier::create(static_cast<unsigned>(simulated_));
       barrier->wait();
       const double seconds = modelled_seconds(elements);
       if (seconds > 0) sg4::this_actor::sleep_for(seconds);
@@ -371,7 +379,7 @@ class Simulation {
     double compute = 0, allreduce_time = 0;
     SimulatedStages stages;
     const double per_iteration = 1.0 / static_cast<double>(options_.iterations);
-    for (const Worker& state : workers_) {
+    for (const Worker& state : simulated_workers()) {
       stages.data += state.stages.data * per_iteration;
       stages.forward += state.stages.forward * per_iteration;
       stages.backward += state.stages.backward * per_iteration;
@@ -380,7 +388,7 @@ class Simulation {
       compute += state.compute_seconds / static_cast<double>(options_.iterations);
       allreduce_time += state.allreduce_seconds / static_cast<double>(options_.iterations);
     }
-    const double n = static_cast<double>(options_.workers);
+    const double n = static_cast<double>(simulated_);
     const auto [iteration, steady] = steady_iteration();
     compute /= n;
     allreduce_time /= n;
@@ -392,7 +400,7 @@ class Simulation {
     result["compute_seconds"] = compute;
     result["exposed_seconds"] = std::max(0.0, iteration - compute);
     result["allreduce_seconds"] = allreduce_time;
-    result["samples_per_second"] = iteration > 0 ? n * profile_.batch / iteration : 0.0;
+    result["samples_per_second"] = iteration > 0 ? options_.workers * profile_.batch / iteration : 0.0;
     result["stages"] = {{"data_s", stages.data / n},       {"forward_s", stages.forward / n},
                         {"backward_s", stages.backward / n}, {"update_s", stages.update / n},
                         {"compensation_s", stages.compensation / n}, {"wait_s", std::max(0.0, iteration - compute)},
@@ -402,10 +410,10 @@ class Simulation {
     // of the steady state takes the same time; before it, a pipeline is still filling or draining).
     if (tracing()) {
       nlohmann::json events = trace_;
-      for (int w = 0; w < options_.workers + servers_; ++w) {
-        const bool server = w >= options_.workers;
+      for (int w = 0; w < simulated_ + servers_; ++w) {
+        const bool server = w >= simulated_;
         events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", w},
-                          {"args", {{"name", server ? concat("server ", w - options_.workers) : concat("worker ", w)}}}});
+                          {"args", {{"name", server ? concat("server ", w - simulated_) : concat("worker ", w)}}}});
         events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", w}, {"tid", 0},
                           {"args", {{"name", server ? "serve" : "compute"}}}});
         if (!server) {
@@ -429,12 +437,12 @@ class Simulation {
     // for methods with a comm thread, how long after its start the comm thread last signalled it
     // (a pipeline still filling shows as a growing lag even while the compute thread runs freely).
     std::vector<double> durations(n, 0.0), lags(n, 0.0);
-    for (const Worker& state : workers_) {
+    for (const Worker& state : simulated_workers()) {
       PIPESGD_ASSERT(state.starts.size() == n + 1);
       for (std::size_t i = 0; i < n; ++i) {
-        durations[i] += (state.starts[i + 1] - state.starts[i]) / options_.workers;
+        durations[i] += (state.starts[i + 1] - state.starts[i]) / simulated_;
         const auto done = state.comm_done.find(skip_ + static_cast<std::int64_t>(i));
-        if (done != state.comm_done.end()) lags[i] += (done->second - state.starts[i]) / options_.workers;
+        if (done != state.comm_done.end()) lags[i] += (done->second - state.starts[i]) / simulated_;
       }
     }
     const double mean = std::accumulate(durations.begin(), durations.end(), 0.0) / static_cast<double>(n);
@@ -475,6 +483,7 @@ class Simulation {
   std::exception_ptr failure_;
   bool failed_ = false;
   int servers_ = 0;
+  int simulated_ = 0;  // the workers simulated as hosts (1 stands for all when they are alike)
 };
 
 void validate(const MethodSelection& selection, const ModelProfile& profile, const MethodSimulationOptions& options) {

@@ -32,8 +32,8 @@ class SimulatedSapipe final : public SimulatedMethod {
 
   explicit SimulatedSapipe(const SimulationContext& context)
       : options_(options_as<SapipeOptions>(context.options)),
-        partition_(layout_of(context.profile), bytes_per_element(context.common.codec), options_.sync_plan,
-                   context.allreduce_cost),
+        layout_(layout_of(context.profile)),
+        partition_(layout_, bytes_per_element(context.common.codec), options_.sync_plan, context.allreduce_cost),
         total_(context.profile.parameters()), update_seconds_(context.profile.update_seconds),
         warmup_(context.warmup_iterations) {
     StalenessProfile profile;
@@ -120,6 +120,7 @@ class SimulatedSapipe final : public SimulatedMethod {
   }
 
   const SapipeOptions& options_;
+  const Layout layout_;  // the partition keeps a reference to it
   SapipePartition partition_;
   std::size_t total_;
   double update_seconds_;
