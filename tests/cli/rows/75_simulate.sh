@@ -96,7 +96,8 @@ pycheck "advise/json" "$R/advise/advise.json" <<'PY'
 import json, sys
 records = json.load(open(sys.argv[1]))
 speeds = [r["throughput_samples_per_s"] for r in records]
-assert speeds == sorted(speeds, reverse=True), speeds
+# By throughput; equal ones (to a relative 1e-9) in any order (advise puts the one that trades less first).
+assert all(a >= b * (1 - 1e-9) for a, b in zip(speeds, speeds[1:])), speeds
 assert [r["rank"] for r in records] == list(range(1, len(records) + 1))
 configurations = {r["configuration"] for r in records}
 for expected in ("dsync", "dsync+int8", "pipe --staleness-k 2", "pipe+bf16 --staleness-k 3", "mgwfbp", "sapipe",
