@@ -7,10 +7,10 @@
 #   bash scripts/validate-simulator.sh [--models mlp,cnn,resnet] [--workers 2] [--iters N]
 #                                      [--net 10gbe] [--algos LIST] [BUILD_DIR=build]
 #
-# On this 2-core machine a worker's comm thread shares a core with compute threads, so the
-# simulation runs with --comm-shares-core (the codecs' CPU work competes with compute). With more
-# workers than cores the compute threads also share the cores: --compute-scale W/cores models that
-# (each of W workers gets cores/W of a core); the script says which scale it used.
+# The profile is measured with --workers W (W replicas computing at once, as the run's workers do on
+# this machine's cores: with more workers than cores each replica is slower by about W/cores, which
+# is how the sharing is modelled). A worker's comm thread shares a core with compute threads, so the
+# simulation runs with --comm-shares-core (the codecs' CPU work competes with compute).
 # Prints per model and method: measured and simulated iteration (ms) and the simulation's error
 # (simulated / measured - 1). Exit 0 when every run succeeded (it measures; the reader judges).
 set -euo pipefail
@@ -34,18 +34,18 @@ done
 BIN=$BUILD/pipesgd
 [ -x "$BIN" ] || { echo "validate-simulator: $BIN not found (bash scripts/build.sh first)" >&2; exit 2; }
 CORES=$(nproc)
-SCALE=$(python3 -c "print(max(1.0, $WORKERS / $CORES))")
 OUT=${VALIDATE_OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
-echo "validate-simulator: models $MODELS, $WORKERS workers on $CORES cores (--compute-scale $SCALE), --net $NET," \
+echo "validate-simulator: models $MODELS, $WORKERS workers on $CORES cores (profiled $WORKERS at once), --net $NET," \
      "$ITERS iterations, methods $ALGOS; files in $OUT; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 IFS=, read -r -a models <<<"$MODELS"
 for model in "${models[@]}"; do
-  "$BIN" profile --model "$model" --iters 30 --quiet --out "$OUT/$model-profile.json" >/dev/null
+  # Measured as the run computes: WORKERS replicas at once on this machine's cores.
+  "$BIN" profile --model "$model" --workers "$WORKERS" --iters 30 --quiet --out "$OUT/$model-profile.json" >/dev/null
   "$BIN" compare --model "$model" --workers "$WORKERS" --net "$NET" --algos "$ALGOS" --iters "$ITERS" --no-eval \
     --quiet --out "$OUT/$model-measured" >"$OUT/$model-measured.txt"
   "$BIN" simulate --profile "$OUT/$model-profile.json" --workers "$WORKERS" --net "$NET" --network-model ideal \
-    --comm-shares-core --compute-scale "$SCALE" --algos "$ALGOS" --quiet --out "$OUT/$model-simulated" \
+    --comm-shares-core --algos "$ALGOS" --quiet --out "$OUT/$model-simulated" \
     >"$OUT/$model-simulated.txt"
 done
 python3 - "$OUT" "$MODELS" "$WORKERS" <<'PY'

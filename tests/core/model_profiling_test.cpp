@@ -117,6 +117,31 @@ TEST(ModelProfiling, ModelWithoutReportsIsSplitAndSaysSo) {
   EXPECT_NE(source.find("by parameter count"), std::string::npos) << source;
 }
 
+TEST(ModelProfiling, ReplicasAtOnceAreAveragedAndSaySo) {
+  const DataSplits data = small_data();
+  SoftmaxRegression first(784, 10, 1), second(784, 10, 1), third(784, 10, 1);
+  std::int64_t calls = 0;
+  ProfilingOptions options = small_options();
+  options.progress = [&](const std::string&, std::int64_t, std::int64_t) { ++calls; };  // replica 0's only
+  const MeasuredProfile measured = measure_concurrent_profile({&first, &second, &third}, data.train, options);
+  EXPECT_EQ(measured.replicas, 3);
+  EXPECT_EQ(calls, 7 + 1);  // 2 warm-up + 5 measured iterations, then "codecs": once, not three times
+  const ModelProfile& profile = measured.profile;
+  ASSERT_EQ(profile.layers.size(), first.layout().segment_count());
+  for (std::size_t l = 0; l < profile.layers.size(); ++l) {
+    EXPECT_EQ(profile.layers[l].parameters, first.layout().segment(l).count);
+    EXPECT_GT(profile.layers[l].backward_seconds, 0);
+  }
+  EXPECT_GT(profile.update_seconds, 0);
+  expect_codecs(profile);
+  EXPECT_NE(measured_profile_source(measured, "host", "2026-01-01", 5).find(", 3 replicas at once"), std::string::npos);
+  // One replica is measure_model_profile's profile, without the note.
+  const MeasuredProfile one = measure_concurrent_profile({&first}, data.train, small_options());
+  EXPECT_EQ(one.replicas, 1);
+  EXPECT_EQ(measured_profile_source(one, "host", "2026-01-01", 5).find("replicas"), std::string::npos);
+  EXPECT_THROW(measure_concurrent_profile({}, data.train, small_options()), UsageError);
+}
+
 TEST(ModelProfiling, BadOptions) {
   const DataSplits data = small_data();
   SoftmaxRegression model(784, 10, 1);

@@ -29,6 +29,7 @@ struct ProfileFlags {
   std::int64_t batch = 25;
   std::int64_t seed = 1;
   std::int64_t iterations = kDefaultProfilingIterations;
+  int workers = 1;
   std::string out;
   bool quiet = false;
 };
@@ -47,6 +48,10 @@ void add_profile_flags(CLI::App& command, ProfileFlags& flags) {
   command.add_option("--iters", flags.iterations,
                      concat("Measured iterations (1 to ", kMaxIterations, "), after ", kProfilingWarmupIterations,
                             " untimed warm-up ones; every time is their median"))
+      ->capture_default_str();
+  command.add_option("--workers", flags.workers,
+                     "Replicas measured at once, each on its own thread, as a run's workers compute side by side on "
+                     "this machine (the mean of their figures); 1: one model alone")
       ->capture_default_str();
   command.add_option("--out", flags.out, "Profile JSON file to write (the input of `pipesgd simulate --profile`)")
       ->required();
@@ -92,6 +97,7 @@ int run_profile(const ProfileFlags& flags) {
     throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", flags.batch));
   }
   if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
+  if (flags.workers < 1 || flags.workers > 256) throw UsageError(concat("--workers must be in [1, 256], got ", flags.workers));
   check_model_flags(flags.model, flags.loss);
   prepare_output_file(flags.out);
   const DataSplits data = load_data_set(flags.data, flags.data_dir, flags.seed);
@@ -101,7 +107,13 @@ int run_profile(const ProfileFlags& flags) {
                             " examples of --data ", flags.data, ")"));
   }
   const ModelFactory factory = make_model_factory(flags.model, flags.loss, data.train);
-  const std::unique_ptr<Model> model = factory(static_cast<std::uint64_t>(flags.seed));
+  std::vector<std::unique_ptr<Model>> replicas;
+  std::vector<Model*> models;
+  for (int r = 0; r < flags.workers; ++r) {
+    replicas.push_back(factory(static_cast<std::uint64_t>(flags.seed)));
+    models.push_back(replicas.back().get());
+  }
+  const Model* model = models.front();
 
   ProfilingOptions options;
   options.model = flags.model;
@@ -113,7 +125,9 @@ int run_profile(const ProfileFlags& flags) {
   if (!flags.quiet) {
     std::cerr << "profiling " << flags.model << " (" << model->layout().segment_count() << " layers, "
               << model->layout().total() << " parameters): " << options.warmup_iterations << " warm-up + "
-              << options.iterations << " measured iterations of batch " << flags.batch << " on 1 thread, then "
+              << options.iterations << " measured iterations of batch " << flags.batch
+              << (flags.workers == 1 ? std::string(" on 1 thread") : concat(" on ", flags.workers, " replicas at once, 1 thread each"))
+              << ", then "
               << join(codec_names()) << std::endl;
     options.progress = [&](const std::string& phase, std::int64_t done, std::int64_t total) {
       if (elapsed.seconds() < next_line) return;
@@ -126,13 +140,14 @@ int run_profile(const ProfileFlags& flags) {
       }
     };
   }
-  MeasuredProfile measured = measure_model_profile(*model, data.train, options);
+  MeasuredProfile measured = measure_concurrent_profile(models, data.train, options);
   ModelProfile& profile = measured.profile;
   profile.source = measured_profile_source(measured, host_name(), today(), flags.iterations);
   save_model_profile(profile, flags.out);
 
   std::cout << "pipesgd profile: " << flags.model << ", batch " << profile.batch << ", medians of " << flags.iterations
-            << " iterations (1 thread)\n";
+            << " iterations (" << (flags.workers == 1 ? std::string("1 thread") : concat(flags.workers, " replicas at once, their mean"))
+            << ")\n";
   print_table(std::cout, {{"layers", "parameters", "forward ms", "backward ms", "update ms", "data ms"},
                           {concat(profile.layers.size()), concat(profile.parameters()),
                            milliseconds(profile.forward_seconds()), milliseconds(profile.backward_seconds()),

@@ -1,6 +1,8 @@
 #include "pipesgd/train/model_profiling.h"
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 #include <vector>
 
 #include "pipesgd/collective/codec.h"
@@ -228,10 +230,61 @@ std::map<std::string, CodecCost> measure_codec_costs(std::span<const float> valu
   return costs;
 }
 
+MeasuredProfile measure_concurrent_profile(const std::vector<Model*>& models, const Dataset& train,
+                                           const ProfilingOptions& options) {
+  if (models.empty()) throw UsageError("profile: at least one model replica is needed");
+  std::vector<MeasuredProfile> measured(models.size());
+  std::vector<std::exception_ptr> errors(models.size());
+  {
+    std::vector<std::thread> threads;
+    for (std::size_t r = 0; r < models.size(); ++r) {
+      threads.emplace_back([&, r] {
+        ProfilingOptions own = options;
+        if (r > 0) own.progress = {};
+        try {
+          measured[r] = measure_model_profile(*models[r], train, own);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+  }
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  MeasuredProfile mean = measured.front();
+  const double n = static_cast<double>(models.size());
+  mean.replicas = static_cast<int>(models.size());
+  mean.profile.data_seconds = mean.profile.update_seconds = 0;
+  for (ProfiledLayer& layer : mean.profile.layers) layer.forward_seconds = layer.backward_seconds = 0;
+  for (auto& [name, cost] : mean.profile.codecs) cost = {};
+  for (const MeasuredProfile& one : measured) {
+    mean.forward_from_hooks = mean.forward_from_hooks && one.forward_from_hooks;
+    mean.backward_all_reported = mean.backward_all_reported && one.backward_all_reported;
+    mean.profile.data_seconds += one.profile.data_seconds / n;
+    mean.profile.update_seconds += one.profile.update_seconds / n;
+    for (std::size_t l = 0; l < mean.profile.layers.size(); ++l) {
+      mean.profile.layers[l].forward_seconds += one.profile.layers[l].forward_seconds / n;
+      mean.profile.layers[l].backward_seconds += one.profile.layers[l].backward_seconds / n;
+    }
+    for (auto& [name, cost] : mean.profile.codecs) {
+      const CodecCost theirs = one.profile.codec_cost(name);
+      cost.encode += theirs.encode / n;
+      cost.decode += theirs.decode / n;
+      cost.decode_add += theirs.decode_add / n;
+    }
+  }
+  return mean;
+}
+
 std::string measured_profile_source(const MeasuredProfile& measured, const std::string& host, const std::string& date,
                                     std::int64_t iterations) {
   std::string source = concat("measured by pipesgd profile on ", host, ", ", date, ", ", iterations,
                               iterations == 1 ? " iteration" : " iterations", ", batch ", measured.profile.batch);
+  if (measured.replicas > 1) {
+    source += concat(", ", measured.replicas, " replicas at once (the mean of their medians)");
+  }
   if (!measured.forward_from_hooks) {
     source += "; the model reports no forward progress: each layer's forward_seconds is the whole forward split in "
               "proportion to the layers' backward times";

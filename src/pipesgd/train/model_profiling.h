@@ -54,6 +54,7 @@ struct ProfilingOptions {
 
 struct MeasuredProfile {
   ModelProfile profile;             // everything but `source` (left empty)
+  int replicas = 1;                 // models measured at once (measure_concurrent_profile)
   bool forward_from_hooks = false;  // false: the whole forward split by backward times
   bool backward_all_reported = true;  // false: some segment's backward was inferred (see above)
 };
@@ -62,11 +63,20 @@ struct MeasuredProfile {
 // than the data set).
 MeasuredProfile measure_model_profile(Model& model, const Dataset& train, const ProfilingOptions& options);
 
+// `models.size()` replicas measured at once, each on a thread of its own, as the trainer's workers
+// compute side by side (they share the machine's cores, caches and memory bandwidth as a run's
+// workers do); the profile is the mean over the replicas of each one's figures (medians), codec costs
+// included. `options.progress` reports replica 0's progress. Throws as measure_model_profile (the
+// first replica's error), UsageError for no model.
+MeasuredProfile measure_concurrent_profile(const std::vector<Model*>& models, const Dataset& train,
+                                           const ProfilingOptions& options);
+
 // CPU seconds per fp32 byte of encode, decode and decode_add of every codec (codec_names()) on a
 // buffer holding `values`: the median of `repetitions` timed runs after one untimed one.
 std::map<std::string, CodecCost> measure_codec_costs(std::span<const float> values, int repetitions);
 
-// The profile's `source`: "measured by pipesgd profile on HOST, DATE, N iterations, batch B", and
+// The profile's `source`: "measured by pipesgd profile on HOST, DATE, N iterations, batch B" (", R
+// replicas at once" for R > 1), and
 // how the per-layer figures were derived where the model did not report them.
 std::string measured_profile_source(const MeasuredProfile& measured, const std::string& host, const std::string& date,
                                     std::int64_t iterations);

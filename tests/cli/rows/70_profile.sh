@@ -14,11 +14,12 @@ row profile-model-unknown   2 "unknown model 'nope'"       profile --model nope 
 row profile-iters-zero      2 "--iters must be in [1, "    profile --model mlp --iters 0 --out "$R/zero.json"
 row profile-out-unwritable  2 "--out '$TMP/regular-file': cannot create directory" \
   profile --model mlp --iters 3 --out "$TMP/regular-file/prof.json"
+row profile-workers-zero    2 "--workers must be in [1, 256]" profile --model mlp --iters 3 --workers 0 --out "$R/w0.json"
 row profile-out-directory   2 "is a directory; give a file name" profile --model mlp --iters 3 --out "$R"
 row profile-batch-too-large 2 "--batch 20000 is larger than the training set" \
   profile --model mlp --data synthetic --batch 20000 --iters 3 --out "$R/big.json"
 
-help_lists_flags profile --model --loss --data --data-dir --batch --seed --iters --out --quiet -- profile
+help_lists_flags profile --model --loss --data --data-dir --batch --seed --iters --workers --out --quiet -- profile
 run --help >"$R/profile-top-help.out" 2>&1
 expect_contains "profile/top-level-help" "$R/profile-top-help.out" "profile"
 run frob >"$R/profile-unknown-command.out" 2>&1
@@ -56,6 +57,20 @@ run profile --model mlp --iters 2 --data synthetic --quiet --out "$R/profile-qui
   >"$R/profile-quiet.out" 2>"$R/profile-quiet.err"
 expect_success "profile/quiet-creates-directory" $? "$R/profile-quiet.out" "$R/profile-quiet.err"
 if [ -s "$R/profile-quiet.err" ]; then fail "profile/quiet-means-no-stderr" "stderr: $(excerpt "$R/profile-quiet.err")"; else pass "profile/quiet-means-no-stderr"; fi
+
+# Two replicas at once (as two workers of a run compute): the same layers, a source that says so.
+run profile --model mlp --iters 2 --data synthetic --workers 2 --out "$R/profile-two.json" \
+  >"$R/profile-two.out" 2>"$R/profile-two.err"
+expect_success "profile/two-replicas-exit-0" $? "$R/profile-two.out" "$R/profile-two.err"
+expect_contains "profile/two-replicas-progress" "$R/profile-two.err" "on 2 replicas at once, 1 thread each"
+expect_contains "profile/two-replicas-table" "$R/profile-two.out" "2 replicas at once, their mean"
+pycheck "profile/two-replicas-file" "$R/profile-two.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert [(l["name"], l["parameters"]) for l in p["layers"]] == [("fc1", 392500), ("fc2", 250500), ("fc3", 5010)], p["layers"]
+assert ", 2 iterations, batch 25, 2 replicas at once (the mean of their medians)" in p["source"], p["source"]
+assert all(l["forward_seconds"] > 0 and l["backward_seconds"] > 0 for l in p["layers"]), p["layers"]
+PY
 
 # A TorchScript model: the exported mlp.pt (same layers as the built-in mlp), no forward hook.
 run profile --model "$TS/mlp.pt" --data synthetic --iters 2 --quiet --out "$R/profile-ts.json" \
