@@ -1,6 +1,7 @@
 // Methods simulated on hand-built profiles against the papers' closed forms: D-Sync is Pipe-SGD's
 // Eq. 2, Pipe-SGD K >= 2 its Eq. 4, WFBP MG-WFBP's Eq. 11-13 (classify_wfbp), any bucket plan
-// simulate_plan's timeline.
+// simulate_plan's timeline. Every iteration time here is simulated (deterministic) time, compared
+// with closed forms of the model, never this machine's clock.
 #include "pipesgd/sim/method_simulation.h"
 
 #include <gtest/gtest.h>

@@ -105,7 +105,7 @@ int run_plan(const PlanFlags& flags) {
   const DataSplits data = load_data_set(flags.data, flags.data_dir, flags.seed);
   check_data_fits_builtin_model(flags.model, data, flags.data);
   const ModelFactory factory = make_model_factory(flags.model, flags.loss, data.train);
-  const double bytes_per_element = static_cast<double>(make_codec(flags.codec)->encoded_bytes(1000)) / 1000.0;
+  const double bytes_per_element = pipesgd::bytes_per_element(*make_codec(flags.codec));
   if (!flags.quiet) {
     std::cerr << "profiling " << flags.model << ": " << flags.workers << " workers (threads), " << kProfileWarmupIterations
               << " + " << flags.profile_iterations << " iterations of batch " << flags.batch << " over network "

@@ -111,14 +111,14 @@ int run_simulate(const SimulateFlags& flags) {
   for (const MethodSelection& selection : selections) {
     MethodSimulationOptions one = base;
     one.workers = 1;
-    jobs.push_back({selection, one});
+    jobs.push_back({selection, one, ""});
   }
   for (int workers : worker_counts) {
     for (const MethodSelection& selection : selections) {
       MethodSimulationOptions options = base;
       options.workers = workers;
       options.trace = !flags.trace.empty() && workers <= kMaxTracedWorkers;
-      jobs.push_back({selection, options});
+      jobs.push_back({selection, options, ""});
     }
   }
   for (const SimulationJob& job : jobs) check_fits_topology(job);

@@ -195,4 +195,6 @@ std::unique_ptr<Codec> make_codec(std::string_view name) {
   throw UsageError(concat("unknown codec '", name, "' (expected none, bf16, int8)"));
 }
 
+double bytes_per_element(const Codec& codec) { return static_cast<double>(codec.encoded_bytes(1000)) / 1000.0; }
+
 }  // namespace pipesgd

@@ -44,6 +44,10 @@ class Codec {
   virtual double error_bound(double max_abs) const = 0;
 };
 
+// Bytes on the wire per fp32 value, as the planners count a gradient's size: encoded_bytes(1000) /
+// 1000 (int8's per-message scale spread over a thousand values).
+double bytes_per_element(const Codec& codec);
+
 // "none", "bf16" or "int8"; throws UsageError naming the valid codecs otherwise.
 std::unique_ptr<Codec> make_codec(std::string_view name);
 std::vector<std::string> codec_names();

@@ -23,7 +23,9 @@ struct CollectiveScenario {
 };
 
 struct CollectiveResult {
-  double seconds = 0;                   // one allreduce: from the common start to the last rank's end
+  // Simulated time (deterministic, not this machine's clock) of one allreduce: from the common start
+  // to the last rank's end.
+  double simulated_seconds = 0;
   std::uint64_t bytes_sent_per_rank = 0;  // the most any rank sent, per allreduce
   double max_abs_error = 0;             // of the sums against the exact ones (0 for codec none)
 };

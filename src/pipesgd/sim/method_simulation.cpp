@@ -100,7 +100,6 @@ class Simulation {
       sg4::Host* host = hosts[static_cast<std::size_t>(w)];
       sg4::ActorPtr compute = sg4::Actor::create(concat("worker", w, "-compute"), host, [this, w] { guarded(w, [&] { run_compute(w); }); });
       fabric_.set_receiver(w, compute.get());
-      receivers_.push_back(compute);
       if (worker.method->has_comm_thread()) {
         // Messages to a worker land in its compute actor's mailboxes; either of its actors takes them.
         sg4::Actor::create(concat("worker", w, "-comm"), host, [this, w] {
@@ -123,7 +122,7 @@ class Simulation {
       request_mailbox(server)->set_receiver(actor);
     }
     for (int w = 0; w < simulated_; ++w) {
-      for (int server = 0; server < servers; ++server) reply_mailbox(server, w)->set_receiver(receivers_[static_cast<std::size_t>(w)]);
+      for (int server = 0; server < servers; ++server) reply_mailbox(server, w)->set_receiver(fabric_.receiver(w));
     }
     engine.run();
     if (failure_) std::rethrow_exception(failure_);
@@ -140,7 +139,6 @@ class Simulation {
     std::unique_ptr<Allreduce> allreduce[2];  // [compute thread, comm thread], built on first use
     std::vector<float> data[2];
     std::int64_t iteration = 0;  // the compute thread's current iteration
-    double window_start = -1, window_end = -1;
     std::vector<double> starts;  // of the measured iterations, then the end of the last
     std::map<std::int64_t, double> comm_done;  // iteration -> the comm thread's last signal of it
     double compute_seconds = 0;    // in the window
@@ -302,7 +300,6 @@ class Simulation {
     for (std::int64_t t = 0; t < total_; ++t) {
       state.iteration = t;
       thread.flush();  // one SimGrid activity per iteration boundary: the iteration's start is exact
-      if (t == skip_) state.window_start = sg4::Engine::get_clock();
       if (t >= skip_) state.starts.push_back(sg4::Engine::get_clock());
       method.begin_iteration(t, thread);
       thread.compute(profile_.data_seconds, "data");
@@ -317,8 +314,7 @@ class Simulation {
       method.end_iteration(t, thread);
     }
     thread.flush();
-    state.window_end = sg4::Engine::get_clock();
-    state.starts.push_back(state.window_end);
+    state.starts.push_back(sg4::Engine::get_clock());
   }
 
   // Returns the collective's sequence number (its tag's).
@@ -478,7 +474,6 @@ class Simulation {
   std::vector<Worker> workers_;
   std::map<std::uint64_t, sg4::BarrierPtr> barriers_;
   std::vector<std::unique_ptr<SimulatedMethod>> server_methods_;
-  std::vector<sg4::ActorPtr> receivers_;  // each worker's compute actor
   nlohmann::json trace_ = nlohmann::json::array();
   std::exception_ptr failure_;
   bool failed_ = false;

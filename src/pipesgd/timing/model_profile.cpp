@@ -67,6 +67,17 @@ CodecCost ModelProfile::codec_cost(const std::string& codec) const {
   return found == codecs.end() ? CodecCost{} : found->second;
 }
 
+double ModelProfile::update_seconds_of(std::size_t elements) const {
+  const std::size_t total = parameters();
+  return total > 0 ? update_seconds * static_cast<double>(elements) / static_cast<double>(total) : 0;
+}
+
+Layout profile_layout(const ModelProfile& profile) {
+  Layout layout;
+  for (const ProfiledLayer& layer : profile.layers) layout.add(layer.name, layer.parameters);
+  return layout;
+}
+
 void validate_model_profile(const ModelProfile& profile, const std::string& source) {
   if (profile.layers.empty()) fail(source, "has no layers");
   if (profile.batch < 1) fail(source, concat("batch must be at least 1, got ", profile.batch));

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "pipesgd/core/layout.h"
 #include "pipesgd/timing/bucket_plan.h"
 
 namespace pipesgd {
@@ -50,7 +51,12 @@ struct ModelProfile {
   double backward_seconds() const;       // sum over layers
   double compute_seconds() const;        // data + forward + backward + update: l_up + l_comp
   CodecCost codec_cost(const std::string& codec) const;  // zero if not profiled
+  // The update of `elements` of the parameters: update_seconds in proportion (0 without parameters).
+  double update_seconds_of(std::size_t elements) const;
 };
+
+// The layers as a Layout (names and parameter counts): what the runtime's planners take.
+Layout profile_layout(const ModelProfile& profile);
 
 // Throws DataError ("<source>: <problem>", one line) unless the profile has at least one layer,
 // a batch >= 1, finite non-negative times and codecs named none, bf16 or int8.

@@ -91,7 +91,7 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
                                : calibration             ? "alpha and beta of the emulated link, gamma of the calibration"
                                                          : "alpha and beta of the emulated link, gamma 0 without a calibration";
     const double bytes = static_cast<double>(model.layout().total()) *
-                         static_cast<double>(make_codec(config.method.common.codec)->encoded_bytes(1000)) / 1000.0;
+                         bytes_per_element(*make_codec(config.method.common.codec));
     timing.link_model_comm = ring_allreduce_time(config.workers, bytes, link);
     timing.predicted_pipe_sequential_iteration =
         predict_pipe_sequential_iteration(timing.stages.compute(), timing.link_model_comm);

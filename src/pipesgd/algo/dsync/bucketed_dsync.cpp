@@ -47,7 +47,7 @@ BucketedDSync::BucketedDSync(const MethodContext& context)
               allreduce_->run(job.data, collective_tag(Channel::kGradients, job.sequence));
             }) {
   if (layers_ == 0) throw UsageError("layer-wise communication needs a model with layers");
-  bytes_per_element_ = static_cast<double>(codec_->encoded_bytes(1000)) / 1000.0;
+  bytes_per_element_ = bytes_per_element(*codec_);
   planned_profile_ = empty_profile(context.model.layout(), bytes_per_element_);
   make_bucket_plan(plan_name_, planned_profile_, cost_);  // an unknown plan fails here, not later
   chosen_plan_ = plan_ = single_plan(layers_);            // until the first plan

@@ -16,7 +16,7 @@ class SimulatedOdSgd final : public SimulatedMethod {
   explicit SimulatedOdSgd(const SimulationContext& context)
       : options_(options_as<OdSgdOptions>(context.options)),
         shards_(simulated_shard_sizes(context.profile, options_.server_count)),
-        total_(context.profile.parameters()), update_seconds_(context.profile.update_seconds),
+        profile_(context.profile),
         switch_(std::max<std::int64_t>(context.warmup_iterations, 1) - 1) {}
 
   void end_iteration(std::int64_t t, SimulatedThread& compute) override {
@@ -26,8 +26,8 @@ class SimulatedOdSgd final : public SimulatedMethod {
     }
     compute.signal({kHanded, t, 0});
     if (t > switch_) compute.wait({kPulled, t, 0});  // G_t, pulled by iteration t - 1's job
-    if (options_.local_updater != "sgd") compute.compute(update_seconds_, "compensation");
-    compute.compute(update_seconds_, "local update");
+    if (options_.local_updater != "sgd") compute.compute(profile_.update_seconds, "compensation");
+    compute.compute(profile_.update_seconds, "local update");
   }
 
   bool has_comm_thread() const override { return true; }
@@ -44,7 +44,7 @@ class SimulatedOdSgd final : public SimulatedMethod {
 
   void run_server(int server, std::int64_t iterations, SimulatedServer& thread) override {
     const std::size_t shard = shards_[static_cast<std::size_t>(server)];
-    const double update = total_ > 0 ? update_seconds_ * static_cast<double>(shard) / static_cast<double>(total_) : 0;
+    const double update = profile_.update_seconds_of(shard);
     simulate_synchronous_server(shard, update, iterations, thread);
   }
 
@@ -56,8 +56,7 @@ class SimulatedOdSgd final : public SimulatedMethod {
  private:
   const OdSgdOptions& options_;
   std::vector<std::size_t> shards_;
-  std::size_t total_;
-  double update_seconds_;
+  const ModelProfile& profile_;
   std::int64_t switch_;  // N - 1: the switching stage
 };
 

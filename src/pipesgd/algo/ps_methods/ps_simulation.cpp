@@ -2,7 +2,6 @@
 
 #include "pipesgd/algo/method_descriptor.h"
 #include "pipesgd/algo/ps_methods/ps_methods.h"
-#include "pipesgd/core/layout.h"
 #include "pipesgd/ps/shard_plan.h"
 
 namespace pipesgd {
@@ -15,8 +14,7 @@ class SimulatedParameterServer final : public SimulatedMethod {
  public:
   explicit SimulatedParameterServer(const SimulationContext& context)
       : options_(options_as<ParameterServerOptions>(context.options)),
-        shards_(simulated_shard_sizes(context.profile, options_.server_count)),
-        total_(context.profile.parameters()), update_seconds_(context.profile.update_seconds) {}
+        shards_(simulated_shard_sizes(context.profile, options_.server_count)), profile_(context.profile) {}
 
   void end_iteration(std::int64_t, SimulatedThread& compute) override { simulate_push_and_pull(shards_, compute); }
 
@@ -24,7 +22,7 @@ class SimulatedParameterServer final : public SimulatedMethod {
 
   void run_server(int server, std::int64_t iterations, SimulatedServer& thread) override {
     const std::size_t shard = shards_[static_cast<std::size_t>(server)];
-    const double update = total_ > 0 ? update_seconds_ * static_cast<double>(shard) / static_cast<double>(total_) : 0;
+    const double update = profile_.update_seconds_of(shard);
     if (options_.mode == ServerMode::kSynchronous) {
       simulate_synchronous_server(shard, update, iterations, thread);
       return;
@@ -51,16 +49,13 @@ class SimulatedParameterServer final : public SimulatedMethod {
  private:
   const ParameterServerOptions& options_;
   std::vector<std::size_t> shards_;
-  std::size_t total_;
-  double update_seconds_;
+  const ModelProfile& profile_;
 };
 
 }  // namespace
 
 std::vector<std::size_t> simulated_shard_sizes(const ModelProfile& profile, int servers) {
-  Layout layout;
-  for (const ProfiledLayer& layer : profile.layers) layout.add(layer.name, layer.parameters);
-  const ShardPlan plan(layout, servers);
+  const ShardPlan plan(profile_layout(profile), servers);
   std::vector<std::size_t> sizes;
   for (const Shard& shard : plan.shards()) sizes.push_back(shard.count());
   return sizes;

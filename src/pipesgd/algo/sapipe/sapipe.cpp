@@ -22,7 +22,7 @@ SaPipe::SaPipe(const MethodContext& context)
       planning_(context.transport, 2 * layers_ + kCostProbes, context.common.timeout),
       optimizer_(make_optimizer(context.common.optimizer, context.model.layout())),
       schedule_(context.learning_rate_schedule),
-      partition_(context.model.layout(), static_cast<double>(codec_->encoded_bytes(1000)) / 1000.0, options_.sync_plan,
+      partition_(context.model.layout(), bytes_per_element(*codec_), options_.sync_plan,
                  planning_cost(context.common, context.network, workers_,
                                static_cast<double>(context.model.layout().total()) * sizeof(float))),
       compensation_(options_.compensation, static_cast<float>(options_.lambda), options_.dc_bound, gradient_scale_,
@@ -35,7 +35,7 @@ SaPipe::SaPipe(const MethodContext& context)
       }) {
   if (layers_ == 0) throw UsageError("sapipe needs a model with layers");
   if (!options_.automatic()) parse_stale_layers(concat(options_.stale_layers), layers_);  // more than the model has
-  bytes_per_element_ = static_cast<double>(codec_->encoded_bytes(1000)) / 1000.0;
+  bytes_per_element_ = bytes_per_element(*codec_);
   const std::size_t total = context.model.layout().total();
   for (auto& slot : slots_) slot.assign(total, 0.0f);
   pipeline_start_ = options_.pipeline_start(context.warmup_iterations);

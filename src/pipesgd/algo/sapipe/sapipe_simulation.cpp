@@ -4,7 +4,6 @@
 #include "pipesgd/algo/sapipe/sapipe_options.h"
 #include "pipesgd/algo/sapipe/sapipe_partition.h"
 #include "pipesgd/collective/codec.h"
-#include "pipesgd/core/layout.h"
 
 namespace pipesgd {
 namespace {
@@ -20,22 +19,16 @@ double compensation_passes(Compensation compensation) {
   return 0;
 }
 
-Layout layout_of(const ModelProfile& profile) {
-  Layout layout;
-  for (const ProfiledLayer& layer : profile.layers) layout.add(layer.name, layer.parameters);
-  return layout;
-}
-
 class SimulatedSapipe final : public SimulatedMethod {
  public:
   enum Event { kBucketReady, kBucketReduced, kStaleReady, kStaleReduced };
 
   explicit SimulatedSapipe(const SimulationContext& context)
       : options_(options_as<SapipeOptions>(context.options)),
-        layout_(layout_of(context.profile)),
-        partition_(layout_, bytes_per_element(context.common.codec), options_.sync_plan, context.allreduce_cost),
-        total_(context.profile.parameters()), update_seconds_(context.profile.update_seconds),
-        warmup_(context.warmup_iterations) {
+        layout_(profile_layout(context.profile)),
+        partition_(layout_, bytes_per_element(*make_codec(context.common.codec)), options_.sync_plan,
+                   context.allreduce_cost),
+        profile_(context.profile), warmup_(context.warmup_iterations) {
     StalenessProfile profile;
     for (const ProfiledLayer& layer : context.profile.layers) {
       profile.forward_seconds.push_back(layer.forward_seconds);
@@ -44,18 +37,14 @@ class SimulatedSapipe final : public SimulatedMethod {
     partition_.plan(profile, context.allreduce_cost, options_.stale_layers);
     const auto& buckets = partition_.sync_buckets();  // backward order
     bucket_of_lowest_segment_.assign(context.profile.layers.size(), -1);
-    bucket_of_segment_.assign(context.profile.layers.size(), -1);
-    for (std::size_t b = 0; b < buckets.size(); ++b) {
-      bucket_of_lowest_segment_[buckets[b].begin] = static_cast<std::int64_t>(b);
-      for (std::size_t s = buckets[b].begin; s < buckets[b].end; ++s) bucket_of_segment_[s] = static_cast<std::int64_t>(b);
-    }
+    for (std::size_t b = 0; b < buckets.size(); ++b) bucket_of_lowest_segment_[buckets[b].begin] = static_cast<std::int64_t>(b);
   }
 
   void begin_iteration(std::int64_t t, SimulatedThread& compute) override {
     next_unapplied_ = partition_.sync_buckets().size();  // applied from the last (lowest layers) down
     if (t < warmup_ || partition_.stale_layers() == 0) return;
     if (t - 2 >= warmup_) compute.wait({kStaleReduced, t - 2, 0});
-    const double stale_update = update_of(partition_.stale().count);
+    const double stale_update = profile_.update_seconds_of(partition_.stale().count);
     compute.compute(stale_update, "update");
     if (t - 1 >= warmup_) compute.compute(stale_update * compensation_passes(options_.compensation), "compensation");
   }
@@ -69,7 +58,7 @@ class SimulatedSapipe final : public SimulatedMethod {
     while (next_unapplied_ > 0 && buckets[next_unapplied_ - 1].begin < end) {
       const std::size_t b = --next_unapplied_;
       compute.wait({kBucketReduced, t - 1, static_cast<std::int64_t>(b)});
-      compute.compute(update_of(buckets[b].count), "update");
+      compute.compute(profile_.update_seconds_of(buckets[b].count), "update");
     }
   }
 
@@ -82,8 +71,8 @@ class SimulatedSapipe final : public SimulatedMethod {
 
   void end_iteration(std::int64_t t, SimulatedThread& compute) override {
     if (t >= warmup_) return;
-    compute.allreduce(total_);
-    compute.compute(update_seconds_, "update");
+    compute.allreduce(profile_.parameters());
+    compute.compute(profile_.update_seconds, "update");
   }
 
   bool has_comm_thread() const override { return true; }
@@ -111,22 +100,12 @@ class SimulatedSapipe final : public SimulatedMethod {
   }
 
  private:
-  static double bytes_per_element(const std::string& codec) {
-    constexpr std::size_t kProbe = 1 << 20;
-    return static_cast<double>(make_codec(codec)->encoded_bytes(kProbe)) / kProbe;
-  }
-  double update_of(std::size_t elements) const {
-    return total_ > 0 ? update_seconds_ * static_cast<double>(elements) / static_cast<double>(total_) : 0;
-  }
-
   const SapipeOptions& options_;
   const Layout layout_;  // the partition keeps a reference to it
   SapipePartition partition_;
-  std::size_t total_;
-  double update_seconds_;
+  const ModelProfile& profile_;
   std::int64_t warmup_;
   std::vector<std::int64_t> bucket_of_lowest_segment_;  // segment -> the bucket it completes, or -1
-  std::vector<std::int64_t> bucket_of_segment_;
   std::size_t next_unapplied_ = 0;  // buckets [0, next_unapplied_) of t-1 are not applied yet
 };
 
