@@ -74,7 +74,8 @@ void add_simulation_flags(CLI::App& command, SimulationFlags& flags, bool calibr
                    "The comm thread's CPU work (codecs, reduction) competes with compute on one core (CPU workers); "
                    "by default it has its own core (an accelerator computes)");
   command.add_option("--collectives", flags.collectives,
-                     concat("messages (the runtime's allreduce, message by message), model (MG-WFBP Table II's time) "
+                     concat("messages (the runtime's allreduce, message by message), model (the algorithm's rounds, each played "
+                            "once on the simulated network) "
                             "or auto (messages up to ", kMessageLevelWorkers, " workers)"))
       ->capture_default_str();
   command.add_option("--seed", flags.seed, "Seed of --compute-jitter")->capture_default_str();

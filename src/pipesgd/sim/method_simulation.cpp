@@ -8,15 +8,18 @@
 #include <exception>
 #include <future>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 #include <span>
 #include <vector>
 
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/sim/collective_rounds.h"
 #include "pipesgd/sim/isolated_run.h"
 #include "pipesgd/sim/sim_transport.h"
 #include "pipesgd/sim/timed_codec.h"
@@ -42,10 +45,6 @@ const char* collective_simulation_name(CollectiveSimulation mode) {
 
 namespace {
 
-// LV08's factors (sim/platform.h), for the modelled collectives on the simgrid network model.
-constexpr double kLv08LatencyFactor = 13.01;
-constexpr double kLv08BandwidthFactor = 0.97;
-
 // u in [0, 1) from (seed, worker, iteration): splitmix64.
 double uniform(std::uint64_t seed, int worker, std::int64_t iteration) {
   std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(worker) * 1000003ULL +
@@ -61,7 +60,8 @@ struct CollectivePlan {
   std::string algorithm;
   AllreduceOptions options;
   bool messages = true;
-  LinkParameters link;  // for the model, and for the method's planning
+  ModelledAllreduce modelled;  // !messages: the allreduce's rounds on the simulated network
+  LinkParameters link;         // for the method's planning
 };
 
 // The simulation inside the child process. Actors run one at a time: no locks beyond SimGrid's.
@@ -142,7 +142,7 @@ class Simulation {
     std::vector<double> starts;  // of the measured iterations, then the end of the last
     std::map<std::int64_t, double> comm_done;  // iteration -> the comm thread's last signal of it
     double compute_seconds = 0;    // in the window
-    double allreduce_seconds = 0;  // calls that started in the window
+    std::vector<std::pair<double, double>> communication_calls;  // [start, end] of each, for the window's share
     SimulatedStages stages;        // the compute thread's, in the window (wait: filled at the end)
   };
 
@@ -211,7 +211,7 @@ class Simulation {
       Worker& state = simulation_.worker(worker_);
       const double start = sg4::Engine::get_clock();
       delete simulation_.reply_mailbox(server, worker_)->get<int>();
-      if (simulation_.in_window(state)) state.allreduce_seconds += sg4::Engine::get_clock() - start;
+      state.communication_calls.emplace_back(start, sg4::Engine::get_clock());
       if (simulation_.tracing()) simulation_.span(pid(), tid(), "pull", start, {{"server", server}});
     }
     // Executes the compute accumulated since the last synchronisation: consecutive spans cost one
@@ -338,7 +338,7 @@ class Simulation {
       const double seconds = modelled_seconds(elements);
       if (seconds > 0) sg4::this_actor::sleep_for(seconds);
     }
-    if (in_window(state)) state.allreduce_seconds += sg4::Engine::get_clock() - start;
+    state.communication_calls.emplace_back(start, sg4::Engine::get_clock());
     return sequence;
   }
 
@@ -352,20 +352,15 @@ class Simulation {
     trace_.push_back(std::move(event));
   }
 
-  // MG-WFBP Table II for the run's algorithm: messages x alpha + transferred x (bytes on the wire)
-  // x beta + reduced x (fp32 bytes) x (the codec's encode + decode-add + decode per byte).
+  // The allreduce's rounds played on the simulated network (sim/collective_rounds.h) for its bytes on
+  // the wire, plus the reduced fp32 bytes x (the codec's encode + decode-add + decode per byte).
   double modelled_seconds(std::size_t elements) const {
     if (options_.workers <= 1) return 0;
-    const AllreduceCoefficients c = allreduce_coefficients(collectives_.algorithm, options_.workers);
     const CodecCost cost = profile_.codec_cost(selection_.common.codec);
     const double wire = static_cast<double>(codec_->encoded_bytes(elements));
     const double fp32 = 4.0 * static_cast<double>(elements);
-    double alpha = collectives_.link.alpha, beta = collectives_.link.beta;
-    if (options_.model == SimNetworkModel::kSimGrid) {
-      alpha *= kLv08LatencyFactor;
-      beta /= kLv08BandwidthFactor;
-    }
-    return c.messages * alpha + c.transferred * wire * beta + c.reduced * fp32 * (cost.encode + cost.decode_add + cost.decode);
+    return collectives_.modelled.seconds(wire) +
+           collectives_.modelled.reduced_bytes_per_byte * fp32 * (cost.encode + cost.decode_add + cost.decode);
   }
 
   // a + b·M of the run's allreduce of the whole gradient: what bucket plans are computed from.
@@ -382,7 +377,14 @@ class Simulation {
       stages.update += state.stages.update * per_iteration;
       stages.compensation += state.stages.compensation * per_iteration;
       compute += state.compute_seconds / static_cast<double>(options_.iterations);
-      allreduce_time += state.allreduce_seconds / static_cast<double>(options_.iterations);
+      // Time in communication calls within the measured window (calls that straddle its ends count
+      // their part inside: a pipeline's calls run across iteration boundaries).
+      const double window_start = state.starts.front(), window_end = state.starts.back();
+      double inside = 0;
+      for (const auto& [start, end] : state.communication_calls) {
+        inside += std::max(0.0, std::min(end, window_end) - std::max(start, window_start));
+      }
+      allreduce_time += inside / static_cast<double>(options_.iterations);
     }
     const double n = static_cast<double>(simulated_);
     const auto [iteration, steady] = steady_iteration();
@@ -496,6 +498,28 @@ void validate(const MethodSelection& selection, const ModelProfile& profile, con
   }
 }
 
+// The modelled allreduce of `algorithm` on the workers' platform, simulated once per process for
+// each algorithm, world size and network (simulate and advise ask for the same ones many times).
+ModelledAllreduce modelled_allreduce(const std::string& algorithm, const MethodSimulationOptions& options) {
+  static std::mutex mutex;
+  using Key = std::tuple<std::string, int, std::string, SimNetworkModel, double, double>;
+  static std::map<Key, ModelledAllreduce> cache;
+  const Key key{algorithm, options.workers, options.topology.text, options.model, options.link.bits_per_second,
+                options.link.latency_seconds};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto found = cache.find(key); found != cache.end()) return found->second;
+  }
+  SimPlatformSpec platform;
+  platform.hosts = options.workers;
+  platform.link = options.link;
+  platform.model = options.model;
+  platform.topology = options.topology;
+  const ModelledAllreduce modelled = model_allreduce(algorithm, platform);
+  std::lock_guard<std::mutex> lock(mutex);
+  return cache.emplace(key, modelled).first->second;
+}
+
 CollectivePlan plan_collectives(const MethodSelection& selection, const ModelProfile& profile,
                                 const MethodSimulationOptions& options) {
   CollectivePlan plan;
@@ -510,6 +534,7 @@ CollectivePlan plan_collectives(const MethodSelection& selection, const ModelPro
   plan.options.timeout = std::chrono::hours(24);  // simulated time: only a broken schedule reaches it
   plan.messages = options.collectives == CollectiveSimulation::kMessages ||
                   (options.collectives == CollectiveSimulation::kAuto && options.workers <= kMessageLevelWorkers);
+  if (!plan.messages && options.workers > 1) plan.modelled = modelled_allreduce(plan.algorithm, options);
   return plan;
 }
 

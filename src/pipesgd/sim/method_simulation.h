@@ -10,8 +10,10 @@
 //             time. Exact to the network model; real arithmetic on real buffers, so it costs memory
 //             and time in proportion to workers x parameters.
 //   model     the workers meet (the collective starts when the last one calls it) and the allreduce
-//             takes the alpha-beta time of MG-WFBP Table II (timing/allreduce_cost_model.h) for the
-//             link's latency and bandwidth and the codec's per-byte costs: for large worlds.
+//             takes its rounds' time on the simulated platform (sim/collective_rounds.h: each
+//             distinct round of concurrent flows played once on the whole world's topology and
+//             network model, affine in the bytes) plus the codec's per-byte costs: for large worlds.
+//             On a flat switch with the ideal model that is MG-WFBP Table II exactly.
 //   auto      messages up to kMessageLevelWorkers workers, model above.
 #include <cstdint>
 #include <functional>
