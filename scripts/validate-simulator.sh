@@ -7,7 +7,8 @@
 #   bash scripts/validate-simulator.sh [--models mlp,cnn,resnet] [--workers 2] [--iters N]
 #                                      [--net 10gbe] [--algos LIST] [BUILD_DIR=build]
 #
-# The profile is measured with --workers W (W replicas computing at once, as the run's workers do on
+# The profile is measured with --workers W over 200 iterations (W replicas computing at once, long
+# enough that they overlap for most of the measurement, as the run's workers do on
 # this machine's cores: with more workers than cores each replica is slower by about W/cores, which
 # is how the sharing is modelled). A worker's comm thread shares a core with compute threads, so the
 # simulation runs with --comm-shares-core (the codecs' CPU work competes with compute).
@@ -41,7 +42,7 @@ echo "validate-simulator: models $MODELS, $WORKERS workers on $CORES cores (prof
 IFS=, read -r -a models <<<"$MODELS"
 for model in "${models[@]}"; do
   # Measured as the run computes: WORKERS replicas at once on this machine's cores.
-  "$BIN" profile --model "$model" --workers "$WORKERS" --iters 30 --quiet --out "$OUT/$model-profile.json" >/dev/null
+  "$BIN" profile --model "$model" --workers "$WORKERS" --iters 200 --quiet --out "$OUT/$model-profile.json" >/dev/null
   "$BIN" compare --model "$model" --workers "$WORKERS" --net "$NET" --algos "$ALGOS" --iters "$ITERS" --no-eval \
     --quiet --out "$OUT/$model-measured" >"$OUT/$model-measured.txt"
   "$BIN" simulate --profile "$OUT/$model-profile.json" --workers "$WORKERS" --net "$NET" --network-model ideal \

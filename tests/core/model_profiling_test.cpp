@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,6 +97,30 @@ TEST(ModelProfiling, SoftmaxFromItsReports) {
   ASSERT_EQ(back.layers.size(), 2u);
   EXPECT_EQ(back.layers[0].parameters, 7840u);
   EXPECT_DOUBLE_EQ(back.layers[1].backward_seconds, profile.layers[1].backward_seconds);
+  // SAPipe's stale update with each compensation, measured with the runtime's StaleCompensation:
+  // every one costs time, and wp3 (a DC pass, the step and a prediction) more than the plain step.
+  for (const std::string name : {"sapipe:none", "sapipe:dc", "sapipe:wp1", "sapipe:wp2", "sapipe:wp3"}) {
+    ASSERT_NE(profile.method_cost(name), nullptr) << name;
+    EXPECT_GT(*profile.method_cost(name), 0) << name;
+    ASSERT_NE(back.method_cost(name), nullptr) << name;
+    EXPECT_DOUBLE_EQ(*back.method_cost(name), *profile.method_cost(name)) << name;
+  }
+  EXPECT_GT(*profile.method_cost("sapipe:wp3"), *profile.method_cost("sapipe:none"));
+  EXPECT_EQ(profile.method_cost("pipe:none"), nullptr);
+}
+
+TEST(ModelProfiling, MethodCostsMustBeNumbersAtLeastZero) {
+  const DataSplits data = small_data();
+  SoftmaxRegression model(784, 10, 1);
+  nlohmann::json file = to_json(measure_model_profile(model, data.train, small_options()).profile);
+  file["method_costs"]["sapipe:wp3"] = -1.0;
+  EXPECT_THROW(model_profile_from_json(file, "test"), DataError);
+  file["method_costs"]["sapipe:wp3"] = "fast";
+  EXPECT_THROW(model_profile_from_json(file, "test"), DataError);
+  file["method_costs"] = 3;
+  EXPECT_THROW(model_profile_from_json(file, "test"), DataError);
+  file.erase("method_costs");  // optional: a profile without them estimates the costs
+  EXPECT_TRUE(model_profile_from_json(file, "test").method_costs.empty());
 }
 
 TEST(ModelProfiling, ModelWithoutReportsIsSplitAndSaysSo) {

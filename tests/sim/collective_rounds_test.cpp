@@ -75,7 +75,9 @@ TEST_P(AllreduceRoundsTest, SumToTableTwoCoefficients) {
   }
   EXPECT_NEAR(reduced, expected.reduced, 1e-12);
   // The tree's busiest rank sends to two children; Table II counts one message per level.
-  if (c.algorithm != "tree") EXPECT_NEAR(sent, expected.transferred, 1e-12);
+  if (c.algorithm != "tree") {
+    EXPECT_NEAR(sent, expected.transferred, 1e-12);
+  }
 }
 
 // Every rank takes part in the pattern (sends or receives in some round).

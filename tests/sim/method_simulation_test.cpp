@@ -287,6 +287,27 @@ TEST(MethodSimulation, SapipeEndsAreDsyncAndPipe) {
   EXPECT_LE(automatic.iteration_seconds, dsync * (1 + 1e-9));
 }
 
+// With the profile's measured cost of a compensation (method_costs "sapipe:wp3": seconds per element
+// of the stale range), each pipelined iteration's compensation stage is that cost x the stale
+// elements; without it the estimate (two more SGD updates of the stale range) is charged.
+TEST(MethodSimulation, SapipeChargesTheProfilesCompensationCost) {
+  ModelProfile profile = layered_profile({1e-4, 3e-4, 1e-3, 2e-4}, 512);
+  OptionValues flags{{"--segment-bytes", "none"}};
+  flags.set("--stale-layers", "2");
+  flags.set("--compensation", "wp3");
+  MethodSimulationOptions o = options(3);
+  o.iterations = 8;
+  const MethodSelection selection = select("sapipe", flags);
+  std::size_t stale = 0;
+  for (std::size_t l = 0; l < 2; ++l) stale += profile.layers[l].parameters;
+  const MethodSimulationResult estimated = simulate_method(selection, profile, o);
+  EXPECT_NEAR(estimated.stages.compensation, 2 * profile.update_seconds_of(stale), 1e-12);
+  profile.method_costs["sapipe:wp3"] = 2e-7;
+  const MethodSimulationResult measured = simulate_method(selection, profile, o);
+  EXPECT_NEAR(measured.stages.compensation, 2e-7 * static_cast<double>(stale), 1e-12);
+  EXPECT_GT(measured.iteration_seconds, estimated.iteration_seconds);
+}
+
 struct SpecCase {
   std::string spec;
   int workers;

@@ -4,6 +4,7 @@
 // docs/ARCHITECTURE.md, "Adding a method".
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/model.h"
+#include "pipesgd/optim/sgd.h"
 #include "pipesgd/ps/parameter_server.h"
 
 namespace pipesgd {
@@ -77,6 +79,11 @@ struct MethodDescriptor {
   // The variants `pipesgd advise` ranks at `workers` workers (the codecs are varied by advise itself
   // for methods that take --codec).
   std::function<std::vector<AdvisedVariant>(int workers)> advise;
+  // Work of the method's own that `pipesgd profile` measures for the simulator: seconds per
+  // parameter by "<method>:<variant>" (timing/model_profile.h's method_costs), timed over `elements`
+  // parameters with the trainer's optimizer `sgd`, the median of `repetitions`. Empty: none.
+  std::function<std::map<std::string, double>(std::size_t elements, const SgdOptions& sgd, int repetitions)>
+      measure_costs;
   // Tables `compare` prints for this method's family.
   std::vector<ComparisonTable> tables;
 };

@@ -128,12 +128,12 @@ int run_profile(const ProfileFlags& flags) {
               << options.iterations << " measured iterations of batch " << flags.batch
               << (flags.workers == 1 ? std::string(" on 1 thread") : concat(" on ", flags.workers, " replicas at once, 1 thread each"))
               << ", then "
-              << join(codec_names()) << std::endl;
+              << join(codec_names()) << " and the methods' own work (SAPipe's compensations)" << std::endl;
     options.progress = [&](const std::string& phase, std::int64_t done, std::int64_t total) {
       if (elapsed.seconds() < next_line) return;
       next_line = elapsed.seconds() + kProgressIntervalSeconds;
       if (phase == "codecs") {
-        std::cerr << "profile: timing the codecs (" << format_number("%.1f", elapsed.seconds()) << " s)" << std::endl;
+        std::cerr << "profile: timing the codecs and the methods' own work (" << format_number("%.1f", elapsed.seconds()) << " s)" << std::endl;
       } else {
         std::cerr << "profile: iteration " << done << " of " << total << " ("
                   << format_number("%.1f", elapsed.seconds()) << " s)" << std::endl;
@@ -164,7 +164,14 @@ int run_profile(const ProfileFlags& flags) {
     codec_rows.push_back({name, nanoseconds(cost.encode), nanoseconds(cost.decode), nanoseconds(cost.decode_add)});
   }
   print_table(std::cout, codec_rows);
-  std::cout << "(per fp32 byte of gradient; per-layer times in the file)\nwrote " << flags.out << "\n";
+  std::cout << "(per fp32 byte of gradient; per-layer times in the file)\n";
+  if (!profile.method_costs.empty()) {
+    std::cout << "\n";
+    std::vector<std::vector<std::string>> method_rows = {{"method work", "ns/parameter"}};
+    for (const auto& [name, seconds] : profile.method_costs) method_rows.push_back({name, nanoseconds(seconds)});
+    print_table(std::cout, method_rows);
+  }
+  std::cout << "wrote " << flags.out << "\n";
   return 0;
 }
 

@@ -1,5 +1,7 @@
 #pragma once
+#include <algorithm>
 #include <chrono>
+#include <vector>
 
 namespace pipesgd {
 
@@ -20,5 +22,22 @@ class Stopwatch {
  private:
   Clock::time_point start_;
 };
+
+// The median wall time of `repetitions` (>= 1) runs of `operation`, after one untimed run (first
+// touch of its buffers).
+template <typename Operation>
+double median_seconds(int repetitions, Operation&& operation) {
+  operation();
+  std::vector<double> times;
+  for (int r = 0; r < repetitions; ++r) {
+    Stopwatch watch;
+    operation();
+    times.push_back(watch.seconds());
+  }
+  const std::size_t middle = times.size() / 2;
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(middle), times.end());
+  if (times.size() % 2 == 1) return times[middle];
+  return (*std::max_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(middle)) + times[middle]) / 2;
+}
 
 }  // namespace pipesgd

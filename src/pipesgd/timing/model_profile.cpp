@@ -67,6 +67,11 @@ CodecCost ModelProfile::codec_cost(const std::string& codec) const {
   return found == codecs.end() ? CodecCost{} : found->second;
 }
 
+const double* ModelProfile::method_cost(const std::string& name) const {
+  const auto found = method_costs.find(name);
+  return found == method_costs.end() ? nullptr : &found->second;
+}
+
 double ModelProfile::update_seconds_of(std::size_t elements) const {
   const std::size_t total = parameters();
   return total > 0 ? update_seconds * static_cast<double>(elements) / static_cast<double>(total) : 0;
@@ -97,6 +102,9 @@ void validate_model_profile(const ModelProfile& profile, const std::string& sour
     for (double value : {cost.encode, cost.decode, cost.decode_add}) {
       if (!finite_nonnegative(value)) fail(source, concat("codec ", name, ": costs must be finite and >= 0"));
     }
+  }
+  for (const auto& [name, cost] : profile.method_costs) {
+    if (!finite_nonnegative(cost)) fail(source, concat("method cost '", name, "' must be finite and >= 0"));
   }
 }
 
@@ -139,6 +147,11 @@ ModelProfile model_profile_from_json(const json& root, const std::string& source
                               number(cost, "decode_add", where, source)};
     }
   }
+  if (root.contains("method_costs")) {
+    const json& costs = root.at("method_costs");
+    if (!costs.is_object()) fail(source, "'method_costs' is not an object");
+    for (const auto& [name, cost] : costs.items()) profile.method_costs[name] = number(costs, name.c_str(), "method_costs: ", source);
+  }
   validate_model_profile(profile, source);
   return profile;
 }
@@ -165,6 +178,7 @@ json to_json(const ModelProfile& profile) {
     codecs[name] = {{"encode", cost.encode}, {"decode", cost.decode}, {"decode_add", cost.decode_add}};
   }
   root["codecs"] = std::move(codecs);
+  if (!profile.method_costs.empty()) root["method_costs"] = profile.method_costs;
   return root;
 }
 

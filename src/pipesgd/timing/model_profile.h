@@ -12,6 +12,10 @@
 //   codecs            {"none"|"bf16"|"int8": {encode, decode, decode_add}}: CPU seconds per fp32
 //                     byte of gradient (encode reads them, decode and decode_add write them); a codec
 //                     left out costs nothing
+//   method_costs      optional {"<method>:<variant>": seconds per parameter}: work of a method's own
+//                     measured by the method itself (MethodDescriptor::measure_costs), e.g.
+//                     "sapipe:wp3", the stale range's compensated update per element and iteration;
+//                     a method without its entry estimates the cost from update_seconds
 #include <cstddef>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
@@ -45,12 +49,14 @@ struct ModelProfile {
   double update_seconds = 0;
   std::vector<ProfiledLayer> layers;
   std::map<std::string, CodecCost> codecs;
+  std::map<std::string, double> method_costs;  // seconds per parameter, by "<method>:<variant>"
 
   std::size_t parameters() const;        // sum over layers
   double forward_seconds() const;        // sum over layers
   double backward_seconds() const;       // sum over layers
   double compute_seconds() const;        // data + forward + backward + update: l_up + l_comp
   CodecCost codec_cost(const std::string& codec) const;  // zero if not profiled
+  const double* method_cost(const std::string& name) const;  // nullptr if not profiled
   // The update of `elements` of the parameters: update_seconds in proportion (0 without parameters).
   double update_seconds_of(std::size_t elements) const;
 };

@@ -5,6 +5,8 @@
 #include <thread>
 #include <vector>
 
+#include "pipesgd/algo/method_descriptor.h"
+#include "pipesgd/algo/registry.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
@@ -78,18 +80,6 @@ bool forward_from_hooks(const std::vector<HookCall>& calls, double forward_secon
     split(std::max(0.0, end - start), calls[k].first, calls[k].end, backward, layout, out);
   }
   return true;
-}
-
-template <typename Operation>
-double median_seconds(int repetitions, Operation&& operation) {
-  operation();  // untimed: first touch of the buffers
-  std::vector<double> times;
-  for (int r = 0; r < repetitions; ++r) {
-    Stopwatch watch;
-    operation();
-    times.push_back(watch.seconds());
-  }
-  return median(std::move(times));
 }
 
 }  // namespace
@@ -210,6 +200,12 @@ MeasuredProfile measure_model_profile(Model& model, const Dataset& train, const 
   }
   if (options.progress) options.progress("codecs", total, total);
   profile.codecs = measure_codec_costs(gradients, options.codec_repetitions);
+  for (const MethodDescriptor* method : method_registry()) {
+    if (!method->measure_costs) continue;
+    for (const auto& [name, seconds] : method->measure_costs(layout.total(), options.sgd, options.codec_repetitions)) {
+      profile.method_costs[name] = seconds;
+    }
+  }
   return measured;
 }
 
@@ -259,6 +255,7 @@ MeasuredProfile measure_concurrent_profile(const std::vector<Model*>& models, co
   mean.profile.data_seconds = mean.profile.update_seconds = 0;
   for (ProfiledLayer& layer : mean.profile.layers) layer.forward_seconds = layer.backward_seconds = 0;
   for (auto& [name, cost] : mean.profile.codecs) cost = {};
+  for (auto& [name, cost] : mean.profile.method_costs) cost = 0;
   for (const MeasuredProfile& one : measured) {
     mean.forward_from_hooks = mean.forward_from_hooks && one.forward_from_hooks;
     mean.backward_all_reported = mean.backward_all_reported && one.backward_all_reported;
@@ -274,6 +271,7 @@ MeasuredProfile measure_concurrent_profile(const std::vector<Model*>& models, co
       cost.decode += theirs.decode / n;
       cost.decode_add += theirs.decode_add / n;
     }
+    for (auto& [name, cost] : mean.profile.method_costs) cost += one.profile.method_costs.at(name) / n;
   }
   return mean;
 }

@@ -20,6 +20,9 @@
 //   codecs            every codec of collective/codec.h timed on the last gradient: encode, decode
 //                     and decode_add of the whole buffer, median of `codec_repetitions` after one
 //                     untimed run, divided by its fp32 bytes
+//   method_costs      every registered method's own work (MethodDescriptor::measure_costs, e.g.
+//                     SAPipe's stale update with each compensation) over all parameters, per
+//                     parameter, median of `codec_repetitions`
 // Runs on the calling thread; LibTorch's thread count is the caller's (init_torch_runtime).
 #include <cstddef>
 #include <cstdint>

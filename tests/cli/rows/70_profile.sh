@@ -30,7 +30,8 @@ run profile --model mlp --iters 3 "${DATA_ARGS[@]}" --out "$R/profile-mlp.json" 
   >"$R/profile-mlp.out" 2>"$R/profile-mlp.err"
 expect_success "profile/mlp-exit-0" $? "$R/profile-mlp.out" "$R/profile-mlp.err"
 expect_contains "profile/mlp-table" "$R/profile-mlp.out" "layers" "parameters" "forward ms" "backward ms" \
-  "update ms" "data ms" "648010" "encode ns/byte" "decode_add ns/byte" "wrote $R/profile-mlp.json"
+  "update ms" "data ms" "648010" "encode ns/byte" "decode_add ns/byte" "method work" "sapipe:wp3" \
+  "wrote $R/profile-mlp.json"
 expect_contains "profile/mlp-progress" "$R/profile-mlp.err" "profiling mlp (3 layers, 648010 parameters)"
 if grep -q $'\r' "$R/profile-mlp.err"; then fail "profile/progress-plain-lines" "carriage return"; else pass "profile/progress-plain-lines"; fi
 pycheck "profile/mlp-file" "$R/profile-mlp.json" "${DATA_ARGS[*]}" <<'PY'
@@ -52,6 +53,8 @@ assert set(p["codecs"]) == {"none", "bf16", "int8"}, p["codecs"]
 for name, cost in p["codecs"].items():
     assert set(cost) == {"encode", "decode", "decode_add"}, (name, cost)
     assert all(v > 0 for v in cost.values()), (name, cost)
+assert set(p["method_costs"]) == {"sapipe:" + c for c in ("none", "dc", "wp1", "wp2", "wp3")}, p.get("method_costs")
+assert all(v > 0 for v in p["method_costs"].values()), p["method_costs"]
 PY
 run profile --model mlp --iters 2 --data synthetic --quiet --out "$R/profile-quiet/mlp.json" \
   >"$R/profile-quiet.out" 2>"$R/profile-quiet.err"

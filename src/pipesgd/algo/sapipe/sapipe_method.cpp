@@ -7,6 +7,7 @@
 #include "pipesgd/algo/sapipe/sapipe.h"
 #include "pipesgd/algo/sapipe/sapipe_report.h"
 #include "pipesgd/algo/sapipe/sapipe_simulation.h"
+#include "pipesgd/algo/sapipe/stale_compensation.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/core/error.h"
 
@@ -101,6 +102,14 @@ MethodDescriptor sapipe_method(const std::string& baseline) {
   method.parse = parse_sapipe_options;
   method.make = [](const MethodContext& context) { return std::make_unique<SaPipe>(context); };
   method.simulate = simulate_sapipe;
+  method.measure_costs = [](std::size_t elements, const SgdOptions& sgd, int repetitions) {
+    std::map<std::string, double> costs;
+    for (std::size_t k = 0; k < compensation_names().size(); ++k) {
+      const auto kind = static_cast<Compensation>(k);
+      costs[sapipe_compensation_cost_name(kind)] = measure_stale_update_seconds(kind, elements, sgd, repetitions);
+    }
+    return costs;
+  };
   method.advise = [](int) {
     return std::vector<AdvisedVariant>{
         {"sapipe", {},

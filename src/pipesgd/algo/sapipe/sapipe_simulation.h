@@ -7,13 +7,22 @@
 // that holds it (waiting for its allreduce); backward hands each synchronous bucket to the comm
 // thread when its lowest layer is done and the stale range after layer 0. The first warm-up
 // iterations run synchronously (one allreduce after backward, applied at once).
-// Compensation cost (an assumption, per element of the stale range, in SGD updates of the same
-// elements): none 0, dc 1, wp1 1, wp2 1, wp3 2.
+// The stale range's update and compensation cost: the profile's measured seconds per element for
+// the compensation (method_costs "sapipe:<compensation>", measured by `pipesgd profile` with the
+// runtime's StaleCompensation: the update and compensation together, charged as the trainer times
+// them: "update" for none, "compensation" otherwise). A profile without it (the shipped paper
+// profiles) gets an estimate in SGD updates of the stale range: the update, plus none 0, dc 1,
+// wp1 1, wp2 1, wp3 2 more.
 #include <memory>
+#include <string>
 
+#include "pipesgd/algo/sapipe/sapipe_options.h"
 #include "pipesgd/algo/simulated_method.h"
 
 namespace pipesgd {
+
+// The profile's method_costs key for `compensation`: "sapipe:none", "sapipe:wp3", ...
+std::string sapipe_compensation_cost_name(Compensation compensation);
 
 std::unique_ptr<SimulatedMethod> simulate_sapipe(const SimulationContext& context);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/optim/fused_update.h"
 
@@ -156,6 +157,24 @@ void StaleCompensation::load(const CheckpointReader& in, const std::string& pref
   load_buffer("last_step", last_step_);
   load_buffer("true_weights", true_weights_);  // sized by use_stale_range before
   bounded_compensations_ = bounded;
+}
+
+double measure_stale_update_seconds(Compensation kind, std::size_t elements, const SgdOptions& sgd, int repetitions) {
+  PIPESGD_ASSERT(elements >= 1 && repetitions >= 1);
+  std::vector<float> weights(elements), gradient(elements);
+  for (std::size_t i = 0; i < elements; ++i) {
+    weights[i] = 0.01f * static_cast<float>(static_cast<int>(i % 201) - 100);
+    gradient[i] = 1e-4f * static_cast<float>(static_cast<int>(i % 97) - 48);
+  }
+  Sgd optimizer(elements, sgd);
+  StaleCompensation compensation(kind, static_cast<float>(kSapipeDefaultLambda), false, 0.5f, elements);
+  compensation.use_stale_range(weights, elements);
+  for (std::int64_t t = 0; t < 2; ++t) compensation.record_local_gradient(gradient, 0, elements, t);
+  const double seconds = median_seconds(repetitions, [&] {
+    compensation.step_stale(optimizer, weights, gradient.data(), elements, true);
+    if (compensation.predicts()) compensation.predict(optimizer, weights, elements, 2, gradient.data());
+  });
+  return seconds / static_cast<double>(elements);
 }
 
 }  // namespace pipesgd

@@ -33,10 +33,17 @@
 #include "pipesgd/algo/sapipe/sapipe_options.h"
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/optim/optimizer.h"
+#include "pipesgd/optim/sgd.h"
 
 namespace pipesgd {
 
 inline constexpr double kDelayCompensationBound = 0.29289321881345254;  // 1 - 1/sqrt(2)
+
+// The stale range's work per iteration with `kind`, in seconds per element, as the trainer times it
+// (SaPipe::update_stale_range: step_stale, and for weight prediction predict; "update" for none):
+// the median of `repetitions` (>= 1) over a range of `elements` (>= 1) with the optimizer `sgd`.
+// What `pipesgd profile` records for the simulator (MethodDescriptor::measure_costs).
+double measure_stale_update_seconds(Compensation kind, std::size_t elements, const SgdOptions& sgd, int repetitions);
 
 class StaleCompensation {
  public:
