@@ -101,9 +101,11 @@ TEST_P(EveryAlgorithm, SumsAreRightAndTimeIsPositive) {
     EXPECT_EQ(result.simulated_seconds, 0.0);
     EXPECT_EQ(result.bytes_sent_per_rank, 0u);
   } else if (c.count == 0) {
-    // Nothing to move: at most the latencies of empty messages (no algorithm sends more than
-    // 2(p-1) in sequence).
-    EXPECT_LE(result.simulated_seconds, 2 * (c.ranks - 1) * kLatency * (1 + 1e-9));
+    // Nothing to move: the simulated time is whole message latencies of empty messages, and no
+    // algorithm has more than 2(p-1) of them in sequence.
+    const double latencies = result.simulated_seconds / kLatency;
+    EXPECT_NEAR(latencies, std::round(latencies), 1e-6);
+    EXPECT_LE(std::lround(latencies), 2 * (c.ranks - 1));
   } else {
     EXPECT_GT(result.simulated_seconds, kLatency);
     EXPECT_GT(result.bytes_sent_per_rank, 0u);
