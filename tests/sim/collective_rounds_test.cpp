@@ -124,6 +124,18 @@ TEST(ModelledAllreduce, FlatIdealIsTableTwo) {
   EXPECT_EQ(model_allreduce("ring", flat(1)).rounds, 0);
 }
 
+// Direct's all-to-all above 64 workers is played as its permutations one after another (bytes
+// add up, one latency; sim/collective_rounds.cpp): on a flat switch that is the concurrent round,
+// i.e. one latency per round and Table II's bytes.
+TEST(ModelledAllreduce, LargeAllToAllIsPlayedAsPermutations) {
+  for (int p : {64, 65, 300}) {
+    const ModelledAllreduce model = model_allreduce("direct", flat(p));
+    const double per_byte = 2.0 * (p - 1) / p / kBandwidth;
+    EXPECT_NEAR(model.latency_seconds, 2 * kLatency, 1e-9 * kLatency) << p << " ranks";
+    EXPECT_NEAR(model.seconds_per_byte, per_byte, 1e-9 * per_byte) << p << " ranks";
+  }
+}
+
 // The tree's parent receives from two children at once on one link: the rounds see it, Table II
 // does not (one message time per level).
 TEST(ModelledAllreduce, TreeChildrenShareTheirParentsLink) {

@@ -343,7 +343,7 @@ std::vector<SpecCase> every_method_cases() {
     for (int workers : {1, 2, 3, 64, 1024}) cases.push_back({spec, workers});
   }
   for (const std::string algorithm : {"recursive-doubling", "halving-doubling", "tree", "direct", "auto"}) {
-    for (int workers : {1, 2, 3, 64}) cases.push_back({"dsync", workers, algorithm});
+    for (int workers : {1, 2, 3, 64, 1024}) cases.push_back({"dsync", workers, algorithm});
   }
   return cases;
 }
