@@ -10,6 +10,7 @@
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/cli/commands.h"
 #include "pipesgd/cli/simulation_flags.h"
+#include "pipesgd/core/json_file.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
@@ -176,7 +177,7 @@ int run_advise(const AdviseFlags& flags) {
   }
   if (!flags.out_dir.empty()) {
     prepare_output_directory(flags.out_dir);
-    write_file_atomically(std::filesystem::path(flags.out_dir) / "advise.json", records.dump(2) + "\n", "advise");
+    write_json_file(std::filesystem::path(flags.out_dir) / "advise.json", records, "advise");
     std::cout << "wrote " << flags.out_dir << "/advise.json\n";
   }
   return 0;

@@ -13,6 +13,7 @@
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/timeout.h"
+#include "pipesgd/core/json_file.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
@@ -229,7 +230,7 @@ int run_bench_allreduce(const BenchFlags& flags, MpiSession* session) {
   if (!leader) return 0;
   flush_size();
   if (!flags.out.empty()) {
-    write_file_atomically(std::filesystem::path(flags.out) / "allreduce.json", rows.dump(2) + "\n", "benchmark");
+    write_json_file(std::filesystem::path(flags.out) / "allreduce.json", rows, "benchmark");
     std::printf("\nwrote %s/allreduce.json\n", flags.out.c_str());
   }
   if (!all_correct) {

@@ -12,6 +12,7 @@
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/cli/commands.h"
 #include "pipesgd/comm/network_spec.h"
+#include "pipesgd/core/json_file.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
@@ -225,7 +226,7 @@ int run_plan(const PlanFlags& flags) {
                                        {"sequential_iteration_eq5_s", sequential},
                                        {"scaling_efficiency_eq7", efficiency},
                                        {"pipelined_eq6", pipelined_records}}}};
-    write_file_atomically(std::filesystem::path(flags.out) / "plan.json", document.dump(2) + "\n", "plan");
+    write_json_file(std::filesystem::path(flags.out) / "plan.json", document, "plan");
     std::cout << "wrote " << flags.out << "/plan.json\n";
   }
   return 0;

@@ -12,6 +12,7 @@
 #include "pipesgd/cli/simulation_flags.h"
 #include "pipesgd/cli/train_options.h"
 #include "pipesgd/comm/network_spec.h"
+#include "pipesgd/core/json_file.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
@@ -151,7 +152,7 @@ int run_simulate(const SimulateFlags& flags) {
   std::cout << "simulated " << describe_simulation(profile, base) << ", " << base.iterations << " measured iterations\n";
   print_table(std::cout, rows);
   if (!flags.out_dir.empty()) {
-    write_file_atomically(std::filesystem::path(flags.out_dir) / "simulate.json", records.dump(2) + "\n", "simulate");
+    write_json_file(std::filesystem::path(flags.out_dir) / "simulate.json", records, "simulate");
     std::cout << "wrote " << flags.out_dir << "/simulate.json\n";
   }
   if (!flags.trace.empty()) {

@@ -52,4 +52,9 @@ nlohmann::json read_json_file(const std::string& path, const std::string& source
   }
 }
 
+void write_json_file(const std::filesystem::path& path, const nlohmann::json& value, std::string_view what,
+                     AtomicWrite durability) {
+  write_file_atomically(path, value.dump(2) + "\n", what, durability);
+}
+
 }  // namespace pipesgd

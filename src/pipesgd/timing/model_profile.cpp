@@ -189,7 +189,7 @@ ModelProfile load_model_profile(const std::string& path) {
 
 void save_model_profile(const ModelProfile& profile, const std::string& path) {
   validate_model_profile(profile, concat("cannot save profile to '", path, "'"));
-  write_file_atomically(path, to_json(profile).dump(2) + "\n", "profile file");
+  write_json_file(path, to_json(profile), "profile file");
 }
 
 ModelProfile scale_compute(const ModelProfile& profile, double scale) {

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "pipesgd/algo/registry.h"
+#include "pipesgd/core/json_file.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/interrupt.h"
@@ -81,7 +82,7 @@ nlohmann::json interruption_to_json(const std::optional<Interruption>& interrupt
 
 void write_summary_file(const std::string& dir, const RunSummary& summary) {
   // A run stopped by a signal may be killed soon (mpirun: 1 s after its SIGTERM): no disk wait.
-  write_file_atomically(std::filesystem::path(dir) / "summary.json", summary_to_json(summary).dump(2) + "\n", "summary",
+  write_json_file(std::filesystem::path(dir) / "summary.json", summary_to_json(summary), "summary",
                         summary.interrupted ? AtomicWrite::kProcessCrash : AtomicWrite::kDurable);
 }
 
@@ -207,7 +208,7 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
     f.report->add_json(record, f);
     records.push_back(record);
   }
-  write_file_atomically(std::filesystem::path(dir) / "compare.json", records.dump(2) + "\n", "compare");
+  write_json_file(std::filesystem::path(dir) / "compare.json", records, "compare");
 }
 
 }  // namespace pipesgd
