@@ -79,7 +79,8 @@ class Simulation {
     sg4::Engine& engine = start_simulation_engine();
     const SimulationContext context{profile_, options_.workers, selection_.common, *selection_.options,
                                     warmup_iterations_, planning_cost()};
-    const int servers = selection_.descriptor->simulate(context)->servers();
+    std::unique_ptr<SimulatedMethod> first = selection_.descriptor->simulate(context);  // worker 0's
+    const int servers = first->servers();
     servers_ = servers;
     // Without jitter, servers or messages, every worker's timeline is the same as every other's
     // (the modelled collectives treat them alike): one worker stands for all, which keeps large
@@ -95,7 +96,7 @@ class Simulation {
     std::string schedule;
     for (int w = 0; w < simulated_; ++w) {
       Worker& worker = workers_[static_cast<std::size_t>(w)];
-      worker.method = selection_.descriptor->simulate(context);
+      worker.method = w == 0 ? std::move(first) : selection_.descriptor->simulate(context);
       if (w == 0) schedule = worker.method->describe();
       sg4::Host* host = hosts[static_cast<std::size_t>(w)];
       sg4::ActorPtr compute = sg4::Actor::create(concat("worker", w, "-compute"), host, [this, w] { guarded(w, [&] { run_compute(w); }); });
