@@ -7,11 +7,13 @@
 #   bash scripts/validate-simulator.sh [--models mlp,cnn,resnet] [--workers 2] [--iters N]
 #                                      [--net 10gbe] [--algos LIST] [BUILD_DIR=build]
 #
-# The profile is measured with --workers W over 200 iterations (W replicas computing at once, long
-# enough that they overlap for most of the measurement, as the run's workers do on
-# this machine's cores: with more workers than cores each replica is slower by about W/cores, which
-# is how the sharing is modelled). A worker's comm thread shares a core with compute threads, so the
-# simulation runs with --comm-shares-core (the codecs' CPU work competes with compute).
+# The profile is measured with --workers W --in-run --net NET over 200 iterations: each layer's
+# backward, the forward and the update come from W workers of a D-Sync run over the same emulated
+# network (the contention of their compute threads, comm threads and links on this machine's cores,
+# which W replicas side by side do not reproduce); the forward's split over the layers, the data
+# time and the codecs' costs from W replicas at once. A worker's comm thread shares a core with
+# compute threads, so the simulation runs with --comm-shares-core (the codecs' CPU work competes
+# with compute).
 # Prints per model and method: measured and simulated iteration (ms) and the simulation's error
 # (simulated / measured - 1). Exit 0 when every run succeeded (it measures; the reader judges).
 set -euo pipefail
@@ -38,11 +40,12 @@ CORES=$(nproc)
 OUT=${VALIDATE_OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 echo "validate-simulator: models $MODELS, $WORKERS workers on $CORES cores (profiled $WORKERS at once), --net $NET," \
-     "$ITERS iterations, methods $ALGOS; files in $OUT; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+     "$ITERS iterations, methods $ALGOS; profiles --in-run; files in $OUT; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 IFS=, read -r -a models <<<"$MODELS"
 for model in "${models[@]}"; do
-  # Measured as the run computes: WORKERS replicas at once on this machine's cores.
-  "$BIN" profile --model "$model" --workers "$WORKERS" --iters 200 --quiet --out "$OUT/$model-profile.json" >/dev/null
+  # Measured as the run computes: WORKERS workers of a D-Sync run on this machine's cores.
+  "$BIN" profile --model "$model" --workers "$WORKERS" --in-run --net "$NET" --iters 200 --quiet \
+    --out "$OUT/$model-profile.json" >/dev/null
   "$BIN" compare --model "$model" --workers "$WORKERS" --net "$NET" --algos "$ALGOS" --iters "$ITERS" --no-eval \
     --quiet --out "$OUT/$model-measured" >"$OUT/$model-measured.txt"
   "$BIN" simulate --profile "$OUT/$model-profile.json" --workers "$WORKERS" --net "$NET" --network-model ideal \

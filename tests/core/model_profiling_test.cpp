@@ -167,6 +167,66 @@ TEST(ModelProfiling, ReplicasAtOnceAreAveragedAndSaySo) {
   EXPECT_THROW(measure_concurrent_profile({}, data.train, small_options()), UsageError);
 }
 
+// A profile of three layers whose forward splits 1 : 2 : 1 and whose data takes 1 ms.
+MeasuredProfile three_layer_profile() {
+  MeasuredProfile measured;
+  measured.profile.model = "three";
+  measured.profile.data_seconds = 1e-3;
+  measured.profile.update_seconds = 5e-4;
+  measured.profile.layers = {{"a", 100, 1e-3, 9e-3}, {"b", 200, 2e-3, 9e-3}, {"c", 100, 1e-3, 9e-3}};
+  return measured;
+}
+
+TEST(ModelProfiling, RunComputeReplacesBackwardForwardAndUpdate) {
+  MeasuredProfile measured = three_layer_profile();
+  RunCompute run;
+  run.layers.backward_seconds = {3e-3, 4e-3, 5e-3};
+  run.layers.forward_seconds = 9e-3;  // data (the profile's 1 ms) + forward 8 ms
+  run.update_seconds = 7e-4;
+  run.workers = 2;
+  run.network = "10gbe";
+  adopt_run_compute(measured, run);
+  const ModelProfile& profile = measured.profile;
+  // Forward 8 ms split 1 : 2 : 1 as the profile measured it; backward and update the run's.
+  EXPECT_DOUBLE_EQ(profile.layers[0].forward_seconds, 2e-3);
+  EXPECT_DOUBLE_EQ(profile.layers[1].forward_seconds, 4e-3);
+  EXPECT_DOUBLE_EQ(profile.layers[2].forward_seconds, 2e-3);
+  EXPECT_DOUBLE_EQ(profile.layers[0].backward_seconds, 3e-3);
+  EXPECT_DOUBLE_EQ(profile.layers[1].backward_seconds, 4e-3);
+  EXPECT_DOUBLE_EQ(profile.layers[2].backward_seconds, 5e-3);
+  EXPECT_DOUBLE_EQ(profile.update_seconds, 7e-4);
+  EXPECT_DOUBLE_EQ(profile.data_seconds, 1e-3);  // the profile's
+  EXPECT_EQ(profile.layers[1].parameters, 200u);
+  const std::string source = measured_profile_source(measured, "h", "d", 5);
+  EXPECT_NE(source.find("means of a 2-worker D-Sync run over network 10gbe"), std::string::npos) << source;
+}
+
+TEST(ModelProfiling, RunComputeWithoutProfiledForwardSplitsByParameters) {
+  MeasuredProfile measured = three_layer_profile();
+  for (ProfiledLayer& layer : measured.profile.layers) layer.forward_seconds = 0;
+  RunCompute run;
+  run.layers.backward_seconds = {1e-3, 1e-3, 1e-3};
+  run.layers.forward_seconds = 5e-3;
+  adopt_run_compute(measured, run);
+  EXPECT_DOUBLE_EQ(measured.profile.layers[0].forward_seconds, 1e-3);
+  EXPECT_DOUBLE_EQ(measured.profile.layers[1].forward_seconds, 2e-3);
+  // A run faster before backward than the profile's data time: forward 0, not negative.
+  MeasuredProfile fast = three_layer_profile();
+  run.layers.forward_seconds = 5e-4;
+  adopt_run_compute(fast, run);
+  for (const ProfiledLayer& layer : fast.profile.layers) EXPECT_EQ(layer.forward_seconds, 0);
+}
+
+TEST(ModelProfiling, RunComputeMustMatchTheLayers) {
+  MeasuredProfile measured = three_layer_profile();
+  RunCompute run;
+  run.layers.backward_seconds = {1e-3, 1e-3};
+  EXPECT_THROW(adopt_run_compute(measured, run), UsageError);
+  run.layers.backward_seconds = {1e-3, 1e-3, 1e-3};
+  measured.backward_all_reported = false;  // a model whose layers the run cannot time
+  EXPECT_THROW(adopt_run_compute(measured, run), UsageError);
+}
+
 TEST(ModelProfiling, BadOptions) {
   const DataSplits data = small_data();
   SoftmaxRegression model(784, 10, 1);

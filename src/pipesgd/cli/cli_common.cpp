@@ -4,6 +4,8 @@
 #include <sstream>
 #include <string_view>
 
+#include "pipesgd/algo/planning.h"
+#include "pipesgd/algo/registry.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/torch/torch_models.h"
@@ -127,6 +129,30 @@ std::string pipesgd_version() { return PIPESGD_VERSION; }
 
 void prepare_output_directory(const std::string& dir) {
   if (!dir.empty()) ensure_writable_directory(dir, "--out");
+}
+
+TrainConfig layer_wise_profiling_config(OptionValues method_options, std::int64_t profile_iterations, int workers,
+                                        const std::string& model, std::int64_t batch, std::int64_t seed,
+                                        const NetworkSpec& network) {
+  checked_profile_iterations(profile_iterations);
+  if (seed < 0) throw UsageError(concat("--seed must be >= 0, got ", seed));
+  if (batch < 1 || batch > static_cast<std::int64_t>(kMaxBatch)) {
+    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", batch));
+  }
+  method_options.set("--profile-iters", concat(profile_iterations));
+  TrainConfig config;
+  config.method = select_method(layer_wise_profiling_spec(), method_options, FlagPolicy::kReject, CommonOptions{});
+  config.workers = workers;
+  config.model = model;
+  config.batch = static_cast<std::size_t>(batch);
+  config.iterations = kProfileWarmupIterations + profile_iterations;
+  config.seed = static_cast<std::uint64_t>(seed);
+  config.network = network;
+  config.progress = false;
+  config.evaluate = false;
+  config.warn_short_run = false;  // the profile ends where the plan is made, by design
+  validate_train_config(config);
+  return config;
 }
 
 }  // namespace pipesgd

@@ -10,6 +10,7 @@
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/mpi/mpi_runtime.h"
 #include "pipesgd/mpi/mpi_transport.h"
+#include "pipesgd/train/run_config.h"
 
 namespace pipesgd {
 
@@ -74,5 +75,14 @@ std::string pipesgd_version();
 // --out: a directory for every subcommand. Creates it and checks that files can be written there
 // (before any work); "" when not given.
 void prepare_output_directory(const std::string& dir);
+
+// A run of the layer-wise profiling method (algo/registry.h: layer_wise_profiling_spec()) on
+// `workers` threads over `network`, to the end of its first plan (warm-up + `profile_iterations`;
+// `method_options` the method's other flags, e.g. --codec), without evaluation or progress output:
+// how `plan` and `profile --in-run` measure a model as a run's workers compute. UsageError naming
+// the flag for anything out of range (validate_train_config).
+TrainConfig layer_wise_profiling_config(OptionValues method_options, std::int64_t profile_iterations, int workers,
+                                        const std::string& model, std::int64_t batch, std::int64_t seed,
+                                        const NetworkSpec& network);
 
 }  // namespace pipesgd

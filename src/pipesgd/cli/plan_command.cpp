@@ -73,32 +73,16 @@ std::string plan_equation(const std::string& name) {
 
 // Runs on threads of this process (plan has no --transport).
 int run_plan(const PlanFlags& flags) {
-  checked_profile_iterations(flags.profile_iterations);
-  if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
-  if (flags.batch < 1 || flags.batch > static_cast<std::int64_t>(kMaxBatch)) {
-    throw UsageError(concat("--batch must be in [1, ", kMaxBatch, "], got ", flags.batch));
-  }
   const std::vector<std::string> plans = split_list(flags.plans);
   for (const std::string& plan : plans) check_bucket_plan_name(plan);
   // The profile is measured exactly as a layer-wise run measures it: a run of the registry's
   // profiling method on --workers threads over the emulated network, to the end of its planning step
-  // (cost model, kappa), whose inputs every plan below is computed from.
-  OptionValues options{{"--codec", flags.codec},
-                       {"--allreduce", flags.allreduce},
-                       {"--profile-iters", concat(flags.profile_iterations)}};
+  // (cost model, kappa), whose inputs every plan below is computed from. Checked before any data loads.
+  OptionValues options{{"--codec", flags.codec}, {"--allreduce", flags.allreduce}};
   if (!flags.calibration_file.empty()) options.set("--calibration", flags.calibration_file);
-  TrainConfig config;
-  config.method = select_method(layer_wise_profiling_spec(), options, FlagPolicy::kReject, CommonOptions{});
-  config.workers = flags.workers;
-  config.model = flags.model;
-  config.batch = static_cast<std::size_t>(flags.batch);
-  config.iterations = kProfileWarmupIterations + flags.profile_iterations;
-  config.seed = static_cast<std::uint64_t>(flags.seed);
-  config.network = parse_network_spec(flags.network, "--net");
-  config.progress = false;
-  config.evaluate = false;
-  config.warn_short_run = false;  // the profile ends where the plan is made, by design
-  validate_train_config(config);  // before loading any data
+  const TrainConfig config =
+      layer_wise_profiling_config(options, flags.profile_iterations, flags.workers, flags.model, flags.batch, flags.seed,
+                                  parse_network_spec(flags.network, "--net"));
   prepare_output_directory(flags.out);
   const NetworkSpec& network = config.network;
   const CommonOptions& common = config.method.common;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "pipesgd/cli/commands.h"
 #include "pipesgd/collective/codec.h"
@@ -15,8 +16,11 @@
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
+#include "pipesgd/algo/planning.h"
+#include "pipesgd/comm/network_spec.h"
 #include "pipesgd/train/model_profiling.h"
 #include "pipesgd/train/run_config.h"
+#include "pipesgd/train/trainer.h"
 
 namespace pipesgd {
 namespace {
@@ -30,6 +34,8 @@ struct ProfileFlags {
   std::int64_t seed = 1;
   std::int64_t iterations = kDefaultProfilingIterations;
   int workers = 1;
+  bool in_run = false;
+  std::string network = "none";
   std::string out;
   bool quiet = false;
 };
@@ -52,6 +58,13 @@ void add_profile_flags(CLI::App& command, ProfileFlags& flags) {
   command.add_option("--workers", flags.workers,
                      "Replicas measured at once, each on its own thread, as a run's workers compute side by side on "
                      "this machine (the mean of their figures); 1: one model alone")
+      ->capture_default_str();
+  command.add_flag("--in-run", flags.in_run,
+                   "Also run --workers workers of a synchronous training run (D-Sync, threads, links emulated by --net) "
+                   "and take each layer's backward, the forward and the update from it: the compute as a run's "
+                   "workers do it while they communicate (needs --workers >= 2)");
+  command.add_option("--net", flags.network,
+                     "--in-run's network: none, 1gbe, 10gbe, 25gbe, 100gbe or bw=1Gbit,lat=200us")
       ->capture_default_str();
   command.add_option("--out", flags.out, "Profile JSON file to write (the input of `pipesgd simulate --profile`)")
       ->required();
@@ -98,6 +111,14 @@ int run_profile(const ProfileFlags& flags) {
   }
   if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
   if (flags.workers < 1 || flags.workers > 256) throw UsageError(concat("--workers must be in [1, 256], got ", flags.workers));
+  std::optional<TrainConfig> run_config;
+  if (flags.in_run) {
+    if (flags.workers < 2) throw UsageError("--in-run needs --workers >= 2 (a run of one worker does not communicate)");
+    run_config = layer_wise_profiling_config({}, flags.iterations, flags.workers, flags.model, flags.batch, flags.seed,
+                                             parse_network_spec(flags.network, "--net"));
+  } else if (flags.network != "none") {
+    throw UsageError("--net is --in-run's network; add --in-run");
+  }
   check_model_flags(flags.model, flags.loss);
   prepare_output_file(flags.out);
   const DataSplits data = load_data_set(flags.data, flags.data_dir, flags.seed);
@@ -141,13 +162,27 @@ int run_profile(const ProfileFlags& flags) {
     };
   }
   MeasuredProfile measured = measure_concurrent_profile(models, data.train, options);
+  if (run_config) {
+    if (!flags.quiet) {
+      std::cerr << "profile: running " << flags.workers << " workers of D-Sync over network "
+                << describe(run_config->network) << " for " << run_config->iterations << " iterations ("
+                << format_number("%.1f", elapsed.seconds()) << " s)" << std::endl;
+    }
+    const RunSummary run = run_training(*run_config, factory, data);
+    const PlanningInputs* planned = run.figures.report->planning_inputs();
+    PIPESGD_ASSERT(planned != nullptr);  // the profiling method plans within its iterations
+    adopt_run_compute(measured, RunCompute{planned->profile, planned->update_seconds, flags.workers,
+                                           describe(run_config->network)});
+  }
   ModelProfile& profile = measured.profile;
   profile.source = measured_profile_source(measured, host_name(), today(), flags.iterations);
   save_model_profile(profile, flags.out);
 
   std::cout << "pipesgd profile: " << flags.model << ", batch " << profile.batch << ", medians of " << flags.iterations
             << " iterations (" << (flags.workers == 1 ? std::string("1 thread") : concat(flags.workers, " replicas at once, their mean"))
-            << ")\n";
+            << ")" << (run_config ? concat("; backward, forward and update: means of a ", flags.workers, "-worker D-Sync run")
+                                  : std::string())
+            << "\n";
   print_table(std::cout, {{"layers", "parameters", "forward ms", "backward ms", "update ms", "data ms"},
                           {concat(profile.layers.size()), concat(profile.parameters()),
                            milliseconds(profile.forward_seconds()), milliseconds(profile.backward_seconds()),

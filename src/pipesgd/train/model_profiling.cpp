@@ -209,6 +209,35 @@ MeasuredProfile measure_model_profile(Model& model, const Dataset& train, const 
   return measured;
 }
 
+void adopt_run_compute(MeasuredProfile& measured, const RunCompute& run) {
+  ModelProfile& profile = measured.profile;
+  const std::size_t layers = profile.layers.size();
+  if (run.layers.backward_seconds.size() != layers) {
+    throw UsageError(concat("profile: the run measured ", run.layers.backward_seconds.size(),
+                            " layers, the profile has ", layers));
+  }
+  if (!measured.backward_all_reported) {
+    throw UsageError("profile: the model does not report every layer's backward, so a run cannot measure them");
+  }
+  double profiled_forward = 0, parameters = 0;
+  for (const ProfiledLayer& layer : profile.layers) {
+    profiled_forward += layer.forward_seconds;
+    parameters += static_cast<double>(layer.parameters);
+  }
+  const double forward = std::max(0.0, run.layers.forward_seconds - profile.data_seconds);
+  for (std::size_t l = 0; l < layers; ++l) {
+    ProfiledLayer& layer = profile.layers[l];
+    const double share = profiled_forward > 0 ? layer.forward_seconds / profiled_forward
+                         : parameters > 0     ? static_cast<double>(layer.parameters) / parameters
+                                              : 1.0 / static_cast<double>(layers);
+    layer.forward_seconds = forward * share;
+    layer.backward_seconds = std::max(0.0, run.layers.backward_seconds[l]);
+  }
+  profile.update_seconds = std::max(0.0, run.update_seconds);
+  measured.run_workers = run.workers;
+  measured.run_network = run.network;
+}
+
 std::map<std::string, CodecCost> measure_codec_costs(std::span<const float> values, int repetitions) {
   if (repetitions < 1) throw UsageError(concat("codec timing: repetitions must be >= 1, got ", repetitions));
   std::map<std::string, CodecCost> costs;
@@ -282,6 +311,11 @@ std::string measured_profile_source(const MeasuredProfile& measured, const std::
                               iterations == 1 ? " iteration" : " iterations", ", batch ", measured.profile.batch);
   if (measured.replicas > 1) {
     source += concat(", ", measured.replicas, " replicas at once (the mean of their medians)");
+  }
+  if (measured.run_workers > 0) {
+    source += concat("; each layer's backward, the forward and the update are means of a ", measured.run_workers,
+                     "-worker D-Sync run over network ", measured.run_network,
+                     " (the layer-wise profiling phase), the forward split over the layers as the profile measured it");
   }
   if (!measured.forward_from_hooks) {
     source += "; the model reports no forward progress: each layer's forward_seconds is the whole forward split in "

@@ -34,6 +34,7 @@
 #include "pipesgd/core/model.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/optim/sgd.h"
+#include "pipesgd/timing/bucket_plan.h"
 #include "pipesgd/timing/model_profile.h"
 
 namespace pipesgd {
@@ -60,6 +61,10 @@ struct MeasuredProfile {
   int replicas = 1;                 // models measured at once (measure_concurrent_profile)
   bool forward_from_hooks = false;  // false: the whole forward split by backward times
   bool backward_all_reported = true;  // false: some segment's backward was inferred (see above)
+  // adopt_run_compute: the workers of the run whose compute the profile carries (0: none), and its
+  // network as describe(NetworkSpec) names it.
+  int run_workers = 0;
+  std::string run_network;
 };
 
 // Measures `model` on batches of `train` (UsageError for options out of range, or a batch larger
@@ -73,6 +78,25 @@ MeasuredProfile measure_model_profile(Model& model, const Dataset& train, const 
 // first replica's error), UsageError for no model.
 MeasuredProfile measure_concurrent_profile(const std::vector<Model*>& models, const Dataset& train,
                                            const ProfilingOptions& options);
+
+// What a run of W workers measured while they computed and communicated: the layer-wise methods'
+// profiling phase (algo/planning.h: D-Sync with one allreduce after backward), means over its
+// iterations and workers. `run.backward_seconds` is per segment of the profiled model's layout,
+// `run.forward_seconds` the time before backward (data + forward).
+struct RunCompute {
+  LayerProfile layers;
+  double update_seconds = 0;
+  int workers = 0;
+  std::string network;  // describe(NetworkSpec)
+};
+
+// Makes `measured` carry the run's compute (the contention of its workers, comm threads and links,
+// which no side-by-side profile reproduces): each layer's backward is the run's; the run's forward
+// (its time before backward less the profile's data time, at least 0) is split over the layers in
+// the proportions of the profile's own forward times (by parameter count if those are all 0); the
+// update is the run's. Data time and codec and method costs stay the profile's. UsageError if the
+// run's layers are not the profile's, or if the model did not report every layer's backward.
+void adopt_run_compute(MeasuredProfile& measured, const RunCompute& run);
 
 // CPU seconds per fp32 byte of encode, decode and decode_add of every codec (codec_names()) on a
 // buffer holding `values`: the median of `repetitions` timed runs after one untimed one.

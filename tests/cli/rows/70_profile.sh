@@ -19,7 +19,11 @@ row profile-out-directory   2 "is a directory; give a file name" profile --model
 row profile-batch-too-large 2 "--batch 20000 is larger than the training set" \
   profile --model mlp --data synthetic --batch 20000 --iters 3 --out "$R/big.json"
 
-help_lists_flags profile --model --loss --data --data-dir --batch --seed --iters --workers --out --quiet -- profile
+row profile-in-run-one-worker 2 "--in-run needs --workers >= 2" profile --model mlp --iters 3 --in-run --out "$R/r1.json"
+row profile-net-without-in-run 2 "--net is --in-run's network; add --in-run" \
+  profile --model mlp --iters 3 --workers 2 --net 10gbe --out "$R/n.json"
+row profile-in-run-bad-net  2 "--net" profile --model mlp --iters 3 --workers 2 --in-run --net warp9 --out "$R/n.json"
+help_lists_flags profile --model --loss --data --data-dir --batch --seed --iters --workers --in-run --net --out --quiet -- profile
 run --help >"$R/profile-top-help.out" 2>&1
 expect_contains "profile/top-level-help" "$R/profile-top-help.out" "profile"
 run frob >"$R/profile-unknown-command.out" 2>&1
@@ -87,4 +91,20 @@ assert [(l["name"], l["parameters"]) for l in p["layers"]] == [("fc1", 392500), 
 assert "the model reports no forward progress" in p["source"], p["source"]
 assert all(l["forward_seconds"] > 0 and l["backward_seconds"] > 0 for l in p["layers"]), p["layers"]
 assert set(p["codecs"]) == {"none", "bf16", "int8"}, p["codecs"]
+PY
+
+# Through a run: 2 workers of D-Sync over emulated 10GbE measure each layer's backward, the forward
+# and the update (the layer-wise profiling phase); the source says so, the layers are the same.
+run profile --model mlp --iters 4 --data synthetic --workers 2 --in-run --net 10gbe --out "$R/profile-in-run.json" \
+  >"$R/profile-in-run.out" 2>"$R/profile-in-run.err"
+expect_success "profile/in-run-exit-0" $? "$R/profile-in-run.out" "$R/profile-in-run.err"
+expect_contains "profile/in-run-progress" "$R/profile-in-run.err" "running 2 workers of D-Sync over network"
+expect_contains "profile/in-run-table" "$R/profile-in-run.out" "backward, forward and update: means of a 2-worker D-Sync run"
+pycheck "profile/in-run-file" "$R/profile-in-run.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert [(l["name"], l["parameters"]) for l in p["layers"]] == [("fc1", 392500), ("fc2", 250500), ("fc3", 5010)], p["layers"]
+assert "means of a 2-worker D-Sync run over network " in p["source"], p["source"]
+assert all(l["forward_seconds"] > 0 and l["backward_seconds"] > 0 for l in p["layers"]), p["layers"]
+assert p["update_seconds"] > 0, p
 PY
