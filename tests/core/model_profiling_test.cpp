@@ -55,6 +55,16 @@ void expect_codecs(const ModelProfile& profile) {
   }
 }
 
+// A profile of three layers whose forward splits 1 : 2 : 1 and whose data takes 1 ms.
+MeasuredProfile three_layer_profile() {
+  MeasuredProfile measured;
+  measured.profile.model = "three";
+  measured.profile.data_seconds = 1e-3;
+  measured.profile.update_seconds = 5e-4;
+  measured.profile.layers = {{"a", 100, 1e-3, 9e-3}, {"b", 200, 2e-3, 9e-3}, {"c", 100, 1e-3, 9e-3}};
+  return measured;
+}
+
 TEST(ModelProfiling, SoftmaxFromItsReports) {
   const DataSplits data = small_data();
   SoftmaxRegression model(784, 10, 1);
@@ -123,6 +133,21 @@ TEST(ModelProfiling, MethodCostsMustBeNumbersAtLeastZero) {
   EXPECT_TRUE(model_profile_from_json(file, "test").method_costs.empty());
 }
 
+TEST(ModelProfiling, BucketLaunchSecondsIsOptionalAndAtLeastZero) {
+  MeasuredProfile measured = three_layer_profile();
+  nlohmann::json file = to_json(measured.profile);
+  EXPECT_FALSE(file.contains("bucket_launch_seconds"));  // 0: not written
+  EXPECT_EQ(model_profile_from_json(file, "test").bucket_launch_seconds, 0);
+  measured.profile.bucket_launch_seconds = 4e-5;
+  file = to_json(measured.profile);
+  EXPECT_DOUBLE_EQ(model_profile_from_json(file, "test").bucket_launch_seconds, 4e-5);
+  EXPECT_DOUBLE_EQ(layer_profile(measured.profile, "none").per_bucket_compute_seconds, 4e-5);  // the planners'
+  file["bucket_launch_seconds"] = -1.0;
+  EXPECT_THROW(model_profile_from_json(file, "test"), DataError);
+  file["bucket_launch_seconds"] = "slow";
+  EXPECT_THROW(model_profile_from_json(file, "test"), DataError);
+}
+
 TEST(ModelProfiling, ModelWithoutReportsIsSplitAndSaysSo) {
   const DataSplits data = small_data();
   SilentModel model(1);
@@ -167,22 +192,13 @@ TEST(ModelProfiling, ReplicasAtOnceAreAveragedAndSaySo) {
   EXPECT_THROW(measure_concurrent_profile({}, data.train, small_options()), UsageError);
 }
 
-// A profile of three layers whose forward splits 1 : 2 : 1 and whose data takes 1 ms.
-MeasuredProfile three_layer_profile() {
-  MeasuredProfile measured;
-  measured.profile.model = "three";
-  measured.profile.data_seconds = 1e-3;
-  measured.profile.update_seconds = 5e-4;
-  measured.profile.layers = {{"a", 100, 1e-3, 9e-3}, {"b", 200, 2e-3, 9e-3}, {"c", 100, 1e-3, 9e-3}};
-  return measured;
-}
-
 TEST(ModelProfiling, RunComputeReplacesBackwardForwardAndUpdate) {
   MeasuredProfile measured = three_layer_profile();
   RunCompute run;
   run.layers.backward_seconds = {3e-3, 4e-3, 5e-3};
   run.layers.forward_seconds = 9e-3;  // data (the profile's 1 ms) + forward 8 ms
   run.update_seconds = 7e-4;
+  run.layers.per_bucket_compute_seconds = 3e-5;
   run.workers = 2;
   run.network = "10gbe";
   adopt_run_compute(measured, run);
@@ -195,6 +211,7 @@ TEST(ModelProfiling, RunComputeReplacesBackwardForwardAndUpdate) {
   EXPECT_DOUBLE_EQ(profile.layers[1].backward_seconds, 4e-3);
   EXPECT_DOUBLE_EQ(profile.layers[2].backward_seconds, 5e-3);
   EXPECT_DOUBLE_EQ(profile.update_seconds, 7e-4);
+  EXPECT_DOUBLE_EQ(profile.bucket_launch_seconds, 3e-5);
   EXPECT_DOUBLE_EQ(profile.data_seconds, 1e-3);  // the profile's
   EXPECT_EQ(profile.layers[1].parameters, 200u);
   const std::string source = measured_profile_source(measured, "h", "d", 5);

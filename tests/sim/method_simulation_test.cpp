@@ -141,10 +141,25 @@ INSTANTIATE_TEST_SUITE_P(
         WfbpCaseParam{"case3", std::vector<double>(10, 1e-4), 256, 3}),
     [](const testing::TestParamInfo<WfbpCaseParam>& info) { return std::string(info.param.name); });
 
-TEST(MethodSimulation, EveryBucketPlanIsItsTimeline) {
+class BucketPlanTimelines : public testing::TestWithParam<double> {};
+
+// With kappa (the profile's bucket_launch_seconds, as `profile --in-run` measures it) too: each
+// bucket launched during backward delays the layers after it, in the schedule and in the planners.
+TEST_P(BucketPlanTimelines, EveryBucketPlanIsItsTimeline) {
   const int p = 4;
-  const ModelProfile profile = layered_profile({1e-4, 3e-4, 1e-3, 2e-4, 5e-4, 1e-4, 2e-3, 1e-4, 4e-4, 1e-3}, 512);
+  ModelProfile profile = layered_profile({1e-4, 3e-4, 1e-3, 2e-4, 5e-4, 1e-4, 2e-3, 1e-4, 4e-4, 1e-3}, 512);
+  profile.bucket_launch_seconds = GetParam();
   const LinearCost cost = allreduce_cost("ring", p, LinkParameters{kAlpha, 1 / kBandwidth, 0});
+  if (GetParam() > 0) {
+    // wfbp's 10 buckets: 9 launched during backward, each kappa later than without.
+    const double without = [&] {
+      ModelProfile plain = profile;
+      plain.bucket_launch_seconds = 0;
+      return simulate_method(select("wfbp", kUnsegmented), plain, options(p)).compute_seconds;
+    }();
+    EXPECT_NEAR(simulate_method(select("wfbp", kUnsegmented), profile, options(p)).compute_seconds,
+                without + 9 * GetParam(), 1e-9);
+  }
   for (const std::string spec : {"wfbp", "synceasgd", "mgwfbp", "dsync+optimal", "dsync+fixed:0.01"}) {
     const MethodSelection selection = select(spec, kUnsegmented);
     const std::string plan_name = spec == "wfbp" ? "wfbp" : spec == "synceasgd" ? "single" : spec == "mgwfbp" ? "mgwfbp"
@@ -156,6 +171,11 @@ TEST(MethodSimulation, EveryBucketPlanIsItsTimeline) {
     EXPECT_NE(result.schedule.find(plan_name), std::string::npos) << spec << ": " << result.schedule;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Simulated, BucketPlanTimelines, testing::Values(0.0, 50e-6),
+                         [](const testing::TestParamInfo<double>& info) {
+                           return info.param > 0 ? std::string("kappa50us") : std::string("kappa0");
+                         });
 
 TEST(MethodSimulation, IsDeterministicAndJitterSlowsTheSynchronousMethods) {
   const ModelProfile profile = hand_profile({{"a", 65536, 1e-3, 2e-3}, {"b", 65536, 1e-3, 2e-3}});

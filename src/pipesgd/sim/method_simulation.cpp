@@ -270,7 +270,8 @@ class Simulation {
     const std::string_view name(what);
     if (name == "data") return stages.data;
     if (name == "forward") return stages.forward;
-    if (name == "backward") return stages.backward;
+    // A bucket's launch during backward slows backward: the run measures it there.
+    if (name == "backward" || name == "bucket launch") return stages.backward;
     if (name == "compensation") return stages.compensation;
     return stages.update;  // "update", "local update"
   }

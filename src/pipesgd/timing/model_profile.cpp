@@ -103,6 +103,7 @@ void validate_model_profile(const ModelProfile& profile, const std::string& sour
       if (!finite_nonnegative(value)) fail(source, concat("codec ", name, ": costs must be finite and >= 0"));
     }
   }
+  if (!finite_nonnegative(profile.bucket_launch_seconds)) fail(source, "bucket_launch_seconds must be finite and >= 0");
   for (const auto& [name, cost] : profile.method_costs) {
     if (!finite_nonnegative(cost)) fail(source, concat("method cost '", name, "' must be finite and >= 0"));
   }
@@ -152,6 +153,9 @@ ModelProfile model_profile_from_json(const json& root, const std::string& source
     if (!costs.is_object()) fail(source, "'method_costs' is not an object");
     for (const auto& [name, cost] : costs.items()) profile.method_costs[name] = number(costs, name.c_str(), "method_costs: ", source);
   }
+  if (root.contains("bucket_launch_seconds")) {
+    profile.bucket_launch_seconds = number(root, "bucket_launch_seconds", "", source);
+  }
   validate_model_profile(profile, source);
   return profile;
 }
@@ -179,6 +183,7 @@ json to_json(const ModelProfile& profile) {
   }
   root["codecs"] = std::move(codecs);
   if (!profile.method_costs.empty()) root["method_costs"] = profile.method_costs;
+  if (profile.bucket_launch_seconds > 0) root["bucket_launch_seconds"] = profile.bucket_launch_seconds;
   return root;
 }
 
@@ -214,6 +219,7 @@ LayerProfile layer_profile(const ModelProfile& profile, const std::string& codec
     layers.backward_seconds.push_back(layer.backward_seconds);
   }
   layers.forward_seconds = profile.data_seconds + profile.update_seconds + profile.forward_seconds();
+  layers.per_bucket_compute_seconds = profile.bucket_launch_seconds;
   return layers;
 }
 

@@ -16,6 +16,10 @@
 //                     measured by the method itself (MethodDescriptor::measure_costs), e.g.
 //                     "sapipe:wp3", the stale range's compensated update per element and iteration;
 //                     a method without its entry estimates the cost from update_seconds
+//   bucket_launch_seconds  optional (0): kappa, the backward time each allreduce launched during
+//                     backward takes from it (its comm thread's CPU time and wake-ups on the
+//                     compute's cores), as the layer-wise methods measure it in a run
+//                     (`pipesgd profile --in-run`); 0 = communication costs the computation nothing
 #include <cstddef>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
@@ -50,6 +54,7 @@ struct ModelProfile {
   std::vector<ProfiledLayer> layers;
   std::map<std::string, CodecCost> codecs;
   std::map<std::string, double> method_costs;  // seconds per parameter, by "<method>:<variant>"
+  double bucket_launch_seconds = 0;            // kappa (see the format above)
 
   std::size_t parameters() const;        // sum over layers
   double forward_seconds() const;        // sum over layers
@@ -77,7 +82,7 @@ ModelProfile load_model_profile(const std::string& path);
 void save_model_profile(const ModelProfile& profile, const std::string& path);
 
 // Every time multiplied by `scale` (> 0): a device `1/scale` times as fast (--compute-scale).
-// Codec costs are CPU costs and stay.
+// Codec costs and bucket_launch_seconds are the comm thread's CPU costs and stay.
 ModelProfile scale_compute(const ModelProfile& profile, double scale);
 
 // The bucket planners' input (timing/bucket_plan.h): per-layer gradient bytes on the wire with

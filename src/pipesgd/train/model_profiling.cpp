@@ -234,6 +234,7 @@ void adopt_run_compute(MeasuredProfile& measured, const RunCompute& run) {
     layer.backward_seconds = std::max(0.0, run.layers.backward_seconds[l]);
   }
   profile.update_seconds = std::max(0.0, run.update_seconds);
+  profile.bucket_launch_seconds = std::max(0.0, run.layers.per_bucket_compute_seconds);
   measured.run_workers = run.workers;
   measured.run_network = run.network;
 }

@@ -94,7 +94,7 @@ struct RunCompute {
 // which no side-by-side profile reproduces): each layer's backward is the run's; the run's forward
 // (its time before backward less the profile's data time, at least 0) is split over the layers in
 // the proportions of the profile's own forward times (by parameter count if those are all 0); the
-// update is the run's. Data time and codec and method costs stay the profile's. UsageError if the
+// update and kappa (bucket_launch_seconds: run.layers.per_bucket_compute_seconds) are the run's. Data time and codec and method costs stay the profile's. UsageError if the
 // run's layers are not the profile's, or if the model did not report every layer's backward.
 void adopt_run_compute(MeasuredProfile& measured, const RunCompute& run);
 

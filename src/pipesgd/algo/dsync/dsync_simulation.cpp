@@ -32,6 +32,7 @@ class SimulatedBucketedDsync final : public SimulatedMethod {
       : plan_(make_bucket_plan(options_as<DsyncOptions>(context.options).buckets,
                                layer_profile(context.profile, context.common.codec), context.allreduce_cost)),
         update_seconds_(context.profile.update_seconds),
+        launch_seconds_(context.profile.bucket_launch_seconds),
         bucket_of_lowest_segment_(context.profile.layers.size(), -1) {
     for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
       const Bucket& bucket = plan_.buckets[b];
@@ -44,7 +45,13 @@ class SimulatedBucketedDsync final : public SimulatedMethod {
 
   void segment_ready(std::int64_t t, std::size_t segment, SimulatedThread& compute) override {
     const std::int64_t bucket = bucket_of_lowest_segment_[segment];
-    if (bucket >= 0) compute.signal({kReady, t, bucket});
+    if (bucket < 0) return;
+    compute.signal({kReady, t, bucket});
+    // As the planners model it (timing/bucket_plan.h): a bucket launched while backward still runs
+    // takes kappa from the layers after it; the last one is launched when backward has ended.
+    if (static_cast<std::size_t>(bucket) + 1 < bucket_elements_.size() && launch_seconds_ > 0) {
+      compute.compute(launch_seconds_, "bucket launch");
+    }
   }
 
   void end_iteration(std::int64_t t, SimulatedThread& compute) override {
@@ -70,6 +77,7 @@ class SimulatedBucketedDsync final : public SimulatedMethod {
  private:
   BucketPlan plan_;
   double update_seconds_;
+  double launch_seconds_;                              // kappa, per bucket launched during backward
   std::vector<std::size_t> bucket_elements_;           // launch order
   std::vector<std::int64_t> bucket_of_lowest_segment_;  // segment -> the bucket it completes, or -1
 };
