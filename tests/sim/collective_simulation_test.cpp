@@ -13,6 +13,7 @@
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/sim/isolated_run.h"
+#include "pipesgd/timing/allreduce_cost_model.h"
 
 namespace pipesgd {
 namespace {
@@ -101,11 +102,20 @@ TEST_P(EveryAlgorithm, SumsAreRightAndTimeIsPositive) {
     EXPECT_EQ(result.simulated_seconds, 0.0);
     EXPECT_EQ(result.bytes_sent_per_rank, 0u);
   } else if (c.count == 0) {
-    // Nothing to move: the simulated time is whole message latencies of empty messages, and no
-    // algorithm has more than 2(p-1) of them in sequence.
+    // Nothing to move: the simulated time is whole message latencies of empty messages. Ring,
+    // recursive and halving-doubling send every message of Table II's count in sequence; direct's
+    // p-1 messages of each of its two rounds travel at once; the tree sends no empty segment, so
+    // it has at most its count.
     const double latencies = result.simulated_seconds / kLatency;
     EXPECT_NEAR(latencies, std::round(latencies), 1e-6);
-    EXPECT_LE(std::lround(latencies), 2 * (c.ranks - 1));
+    const long messages = std::lround(allreduce_coefficients(c.algorithm, c.ranks).messages);
+    if (c.algorithm == "direct") {
+      EXPECT_EQ(std::lround(latencies), 2);
+    } else if (c.algorithm == "tree") {
+      EXPECT_LE(std::lround(latencies), messages);
+    } else {
+      EXPECT_EQ(std::lround(latencies), messages);
+    }
   } else {
     EXPECT_GT(result.simulated_seconds, kLatency);
     EXPECT_GT(result.bytes_sent_per_rank, 0u);
