@@ -1,0 +1,176 @@
+#pragma once
+// A run's timeline (--trace): every thread of a rank records spans, instants and flow arrows into a
+// buffer of its own, preallocated before the run; the file is written after the run (or after its
+// failure, up to it) in the Chrome trace event format, which Perfetto and chrome://tracing open.
+//
+// Threads: TraceRecorder::add_thread is for set-up (it takes a lock); a ThreadTrace is written by
+// its own thread only, with no allocation, lock or I/O (a full buffer drops further events and
+// counts them); to_json/write run once every recording thread has stopped. A thread records into
+// the trace installed for it by a ScopedThreadTrace; code below (collectives, optimizers, comm
+// threads) records through current_thread_trace() and does nothing where none is installed.
+//
+// Names and categories are `const char*` that must outlive the recorder: string literals, or
+// strings the recorder holds (TraceRecorder::intern).
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace pipesgd {
+
+using TraceClock = std::chrono::steady_clock;
+
+// The iterations recorded: [first, end) (--trace-iters A:B is A <= t < B).
+struct TraceWindow {
+  std::int64_t first = 0;
+  std::int64_t end = INT64_MAX;
+  bool contains(std::int64_t iteration) const { return iteration >= first && iteration < end; }
+};
+
+// "A:B" (0 <= A < B), "A:" (A on) or ":B"; UsageError naming --trace-iters otherwise.
+TraceWindow parse_trace_window(const std::string& text);
+
+// What an event says beyond its name; unset fields are left out of the file.
+struct TraceArgs {
+  std::int64_t iteration = -1;
+  std::int64_t layer = -1;
+  std::int64_t bucket = -1;
+  std::uint64_t bytes = 0;
+  std::uint64_t tag = 0;
+  const char* algorithm = nullptr;
+  const char* codec = nullptr;
+};
+
+enum class TracePhase : char { kSpan = 'X', kInstant = 'i', kFlowStart = 's', kFlowEnd = 'f' };
+
+struct TraceEvent {
+  const char* name = nullptr;
+  const char* category = nullptr;
+  TracePhase phase = TracePhase::kSpan;
+  std::int64_t start_ns = 0;     // since the recorder's origin
+  std::int64_t duration_ns = 0;  // spans only
+  std::uint64_t flow = 0;        // flow arrows only: the id that joins a start to its end
+  TraceArgs args;
+};
+
+// One thread's events. Written by that thread only.
+class ThreadTrace {
+ public:
+  ThreadTrace(int process, int thread, std::size_t capacity, TraceWindow window, TraceClock::time_point origin);
+
+  // The iteration this thread works on: events outside the window are not recorded.
+  void set_iteration(std::int64_t iteration) { iteration_ = iteration; }
+  std::int64_t iteration() const { return iteration_; }
+  bool recording() const { return window_.contains(iteration_); }
+
+  void span(const char* name, const char* category, TraceClock::time_point start, TraceClock::time_point end,
+            const TraceArgs& args = {});
+  void instant(const char* name, const char* category, const TraceArgs& args = {});
+  // An arrow from the span enclosing `at` on this thread (flow_start) to the span enclosing `at`
+  // on the thread that records flow_end with the same id.
+  void flow_start(std::uint64_t id, TraceClock::time_point at);
+  void flow_end(std::uint64_t id, TraceClock::time_point at);
+
+  int process() const { return process_; }
+  int thread() const { return thread_; }
+  const std::vector<TraceEvent>& events() const { return events_; }
+  std::size_t dropped() const { return dropped_; }
+
+ private:
+  // Records `event` if this thread's iteration is in the window and the buffer has room.
+  void add(const TraceEvent& event);
+  std::int64_t since_origin(TraceClock::time_point at) const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(at - origin_).count();
+  }
+
+  int process_;
+  int thread_;
+  TraceWindow window_;
+  TraceClock::time_point origin_;
+  std::int64_t iteration_ = 0;
+  std::vector<TraceEvent> events_;  // reserved at construction, never grown
+  std::size_t dropped_ = 0;
+};
+
+// Every thread's trace of one process, and the names of its processes and threads.
+class TraceRecorder {
+ public:
+  TraceRecorder(TraceWindow window, std::size_t events_per_thread);
+
+  // Set-up (takes a lock): a buffer for thread `thread_name` of process `process` (a rank), whose
+  // names the file shows. The reference stays valid for the recorder's life.
+  ThreadTrace& add_thread(int process, const std::string& process_name, const std::string& thread_name);
+  // A copy of `text` that lives as long as the recorder.
+  const char* intern(const std::string& text);
+
+  TraceClock::time_point origin() const { return origin_; }
+  TraceWindow window() const { return window_; }
+  std::size_t dropped() const;
+
+  // The "traceEvents" of every thread (after they stopped), times in microseconds since the
+  // origin plus `offset_ns`, with process and thread names as metadata events.
+  nlohmann::json events_json(std::int64_t offset_ns = 0) const;
+  // {"traceEvents": ..., "displayTimeUnit": "ms"}, written atomically to `path`.
+  void write(const std::string& path) const;
+
+ private:
+  TraceWindow window_;
+  std::size_t events_per_thread_;
+  TraceClock::time_point origin_;
+  mutable std::mutex mutex_;
+  std::deque<ThreadTrace> threads_;  // stable addresses
+  std::vector<std::string> process_names_;  // by process id (may have gaps: "")
+  std::vector<std::string> thread_names_;   // by ThreadTrace::thread()
+  std::deque<std::string> interned_;
+};
+
+// The calling thread's trace, or nullptr.
+ThreadTrace* current_thread_trace();
+
+// Installs `trace` (may be null) as the calling thread's for its scope.
+class ScopedThreadTrace {
+ public:
+  explicit ScopedThreadTrace(ThreadTrace* trace);
+  ~ScopedThreadTrace();
+  ScopedThreadTrace(const ScopedThreadTrace&) = delete;
+  ScopedThreadTrace& operator=(const ScopedThreadTrace&) = delete;
+
+ private:
+  ThreadTrace* previous_;
+};
+
+// A span on the calling thread's trace from construction to destruction (nothing without one).
+class TraceSpan {
+ public:
+  TraceSpan(const char* name, const char* category, const TraceArgs& args = {})
+      : trace_(current_thread_trace()), name_(name), category_(category), args_(args) {
+    if (trace_ != nullptr) start_ = TraceClock::now();
+  }
+  ~TraceSpan() {
+    if (trace_ != nullptr) trace_->span(name_, category_, start_, TraceClock::now(), args_);
+  }
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+  TraceArgs& args() { return args_; }
+
+ private:
+  ThreadTrace* trace_;
+  const char* name_;
+  const char* category_;
+  TraceArgs args_;
+  TraceClock::time_point start_{};
+};
+
+// An instant event on the calling thread's trace (nothing without one).
+inline void trace_instant(const char* name, const char* category, const TraceArgs& args = {}) {
+  if (ThreadTrace* trace = current_thread_trace()) trace->instant(name, category, args);
+}
+
+}  // namespace pipesgd
