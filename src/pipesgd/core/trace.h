@@ -11,12 +11,10 @@
 //
 // Names and categories are `const char*` that must outlive the recorder: string literals, or
 // strings the recorder holds (TraceRecorder::intern).
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -151,6 +149,7 @@ class TraceSpan {
  public:
   TraceSpan(const char* name, const char* category, const TraceArgs& args = {})
       : trace_(current_thread_trace()), name_(name), category_(category), args_(args) {
+    if (trace_ != nullptr && !trace_->recording()) trace_ = nullptr;  // outside the window: no clock read
     if (trace_ != nullptr) start_ = TraceClock::now();
   }
   ~TraceSpan() {
