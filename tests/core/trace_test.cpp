@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "pipesgd/core/error.h"
+#include "pipesgd/train/trace_file.h"
 #include "temp_dir.h"
 
 namespace pipesgd {
@@ -58,7 +59,7 @@ TEST(Trace, SpansInstantsAndFlowsInChromeFormat) {
   EXPECT_EQ(allreduce->at("args").at("tag"), 7);
   const nlohmann::json* update = find_event(events, "X", "update");
   ASSERT_NE(update, nullptr);
-  EXPECT_FALSE(update->contains("args"));  // nothing set, nothing written
+  EXPECT_EQ(update->at("args"), nlohmann::json({{"iteration", 0}}));  // the thread's iteration, nothing else
   EXPECT_NE(update->at("tid"), allreduce->at("tid"));  // a track per thread
 
   const nlohmann::json* start = find_event(events, "s", "gradient");
@@ -147,12 +148,14 @@ TEST(Trace, WritesAFilePerfettoReads) {
   ThreadTrace& thread = recorder.add_thread(0, "rank 0", "compute");
   thread.span("forward", "compute", recorder.origin(), recorder.origin() + microseconds(5));
   const std::string path = (std::filesystem::path(dir.path()) / "t.json").string();
-  recorder.write(path);
+  write_trace_file(path, recorder.events_json(), recorder.dropped(), "rank 1 stopped");
   std::ifstream in(path);
   const nlohmann::json file = nlohmann::json::parse(in);
   EXPECT_EQ(file.at("displayTimeUnit"), "ms");
   ASSERT_TRUE(file.at("traceEvents").is_array());
   EXPECT_NE(find_event(file.at("traceEvents"), "X", "forward"), nullptr);
+  EXPECT_EQ(file.at("otherData").at("dropped_events"), 0);
+  EXPECT_EQ(file.at("otherData").at("failure"), "rank 1 stopped");
 }
 
 TEST(Trace, IterationWindowFlag) {

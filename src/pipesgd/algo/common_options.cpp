@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "pipesgd/collective/allreduce_factory.h"
+#include "pipesgd/collective/traced_allreduce.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/optim/adam.h"
 #include "pipesgd/optim/sgd.h"
@@ -148,8 +149,10 @@ AllreduceOptions method_allreduce_options(const CommonOptions& options, std::siz
 std::unique_ptr<Allreduce> make_method_allreduce(const CommonOptions& options, Transport& transport, std::size_t count,
                                                  const Codec& codec, std::size_t default_segment_bytes) {
   const double bytes = static_cast<double>(count) * sizeof(float);
-  return make_allreduce(resolve_allreduce_algorithm(options, transport.size(), bytes), transport, count, codec,
-                        method_allreduce_options(options, default_segment_bytes));
+  return std::make_unique<TracedAllreduce>(
+      make_allreduce(resolve_allreduce_algorithm(options, transport.size(), bytes), transport, count, codec,
+                     method_allreduce_options(options, default_segment_bytes)),
+      codec);
 }
 
 std::string fingerprint(const CommonOptions& options) {

@@ -72,7 +72,7 @@ std::string resolve_allreduce_algorithm(const CommonOptions& options, int world_
 AllreduceOptions method_allreduce_options(const CommonOptions& options, std::size_t default_segment_bytes);
 
 // Builds a method's gradient allreduce for `count` elements over `transport` (algorithm resolved
-// for the whole gradient of `count` floats).
+// for the whole gradient of `count` floats); an "allreduce" span of the trace where a run records one.
 std::unique_ptr<Allreduce> make_method_allreduce(const CommonOptions& options, Transport& transport, std::size_t count,
                                                  const Codec& codec, std::size_t default_segment_bytes);
 

@@ -2,6 +2,7 @@
 #include <iostream>
 #include <memory>
 
+#include "pipesgd/cli/command_trace.h"
 #include "pipesgd/cli/commands.h"
 #include "pipesgd/cli/train_options.h"
 #include "pipesgd/core/error.h"
@@ -21,6 +22,8 @@ std::string methods_help() {
 
 int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSession* session) {
   TrainConfig config = to_train_config(flags, method_spec, FlagPolicy::kReject, session);
+  CommandTrace trace(flags.trace_path, flags.trace_iterations);
+  config.trace = trace.target(0, "");
   if (prints_results(session)) prepare_output_directory(config.out_dir);  // before the data is read
   check_model_flags(config.model, flags.loss);
   const DataSplits data = load_data(flags);
@@ -30,8 +33,19 @@ int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSessio
     std::cout << "pipesgd train: " << config.method.spec << " on " << config.model << " (" << data.train.name << ", "
               << data.train.size << " training examples), " << describe_workers(config, session) << std::endl;
   }
-  const RunSummary summary = session != nullptr ? run_training_rank(config, factory, data, session->transport)
-                                                : run_training(config, factory, data);
+  RunSummary summary;
+  try {
+    summary = session != nullptr ? run_training_rank(config, factory, data, session->transport)
+                                 : run_training(config, factory, data);
+  } catch (const std::exception& error) {
+    trace.write_after_failure(session, error.what());
+    throw;
+  }
+  if (summary.interrupted) {
+    trace.write_after_failure(session, describe_interruption(*summary.interrupted));
+  } else {
+    trace.write(session, config.method.common.timeout);
+  }
   if (!prints_results(session)) return summary.interrupted ? interrupted_exit(summary.interrupted->signal, session) : 0;
   print_run_report(std::cout, summary);
   if (summary.interrupted) {

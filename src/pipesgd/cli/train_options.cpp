@@ -104,6 +104,12 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "allreduce methods) or N's push to the servers (at=push, parameter-server methods); the others "
                      "must exit within --comm-timeout");
   command.add_option("--out", flags.out_dir, "Directory to write metrics.jsonl and summary.json to (compare: compare.json)");
+  command.add_option("--trace", flags.trace_path,
+                     "Write the run's timeline to FILE in the Chrome trace event format (open it in "
+                     "https://ui.perfetto.dev or chrome://tracing): every worker's compute and comm threads, "
+                     "the servers, gradient arrows from each allreduce to the update that applies it");
+  command.add_option("--trace-iters", flags.trace_iterations,
+                     "With --trace: record iterations A <= t < B only (A:B, A: or :B; default: all)");
   command.add_flag("--quiet", flags.quiet, "No progress output");
   command.add_flag("--no-eval", flags.no_eval, "Skip the test-set evaluation after each epoch");
   add_method_option_flags(command, flags.method_values);

@@ -39,6 +39,8 @@ struct TrainFlags {
   std::string network = "none";
   double comm_timeout_seconds = 120;
   std::string out_dir;
+  std::string trace_path;        // --trace FILE ("": none)
+  std::string trace_iterations;  // --trace-iters A:B ("": every iteration)
   std::string transport = "local";
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;

@@ -3,6 +3,7 @@
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
+#include "pipesgd/core/trace.h"
 
 namespace pipesgd {
 namespace {
@@ -33,6 +34,10 @@ CommWorker::CommWorker(Transport& transport, std::string owner, std::size_t capa
       jobs_(capacity),
       seconds_(capacity, 0.0) {
   PIPESGD_ASSERT(capacity > 0 && handler_);
+  // --trace: the comm thread gets a track of its own in the process of the thread that built it.
+  if (ThreadTrace* creator = current_thread_trace()) {
+    trace_ = &creator->recorder().add_thread(creator->process(), "", concat("comm (", owner_, ")"), creator->capacity());
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -49,6 +54,7 @@ void CommWorker::run() {
   // A comm thread that sleeps in its waits may preempt compute the moment its data arrives; one that
   // polls (MPI) must stay at normal priority or it would starve the compute thread.
   if (transport_.waits_sleep()) raise_communication_thread_priority();
+  const ScopedThreadTrace installed(trace_);
   for (;;) {
     Ticket ticket;
     {
@@ -58,11 +64,18 @@ void CommWorker::run() {
       ticket = done_;
     }
     const Job& job = jobs_[ticket % jobs_.size()];  // submitted: the compute thread leaves it alone
-    Stopwatch running;
+    // A job is one bucket of an iteration's gradient; its arrow ends at the update that applies it.
+    trace_set_iteration(job.iteration);
+    TraceArgs args;
+    args.iteration = job.iteration;
+    args.bucket = static_cast<std::int64_t>(job.index);
+    TracedStopwatch running("bucket", kTraceComm, args);
+    trace_gradient_flow_start(job.iteration, job.index);
     const std::exception_ptr failure = run_communication_job(transport_, [&] { handler_(job); });
+    const double seconds = running.stop();
     {
       std::lock_guard lock(mutex_);
-      seconds_[ticket % seconds_.size()] = running.seconds();
+      seconds_[ticket % seconds_.size()] = seconds;
       ++done_;
       if (failure && !failure_) failure_ = failure;
     }

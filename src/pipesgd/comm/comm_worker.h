@@ -19,6 +19,8 @@
 // Threads: submit, wait, drain, completed_ticket and the accessors are for one thread, the compute
 // thread; the handler runs on the comm thread. A submitted job's data belongs to the comm thread
 // until its ticket is done. The hot path does not allocate: jobs live in a ring of `capacity` slots.
+// --trace: a worker built on a thread with a trace (core/trace.h) gets a comm track of its own; each
+// job is a "bucket" span (iteration, index) from which a gradient arrow starts.
 // The comm thread runs at raised priority when the transport's waits sleep (core/thread_priority.h;
 // never for a polling transport, whose thread would starve the compute thread).
 #include <chrono>
@@ -36,6 +38,8 @@
 #include "pipesgd/comm/transport.h"
 
 namespace pipesgd {
+
+class ThreadTrace;
 
 // How long a compute thread waits for its own comm thread: longer than the comm thread's waits on
 // its peers (`timeout`, --comm-timeout).
@@ -95,6 +99,7 @@ class CommWorker {
   Ticket submitted_ = 0, done_ = 0;        // guarded by mutex_ (submitted_ written by the compute thread only)
   bool stopping_ = false;
   std::exception_ptr failure_;
+  ThreadTrace* trace_ = nullptr;  // --trace: the comm thread's track (set up by the constructing thread)
   std::thread thread_;  // last: started when everything above is ready
 };
 

@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "pipesgd/core/error.h"
-#include "pipesgd/core/json_file.h"
 
 namespace pipesgd {
 namespace {
@@ -38,9 +37,8 @@ TraceWindow parse_trace_window(const std::string& text) {
   return window;
 }
 
-ThreadTrace::ThreadTrace(int process, int thread, std::size_t capacity, TraceWindow window,
-                         TraceClock::time_point origin)
-    : process_(process), thread_(thread), window_(window), origin_(origin) {
+ThreadTrace::ThreadTrace(TraceRecorder& recorder, int process, int thread, std::size_t capacity)
+    : recorder_(&recorder), process_(process), thread_(thread), window_(recorder.window()), origin_(recorder.origin()) {
   events_.reserve(capacity);
 }
 
@@ -48,6 +46,9 @@ void ThreadTrace::add(const TraceEvent& event) {
   if (!recording()) return;
   if (events_.size() < events_.capacity()) {
     events_.push_back(event);
+    if (event.phase != TracePhase::kFlowStart && event.phase != TracePhase::kFlowEnd && event.args.iteration < 0) {
+      events_.back().args.iteration = iteration_;  // by default, the thread's iteration
+    }
   } else {
     ++dropped_;
   }
@@ -71,17 +72,27 @@ void ThreadTrace::flow_end(std::uint64_t id, TraceClock::time_point at) {
   add({"gradient", "flow", TracePhase::kFlowEnd, since_origin(at), 0, id, {}});
 }
 
+void ThreadTrace::gradient_flow_start(std::int64_t iteration, std::size_t index) {
+  if (recording() && window_.contains(iteration)) flow_start(gradient_flow_id(process_, iteration, index), TraceClock::now());
+}
+
+void ThreadTrace::gradient_flow_end(std::int64_t iteration, std::size_t index) {
+  if (recording() && window_.contains(iteration)) flow_end(gradient_flow_id(process_, iteration, index), TraceClock::now());
+}
+
 TraceRecorder::TraceRecorder(TraceWindow window, std::size_t events_per_thread)
     : window_(window), events_per_thread_(events_per_thread), origin_(TraceClock::now()) {}
 
-ThreadTrace& TraceRecorder::add_thread(int process, const std::string& process_name, const std::string& thread_name) {
+ThreadTrace& TraceRecorder::add_thread(int process, const std::string& process_name, const std::string& thread_name,
+                                       std::size_t capacity) {
   PIPESGD_ASSERT(process >= 0);
   std::lock_guard lock(mutex_);
   const auto index = static_cast<std::size_t>(process);
   if (process_names_.size() <= index) process_names_.resize(index + 1);
-  process_names_[index] = process_name;
+  if (!process_name.empty()) process_names_[index] = process_name;
   thread_names_.push_back(thread_name);
-  return threads_.emplace_back(process, static_cast<int>(thread_names_.size()), events_per_thread_, window_, origin_);
+  return threads_.emplace_back(*this, process, static_cast<int>(thread_names_.size()),
+                               capacity > 0 ? capacity : events_per_thread_);
 }
 
 const char* TraceRecorder::intern(const std::string& text) {
@@ -132,6 +143,7 @@ nlohmann::json TraceRecorder::events_json(std::int64_t offset_ns) const {
       if (a.iteration >= 0) args["iteration"] = a.iteration;
       if (a.layer >= 0) args["layer"] = a.layer;
       if (a.bucket >= 0) args["bucket"] = a.bucket;
+      if (a.worker >= 0) args["worker"] = a.worker;
       if (a.bytes > 0) args["bytes"] = a.bytes;
       if (a.tag > 0) args["tag"] = a.tag;
       if (a.algorithm != nullptr) args["algorithm"] = a.algorithm;
@@ -143,9 +155,6 @@ nlohmann::json TraceRecorder::events_json(std::int64_t offset_ns) const {
   return events;
 }
 
-void TraceRecorder::write(const std::string& path) const {
-  write_json_file(path, {{"traceEvents", events_json()}, {"displayTimeUnit", "ms"}}, "trace file");
-}
 
 ThreadTrace* current_thread_trace() { return installed_trace; }
 

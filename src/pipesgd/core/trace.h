@@ -5,7 +5,8 @@
 //
 // Threads: TraceRecorder::add_thread is for set-up (it takes a lock); a ThreadTrace is written by
 // its own thread only, with no allocation, lock or I/O (a full buffer drops further events and
-// counts them); to_json/write run once every recording thread has stopped. A thread records into
+// counts them); events_json runs once every recording thread has stopped (train/trace_file.h writes
+// the file). A thread records into
 // the trace installed for it by a ScopedThreadTrace; code below (collectives, optimizers, comm
 // threads) records through current_thread_trace() and does nothing where none is installed.
 //
@@ -40,11 +41,28 @@ struct TraceArgs {
   std::int64_t iteration = -1;
   std::int64_t layer = -1;
   std::int64_t bucket = -1;
+  std::int64_t worker = -1;  // a server's requests: whose
   std::uint64_t bytes = 0;
   std::uint64_t tag = 0;
   const char* algorithm = nullptr;
   const char* codec = nullptr;
 };
+
+// The categories the run's events use.
+inline constexpr const char* kTraceCompute = "compute";   // the compute thread's work and waits
+inline constexpr const char* kTraceComm = "comm";         // comm threads' jobs and collectives
+inline constexpr const char* kTraceServer = "server";     // parameter servers' requests
+inline constexpr const char* kTraceRun = "run";           // instants: plan changes, checkpoints, faults
+
+// The id of the flow arrow from the communication of iteration `iteration`'s gradient (part
+// `index`: a bucket, a slot) on `process` to the update that applies it; unique in a file whose
+// processes number below 2^20, iterations below 2^32 and parts below 2^12.
+constexpr std::uint64_t gradient_flow_id(int process, std::int64_t iteration, std::size_t index) {
+  return (static_cast<std::uint64_t>(process) << 44) | ((static_cast<std::uint64_t>(iteration) & 0xffffffffu) << 12) |
+         (static_cast<std::uint64_t>(index) & 0xfffu);
+}
+
+class TraceRecorder;
 
 enum class TracePhase : char { kSpan = 'X', kInstant = 'i', kFlowStart = 's', kFlowEnd = 'f' };
 
@@ -61,9 +79,11 @@ struct TraceEvent {
 // One thread's events. Written by that thread only.
 class ThreadTrace {
  public:
-  ThreadTrace(int process, int thread, std::size_t capacity, TraceWindow window, TraceClock::time_point origin);
+  // Made by TraceRecorder::add_thread.
+  ThreadTrace(TraceRecorder& recorder, int process, int thread, std::size_t capacity);
 
-  // The iteration this thread works on: events outside the window are not recorded.
+  // The iteration this thread works on: events outside the window are not recorded, and spans and
+  // instants whose args name none carry it.
   void set_iteration(std::int64_t iteration) { iteration_ = iteration; }
   std::int64_t iteration() const { return iteration_; }
   bool recording() const { return window_.contains(iteration_); }
@@ -75,10 +95,16 @@ class ThreadTrace {
   // on the thread that records flow_end with the same id.
   void flow_start(std::uint64_t id, TraceClock::time_point at);
   void flow_end(std::uint64_t id, TraceClock::time_point at);
+  // The arrows of gradient_flow_id(process(), iteration, index), stamped now; recorded only if
+  // `iteration` is in the window too (so that no arrow lacks its other end).
+  void gradient_flow_start(std::int64_t iteration, std::size_t index);
+  void gradient_flow_end(std::int64_t iteration, std::size_t index);
 
+  TraceRecorder& recorder() const { return *recorder_; }
   int process() const { return process_; }
   int thread() const { return thread_; }
   const std::vector<TraceEvent>& events() const { return events_; }
+  std::size_t capacity() const { return events_.capacity(); }
   std::size_t dropped() const { return dropped_; }
 
  private:
@@ -88,6 +114,7 @@ class ThreadTrace {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(at - origin_).count();
   }
 
+  TraceRecorder* recorder_;
   int process_;
   int thread_;
   TraceWindow window_;
@@ -103,20 +130,22 @@ class TraceRecorder {
   TraceRecorder(TraceWindow window, std::size_t events_per_thread);
 
   // Set-up (takes a lock): a buffer for thread `thread_name` of process `process` (a rank), whose
-  // names the file shows. The reference stays valid for the recorder's life.
-  ThreadTrace& add_thread(int process, const std::string& process_name, const std::string& thread_name);
+  // names the file shows (an empty `process_name` keeps the process's name). The reference stays
+  // valid for the recorder's life.
+  // `capacity`: the events it holds (0: the recorder's events_per_thread).
+  ThreadTrace& add_thread(int process, const std::string& process_name, const std::string& thread_name,
+                          std::size_t capacity = 0);
   // A copy of `text` that lives as long as the recorder.
   const char* intern(const std::string& text);
 
   TraceClock::time_point origin() const { return origin_; }
+  std::size_t events_per_thread() const { return events_per_thread_; }
   TraceWindow window() const { return window_; }
   std::size_t dropped() const;
 
   // The "traceEvents" of every thread (after they stopped), times in microseconds since the
   // origin plus `offset_ns`, with process and thread names as metadata events.
   nlohmann::json events_json(std::int64_t offset_ns = 0) const;
-  // {"traceEvents": ..., "displayTimeUnit": "ms"}, written atomically to `path`.
-  void write(const std::string& path) const;
 
  private:
   TraceWindow window_;
@@ -171,5 +200,52 @@ class TraceSpan {
 inline void trace_instant(const char* name, const char* category, const TraceArgs& args = {}) {
   if (ThreadTrace* trace = current_thread_trace()) trace->instant(name, category, args);
 }
+
+// The calling thread's gradient_flow_start / gradient_flow_end (nothing without a trace).
+inline void trace_gradient_flow_start(std::int64_t iteration, std::size_t index) {
+  if (ThreadTrace* trace = current_thread_trace()) trace->gradient_flow_start(iteration, index);
+}
+inline void trace_gradient_flow_end(std::int64_t iteration, std::size_t index) {
+  if (ThreadTrace* trace = current_thread_trace()) trace->gradient_flow_end(iteration, index);
+}
+
+// The calling thread's iteration (nothing without a trace): for threads that serve requests of
+// many iterations (comm threads, servers), set before each.
+inline void trace_set_iteration(std::int64_t iteration) {
+  if (ThreadTrace* trace = current_thread_trace()) trace->set_iteration(iteration);
+}
+
+// A Stopwatch that is also a span of the calling thread's trace: stop() returns the seconds since
+// construction and records the span (once); one never stopped records it when destroyed (a failing
+// operation's span ends where it failed). Reads the clock once at each end, like a Stopwatch.
+class TracedStopwatch {
+ public:
+  explicit TracedStopwatch(const char* name, const char* category = kTraceCompute, const TraceArgs& args = {})
+      : trace_(current_thread_trace()), name_(name), category_(category), args_(args), start_(TraceClock::now()) {
+    if (trace_ != nullptr && !trace_->recording()) trace_ = nullptr;
+  }
+  ~TracedStopwatch() {
+    if (trace_ != nullptr) trace_->span(name_, category_, start_, TraceClock::now(), args_);
+  }
+  TracedStopwatch(const TracedStopwatch&) = delete;
+  TracedStopwatch& operator=(const TracedStopwatch&) = delete;
+
+  double stop() {
+    const TraceClock::time_point end = TraceClock::now();
+    if (trace_ != nullptr) {
+      trace_->span(name_, category_, start_, end, args_);
+      trace_ = nullptr;
+    }
+    return std::chrono::duration<double>(end - start_).count();
+  }
+  TraceArgs& args() { return args_; }
+
+ private:
+  ThreadTrace* trace_;
+  const char* name_;
+  const char* category_;
+  TraceArgs args_;
+  TraceClock::time_point start_;
+};
 
 }  // namespace pipesgd

@@ -9,6 +9,7 @@
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/trace.h"
 
 namespace pipesgd {
 
@@ -258,12 +259,24 @@ void ParameterServerShard::handle_request(ServeSession& session, int worker, std
   const std::uint64_t kind = read_u64(w.request, 0);
   const std::uint64_t version = read_u64(w.request, 1);  // a checkpoint marker's iteration
   switch (kind) {
-    case kPush:
+    case kPush: {
+      // --trace: the server's track shows each request handled, at the push's version.
+      trace_set_iteration(static_cast<std::int64_t>(version));
+      TraceArgs args;
+      args.iteration = static_cast<std::int64_t>(version);
+      args.bytes = bytes;
+      args.worker = worker;
+      const TraceSpan span("push", kTraceServer, args);
       handle_push(session, worker, bytes, version);
       return;
-    case kPull:
+    }
+    case kPull: {
+      TraceArgs args;
+      args.worker = worker;
+      const TraceSpan span("pull", kTraceServer, args);
       handle_pull(session, worker, version);
       return;
+    }
     case kCheckpoint:
       handle_checkpoint_marker(session, worker, static_cast<std::int64_t>(version));
       return;
@@ -470,11 +483,15 @@ std::optional<std::uint64_t> push_version_of_request(std::span<const std::byte> 
 }
 
 std::uint64_t PushHandle::wait(Timeout timeout) {
+  const TraceSpan span("push", kTraceComm);  // --trace: until every shard received it
   client_->wait_push(sequence_, timeout);
   return version_;
 }
 
-std::uint64_t PullHandle::wait(Timeout timeout) { return client_->wait_pull(sequence_, timeout); }
+std::uint64_t PullHandle::wait(Timeout timeout) {
+  const TraceSpan span("pull", kTraceComm);  // --trace: until every shard's weights are in
+  return client_->wait_pull(sequence_, timeout);
+}
 
 ParameterClient::ParameterClient(Transport& transport, const ShardPlan& plan, int workers,
                                  Timeout timeout, LrSchedule schedule)

@@ -10,6 +10,7 @@
 
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/comm/network_spec.h"
+#include "pipesgd/core/trace.h"
 #include "pipesgd/train/fault_injection.h"
 
 namespace pipesgd {
@@ -51,6 +52,15 @@ struct RunProvenance {
   std::vector<std::pair<std::string, std::string>> versions;
 };
 
+// --trace: where the run's threads record their timeline (core/trace.h). The caller owns the
+// recorder and writes it after the run (or its failure). Rank r is trace process first_process + r
+// (servers after the workers), named "<label>worker r" / "<label>server s".
+struct TraceTarget {
+  TraceRecorder* recorder = nullptr;  // nullptr: nothing is recorded
+  int first_process = 0;
+  std::string label;  // e.g. "pipe+int8: " in a comparison
+};
+
 struct TrainConfig {
   MethodSelection method;      // select_method(spec, flags, ...)
   int workers = 4;             // the parameter-server methods add method.options->servers() server ranks
@@ -72,6 +82,7 @@ struct TrainConfig {
   // off for runs meant to end there, such as `pipesgd plan`'s profiling).
   bool warn_short_run = true;
   ReliabilityOptions reliability;
+  TraceTarget trace;
   // Once it holds a signal's number (core/interrupt.h), the run stops at the next iteration
   // boundary and reports what it completed (train/early_stop.h). nullptr: it never stops early.
   const std::atomic<int>* interrupt = nullptr;

@@ -31,6 +31,17 @@ namespace {
 void serve_shard(const RunContext& run, const ShardPlan& shard_plan, std::span<const float> initial_weights,
                  Transport& transport, const std::atomic<bool>* stop) {
   const TrainConfig& config = run.config;
+  // --trace: the server's track (its requests, at the pushes' versions: a push and a pull per worker
+  // and iteration).
+  ThreadTrace* trace = nullptr;
+  if (const TraceTarget& target = config.trace; target.recorder != nullptr) {
+    const int server = transport.rank() - config.workers;
+    trace = &target.recorder->add_thread(target.first_process + transport.rank(), concat(target.label, "server ", server),
+                                         "serve",
+                                         trace_events_per_thread(target.recorder->window(), run.plan.total_iterations,
+                                                                 static_cast<std::size_t>(config.workers)));
+  }
+  const ScopedThreadTrace installed(trace);
   ParameterServerShard shard(transport, shard_plan, config.workers, initial_weights,
                              config.method.common.optimizer.sgd);
   BackgroundCheckpointWriter writer;

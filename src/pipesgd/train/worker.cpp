@@ -12,6 +12,7 @@
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
+#include "pipesgd/core/trace.h"
 #include "pipesgd/data/sampler.h"
 #include "pipesgd/train/checkpointing.h"
 #include "pipesgd/train/progress.h"
@@ -185,8 +186,16 @@ class WorkerLoop {
     const SegmentReadyFn* ready = method.segment_ready();
     method_ready_ = ready != nullptr ? ready : &no_reports;
     on_ready_ = [this](std::size_t segment, double seconds) {
+      trace_layer(segment, seconds);
       if (nonfinite_.check(segment) && *method_ready_) (*method_ready_)(segment, seconds);
     };
+    if (ThreadTrace* trace = current_thread_trace()) {
+      trace_ = trace;
+      const Layout& layout = model.layout();
+      for (std::size_t s = 0; s < layout.segment_count(); ++s) {
+        layer_names_.push_back(trace->recorder().intern(concat("backward ", layout.segment(s).name)));
+      }
+    }
     if (config_.reliability.check_consistency > 0) consistency_.emplace(worker_ranks_, config_.method.common.timeout);
   }
 
@@ -293,11 +302,45 @@ class WorkerLoop {
     }
   }
 
+  // --trace: layer `segment`'s backward, which took `seconds` up to now; clipped so that the layers'
+  // spans never overlap (the model's clock reads and this one differ by nanoseconds).
+  void trace_layer(std::size_t segment, double seconds) {
+    if (trace_ == nullptr || !trace_->recording() || segment >= layer_names_.size()) return;
+    const TraceClock::time_point now = TraceClock::now();
+    TraceClock::time_point start = now - std::chrono::duration_cast<TraceClock::duration>(Seconds(seconds));
+    if (layers_traced_ > 0 && start < last_layer_end_) start = last_layer_end_;
+    if (layers_traced_ == 0) first_layer_start_ = start;
+    TraceArgs args;
+    args.iteration = t_;
+    args.layer = static_cast<std::int64_t>(segment);
+    trace_->span(layer_names_[segment], kTraceCompute, start, now, args);
+    last_layer_end_ = now;
+    ++layers_traced_;
+  }
+
+  // --trace: the forward and backward spans of a step that ended at `end`, after data loading ended
+  // at `data_end`: backward is the model's backward time before `end` (or from the first layer's
+  // span, if earlier), forward what came before it (including a method's forward hooks).
+  void trace_step(TraceClock::time_point data_end, TraceClock::time_point end, const StepResult& step) {
+    if (trace_ == nullptr || !trace_->recording()) return;
+    TraceClock::time_point backward_start =
+        end - std::chrono::duration_cast<TraceClock::duration>(Seconds(step.backward_seconds));
+    if (layers_traced_ > 0 && first_layer_start_ < backward_start) backward_start = first_layer_start_;
+    if (backward_start < data_end) backward_start = data_end;
+    TraceArgs args;
+    args.iteration = t_;
+    trace_->span("forward", kTraceCompute, data_end, backward_start, args);
+    trace_->span("backward", kTraceCompute, backward_start, end, args);
+  }
+
   // Iteration t_, the i-th of its epoch.
   void iterate(std::int64_t i) {
     const FaultInjection& fault = config_.reliability.fault;
     IterationTimes& times = record_.times[static_cast<std::size_t>(t_)];
+    if (trace_ != nullptr) trace_->set_iteration(t_);
+    layers_traced_ = 0;
     if (fault.active() && fault.at_iteration_start() && fault.rank == rank_ && fault.iteration == t_) {
+      trace_instant("injected fault", kTraceRun, iteration_args());
       inject_fault(fault, faults_);
     }
     if (mid_operation_fault_ != nullptr && fault.iteration == t_) {
@@ -308,10 +351,12 @@ class WorkerLoop {
     Stopwatch iteration;
     const std::span<float> gradients = method_.begin_iteration(t_, times);
     nonfinite_.start(t_, gradients);
-    Stopwatch loading;
+    TracedStopwatch loading("data");
     const Batch batch = assembler_.assemble(sampler_.batch_indices(static_cast<std::size_t>(i)));
-    times.data = loading.seconds();
+    times.data = loading.stop();
+    const TraceClock::time_point data_end = TraceClock::now();
     const StepResult step = model_.forward_backward(batch, gradients, on_ready_);
+    trace_step(data_end, TraceClock::now(), step);
     times.forward = step.forward_seconds;
     times.backward = step.backward_seconds;
     times.loss = step.loss;
@@ -320,6 +365,7 @@ class WorkerLoop {
     method_.end_iteration(t_, times);
     const ReliabilityOptions& reliability = config_.reliability;
     if (consistency_ && (t_ + 1) % reliability.check_consistency == 0) {
+      const TraceSpan span("consistency check", kTraceRun, iteration_args());
       consistency_->run(method_.replica_checksum(model_), t_,
                         static_cast<std::uint64_t>((t_ + 1) / reliability.check_consistency));
       if (leader_ != nullptr) ++leader_->consistency_checks;
@@ -327,12 +373,18 @@ class WorkerLoop {
     const EpochSums sums{sums_.loss + step.loss, sums_.correct + static_cast<double>(step.correct)};
     if (reliability.checkpoint_every > 0 && (t_ + 1) % reliability.checkpoint_every == 0 &&
         t_ + 1 < run_.plan.total_iterations) {
-      Stopwatch writing;
+      TracedStopwatch writing("checkpoint", kTraceRun, iteration_args());
       save_checkpoint(sums);
-      times.checkpoint = writing.seconds();
+      times.checkpoint = writing.stop();
     }
     times.iteration = iteration.seconds();
     sums_ = sums;
+  }
+
+  TraceArgs iteration_args() const {
+    TraceArgs args;
+    args.iteration = t_;
+    return args;
   }
 
   // This worker's part of the checkpoint after iteration t_ (and rank 0 the shared part), written
@@ -351,6 +403,7 @@ class WorkerLoop {
       std::ofstream torn(path.parent_path() / concat(".", path.filename().string(), ".tmp.injected"), std::ios::binary);
       torn.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size() / 2));
       torn.close();
+      trace_instant("injected fault", kTraceRun, iteration_args());
       inject_fault(fault, faults_);
     }
     BackgroundCheckpointWriter::Files files;
@@ -396,6 +449,7 @@ class WorkerLoop {
   // 1000-example chunk must still take less than the timeout).
   // (Counts up to 2^24 are exact in fp32: an epoch of this run has at most that many examples.)
   void end_epoch(std::int64_t epoch, std::int64_t count) {
+    const TraceSpan span("epoch end", kTraceRun, iteration_args());  // the loss reduction and evaluation
     float reduced[3] = {static_cast<float>(sums_.loss), static_cast<float>(count), static_cast<float>(sums_.correct)};
     control_.run(reduced, control_tag(2 * epoch));
     if (leader_ == nullptr) {
@@ -467,9 +521,26 @@ class WorkerLoop {
   WorkerHistory history_;  // what the checkpoint resumed from carried (zeros if none)
   Stopwatch epoch_clock_;
   double train_seconds_ = 0;
+  // --trace (nullptr: not recorded): this compute thread's trace, "backward <layer>" by segment,
+  // and where the current iteration's layer spans are.
+  ThreadTrace* trace_ = nullptr;
+  std::vector<const char*> layer_names_;
+  std::size_t layers_traced_ = 0;
+  TraceClock::time_point first_layer_start_{};
+  TraceClock::time_point last_layer_end_{};
 };
 
 }  // namespace
+
+std::size_t trace_events_per_thread(const TraceWindow& window, std::int64_t total_iterations, std::size_t layers) {
+  constexpr std::size_t kMaxEvents = 2'000'000;  // ~100 MB per thread
+  const std::int64_t first = std::min(window.first, total_iterations);
+  const std::int64_t end = std::min(window.end, total_iterations);
+  // Per iteration: data, forward, backward, a span per layer, waits, updates, compensation, a
+  // bucket, an allreduce and an arrow's two ends per layer, instants; the end's drain on top.
+  const auto iterations = static_cast<std::size_t>(std::max<std::int64_t>(0, end - first)) + 2;
+  return std::min(kMaxEvents, iterations * (4 * layers + 16));
+}
 
 void run_worker(const RunContext& run, int rank, Model& model, Transport& run_transport, const DataSplits& data,
                 const FaultControl& faults, EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader,
@@ -485,9 +556,21 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
     // Allreduce: fire on the second message (the first went out). Push: on the send to the second
     // shard (the first shard has the push), or with one server on the push's only send.
     const int fire_on = push && run.servers < 2 ? 1 : 2;
-    faulty.emplace(run_transport, fault.point, fire_on, [&] { inject_fault(fault, faults); });
+    faulty.emplace(run_transport, fault.point, fire_on, [&] {
+      trace_instant("injected fault", kTraceRun);
+      inject_fault(fault, faults);
+    });
   }
   Transport& transport = faulty ? static_cast<Transport&>(*faulty) : run_transport;
+  // --trace: this thread's track, installed before the method is built so that its comm thread and
+  // allreduces join the trace.
+  ThreadTrace* trace = nullptr;
+  if (const TraceTarget& target = config.trace; target.recorder != nullptr) {
+    trace = &target.recorder->add_thread(target.first_process + rank, concat(target.label, "worker ", rank), "compute",
+                                         trace_events_per_thread(target.recorder->window(), run.plan.total_iterations,
+                                                                 model.layout().segment_count()));
+  }
+  const ScopedThreadTrace installed(trace);
   std::unique_ptr<TrainingMethod> method =
       make_method(config.method, transport, model, run.plan.warmup_iterations, config.network, schedule_length(run.plan));
   // Once the method is built (its usage errors come first): a run too short for its steady state.

@@ -10,6 +10,7 @@
 #include "pipesgd/algo/method_report.h"
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/model.h"
+#include "pipesgd/core/trace.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/train/early_stop.h"
 #include "pipesgd/train/fault_injection.h"
@@ -48,6 +49,10 @@ struct LeaderRecord {
 // flight (as at the run's end). Where each rank is a process, a rank stops at its own boundary and
 // tells the others through the failure notice (interruption_notice); a rank that learns of it in a
 // wait stops there, having completed the iterations before.
+// --trace: the events each thread of a run of `total_iterations` iterations over `layers` layers
+// records in `window` (a bound: a full buffer drops the rest and the file says how many).
+std::size_t trace_events_per_thread(const TraceWindow& window, std::int64_t total_iterations, std::size_t layers);
+
 void run_worker(const RunContext& run, int rank, Model& model, Transport& transport, const DataSplits& data,
                 const FaultControl& faults, EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader,
                 MetricsStream* metrics);

@@ -4,6 +4,7 @@
 
 #include "pipesgd/algo/dsync/layer_wise_report.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/trace.h"
 
 namespace pipesgd {
 namespace {
@@ -101,15 +102,16 @@ void BucketedDSync::end_iteration(std::int64_t t, IterationTimes& times) {
   const double before_backward =
       std::max(0.0, Seconds(Clock::now() - iteration_start_).count() - times.backward);
   submit_ready_buckets(0);  // a model that reported no (or not every) segment: send the rest now
-  Stopwatch waiting;
+  TracedStopwatch waiting("wait");
   double comm_seconds = 0;
   for (std::size_t b = 0; b < plan_.buckets.size(); ++b) comm_seconds += comm_.wait(bucket_tickets_[b], "the buckets", t);
   times.comm = comm_seconds;
-  times.wait = waiting.seconds();
-  Stopwatch update;
+  times.wait = waiting.stop();
+  TracedStopwatch update("update");
+  for (std::size_t b = 0; b < plan_.buckets.size(); ++b) trace_gradient_flow_end(t, b);
   optimizer_->set_learning_rate_factor(schedule_.factor(t));
   optimizer_->step(model_.parameters(), gradients_, 1.0f / static_cast<float>(workers_), 0);
-  times.update = update.seconds();
+  times.update = update.stop();
   times.pipelined = true;  // communication overlapped with backward
 
   if (t < cycle_start_ || t >= cycle_start_ + profile_iterations_) return;
@@ -139,6 +141,9 @@ bool BucketedDSync::records_single_phase(std::int64_t t) const {
 }
 
 void BucketedDSync::replan(std::int64_t plan_number) {
+  TraceArgs args;
+  args.iteration = iteration_;
+  trace_instant("plan", kTraceRun, args);
   // Every worker averages the same numbers, so every worker computes the same plan.
   const double n = static_cast<double>(std::max<std::int64_t>(1, single_iterations_));
   double backward = 0;

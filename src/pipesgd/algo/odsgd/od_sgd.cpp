@@ -7,6 +7,7 @@
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/trace.h"
 
 namespace pipesgd {
 
@@ -126,11 +127,11 @@ void OneStepDelaySgd::run_job(std::int64_t t) {
 }
 
 double OneStepDelaySgd::wait_for_pull(std::int64_t version, IterationTimes& times) {
-  Stopwatch waiting;
+  TracedStopwatch waiting("wait");
   // Job version - 1 pulls G_version; jobs are the comm worker's tickets from first_job_ on.
   const double seconds = comm_.wait(static_cast<CommWorker::Ticket>(version - 1 - first_job_),
                                     "the pull of the weights (its push and pull)", version - 1);
-  times.wait += waiting.seconds();
+  times.wait += waiting.stop();
   return seconds;
 }
 
@@ -142,13 +143,13 @@ std::span<float> OneStepDelaySgd::begin_iteration(std::int64_t t, IterationTimes
 void OneStepDelaySgd::end_iteration(std::int64_t t, IterationTimes& times) {
   next_iteration_ = t + 1;
   if (t < switch_iteration_) {  // warm-up: SSGD on this thread, W_{t+1} = G_{t+1}
-    Stopwatch communication;
+    TracedStopwatch communication("wait");
     const auto version = static_cast<std::uint64_t>(t);
     PushHandle push = client_.push(gradients(t), version, t);
     PullHandle pull = client_.pull(model_.parameters(), version + 1);
     push.wait(timeout_);
     pull.wait(timeout_);
-    times.wait = times.comm = communication.seconds();
+    times.wait = times.comm = communication.stop();
     times.update = 0;
     return;
   }
@@ -160,9 +161,10 @@ void OneStepDelaySgd::end_iteration(std::int64_t t, IterationTimes& times) {
     times.comm = wait_for_pull(t, times);
     base = pulled(t);
   }
-  Stopwatch update;
+  TracedStopwatch update("update");
+  if (t > switch_iteration_) trace_gradient_flow_end(t - 1, 0);  // job t - 1 pulled G_t
   updater_.apply(base, gradients(t), model_.parameters(), schedule_.factor(t));
-  times.update = update.seconds();
+  times.update = update.stop();
 }
 
 void OneStepDelaySgd::save_state(CheckpointWriter& out) {
@@ -204,6 +206,8 @@ void OneStepDelaySgd::finish(IterationTimes& times) {
   const std::int64_t last = next_iteration_;  // G_last is the final global model
   if (last > switch_iteration_) {
     times.comm += wait_for_pull(last, times);
+    const TraceSpan update("update", kTraceCompute);  // the global model replaces the local one
+    trace_gradient_flow_end(last - 1, 0);
     std::span<const float> global = pulled(last);
     std::copy(global.begin(), global.end(), model_.parameters().begin());
   }

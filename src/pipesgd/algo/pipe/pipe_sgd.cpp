@@ -2,6 +2,7 @@
 
 #include "pipesgd/algo/synchronous_step.h"
 #include "pipesgd/core/clock.h"
+#include "pipesgd/core/trace.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -60,9 +61,9 @@ PipeSgd::PipeSgd(const MethodContext& context)
 }
 
 void PipeSgd::wait_reduced(Slot& slot, IterationTimes& times) {
-  Stopwatch waiting;
+  TracedStopwatch waiting("wait");
   slot.comm_seconds = comm_.wait(slot.ticket, "the aggregated gradient", slot.iteration);
-  times.wait += waiting.seconds();
+  times.wait += waiting.stop();
   slot.state = SlotState::reduced;
 }
 
@@ -72,10 +73,11 @@ void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times, bool apply) {
   if (slot.state != SlotState::reduced) return;  // nothing in flight for t-K: no update
   PIPESGD_ASSERT(slot.iteration == t - staleness_);
   if (apply) {
-    Stopwatch update;
+    TracedStopwatch update("update");
+    trace_gradient_flow_end(slot.iteration, 0);  // the arrow from g_sum[t-K]'s allreduce
     optimizer_->set_learning_rate_factor(schedule_.factor(slot.iteration));  // g_sum[t-K] at lr(t-K)
     optimizer_->step(model_.parameters(), slot.gradient, gradient_scale_, 0);
-    times.update += update.seconds();
+    times.update += update.stop();
   }
   times.comm += slot.comm_seconds;
   slot.state = SlotState::empty;

@@ -5,6 +5,7 @@
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/trace.h"
 
 namespace pipesgd {
 int parameter_server_workers(int servers, const Transport& transport) {
@@ -67,7 +68,7 @@ std::span<float> ParameterServerMethod::begin_iteration(std::int64_t, IterationT
 }
 
 void ParameterServerMethod::end_iteration(std::int64_t t, IterationTimes& times) {
-  Stopwatch communication;
+  TracedStopwatch communication("wait");  // push and pull on this thread: all exposed
   if (synchronous_) {
     // The servers are at version t when iteration t pushes (one update per iteration).
     const auto version = static_cast<std::uint64_t>(t);
@@ -82,7 +83,7 @@ void ParameterServerMethod::end_iteration(std::int64_t t, IterationTimes& times)
     push.wait(timeout_);
     version_ = pull.wait(timeout_);
   }
-  times.wait = times.comm = communication.seconds();
+  times.wait = times.comm = communication.stop();
   times.update = 0;  // the update runs on the servers
   next_iteration_ = t + 1;
 }

@@ -4,6 +4,7 @@
 
 #include "pipesgd/algo/sapipe/sapipe_report.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/trace.h"
 
 namespace pipesgd {
 
@@ -60,14 +61,14 @@ void SaPipe::partition_changed() {
   compensation_.use_stale_range(model_.parameters(), partition_.stale().count);
 }
 
-std::uint64_t SaPipe::submit(std::span<float> range, std::uint64_t sequence) {
-  return comm_.submit({range, sequence, iteration_, 0});
+std::uint64_t SaPipe::submit(std::span<float> range, std::uint64_t sequence, std::size_t index) {
+  return comm_.submit({range, sequence, iteration_, index});
 }
 
 double SaPipe::wait_for(std::uint64_t job, const char* what, std::int64_t iteration, IterationTimes& times) {
-  Stopwatch waiting;
+  TracedStopwatch waiting("wait");
   const double comm_seconds = comm_.wait(job, what, iteration);
-  times.wait += waiting.seconds();
+  times.wait += waiting.stop();
   times.comm += comm_seconds;
   return comm_seconds;
 }
@@ -87,7 +88,8 @@ std::span<float> SaPipe::begin_iteration(std::int64_t t, IterationTimes& times) 
     // The last iteration was synchronous: its gradient (the whole buffer, reduced in end_iteration)
     // is applied now, the stale range without compensation, as D-Sync does.
     update_stale_range(t - 1, /*predict=*/false, times);
-    step_synchronous_range(partition_.range(partition_.stale_layers(), layers_), slots_[(t - 1) % 2], t - 1, times);
+    step_synchronous_range(partition_.range(partition_.stale_layers(), layers_), slots_[(t - 1) % 2], t - 1,
+                           whole_gradient_flow(), times);
   } else if (t >= 2 && pipelined(t - 2) && stale_job_valid_[t % 2]) {
     // Pipelined: the stale range takes G(t-2) (reduced by now or waited for); the synchronous
     // buckets of t-1 are applied by the forward hook, or below for a model without one.
@@ -134,7 +136,7 @@ void SaPipe::apply_sync_buckets(std::size_t end, IterationTimes& times) {
     const Range& bucket = buckets[index];
     if (bucket.begin >= end) break;  // forward has not reached it yet
     wait_for(previous_sync_jobs_[index], "the allreduce of a synchronous bucket", iteration_ - 1, times);
-    step_synchronous_range(bucket, slots_[(iteration_ - 1) % 2], iteration_ - 1, times);
+    step_synchronous_range(bucket, slots_[(iteration_ - 1) % 2], iteration_ - 1, index, times);
     ++previous_sync_applied_;
   }
   if (previous_sync_applied_ == buckets.size()) previous_sync_pending_ = false;
@@ -156,13 +158,14 @@ void SaPipe::segment_ready(std::size_t segment, double backward_seconds) {
 }
 
 void SaPipe::step_synchronous_range(const Range& range, std::span<const float> slot, std::int64_t gradient_iteration,
-                                    IterationTimes& times) {
+                                    std::size_t job_index, IterationTimes& times) {
   if (range.count == 0) return;
-  Stopwatch update;
+  TracedStopwatch update("update");
+  if (job_index != kNoFlow) trace_gradient_flow_end(gradient_iteration, job_index);
   optimizer_->set_learning_rate_factor(schedule_.factor(gradient_iteration));
   compensation_.step_synchronous(*optimizer_, model_.parameters(), slot, range.offset, range.count,
                                  partition_may_change());
-  times.update += update.seconds();
+  times.update += update.stop();
 }
 
 void SaPipe::submit_ready(std::size_t lowest_ready_segment) {
@@ -174,7 +177,7 @@ void SaPipe::submit_ready(std::size_t lowest_ready_segment) {
     // Synchronous iteration: the whole gradient in one allreduce once backward is done.
     if (lowest_ready_segment == 0 && !single_submitted_) {
       compensation_.record_local_gradient(slot, 0, partition_may_change() ? slot.size() : stale.count, t);
-      stale_job_[t % 2] = submit(slot, base);
+      stale_job_[t % 2] = submit(slot, base, kStaleJob);
       single_submitted_ = true;
     }
     return;
@@ -183,12 +186,12 @@ void SaPipe::submit_ready(std::size_t lowest_ready_segment) {
   while (next_bucket_ < buckets.size() && buckets[next_bucket_].begin >= lowest_ready_segment) {
     const Range& bucket = buckets[next_bucket_];
     if (partition_may_change()) compensation_.record_local_gradient(slot, bucket.offset, bucket.count, t);
-    sync_jobs_[next_bucket_] = submit(slot.subspan(bucket.offset, bucket.count), base + next_bucket_);
+    sync_jobs_[next_bucket_] = submit(slot.subspan(bucket.offset, bucket.count), base + next_bucket_, next_bucket_);
     ++next_bucket_;
   }
   if (!stale_submitted_ && lowest_ready_segment == 0 && stale.count > 0) {
     compensation_.record_local_gradient(slot, 0, stale.count, t);
-    stale_job_[t % 2] = submit(slot.subspan(0, stale.count), base + layers_);
+    stale_job_[t % 2] = submit(slot.subspan(0, stale.count), base + layers_, kStaleJob);
     stale_job_valid_[t % 2] = true;
     stale_submitted_ = true;
   }
@@ -234,6 +237,9 @@ void SaPipe::end_iteration(std::int64_t t, IterationTimes& times) {
 
 void SaPipe::check_for_stalls(std::int64_t t, IterationTimes& times) {
   if (!monitor_.add(t, times.wait, Seconds(Clock::now() - iteration_start_).count(), times.comm)) return;
+  TraceArgs stall_args;
+  stall_args.iteration = t;
+  trace_instant("stall check", kTraceRun, stall_args);
   // Every worker decides from the same sums (one small allreduce), so all keep the same k.
   planning_.sum(std::span<float>(monitor_.sums(), 3), monitor_.next_sequence());
   const StallCheck check =
@@ -255,6 +261,10 @@ void SaPipe::check_for_stalls(std::int64_t t, IterationTimes& times) {
     compensation_.forget(added.offset, added.count);
   }
   monitor_.raised(check, t, partition_.stale_layers(), layers_);
+  TraceArgs raised;
+  raised.iteration = t;
+  raised.layer = static_cast<std::int64_t>(partition_.stale_layers());  // the new k
+  trace_instant("replan: more stale layers", kTraceRun, raised);
   partition_changed();
   pipeline_start_ = t + 1;
   drained_iteration_ = t;
@@ -298,6 +308,10 @@ void SaPipe::plan_from_profile() {
   }
   partition_.plan(profile, cost, options_.stale_layers);
   partition_changed();
+  TraceArgs planned;
+  planned.iteration = iteration_;
+  planned.layer = static_cast<std::int64_t>(partition_.stale_layers());  // k
+  trace_instant("plan", kTraceRun, planned);
   if (options_.automatic() && partition_.stale_layers() < layers_) {
     monitor_.watch_from(pipeline_start_ + kStallCheckSettle);
   }
@@ -306,13 +320,16 @@ void SaPipe::plan_from_profile() {
 void SaPipe::update_stale_range(std::int64_t gradient_iteration, bool predict, IterationTimes& times) {
   const std::size_t n = partition_.stale().count;
   if (n == 0) return;
-  Stopwatch watch;
+  // The whole time is the update's only without compensation and prediction (as counted below).
+  const bool plain_update = compensation_.kind() == Compensation::kNone && compensation_.true_weights().empty();
+  TracedStopwatch watch(plain_update ? "update" : "compensation");
+  if (gradient_iteration >= 0) trace_gradient_flow_end(gradient_iteration, kStaleJob);
   const bool stale = gradient_iteration >= 0 && pipelined(gradient_iteration);
   const float* const gradient = gradient_iteration >= 0 ? slots_[gradient_iteration % 2].data() : nullptr;
   if (gradient_iteration >= 0) optimizer_->set_learning_rate_factor(schedule_.factor(gradient_iteration));
   compensation_.step_stale(*optimizer_, model_.parameters(), gradient, n, stale);
   if (compensation_.true_weights().empty()) {
-    (compensation_.kind() == Compensation::kNone ? times.update : times.compensation) += watch.seconds();
+    (compensation_.kind() == Compensation::kNone ? times.update : times.compensation) += watch.stop();
     return;
   }
   // Weight prediction: the model computes on predict(X, g~) while a gradient is in flight.
@@ -324,7 +341,7 @@ void SaPipe::update_stale_range(std::int64_t gradient_iteration, bool predict, I
     optimizer_->set_learning_rate_factor(schedule_.factor(t - 1));
     compensation_.predict(*optimizer_, model_.parameters(), n, t, t >= 2 ? slots_[t % 2].data() : nullptr);
   }
-  times.compensation += watch.seconds();
+  times.compensation += watch.stop();
 }
 
 void SaPipe::finish(IterationTimes& times) {
@@ -334,7 +351,8 @@ void SaPipe::finish(IterationTimes& times) {
   iteration_ = next_iteration_;  // as if beginning iteration T: applies what T would have applied
   if (!pipelined(last)) {
     update_stale_range(last, /*predict=*/false, times);
-    step_synchronous_range(partition_.range(partition_.stale_layers(), layers_), slots_[last % 2], last, times);
+    step_synchronous_range(partition_.range(partition_.stale_layers(), layers_), slots_[last % 2], last,
+                           whole_gradient_flow(), times);
     return;
   }
   if (previous_sync_pending_) apply_sync_buckets(layers_, times);

@@ -51,6 +51,8 @@ namespace pipesgd {
 
 class SaPipe final : public TrainingMethod {
  public:
+  static constexpr std::size_t kStaleJob = 0xfff;  // the job index of the stale range (above any bucket's)
+  static constexpr std::size_t kNoFlow = SIZE_MAX;   // an update whose arrow another update ends
   // Throws UsageError for more stale layers than the model has, an unknown plan, codec or
   // algorithm, or a model without layers.
   explicit SaPipe(const MethodContext& context);
@@ -84,12 +86,17 @@ class SaPipe final : public TrainingMethod {
   void partition_changed();
   // Jobs (compute thread): submit returns the job's ticket; wait_for blocks until it is reduced
   // (adding the wait and the allreduce's time to `times`) and returns the allreduce's seconds.
-  std::uint64_t submit(std::span<float> range, std::uint64_t sequence);
+  // (`index`: the synchronous bucket, or kStaleJob for the stale range or a whole synchronous
+  // iteration's gradient; the trace's arrows join a job to its update by it).
+  std::uint64_t submit(std::span<float> range, std::uint64_t sequence, std::size_t index);
   double wait_for(std::uint64_t job, const char* what, std::int64_t iteration, IterationTimes& times);
   // The synchronous update of `range` with the gradient of iteration `gradient_iteration` in `slot`
-  // (at that iteration's learning rate).
+  // (at that iteration's learning rate); the trace's arrow of job `job_index` ends there (kNoFlow: none).
   void step_synchronous_range(const Range& range, std::span<const float> slot, std::int64_t gradient_iteration,
-                              IterationTimes& times);
+                              std::size_t job_index, IterationTimes& times);
+  // A synchronous iteration's whole gradient (one job) is applied in two parts, the stale range's
+  // update and this one: the arrow ends in the first that exists.
+  std::size_t whole_gradient_flow() const { return partition_.stale().count == 0 ? kStaleJob : kNoFlow; }
   void segment_ready(std::size_t segment, double backward_seconds);
   void submit_ready(std::size_t lowest_ready_segment);
   void forward_needs(std::size_t first, std::size_t end);

@@ -1,0 +1,96 @@
+#include "pipesgd/train/trace_file.h"
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/json_file.h"
+
+namespace pipesgd {
+namespace {
+
+constexpr const char* kOperation = "gathering the trace";
+constexpr int kPingPongs = 8;
+// The gathering's messages: a control-channel sequence no run uses (runs use 2 * epochs + 1 at most).
+constexpr Tag kBase = collective_tag(Channel::kControl, 0xfffffff0u);
+constexpr int kOffsetStep = kPingPongs, kSizeStep = kPingPongs + 1, kEventsStep = kPingPongs + 2;
+
+std::int64_t now_since(const TraceRecorder& recorder) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(TraceClock::now() - recorder.origin()).count();
+}
+
+template <typename T>
+std::span<const std::byte> bytes_of(const T& value) {
+  return std::as_bytes(std::span(&value, 1));
+}
+template <typename T>
+std::span<std::byte> writable_bytes_of(T& value) {
+  return std::as_writable_bytes(std::span(&value, 1));
+}
+
+// Rank 0's side with `peer`: the offset that maps the peer's trace times onto rank 0's.
+std::int64_t measure_offset(Transport& ranks, int peer, const TraceRecorder& recorder, Timeout timeout) {
+  std::int64_t best_round_trip = std::numeric_limits<std::int64_t>::max(), offset = 0;
+  for (int round = 0; round < kPingPongs; ++round) {
+    const std::int64_t sent = now_since(recorder);
+    ranks.send(peer, step_tag(kBase, round, 0), bytes_of(sent), kOperation).wait(timeout);
+    std::int64_t peer_time = 0;
+    ranks.recv(peer, step_tag(kBase, round, 1), writable_bytes_of(peer_time), kOperation).wait(timeout);
+    const std::int64_t received = now_since(recorder);
+    if (received - sent < best_round_trip) {
+      best_round_trip = received - sent;
+      offset = (sent + received) / 2 - peer_time;
+    }
+  }
+  return offset;
+}
+
+}  // namespace
+
+nlohmann::json gather_trace_events(Transport& ranks, const TraceRecorder& recorder, Timeout timeout) {
+  const int rank = ranks.rank();
+  if (rank != 0) {
+    for (int round = 0; round < kPingPongs; ++round) {
+      std::int64_t ping = 0;
+      ranks.recv(0, step_tag(kBase, round, 0), writable_bytes_of(ping), kOperation).wait(timeout);
+      const std::int64_t stamp = now_since(recorder);
+      ranks.send(0, step_tag(kBase, round, 1), bytes_of(stamp), kOperation).wait(timeout);
+    }
+    std::int64_t offset = 0;
+    ranks.recv(0, step_tag(kBase, kOffsetStep, 0), writable_bytes_of(offset), kOperation).wait(timeout);
+    const std::string text = recorder.events_json(offset).dump();
+    const std::uint64_t size = text.size();
+    ranks.send(0, step_tag(kBase, kSizeStep, 0), bytes_of(size), kOperation).wait(timeout);
+    ranks.send(0, step_tag(kBase, kEventsStep, 0), std::as_bytes(std::span(text.data(), text.size())), kOperation)
+        .wait(timeout);
+    return nlohmann::json::array();
+  }
+  nlohmann::json events = recorder.events_json();
+  for (int peer = 1; peer < ranks.size(); ++peer) {
+    const std::int64_t offset = measure_offset(ranks, peer, recorder, timeout);
+    ranks.send(peer, step_tag(kBase, kOffsetStep, 0), bytes_of(offset), kOperation).wait(timeout);
+    std::uint64_t size = 0;
+    ranks.recv(peer, step_tag(kBase, kSizeStep, 0), writable_bytes_of(size), kOperation).wait(timeout);
+    std::string text(size, '\0');
+    ranks.recv(peer, step_tag(kBase, kEventsStep, 0), std::as_writable_bytes(std::span(text.data(), text.size())),
+               kOperation)
+        .wait(timeout);
+    nlohmann::json part = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!part.is_array()) throw CommError(concat(kOperation, ": rank ", peer, " sent a malformed trace"));
+    for (nlohmann::json& event : part) events.push_back(std::move(event));
+  }
+  return events;
+}
+
+void write_trace_file(const std::string& path, nlohmann::json events, std::size_t dropped, const std::string& failure) {
+  nlohmann::json other = {{"dropped_events", dropped}};
+  if (!failure.empty()) other["failure"] = failure;
+  write_json_file(path, {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}},
+                  "trace file");
+}
+
+}  // namespace pipesgd

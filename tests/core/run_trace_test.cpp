@@ -1,0 +1,252 @@
+// --trace through whole runs (train/worker.cpp, comm/comm_worker.cpp, the methods, the servers):
+// the file parses as JSON; every worker has a compute track (and a comm track where its method has
+// a comm thread), every server a track; spans nest properly on every track; every flow arrow has
+// both ends, each inside a span of its track, and joins the communication of iteration t to the
+// update that applies it (t + K for Pipe-SGD); --trace-iters keeps the window only.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "pipesgd/core/trace.h"
+#include "pipesgd/train/trace_file.h"
+#include "pipesgd/train/worker.h"
+#include "tiny_run.h"
+
+namespace pipesgd {
+namespace {
+
+struct TraceCase {
+  std::string spec;
+  int workers;
+  int servers;
+  std::string flag;  // a method option and its value ("": none)
+  std::string value;
+  bool comm_thread;  // the method communicates off the compute thread
+  bool arrows;       // ... and its updates apply what it communicated: gradient arrows
+  // The update of iteration t + d applies the gradient of iteration t, min_delay <= d <= max_delay.
+  int min_delay;
+  int max_delay;
+};
+
+std::ostream& operator<<(std::ostream& out, const TraceCase& c) {
+  return out << c.spec << (c.flag.empty() ? "" : concat(" ", c.flag, " ", c.value)) << ", " << c.workers << " workers"
+             << (c.servers > 0 ? concat(", ", c.servers, " servers") : "");
+}
+
+constexpr std::int64_t kIterations = 30;  // past the layer-wise methods' and SAPipe's profiling (18)
+
+struct Span {
+  double start, end;
+  std::string name;
+  std::int64_t iteration;
+};
+using Track = std::pair<int, int>;  // pid, tid
+
+// Runs `c` with a trace of `window`; returns the file's content as written and read back.
+nlohmann::json traced_run(const TraceCase& c, TraceWindow window, const std::string& label = "") {
+  TraceRecorder recorder(window, 64);
+  OptionValues options;
+  if (!c.flag.empty()) options.set(c.flag, c.value);
+  TrainConfig config = tiny_config(c.spec, c.workers, c.servers, options);
+  config.iterations = kIterations;
+  config.warn_short_run = false;
+  config.trace.recorder = &recorder;
+  config.trace.label = label;
+  run_training(config, softmax_factory(), small_data());
+  return nlohmann::json::parse(nlohmann::json{{"traceEvents", recorder.events_json()}}.dump());
+}
+
+std::map<Track, std::vector<Span>> spans_by_track(const nlohmann::json& events) {
+  std::map<Track, std::vector<Span>> tracks;
+  for (const nlohmann::json& event : events) {
+    if (event.at("ph") != "X") continue;
+    const double start = event.at("ts").get<double>();
+    const std::int64_t iteration = event.contains("args") ? event["args"].value("iteration", std::int64_t{-1}) : -1;
+    tracks[{event.at("pid").get<int>(), event.at("tid").get<int>()}].push_back(
+        {start, start + event.at("dur").get<double>(), event.at("name").get<std::string>(), iteration});
+  }
+  return tracks;
+}
+
+// The innermost span of `spans` (one track's) that contains `time`, or nullptr.
+const Span* enclosing(const std::vector<Span>& spans, double time) {
+  const Span* best = nullptr;
+  for (const Span& span : spans) {
+    if (span.start <= time && time <= span.end && (best == nullptr || span.end - span.start < best->end - best->start)) {
+      best = &span;
+    }
+  }
+  return best;
+}
+
+constexpr double kNanosecond = 1e-3;  // in the file's microseconds: the rounding of ts + dur
+
+class RunTrace : public ::testing::TestWithParam<TraceCase> {};
+
+TEST_P(RunTrace, TracksNestingAndArrows) {
+  const TraceCase& c = GetParam();
+  const nlohmann::json events = traced_run(c, TraceWindow{}).at("traceEvents");
+
+  // A named process per rank, a compute track per worker, comm and server tracks.
+  std::map<int, std::string> processes;
+  std::map<Track, std::string> threads;
+  for (const nlohmann::json& event : events) {
+    if (event.at("ph") != "M") continue;
+    if (event.at("name") == "process_name") processes[event.at("pid")] = event["args"]["name"];
+    if (event.at("name") == "thread_name") threads[{event.at("pid"), event.at("tid")}] = event["args"]["name"];
+  }
+  ASSERT_EQ(processes.size(), static_cast<std::size_t>(c.workers + c.servers));
+  for (int w = 0; w < c.workers; ++w) {
+    EXPECT_EQ(processes[w], concat("worker ", w));
+    int compute = 0, comm = 0;
+    for (const auto& [track, name] : threads) {
+      if (track.first != w) continue;
+      compute += name == "compute";
+      comm += name.rfind("comm (", 0) == 0;
+    }
+    EXPECT_EQ(compute, 1) << "worker " << w;
+    EXPECT_EQ(comm, c.comm_thread ? 1 : 0) << "worker " << w;
+  }
+  for (int s = 0; s < c.servers; ++s) {
+    EXPECT_EQ(processes[c.workers + s], concat("server ", s));
+    EXPECT_EQ(std::count_if(threads.begin(), threads.end(),
+                            [&](const auto& entry) { return entry.first.first == c.workers + s && entry.second == "serve"; }),
+              1);
+  }
+
+  // Spans nest: sorted by start (longer first), each lies inside the open span or after its end.
+  const std::map<Track, std::vector<Span>> tracks = spans_by_track(events);
+  std::set<std::string> names;
+  for (const auto& [track, unsorted] : tracks) {
+    std::vector<Span> spans = unsorted;
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+      return a.start != b.start ? a.start < b.start : a.end > b.end;
+    });
+    std::vector<const Span*> open;
+    for (const Span& span : spans) {
+      names.insert(span.name);
+      while (!open.empty() && span.start >= open.back()->end - kNanosecond) open.pop_back();
+      if (!open.empty()) {
+        EXPECT_LE(span.end, open.back()->end + kNanosecond)
+            << span.name << " [" << span.start << ", " << span.end << "] overlaps " << open.back()->name << " ["
+            << open.back()->start << ", " << open.back()->end << "] on " << threads[track];
+      }
+      open.push_back(&span);
+    }
+  }
+  for (const char* name : {"data", "forward", "backward", "backward linear.weight", "backward linear.bias"}) {
+    EXPECT_EQ(names.count(name), 1u) << name;
+  }
+  if (c.servers == 0) {
+    EXPECT_EQ(names.count("allreduce"), 1u);
+    EXPECT_EQ(names.count("update"), 1u);
+  }
+  if (c.servers > 0) {
+    EXPECT_EQ(names.count("push"), 1u);
+    EXPECT_EQ(names.count("pull"), 1u);
+  }
+  if (c.comm_thread) EXPECT_EQ(names.count("bucket"), 1u);
+
+  // Arrows: each id once as a start and once as an end, both inside a span of their tracks: from a
+  // comm thread's bucket of iteration t to the compute thread's update in iteration t + delay.
+  std::map<std::uint64_t, std::pair<const nlohmann::json*, const nlohmann::json*>> flows;
+  for (const nlohmann::json& event : events) {
+    if (event.at("ph") == "s") {
+      EXPECT_EQ(flows[event.at("id")].first, nullptr) << "a second start of " << event.at("id");
+      flows[event.at("id")].first = &event;
+    } else if (event.at("ph") == "f") {
+      EXPECT_EQ(flows[event.at("id")].second, nullptr) << "a second end of " << event.at("id");
+      flows[event.at("id")].second = &event;
+    }
+  }
+  if (!c.arrows) {
+    EXPECT_TRUE(flows.empty());
+    return;
+  }
+  EXPECT_GE(flows.size(), static_cast<std::size_t>(c.workers * 6));
+  for (const auto& [id, ends] : flows) {
+    ASSERT_NE(ends.first, nullptr) << "arrow " << id << " has no start";
+    ASSERT_NE(ends.second, nullptr) << "arrow " << id << " has no end";
+    const nlohmann::json& start = *ends.first;
+    const nlohmann::json& end = *ends.second;
+    EXPECT_EQ(start.at("pid"), end.at("pid"));
+    const Span* from = enclosing(tracks.at({start.at("pid"), start.at("tid")}), start.at("ts").get<double>());
+    const Span* to = enclosing(tracks.at({end.at("pid"), end.at("tid")}), end.at("ts").get<double>());
+    ASSERT_NE(from, nullptr);
+    ASSERT_NE(to, nullptr);
+    EXPECT_EQ(from->name, "bucket");
+    EXPECT_TRUE(to->name == "update" || to->name == "compensation") << to->name;
+    const Track end_track{end.at("pid").get<int>(), end.at("tid").get<int>()};
+    EXPECT_EQ(threads[end_track], "compute");
+    EXPECT_GE(to->start, from->end - kNanosecond) << "applied before it was reduced";
+    const std::int64_t delay = to->iteration - from->iteration;
+    if (from->iteration + c.min_delay >= kIterations) {
+      // The run's end applies the last gradients (the drain, in the last iteration).
+      EXPECT_EQ(to->iteration, kIterations - 1);
+    } else {
+      EXPECT_GE(delay, c.min_delay) << "bucket of " << from->iteration << " applied in " << to->iteration;
+      EXPECT_LE(delay, c.max_delay) << "bucket of " << from->iteration << " applied in " << to->iteration;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Methods, RunTrace,
+    ::testing::Values(TraceCase{"dsync", 2, 0, "", "", false, false, 0, 0},
+                      TraceCase{"dsync", 3, 0, "", "", false, false, 0, 0},
+                      TraceCase{"pipe", 2, 0, "", "", true, true, 2, 2},
+                      TraceCase{"pipe+int8", 3, 0, "", "", true, true, 2, 2},
+                      TraceCase{"pipe", 2, 0, "--staleness-k", "3", true, true, 3, 3},
+                      TraceCase{"wfbp", 2, 0, "", "", true, true, 0, 0},
+                      TraceCase{"mgwfbp", 3, 0, "", "", true, true, 0, 0},
+                      // Synchronous buckets in the next iteration, the stale range in the one after.
+                      TraceCase{"sapipe", 2, 0, "", "", true, true, 1, 2},
+                      TraceCase{"sapipe+wp3", 2, 0, "--stale-layers", "1", true, true, 1, 2},
+                      TraceCase{"pssync", 2, 1, "", "", false, false, 0, 0},
+                      TraceCase{"odsgd", 2, 2, "--warmup-iters", "4", true, true, 1, 1}),
+    [](const ::testing::TestParamInfo<TraceCase>& info) {
+      std::string name = concat(info.param.spec, "_", info.param.value, "_", info.param.workers, "w",
+                                info.param.servers, "s");
+      std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
+      return name;
+    });
+
+TEST(RunTrace, WindowKeepsItsIterationsOnly) {
+  const nlohmann::json events =
+      traced_run({"pipe", 2, 0, "", "", true, true, 2, 2}, parse_trace_window("4:7")).at("traceEvents");
+  std::set<std::int64_t> iterations;
+  for (const nlohmann::json& event : events) {
+    if (event.at("ph") == "M" || !event.contains("args")) continue;
+    iterations.insert(event["args"].value("iteration", std::int64_t{-1}));
+  }
+  const std::set<std::int64_t> window = {4, 5, 6};
+  EXPECT_EQ(iterations, window);
+}
+
+TEST(RunTrace, ComparisonLabelsItsProcesses) {
+  const nlohmann::json events =
+      traced_run({"dsync", 2, 0, "", "", false, false, 0, 0}, TraceWindow{}, "dsync: ").at("traceEvents");
+  std::set<std::string> processes;
+  for (const nlohmann::json& event : events) {
+    if (event.at("ph") == "M" && event.at("name") == "process_name") processes.insert(event["args"]["name"]);
+  }
+  const std::set<std::string> labelled = {"dsync: worker 0", "dsync: worker 1"};
+  EXPECT_EQ(processes, labelled);
+}
+
+TEST(RunTrace, BufferSizeCoversTheWindow) {
+  // Every iteration of the window fits: 12 iterations of a 2-layer model.
+  EXPECT_GE(trace_events_per_thread(TraceWindow{}, 12, 2), 12u * (4 * 2 + 16));
+  EXPECT_EQ(trace_events_per_thread(parse_trace_window("100:"), 12, 2), 2u * (4 * 2 + 16));  // nothing but the end
+  EXPECT_EQ(trace_events_per_thread(TraceWindow{}, 10'000'000, 1000), 2'000'000u);           // bounded
+}
+
+}  // namespace
+}  // namespace pipesgd
