@@ -16,6 +16,8 @@ packages=(
   clang libclang-rt-14-dev llvm  # scripts/fuzz.sh: libFuzzer, sanitizers, llvm-symbolizer
   pybind11-dev python3-pytest     # the Python package pipesgd.torch (python/) and its tests
   libsimgrid-dev                  # pipesgd simulate / advise (src/pipesgd/sim)
+  gnuplot-nox                     # pipesgd report: draws its plots as SVG (no X11)
+  chromium                        # tests/report: the report page loaded and screenshotted headless
 )
 
 missing=()

@@ -9,13 +9,16 @@
 #include "pipesgd/cli/train_options.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/torch/torch_models.h"
+#include "pipesgd/train/accuracy_target.h"
 #include "pipesgd/train/report.h"
 #include "pipesgd/train/trainer.h"
 
 namespace pipesgd {
 namespace {
 
-int run_compare(const TrainFlags& flags, const std::string& algorithms, MpiSession* session) {
+int run_compare(const TrainFlags& flags, const std::string& algorithms, std::optional<double> target_accuracy,
+                MpiSession* session) {
+  if (target_accuracy) check_target_accuracy(*target_accuracy);
   const std::vector<std::string> specs = split_list(algorithms);
   std::vector<TrainConfig> configs;  // every entry checked before any training
   for (const std::string& spec : specs) {
@@ -65,9 +68,9 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, MpiSessi
   const std::optional<Interruption> interrupted = summaries.back().interrupted;
   if (!leader) return interrupted ? interrupted_exit(interrupted->signal, session) : 0;
   std::cout << "\n";
-  print_compare_table(std::cout, summaries);
+  print_compare_table(std::cout, summaries, target_accuracy);
   if (!flags.out_dir.empty()) {
-    write_compare_outputs(flags.out_dir, summaries);
+    write_compare_outputs(flags.out_dir, summaries, target_accuracy);
     if (!interrupted) std::cout << "wrote " << flags.out_dir << "/compare.json\n";
   }
   if (interrupted) {
@@ -91,6 +94,7 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, MpiSessi
 Subcommand add_compare_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   auto methods = std::make_shared<std::string>(default_compare_list());
+  auto target_accuracy = std::make_shared<std::optional<double>>();
   Subcommand compare;
   compare.command = app.add_subcommand("compare", "Train several methods one after another; one table");
   compare.command
@@ -100,9 +104,15 @@ Subcommand add_compare_command(CLI::App& app) {
                           ". A method option given as a flag applies to the methods that take it; an option a "
                           "method's spec names wins over the flag for it"))
       ->capture_default_str();
+  compare.command->add_option("--target-accuracy", *target_accuracy,
+                              "The accuracy whose time to reach the table shows per method (\"time to X%\"), as a fraction "
+                              "in (0, 1], e.g. 0.85: test accuracy, or train accuracy with --no-eval. Default: the best "
+                              "accuracy every method reached");
   add_train_flags(*compare.command, *flags);
   compare.transport = [flags] { return flags->transport; };
-  compare.run = [flags, methods](MpiSession* session) { return run_compare(*flags, *methods, session); };
+  compare.run = [flags, methods, target_accuracy](MpiSession* session) {
+    return run_compare(*flags, *methods, *target_accuracy, session);
+  };
   compare.command_line = [flags](const std::vector<std::string>& argv) { flags->command_line = argv; };
   return compare;
 }

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_profile_command(app));
   commands.push_back(add_simulate_command(app));
   commands.push_back(add_advise_command(app));
+  commands.push_back(add_report_command(app));
 
   const auto known = [&](const std::string& name) {
     for (const CLI::App* command : app.get_subcommands({})) {
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     std::fprintf(stderr,
-                 "pipesgd: error: unknown command '%s' (expected train, compare, bench, calibrate, plan, profile, simulate or advise; see --help)\n",
+                 "pipesgd: error: unknown command '%s' (expected train, compare, bench, calibrate, plan, profile, simulate, advise or report; see --help)\n",
                  argv[1]);
     return 2;
   }

@@ -23,7 +23,18 @@ std::string speedup_heading(const std::vector<RunSummary>& summaries) {
 
 std::string accuracy(double fraction) { return fraction < 0 ? std::string("-") : format_number("%.2f%%", fraction * 100); }
 
+std::optional<double> time_to_target(const RunSummary& summary, const std::optional<AccuracyTarget>& target) {
+  return target ? time_to_accuracy(summary.epochs, *target) : std::nullopt;
+}
+
 }  // namespace
+
+std::optional<AccuracyTarget> compare_accuracy_target(const std::vector<RunSummary>& summaries,
+                                                      std::optional<double> requested) {
+  std::vector<std::span<const EpochRecord>> runs;
+  for (const RunSummary& summary : summaries) runs.emplace_back(summary.epochs);
+  return choose_accuracy_target(runs, requested);
+}
 
 nlohmann::json summary_to_json(const RunSummary& s) {
   nlohmann::json epochs = nlohmann::json::array();
@@ -156,10 +167,13 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
       << ", test accuracy: " << accuracy(f.final_test_accuracy) << "\n";
 }
 
-void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries) {
+void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries,
+                         std::optional<double> requested_target) {
+  const std::optional<AccuracyTarget> target = compare_accuracy_target(summaries, requested_target);
   std::vector<std::vector<std::string>> rows = {{"method", "samples/s", "iter ms", "update", "comp", "forward",
                                                  "backward", "compute", "exposed wait", "comm", "predicted ms",
-                                                 "train acc", "test acc", speedup_heading(summaries)}};
+                                                 "train acc", "test acc", time_to_accuracy_heading(target),
+                                                 speedup_heading(summaries)}};
   const double base = summaries.empty() ? 0 : summaries.front().figures.throughput;
   std::vector<RunFigures> runs;
   for (const RunSummary& s : summaries) {
@@ -169,7 +183,8 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
                     milliseconds(m.update), milliseconds(m.compensation), milliseconds(m.forward),
                     milliseconds(m.backward), milliseconds(s.timing.stages.compute()), milliseconds(m.wait),
                     milliseconds(m.comm), milliseconds(f.predicted_iteration), accuracy(f.final_train_accuracy),
-                    accuracy(f.final_test_accuracy), format_number("%.2fx", base > 0 ? f.throughput / base : 0)});
+                    accuracy(f.final_test_accuracy), time_to_accuracy_cell(time_to_target(s, target)),
+                    format_number("%.2fx", base > 0 ? f.throughput / base : 0)});
     runs.push_back(f);
   }
   print_table(out, rows);
@@ -187,7 +202,9 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
   }
 }
 
-void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>& summaries) {
+void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>& summaries,
+                           std::optional<double> requested_target) {
+  const std::optional<AccuracyTarget> target = compare_accuracy_target(summaries, requested_target);
   nlohmann::json records = nlohmann::json::array();
   const double base = summaries.empty() ? 0 : summaries.front().figures.throughput;
   for (const RunSummary& s : summaries) {
@@ -203,8 +220,11 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                              {"allreduce_calls_per_iteration", f.report->allreduce_calls()},
                              {"speedup", base > 0 ? f.throughput / base : 0},
                              {"speedup_baseline", summaries.front().figures.method_spec},
+                             {"target_accuracy", accuracy_target_to_json(target)},
+                             {"time_to_target_accuracy_s", nullptr},
                              {"unreached_phase", unreached_phase_json(s.unreached_phase)},
                              {"interrupted", interruption_to_json(s.interrupted)}};
+    if (const std::optional<double> seconds = time_to_target(s, target)) record["time_to_target_accuracy_s"] = *seconds;
     f.report->add_json(record, f);
     records.push_back(record);
   }

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipesgd/train/accuracy_target.h"
 #include "pipesgd/train/run_summary.h"
 
 namespace pipesgd {
@@ -25,12 +26,22 @@ void write_summary_file(const std::string& dir, const RunSummary& summary);
 // method's own paragraph.
 void print_run_report(std::ostream& out, const RunSummary& summary);
 
-// One row per method, speedup relative to the first (the column says "speedup vs <first>"), a line
-// per run that ended before its method's deferred phase; then the tables of the compared methods'
-// families (registry order).
-void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries);
+// compare's accuracy target (train/accuracy_target.h): `requested` (--target-accuracy) or the
+// default, the best accuracy every method reached; nullopt if the runs share no measured accuracy.
+std::optional<AccuracyTarget> compare_accuracy_target(const std::vector<RunSummary>& summaries,
+                                                      std::optional<double> requested);
 
-// Writes DIR/compare.json (atomically).
-void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>& summaries);
+// One row per method, with the time each took to reach compare_accuracy_target(summaries,
+// requested_target) and speedup relative to the first (the column says "speedup vs <first>"), a
+// line per run that ended before its method's deferred phase; then the tables of the compared
+// methods' families (registry order).
+void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries,
+                         std::optional<double> requested_target = std::nullopt);
+
+// Writes DIR/compare.json (atomically); each record has the accuracy target as print_compare_table
+// chooses it ("target_accuracy", accuracy_target_to_json) and "time_to_target_accuracy_s" (null if
+// not reached).
+void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>& summaries,
+                           std::optional<double> requested_target = std::nullopt);
 
 }  // namespace pipesgd
