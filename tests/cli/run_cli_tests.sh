@@ -359,7 +359,7 @@ TRAIN_FLAGS=(--algo --workers --model --data --data-dir --epochs --iters --seed 
              --weight-decay --batch --staleness-k --warmup-epochs --warmup-iters --codec --net
              --comm-timeout --out --quiet --no-eval --servers --transport --allreduce --calibration
              --segment-bytes --dc-variant --dc-lambda --dc-momentum --local-updater --local-lr
-             --buckets --profile-iters --replan-every)
+             --buckets --profile-iters --replan-every --trace --trace-iters)
 help_lists_flags train "${TRAIN_FLAGS[@]}" -- train
 help_lists_flags compare --algos "${TRAIN_FLAGS[@]:1}" -- compare
 help_lists_flags plan --model --workers --net --calibration --allreduce --codec --batch --data --data-dir \

@@ -56,7 +56,7 @@ void CommandTrace::write_after_failure(MpiSession* session, const std::string& f
       session == nullptr || session->leader() ? path_ : concat(path_, ".rank-", session->runtime.rank());
   try {
     write_trace_file(path, recorder_->events_json(), recorder_->dropped(), failure);
-    std::cerr << "pipesgd: wrote the trace of the run up to where it stopped to " << path << "\n";
+    std::cout << "wrote the trace of the run up to where it stopped to " << path << std::endl;
   } catch (const std::exception& error) {
     std::cerr << "pipesgd: warning: could not write the trace: " << error.what() << "\n";
   }
