@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 
+#include "pipesgd/cli/command_trace.h"
 #include "pipesgd/cli/commands.h"
 #include "pipesgd/cli/train_options.h"
 #include "pipesgd/core/error.h"
@@ -42,6 +43,7 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, std::opt
     }
   }
   if (prints_results(session)) prepare_output_directory(flags.out_dir);
+  CommandTrace trace(flags.trace_path, flags.trace_iterations);
   check_model_flags(flags.model, flags.loss);
   const DataSplits data = load_data(flags);
   const ModelFactory factory = make_model_factory(flags.model, flags.loss, data.train);
@@ -61,9 +63,20 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, std::opt
     TrainConfig& config = configs[i];
     if (!flags.out_dir.empty()) config.out_dir = concat(flags.out_dir, "/", i + 1, "-", config.method.spec);
     if (leader && !flags.quiet) std::cerr << "[" << i + 1 << "/" << configs.size() << "] " << config.method.spec << std::endl;
-    summaries.push_back(session != nullptr ? run_training_rank(config, factory, data, session->transport)
-                                           : run_training(config, factory, data));
+    config.trace = trace.target(i, concat(config.method.spec, ": "));
+    try {
+      summaries.push_back(session != nullptr ? run_training_rank(config, factory, data, session->transport)
+                                             : run_training(config, factory, data));
+    } catch (const std::exception& error) {
+      trace.write_after_failure(session, concat(config.method.spec, ": ", error.what()));
+      throw;
+    }
     if (summaries.back().interrupted) break;  // the methods after it do not start
+  }
+  if (summaries.back().interrupted) {
+    trace.write_after_failure(session, describe_interruption(*summaries.back().interrupted));
+  } else {
+    trace.write(session, configs[0].method.common.timeout);
   }
   const std::optional<Interruption> interrupted = summaries.back().interrupted;
   if (!leader) return interrupted ? interrupted_exit(interrupted->signal, session) : 0;
