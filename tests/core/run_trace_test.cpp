@@ -16,7 +16,9 @@
 
 #include "pipesgd/core/trace.h"
 #include "pipesgd/train/trace_file.h"
+#include "pipesgd/train/trace_timeline.h"
 #include "pipesgd/train/worker.h"
+#include "temp_dir.h"
 #include "tiny_run.h"
 
 namespace pipesgd {
@@ -239,6 +241,44 @@ TEST(RunTrace, ComparisonLabelsItsProcesses) {
   }
   const std::set<std::string> labelled = {"dsync: worker 0", "dsync: worker 1"};
   EXPECT_EQ(processes, labelled);
+}
+
+TEST(RunTrace, TimelineOfTheMiddleIterations) {
+  // A comparison's file: two runs, each worker's compute and comm tracks.
+  TempDir dir;
+  TraceRecorder recorder(TraceWindow{}, 64);
+  for (std::size_t run = 0; run < 2; ++run) {
+    TrainConfig config = tiny_config(run == 0 ? "pipe" : "dsync", 2);
+    config.iterations = 10;
+    config.warn_short_run = false;
+    config.trace = {&recorder, static_cast<int>(run) * 10000, run == 0 ? "pipe: " : "dsync: "};
+    run_training(config, softmax_factory(), small_data());
+  }
+  const std::filesystem::path path = std::filesystem::path(dir.path()) / "t.json";
+  write_trace_file(path.string(), recorder.events_json(), recorder.dropped());
+
+  const std::vector<Timeline> timelines = read_trace_timelines(path, 3);
+  ASSERT_EQ(timelines.size(), 2u);
+  EXPECT_EQ(timelines[0].run, "pipe");
+  EXPECT_EQ(timelines[1].run, "dsync");
+  const std::vector<std::string> pipe_tracks = {"worker 0 compute", "worker 0 comm", "worker 1 compute", "worker 1 comm"};
+  EXPECT_EQ(timelines[0].tracks, pipe_tracks);
+  const std::vector<std::string> dsync_tracks = {"worker 0 compute", "worker 1 compute"};  // no comm thread
+  EXPECT_EQ(timelines[1].tracks, dsync_tracks);
+  for (const Timeline& timeline : timelines) {
+    EXPECT_EQ(timeline.first_iteration, 5);  // the middle of 0..9, three iterations
+    std::set<std::int64_t> forwards;
+    for (const TimelineBox& box : timeline.boxes) {
+      EXPECT_LT(box.track, timeline.tracks.size());
+      EXPECT_GE(box.start_ms, 0);
+      EXPECT_LE(box.start_ms, box.end_ms);
+      EXPECT_NE(box.name, "backward linear.weight");  // the layers' spans are inside backward's
+      if (box.name == "forward" && box.track == 0) forwards.insert(box.iteration);
+    }
+    const std::set<std::int64_t> window = {5, 6, 7};
+    EXPECT_EQ(forwards, window);
+  }
+  EXPECT_THROW(read_trace_timelines(std::filesystem::path(dir.path()) / "missing.json"), DataError);
 }
 
 TEST(RunTrace, BufferSizeCoversTheWindow) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The page `pipesgd report` writes, as a person sees it: headless Chromium loads the report of a
 # short compare and
-#  - its DOM (--dump-dom) holds every plot: 6 <svg> elements in their <figure>s, each with <path>
-#    elements that carry drawing data, and no <script>;
+#  - its DOM (--dump-dom) holds every plot: 8 <svg> elements in their <figure>s (the 6 plots of the
+#    runs and the timelines of the two methods from the run's --trace file in DIR/trace.json), each
+#    with <path> elements that carry drawing data, and no <script>;
 #  - its screenshot is drawn: png_ink (tests/report/png_ink.cpp) counts the pixels that are not
 #    background and the colored ones (the plots' lines and bars).
 #
@@ -41,7 +42,7 @@ fi
 # A short compare with test accuracy after each of its 3 epochs (synthetic data: 12,000 training
 # examples, 2 workers x batch 200, 30 iterations an epoch).
 OMP_NUM_THREADS=1 timeout 300 "$BIN" compare --algos dsync,pipe --workers 2 --data synthetic --batch 200 --iters 90 \
-  --quiet --out "$TMP/run" >"$TMP/compare.out" 2>"$TMP/compare.err"
+  --quiet --out "$TMP/run" --trace "$TMP/run/trace.json" >"$TMP/compare.out" 2>"$TMP/compare.err"
 rc=$?
 if [ $rc -ne 0 ]; then
   fail compare "exit $rc [stderr: $(excerpt "$TMP/compare.err")]"
@@ -62,11 +63,11 @@ fi
 PAGE="file://$TMP/run/report.html"
 CHROMIUM_FLAGS=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run --hide-scrollbars
                 --user-data-dir="$TMP/profile")
-# The page is about 3,600 pixels tall at this width: the screenshot holds all of it.
+# The page is about 5,000 pixels tall at this width: the screenshot holds all of it.
 (cd "$TMP" && HOME=$TMP timeout 120 "$BROWSER" "${CHROMIUM_FLAGS[@]}" --dump-dom "$PAGE") >"$TMP/dom.html" 2>"$TMP/dom.err"
 rc=$?
 if [ $rc -eq 0 ] && [ -s "$TMP/dom.html" ]; then pass "chromium-dump-dom"; else fail "chromium-dump-dom" "exit $rc [stderr: $(excerpt "$TMP/dom.err" 600)]"; fi
-(cd "$TMP" && HOME=$TMP timeout 120 "$BROWSER" "${CHROMIUM_FLAGS[@]}" --window-size=1200,4000 \
+(cd "$TMP" && HOME=$TMP timeout 120 "$BROWSER" "${CHROMIUM_FLAGS[@]}" --window-size=1200,5200 \
   --screenshot="$TMP/page.png" "$PAGE") >"$TMP/shot.out" 2>"$TMP/shot.err"
 rc=$?
 if [ $rc -eq 0 ] && [ -s "$TMP/page.png" ]; then pass "chromium-screenshot"; else fail "chromium-screenshot" "exit $rc [stderr: $(excerpt "$TMP/shot.err" 600)]"; fi
@@ -75,7 +76,8 @@ if [ $rc -eq 0 ] && [ -s "$TMP/page.png" ]; then pass "chromium-screenshot"; els
 message=$(python3 - "$TMP/dom.html" <<'EOF' 2>&1
 import re, sys
 dom = open(sys.argv[1], encoding="utf-8").read()
-figures = ["loss-time", "loss-iterations", "accuracy-time", "accuracy-iterations", "breakdown", "comm-compute"]
+figures = ["loss-time", "loss-iterations", "accuracy-time", "accuracy-iterations", "breakdown", "comm-compute",
+           "timeline-0", "timeline-1"]
 problems = []
 if "<script" in dom:
     problems.append("the page has a <script>")
@@ -99,7 +101,7 @@ EOF
 )
 if [ -z "$message" ]; then pass "dom-has-every-plot"; else fail "dom-has-every-plot" "$message"; fi
 
-# The screenshot: not blank, and the plots' colors are there (1200 x 4000 = 4.8 M pixels).
+# The screenshot: not blank, and the plots' colors are there (1200 x 5200 = 6.2 M pixels).
 if ink=$("$PNG_INK" "$TMP/page.png" 2>&1); then
   read -r width height drawn colored <<<"$ink"
   if [ "$width" -eq 1200 ] && [ "$drawn" -ge 100000 ] && [ "$colored" -ge 20000 ]; then

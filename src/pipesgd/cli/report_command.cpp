@@ -16,13 +16,21 @@ struct ReportFlags {
   std::string dir;
   std::string out;
   std::optional<double> target_accuracy;
+  std::string trace;
 };
 
 int run_report(const ReportFlags& flags) {
   if (flags.target_accuracy) check_target_accuracy(*flags.target_accuracy);
   const std::filesystem::path out =
       flags.out.empty() ? std::filesystem::path(flags.dir) / "report.html" : std::filesystem::path(flags.out);
-  write_html_report(flags.dir, out, flags.target_accuracy);
+  // The run's timeline: --trace FILE, else DIR/trace.json if the run wrote its trace there.
+  std::optional<std::filesystem::path> trace;
+  if (!flags.trace.empty()) {
+    trace = flags.trace;
+  } else if (std::filesystem::is_regular_file(std::filesystem::path(flags.dir) / "trace.json")) {
+    trace = std::filesystem::path(flags.dir) / "trace.json";
+  }
+  write_html_report(flags.dir, out, flags.target_accuracy, trace);
   std::cout << "wrote " << out.string() << "\n";
   return 0;
 }
@@ -40,6 +48,9 @@ Subcommand add_report_command(CLI::App& app) {
                              "The accuracy whose time to reach the table shows per method, as a fraction in (0, 1], "
                              "e.g. 0.85 (test accuracy, or train accuracy if a run has no test accuracy). Default: "
                              "the target compare recorded, else the best accuracy every method reached");
+  report.command->add_option("--trace", flags->trace,
+                             "The runs' --trace file: the page gets a timeline of a few iterations (default: "
+                             "DIR/trace.json if it exists)");
   report.run = [flags](MpiSession*) { return run_report(*flags); };
   return report;
 }

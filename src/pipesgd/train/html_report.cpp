@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -352,6 +353,71 @@ Section time_section(const ReportInput& input, PlotScript& script) {
   return section;
 }
 
+// The colour of a timeline span by name.
+std::string timeline_color(const std::string& name) {
+  static const std::map<std::string, std::string> colors = {
+      {"data", "#bab0ac"},         {"forward", "#4e79a7"}, {"backward", "#a0cbe8"}, {"update", "#59a14f"},
+      {"compensation", "#b07aa1"}, {"wait", "#e15759"},    {"checkpoint", "#9c755f"}, {"allreduce", "#f28e2b"},
+      {"push", "#f28e2b"},         {"pull", "#edc948"}};
+  const auto found = colors.find(name);
+  return found != colors.end() ? found->second : std::string("#79706e");
+}
+
+// Each traced run's timeline: its tracks top to bottom, a box per span coloured by its name, the
+// iteration written on every forward (compute) and every allreduce, push or pull (comm).
+Section timeline_section(const ReportInput& input, PlotScript& script) {
+  Section section{"Timeline (from the trace)",
+                  "<p>A few consecutive iterations of the trace, each run's first two workers: the compute thread's "
+                  "stages and the comm thread's transfers. The number on a forward span is its iteration; on an "
+                  "allreduce (push, pull), the iteration whose gradient it moves. Where communication is hidden, the "
+                  "allreduce of iteration t runs under the forward and backward of t + 1 (Pipe-SGD) or under the "
+                  "backward of t (the layer-wise methods); D-Sync's waits for it.</p>\n",
+                  {}};
+  for (std::size_t i = 0; i < input.timelines.size(); ++i) {
+    const Timeline& timeline = input.timelines[i];
+    const auto rows = static_cast<double>(timeline.tracks.size());
+    std::map<std::string, std::string> boxes_by_name;
+    std::string labels;
+    for (const TimelineBox& box : timeline.boxes) {
+      const double y = rows - 1 - static_cast<double>(box.track);
+      boxes_by_name[box.name] += concat(number_text((box.start_ms + box.end_ms) / 2), " ", number_text(y), " ",
+                                        number_text(box.start_ms), " ", number_text(box.end_ms), " ",
+                                        number_text(y - 0.35), " ", number_text(y + 0.35), "\n");
+      const bool labelled = box.name == "forward" || box.name == "allreduce" || box.name == "push" || box.name == "pull";
+      if (labelled && box.iteration >= 0) {
+        labels += concat(number_text((box.start_ms + box.end_ms) / 2), " ", number_text(y), " \"", box.iteration, "\"\n");
+      }
+    }
+    const std::string stem = concat("timeline-", i);
+    std::vector<std::string> clauses;
+    for (const auto& [name, rows_text] : boxes_by_name) {
+      clauses.push_back(concat(script.data(concat(stem, "-", name, ".dat"), rows_text),
+                               " using 1:2:3:4:5:6 with boxxyerror fc rgb ", gnuplot_string(timeline_color(name)),
+                               " fs solid 0.85 border lc rgb '#333333' title ", gnuplot_string(name)));
+    }
+    if (!labels.empty()) {
+      clauses.push_back(concat(script.data(stem + "-labels.dat", labels),
+                               " using 1:2:3 with labels font ',9' textcolor rgb '#111111' notitle"));
+    }
+    std::vector<std::string> tics;
+    for (std::size_t t = 0; t < timeline.tracks.size(); ++t) {
+      tics.push_back(concat(gnuplot_string(timeline.tracks[t]), " ", number_text(rows - 1 - static_cast<double>(t))));
+    }
+    script.begin(stem, "ms", "");
+    script.set(concat("set ytics (", join(tics), ") scale 0"));
+    script.set(concat("set yrange [-0.6:", number_text(rows - 0.4), "]"));
+    script.set("set xrange [0:*]");
+    script.set("set grid xtics noytics");
+    script.plot(clauses);
+    const std::string run = timeline.run.empty() ? std::string("the run") : timeline.run;
+    section.figures.push_back(
+        {stem, concat(run, ": iterations ", timeline.first_iteration, " to ",
+                      timeline.first_iteration + timeline.iterations - 1, " of worker 0's compute thread, and what every "
+                      "shown thread did meanwhile (ms from the window's start).")});
+  }
+  return section;
+}
+
 void replace_all(std::string& text, const std::string& from, const std::string& to) {
   for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
     text.replace(at, from.size(), to);
@@ -455,8 +521,9 @@ std::string render_html_report(const ReportInput& input, const std::optional<Acc
   if (!gnuplot) throw Error(kGnuplotMissing);
   ScratchDirectory scratch;
   PlotScript script(scratch.path());
-  const std::vector<Section> sections = {loss_section(input, script), accuracy_section(input, target, script),
-                                         time_section(input, script)};
+  std::vector<Section> sections = {loss_section(input, script), accuracy_section(input, target, script),
+                                   time_section(input, script)};
+  if (!input.timelines.empty()) sections.push_back(timeline_section(input, script));
   const std::filesystem::path script_path = scratch.path() / "report.gp";
   {
     std::ofstream file(script_path);
@@ -497,8 +564,9 @@ std::string render_html_report(const ReportInput& input, const std::optional<Acc
 }
 
 void write_html_report(const std::filesystem::path& dir, const std::filesystem::path& out,
-                       std::optional<double> requested_target) {
-  const ReportInput input = read_report_input(dir);
+                       std::optional<double> requested_target, const std::optional<std::filesystem::path>& trace) {
+  ReportInput input = read_report_input(dir);
+  if (trace) input.timelines = read_trace_timelines(*trace);
   const std::string html = render_html_report(input, report_accuracy_target(input, requested_target), dir.string());
   write_file_atomically(out, html, "report");
 }

@@ -3,7 +3,8 @@
 // self-contained HTML page: a table of the figures (throughput, speedup, time to an accuracy), and
 // plots that gnuplot draws as SVG, inlined (no scripts, no other files): loss and accuracy against
 // wall-clock time and iterations, each method's iteration breakdown beside its predicted and
-// measured iteration, communication against computation.
+// measured iteration, communication against computation; with a --trace file, a timeline of a few
+// iterations of each run's first two workers.
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -29,9 +30,11 @@ std::optional<AccuracyTarget> report_accuracy_target(const ReportInput& input, s
 std::string render_html_report(const ReportInput& input, const std::optional<AccuracyTarget>& target,
                                const std::string& source);
 
-// Reads the --out directory `dir`, renders its page and writes it to `out` atomically. Errors:
-// read_report_input's, render_html_report's, and write_file_atomically's naming `out`.
+// Reads the --out directory `dir` (and the trace file `trace`, if given: a timeline section),
+// renders its page and writes it to `out` atomically. Errors: read_report_input's,
+// read_trace_timelines', render_html_report's, and write_file_atomically's naming `out`.
 void write_html_report(const std::filesystem::path& dir, const std::filesystem::path& out,
-                       std::optional<double> requested_target);
+                       std::optional<double> requested_target,
+                       const std::optional<std::filesystem::path>& trace = std::nullopt);
 
 }  // namespace pipesgd

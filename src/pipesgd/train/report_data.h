@@ -14,6 +14,7 @@
 #include "pipesgd/algo/iteration_times.h"
 #include "pipesgd/train/accuracy_target.h"
 #include "pipesgd/train/run_summary.h"
+#include "pipesgd/train/trace_timeline.h"
 
 namespace pipesgd {
 
@@ -59,6 +60,8 @@ struct ReportInput {
   // The accuracy target compare.json records (compare --target-accuracy or its default); nullopt
   // for a train directory and a compare.json without one.
   std::optional<AccuracyTarget> recorded_target;
+  // A few iterations of the runs' --trace file, if the report was given one (train/trace_timeline.h).
+  std::vector<Timeline> timelines;
 };
 
 // Reads the --out directory `dir`.
