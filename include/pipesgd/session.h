@@ -21,7 +21,15 @@
 // finalize could wait forever on a peer that stopped). A session destroyed while an exception
 // unwinds the stack fails with "the program stopped with an exception" rather than shutting down.
 //
-// Threads: the session and its Worker belong to the thread that joined.
+// Trace (WorldOptions::trace): the joining thread is the worker's "compute" track for the session's
+// life (what its DistributedOptimizers and their comm threads do is recorded); a server rank's
+// "serve" track records inside join_mpi. shutdown() gathers every rank's events at rank 0 (a
+// collective over the whole world, servers included: they take part before join_mpi returns),
+// and rank 0 writes the file after MPI is finalised. fail(reason) writes this rank's own events up to
+// it: rank 0 to the file, rank R > 0 to FILE.rank-R.
+//
+// Threads: the session and its Worker belong to the thread that joined; call shutdown() and fail()
+// there (the trace is installed on that thread).
 #include <memory>
 
 #include "pipesgd/world.h"
@@ -43,7 +51,9 @@ class Session {
   // This rank's worker; UsageError on a server rank or after shutdown() / fail().
   Worker& worker();
   // See above. Idempotent; a no-op after fail(). Throws CommError if worker 0 cannot reach a
-  // server within WorldOptions::timeout (MPI is then left unfinalised).
+  // server, or (with a trace) a rank does not join the trace's gathering, within
+  // WorldOptions::timeout (the session then fails: MPI is left unfinalised); on rank 0, the error of
+  // writing the trace file, after the world ended.
   void shutdown();
   // See above. Never throws; idempotent.
   void fail(const std::string& reason) noexcept;

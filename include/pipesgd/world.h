@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include <torch/torch.h>
 
@@ -42,6 +43,25 @@ struct WorldOptions {
   // iterated 5-15% slower. The price: freed blocks below 32 MiB stay mapped (the process keeps its
   // peak). false: leave the C library's settings as they are (yours).
   bool keep_freed_memory = true;
+  // A timeline of the world in the Chrome trace event format (as `pipesgd train --trace`; open it in
+  // https://ui.perfetto.dev), written to this file ("" = no trace). Recorded: each worker's compute
+  // thread (its DistributedOptimizer's waits, updates and compensation, and each step() as a "step"
+  // span, with the step number as their iteration), its comm thread's buckets and allreduces, the
+  // servers' push and pull requests, and arrows from each bucket to the update that applies it; a
+  // process per rank ("worker R", "server S"). Each thread records into a buffer reserved at world
+  // start (no allocation, lock or I/O in the loop; events that do not fit are dropped and counted in
+  // the file's otherData.dropped_events: narrow trace_iterations). Written when the world ends:
+  // run_threads once every thread joined; a Session at shutdown(), where rank 0 gathers every rank's
+  // events on its own clock (so under MPI shutdown() waits up to `timeout` for every rank to shut
+  // down). After a failure the events up to it, with the reason in otherData.failure: run_threads
+  // writes the file before rethrowing; a failed Session (fail(), or a server rank's error) writes
+  // its own rank's, rank R > 0 to "FILE.rank-R". The iterations of every DistributedOptimizer count
+  // from its own first step().
+  std::string trace;
+  // The steps recorded: "A:B" (A <= step < B), "A:" or ":B"; "" = all. Needs `trace`.
+  // An invalid window, or a `trace` whose directory cannot be created or written in, is a one-line
+  // UsageError when the world starts.
+  std::string trace_iterations;
 };
 
 enum class ReduceOp { kSum, kAverage };

@@ -36,10 +36,14 @@ std::chrono::milliseconds milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
 }
 
-pipesgd::WorldOptions world_options(int servers, double timeout_seconds) {
+// trace, trace_iterations: WorldOptions' ("" = none / every step).
+pipesgd::WorldOptions world_options(int servers, double timeout_seconds, const std::string& trace,
+                                    const std::string& trace_iterations) {
   pipesgd::WorldOptions options;
   options.servers = servers;
   options.timeout = milliseconds(timeout_seconds);
+  options.trace = trace;
+  options.trace_iterations = trace_iterations;
   return options;
 }
 
@@ -134,18 +138,18 @@ PYBIND11_MODULE(_C, m) {
   py::class_<pipesgd::Session>(m, "Session")
       .def_static(
           "join_mpi",
-          [](int servers, double timeout_seconds) {
-            const pipesgd::WorldOptions options = world_options(servers, timeout_seconds);
+          [](int servers, double timeout_seconds, const std::string& trace, const std::string& trace_iterations) {
+            const pipesgd::WorldOptions options = world_options(servers, timeout_seconds, trace, trace_iterations);
             py::gil_scoped_release released;  // a server rank serves inside join_mpi
             return pipesgd::Session::join_mpi(nullptr, nullptr, options);
           },
-          py::arg("servers"), py::arg("timeout"))
+          py::arg("servers"), py::arg("timeout"), py::arg("trace") = "", py::arg("trace_iterations") = "")
       .def_static(
           "join_alone",
-          [](double timeout_seconds) {
-            return pipesgd::Session::join_alone(world_options(0, timeout_seconds));
+          [](double timeout_seconds, const std::string& trace, const std::string& trace_iterations) {
+            return pipesgd::Session::join_alone(world_options(0, timeout_seconds, trace, trace_iterations));
           },
-          py::arg("timeout"))
+          py::arg("timeout"), py::arg("trace") = "", py::arg("trace_iterations") = "")
       .def_property_readonly("is_worker", &pipesgd::Session::is_worker)
       .def("worker", &pipesgd::Session::worker, py::return_value_policy::reference_internal)
       .def("shutdown", &pipesgd::Session::shutdown, Released())

@@ -20,9 +20,12 @@
 #include "pipesgd/train/worker.h"
 #include "temp_dir.h"
 #include "tiny_run.h"
+#include "trace_checks.h"
 
 namespace pipesgd {
 namespace {
+
+using namespace trace_checks;  // the trace file checks (tests/core/trace_checks.h)
 
 struct TraceCase {
   std::string spec;
@@ -44,13 +47,6 @@ std::ostream& operator<<(std::ostream& out, const TraceCase& c) {
 
 constexpr std::int64_t kIterations = 30;  // past the layer-wise methods' and SAPipe's profiling (18)
 
-struct Span {
-  double start, end;
-  std::string name;
-  std::int64_t iteration;
-};
-using Track = std::pair<int, int>;  // pid, tid
-
 // Runs `c` with a trace of `window`; returns the file's content as written and read back.
 nlohmann::json traced_run(const TraceCase& c, TraceWindow window, const std::string& label = "") {
   TraceRecorder recorder(window, 64);
@@ -65,31 +61,6 @@ nlohmann::json traced_run(const TraceCase& c, TraceWindow window, const std::str
   return nlohmann::json::parse(nlohmann::json{{"traceEvents", recorder.events_json()}}.dump());
 }
 
-std::map<Track, std::vector<Span>> spans_by_track(const nlohmann::json& events) {
-  std::map<Track, std::vector<Span>> tracks;
-  for (const nlohmann::json& event : events) {
-    if (event.at("ph") != "X") continue;
-    const double start = event.at("ts").get<double>();
-    const std::int64_t iteration = event.contains("args") ? event["args"].value("iteration", std::int64_t{-1}) : -1;
-    tracks[{event.at("pid").get<int>(), event.at("tid").get<int>()}].push_back(
-        {start, start + event.at("dur").get<double>(), event.at("name").get<std::string>(), iteration});
-  }
-  return tracks;
-}
-
-// The innermost span of `spans` (one track's) that contains `time`, or nullptr.
-const Span* enclosing(const std::vector<Span>& spans, double time) {
-  const Span* best = nullptr;
-  for (const Span& span : spans) {
-    if (span.start <= time && time <= span.end && (best == nullptr || span.end - span.start < best->end - best->start)) {
-      best = &span;
-    }
-  }
-  return best;
-}
-
-constexpr double kNanosecond = 1e-3;  // in the file's microseconds: the rounding of ts + dur
-
 class RunTrace : public ::testing::TestWithParam<TraceCase> {};
 
 TEST_P(RunTrace, TracksNestingAndArrows) {
@@ -97,51 +68,25 @@ TEST_P(RunTrace, TracksNestingAndArrows) {
   const nlohmann::json events = traced_run(c, TraceWindow{}).at("traceEvents");
 
   // A named process per rank, a compute track per worker, comm and server tracks.
-  std::map<int, std::string> processes;
-  std::map<Track, std::string> threads;
-  for (const nlohmann::json& event : events) {
-    if (event.at("ph") != "M") continue;
-    if (event.at("name") == "process_name") processes[event.at("pid")] = event["args"]["name"];
-    if (event.at("name") == "thread_name") threads[{event.at("pid"), event.at("tid")}] = event["args"]["name"];
-  }
+  std::map<int, std::string> processes = process_names(events);
+  std::map<Track, std::string> threads = thread_names(events);
   ASSERT_EQ(processes.size(), static_cast<std::size_t>(c.workers + c.servers));
   for (int w = 0; w < c.workers; ++w) {
     EXPECT_EQ(processes[w], concat("worker ", w));
-    int compute = 0, comm = 0;
-    for (const auto& [track, name] : threads) {
-      if (track.first != w) continue;
-      compute += name == "compute";
-      comm += name.rfind("comm (", 0) == 0;
-    }
-    EXPECT_EQ(compute, 1) << "worker " << w;
-    EXPECT_EQ(comm, c.comm_thread ? 1 : 0) << "worker " << w;
+    std::map<std::string, int> kinds = {{"compute", 1}};
+    if (c.comm_thread) kinds["comm"] = 1;
+    EXPECT_EQ(thread_kinds(threads, w), kinds) << "worker " << w;
   }
   for (int s = 0; s < c.servers; ++s) {
     EXPECT_EQ(processes[c.workers + s], concat("server ", s));
-    EXPECT_EQ(std::count_if(threads.begin(), threads.end(),
-                            [&](const auto& entry) { return entry.first.first == c.workers + s && entry.second == "serve"; }),
-              1);
+    EXPECT_EQ(thread_kinds(threads, c.workers + s), (std::map<std::string, int>{{"serve", 1}}));
   }
 
-  // Spans nest: sorted by start (longer first), each lies inside the open span or after its end.
   const std::map<Track, std::vector<Span>> tracks = spans_by_track(events);
+  expect_spans_nest(tracks, threads);
   std::set<std::string> names;
-  for (const auto& [track, unsorted] : tracks) {
-    std::vector<Span> spans = unsorted;
-    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-      return a.start != b.start ? a.start < b.start : a.end > b.end;
-    });
-    std::vector<const Span*> open;
-    for (const Span& span : spans) {
-      names.insert(span.name);
-      while (!open.empty() && span.start >= open.back()->end - kNanosecond) open.pop_back();
-      if (!open.empty()) {
-        EXPECT_LE(span.end, open.back()->end + kNanosecond)
-            << span.name << " [" << span.start << ", " << span.end << "] overlaps " << open.back()->name << " ["
-            << open.back()->start << ", " << open.back()->end << "] on " << threads[track];
-      }
-      open.push_back(&span);
-    }
+  for (const auto& [track, spans] : tracks) {
+    for (const Span& span : spans) names.insert(span.name);
   }
   for (const char* name : {"data", "forward", "backward", "backward linear.weight", "backward linear.bias"}) {
     EXPECT_EQ(names.count(name), 1u) << name;
@@ -154,40 +99,20 @@ TEST_P(RunTrace, TracksNestingAndArrows) {
     EXPECT_EQ(names.count("push"), 1u);
     EXPECT_EQ(names.count("pull"), 1u);
   }
-  if (c.comm_thread) EXPECT_EQ(names.count("bucket"), 1u);
+  if (c.comm_thread) {
+    EXPECT_EQ(names.count("bucket"), 1u);
+  }
 
   // Arrows: each id once as a start and once as an end, both inside a span of their tracks: from a
   // comm thread's bucket of iteration t to the compute thread's update in iteration t + delay.
-  std::map<std::uint64_t, std::pair<const nlohmann::json*, const nlohmann::json*>> flows;
-  for (const nlohmann::json& event : events) {
-    if (event.at("ph") == "s") {
-      EXPECT_EQ(flows[event.at("id")].first, nullptr) << "a second start of " << event.at("id");
-      flows[event.at("id")].first = &event;
-    } else if (event.at("ph") == "f") {
-      EXPECT_EQ(flows[event.at("id")].second, nullptr) << "a second end of " << event.at("id");
-      flows[event.at("id")].second = &event;
-    }
-  }
+  const Flows flows = flows_by_id(events);
   if (!c.arrows) {
     EXPECT_TRUE(flows.empty());
     return;
   }
   EXPECT_GE(flows.size(), static_cast<std::size_t>(c.workers * 6));
-  for (const auto& [id, ends] : flows) {
-    ASSERT_NE(ends.first, nullptr) << "arrow " << id << " has no start";
-    ASSERT_NE(ends.second, nullptr) << "arrow " << id << " has no end";
-    const nlohmann::json& start = *ends.first;
-    const nlohmann::json& end = *ends.second;
-    EXPECT_EQ(start.at("pid"), end.at("pid"));
-    const Span* from = enclosing(tracks.at({start.at("pid"), start.at("tid")}), start.at("ts").get<double>());
-    const Span* to = enclosing(tracks.at({end.at("pid"), end.at("tid")}), end.at("ts").get<double>());
-    ASSERT_NE(from, nullptr);
-    ASSERT_NE(to, nullptr);
-    EXPECT_EQ(from->name, "bucket");
+  for (const auto& [from, to] : gradient_arrows(flows, tracks, threads)) {
     EXPECT_TRUE(to->name == "update" || to->name == "compensation") << to->name;
-    const Track end_track{end.at("pid").get<int>(), end.at("tid").get<int>()};
-    EXPECT_EQ(threads[end_track], "compute");
-    EXPECT_GE(to->start, from->end - kNanosecond) << "applied before it was reduced";
     const std::int64_t delay = to->iteration - from->iteration;
     if (from->iteration + c.min_delay >= kIterations) {
       // The run's end applies the last gradients (the drain, in the last iteration).
@@ -235,12 +160,8 @@ TEST(RunTrace, WindowKeepsItsIterationsOnly) {
 TEST(RunTrace, ComparisonLabelsItsProcesses) {
   const nlohmann::json events =
       traced_run({"dsync", 2, 0, "", "", false, false, 0, 0}, TraceWindow{}, "dsync: ").at("traceEvents");
-  std::set<std::string> processes;
-  for (const nlohmann::json& event : events) {
-    if (event.at("ph") == "M" && event.at("name") == "process_name") processes.insert(event["args"]["name"]);
-  }
-  const std::set<std::string> labelled = {"dsync: worker 0", "dsync: worker 1"};
-  EXPECT_EQ(processes, labelled);
+  const std::map<int, std::string> labelled = {{0, "dsync: worker 0"}, {1, "dsync: worker 1"}};
+  EXPECT_EQ(process_names(events), labelled);
 }
 
 TEST(RunTrace, TimelineOfTheMiddleIterations) {

@@ -104,10 +104,10 @@ TEST(Trace, OnlyTheWindowIsRecorded) {
 TEST(Trace, AFullBufferDropsAndCounts) {
   TraceRecorder recorder(TraceWindow{}, 3);
   ThreadTrace& thread = recorder.add_thread(0, "rank 0", "compute");
-  const std::size_t capacity = thread.events().capacity();
+  const std::size_t capacity = thread.capacity();
   for (int i = 0; i < 5; ++i) thread.instant("tick", "test");
   EXPECT_EQ(thread.events().size(), 3u);
-  EXPECT_EQ(thread.events().capacity(), capacity);  // never grown
+  EXPECT_EQ(thread.capacity(), capacity);  // never grown
   EXPECT_EQ(recorder.dropped(), 2u);
 }
 

@@ -151,7 +151,8 @@ def _under_launcher():
     return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ or "PMIX_RANK" in os.environ
 
 
-def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=True):
+def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=True, trace=None,
+         trace_iterations=None):
     """Joins the world (Horovod's hvd.init).
 
     Under mpirun/pipesgdrun every rank is a process of one world (MPI); otherwise the script is a
@@ -159,6 +160,12 @@ def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=Tru
     pssync, asgd, dcasgd, odsgd): on them init() serves until the workers shut down and then exits
     the process with status 0 (``exit_servers=False``: returns instead, with ``is_worker()``
     False). ``timeout``: seconds any wait on a peer may take (default 120, or $PIPESGD_TIMEOUT).
+    ``trace="t.json"``: the world's timeline in the Chrome trace format (open it in
+    https://ui.perfetto.dev), as ``pipesgd train --trace``: each worker's optimizer steps, waits and
+    updates (the step number as iteration), its comm thread's allreduces, the servers' requests;
+    rank 0 writes it at shutdown() (after an uncaught exception each rank writes its own events, rank
+    R > 0 to "t.json.rank-R"). ``trace_iterations="A:B"`` (or "A:", ":B") records steps A <= t < B
+    only. A malformed window or an unwritable directory is a ValueError.
     ``comm`` (an mpi4py communicator) and ``process_sets`` are not supported (only None).
     Calling init() again does nothing.
     """
@@ -173,13 +180,18 @@ def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=Tru
         raise ValueError(f"servers must be an integer >= 0, got {servers!r}")
     if timeout is None:
         timeout = float(os.environ.get("PIPESGD_TIMEOUT", _DEFAULT_TIMEOUT_SECONDS))
+    trace = "" if trace is None else os.fspath(trace)
+    if trace_iterations is None:
+        trace_iterations = ""
+    elif not isinstance(trace_iterations, str):
+        raise ValueError(f"trace_iterations must be a string such as '100:200', got {trace_iterations!r}")
     if _under_launcher():
-        session = _C.Session.join_mpi(servers, float(timeout))
+        session = _C.Session.join_mpi(servers, float(timeout), trace, trace_iterations)
     else:
         if servers > 0:
             raise ValueError(f"servers={servers} needs ranks to serve: launch the script with "
                              f"pipesgdrun -np N (N > {servers}) or mpirun")
-        session = _C.Session.join_alone(float(timeout))
+        session = _C.Session.join_alone(float(timeout), trace, trace_iterations)
     _state.session = session
     _state.servers = servers
     _state.failed = False

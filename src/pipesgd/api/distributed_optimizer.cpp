@@ -15,6 +15,7 @@
 #include "pipesgd/api/server_ranks.h"
 #include "pipesgd/api/worker_impl.h"
 #include "pipesgd/core/checkpoint.h"
+#include "pipesgd/core/trace.h"
 #include "pipesgd/torch/parameter_binding.h"
 
 namespace pipesgd {
@@ -97,6 +98,36 @@ std::vector<ParameterSegment> segments_in_order(const ParameterBinding& binding,
   return segments;
 }
 
+// WorldOptions::trace: step() t as a "step" span of iteration t on the calling thread's trace. It
+// encloses the method's end of iteration t and beginning of t + 1 (whose events carry t + 1), whose
+// spans all end before step() returns, so the spans nest.
+class StepSpan {
+ public:
+  explicit StepSpan(std::int64_t step) : trace_(current_thread_trace()), step_(step) {
+    if (trace_ == nullptr) return;
+    trace_->set_iteration(step);
+    if (!trace_->recording()) {
+      trace_ = nullptr;  // outside the window: no clock read
+      return;
+    }
+    start_ = TraceClock::now();
+  }
+  ~StepSpan() {
+    if (trace_ == nullptr) return;
+    const std::int64_t next = trace_->iteration();
+    trace_->set_iteration(step_);  // recorded in step_'s window even where the step began step_ + 1
+    trace_->span("step", kTraceCompute, start_, TraceClock::now());
+    trace_->set_iteration(next);
+  }
+  StepSpan(const StepSpan&) = delete;
+  StepSpan& operator=(const StepSpan&) = delete;
+
+ private:
+  ThreadTrace* trace_;
+  std::int64_t step_;
+  TraceClock::time_point start_{};
+};
+
 // OptimizerState's sections (besides the method's own, written by its save_state).
 constexpr std::int64_t kStateFormat = 1;
 constexpr const char* kStateOrigin = "the optimizer state";
@@ -138,6 +169,12 @@ struct DistributedOptimizer::Impl final : FlatParameters {
     }
     binding->arm(gradients, ready != nullptr ? *ready : no_report,
                  static_cast<std::uint32_t>(options.backward_passes_per_step));
+  }
+  // The method's beginning of iteration t (what it records on the calling thread's trace carries t,
+  // as does the next backward's), then the next backward armed.
+  void begin_current_iteration() {
+    trace_set_iteration(t);
+    arm(method->begin_iteration(t, times));
   }
   void multiply(std::span<float> gradients) const {
     for (float& value : gradients) value *= gradient_multiplier;
@@ -286,7 +323,7 @@ void DistributedOptimizer::Impl::restore_state(std::span<const std::byte> bytes)
     method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length);
     method->load_state(in, next);
     first_gradients = {};
-    arm(method->begin_iteration(t, times));
+    begin_current_iteration();
   }
   failed = false;
 }
@@ -372,7 +409,7 @@ void DistributedOptimizer::Impl::first_step() {
   loaded_state = {};
   t = 1;
   times = IterationTimes{};
-  arm(method->begin_iteration(t, times));
+  begin_current_iteration();
 }
 
 void DistributedOptimizer::Impl::next_step() {
@@ -384,7 +421,7 @@ void DistributedOptimizer::Impl::next_step() {
   loaded_state = {};
   ++t;
   times = IterationTimes{};
-  arm(method->begin_iteration(t, times));
+  begin_current_iteration();
 }
 
 DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& module, const std::string& method_spec,
@@ -491,6 +528,7 @@ DistributedOptimizer::~DistributedOptimizer() {
 void DistributedOptimizer::step() {
   impl_->check_usable("step");
   impl_->stepped = true;
+  const StepSpan span(impl_->t);
   try {
     if (!impl_->method) {
       impl_->first_step();

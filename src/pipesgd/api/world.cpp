@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "pipesgd/api/api_trace.h"
 #include "pipesgd/api/server_ranks.h"
 #include "pipesgd/api/worker_impl.h"
 #include "pipesgd/collective/allreduce_factory.h"
@@ -16,6 +17,7 @@
 #include "pipesgd/comm/rank_failures.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/heap_retention.h"
+#include "pipesgd/core/trace.h"
 #include "pipesgd/world.h"
 
 namespace pipesgd {
@@ -212,7 +214,10 @@ void run_threads(int workers, const std::function<void(Worker&)>& fn) {
 void run_threads(const WorldOptions& options, const std::function<void(Worker&)>& fn) {
   if (options.workers < 1) throw UsageError(concat("workers must be >= 1, got ", options.workers));
   prepare_world(options);
+  WorldTrace trace(options);
   const int ranks = options.workers + options.servers;
+  std::vector<ThreadTrace*> tracks;
+  for (int rank = 0; rank < ranks; ++rank) tracks.push_back(trace.add_rank(rank, options.workers));
   LocalFabric fabric(ranks);
   std::vector<std::exception_ptr> failures(static_cast<std::size_t>(ranks));
   std::atomic<bool> worker_failed{false};
@@ -220,6 +225,7 @@ void run_threads(const WorldOptions& options, const std::function<void(Worker&)>
   for (int rank = 0; rank < ranks; ++rank) {
     threads.emplace_back([&, rank] {
       Transport& transport = fabric.endpoint(rank);
+      const ScopedThreadTrace installed(tracks[static_cast<std::size_t>(rank)]);
       try {
         if (rank < options.workers) {
           Worker worker(std::make_unique<Worker::Impl>(transport, options.workers, options.servers, rank,
@@ -243,7 +249,16 @@ void run_threads(const WorldOptions& options, const std::function<void(Worker&)>
     });
   }
   for (std::thread& thread : threads) thread.join();
-  rethrow_root_cause(failures);
+  try {
+    rethrow_root_cause(failures);
+  } catch (const std::exception& error) {
+    trace.write_after_failure(0, error.what());  // every rank's events: the file itself
+    throw;
+  } catch (...) {
+    trace.write_after_failure(0, "an exception that is not a std::exception");
+    throw;
+  }
+  trace.write();
 }
 
 }  // namespace pipesgd

@@ -1,12 +1,10 @@
 #include "pipesgd/cli/command_trace.h"
 
-#include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
-#include "pipesgd/core/atomic_file.h"
-#include "pipesgd/core/error.h"
 #include "pipesgd/train/trace_file.h"
 
 namespace pipesgd {
@@ -20,14 +18,9 @@ constexpr std::size_t kDefaultEventsPerThread = 4096;
 }  // namespace
 
 CommandTrace::CommandTrace(const std::string& path, const std::string& iterations) : path_(path) {
-  if (path.empty()) {
-    if (!iterations.empty()) throw UsageError("--trace-iters needs --trace FILE");
-    return;
+  if (const std::optional<TraceWindow> window = check_trace_settings(path, iterations)) {
+    recorder_ = std::make_unique<TraceRecorder>(*window, kDefaultEventsPerThread);
   }
-  const TraceWindow window = iterations.empty() ? TraceWindow{} : parse_trace_window(iterations);
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  ensure_writable_directory(parent.empty() ? std::filesystem::path(".") : parent, "--trace");
-  recorder_ = std::make_unique<TraceRecorder>(window, kDefaultEventsPerThread);
 }
 
 TraceTarget CommandTrace::target(std::size_t index, const std::string& label) {
@@ -52,13 +45,12 @@ void CommandTrace::write(MpiSession* session, Timeout timeout) {
 
 void CommandTrace::write_after_failure(MpiSession* session, const std::string& failure) noexcept {
   if (!recorder_) return;
-  const std::string path =
-      session == nullptr || session->leader() ? path_ : concat(path_, ".rank-", session->runtime.rank());
-  try {
-    write_trace_file(path, recorder_->events_json(), recorder_->dropped(), failure);
+  const std::string path = failure_trace_path(path_, session == nullptr ? 0 : session->runtime.rank());
+  const std::string error = write_trace_after_failure(path, *recorder_, failure);
+  if (error.empty()) {
     std::cout << "wrote the trace of the run up to where it stopped to " << path << std::endl;
-  } catch (const std::exception& error) {
-    std::cerr << "pipesgd: warning: could not write the trace: " << error.what() << "\n";
+  } else {
+    std::cerr << "pipesgd: warning: could not write the trace: " << error << "\n";
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <memory>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +13,9 @@ namespace pipesgd {
 namespace {
 
 thread_local ThreadTrace* installed_trace = nullptr;
+
+// A ThreadTrace's storage is freed without running destructors.
+static_assert(std::is_trivially_destructible_v<TraceEvent>);
 
 bool parse_iteration(const std::string& text, std::int64_t& value) {
   const char* end = text.data() + text.size();
@@ -22,9 +27,9 @@ double microseconds(std::int64_t nanoseconds) { return static_cast<double>(nanos
 
 }  // namespace
 
-TraceWindow parse_trace_window(const std::string& text) {
+TraceWindow parse_trace_window(const std::string& text, std::string_view setting) {
   const auto bad = [&] {
-    return UsageError(concat("--trace-iters '", text, "': expected A:B (iterations A <= t < B), A: or :B"));
+    return UsageError(concat(setting, " '", text, "': expected A:B (iterations A <= t < B), A: or :B"));
   };
   const std::size_t colon = text.find(':');
   if (colon == std::string::npos) throw bad();
@@ -33,25 +38,32 @@ TraceWindow parse_trace_window(const std::string& text) {
   if (first.empty() && end.empty()) throw bad();
   if (!first.empty() && !parse_iteration(first, window.first)) throw bad();
   if (!end.empty() && !parse_iteration(end, window.end)) throw bad();
-  if (window.end <= window.first) throw UsageError(concat("--trace-iters '", text, "': the window is empty"));
+  if (window.end <= window.first) throw UsageError(concat(setting, " '", text, "': the window is empty"));
   return window;
 }
 
 ThreadTrace::ThreadTrace(TraceRecorder& recorder, int process, int thread, std::size_t capacity)
-    : recorder_(&recorder), process_(process), thread_(thread), window_(recorder.window()), origin_(recorder.origin()) {
-  events_.reserve(capacity);
-}
+    : recorder_(&recorder),
+      process_(process),
+      thread_(thread),
+      window_(recorder.window()),
+      origin_(recorder.origin()),
+      capacity_(capacity),
+      // Uninitialised: pages are touched as events are recorded, not up front.
+      events_(std::allocator<TraceEvent>().allocate(capacity), Deallocate{capacity}) {}
 
 void ThreadTrace::add(const TraceEvent& event) {
   if (!recording()) return;
-  if (events_.size() < events_.capacity()) {
-    events_.push_back(event);
-    if (event.phase != TracePhase::kFlowStart && event.phase != TracePhase::kFlowEnd && event.args.iteration < 0) {
-      events_.back().args.iteration = iteration_;  // by default, the thread's iteration
-    }
-  } else {
-    ++dropped_;
+  const std::size_t size = size_.load(std::memory_order_relaxed);  // this thread is the only writer
+  if (size == capacity_) {
+    dropped_.store(dropped_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return;
   }
+  TraceEvent* recorded = std::construct_at(events_.get() + size, event);
+  if (event.phase != TracePhase::kFlowStart && event.phase != TracePhase::kFlowEnd && event.args.iteration < 0) {
+    recorded->args.iteration = iteration_;  // by default, the thread's iteration
+  }
+  size_.store(size + 1, std::memory_order_release);
 }
 
 void ThreadTrace::span(const char* name, const char* category, TraceClock::time_point start,

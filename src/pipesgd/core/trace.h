@@ -5,19 +5,24 @@
 //
 // Threads: TraceRecorder::add_thread is for set-up (it takes a lock); a ThreadTrace is written by
 // its own thread only, with no allocation, lock or I/O (a full buffer drops further events and
-// counts them); events_json runs once every recording thread has stopped (train/trace_file.h writes
-// the file). A thread records into
+// counts them); events_json normally runs once every recording thread has stopped
+// (train/trace_file.h writes the file), and may run while some still record (after a failure:
+// what each had published by then). A thread records into
 // the trace installed for it by a ScopedThreadTrace; code below (collectives, optimizers, comm
 // threads) records through current_thread_trace() and does nothing where none is installed.
 //
 // Names and categories are `const char*` that must outlive the recorder: string literals, or
 // strings the recorder holds (TraceRecorder::intern).
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -33,8 +38,8 @@ struct TraceWindow {
   bool contains(std::int64_t iteration) const { return iteration >= first && iteration < end; }
 };
 
-// "A:B" (0 <= A < B), "A:" (A on) or ":B"; UsageError naming --trace-iters otherwise.
-TraceWindow parse_trace_window(const std::string& text);
+// "A:B" (0 <= A < B), "A:" (A on) or ":B"; UsageError naming `setting` otherwise.
+TraceWindow parse_trace_window(const std::string& text, std::string_view setting = "--trace-iters");
 
 // What an event says beyond its name; unset fields are left out of the file.
 struct TraceArgs {
@@ -103,9 +108,10 @@ class ThreadTrace {
   TraceRecorder& recorder() const { return *recorder_; }
   int process() const { return process_; }
   int thread() const { return thread_; }
-  const std::vector<TraceEvent>& events() const { return events_; }
-  std::size_t capacity() const { return events_.capacity(); }
-  std::size_t dropped() const { return dropped_; }
+  // The events recorded so far (any thread may read them: each is complete before it counts).
+  std::span<const TraceEvent> events() const { return {events_.get(), size_.load(std::memory_order_acquire)}; }
+  std::size_t capacity() const { return capacity_; }
+  std::size_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
 
  private:
   // Records `event` if this thread's iteration is in the window and the buffer has room.
@@ -120,8 +126,16 @@ class ThreadTrace {
   TraceWindow window_;
   TraceClock::time_point origin_;
   std::int64_t iteration_ = 0;
-  std::vector<TraceEvent> events_;  // reserved at construction, never grown
-  std::size_t dropped_ = 0;
+  // Storage for capacity_ events, allocated at construction and never grown; the first size_ are
+  // recorded (published with release order, so a reader sees whole events).
+  struct Deallocate {
+    std::size_t capacity;
+    void operator()(TraceEvent* events) const { std::allocator<TraceEvent>().deallocate(events, capacity); }
+  };
+  std::size_t capacity_;
+  std::unique_ptr<TraceEvent[], Deallocate> events_;
+  std::atomic<std::size_t> size_{0};
+  std::atomic<std::size_t> dropped_{0};
 };
 
 // Every thread's trace of one process, and the names of its processes and threads.

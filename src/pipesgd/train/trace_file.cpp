@@ -2,11 +2,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/json_file.h"
 
@@ -84,6 +86,34 @@ nlohmann::json gather_trace_events(Transport& ranks, const TraceRecorder& record
     for (nlohmann::json& event : part) events.push_back(std::move(event));
   }
   return events;
+}
+
+std::optional<TraceWindow> check_trace_settings(const std::string& file, const std::string& iterations,
+                                                const TraceSettingNames& names) {
+  if (file.empty()) {
+    if (!iterations.empty()) throw UsageError(concat(names.iterations, " needs ", names.file_usage));
+    return std::nullopt;
+  }
+  const TraceWindow window = iterations.empty() ? TraceWindow{} : parse_trace_window(iterations, names.iterations);
+  const std::filesystem::path parent = std::filesystem::path(file).parent_path();
+  ensure_writable_directory(parent.empty() ? std::filesystem::path(".") : parent, names.file);
+  return window;
+}
+
+std::string failure_trace_path(const std::string& file, int rank) {
+  return rank == 0 ? file : concat(file, ".rank-", rank);
+}
+
+std::string write_trace_after_failure(const std::string& path, const TraceRecorder& recorder,
+                                      const std::string& failure) noexcept {
+  try {
+    write_trace_file(path, recorder.events_json(), recorder.dropped(), failure);
+    return "";
+  } catch (const std::exception& error) {
+    return error.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
 }
 
 void write_trace_file(const std::string& path, nlohmann::json events, std::size_t dropped, const std::string& failure) {

@@ -2,7 +2,9 @@
 // --trace's file: a run's recorder (core/trace.h) written in the Chrome trace event format. Where
 // every rank is a thread of this process, the recorder holds them all; under MPI each rank
 // records its own, and write_trace gathers them at rank 0 on rank 0's clock.
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -17,6 +19,29 @@ namespace pipesgd {
 // returns everyone's events in rank order, the others an empty array. Waits time out after
 // `timeout`, naming the peer.
 nlohmann::json gather_trace_events(Transport& ranks, const TraceRecorder& recorder, Timeout timeout);
+
+// What a front end calls a trace's two settings, for its messages (the CLI's flags; the API's
+// WorldOptions fields).
+struct TraceSettingNames {
+  std::string_view file = "--trace";
+  std::string_view file_usage = "--trace FILE";  // how to give it: "X needs <file_usage>"
+  std::string_view iterations = "--trace-iters";
+};
+
+// A trace's settings checked: UsageError (one line, naming them) for `iterations` without `file`, a
+// malformed window (parse_trace_window), or a file whose directory cannot be created or written in.
+// The window to record (every iteration for an empty `iterations`); nullopt for no `file` (no trace).
+std::optional<TraceWindow> check_trace_settings(const std::string& file, const std::string& iterations,
+                                                const TraceSettingNames& names = {});
+
+// Where rank `rank` writes its own events after a failure, when the ranks can no longer meet to merge
+// theirs: `file` on rank 0, `file`.rank-R on rank R > 0.
+std::string failure_trace_path(const std::string& file, int rank);
+
+// After a failure: `recorder`'s events up to it (threads may still be recording: what each had
+// recorded), with `failure` in the file, to `path`. Never throws: "" once written, else why not.
+std::string write_trace_after_failure(const std::string& path, const TraceRecorder& recorder,
+                                      const std::string& failure) noexcept;
 
 // {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {...}} written atomically to
 // `path`; otherData says how many events full buffers dropped (`dropped`) and, for a failed run, why.
