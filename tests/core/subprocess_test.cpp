@@ -36,13 +36,12 @@ TEST(RunProgram, ReportsExitStatusAndStandardError) {
 }
 
 TEST(RunProgram, KillsAProgramPastItsTimeLimit) {
-  const auto start = std::chrono::steady_clock::now();
+  // Killed (SIGKILL) by the limit, not ended by itself: no time is asserted (a hang would be the
+  // test's own timeout).
   const ProgramResult result = run_program({"sleep", "30"}, milliseconds(200));
-  const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_TRUE(result.timed_out);
   EXPECT_FALSE(result.succeeded());
   EXPECT_EQ(result.signal, SIGKILL);
-  EXPECT_LT(took, std::chrono::seconds(10));
   EXPECT_EQ(describe_program_failure("sleep", result), "sleep did not finish in time and was stopped");
 }
 

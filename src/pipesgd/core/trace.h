@@ -153,7 +153,6 @@ class TraceRecorder {
   const char* intern(const std::string& text);
 
   TraceClock::time_point origin() const { return origin_; }
-  std::size_t events_per_thread() const { return events_per_thread_; }
   TraceWindow window() const { return window_; }
   std::size_t dropped() const;
 
@@ -187,27 +186,42 @@ class ScopedThreadTrace {
   ThreadTrace* previous_;
 };
 
-// A span on the calling thread's trace from construction to destruction (nothing without one).
-class TraceSpan {
+// What TraceSpan and TracedStopwatch share: the calling thread's trace (null without one or
+// outside its window), the span's name, category and arguments, and its start.
+class TraceScope {
  public:
-  TraceSpan(const char* name, const char* category, const TraceArgs& args = {})
-      : trace_(current_thread_trace()), name_(name), category_(category), args_(args) {
-    if (trace_ != nullptr && !trace_->recording()) trace_ = nullptr;  // outside the window: no clock read
-    if (trace_ != nullptr) start_ = TraceClock::now();
-  }
-  ~TraceSpan() {
-    if (trace_ != nullptr) trace_->span(name_, category_, start_, TraceClock::now(), args_);
-  }
-  TraceSpan(const TraceSpan&) = delete;
-  TraceSpan& operator=(const TraceSpan&) = delete;
-  TraceArgs& args() { return args_; }
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
 
- private:
+ protected:
+  TraceScope(const char* name, const char* category, const TraceArgs& args)
+      : trace_(current_thread_trace()), name_(name), category_(category), args_(args) {
+    if (trace_ != nullptr && !trace_->recording()) trace_ = nullptr;
+  }
+  // Records the span [start_, end], once.
+  void record(TraceClock::time_point end) {
+    if (trace_ == nullptr) return;
+    trace_->span(name_, category_, start_, end, args_);
+    trace_ = nullptr;
+  }
+
   ThreadTrace* trace_;
   const char* name_;
   const char* category_;
   TraceArgs args_;
   TraceClock::time_point start_{};
+};
+
+// A span on the calling thread's trace from construction to destruction (nothing without one, and
+// no clock read outside the window).
+class TraceSpan : public TraceScope {
+ public:
+  TraceSpan(const char* name, const char* category, const TraceArgs& args = {}) : TraceScope(name, category, args) {
+    if (trace_ != nullptr) start_ = TraceClock::now();
+  }
+  ~TraceSpan() {
+    if (trace_ != nullptr) record(TraceClock::now());
+  }
 };
 
 // An instant event on the calling thread's trace (nothing without one).
@@ -232,34 +246,21 @@ inline void trace_set_iteration(std::int64_t iteration) {
 // A Stopwatch that is also a span of the calling thread's trace: stop() returns the seconds since
 // construction and records the span (once); one never stopped records it when destroyed (a failing
 // operation's span ends where it failed). Reads the clock once at each end, like a Stopwatch.
-class TracedStopwatch {
+class TracedStopwatch : public TraceScope {
  public:
   explicit TracedStopwatch(const char* name, const char* category = kTraceCompute, const TraceArgs& args = {})
-      : trace_(current_thread_trace()), name_(name), category_(category), args_(args), start_(TraceClock::now()) {
-    if (trace_ != nullptr && !trace_->recording()) trace_ = nullptr;
+      : TraceScope(name, category, args) {
+    start_ = TraceClock::now();
   }
   ~TracedStopwatch() {
-    if (trace_ != nullptr) trace_->span(name_, category_, start_, TraceClock::now(), args_);
+    if (trace_ != nullptr) record(TraceClock::now());
   }
-  TracedStopwatch(const TracedStopwatch&) = delete;
-  TracedStopwatch& operator=(const TracedStopwatch&) = delete;
 
   double stop() {
     const TraceClock::time_point end = TraceClock::now();
-    if (trace_ != nullptr) {
-      trace_->span(name_, category_, start_, end, args_);
-      trace_ = nullptr;
-    }
+    record(end);
     return std::chrono::duration<double>(end - start_).count();
   }
-  TraceArgs& args() { return args_; }
-
- private:
-  ThreadTrace* trace_;
-  const char* name_;
-  const char* category_;
-  TraceArgs args_;
-  TraceClock::time_point start_;
 };
 
 }  // namespace pipesgd

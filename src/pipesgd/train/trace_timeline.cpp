@@ -68,6 +68,12 @@ std::vector<Timeline> read_trace_timelines(const std::filesystem::path& path, st
                        start + event.value("dur", 0.0), iteration});
     }
   }
+  // "compute", "comm" or another thread's name; "" for a span of no named thread.
+  auto thread_of = [&](const Span& span) -> const std::string& {
+    static const std::string none;
+    const auto found = threads.find({span.pid, span.tid});
+    return found != threads.end() ? found->second : none;
+  };
   // One timeline per run label, in the order of the runs' processes.
   std::vector<std::string> labels;
   for (const auto& [pid, worker] : workers) {
@@ -86,7 +92,7 @@ std::vector<Timeline> read_trace_timelines(const std::filesystem::path& path, st
     // Worker 0's compute iterations; the window: `iterations` of them from the middle on.
     std::set<std::int64_t> seen;
     for (const Span& span : spans) {
-      if (span.pid == *leader && threads[{span.pid, span.tid}] == "compute" && span.name == "forward") {
+      if (span.pid == *leader && thread_of(span) == "compute" && span.name == "forward") {
         seen.insert(span.iteration);
       }
     }
@@ -96,7 +102,7 @@ std::vector<Timeline> read_trace_timelines(const std::filesystem::path& path, st
     double begin_us = 0, end_us = 0;
     bool found = false;
     for (const Span& span : spans) {
-      if (span.pid != *leader || threads[{span.pid, span.tid}] != "compute" || !shown("compute", span.name)) continue;
+      if (span.pid != *leader || thread_of(span) != "compute" || !shown("compute", span.name)) continue;
       if (span.iteration < first || span.iteration >= first + iterations) continue;
       begin_us = found ? std::min(begin_us, span.start_us) : span.start_us;
       end_us = found ? std::max(end_us, span.end_us) : span.end_us;
@@ -114,7 +120,7 @@ std::vector<Timeline> read_trace_timelines(const std::filesystem::path& path, st
         const std::size_t track = timeline.tracks.size();
         bool any = false;
         for (const Span& span : spans) {
-          if (span.pid != *pid || threads[{span.pid, span.tid}] != thread || !shown(thread, span.name)) continue;
+          if (span.pid != *pid || thread_of(span) != thread || !shown(thread, span.name)) continue;
           if (span.end_us <= begin_us || span.start_us >= end_us) continue;
           timeline.boxes.push_back({track, span.name, (std::max(span.start_us, begin_us) - begin_us) / 1e3,
                                     (std::min(span.end_us, end_us) - begin_us) / 1e3, span.iteration});

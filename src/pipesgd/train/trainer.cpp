@@ -32,7 +32,7 @@ void serve_shard(const RunContext& run, const ShardPlan& shard_plan, std::span<c
                  Transport& transport, const std::atomic<bool>* stop) {
   const TrainConfig& config = run.config;
   // --trace: the server's track (its requests, at the pushes' versions: a push and a pull per worker
-  // and iteration).
+  // and iteration, within the bound of a worker thread's events for a model of `workers` layers).
   ThreadTrace* trace = nullptr;
   if (const TraceTarget& target = config.trace; target.recorder != nullptr) {
     const int server = transport.rank() - config.workers;
