@@ -12,10 +12,17 @@ struct IterationTimes {
   double compensation = 0;  // sapipe: the stale range's compensated update and weight prediction
   double wait = 0;          // exposed communication: compute thread blocked on communication
   double comm = 0;          // allreduce time on the thread that ran it (consumed this iteration)
+  // The gradient allreduces that finished during this iteration, on whichever thread ran them:
+  // their CPU time on that thread's CPU clock, and their fp32 bytes (collective/allreduce_meter.h).
+  double comm_cpu = 0;
+  double comm_bytes = 0;
   double iteration = 0;     // whole iteration on the compute thread
   double checkpoint = 0;    // this worker's checkpoint after the iteration (its state copied; in `iteration`)
   double loss = 0;
   bool pipelined = false;   // false during warm-up / for synchronous methods
+
+  // CPU seconds per allreduced fp32 byte (0 when nothing was allreduced).
+  double comm_cpu_per_byte() const { return comm_bytes > 0 ? comm_cpu / comm_bytes : 0; }
 
   // Adds weight * other to every timing and the loss (for means over workers and iterations).
   void add_scaled(const IterationTimes& other, double weight) {
@@ -26,6 +33,8 @@ struct IterationTimes {
     backward += weight * other.backward;
     wait += weight * other.wait;
     comm += weight * other.comm;
+    comm_cpu += weight * other.comm_cpu;
+    comm_bytes += weight * other.comm_bytes;
     iteration += weight * other.iteration;
     checkpoint += weight * other.checkpoint;
     loss += weight * other.loss;

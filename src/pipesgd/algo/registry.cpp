@@ -4,6 +4,7 @@
 #include <map>
 
 #include "pipesgd/algo/dsync/dsync_methods.h"
+#include "pipesgd/algo/nocomm/nocomm_method.h"
 #include "pipesgd/algo/odsgd/odsgd_method.h"
 #include "pipesgd/algo/pipe/pipe_method.h"
 #include "pipesgd/algo/ps_methods/parameter_server_methods.h"
@@ -26,6 +27,7 @@ const std::vector<MethodDescriptor>& descriptors() {
       dcasgd_method(),
       odsgd_method(),
       sapipe_method(/*baseline=*/"pipe"),
+      nocomm_method(),
   };
   return methods;
 }

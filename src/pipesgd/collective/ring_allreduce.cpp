@@ -126,9 +126,13 @@ void RingAllreduce::run_steps(std::span<float> data, Tag tag) {
     const std::size_t segments = segment_count(chunk_count(n, c));
     for (std::size_t j = 0; j < segments; ++j) {
       std::span<float> target = segment(c, j);
-      std::span<std::byte> into = identity && !reducing(s)
-                                      ? std::as_writable_bytes(target)
-                                      : region(receive_buffers_[s % 3], j, target.size());
+      if (reducing(s)) {  // read once, by the decode-add: the transport may lend the sender's bytes
+        receives_[s % 2][j] = transport_.recv_in_place(left, step_tag(tag, s, j),
+                                                       region(receive_buffers_[s % 3], j, target.size()), kOperation);
+        continue;
+      }
+      std::span<std::byte> into =
+          identity ? std::as_writable_bytes(target) : region(receive_buffers_[s % 3], j, target.size());
       receives_[s % 2][j] = transport_.recv(left, step_tag(tag, s, j), into, kOperation);
     }
   };
@@ -146,15 +150,18 @@ void RingAllreduce::run_steps(std::span<float> data, Tag tag) {
     for (std::size_t j = 0; j < segments; ++j) {
       std::span<float> target = segment(c, j);
       const Tag message_tag = step_tag(tag, s, j);
-      const std::size_t got = receives_[s % 2][j].wait(timeout);
       if (reducing(s)) {
-        std::span<const std::byte> message(receive_buffers_[s % 3].data() + j * segment_bytes_, got);
-        expect_bytes(kOperation, got, codec_.encoded_bytes(target.size()), left, message_tag);
+        Request& receive = receives_[s % 2][j];
+        const std::span<const std::byte> message =
+            receive.wait_in_place(timeout, region(receive_buffers_[s % 3], j, target.size()));
+        expect_bytes(kOperation, message.size(), codec_.encoded_bytes(target.size()), left, message_tag);
         codec_.decode_add(message, target);
+        receive = Request();  // the sender's bytes, if lent, go back at once
         // The reduced segment goes on at once: to the next reduce-scatter step, or, after the last
         // one, as this rank's fully reduced (owned) chunk into the allgather.
         if (s < last_step) send_segment(s + 1, j, target, s == p - 2);
       } else {
+        const std::size_t got = receives_[s % 2][j].wait(timeout);
         expect_bytes(kOperation, got, codec_.encoded_bytes(target.size()), left, message_tag);
         std::span<const std::byte> message;
         if (identity) {

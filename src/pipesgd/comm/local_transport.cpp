@@ -39,6 +39,13 @@ struct Operation final : RequestState {
   std::span<std::byte> recv_buffer;
   bool queued = false;
   bool complete = false;
+  // recv_in_place: a recv that accepts the sender's bytes lent instead of copied. Once matched, it
+  // holds the lending send (`lender`, whose bytes are `lent`) until cancel() returns them; the
+  // send (`lent_out`) completes only then.
+  bool in_place = false;
+  std::shared_ptr<Operation> lender;
+  std::span<const std::byte> lent;
+  bool lent_out = false;
   std::size_t bytes = 0;
   Clock::time_point ready_at{};       // a recv: when the message arrives (a send: never later than its match)
   Clock::time_point recv_ready_at{};  // an unmatched send: when its message arrives at the peer
@@ -87,8 +94,28 @@ struct Operation final : RequestState {
     return complete && ready_at <= Clock::now();
   }
 
+  std::span<const std::byte> wait_in_place(Timeout timeout, std::span<const std::byte> posted) override {
+    const std::size_t n = wait(timeout);  // saw `complete` under the lock: lender and lent are settled
+    return lender ? lent : posted.first(n);
+  }
+  bool lends() const override { return lender != nullptr; }
+
   void cancel() override {
-    std::lock_guard lock(mailbox->mutex);
+    std::unique_lock lock(mailbox->mutex);
+    if (lender) {  // a recv returning the bytes it was lent: the lending send completes now
+      lender->complete = true;
+      lender->completed.notify_one();
+      lender.reset();
+      lent = {};
+      return;
+    }
+    if (lent_out && !complete) {
+      // A send withdrawn while its bytes are lent: the receiver reads them once and returns them
+      // at once (Transport::recv_in_place's contract), and it must be done before the buffer goes.
+      const bool returned = completed.wait_for(lock, std::chrono::seconds(60), [this] { return complete; });
+      PIPESGD_ASSERT(returned);
+      return;
+    }
     if (!queued) return;
     auto& queue = is_send ? mailbox->unmatched_sends : mailbox->unmatched_recvs;
     queue.erase(std::find_if(queue.begin(), queue.end(),
@@ -97,9 +124,22 @@ struct Operation final : RequestState {
   }
 };
 
-// Completes a matched pair; the receiving mailbox's mutex is held by the caller.
-void transfer(Operation& send, Operation& recv) {
+// Completes a matched pair; the receiving mailbox's mutex is held by the caller. A recv_in_place
+// borrows the send's bytes instead (the send completes when the recv returns them).
+void transfer(const std::shared_ptr<Operation>& lending, Operation& recv) {
+  Operation& send = *lending;
   const std::size_t n = send.send_bytes.size();
+  if (recv.in_place && n > 0 && n <= recv.recv_buffer.size()) {
+    recv.lender = lending;
+    recv.lent = send.send_bytes;
+    send.lent_out = true;
+    send.bytes = recv.bytes = n;
+    recv.ready_at = std::max(recv.ready_at, Clock::now());
+    recv.complete = true;
+    send.queued = recv.queued = false;
+    recv.completed.notify_one();
+    return;
+  }
   if (n > recv.recv_buffer.size()) {
     std::string why = concat("message of ", n, " bytes from rank ", send.owner, " (",
                              describe_tag(send.tag), ") does not fit the receive buffer of ", recv.recv_buffer.size(),
@@ -146,7 +186,7 @@ class Endpoint final : public Transport {
         std::shared_ptr<Operation> recv = std::move(*match);
         box.unmatched_recvs.erase(match);
         recv->ready_at = arrival;
-        transfer(*op, *recv);
+        transfer(op, *recv);
       } else {
         op->recv_ready_at = arrival;
         op->queued = true;
@@ -157,9 +197,25 @@ class Endpoint final : public Transport {
   }
 
   Request recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) override {
+    return post_recv(peer, tag, buffer, operation, false);
+  }
+  Request recv_in_place(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) override {
+    return post_recv(peer, tag, buffer, operation, true);
+  }
+
+  void report_failure(const std::string& reason) override { fabric_.report_failure(rank_, reason); }
+  std::uint64_t bytes_sent() const override { return bytes_sent_.load(std::memory_order_relaxed); }
+  std::string describe() const override {
+    return concat("local (", fabric_.size(), " ranks as threads, ", pipesgd::describe(fabric_.network()),
+                  ")");
+  }
+
+ private:
+  Request post_recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation, bool in_place) {
     check_peer(peer, operation);
     auto op = acquire();
     op->is_send = false;
+    op->in_place = in_place;
     op->peer = peer;
     op->tag = tag;
     op->operation = operation;
@@ -175,7 +231,7 @@ class Endpoint final : public Transport {
         std::shared_ptr<Operation> send = std::move(*match);
         box.unmatched_sends.erase(match);
         op->ready_at = send->recv_ready_at;
-        transfer(*send, *op);
+        transfer(send, *op);
       } else {
         op->queued = true;
         box.unmatched_recvs.push_back(op);
@@ -184,14 +240,6 @@ class Endpoint final : public Transport {
     return Request(std::move(op));
   }
 
-  void report_failure(const std::string& reason) override { fabric_.report_failure(rank_, reason); }
-  std::uint64_t bytes_sent() const override { return bytes_sent_.load(std::memory_order_relaxed); }
-  std::string describe() const override {
-    return concat("local (", fabric_.size(), " ranks as threads, ", pipesgd::describe(fabric_.network()),
-                  ")");
-  }
-
- private:
   void check_peer(int peer, const char* operation) const {
     if (peer < 0 || peer >= fabric_.size()) {
       throw UsageError(concat(operation, ": rank ", rank_, " addressed peer ", peer,
@@ -220,6 +268,9 @@ class Endpoint final : public Transport {
     op.fabric = &fabric_;
     op.owner = rank_;
     op.queued = op.complete = false;
+    op.in_place = op.lent_out = false;
+    op.lender.reset();
+    op.lent = {};
     op.bytes = 0;
     op.error.clear();
     op.send_bytes = {};

@@ -4,7 +4,9 @@
 //
 // A LocalFabric owns the shared state of all ranks; endpoint(r) is rank r's Transport. Messages are
 // copied once, straight from the sender's buffer into the posted receive buffer (rendezvous), so a
-// send completes only once the receiver has posted the matching recv.
+// send completes only once the receiver has posted the matching recv. A recv_in_place is not copied
+// into at all: the receiver reads the sender's bytes in place (one pass for a reduction), and the
+// send completes when the receiver returns them (Transport::recv_in_place).
 //
 // Link emulation (optional, NetworkSpec): every rank has a full-duplex NIC. A message of n bytes
 // leaves the sender's egress after the previous one, taking n/bandwidth, and reaches the receiver

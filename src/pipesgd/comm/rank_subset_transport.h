@@ -29,6 +29,9 @@ class RankSubsetTransport final : public Transport {
   Request recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) override {
     return inner_.recv(peer, tag, buffer, operation);
   }
+  Request recv_in_place(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) override {
+    return inner_.recv_in_place(peer, tag, buffer, operation);
+  }
   void report_failure(const std::string& reason) override { inner_.report_failure(reason); }
   std::uint64_t bytes_sent() const override { return inner_.bytes_sent(); }
   std::string describe() const override {

@@ -76,8 +76,16 @@ class RequestState {
   // Non-blocking: true once wait() would return without blocking.
   virtual bool test() = 0;
   // Called when the Request is dropped before completion: must withdraw the operation so that the
-  // transport never touches the caller's buffer afterwards.
+  // transport never touches the caller's buffer afterwards. For a recv whose message was lent
+  // (wait_in_place), returns the message to its sender.
   virtual void cancel() = 0;
+  // A recv posted with Transport::recv_in_place into `posted` (its buffer): like wait(), but returns
+  // the message itself: the sender's bytes if they were lent (then lends() is true until cancel()),
+  // else the filled prefix of `posted`.
+  virtual std::span<const std::byte> wait_in_place(Timeout timeout, std::span<const std::byte> posted) {
+    return posted.first(wait(timeout));
+  }
+  virtual bool lends() const { return false; }
 };
 
 // Handle to one outstanding send or recv. Move-only; dropping an incomplete one cancels it.
@@ -105,6 +113,15 @@ class Request {
     return bytes;
   }
   bool test() { return state_ && state_->test(); }
+  // For a recv posted with Transport::recv_in_place into `posted`: waits like wait() and returns the
+  // message's bytes. If the transport lent the sender's bytes, they stay valid until this Request is
+  // reset or destroyed, which must follow promptly (the sender's send completes only then);
+  // otherwise the handle is released as by wait().
+  std::span<const std::byte> wait_in_place(Timeout timeout, std::span<const std::byte> posted) {
+    const std::span<const std::byte> message = state_->wait_in_place(timeout, posted);
+    if (!state_->lends()) state_.reset();
+    return message;
+  }
 
  private:
   void reset() {
@@ -127,6 +144,13 @@ class Transport {
   virtual Request send(int peer, Tag tag, std::span<const std::byte> bytes,
                        const char* operation) = 0;
   virtual Request recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) = 0;
+  // A recv whose message the caller reads once, right away (a reduction step): the transport may
+  // lend the sender's own bytes instead of copying them into `buffer` (LocalTransport does: one pass
+  // over the data instead of a copy and a pass). Read it with Request::wait_in_place(timeout,
+  // buffer). Default: recv into `buffer`.
+  virtual Request recv_in_place(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) {
+    return recv(peer, tag, buffer, operation);
+  }
   // Reports that this rank failed; every other rank's pending and future waits throw
   // PeerFailedError naming this rank and `reason`. Idempotent.
   virtual void report_failure(const std::string& reason) = 0;

@@ -1,4 +1,6 @@
 #pragma once
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <vector>
@@ -10,6 +12,14 @@ using Seconds = std::chrono::duration<double>;
 
 inline double seconds_since(Clock::time_point start) {
   return Seconds(Clock::now() - start).count();
+}
+
+// CPU time the calling thread has used so far (its CLOCK_THREAD_CPUTIME_ID), in seconds: the
+// processor time a piece of work costs that thread, whatever else runs beside it.
+inline double thread_cpu_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
 // Measures one span of wall time: `Stopwatch w; ...; double s = w.seconds();`.

@@ -47,6 +47,7 @@ double max_difference(std::span<const float> a, std::span<const float> b) {
 
 // What one rank measured for one candidate at one size; sent to rank 0 as raw bytes.
 struct RankMeasurement {
+  double timed_cpu_seconds = 0;  // this rank's CPU clock over the timed runs
   double max_error = 0;
   double max_reference_difference = 0;
   std::uint64_t result_checksum = 0;
@@ -216,8 +217,10 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
         std::copy(input.begin(), input.end(), data.begin());
         const std::uint64_t sent_before = transport.bytes_sent();
         const Clock::time_point start = barrier(config.timeout);
+        const double cpu_start = thread_cpu_seconds();
         objects[c]->run(data, next_tag());
         seconds[c][run] = seconds_since(start);
+        if (run >= config.warmup) measured[c].timed_cpu_seconds += thread_cpu_seconds() - cpu_start;
         // Checking waits until every rank is done: a rank that finished early must not take CPU
         // from the ranks still in the timed operation (ranks may outnumber cores).
         barrier(config.timeout);
@@ -261,6 +264,7 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
         times.wait(config.timeout);
         others.wait(config.timeout);
         for (int run = 0; run < runs; ++run) slowest[run] = std::max(slowest[run], peer_seconds[run]);
+        all.timed_cpu_seconds += peer_measured.timed_cpu_seconds;
         all.max_error = std::max(all.max_error, peer_measured.max_error);
         all.max_reference_difference =
             std::max(all.max_reference_difference, peer_measured.max_reference_difference);
@@ -278,6 +282,8 @@ std::vector<AllreduceBenchmarkRow> run_allreduce_benchmark_rank(
       row.algbw = row.median_seconds > 0 ? static_cast<double>(bytes) / row.median_seconds : 0;
       row.busbw = row.algbw * (p > 1 ? 2.0 * (p - 1) / p : 0.0);
       row.max_error = all.max_error;
+      row.cpu_seconds_per_byte =
+          bytes > 0 ? all.timed_cpu_seconds / (static_cast<double>(p) * config.repeats * static_cast<double>(bytes)) : 0;
       row.rank0_bytes_sent_per_run = bytes_sent[c] / static_cast<std::uint64_t>(runs);
       // Each of up to p encodings may add the codec's error of a partial sum of at most 2p.
       row.error_bound = p * codecs[c]->error_bound(2.0 * p);

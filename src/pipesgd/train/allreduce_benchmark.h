@@ -59,6 +59,9 @@ struct AllreduceBenchmarkRow {
   double median_seconds = 0, min_seconds = 0, max_seconds = 0;
   double algbw = 0;  // bytes / median time, bytes/s
   double busbw = 0;  // algbw * 2(p-1)/p
+  // CPU time a run costs the thread that calls it (its CPU clock), per fp32 byte allreduced: the
+  // mean over ranks and timed runs. Waits that sleep cost nothing; copies, codecs and wake-ups do.
+  double cpu_seconds_per_byte = 0;
   double max_error = 0;    // largest |result - exact| over all ranks and repeats
   double error_bound = 0;  // what the codec promises for these values
   bool matches_reference = true;  // bit-identical to the reference result (exact codecs only)

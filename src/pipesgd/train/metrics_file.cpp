@@ -28,7 +28,7 @@ nlohmann::json times_to_json(const IterationTimes& t) {
   return {{"update_s", t.update},     {"compensation_s", t.compensation}, {"data_s", t.data},
           {"forward_s", t.forward},   {"backward_s", t.backward},         {"wait_s", t.wait},
           {"comm_s", t.comm},         {"iteration_s", t.iteration},       {"checkpoint_s", t.checkpoint},
-          {"loss", t.loss}};
+          {"comm_cpu_s", t.comm_cpu}, {"comm_bytes", t.comm_bytes},     {"loss", t.loss}};
 }
 
 nlohmann::json epoch_to_json(const EpochRecord& e) {

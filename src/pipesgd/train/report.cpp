@@ -4,6 +4,7 @@
 #include <ostream>
 #include <set>
 
+#include "pipesgd/algo/nocomm/nocomm_method.h"
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/core/json_file.h"
 #include "pipesgd/core/atomic_file.h"
@@ -25,6 +26,33 @@ std::string accuracy(double fraction) { return fraction < 0 ? std::string("-") :
 
 std::optional<double> time_to_target(const RunSummary& summary, const std::optional<AccuracyTarget>& target) {
   return target ? time_to_accuracy(summary.epochs, *target) : std::nullopt;
+}
+
+// CPU nanoseconds per allreduced byte, null for a run that allreduced nothing (parameter servers).
+nlohmann::json cpu_per_byte_json(const IterationTimes& mean) {
+  if (mean.comm_bytes <= 0) return nullptr;
+  return mean.comm_cpu_per_byte() * 1e9;
+}
+
+// The compute thread's busy time of `run` over that of the compare's compute-alone run (nocomm), if
+// it has one: how much communication running beside it stretched the compute.
+std::optional<double> compute_stretch(const RunSummary& run, const std::vector<RunSummary>& summaries) {
+  for (const RunSummary& other : summaries) {
+    if (method_of_spec(other.setup.method_spec)->name != kComputeAloneMethod) continue;
+    const double alone = other.timing.stages.compute();
+    if (alone > 0) return run.timing.stages.compute() / alone;
+  }
+  return std::nullopt;
+}
+
+// "0.42", or "-" for a run that allreduced nothing.
+std::string cpu_per_byte_cell(const IterationTimes& mean) {
+  return mean.comm_bytes > 0 ? format_number("%.2f", mean.comm_cpu_per_byte() * 1e9) : std::string("-");
+}
+
+std::string stretch_cell(const RunSummary& run, const std::vector<RunSummary>& summaries) {
+  const std::optional<double> stretch = compute_stretch(run, summaries);
+  return stretch ? format_number("%.2fx", *stretch) : std::string("-");
 }
 
 }  // namespace
@@ -70,6 +98,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"predicted_pipe_eq5_s", s.timing.predicted_pipe_sequential_iteration},
                          {"scaling_efficiency_eq7", s.timing.scaling_efficiency},
                          {"bytes_sent_per_iteration", s.timing.bytes_sent_per_iteration},
+                         {"comm_cpu_ns_per_byte", cpu_per_byte_json(f.mean)},
                          {"weights_checksum", concat(std::hex, s.weights_checksum)},
                          {"nonfinite_gradients_skipped", s.reliability.nonfinite_skipped},
                          {"consistency_checks_passed", s.reliability.consistency_checks},
@@ -116,13 +145,15 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
   const IterationTimes& m = f.mean;
   std::vector<std::vector<std::string>> rows = {
       {"per iteration (ms)", "update", "compensation", "data", "forward", "backward", "other", "compute",
-       "exposed wait", "comm thread", "iteration", "samples/s"},
+       "exposed wait", "comm thread", "iteration", "samples/s", "comm CPU ns/B"},
       {"measured", milliseconds(m.update), milliseconds(m.compensation), milliseconds(m.data), milliseconds(m.forward),
        milliseconds(m.backward), milliseconds(timing.stages.other), milliseconds(timing.stages.compute()),
-       milliseconds(m.wait), milliseconds(m.comm), milliseconds(m.iteration), format_number("%.0f", f.throughput)}};
+       milliseconds(m.wait), milliseconds(m.comm), milliseconds(m.iteration), format_number("%.0f", f.throughput),
+       cpu_per_byte_cell(m)}};
   print_table(out, rows);
   out << "compute = the compute thread's busy time (iteration - exposed wait) = update + compensation + "
-         "data + forward + backward + other (hooks, bookkeeping, descheduling)\n";
+         "data + forward + backward + other (hooks, bookkeeping, descheduling); comm CPU ns/B = the gradient "
+         "allreduces' CPU time on the threads that ran them (their CPU clocks) per allreduced fp32 byte\n";
   out << "\nPipe-SGD timing model from the measured stage times (l_up + l_comp = compute = "
       << milliseconds(timing.stages.compute()) << " ms, l_comm = comm thread = " << milliseconds(timing.stages.comm)
       << " ms):\n";
@@ -171,7 +202,8 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
                          std::optional<double> requested_target) {
   const std::optional<AccuracyTarget> target = compare_accuracy_target(summaries, requested_target);
   std::vector<std::vector<std::string>> rows = {{"method", "samples/s", "iter ms", "update", "comp", "forward",
-                                                 "backward", "compute", "exposed wait", "comm", "predicted ms",
+                                                 "backward", "compute", "stretch", "exposed wait", "comm",
+                                                 "comm CPU ns/B", "predicted ms",
                                                  "train acc", "test acc", time_to_accuracy_heading(target),
                                                  speedup_heading(summaries)}};
   const double base = summaries.empty() ? 0 : summaries.front().figures.throughput;
@@ -181,13 +213,15 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
     const IterationTimes& m = f.mean;
     rows.push_back({f.method_spec, format_number("%.0f", f.throughput), milliseconds(m.iteration),
                     milliseconds(m.update), milliseconds(m.compensation), milliseconds(m.forward),
-                    milliseconds(m.backward), milliseconds(s.timing.stages.compute()), milliseconds(m.wait),
-                    milliseconds(m.comm), milliseconds(f.predicted_iteration), accuracy(f.final_train_accuracy),
+                    milliseconds(m.backward), milliseconds(s.timing.stages.compute()), stretch_cell(s, summaries),
+                    milliseconds(m.wait), milliseconds(m.comm), cpu_per_byte_cell(m), milliseconds(f.predicted_iteration), accuracy(f.final_train_accuracy),
                     accuracy(f.final_test_accuracy), time_to_accuracy_cell(time_to_target(s, target)),
                     format_number("%.2fx", base > 0 ? f.throughput / base : 0)});
     runs.push_back(f);
   }
   print_table(out, rows);
+  out << "stretch = compute over that of nocomm (compute alone) in this compare (\"-\" without it); comm CPU ns/B = "
+         "the gradient allreduces' CPU time on the threads that ran them per allreduced fp32 byte\n";
   print_short_runs(out, summaries);
   // The tables of the compared methods' families, each once, in registry order.
   std::set<std::string> printed;
@@ -213,6 +247,9 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                              {"throughput_samples_per_s", f.throughput},
                              {"iteration_s", f.mean.iteration},
                              {"breakdown", times_to_json(f.mean)},
+                             {"compute_s", s.timing.stages.compute()},
+                             {"compute_stretch", nullptr},
+                             {"comm_cpu_ns_per_byte", cpu_per_byte_json(f.mean)},
                              {"predicted_iteration_s", f.predicted_iteration},
                              {"final_train_accuracy", f.final_train_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_train_accuracy)},
                              {"final_test_accuracy", f.final_test_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_test_accuracy)},
@@ -225,6 +262,7 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
                              {"unreached_phase", unreached_phase_json(s.unreached_phase)},
                              {"interrupted", interruption_to_json(s.interrupted)}};
     if (const std::optional<double> seconds = time_to_target(s, target)) record["time_to_target_accuracy_s"] = *seconds;
+    if (const std::optional<double> stretch = compute_stretch(s, summaries)) record["compute_stretch"] = *stretch;
     f.report->add_json(record, f);
     records.push_back(record);
   }

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <optional>
 
+#include "pipesgd/collective/allreduce_meter.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/clock.h"
@@ -189,6 +190,7 @@ class WorkerLoop {
       trace_layer(segment, seconds);
       if (nonfinite_.check(segment) && *method_ready_) (*method_ready_)(segment, seconds);
     };
+    meter_ = current_allreduce_meter();
     if (ThreadTrace* trace = current_thread_trace()) {
       trace_ = trace;
       const Layout& layout = model.layout();
@@ -363,6 +365,7 @@ class WorkerLoop {
     nonfinite_.finish(step.loss);  // before end_iteration sends what the model did not report
     if (t_ >= run_.plan.loss_from) record_.loss_sum += step.loss;
     method_.end_iteration(t_, times);
+    record_allreduce_cost(times);
     const ReliabilityOptions& reliability = config_.reliability;
     if (consistency_ && (t_ + 1) % reliability.check_consistency == 0) {
       const TraceSpan span("consistency check", kTraceRun, iteration_args());
@@ -379,6 +382,18 @@ class WorkerLoop {
     }
     times.iteration = iteration.seconds();
     sums_ = sums;
+  }
+
+  // The method's allreduces that finished since the last iteration's: their CPU time and bytes
+  // (collective/allreduce_meter.h), on whichever thread ran them.
+  void record_allreduce_cost(IterationTimes& times) {
+    if (meter_ == nullptr) return;
+    const std::uint64_t cpu = meter_->cpu_nanoseconds.load(std::memory_order_relaxed);
+    const std::uint64_t bytes = meter_->bytes.load(std::memory_order_relaxed);
+    times.comm_cpu = 1e-9 * static_cast<double>(cpu - metered_cpu_nanoseconds_);
+    times.comm_bytes = static_cast<double>(bytes - metered_bytes_);
+    metered_cpu_nanoseconds_ = cpu;
+    metered_bytes_ = bytes;
   }
 
   TraceArgs iteration_args() const {
@@ -528,6 +543,8 @@ class WorkerLoop {
   std::size_t layers_traced_ = 0;
   TraceClock::time_point first_layer_start_{};
   TraceClock::time_point last_layer_end_{};
+  const AllreduceMeter* meter_ = nullptr;  // the method's allreduces' (run_worker's), if installed
+  std::uint64_t metered_cpu_nanoseconds_ = 0, metered_bytes_ = 0;  // its totals at the last iteration's end
 };
 
 }  // namespace
@@ -571,6 +588,9 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
                                                                  model.layout().segment_count()));
   }
   const ScopedThreadTrace installed(trace);
+  // The method's gradient allreduces report their CPU time and bytes here (per iteration: comm_cpu).
+  AllreduceMeter allreduce_meter;
+  const ScopedAllreduceMeter metered(&allreduce_meter);
   std::unique_ptr<TrainingMethod> method =
       make_method(config.method, transport, model, run.plan.warmup_iterations, config.network, schedule_length(run.plan));
   // Once the method is built (its usage errors come first): a run too short for its steady state.
