@@ -1,6 +1,9 @@
 #include "pipesgd/algo/common_options.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <thread>
 
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/collective/traced_allreduce.h"
@@ -153,6 +156,14 @@ std::unique_ptr<Allreduce> make_method_allreduce(const CommonOptions& options, T
       make_allreduce(resolve_allreduce_algorithm(options, transport.size(), bytes), transport, count, codec,
                      method_allreduce_options(options, default_segment_bytes)),
       codec);
+}
+
+std::chrono::microseconds wait_spin_for(int workers) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const int cores = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed)
+                                                                        : static_cast<int>(std::thread::hardware_concurrency());
+  return workers >= 1 && workers <= cores ? kWaitSpin : std::chrono::microseconds(0);
 }
 
 std::string fingerprint(const CommonOptions& options) {

@@ -28,6 +28,9 @@ struct CommonOptions {
   std::size_t segment_bytes = kAutoSegmentBytes;
   std::shared_ptr<const Calibration> calibration;  // --calibration, or nullptr
   Timeout timeout = std::chrono::seconds(120);     // every wait on a peer (--comm-timeout)
+  // How long the compute thread polls for its comm thread's job before it blocks
+  // (comm/comm_worker.h); 0: it blocks at once. The trainer sets it (wait_spin_for).
+  std::chrono::microseconds wait_spin{0};
   // The optimizer and its hyper-parameters (Adam's learning rate and L2 are SGD's --lr and
   // --weight-decay). The parameter-server methods' servers run optimizer.sgd.
   OptimizerOptions optimizer;
@@ -59,6 +62,12 @@ WarmUp parse_warmup(const OptionValues& given, std::int64_t iterations_default);
 // The phase after a warm-up of `warmup_iterations` (nullopt for none): `event` starts then, and
 // until then the method runs as `before` says.
 std::optional<DeferredPhase> warmup_phase(std::int64_t warmup_iterations, std::string event, std::string before);
+
+// CommonOptions::wait_spin for a run of `workers` workers as threads of this process whose waits
+// sleep: kWaitSpin when every worker has a core of its own (the processors this process may run on),
+// else 0 (a spinning compute thread would take processor time from another worker's).
+inline constexpr std::chrono::microseconds kWaitSpin{2000};
+std::chrono::microseconds wait_spin_for(int workers);
 
 // `base` (the run's SGD hyper-parameters and timeout) with the values given for the flags above;
 // loads the calibration file. Throws UsageError naming the flag, DataError for a bad file.

@@ -173,6 +173,9 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
   } else {
     config.workers = resolve_workers(flags.workers, workers_given, session);
   }
+  // Threads of this process with a core each: the compute thread polls its comm thread briefly
+  // before blocking (comm/comm_worker.h). Under MPI the comm thread polls already: never.
+  if (session == nullptr) config.method.common.wait_spin = wait_spin_for(config.workers + servers);
   config.model = flags.model;
   config.batch = static_cast<std::size_t>(flags.batch);
   config.epochs = flags.epochs;

@@ -1,5 +1,7 @@
 #include "pipesgd/comm/comm_worker.h"
 
+#include <sched.h>
+
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
@@ -26,11 +28,12 @@ std::exception_ptr run_communication_job(Transport& transport, const std::functi
 }  // namespace
 
 CommWorker::CommWorker(Transport& transport, std::string owner, std::size_t capacity, Timeout timeout,
-                       Handler handler)
+                       Handler handler, std::chrono::microseconds spin)
     : transport_(transport),
       owner_(std::move(owner)),
       timeout_(timeout),
       handler_(std::move(handler)),
+      spin_(spin),
       jobs_(capacity),
       seconds_(capacity, 0.0) {
   PIPESGD_ASSERT(capacity > 0 && handler_);
@@ -77,6 +80,7 @@ void CommWorker::run() {
       std::lock_guard lock(mutex_);
       seconds_[ticket % seconds_.size()] = seconds;
       ++done_;
+      done_published_.store(done_, std::memory_order_release);
       if (failure && !failure_) failure_ = failure;
     }
     job_done_.notify_all();
@@ -105,6 +109,11 @@ void CommWorker::throw_timeout(const std::string& what) const {
 double CommWorker::wait(Ticket ticket, const char* what, std::int64_t iteration) {
   // Its slot is reused by the capacity-th job submitted after it: wait before submitting that one.
   PIPESGD_ASSERT(ticket < submitted_ && submitted_ - ticket <= jobs_.size());
+  if (spin_.count() > 0 && done_published_.load(std::memory_order_acquire) <= ticket) {
+    // Poll, yielding, before blocking (see comm_worker.h); a failed job counts as done, so this ends.
+    const Clock::time_point until = Clock::now() + spin_;
+    while (done_published_.load(std::memory_order_acquire) <= ticket && Clock::now() < until) sched_yield();
+  }
   std::unique_lock lock(mutex_);
   const bool done = job_done_.wait_for(lock, comm_thread_wait(timeout_), [&] {
     return done_ > ticket || failure_ != nullptr;

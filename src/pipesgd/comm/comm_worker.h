@@ -23,6 +23,13 @@
 // job is a "bucket" span (iteration, index) from which a gradient arrow starts.
 // The comm thread runs at raised priority when the transport's waits sleep (core/thread_priority.h;
 // never for a polling transport, whose thread would starve the compute thread).
+// Spinning: with a `spin` bound, wait() first polls the job's completion, yielding the processor at
+// every turn, for up to that long, and blocks only then. A core whose compute thread blocks for a
+// fraction of a millisecond goes idle, and the compute after it runs measurably slower here (see
+// docs/results.md, "Close to the limit"); the comm thread, at raised priority, still preempts the
+// spinning thread at once. Only where every worker has a core of its own (the trainer decides:
+// CommonOptions::wait_spin), else the spin would take processor time from another worker.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -61,7 +68,9 @@ class CommWorker {
 
   // Starts the thread. `owner` names the method in messages ("pipe-sgd"); `capacity` is the most
   // jobs in flight at once; `timeout` the peers' timeout (--comm-timeout).
-  CommWorker(Transport& transport, std::string owner, std::size_t capacity, Timeout timeout, Handler handler);
+  // `spin`: how long wait() polls before it blocks (0: it blocks at once).
+  CommWorker(Transport& transport, std::string owner, std::size_t capacity, Timeout timeout, Handler handler,
+             std::chrono::microseconds spin = std::chrono::microseconds(0));
   // Stops the thread: queued jobs are abandoned (a worker being destroyed with work queued is
   // failing, and more communication would only hold up the unwinding), a running one is waited for.
   ~CommWorker();
@@ -91,12 +100,14 @@ class CommWorker {
   const std::string owner_;
   const Timeout timeout_;
   const Handler handler_;
+  const std::chrono::microseconds spin_;
   std::vector<Job> jobs_;        // ring, indexed by ticket % capacity
   std::vector<double> seconds_;  // the handler's time per job, same ring
   std::mutex mutex_;
   std::condition_variable job_submitted_;  // the comm thread waits on it
   std::condition_variable job_done_;       // the compute thread waits on it
   Ticket submitted_ = 0, done_ = 0;        // guarded by mutex_ (submitted_ written by the compute thread only)
+  std::atomic<Ticket> done_published_{0};  // done_, stored after it changes: what a spinning wait() polls
   bool stopping_ = false;
   std::exception_ptr failure_;
   ThreadTrace* trace_ = nullptr;  // --trace: the comm thread's track (set up by the constructing thread)

@@ -46,7 +46,8 @@ BucketedDSync::BucketedDSync(const MethodContext& context)
       comm_(context.transport, "layer-wise dsync", std::max<std::size_t>(layers_, 1), context.common.timeout,
             [this](const CommWorker::Job& job) {
               allreduce_->run(job.data, collective_tag(Channel::kGradients, job.sequence));
-            }) {
+            },
+            context.common.wait_spin) {
   if (layers_ == 0) throw UsageError("layer-wise communication needs a model with layers");
   bytes_per_element_ = bytes_per_element(*codec_);
   planned_profile_ = empty_profile(context.model.layout(), bytes_per_element_);

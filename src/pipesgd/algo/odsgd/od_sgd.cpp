@@ -106,7 +106,7 @@ OneStepDelaySgd::OneStepDelaySgd(const MethodContext& context)
       schedule_(context.learning_rate_schedule),
       first_job_(switch_iteration_),
       comm_(context.transport, "odsgd", 2, context.common.timeout,
-            [this](const CommWorker::Job& job) { run_job(job.iteration); }) {
+            [this](const CommWorker::Job& job) { run_job(job.iteration); }, context.common.wait_spin) {
   const std::size_t count = context.model.layout().total();
   for (auto& buffer : gradients_) buffer.assign(count, 0.0f);
   for (auto& buffer : pulled_) buffer.assign(count, 0.0f);

@@ -55,7 +55,8 @@ PipeSgd::PipeSgd(const MethodContext& context)
       comm_(context.transport, "pipe-sgd", static_cast<std::size_t>(staleness_), context.common.timeout,
             [this](const CommWorker::Job& job) {
               allreduce_->run(job.data, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(job.iteration)));
-            }) {
+            },
+            context.common.wait_spin) {
   PIPESGD_ASSERT(staleness_ >= 1 && staleness_ <= kMaxStaleness && warmup_iterations_ >= 0);
   for (Slot& slot : slots_) slot.gradient.assign(context.model.layout().total(), 0.0f);
 }

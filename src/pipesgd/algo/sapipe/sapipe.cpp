@@ -33,7 +33,7 @@ SaPipe::SaPipe(const MethodContext& context)
       profile_buffer_(2 * layers_ + kCostProbes, 0.0f),
       comm_(context.transport, "sapipe", layers_ + 3, context.common.timeout, [this](const CommWorker::Job& job) {
         allreduce_->run(job.data, collective_tag(Channel::kGradients, job.sequence));
-      }) {
+      }, context.common.wait_spin) {
   if (layers_ == 0) throw UsageError("sapipe needs a model with layers");
   if (!options_.automatic()) parse_stale_layers(concat(options_.stale_layers), layers_);  // more than the model has
   bytes_per_element_ = bytes_per_element(*codec_);
