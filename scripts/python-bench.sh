@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# The Python front end's speed (the pipesgd.torch issue's acceptance): one PyTorch MLP script,
-# bench/python/mlp_train.py, with 4 ranks through pipesgd.torch against the same script on PyTorch
-# DistributedDataParallel (gloo), and against the C++ CLI on the same model. Builds nothing: give the
-# build directory that holds pipesgd (the CLI) and python/ (the pipesgd.torch package).
+# The Python front end's speed (the pipesgd.torch issue's acceptance): one PyTorch training script,
+# bench/python/mlp_train.py (the MLP, or with --model cnn the LeNet CNN), with 4 ranks through
+# pipesgd.torch against the same script on PyTorch DistributedDataParallel (gloo), and against the C++
+# CLI on the same model. Builds nothing: give the build directory that holds pipesgd (the CLI) and
+# python/ (the pipesgd.torch package). scripts/ddp-bench.sh runs this for mlp and cnn, dsync and pipe.
 #
-#   bash scripts/python-bench.sh [--smoke] [--rounds N] [--iters N] [--method SPEC]
-#                                [--backends ddp,pipesgd,cli] [BUILD_DIR=build]
+#   bash scripts/python-bench.sh [--smoke] [--rounds N] [--iters N] [--method SPEC] [--model mlp|cnn]
+#                                [--backends ddp,pipesgd,cli] [--record FILE] [BUILD_DIR=build]
 #
 # Three runs per round, each `mpirun -np 4 --oversubscribe` (the same launch for all three; as root
 # with OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1):
-#   ddp      /usr/bin/python3 bench/python/mlp_train.py --backend ddp
+#   ddp      /usr/bin/python3 bench/python/mlp_train.py --backend ddp --model MODEL
 #   pipesgd  PYTHONPATH=BUILD_DIR/python /usr/bin/python3 bench/python/mlp_train.py --backend pipesgd
-#            [--method SPEC]
-#   cli      BUILD_DIR/pipesgd train --transport mpi --model mlp --algo SPEC|dsync --net none
+#            --model MODEL [--method SPEC]
+#   cli      BUILD_DIR/pipesgd train --transport mpi --model MODEL --algo SPEC|dsync --net none
 #            --data fashion-mnist --batch 25 --lr 0.01 --iters WARMUP+ITERS --no-eval --quiet
-# The same model (784-500-500-10 MLP, ReLU, default init, cross-entropy), plain SGD lr 0.01, batch 25
-# per rank, Fashion-MNIST training images in memory as floats in [0, 1], one torch thread per rank
-# (OMP_NUM_THREADS=1 too), no evaluation, no emulated network (real MPI / gloo over loopback and
-# shared memory). Figures, all measured inside the processes so that start-up is excluded:
+# The same model (--model mlp, the default: the 784-500-500-10 MLP with ReLU; --model cnn: the CLI's
+# LeNet, 2 conv + 3 linear layers, inputs [B, 1, 28, 28]; both default init, cross-entropy), plain
+# SGD lr 0.01, batch 25 per rank, Fashion-MNIST training images in memory as floats in [0, 1], one
+# torch thread per rank (OMP_NUM_THREADS=1 too), no evaluation, no emulated network (real MPI / gloo
+# over loopback and shared memory). Figures, all measured inside the processes so that start-up is excluded:
 #   python: samples/s over ITERS timed iterations after 50 untimed ones, the wall clock between two
 #           barriers on rank 0 (mlp_train.py's last line);
 #   cli:    throughput_samples_per_s of its summary.json: global batch / the mean over workers and
@@ -35,14 +37,22 @@
 # --backends LIST: run only these (comma-separated subset of ddp,pipesgd,cli; ratios whose two sides
 #   both ran are printed, and every run's samples/s median). By default all three run, and a missing
 #   pipesgd.torch package is an error (exit 2), never skipped.
+# --iters N: timed iterations per run (default 1500, either model: measured on 2 cores, DDP takes ~15
+#   ms an iteration on cnn and ~15-20 ms on mlp, the CLI ~6-7 ms on cnn and ~5-8 ms on mlp).
+# --model mlp|cnn: the model of every run (default mlp).
+# --record FILE: also append one line per counted run (not the warm-up round) to FILE:
+#   "model=MODEL method=SPEC|- backend=B round=R wall_s=... samples_per_s=... iteration_ms=..."
+#   (scripts/ddp-bench.sh reads these).
 # --smoke: 1 round of 200 iterations, to check that the harness works (its figures mean nothing).
 # Exit status: 0 when every run succeeded (whether or not the targets are met: it measures, the reader
 # judges), 1 if a run failed, 2 for bad arguments or missing prerequisites.
 set -euo pipefail
 
 rounds=5
-iters=1500  # ~5 ms an iteration for the CLI, ~20 ms for DDP on 2 cores: 7-30 s a run
+iters=1500  # ~5-8 ms an iteration for the CLI, ~15-20 ms for DDP on 2 cores (mlp or cnn): 7-30 s a run
 warmup=50
+model=mlp
+record=
 run_timeout=600  # seconds a run may take before it counts as hung
 method=
 backends=ddp,pipesgd,cli
@@ -61,12 +71,20 @@ while (($#)); do
       [[ $# -ge 2 && -n $2 ]] || die "--method needs a method spec (e.g. pipe+int8)"
       method=$2
       shift ;;
+    --model)
+      [[ $# -ge 2 && $2 =~ ^(mlp|cnn)$ ]] || die "--model needs mlp or cnn"
+      model=$2
+      shift ;;
+    --record)
+      [[ $# -ge 2 && -n $2 ]] || die "--record needs a file"
+      record=$2
+      shift ;;
     --backends)
       [[ $# -ge 2 && $2 =~ ^(ddp|pipesgd|cli)(,(ddp|pipesgd|cli))*$ ]] || die "--backends needs a comma-separated subset of ddp,pipesgd,cli"
       backends=$2
       shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    -*) die "unknown option '$1' (expected --smoke, --rounds N, --iters N, --method SPEC, --backends LIST)" ;;
+    -*) die "unknown option '$1' (expected --smoke, --rounds N, --iters N, --method SPEC, --model mlp|cnn, --backends LIST, --record FILE)" ;;
     *) build=$1 ;;
   esac
   shift
@@ -107,11 +125,11 @@ run() {
   local -a cmd
   case $backend in
     ddp) cmd=(env MASTER_PORT="$(free_port)" "${launch[@]}" "$python" "$repo/bench/python/mlp_train.py" --backend ddp
-              --iters "$iters" --warmup "$warmup") ;;
+              --model "$model" --iters "$iters" --warmup "$warmup") ;;
     pipesgd) cmd=(env PYTHONPATH="$build/python" "${launch[@]}" "$python" "$repo/bench/python/mlp_train.py"
-                  --backend pipesgd --iters "$iters" --warmup "$warmup" ${method:+--method "$method"}) ;;
+                  --backend pipesgd --model "$model" --iters "$iters" --warmup "$warmup" ${method:+--method "$method"}) ;;
     cli) rm -rf "$work/cli-out"
-         cmd=("${launch[@]}" "$build/pipesgd" train --transport mpi --model mlp --algo "${method:-dsync}"
+         cmd=("${launch[@]}" "$build/pipesgd" train --transport mpi --model "$model" --algo "${method:-dsync}"
               --net none --data fashion-mnist --batch 25 --lr 0.01 --iters $((warmup + iters)) --no-eval
               --quiet --out "$work/cli-out") ;;
   esac
@@ -133,10 +151,15 @@ print("samples_per_s=%.1f iteration_ms=%.4f measured=%d" % (s["throughput_sample
   local line
   line="round=$round wall_s=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }') $figures"
   echo "$line" >>"$work/$backend"
+  if [[ -n $record ]] && ((round > 0)); then
+    local f keep=()
+    for f in $line; do [[ $f =~ ^(round|wall_s|samples_per_s|iteration_ms)= ]] && keep+=("$f"); done
+    echo "model=$model method=${method:--} backend=$backend ${keep[*]}" >>"$record"
+  fi
   printf '  %-8s %s\n' "$backend" "$line" >&2
 }
 
-echo "== python-bench: ${selected[*]}, 4 ranks, MLP batch 25, $iters timed iterations (+$warmup), method ${method:-default (CLI: dsync)}; 1 warm-up round + $rounds" >&2
+echo "== python-bench: ${selected[*]}, 4 ranks, $model batch 25, $iters timed iterations (+$warmup), method ${method:-default (CLI: dsync)}; 1 warm-up round + $rounds" >&2
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews these figures)" >&2
 n=${#selected[@]}
 for ((round = 0; round <= rounds; ++round)); do
@@ -148,8 +171,12 @@ done
 
 echo
 ((smoke == 0)) || echo "SMOKE RUN ($rounds round, $iters iterations): the figures below only show the harness works"
-echo "4 ranks (mpirun --oversubscribe on $(nproc --all) cores), MLP 784-500-500-10, batch 25 per rank, SGD lr 0.01,"
-echo "$iters timed iterations; pipesgd.torch method: ${method:-default}; CLI --algo ${method:-dsync}; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+case $model in
+  mlp) model_text="MLP 784-500-500-10" ;;
+  cnn) model_text="CNN (the CLI's LeNet: conv 6, conv 16, 120-84-10)" ;;
+esac
+echo "4 ranks (mpirun --oversubscribe on $(nproc --all) cores), $model_text, batch 25 per rank, SGD lr 0.01,"
+echo "$iters timed iterations;$(has pipesgd && echo " pipesgd.torch method: ${method:-default};")$(has cli && echo " CLI --algo ${method:-dsync};") load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$python" - "$work" "$method" "${selected[@]}" <<'EOF'
 import statistics, sys
 work, method, backends = sys.argv[1], sys.argv[2], sys.argv[3:]

@@ -6,13 +6,24 @@
         --backend pipesgd [--method pipe+int8]
 
 (as root mpirun also needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; the harness is
-scripts/python-bench.sh). The model is the CLI's --model mlp: Linear 784-500, ReLU, Linear 500-500,
-ReLU, Linear 500-10, PyTorch's default initialisation (LibTorch's is the same), mean cross-entropy,
-plain SGD (lr 0.01, no momentum), batch 25 per rank, one torch thread per rank. Inputs are the
-Fashion-MNIST training images as floats in [0, 1] (x / 255, no normalisation, as the CLI), read once
-into memory; each rank takes every size-th example of one seeded permutation (a DistributedSampler
-partition) and iteration i uses the i-th slice of 25 of that shard (a view, no copy; the shard wraps
-around and is not reshuffled: this measures speed, not accuracy). No DataLoader and no evaluation.
+scripts/python-bench.sh). --model picks one of the CLI's built-in models (src/pipesgd/torch/
+torch_models.cpp), the same layers in the same order:
+  mlp  (default) Linear 784-500, ReLU, Linear 500-500, ReLU, Linear 500-10; inputs [B, 784];
+       648010 parameters.
+  cnn  LeNet: Conv2d(1, 6, 5, padding 2), ReLU, MaxPool2d(2); Conv2d(6, 16, 5), ReLU, MaxPool2d(2);
+       Flatten; Linear 400-120, ReLU; Linear 120-84, ReLU; Linear 84-10; inputs [B, 1, 28, 28] (the
+       CLI unflattens its [B, 784] rows to that shape as its first layer); 61706 parameters.
+Both: PyTorch's default initialisation (LibTorch's is the same: the CLI keeps its modules' defaults),
+mean cross-entropy, plain SGD (lr 0.01, no momentum), batch 25 per rank, one torch thread per rank.
+Inputs are the Fashion-MNIST training images as floats in [0, 1] (x / 255, no normalisation, as the
+CLI), read once into memory; each rank takes every size-th example of one seeded permutation (a
+DistributedSampler partition) and iteration i uses the i-th slice of 25 of that shard (a view, no
+copy; the shard wraps around and is not reshuffled: this measures speed, not accuracy). No DataLoader
+and no evaluation.
+
+    /usr/bin/python3 bench/python/mlp_train.py --model cnn --count-parameters
+
+prints the model's parameter count (and each layer's) and exits, with no back end and no launcher.
 
 Back ends (the training loop is the same code for both):
   pipesgd  import pipesgd.torch as hvd; hvd.init(); hvd.broadcast_parameters;
@@ -27,8 +38,8 @@ wall clock between the two barriers on rank 0 is the figure (process start-up, d
 warm-up are outside it). Then the replicas' weights are compared (rank 0's broadcast to all). Rank 0's
 last line on stdout:
 
-    samples_per_s=<float> iteration_ms=<float> backend=<name> method=<spec|-> ranks=<N> batch=<B>
-        iters=<T> warmup=<W> loss=<float> replicas_equal=<0|1>
+    samples_per_s=<float> iteration_ms=<float> backend=<name> method=<spec|-> model=<mlp|cnn>
+        parameters=<count> ranks=<N> batch=<B> iters=<T> warmup=<W> loss=<float> replicas_equal=<0|1>
 
 samples_per_s = ranks x batch x iters / seconds, iteration_ms = seconds / iters x 1000.
 Exit status: 0 on success, 1 if the replicas' weights differ at the end, 2 for a usage error (such
@@ -45,10 +56,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+MODELS = ("mlp", "cnn")  # the CLI's built-in models this script reproduces (make_model)
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--backend", required=True, choices=("pipesgd", "ddp"))
+    p.add_argument("--backend", choices=("pipesgd", "ddp"),
+                   help="the data-parallel back end (required unless --count-parameters)")
+    p.add_argument("--model", default="mlp", choices=MODELS,
+                   help="the CLI's built-in model of that name (default: mlp)")
+    p.add_argument("--count-parameters", action="store_true",
+                   help="print the model's parameter count (total, then per layer) and exit")
     p.add_argument("--method", default=None,
                    help="pipesgd method spec passed to hvd.DistributedOptimizer, e.g. pipe+int8 "
                         "(pipesgd back end only; default: not passed)")
@@ -63,6 +81,8 @@ def parse_args():
     p.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT") or 29500),
                    help="ddp: the rendezvous port on 127.0.0.1 (default: $MASTER_PORT, else 29500)")
     args = p.parse_args()
+    if args.backend is None and not args.count_parameters:
+        p.error("--backend is required (pipesgd or ddp)")
     if args.method is not None and args.backend != "pipesgd":
         p.error("--method is for --backend pipesgd")
     if args.batch < 1 or args.iters < 1 or args.warmup < 0:
@@ -83,9 +103,30 @@ def read_idx(data_dir, name):
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def make_model():
-    return nn.Sequential(nn.Linear(784, 500), nn.ReLU(), nn.Linear(500, 500), nn.ReLU(),
-                         nn.Linear(500, 10))
+def make_model(name):
+    """The CLI's --model NAME (torch_models.cpp's build_mlp / build_cnn), with PyTorch's default
+    initialisation from the current seed. The layers with parameters are, in order, the CLI's
+    segments: mlp fc1 fc2 fc3, cnn conv1 conv2 fc1 fc2 fc3."""
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(784, 500), nn.ReLU(), nn.Linear(500, 500), nn.ReLU(),
+                             nn.Linear(500, 10))
+    if name == "cnn":
+        # The CLI's first layer, Unflatten(1, {1, 28, 28}), has no parameters; here the inputs are
+        # given as [B, 1, 28, 28] already (input_shape).
+        return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84),
+                             nn.ReLU(), nn.Linear(84, 10))
+    raise ValueError(f"unknown model {name!r} (expected one of {', '.join(MODELS)})")
+
+
+def input_shape(name):
+    """The shape of one example as the model takes it."""
+    return (784,) if name == "mlp" else (1, 28, 28)
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
 
 
 class PipesgdBackend:
@@ -172,6 +213,13 @@ class DdpBackend:
 
 def main():
     args = parse_args()
+    if args.count_parameters:
+        model = make_model(args.model)
+        print(f"model={args.model} parameters={count_parameters(model)}")
+        for name, layer in model.named_children():
+            if any(True for _ in layer.parameters()):
+                print(f"  layer {name} {type(layer).__name__} parameters={count_parameters(layer)}")
+        return
     torch.set_num_threads(1)
     try:
         torch.set_num_interop_threads(1)
@@ -184,14 +232,16 @@ def main():
     images = read_idx(args.data_dir, "train-images-idx3-ubyte")
     labels = read_idx(args.data_dir, "train-labels-idx1-ubyte")
     perm = np.random.default_rng(args.seed).permutation(len(images))[rank::size]
-    xs = torch.from_numpy(images[perm].reshape(len(perm), 784).astype(np.float32) / 255.0)
+    xs = torch.from_numpy(images[perm].reshape(len(perm), *input_shape(args.model))
+                          .astype(np.float32) / 255.0)
     ys = torch.from_numpy(labels[perm].astype(np.int64))
     batches = len(xs) // args.batch
     if batches < 1:
         raise SystemExit(f"mlp_train: a shard of {len(xs)} examples is smaller than --batch")
 
     torch.manual_seed(args.seed)
-    model = make_model()
+    model = make_model(args.model)
+    parameters = count_parameters(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     model, optimizer = backend.wrap(model, optimizer, args)
 
@@ -226,7 +276,8 @@ def main():
     if rank == 0:
         samples = size * args.batch * args.iters
         print(f"samples_per_s={samples / seconds:.1f} iteration_ms={seconds / args.iters * 1e3:.4f} "
-              f"backend={args.backend} method={args.method or '-'} ranks={size} batch={args.batch} "
+              f"backend={args.backend} method={args.method or '-'} model={args.model} "
+              f"parameters={parameters} ranks={size} batch={args.batch} "
               f"iters={args.iters} warmup={args.warmup} loss={mean_loss:.4f} "
               f"replicas_equal={int(equal)}", flush=True)
     if not equal and rank == 0:
