@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/comm/network_spec.h"
+#include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -119,6 +121,47 @@ TEST(AllreduceBenchmark, FailingRankStopsTheOthersWithItsError) {
     FAIL() << "the others were not released by the failure: " << error.what();
   } catch (const CommError& error) {
     EXPECT_NE(std::string(error.what()).find("cannot build"), std::string::npos) << error.what();
+  }
+}
+
+
+// A row's CPU time per byte: the mean over ranks and timed runs of the running thread's CPU time,
+// per fp32 byte. A ring over 1 MiB costs some; a candidate that keeps each rank's processor busy for
+// at least 2 ms per run costs at least 2 ms / bytes, however many ranks and repeats there are.
+class SpinningAllreduce final : public Allreduce {
+ public:
+  std::string_view name() const override { return "spinning"; }
+  void run(std::span<float>, Tag) override {
+    const double start = thread_cpu_seconds();
+    volatile std::uint64_t turns = 0;
+    while (thread_cpu_seconds() - start < kSpinSeconds) turns = turns + 1;
+  }
+  static constexpr double kSpinSeconds = 0.002;
+};
+
+TEST(AllreduceBenchmarkCpu, EveryRowHasItsCpuTimePerByte) {
+  constexpr std::size_t kBytes = std::size_t{1} << 20;
+  std::vector<AllreduceCandidate> candidates = our_allreduce_candidates({"ring"}, {"none", "int8"}, {});
+  AllreduceCandidate spinning;
+  spinning.algorithm = "spinning";
+  spinning.codec = "none";
+  spinning.build = [](Transport&, std::size_t, const Codec&) { return std::make_unique<SpinningAllreduce>(); };
+  candidates.push_back(spinning);
+  AllreduceBenchmarkConfig config = small_config();
+  config.sizes_bytes = {kBytes};
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks");
+    const auto rows = run_local_allreduce_benchmark(ranks, NetworkSpec{}, candidates, config, nullptr);
+    ASSERT_EQ(rows.size(), candidates.size());
+    for (const AllreduceBenchmarkRow& row : rows) {
+      SCOPED_TRACE(row.algorithm + " " + row.codec);
+      EXPECT_TRUE(std::isfinite(row.cpu_seconds_per_byte));
+      EXPECT_GT(row.cpu_seconds_per_byte, 0.0);
+      if (row.algorithm == "ring") {
+        EXPECT_TRUE(row.correct);
+      }
+    }
+    EXPECT_GE(row_of(rows, "spinning").cpu_seconds_per_byte, SpinningAllreduce::kSpinSeconds / kBytes);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,216 @@ TEST_P(EveryCodec, DecodersRejectAMessageOfTheWrongSize) {
   EXPECT_THROW(codec_->decode_add(message, one_fewer), CommError);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Bit for bit against a plain scalar reference written from codec.h's semantics. The codecs' element
+// loops are compiled for more than one instruction set (codec.cpp): whichever runs, encode, decode
+// and decode_add must give exactly these bytes and floats.
+//   none  the fp32 bytes as they are; decode_add adds each value in fp32.
+//   bf16  the upper 16 bits of each fp32, a NaN's quiet bit (0x0040 of the upper half) forced;
+//         decoding puts them back as the upper half, the lower 16 bits zero.
+//   int8  [fp32 scale][int8 levels]: scale = max|x| / 127 in fp32, stepped down by nextafter until
+//         127 * scale <= max|x|; NaN if the chunk holds a NaN or an Inf (levels 0), levels 0 for a zero
+//         chunk; else level = clamp(x * (1 / scale), -127, 127) rounded half away from zero, the
+//         product in fp32 (in double where 1 / scale would overflow fp32: scales below 1e-36).
+//         Decoding gives level * scale in fp32, or NaN for every element if the scale is NaN or Inf.
+
+namespace reference {
+
+std::vector<std::byte> encode(const std::string& codec, const std::vector<float>& x) {
+  std::vector<std::byte> message;
+  auto append = [&message](const void* data, std::size_t size) {
+    const auto* bytes = static_cast<const std::byte*>(data);
+    message.insert(message.end(), bytes, bytes + size);
+  };
+  if (codec == "none") {
+    for (float value : x) append(&value, 4);
+  } else if (codec == "bf16") {
+    for (float value : x) {
+      const std::uint32_t bits = to_bits(value);
+      std::uint16_t upper = static_cast<std::uint16_t>(bits >> 16);
+      if (std::isnan(value)) upper |= 0x0040u;
+      append(&upper, 2);
+    }
+  } else if (!x.empty()) {  // int8
+    bool finite = true;
+    float max_abs = 0.0f;
+    for (float value : x) {
+      if (!std::isfinite(value)) finite = false;
+      else max_abs = std::max(max_abs, std::fabs(value));
+    }
+    float scale = finite ? max_abs / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    while (finite && scale > 0 && scale * 127.0f > max_abs) scale = std::nextafter(scale, 0.0f);
+    append(&scale, 4);
+    for (float value : x) {
+      std::int8_t level = 0;
+      if (scale > 0) {
+        double rounded;
+        if (scale >= 1e-36f) {
+          const float inverse = 1.0f / scale;
+          rounded = std::round(std::clamp(value * inverse, -127.0f, 127.0f));
+        } else {
+          const double inverse = 1.0 / static_cast<double>(scale);
+          rounded = std::round(std::clamp(static_cast<double>(value) * inverse, -127.0, 127.0));
+        }
+        level = static_cast<std::int8_t>(rounded);
+      }
+      append(&level, 1);
+    }
+  }
+  return message;
+}
+
+// decode (add = false) or decode_add (add = true) of `count` values into `out`.
+void decode(const std::string& codec, const std::vector<std::byte>& message, std::vector<float>& out, bool add) {
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    float value;
+    if (codec == "none") {
+      std::memcpy(&value, message.data() + 4 * i, 4);
+    } else if (codec == "bf16") {
+      std::uint16_t upper;
+      std::memcpy(&upper, message.data() + 2 * i, 2);
+      value = from_bits(static_cast<std::uint32_t>(upper) << 16);
+    } else {
+      float scale;
+      std::memcpy(&scale, message.data(), 4);
+      const auto level = static_cast<std::int8_t>(message[4 + i]);
+      value = std::isnan(scale) || std::isinf(scale) ? std::numeric_limits<float>::quiet_NaN()
+                                                     : static_cast<float>(level) * scale;
+    }
+    out[i] = add ? out[i] + value : value;
+  }
+}
+
+}  // namespace reference
+
+// One value of a kind: 0 signed zero, 1 denormal, 2 normal of any exponent, 3 huge (above 2^100),
+// 4 moderate ([-4, 4]), 5 half-integer or its float neighbour, 6 NaN (any payload and sign), 7 +-Inf.
+float value_of_kind(std::mt19937& random, int kind) {
+  const std::uint32_t sign = (random() & 1u) << 31;
+  switch (kind) {
+    case 0:
+      return from_bits(sign);
+    case 1:
+      return from_bits(sign | (1u + random() % 0x7fffffu));
+    case 2:
+      return from_bits(sign | ((1u + random() % 254u) << 23) | (random() & 0x7fffffu));
+    case 3:
+      return from_bits(sign | ((227u + random() % 28u) << 23) | (random() & 0x7fffffu));
+    case 4:
+      return std::uniform_real_distribution<float>(-4.0f, 4.0f)(random);
+    case 5: {
+      const float half = static_cast<float>(static_cast<int>(random() % 254u) - 127) + 0.5f;
+      const int step = static_cast<int>(random() % 3u) - 1;
+      return step == 0 ? half : std::nextafter(half, step * 1000.0f);
+    }
+    case 6:
+      return from_bits(sign | 0x7f800000u | (1u + random() % 0x7fffffu));
+    default:
+      return from_bits(sign | 0x7f800000u);
+  }
+}
+
+// A chunk of `count` values of family `family`: 0 finite of every magnitude, 1 the same with the odd
+// NaN or Inf, 2 zeros and denormals only (int8's double path), 3 moderate values only, 4 max|x| = 127
+// (int8's scale exactly 1) with the rest at or beside half-integers (rounding ties).
+std::vector<float> chunk_of_family(std::mt19937& random, int family, std::size_t count) {
+  std::vector<float> values(count);
+  for (float& value : values) {
+    switch (family) {
+      case 0:
+        value = value_of_kind(random, static_cast<int>(random() % 6u));
+        break;
+      case 1:
+        value = value_of_kind(random, random() % 50u == 0 ? 6 + static_cast<int>(random() % 2u) : static_cast<int>(random() % 6u));
+        break;
+      case 2:
+        value = value_of_kind(random, static_cast<int>(random() % 2u));
+        break;
+      case 3:
+        value = value_of_kind(random, 4);
+        break;
+      default:
+        value = value_of_kind(random, 5);
+        break;
+    }
+  }
+  if (family == 1 && count > 0) values[random() % count] = value_of_kind(random, 6 + static_cast<int>(random() % 2u));
+  if (family == 4 && count > 0) values[random() % count] = random() % 2 ? 127.0f : -127.0f;
+  return values;
+}
+
+std::string describe_first_difference(const std::vector<float>& got, const std::vector<float>& want) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (to_bits(got[i]) != to_bits(want[i])) {
+      std::ostringstream text;
+      text << "element " << i << ": " << got[i] << " (bits " << std::hex << to_bits(got[i]) << ") vs reference "
+           << want[i] << " (bits " << to_bits(want[i]) << ")";
+      return text.str();
+    }
+  }
+  return "";
+}
+
+void expect_same_floats(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  EXPECT_EQ(describe_first_difference(got, want), "") << what;
+}
+
+TEST_P(EveryCodec, MatchesTheScalarReferenceBitForBit) {
+  const std::string name = GetParam();
+  for (int family = 0; family < 5; ++family) {
+    for (std::size_t count : {0, 1, 7, 8, 9, 1000, 1027}) {
+      for (std::uint32_t seed = 1; seed <= 4; ++seed) {
+        SCOPED_TRACE(::testing::Message() << "family " << family << ", " << count << " values, seed " << seed);
+        std::mt19937 random(seed * 7919u + static_cast<std::uint32_t>(count) * 31u + static_cast<std::uint32_t>(family));
+        const std::vector<float> values = chunk_of_family(random, family, count);
+        const std::vector<std::byte> expected_message = reference::encode(name, values);
+        const std::vector<std::byte> message = encode_all(*codec_, values);
+        ASSERT_EQ(message.size(), expected_message.size());
+        EXPECT_TRUE(message == expected_message) << "encode differs from the reference";
+
+        std::vector<float> decoded(count, 12345.0f), expected_decoded(count, 12345.0f);
+        codec_->decode(message, decoded);
+        reference::decode(name, expected_message, expected_decoded, false);
+        expect_same_floats(decoded, expected_decoded, "decode");
+
+        // decode_add onto finite destinations (with two NaNs the result's payload would depend on
+        // the order of the operands, which the reference does not pin down).
+        const std::vector<float> destination = chunk_of_family(random, 0, count);
+        std::vector<float> added = destination, expected_added = destination;
+        codec_->decode_add(message, added);
+        reference::decode(name, expected_message, expected_added, true);
+        expect_same_floats(added, expected_added, "decode_add");
+      }
+    }
+  }
+}
+
+// Messages that no encoder of ours writes, as a peer may send them: every bit pattern decodes as
+// the reference says (int8: any scale, including 0, denormal, NaN and Inf, and any level).
+TEST_P(EveryCodec, DecodesArbitraryMessagesAsTheReference) {
+  const std::string name = GetParam();
+  const float scales[] = {1.0f, 3.5e-3f, 0.0f, 1e-40f, 1e30f, std::numeric_limits<float>::quiet_NaN(), infinity};
+  for (std::size_t count : {1, 8, 9, 1027}) {
+    for (std::uint32_t seed = 1; seed <= 7; ++seed) {
+      SCOPED_TRACE(::testing::Message() << count << " values, seed " << seed);
+      std::mt19937 random(seed);
+      std::vector<std::byte> message(codec_->encoded_bytes(count));
+      for (std::byte& byte : message) byte = static_cast<std::byte>(random() & 0xffu);
+      if (name == "int8") std::memcpy(message.data(), &scales[seed - 1], 4);
+      std::vector<float> decoded(count), expected_decoded(count);
+      codec_->decode(message, decoded);
+      reference::decode(name, message, expected_decoded, false);
+      expect_same_floats(decoded, expected_decoded, "decode");
+      const std::vector<float> destination = chunk_of_family(random, 3, count);
+      std::vector<float> added = destination, expected_added = destination;
+      codec_->decode_add(message, added);
+      reference::decode(name, message, expected_added, true);
+      expect_same_floats(added, expected_added, "decode_add");
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, EveryCodec, ::testing::Values("none", "bf16", "int8"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
@@ -304,6 +515,40 @@ TEST(Int8Codec, MessageIsScaleThenLevelsWithTheLargestValueAtPlusMinus127) {
   }
   // level = round(x / scale) = round(x * 63.5): 31.75 -> 32, 95.25 -> 95.
   EXPECT_EQ(levels, (std::vector<int>{32, -127, 95, 0, 1}));
+}
+
+// Rounding half away from zero, exactly: with max|x| = 127 the scale is 1 and each level is x itself
+// rounded. 0.5 - 2^-25 (the float just below one half) rounds to 0: adding 0.5 in float first would
+// round the sum up to 1.0 and decode to an error above scale / 2.
+TEST(Int8Codec, RoundsHalfAwayFromZeroExactly) {
+  auto codec = make_codec("int8");
+  const float below_half = std::nextafter(0.5f, 0.0f);
+  const std::vector<float> values = {127.0f, below_half, -below_half, 0.5f, -0.5f, 2.5f, -2.5f,
+                                     std::nextafter(2.5f, 0.0f), 126.5f, -126.5f, 1.4999999f};
+  const std::vector<std::byte> message = encode_all(*codec, values);
+  float scale;
+  std::memcpy(&scale, message.data(), sizeof(float));
+  ASSERT_EQ(scale, 1.0f);
+  std::vector<int> levels;
+  for (std::size_t i = 0; i < values.size(); ++i) levels.push_back(static_cast<std::int8_t>(message[4 + i]));
+  EXPECT_EQ(levels, (std::vector<int>{127, 0, 0, 1, -1, 3, -3, 2, 127, -127, 1}));
+  // codec.h: |decode(encode(x)) - x| <= scale / 2.
+  const std::vector<float> decoded = round_trip(*codec, values);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    EXPECT_LE(std::fabs(static_cast<double>(decoded[i]) - values[i]), 0.5) << "x = " << values[i];
+  }
+  // Every half-integer level in (-127, 127) and the three floats on each side of it.
+  std::vector<float> ties = {127.0f};
+  for (int k = -127; k < 127; ++k) {
+    float x = static_cast<float>(k) + 0.5f;
+    for (int step = 0; step < 3; ++step) x = std::nextafter(x, -1000.0f);
+    for (int step = 0; step < 7; ++step, x = std::nextafter(x, 1000.0f)) ties.push_back(x);
+  }
+  const std::vector<std::byte> tie_message = encode_all(*codec, ties);
+  for (std::size_t i = 0; i < ties.size(); ++i) {
+    EXPECT_EQ(static_cast<std::int8_t>(tie_message[4 + i]), static_cast<int>(std::round(ties[i])))
+        << "x = " << std::hexfloat << ties[i];
+  }
 }
 
 TEST(Int8Codec, ZeroChunkDecodesToExactZeros) {

@@ -1,8 +1,10 @@
-// CommWorker (comm/comm_worker.h): order, tickets, failures, timeouts, shutdown.
+// CommWorker (comm/comm_worker.h): order, tickets, failures, timeouts, shutdown, with and without the
+// compute thread's spin before it blocks; wait_spin_for (algo/common_options.h), which sets the spin.
 #include "pipesgd/comm/comm_worker.h"
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -12,11 +14,13 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "pipesgd/algo/common_options.h"
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/error.h"
 
@@ -46,14 +50,26 @@ class Gate {
   bool open_ = false;
 };
 
-TEST(CommWorker, RunsJobsInSubmissionOrderAndNumbersTickets) {
+// The tests below run without spinning and with the trainer's spin (kWaitSpin): wait() polls the
+// job's completion for that long before it blocks; nothing else may change.
+struct SpinCase {
+  std::chrono::microseconds spin;
+};
+void PrintTo(const SpinCase& c, std::ostream* out) { *out << "spin " << c.spin.count() << " us"; }
+
+class CommWorkerSpinning : public ::testing::TestWithParam<SpinCase> {};
+
+TEST_P(CommWorkerSpinning, RunsJobsInSubmissionOrderAndNumbersTickets) {
   LocalFabric fabric(1);
   std::vector<std::int64_t> ran;  // written by the comm thread; read after the waits
   std::vector<float> data(4, 0.0f);
-  CommWorker worker(fabric.endpoint(0), "test", 3, 5000ms, [&](const CommWorker::Job& job) {
-    ran.push_back(job.iteration);
-    job.data[job.index] += static_cast<float>(job.sequence);
-  });
+  CommWorker worker(
+      fabric.endpoint(0), "test", 3, 5000ms,
+      [&](const CommWorker::Job& job) {
+        ran.push_back(job.iteration);
+        job.data[job.index] += static_cast<float>(job.sequence);
+      },
+      GetParam().spin);
   std::vector<CommWorker::Ticket> tickets;
   for (std::int64_t t = 0; t < 10; ++t) {
     EXPECT_EQ(worker.next_ticket(), static_cast<CommWorker::Ticket>(t));
@@ -69,10 +85,10 @@ TEST(CommWorker, RunsJobsInSubmissionOrderAndNumbersTickets) {
   EXPECT_EQ(data, (std::vector<float>{0 + 4 + 8, 1 + 5 + 9, 2 + 6, 3 + 7}));
 }
 
-TEST(CommWorker, CompletedTicketIsDoneWithoutRunningAnything) {
+TEST_P(CommWorkerSpinning, CompletedTicketIsDoneWithoutRunningAnything) {
   LocalFabric fabric(1);
   std::atomic<int> runs{0};
-  CommWorker worker(fabric.endpoint(0), "test", 2, 5000ms, [&](const CommWorker::Job&) { ++runs; });
+  CommWorker worker(fabric.endpoint(0), "test", 2, 5000ms, [&](const CommWorker::Job&) { ++runs; }, GetParam().spin);
   const CommWorker::Ticket restored = worker.completed_ticket();
   EXPECT_EQ(restored, 0u);
   EXPECT_EQ(worker.wait(restored, "a restored job", 0), 0.0);
@@ -82,13 +98,16 @@ TEST(CommWorker, CompletedTicketIsDoneWithoutRunningAnything) {
   EXPECT_EQ(runs.load(), 1);
 }
 
-TEST(CommWorker, AFailureIsRethrownByEveryLaterWaitAndReportedToThePeers) {
+TEST_P(CommWorkerSpinning, AFailureIsRethrownByEveryLaterWaitAndReportedToThePeers) {
   LocalFabric fabric(2);
   std::atomic<int> runs{0};
-  CommWorker worker(fabric.endpoint(0), "test", 4, 5000ms, [&](const CommWorker::Job& job) {
-    ++runs;
-    if (job.iteration == 1) throw CommError("peer 1 vanished");
-  });
+  CommWorker worker(
+      fabric.endpoint(0), "test", 4, 5000ms,
+      [&](const CommWorker::Job& job) {
+        ++runs;
+        if (job.iteration == 1) throw CommError("peer 1 vanished");
+      },
+      GetParam().spin);
   worker.wait(worker.submit({{}, 0, 0, 0}), "job 0", 0);
   const CommWorker::Ticket failing = worker.submit({{}, 0, 1, 0});
   const CommWorker::Ticket after = worker.submit({{}, 0, 2, 0});
@@ -107,10 +126,11 @@ TEST(CommWorker, AFailureIsRethrownByEveryLaterWaitAndReportedToThePeers) {
   EXPECT_THROW(receive.wait(5000ms), PeerFailedError);
 }
 
-TEST(CommWorker, ASilentDeathIsRethrownButReportedToNoOne) {
+TEST_P(CommWorkerSpinning, ASilentDeathIsRethrownButReportedToNoOne) {
   struct SilentDeath {};
   LocalFabric fabric(2);
-  CommWorker worker(fabric.endpoint(0), "test", 2, 5000ms, [](const CommWorker::Job&) { throw SilentDeath{}; });
+  CommWorker worker(
+      fabric.endpoint(0), "test", 2, 5000ms, [](const CommWorker::Job&) { throw SilentDeath{}; }, GetParam().spin);
   EXPECT_THROW(worker.wait(worker.submit({}), "job 0", 0), SilentDeath);
   // Rank 1 is not told: its receive times out instead of failing with PeerFailedError.
   std::vector<std::byte> buffer(4);
@@ -118,11 +138,12 @@ TEST(CommWorker, ASilentDeathIsRethrownButReportedToNoOne) {
   EXPECT_THROW(receive.wait(50ms), CommTimeoutError);
 }
 
-TEST(CommWorker, AWaitOnAStoppedCommThreadTimesOutNamingOwnerWhatAndIteration) {
+TEST_P(CommWorkerSpinning, AWaitOnAStoppedCommThreadTimesOutNamingOwnerWhatAndIteration) {
   LocalFabric fabric(1);
   Gate gate;
-  // comm_thread_wait(1 ms) = 1.002 s.
-  CommWorker worker(fabric.endpoint(0), "pipe-sgd", 2, 1ms, [&](const CommWorker::Job&) { gate.wait(); });
+  // comm_thread_wait(1 ms) = 1.002 s (after the spin, if any: the message is the same).
+  CommWorker worker(
+      fabric.endpoint(0), "pipe-sgd", 2, 1ms, [&](const CommWorker::Job&) { gate.wait(); }, GetParam().spin);
   const CommWorker::Ticket ticket = worker.submit({{}, 0, 7, 0});
   try {
     worker.wait(ticket, "the aggregated gradient", 7);
@@ -180,6 +201,133 @@ TEST(CommWorker, DestructionAbandonsQueuedJobsAndWaitsForTheRunningOne) {
   opener.join();
   EXPECT_EQ(started.load(), 1);
   EXPECT_EQ(finished.load(), 1);
+}
+
+
+// With a spin, a job that outlasts it is still waited for: wait() goes on to block (the compute
+// thread is seen asleep before the job is let finish) and returns its result.
+TEST_P(CommWorkerSpinning, AJobThatOutlastsTheSpinIsWaitedForAsleep) {
+  LocalFabric fabric(1);
+  Gate gate;
+  std::vector<float> data(1, 0.0f);
+  CommWorker worker(
+      fabric.endpoint(0), "test", 2, 5000ms,
+      [&](const CommWorker::Job& job) {
+        gate.wait();
+        job.data[0] = 42.0f;
+      },
+      GetParam().spin);
+  const pid_t main_thread = ::gettid();
+  std::atomic<bool> waiting{false};
+  bool seen_asleep = false;
+  std::thread opener([&] {
+    while (!waiting.load()) std::this_thread::sleep_for(1ms);
+    for (int turn = 0; turn < 30000 && !seen_asleep; ++turn) {  // bounded: a wait that never sleeps fails
+      seen_asleep = thread_state(main_thread) == 'S';
+      if (!seen_asleep) std::this_thread::sleep_for(1ms);
+    }
+    gate.open();
+  });
+  const CommWorker::Ticket ticket = worker.submit({data, 0, 0, 0});
+  waiting.store(true);
+  EXPECT_NO_THROW(worker.wait(ticket, "a long job", 0));
+  opener.join();
+  EXPECT_TRUE(seen_asleep) << "wait() never blocked";
+  EXPECT_EQ(data[0], 42.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(WithoutAndWithSpin, CommWorkerSpinning,
+                         ::testing::Values(SpinCase{std::chrono::microseconds(0)}, SpinCase{kWaitSpin}),
+                         [](const ::testing::TestParamInfo<SpinCase>& info) {
+                           return "Spin" + std::to_string(info.param.spin.count()) + "us";
+                         });
+
+// A spin far longer than any test ends as soon as the job is done, or has failed (a failed job
+// counts as done): a wait that polled to its bound would hang the test (ctest's timeout fails it).
+TEST(CommWorkerLongSpin, EndsWhenTheJobIsDoneOrFailed) {
+  LocalFabric fabric(1);
+  const std::chrono::microseconds hour = std::chrono::hours(1);
+  std::vector<float> data(3, 0.0f);
+  CommWorker worker(
+      fabric.endpoint(0), "test", 2, 5000ms,
+      [&](const CommWorker::Job& job) {
+        if (job.iteration == 2) throw CommError("the third job fails");
+        job.data[job.index] = static_cast<float>(job.iteration + 1);
+      },
+      hour);
+  for (std::int64_t t = 0; t < 2; ++t) {
+    worker.wait(worker.submit({data, 0, t, static_cast<std::size_t>(t)}), "a job", t);
+    EXPECT_EQ(data[static_cast<std::size_t>(t)], static_cast<float>(t + 1));
+  }
+  const CommWorker::Ticket failing = worker.submit({data, 0, 2, 2});
+  try {
+    worker.wait(failing, "the failing job", 2);
+    FAIL() << "the failure was not rethrown";
+  } catch (const CommError& error) {
+    EXPECT_STREQ(error.what(), "the third job fails");
+  }
+  EXPECT_EQ(data[2], 0.0f);
+}
+
+// A ticket marked done by completed_ticket() (a restored job) ends a spinning wait() at once too,
+// before and after real jobs ran.
+TEST(CommWorkerLongSpin, EndsAtOnceForACompletedTicket) {
+  LocalFabric fabric(1);
+  std::atomic<int> runs{0};
+  CommWorker worker(fabric.endpoint(0), "test", 3, 5000ms, [&](const CommWorker::Job&) { ++runs; }, std::chrono::hours(1));
+  const CommWorker::Ticket restored = worker.completed_ticket();
+  EXPECT_EQ(worker.wait(restored, "a restored job", 0), 0.0);
+  worker.wait(worker.submit({}), "a job", 1);
+  const CommWorker::Ticket restored_later = worker.completed_ticket();
+  EXPECT_EQ(worker.wait(restored_later, "a restored job", 2), 0.0);
+  EXPECT_EQ(runs.load(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// wait_spin_for (algo/common_options.h): kWaitSpin when every worker has a processor of its own,
+// else 0. Oracle: the processors the calling thread may run on (sched_getaffinity).
+
+int processors_allowed() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
+  return CPU_COUNT(&allowed);
+}
+
+TEST(WaitSpinFor, SpinsOnlyWhenEveryWorkerHasAProcessor) {
+  const int processors = processors_allowed();
+  ASSERT_GE(processors, 1);
+  EXPECT_EQ(kWaitSpin, std::chrono::microseconds(2000));
+  EXPECT_EQ(wait_spin_for(1), kWaitSpin);
+  EXPECT_EQ(wait_spin_for(processors), kWaitSpin);
+  EXPECT_EQ(wait_spin_for(processors + 1), std::chrono::microseconds(0));
+  EXPECT_EQ(wait_spin_for(4 * processors + 3), std::chrono::microseconds(0));
+  EXPECT_EQ(wait_spin_for(0), std::chrono::microseconds(0));
+  EXPECT_EQ(wait_spin_for(-1), std::chrono::microseconds(0));
+}
+
+// On a thread confined to one processor: one worker spins, two do not, whatever the machine has.
+TEST(WaitSpinFor, FollowsTheAffinityMask) {
+  std::chrono::microseconds one{-1}, two{-1};
+  int confined_to = 0;
+  std::thread confined([&] {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+    int first = 0;
+    while (first < CPU_SETSIZE && !CPU_ISSET(first, &allowed)) ++first;
+    cpu_set_t only;
+    CPU_ZERO(&only);
+    CPU_SET(first, &only);
+    if (sched_setaffinity(0, sizeof only, &only) != 0) return;
+    confined_to = processors_allowed();
+    one = wait_spin_for(1);
+    two = wait_spin_for(2);
+  });
+  confined.join();
+  ASSERT_EQ(confined_to, 1) << "could not confine a thread to one processor";
+  EXPECT_EQ(one, kWaitSpin);
+  EXPECT_EQ(two, std::chrono::microseconds(0));
 }
 
 }  // namespace

@@ -42,12 +42,17 @@ PIPESGD_VECTOR_CLONES std::int32_t max_magnitude_bits(const float* x, std::size_
 }
 
 // q[i] = round(x[i] * inverse) half away from zero, clamped to [-127, 127] (x / scale may exceed 127
-// by float rounding).
+// by float rounding). The rounding adds the float just below one half (0.5 - 2^-25) toward the sign
+// and truncates, which is exact for every |level| <= 127 (checked for each such float): a level
+// k + 0.5 sums to within 2^-25 of k + 1 and rounds up to it, anything below stays below. Adding 0.5
+// itself is not: 0.5 - 2^-25 + 0.5 rounds to 1.0 in float, so that level became 1 (an error above
+// scale / 2). As fast: the loop is the same.
 PIPESGD_VECTOR_CLONES void quantize(const float* x, std::size_t n, float inverse, std::int8_t* q) {
+  constexpr float kJustBelowHalf = 0x1.fffffep-2f;
   for (std::size_t i = 0; i < n; ++i) {
     float level = x[i] * inverse;
     level = std::min(127.0f, std::max(-127.0f, level));
-    q[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(level + std::copysign(0.5f, level)));
+    q[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(level + std::copysign(kJustBelowHalf, level)));
   }
 }
 
@@ -166,9 +171,8 @@ class Int8Codec final : public Codec {
       } else {  // 1 / scale would overflow in float: the same rounding, in double
         const double inverse = 1.0 / static_cast<double>(scale);
         for (std::size_t i = 0; i < n; ++i) {
-          double level = std::min(127.0, std::max(-127.0, x[i] * inverse));
-          level += level >= 0 ? 0.5 : -0.5;
-          q[i] = static_cast<std::int8_t>(static_cast<int>(level));
+          const double level = std::min(127.0, std::max(-127.0, x[i] * inverse));
+          q[i] = static_cast<std::int8_t>(std::round(level));  // half away from zero, exactly
         }
       }
     }

@@ -140,6 +140,8 @@ CommWorker::Ticket CommWorker::completed_ticket() {
   seconds_[ticket % seconds_.size()] = 0;
   ++submitted_;
   ++done_;
+  // Published as the comm thread publishes: else a spinning wait() for this ticket polls its whole spin.
+  done_published_.store(done_, std::memory_order_release);
   return ticket;
 }
 

@@ -106,9 +106,10 @@ a, b = (json.load(open(d + "/summary.json")) for d in (full, resumed))
 TIMING = {"compute_s", "other_compute_thread_s", "throughput_samples_per_s", "iteration_s", "train_s",
           "predicted_iteration_s", "predicted_dsync_eq2_s", "predicted_pipe_eq4_s", "measured_iterations",
           "timing_iterations", "non_overlapped_comm_s", "od_sgd_model",
-          "scaling_efficiency_eq7", "predicted_pipe_eq5_s"}
+          "scaling_efficiency_eq7", "predicted_pipe_eq5_s", "comm_cpu_ns_per_byte"}
+# comm_bytes too: which of a comm thread's allreduces finish within the timed iterations is timing.
 MEAN_TIMING = {"update_s", "compensation_s", "data_s", "forward_s", "backward_s", "wait_s", "comm_s", "iteration_s",
-               "checkpoint_s"}
+               "checkpoint_s", "comm_cpu_s", "comm_bytes"}
 # SAPipe's program and timeline run on the measured layer profile: a timing, like the profile itself.
 SAPIPE_TIMING = {"cost_a_s", "cost_b_s_per_byte", "predicted_iteration_s", "forward_s", "backward_s",
                  "paper_program_stale_layers", "timeline_stale_layers", "predicted_stall"}
