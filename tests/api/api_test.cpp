@@ -463,7 +463,7 @@ TEST(Errors, BadSpecHasTheCliMessage) {
     });
   });
   EXPECT_EQ(message, "unknown algorithm 'nosuch' in 'nosuch' (expected dsync, pipe, wfbp, synceasgd, mgwfbp, pssync, "
-                     "asgd, dcasgd, odsgd, sapipe, optionally followed by +options such as a codec: pipe+int8)");
+                     "asgd, dcasgd, odsgd, sapipe, nocomm, optionally followed by +options such as a codec: pipe+int8)");
   const std::string flag = error_of([] {
     pipesgd::run_threads(1, [](Worker& w) {
       TwoLayerNet model(2, 2, 2);

@@ -40,6 +40,7 @@ struct PhaseCase {
 std::vector<PhaseCase> phase_cases() {
   return {
       {"dsync", "dsync", {}, -1},
+      {"nocomm", "nocomm", {}, -1},
       {"dsync_wfbp_default_profile", "dsync+wfbp", {}, 18},
       {"mgwfbp_profile_4", "mgwfbp", {{"--profile-iters", "4"}}, 12},
       {"synceasgd_profile_1", "synceasgd", {{"--profile-iters", "1"}}, 9},
