@@ -23,6 +23,7 @@
 #include "pipesgd/algo/common_options.h"
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/error.h"
+#include "thread_state.h"
 
 namespace pipesgd {
 namespace {
@@ -162,14 +163,7 @@ TEST_P(CommWorkerSpinning, AWaitOnAStoppedCommThreadTimesOutNamingOwnerWhatAndIt
   EXPECT_NO_THROW(worker.wait(ticket, "the aggregated gradient", 7));
 }
 
-// The state letter of thread `tid` of this process ('R' running, 'S' sleeping, ...), from
-// /proc/self/task/TID/stat: the field after the parenthesised command name.
-char thread_state(pid_t tid) {
-  std::ifstream file("/proc/self/task/" + std::to_string(tid) + "/stat");
-  const std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  const std::size_t name_end = stat.rfind(')');
-  return name_end == std::string::npos || name_end + 2 >= stat.size() ? '?' : stat[name_end + 2];
-}
+using testing_support::thread_state;
 
 // The gate opens only once the destructor has set its stop flag, so the comm thread, when the
 // running job returns, finds it set and starts none of the two queued jobs. The opener waits for
@@ -219,20 +213,18 @@ TEST_P(CommWorkerSpinning, AJobThatOutlastsTheSpinIsWaitedForAsleep) {
       GetParam().spin);
   const pid_t main_thread = ::gettid();
   std::atomic<bool> waiting{false};
-  bool seen_asleep = false;
+  std::atomic<bool> seen_asleep{false};
   std::thread opener([&] {
     while (!waiting.load()) std::this_thread::sleep_for(1ms);
-    for (int turn = 0; turn < 30000 && !seen_asleep; ++turn) {  // bounded: a wait that never sleeps fails
-      seen_asleep = thread_state(main_thread) == 'S';
-      if (!seen_asleep) std::this_thread::sleep_for(1ms);
-    }
+    testing_support::wait_until_asleep(main_thread);  // a wait that never blocks hangs: ctest's timeout fails it
+    seen_asleep = true;
     gate.open();
   });
   const CommWorker::Ticket ticket = worker.submit({data, 0, 0, 0});
   waiting.store(true);
   EXPECT_NO_THROW(worker.wait(ticket, "a long job", 0));
   opener.join();
-  EXPECT_TRUE(seen_asleep) << "wait() never blocked";
+  EXPECT_TRUE(seen_asleep.load()) << "wait() never blocked";
   EXPECT_EQ(data[0], 42.0f);
 }
 

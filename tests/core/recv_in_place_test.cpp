@@ -25,6 +25,7 @@
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
+#include "thread_state.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/clock.h"
@@ -55,23 +56,6 @@ std::vector<std::int32_t> values_in(std::span<const std::byte> message) {
 
 // The state letter of thread `tid` of this process ('R' running, 'S' sleeping, ...), from
 // /proc/self/task/TID/stat: the field after the parenthesised command name.
-char thread_state(pid_t tid) {
-  std::ifstream file("/proc/self/task/" + std::to_string(tid) + "/stat");
-  const std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  const std::size_t name_end = stat.rfind(')');
-  return name_end == std::string::npos || name_end + 2 >= stat.size() ? '?' : stat[name_end + 2];
-}
-
-// Waits until thread `tid` sleeps (blocked in the kernel); false if it never does (bounded, so that
-// a broken transport fails the test instead of hanging it).
-bool wait_until_asleep(pid_t tid) {
-  for (int turn = 0; turn < 30000; ++turn) {
-    if (thread_state(tid) == 'S') return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return false;
-}
-
 // A transport that forwards send and recv only: recv_in_place and wait_in_place are the defaults.
 class ForwardingTransport final : public Transport {
  public:
@@ -271,7 +255,7 @@ TEST(LocalRecvInPlace, ASenderBlockedInWaitWakesWhenTheBytesAreReturned) {
     returned_before_the_send_completed = returned.load();
   });
   while (sender_tid.load() == 0) std::this_thread::sleep_for(1ms);
-  EXPECT_TRUE(wait_until_asleep(sender_tid.load())) << "the sender never blocked in its wait";
+  testing_support::wait_until_asleep(sender_tid.load());  // the sender blocks in its wait
   returned = true;
   receive = Request();
   sender.join();
@@ -298,7 +282,7 @@ TEST(LocalRecvInPlace, DroppingALentSendWaitsForItsBytes) {
     message.reset();
   });
   while (dropper_tid.load() == 0) std::this_thread::sleep_for(1ms);
-  EXPECT_TRUE(wait_until_asleep(dropper_tid.load())) << "dropping a lent send did not wait";
+  testing_support::wait_until_asleep(dropper_tid.load());  // dropping a lent send waits for its bytes
   EXPECT_EQ(values_in(lent), (std::vector<std::int32_t>{5, 6, 7})) << "the lent bytes changed while held";
   returned = true;
   receive = Request();
