@@ -4,13 +4,13 @@
 #   compare  pipesgd compare --algos <rotated: nocomm,dsync,pipe,pipe+int8> --workers 2 --net 10gbe
 #            --model M --iters ITERS --no-eval --out ...
 #   bench    pipesgd bench allreduce --workers 2 --net 10gbe --algos ring --codecs none,int8
-#            --segment-bytes none --sizes <the model's gradient bytes> --out ...
+#            --segment-bytes <pipe's> --sizes <the model's gradient bytes> --out ...
 # and per round, from compare.json and allreduce.json:
 #   pipe / dsync        Pipe-SGD's throughput over D-Sync's in the same compare (target >= 1.75 on mlp)
 #   pipe / limit        Pipe-SGD's iteration over max(compute alone, allreduce alone): compute alone =
 #                       nocomm's iteration in the same compare (the same workers, no communication),
-#                       allreduce alone = the bench's ring time for the gradient, unsegmented as
-#                       pipe sends it (target <= 1.10)
+#                       allreduce alone = the bench's ring time for the gradient, segmented as
+#                       pipe's allreduce was (its summary.json; target <= 1.10)
 #   int8 / limit        the same for pipe+int8 (its allreduce alone: the int8 row)
 #   int8 / pipe         pipe+int8's throughput over pipe's (>= 1 where communication dominates)
 #   stretch             each method's compute over nocomm's (compare's stretch column)
@@ -55,10 +55,15 @@ for model in "${model_list[@]}"; do
     echo "  $model round $r of $rounds: compare $order" >&2
     "$bin" compare --algos "$order" --workers 2 --net 10gbe --model "$model" --iters "$iters" --no-eval --quiet \
       --out "$dir/compare" > "$dir/compare.txt"
-    bytes=$("$python" -c 'import json,sys
-runs = {r["method"]: r for r in json.load(open(sys.argv[1]))}
-print(int(round(runs["dsync"]["breakdown"]["comm_bytes"] / 4)) * 4)' "$dir/compare/compare.json")
-    "$bin" bench allreduce --workers 2 --net 10gbe --algos ring --codecs none,int8 --segment-bytes none \
+    # The gradient's bytes, and the segments pipe's allreduce used (its summary: "640 KiB",
+    # "unsegmented", "N B"), as --segment-bytes.
+    read -r bytes segments < <("$python" -c 'import glob, json, os, sys
+runs = {r["method"]: r for r in json.load(open(os.path.join(sys.argv[1], "compare.json")))}
+pipe = json.load(open(glob.glob(os.path.join(sys.argv[1], "*-pipe", "summary.json"))[0]))
+text = pipe["allreduce_segments"]
+flag = "none" if text == "unsegmented" else text.replace(" KiB", "K").replace(" B", "")
+print(int(round(runs["dsync"]["breakdown"]["comm_bytes"] / 4)) * 4, flag)' "$dir/compare")
+    "$bin" bench allreduce --workers 2 --net 10gbe --algos ring --codecs none,int8 --segment-bytes "$segments" \
       --sizes "$bytes" --repeats 10 --quiet --out "$dir/bench" > "$dir/bench.txt"
   done
 done

@@ -647,7 +647,7 @@ EOF
 net_run 10gbe 10gbe "10 Gbit/s, 20 us latency"
 net_run custom "bw=2.5Gbit,lat=30us" "2.5 Gbit/s, 30 us latency"
 
-# 3d'. Allreduce segmenting: auto resolves per method (D-Sync 256 KiB, Pipe-SGD unsegmented); an
+# 3d'. Allreduce segmenting: auto resolves per method (D-Sync 256 KiB, Pipe-SGD 640 KiB); an
 # explicit value applies to both and is reported.
 seg_run() {  # NAME ALGO FLAG EXPECTED
   local name=$1 algo=$2 flag=$3 expected=$4
@@ -661,7 +661,7 @@ assert s.get("allreduce_segments") == sys.argv[2], f"allreduce_segments {s.get('
 EOF
 }
 seg_run dsync-auto dsync auto "256 KiB"
-seg_run pipe-auto pipe auto "unsegmented"
+seg_run pipe-auto pipe auto "640 KiB"
 seg_run dsync-none dsync none "unsegmented"
 seg_run pipe-64k pipe 64K "64 KiB"
 

@@ -33,7 +33,7 @@ std::vector<OptionDeclaration> allreduce_option_declarations(CalibrationUse use)
                           ", or auto (least predicted time from --calibration, else the default model)"), "ring");
   options.push_back(allreduce);
 
-  OptionDeclaration segments("--segment-bytes", "Allreduce message segment size: auto (D-Sync 256K, Pipe-SGD unsegmented), none (unsegmented) or "
+  OptionDeclaration segments("--segment-bytes", "Allreduce message segment size: auto (D-Sync 256K, Pipe-SGD 640K), none (unsegmented) or "
                   "a size such as 256K", "auto");
   options.push_back(segments);
 

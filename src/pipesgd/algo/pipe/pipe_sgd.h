@@ -35,6 +35,10 @@ const char* final_gradients_name(FinalGradients final_gradients);  // "apply" | 
 // "apply" or "drop"; UsageError naming --final-gradients otherwise.
 FinalGradients parse_final_gradients(const std::string& text);
 
+// Pipe-SGD's `auto` allreduce segment: measured on the MLP (2 workers, emulated 10GbE, its 1.3 MB
+// ring chunks in two segments), 2.18 ms per iteration against 2.31 ms unsegmented (docs/results.md).
+inline constexpr std::size_t kPipeSegmentBytes = 640 * 1024;
+
 // Pipe-SGD's options: the iteration dependency K, the warm-up and the end of training.
 class PipeOptions final : public MethodOptions {
  public:
@@ -46,9 +50,11 @@ class PipeOptions final : public MethodOptions {
   std::optional<DeferredPhase> deferred_phase(std::int64_t warmup_iterations) const override;
   int staleness() const override { return k; }
   bool pipelined() const override { return k >= 2; }
-  // Pipe-SGD sends whole chunks: its allreduce is hidden behind compute, and every extra segment
-  // costs a message's latency and wake-up (the paper's Eq. 5 vs 6; docs/ARCHITECTURE.md).
-  std::size_t default_segment_bytes() const override { return kUnsegmented; }
+  // Pipe-SGD sends large segments (kPipeSegmentBytes): its allreduce is hidden behind compute, and
+  // every extra segment costs a message's latency and a wake-up on a core that computes (the
+  // paper's Eq. 5 vs 6), but a chunk of a megabyte or more reduces its first part while the second
+  // is on the wire (docs/ARCHITECTURE.md, "Segmenting policy").
+  std::size_t default_segment_bytes() const override { return kPipeSegmentBytes; }
   std::string fingerprint() const override;
 };
 
