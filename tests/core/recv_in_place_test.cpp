@@ -84,20 +84,28 @@ struct OrderCase {
 };
 void PrintTo(const OrderCase& c, std::ostream* out) { *out << (c.send_first ? "send posted first" : "recv posted first"); }
 
-class LocalRecvInPlaceEitherOrder : public ::testing::TestWithParam<OrderCase> {};
+class LocalRecvInPlaceEitherOrder : public ::testing::TestWithParam<OrderCase> {
+ protected:
+  // Rank 0's send of `message` to rank 1 and rank 1's recv_in_place into `buffer`, both with `tag`,
+  // posted in the case's order.
+  struct Pair {
+    Request send;
+    Request receive;
+  };
+  Pair post(LocalFabric& fabric, Tag tag, std::span<const std::byte> message, std::span<std::byte> buffer) const {
+    Pair pair;
+    if (GetParam().send_first) pair.send = fabric.endpoint(0).send(1, tag, message, test_operation);
+    pair.receive = fabric.endpoint(1).recv_in_place(0, tag, buffer, test_operation);
+    if (!GetParam().send_first) pair.send = fabric.endpoint(0).send(1, tag, message, test_operation);
+    return pair;
+  }
+};
 
 TEST_P(LocalRecvInPlaceEitherOrder, ReadsTheSendersOwnBytesAndTheSendCompletesWhenTheyAreReturned) {
   LocalFabric fabric(2);
   const std::vector<std::int32_t> message = {11, -22, 33, -44, 55};
   std::vector<std::int32_t> buffer(8, -1);  // larger than the message
-  Request send, receive;
-  if (GetParam().send_first) {
-    send = fabric.endpoint(0).send(1, 4, bytes_of(message), test_operation);
-    receive = fabric.endpoint(1).recv_in_place(0, 4, bytes_of(buffer), test_operation);
-  } else {
-    receive = fabric.endpoint(1).recv_in_place(0, 4, bytes_of(buffer), test_operation);
-    send = fabric.endpoint(0).send(1, 4, bytes_of(message), test_operation);
-  }
+  auto [send, receive] = post(fabric, 4, bytes_of(message), bytes_of(buffer));
   const std::span<const std::byte> lent = receive.wait_in_place(long_timeout, bytes_of(buffer));
   EXPECT_EQ(lent.data(), bytes_of(message).data()) << "not the sender's bytes";
   EXPECT_EQ(lent.size(), message.size() * sizeof(std::int32_t));
@@ -118,14 +126,9 @@ TEST_P(LocalRecvInPlaceEitherOrder, DestroyingTheReceiveReturnsTheBytesToo) {
   std::vector<std::int32_t> buffer(2, -1);
   Request send;
   {
-    Request receive;
-    if (GetParam().send_first) {
-      send = fabric.endpoint(0).send(1, 1, bytes_of(message), test_operation);
-      receive = fabric.endpoint(1).recv_in_place(0, 1, bytes_of(buffer), test_operation);
-    } else {
-      receive = fabric.endpoint(1).recv_in_place(0, 1, bytes_of(buffer), test_operation);
-      send = fabric.endpoint(0).send(1, 1, bytes_of(message), test_operation);
-    }
+    Pair pair = post(fabric, 1, bytes_of(message), bytes_of(buffer));
+    send = std::move(pair.send);
+    Request receive = std::move(pair.receive);
     EXPECT_EQ(values_in(receive.wait_in_place(long_timeout, bytes_of(buffer))), message);
     EXPECT_FALSE(send.test());
   }
@@ -140,14 +143,9 @@ TEST_P(LocalRecvInPlaceEitherOrder, AMatchedReceiveDroppedUnreadReturnsTheBytes)
   std::vector<std::int32_t> buffer(3, -1);
   Request send;
   {
-    Request receive;
-    if (GetParam().send_first) {
-      send = fabric.endpoint(0).send(1, 2, bytes_of(message), test_operation);
-      receive = fabric.endpoint(1).recv_in_place(0, 2, bytes_of(buffer), test_operation);
-    } else {
-      receive = fabric.endpoint(1).recv_in_place(0, 2, bytes_of(buffer), test_operation);
-      send = fabric.endpoint(0).send(1, 2, bytes_of(message), test_operation);
-    }
+    Pair pair = post(fabric, 2, bytes_of(message), bytes_of(buffer));
+    send = std::move(pair.send);
+    Request receive = std::move(pair.receive);
     EXPECT_FALSE(send.test());
   }
   EXPECT_EQ(send.wait(long_timeout), 12u);
@@ -157,14 +155,7 @@ TEST_P(LocalRecvInPlaceEitherOrder, AMatchedReceiveDroppedUnreadReturnsTheBytes)
 TEST_P(LocalRecvInPlaceEitherOrder, AnEmptyMessageIsNotLent) {
   LocalFabric fabric(2);
   std::vector<std::int32_t> buffer(4, -1);
-  Request send, receive;
-  if (GetParam().send_first) {
-    send = fabric.endpoint(0).send(1, 3, std::span<const std::byte>{}, test_operation);
-    receive = fabric.endpoint(1).recv_in_place(0, 3, bytes_of(buffer), test_operation);
-  } else {
-    receive = fabric.endpoint(1).recv_in_place(0, 3, bytes_of(buffer), test_operation);
-    send = fabric.endpoint(0).send(1, 3, std::span<const std::byte>{}, test_operation);
-  }
+  auto [send, receive] = post(fabric, 3, std::span<const std::byte>{}, bytes_of(buffer));
   EXPECT_TRUE(send.test()) << "an empty send waits for a return";
   const std::span<const std::byte> message = receive.wait_in_place(long_timeout, bytes_of(buffer));
   EXPECT_TRUE(message.empty());
@@ -178,14 +169,7 @@ TEST_P(LocalRecvInPlaceEitherOrder, AMessageLargerThanTheBufferFailsBothSidesWit
   LocalFabric fabric(2);
   const std::vector<std::int32_t> message = {1, 2, 3};
   std::vector<std::int32_t> buffer(2, -1);
-  Request send, receive;
-  if (GetParam().send_first) {
-    send = fabric.endpoint(0).send(1, 6, bytes_of(message), test_operation);
-    receive = fabric.endpoint(1).recv_in_place(0, 6, bytes_of(buffer), test_operation);
-  } else {
-    receive = fabric.endpoint(1).recv_in_place(0, 6, bytes_of(buffer), test_operation);
-    send = fabric.endpoint(0).send(1, 6, bytes_of(message), test_operation);
-  }
+  auto [send, receive] = post(fabric, 6, bytes_of(message), bytes_of(buffer));
   // Not lent: the send is already done (failed), before the receive is waited for or dropped.
   EXPECT_TRUE(send.test());
   try {

@@ -18,6 +18,7 @@
 #include "pipesgd/models/softmax_regression.h"
 #include "pipesgd/train/report.h"
 #include "pipesgd/train/trainer.h"
+#include "softmax_batches.h"
 #include "test_world.h"
 
 namespace pipesgd {
@@ -28,28 +29,9 @@ constexpr std::size_t kClasses = 3;
 constexpr std::size_t kBatch = 4;
 constexpr std::uint64_t kSeed = 7;
 
-// Deterministic per-(rank, iteration) batches, independent of any sampler.
-struct Batches {
-  std::vector<float> inputs;
-  std::vector<std::int32_t> labels;
-  Batch at(int rank, std::int64_t t, int ranks) const {
-    const std::size_t index = static_cast<std::size_t>(t * ranks + rank);
-    Batch batch;
-    batch.inputs = std::span<const float>(inputs).subspan(index * kBatch * kFeatures, kBatch * kFeatures);
-    batch.labels = std::span<const std::int32_t>(labels).subspan(index * kBatch, kBatch);
-    batch.size = kBatch;
-    batch.features = kFeatures;
-    return batch;
-  }
-};
-
+using Batches = SoftmaxBatches;
 Batches make_batches(int ranks, std::int64_t iterations) {
-  Random random(99);
-  Batches batches;
-  const std::size_t rows = static_cast<std::size_t>(ranks * iterations) * kBatch;
-  for (std::size_t i = 0; i < rows * kFeatures; ++i) batches.inputs.push_back(static_cast<float>(random.uniform() * 2 - 1));
-  for (std::size_t i = 0; i < rows; ++i) batches.labels.push_back(static_cast<std::int32_t>(random.uniform_below(kClasses)));
-  return batches;
+  return make_softmax_batches(99, ranks, iterations, kFeatures, kClasses, kBatch);
 }
 
 struct Observed {

@@ -125,22 +125,17 @@ struct Operation final : RequestState {
 };
 
 // Completes a matched pair; the receiving mailbox's mutex is held by the caller. A recv_in_place
-// borrows the send's bytes instead (the send completes when the recv returns them).
+// borrows the send's bytes instead of a copy: the send then completes only when the recv returns
+// them (Operation::cancel).
 void transfer(const std::shared_ptr<Operation>& lending, Operation& recv) {
   Operation& send = *lending;
   const std::size_t n = send.send_bytes.size();
-  if (recv.in_place && n > 0 && n <= recv.recv_buffer.size()) {
+  const bool lend = recv.in_place && n > 0 && n <= recv.recv_buffer.size();
+  if (lend) {
     recv.lender = lending;
     recv.lent = send.send_bytes;
     send.lent_out = true;
-    send.bytes = recv.bytes = n;
-    recv.ready_at = std::max(recv.ready_at, Clock::now());
-    recv.complete = true;
-    send.queued = recv.queued = false;
-    recv.completed.notify_one();
-    return;
-  }
-  if (n > recv.recv_buffer.size()) {
+  } else if (n > recv.recv_buffer.size()) {
     std::string why = concat("message of ", n, " bytes from rank ", send.owner, " (",
                              describe_tag(send.tag), ") does not fit the receive buffer of ", recv.recv_buffer.size(),
                              " bytes");
@@ -151,9 +146,12 @@ void transfer(const std::shared_ptr<Operation>& lending, Operation& recv) {
   }
   send.bytes = recv.bytes = n;
   recv.ready_at = std::max(recv.ready_at, Clock::now());
-  send.complete = recv.complete = true;
+  recv.complete = true;
   send.queued = recv.queued = false;
-  send.completed.notify_one();
+  if (!lend) {
+    send.complete = true;
+    send.completed.notify_one();
+  }
   recv.completed.notify_one();
 }
 
