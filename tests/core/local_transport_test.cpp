@@ -17,6 +17,7 @@
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "int32_bytes.h"
 #include "test_world.h"
 
 namespace pipesgd {
@@ -27,13 +28,6 @@ using namespace std::chrono_literals;
 // Generous: only reached if the transport is broken; the test then fails instead of hanging.
 constexpr Timeout long_timeout = 30s;
 constexpr const char* test_operation = "transport test";
-
-std::span<const std::byte> bytes_of(const std::vector<std::int32_t>& values) {
-  return std::as_bytes(std::span(values));
-}
-std::span<std::byte> bytes_of(std::vector<std::int32_t>& values) {
-  return std::as_writable_bytes(std::span(values));
-}
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;

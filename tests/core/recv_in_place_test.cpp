@@ -30,6 +30,7 @@
 #include "pipesgd/comm/rank_subset_transport.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "int32_bytes.h"
 #include "test_world.h"
 
 namespace pipesgd {
@@ -40,13 +41,6 @@ using namespace std::chrono_literals;
 // Generous: only reached if the transport is broken; the test then fails instead of hanging.
 constexpr Timeout long_timeout = 30s;
 constexpr const char* test_operation = "recv_in_place test";
-
-std::span<const std::byte> bytes_of(const std::vector<std::int32_t>& values) {
-  return std::as_bytes(std::span(values));
-}
-std::span<std::byte> bytes_of(std::vector<std::int32_t>& values) {
-  return std::as_writable_bytes(std::span(values));
-}
 
 std::vector<std::int32_t> values_in(std::span<const std::byte> message) {
   std::vector<std::int32_t> values(message.size() / sizeof(std::int32_t));
