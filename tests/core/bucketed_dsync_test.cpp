@@ -17,7 +17,10 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/train/report.h"
 #include "pipesgd/train/trainer.h"
+#include "pipesgd/algo/registry.h"
 #include "resegmented_model.h"
+#include "softmax_batches.h"
+#include "test_world.h"
 #include "tiny_run.h"
 
 namespace pipesgd {
@@ -159,6 +162,77 @@ TEST(LayerWise, ModelWithoutReadinessReportsStillTrains) {
   const RunSummary quiet = run_training(config, silent, small_data());
   const RunSummary reporting = run(config);
   EXPECT_TRUE(bit_identical(quiet.final_parameters[0], reporting.final_parameters[0]));
+}
+
+// The softmax model (2 segments: weights, bias) reporting fixed backward times per segment, so that
+// a test knows what the readiness intervals sum to.
+class FixedBackwardModel final : public Model {
+ public:
+  static constexpr double kWeightsSeconds = 3e-3, kBiasSeconds = 2e-3;
+  explicit FixedBackwardModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {}
+  const Layout& layout() const override { return inner_->layout(); }
+  std::span<float> parameters() override { return inner_->parameters(); }
+  StepResult forward_backward(const Batch& batch, std::span<float> gradients,
+                              const SegmentReadyFn& on_ready) override {
+    StepResult result = inner_->forward_backward(batch, gradients, {});
+    if (on_ready) {
+      on_ready(1, kBiasSeconds);  // backward order: the last segment first
+      on_ready(0, kWeightsSeconds);
+    }
+    return result;
+  }
+  Evaluation evaluate(const Batch& batch) override { return inner_->evaluate(batch); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+};
+
+// The planning profile separates backward's tail (the whole backward, the trainer's clock, past the
+// readiness intervals) from kappa (what launching buckets during backward adds to the whole): the
+// iteration times are given here, so the expected values are exact. Before the tail was measured,
+// kappa charged the tail to the bucket launches (here 8 ms instead of 3 ms).
+TEST(LayerWise, PlanningSeparatesBackwardsTailFromKappa) {
+  constexpr std::int64_t kProfileIterations = 4;  // 2 single-bucket iterations, then 2 with a bucket per layer
+  constexpr double kWholeBackward = 10e-3, kSlowedBackward = 13e-3;
+  const MethodSelection selection =
+      select_for_test("dsync", {{"--buckets", "wfbp"}, {"--profile-iters", std::to_string(kProfileIterations)}});
+  const std::int64_t iterations = kProfileWarmupIterations + kProfileIterations;
+  const SoftmaxBatches data = make_softmax_batches(3, 2, iterations, 784, 10, 4);
+  std::vector<PlanningInputs> planned(2);
+  std::vector<bool> reported(2, false);
+  run_ranks(2, [&](int rank, Transport& transport) {
+    FixedBackwardModel model(softmax_factory()(1));
+    std::unique_ptr<TrainingMethod> method = make_method(selection, transport, model, 0);
+    ASSERT_NE(method->segment_ready(), nullptr);
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      IterationTimes times;
+      std::span<float> gradients = method->begin_iteration(t, times);
+      model.forward_backward(data.at(rank, t, 2), gradients, *method->segment_ready());
+      const bool single_phase = t < kProfileWarmupIterations + kProfileIterations / 2;
+      times.backward = single_phase ? kWholeBackward : kSlowedBackward;
+      method->end_iteration(t, times);
+    }
+    IterationTimes times;
+    method->finish(times);
+    const std::shared_ptr<MethodReport> report = method->report();
+    if (const PlanningInputs* inputs = report->planning_inputs()) {
+      planned[static_cast<std::size_t>(rank)] = *inputs;
+      reported[static_cast<std::size_t>(rank)] = true;
+    }
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(::testing::Message() << "rank " << rank);
+    ASSERT_TRUE(reported[static_cast<std::size_t>(rank)]) << "no plan was made";
+    const PlanningInputs& inputs = planned[static_cast<std::size_t>(rank)];
+    ASSERT_EQ(inputs.profile.backward_seconds.size(), 2u);
+    // The profile travels as float: relative 1e-6.
+    EXPECT_NEAR(inputs.profile.backward_seconds[0], FixedBackwardModel::kWeightsSeconds, 1e-8);
+    EXPECT_NEAR(inputs.profile.backward_seconds[1], FixedBackwardModel::kBiasSeconds, 1e-8);
+    const double hooks = FixedBackwardModel::kWeightsSeconds + FixedBackwardModel::kBiasSeconds;
+    EXPECT_NEAR(inputs.backward_tail_seconds, kWholeBackward - hooks, 1e-8);
+    // One bucket launched during backward (2 layers, wfbp's phase: a bucket per layer).
+    EXPECT_NEAR(inputs.profile.per_bucket_compute_seconds, kSlowedBackward - kWholeBackward, 1e-8);
+  }
 }
 
 TEST(LayerWise, UsageErrors) {

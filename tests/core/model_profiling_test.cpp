@@ -199,6 +199,7 @@ TEST(ModelProfiling, RunComputeReplacesBackwardForwardAndUpdate) {
   run.layers.forward_seconds = 9e-3;  // data (the profile's 1 ms) + forward 8 ms
   run.update_seconds = 7e-4;
   run.layers.per_bucket_compute_seconds = 3e-5;
+  run.backward_tail_seconds = 6e-4;
   run.workers = 2;
   run.network = "10gbe";
   adopt_run_compute(measured, run);
@@ -207,9 +208,11 @@ TEST(ModelProfiling, RunComputeReplacesBackwardForwardAndUpdate) {
   EXPECT_DOUBLE_EQ(profile.layers[0].forward_seconds, 2e-3);
   EXPECT_DOUBLE_EQ(profile.layers[1].forward_seconds, 4e-3);
   EXPECT_DOUBLE_EQ(profile.layers[2].forward_seconds, 2e-3);
-  EXPECT_DOUBLE_EQ(profile.layers[0].backward_seconds, 3e-3);
+  // Backward's tail goes to segment 0, which backward computes last: the layers sum to the whole.
+  EXPECT_DOUBLE_EQ(profile.layers[0].backward_seconds, 3e-3 + 6e-4);
   EXPECT_DOUBLE_EQ(profile.layers[1].backward_seconds, 4e-3);
   EXPECT_DOUBLE_EQ(profile.layers[2].backward_seconds, 5e-3);
+  EXPECT_DOUBLE_EQ(profile.backward_seconds(), 12e-3 + 6e-4);
   EXPECT_DOUBLE_EQ(profile.update_seconds, 7e-4);
   EXPECT_DOUBLE_EQ(profile.bucket_launch_seconds, 3e-5);
   EXPECT_DOUBLE_EQ(profile.data_seconds, 1e-3);  // the profile's

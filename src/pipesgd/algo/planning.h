@@ -29,6 +29,9 @@ struct PlanningInputs {
   LayerProfile profile;
   LinearCost cost;
   double update_seconds = 0;  // the optimizer's step per iteration
+  // Backward's time after its last gradient is ready (the trainer's clock of the whole backward
+  // less the layers' readiness intervals): compute that no bucket can overlap.
+  double backward_tail_seconds = 0;
 };
 
 // --profile-iters as given, or UsageError if < 1 or > kMaxProfileIterations.

@@ -171,8 +171,8 @@ int run_profile(const ProfileFlags& flags) {
     const RunSummary run = run_training(*run_config, factory, data);
     const PlanningInputs* planned = run.figures.report->planning_inputs();
     PIPESGD_ASSERT(planned != nullptr);  // the profiling method plans within its iterations
-    adopt_run_compute(measured, RunCompute{planned->profile, planned->update_seconds, flags.workers,
-                                           describe(run_config->network)});
+    adopt_run_compute(measured, RunCompute{planned->profile, planned->update_seconds, planned->backward_tail_seconds,
+                                           flags.workers, describe(run_config->network)});
   }
   ModelProfile& profile = measured.profile;
   profile.source = measured_profile_source(measured, host_name(), today(), flags.iterations);

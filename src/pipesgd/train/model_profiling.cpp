@@ -231,7 +231,8 @@ void adopt_run_compute(MeasuredProfile& measured, const RunCompute& run) {
                          : parameters > 0     ? static_cast<double>(layer.parameters) / parameters
                                               : 1.0 / static_cast<double>(layers);
     layer.forward_seconds = forward * share;
-    layer.backward_seconds = std::max(0.0, run.layers.backward_seconds[l]);
+    layer.backward_seconds = std::max(0.0, run.layers.backward_seconds[l]) +
+                             (l == 0 ? std::max(0.0, run.backward_tail_seconds) : 0.0);
   }
   profile.update_seconds = std::max(0.0, run.update_seconds);
   profile.bucket_launch_seconds = std::max(0.0, run.layers.per_bucket_compute_seconds);

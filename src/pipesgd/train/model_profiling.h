@@ -86,12 +86,15 @@ MeasuredProfile measure_concurrent_profile(const std::vector<Model*>& models, co
 struct RunCompute {
   LayerProfile layers;
   double update_seconds = 0;
+  double backward_tail_seconds = 0;  // PlanningInputs::backward_tail_seconds
   int workers = 0;
   std::string network;  // describe(NetworkSpec)
 };
 
 // Makes `measured` carry the run's compute (the contention of its workers, comm threads and links,
-// which no side-by-side profile reproduces): each layer's backward is the run's; the run's forward
+// which no side-by-side profile reproduces): each layer's backward is the run's, and backward's
+// tail (after the last gradient is ready) is added to segment 0's, the one backward computes last,
+// so that the layers sum to the run's whole backward; the run's forward
 // (its time before backward less the profile's data time, at least 0) is split over the layers in
 // the proportions of the profile's own forward times (by parameter count if those are all 0); the
 // update and kappa (bucket_launch_seconds: run.layers.per_bucket_compute_seconds) are the run's. Data time and codec and method costs stay the profile's. UsageError if the

@@ -7,6 +7,9 @@
 #include "pipesgd/core/trace.h"
 
 namespace pipesgd {
+
+// The profile's scalars after its L backward times: t_f, update, kappa, backward's tail.
+constexpr std::size_t kPlanningScalars = 4;
 namespace {
 
 // A zero-cost profile: the plan computed before any measurement.
@@ -36,12 +39,12 @@ BucketedDSync::BucketedDSync(const MethodContext& context)
       codec_(make_codec(context.common.codec)),
       allreduce_(make_method_allreduce(context.common, context.transport, context.model.layout().total(), *codec_,
                                        context.options.default_segment_bytes())),
-      planning_(context.transport, layers_ + 3 + kCostProbes, context.common.timeout),
+      planning_(context.transport, layers_ + kPlanningScalars + kCostProbes, context.common.timeout),
       optimizer_(make_optimizer(context.common.optimizer, context.model.layout())),
       schedule_(context.learning_rate_schedule),
       gradients_(context.model.layout().total()),
       backward_sums_(layers_),
-      profile_buffer_(layers_ + 3 + kCostProbes, 0.0f),
+      profile_buffer_(layers_ + kPlanningScalars + kCostProbes, 0.0f),
       bucket_tickets_(layers_, 0),
       comm_(context.transport, "layer-wise dsync", std::max<std::size_t>(layers_, 1), context.common.timeout,
             [this](const CommWorker::Job& job) {
@@ -122,6 +125,7 @@ void BucketedDSync::end_iteration(std::int64_t t, IterationTimes& times) {
   if (records_single_phase(t)) {
     before_backward_sum_ += before_backward;
     update_sum_ += times.update;
+    single_backward_sum_ += times.backward;
     ++single_iterations_;
   } else if (!in_single_phase(t)) {
     interference_backward_sum_ += times.backward;
@@ -154,16 +158,21 @@ void BucketedDSync::replan(std::int64_t plan_number) {
   }
   profile_buffer_[layers_] = static_cast<float>(before_backward_sum_ / n);
   profile_buffer_[layers_ + 1] = static_cast<float>(update_sum_ / n);
-  // kappa: the backward time each of the L - 1 buckets launched during backward took from it.
+  // Backward's tail: the whole backward (trainer's clock) past its layers' readiness intervals.
+  const double whole_backward = single_iterations_ > 0 ? single_backward_sum_ / n : backward;
+  const double tail = std::max(0.0, whole_backward - backward);
+  // kappa: the backward time each of the L - 1 buckets launched during backward took from it (the
+  // whole backward of the interference phase against that of the single phase, one clock).
   double kappa = 0;
   if (interference_iterations_ > 0 && layers_ > 1) {
     const double slowed = interference_backward_sum_ / static_cast<double>(interference_iterations_);
-    kappa = std::max(0.0, slowed - backward) / static_cast<double>(layers_ - 1);
+    kappa = std::max(0.0, slowed - (backward + tail)) / static_cast<double>(layers_ - 1);
   }
   profile_buffer_[layers_ + 2] = static_cast<float>(kappa);
+  profile_buffer_[layers_ + 3] = static_cast<float>(tail);
   // Planning sequences: 64 per plan, the first for the profile, then the probes.
   const auto sequence = static_cast<std::uint64_t>(plan_number) * 64;
-  const std::size_t first_probe = layers_ + 3;
+  const std::size_t first_probe = layers_ + kPlanningScalars;
   const std::vector<double> sizes = cost_probe_sizes(planned_profile_.bytes);
   if (measure_cost_) {
     // The gradients were applied: the buffer is free until the next backward.
@@ -188,9 +197,10 @@ void BucketedDSync::replan(std::int64_t plan_number) {
   planned_profile_.forward_seconds = profile_buffer_[layers_] / workers;
   planned_update_seconds_ = profile_buffer_[layers_ + 1] / workers;
   planned_profile_.per_bucket_compute_seconds = profile_buffer_[layers_ + 2] / workers;
+  planned_backward_tail_seconds_ = profile_buffer_[layers_ + 3] / workers;
   chosen_plan_ = make_bucket_plan(plan_name_, planned_profile_, cost_);
   backward_sums_.clear();
-  before_backward_sum_ = update_sum_ = interference_backward_sum_ = 0;
+  before_backward_sum_ = update_sum_ = interference_backward_sum_ = single_backward_sum_ = 0;
   single_iterations_ = interference_iterations_ = 0;
 }
 
@@ -208,12 +218,14 @@ void BucketedDSync::save_state(CheckpointWriter& out) {
   out.add_double(prefix + "planned.forward_seconds", planned_profile_.forward_seconds);
   out.add_double(prefix + "planned.kappa_seconds", planned_profile_.per_bucket_compute_seconds);
   out.add_double(prefix + "planned.update_seconds", planned_update_seconds_);
+  out.add_double(prefix + "planned.backward_tail_seconds", planned_backward_tail_seconds_);
   out.add_double(prefix + "cost.a", cost_.a);
   out.add_double(prefix + "cost.b", cost_.b);
   backward_sums_.save(out, prefix + "cycle.backward_sums");
   out.add_double(prefix + "cycle.before_backward_sum", before_backward_sum_);
   out.add_double(prefix + "cycle.update_sum", update_sum_);
   out.add_double(prefix + "cycle.interference_backward_sum", interference_backward_sum_);
+  out.add_double(prefix + "cycle.single_backward_sum", single_backward_sum_);
   out.add_int(prefix + "cycle.single_iterations", single_iterations_);
   out.add_int(prefix + "cycle.interference_iterations", interference_iterations_);
 }
@@ -265,11 +277,13 @@ void BucketedDSync::load_state(const CheckpointReader& in, std::int64_t next_ite
   planned_profile_.forward_seconds = in.real(prefix + "planned.forward_seconds");
   planned_profile_.per_bucket_compute_seconds = in.real(prefix + "planned.kappa_seconds");
   planned_update_seconds_ = in.real(prefix + "planned.update_seconds");
+  planned_backward_tail_seconds_ = in.real(prefix + "planned.backward_tail_seconds");
   cost_ = LinearCost{in.real(prefix + "cost.a"), in.real(prefix + "cost.b")};
   backward_sums_ = std::move(backward_sums);
   before_backward_sum_ = in.real(prefix + "cycle.before_backward_sum");
   update_sum_ = in.real(prefix + "cycle.update_sum");
   interference_backward_sum_ = in.real(prefix + "cycle.interference_backward_sum");
+  single_backward_sum_ = in.real(prefix + "cycle.single_backward_sum");
   single_iterations_ = single_iterations;
   interference_iterations_ = interference_iterations;
   // begin_iteration copies the plan the next iteration needs.
@@ -291,7 +305,7 @@ std::shared_ptr<MethodReport> BucketedDSync::report() const {
     report->predicted = timeline.iteration + planned_update_seconds_;
     report->predicted_non_overlapped = timeline.non_overlapped;
     report->planned = true;
-    report->planned_from = PlanningInputs{planned_profile_, cost_, planned_update_seconds_};
+    report->planned_from = PlanningInputs{planned_profile_, cost_, planned_update_seconds_, planned_backward_tail_seconds_};
   }
   return report;
 }

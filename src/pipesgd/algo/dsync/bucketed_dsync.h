@@ -90,6 +90,7 @@ class BucketedDSync final : public TrainingMethod {
   BucketPlan plan_;
   LayerProfile planned_profile_;
   double planned_update_seconds_ = 0;
+  double planned_backward_tail_seconds_ = 0;  // PlanningInputs::backward_tail_seconds
   std::int64_t plans_made_ = 0;
   std::int64_t cycle_start_ = kProfileWarmupIterations;
   enum class PlanInUse { kSingle, kOnePerLayer, kChosen };
@@ -98,10 +99,12 @@ class BucketedDSync final : public TrainingMethod {
   BucketPlan chosen_plan_;  // the plan made at the end of the last cycle
   // The profiling cycle's sums (compute thread only).
   LayerSums backward_sums_;
-  double before_backward_sum_ = 0, update_sum_ = 0, interference_backward_sum_ = 0;
+  // single_backward_sum_: the single phase's whole backward (the trainer's clock, beside the
+  // layers' readiness intervals in backward_sums_).
+  double before_backward_sum_ = 0, update_sum_ = 0, interference_backward_sum_ = 0, single_backward_sum_ = 0;
   std::int64_t single_iterations_ = 0, interference_iterations_ = 0;
-  // The averaged profile's wire form: L backward times, t_f, update, kappa, kCostProbes probe
-  // medians.
+  // The averaged profile's wire form: L backward times, t_f, update, kappa, backward's tail,
+  // kCostProbes probe medians.
   std::vector<float> profile_buffer_;
   // This iteration (compute thread only).
   std::int64_t iteration_ = 0;
