@@ -30,6 +30,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The timeout of waits that must not time out: never reached here. A wait that would never end
+// hangs until ctest's timeout, which fails the test; no test bounds how long a wait may take.
+constexpr Timeout kNoTimeout = std::chrono::hours(1);
+
 // A handler that blocks until released (for the tests that need a job in flight).
 class Gate {
  public:
@@ -65,7 +69,7 @@ TEST_P(CommWorkerSpinning, RunsJobsInSubmissionOrderAndNumbersTickets) {
   std::vector<std::int64_t> ran;  // written by the comm thread; read after the waits
   std::vector<float> data(4, 0.0f);
   CommWorker worker(
-      fabric.endpoint(0), "test", 3, 5000ms,
+      fabric.endpoint(0), "test", 3, kNoTimeout,
       [&](const CommWorker::Job& job) {
         ran.push_back(job.iteration);
         job.data[job.index] += static_cast<float>(job.sequence);
@@ -89,7 +93,7 @@ TEST_P(CommWorkerSpinning, RunsJobsInSubmissionOrderAndNumbersTickets) {
 TEST_P(CommWorkerSpinning, CompletedTicketIsDoneWithoutRunningAnything) {
   LocalFabric fabric(1);
   std::atomic<int> runs{0};
-  CommWorker worker(fabric.endpoint(0), "test", 2, 5000ms, [&](const CommWorker::Job&) { ++runs; }, GetParam().spin);
+  CommWorker worker(fabric.endpoint(0), "test", 2, kNoTimeout, [&](const CommWorker::Job&) { ++runs; }, GetParam().spin);
   const CommWorker::Ticket restored = worker.completed_ticket();
   EXPECT_EQ(restored, 0u);
   EXPECT_EQ(worker.wait(restored, "a restored job", 0), 0.0);
@@ -103,7 +107,7 @@ TEST_P(CommWorkerSpinning, AFailureIsRethrownByEveryLaterWaitAndReportedToThePee
   LocalFabric fabric(2);
   std::atomic<int> runs{0};
   CommWorker worker(
-      fabric.endpoint(0), "test", 4, 5000ms,
+      fabric.endpoint(0), "test", 4, kNoTimeout,
       [&](const CommWorker::Job& job) {
         ++runs;
         if (job.iteration == 1) throw CommError("peer 1 vanished");
@@ -124,14 +128,14 @@ TEST_P(CommWorkerSpinning, AFailureIsRethrownByEveryLaterWaitAndReportedToThePee
   // Rank 1 learns of it at once: its receive from rank 0 fails with PeerFailedError.
   std::vector<std::byte> buffer(4);
   Request receive = fabric.endpoint(1).recv(0, collective_tag(Channel::kGradients, 0), buffer, "test recv");
-  EXPECT_THROW(receive.wait(5000ms), PeerFailedError);
+  EXPECT_THROW(receive.wait(kNoTimeout), PeerFailedError);
 }
 
 TEST_P(CommWorkerSpinning, ASilentDeathIsRethrownButReportedToNoOne) {
   struct SilentDeath {};
   LocalFabric fabric(2);
   CommWorker worker(
-      fabric.endpoint(0), "test", 2, 5000ms, [](const CommWorker::Job&) { throw SilentDeath{}; }, GetParam().spin);
+      fabric.endpoint(0), "test", 2, kNoTimeout, [](const CommWorker::Job&) { throw SilentDeath{}; }, GetParam().spin);
   EXPECT_THROW(worker.wait(worker.submit({}), "job 0", 0), SilentDeath);
   // Rank 1 is not told: its receive times out instead of failing with PeerFailedError.
   std::vector<std::byte> buffer(4);
@@ -178,7 +182,7 @@ TEST(CommWorker, DestructionAbandonsQueuedJobsAndWaitsForTheRunningOne) {
   const pid_t main_thread = ::gettid();
   std::thread opener;
   {
-    CommWorker worker(fabric.endpoint(0), "test", 3, 5000ms, [&](const CommWorker::Job&) {
+    CommWorker worker(fabric.endpoint(0), "test", 3, kNoTimeout, [&](const CommWorker::Job&) {
       ++started;
       gate.wait();
       ++finished;
@@ -205,7 +209,7 @@ TEST_P(CommWorkerSpinning, AJobThatOutlastsTheSpinIsWaitedForAsleep) {
   Gate gate;
   std::vector<float> data(1, 0.0f);
   CommWorker worker(
-      fabric.endpoint(0), "test", 2, 5000ms,
+      fabric.endpoint(0), "test", 2, kNoTimeout,
       [&](const CommWorker::Job& job) {
         gate.wait();
         job.data[0] = 42.0f;
@@ -241,7 +245,7 @@ TEST(CommWorkerLongSpin, EndsWhenTheJobIsDoneOrFailed) {
   const std::chrono::microseconds hour = std::chrono::hours(1);
   std::vector<float> data(3, 0.0f);
   CommWorker worker(
-      fabric.endpoint(0), "test", 2, 5000ms,
+      fabric.endpoint(0), "test", 2, kNoTimeout,
       [&](const CommWorker::Job& job) {
         if (job.iteration == 2) throw CommError("the third job fails");
         job.data[job.index] = static_cast<float>(job.iteration + 1);
@@ -266,7 +270,7 @@ TEST(CommWorkerLongSpin, EndsWhenTheJobIsDoneOrFailed) {
 TEST(CommWorkerLongSpin, EndsAtOnceForACompletedTicket) {
   LocalFabric fabric(1);
   std::atomic<int> runs{0};
-  CommWorker worker(fabric.endpoint(0), "test", 3, 5000ms, [&](const CommWorker::Job&) { ++runs; }, std::chrono::hours(1));
+  CommWorker worker(fabric.endpoint(0), "test", 3, kNoTimeout, [&](const CommWorker::Job&) { ++runs; }, std::chrono::hours(1));
   const CommWorker::Ticket restored = worker.completed_ticket();
   EXPECT_EQ(worker.wait(restored, "a restored job", 0), 0.0);
   worker.wait(worker.submit({}), "a job", 1);
