@@ -359,6 +359,20 @@ void expect_same_floats(const std::vector<float>& got, const std::vector<float>&
   EXPECT_EQ(describe_first_difference(got, want), "") << what;
 }
 
+// `codec` decodes `message` into fresh values, and decode-adds it onto `destination`, exactly as
+// the reference does.
+void expect_decodes_as_reference(const Codec& codec, const std::string& name, const std::vector<std::byte>& message,
+                                 std::size_t count, const std::vector<float>& destination) {
+  std::vector<float> decoded(count, 12345.0f), expected_decoded(count, 12345.0f);
+  codec.decode(message, decoded);
+  reference::decode(name, message, expected_decoded, false);
+  expect_same_floats(decoded, expected_decoded, "decode");
+  std::vector<float> added = destination, expected_added = destination;
+  codec.decode_add(message, added);
+  reference::decode(name, message, expected_added, true);
+  expect_same_floats(added, expected_added, "decode_add");
+}
+
 TEST_P(EveryCodec, MatchesTheScalarReferenceBitForBit) {
   const std::string name = GetParam();
   for (int family = 0; family < 5; ++family) {
@@ -372,18 +386,9 @@ TEST_P(EveryCodec, MatchesTheScalarReferenceBitForBit) {
         ASSERT_EQ(message.size(), expected_message.size());
         EXPECT_TRUE(message == expected_message) << "encode differs from the reference";
 
-        std::vector<float> decoded(count, 12345.0f), expected_decoded(count, 12345.0f);
-        codec_->decode(message, decoded);
-        reference::decode(name, expected_message, expected_decoded, false);
-        expect_same_floats(decoded, expected_decoded, "decode");
-
         // decode_add onto finite destinations (with two NaNs the result's payload would depend on
         // the order of the operands, which the reference does not pin down).
-        const std::vector<float> destination = chunk_of_family(random, 0, count);
-        std::vector<float> added = destination, expected_added = destination;
-        codec_->decode_add(message, added);
-        reference::decode(name, expected_message, expected_added, true);
-        expect_same_floats(added, expected_added, "decode_add");
+        expect_decodes_as_reference(*codec_, name, message, count, chunk_of_family(random, 0, count));
       }
     }
   }
@@ -401,15 +406,7 @@ TEST_P(EveryCodec, DecodesArbitraryMessagesAsTheReference) {
       std::vector<std::byte> message(codec_->encoded_bytes(count));
       for (std::byte& byte : message) byte = static_cast<std::byte>(random() & 0xffu);
       if (name == "int8") std::memcpy(message.data(), &scales[seed - 1], 4);
-      std::vector<float> decoded(count), expected_decoded(count);
-      codec_->decode(message, decoded);
-      reference::decode(name, message, expected_decoded, false);
-      expect_same_floats(decoded, expected_decoded, "decode");
-      const std::vector<float> destination = chunk_of_family(random, 3, count);
-      std::vector<float> added = destination, expected_added = destination;
-      codec_->decode_add(message, added);
-      reference::decode(name, message, expected_added, true);
-      expect_same_floats(added, expected_added, "decode_add");
+      expect_decodes_as_reference(*codec_, name, message, count, chunk_of_family(random, 3, count));
     }
   }
 }

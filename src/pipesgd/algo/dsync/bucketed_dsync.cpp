@@ -7,10 +7,10 @@
 #include "pipesgd/core/trace.h"
 
 namespace pipesgd {
+namespace {
 
 // The profile's scalars after its L backward times: t_f, update, kappa, backward's tail.
 constexpr std::size_t kPlanningScalars = 4;
-namespace {
 
 // A zero-cost profile: the plan computed before any measurement.
 LayerProfile empty_profile(const Layout& layout, double bytes_per_element) {
