@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "pipesgd/core/error.h"
 
@@ -47,13 +50,57 @@ PIPESGD_VECTOR_CLONES std::int32_t max_magnitude_bits(const float* x, std::size_
 // k + 0.5 sums to within 2^-25 of k + 1 and rounds up to it, anything below stays below. Adding 0.5
 // itself is not: 0.5 - 2^-25 + 0.5 rounds to 1.0 in float, so that level became 1 (an error above
 // scale / 2). As fast: the loop is the same.
-PIPESGD_VECTOR_CLONES void quantize(const float* x, std::size_t n, float inverse, std::int8_t* q) {
+PIPESGD_VECTOR_CLONES void quantize_loop(const float* x, std::size_t n, float inverse, std::int8_t* q) {
   constexpr float kJustBelowHalf = 0x1.fffffep-2f;
   for (std::size_t i = 0; i < n; ++i) {
     float level = x[i] * inverse;
     level = std::min(127.0f, std::max(-127.0f, level));
     q[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(level + std::copysign(kJustBelowHalf, level)));
   }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PIPESGD_AVX2_QUANTIZE 1
+// quantize_loop written in AVX2 intrinsics, 32 values a round: the same operations in the same order
+// (multiply, clamp, add the signed just-below-half, truncate), so the levels are bit-identical; the
+// compiler's own vectorisation of the loop narrows int32 to int8 lane by lane and takes 1.8x as long
+// (`pipesgd profile`: int8 encode 0.053-0.072 -> 0.040 ns/B). The tail goes through quantize_loop.
+__attribute__((target("avx2"))) void quantize_avx2(const float* x, std::size_t n, float inverse, std::int8_t* q) {
+  constexpr float kJustBelowHalf = 0x1.fffffep-2f;
+  const __m256 scale_inverse = _mm256_set1_ps(inverse);
+  const __m256 upper = _mm256_set1_ps(127.0f);
+  const __m256 lower = _mm256_set1_ps(-127.0f);
+  const __m256 just_below_half = _mm256_set1_ps(kJustBelowHalf);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  // The two packs interleave the four vectors' 4-value halves by 128-bit lane; this puts them back.
+  const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i levels[4];
+    for (int k = 0; k < 4; ++k) {
+      __m256 level = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), scale_inverse);
+      level = _mm256_min_ps(upper, _mm256_max_ps(lower, level));
+      level = _mm256_add_ps(level, _mm256_or_ps(just_below_half, _mm256_and_ps(level, sign_bit)));
+      levels[k] = _mm256_cvttps_epi32(level);
+    }
+    const __m256i words = _mm256_packs_epi32(levels[0], levels[1]);
+    const __m256i more_words = _mm256_packs_epi32(levels[2], levels[3]);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, more_words), in_order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), bytes);
+  }
+  quantize_loop(x + i, n - i, inverse, q + i);
+}
+#endif
+
+void quantize(const float* x, std::size_t n, float inverse, std::int8_t* q) {
+#ifdef PIPESGD_AVX2_QUANTIZE
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) {
+    quantize_avx2(x, n, inverse, q);
+    return;
+  }
+#endif
+  quantize_loop(x, n, inverse, q);
 }
 
 // The upper 16 bits of each fp32 (a NaN whose payload lives only in the dropped bits keeps its quiet
