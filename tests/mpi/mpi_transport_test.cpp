@@ -1,5 +1,7 @@
 // MpiTransport under mpirun: point-to-point messages by (peer, tag), the tag mapping onto MPI,
-// timeouts and failure notices that name the operation, peer and tag.
+// timeouts and failure notices that name the operation, peer and tag; same-host ranks through shared
+// memory (and, with PIPESGD_MPI_SHARED_MEMORY=0, as ctest's mpi_path runs set it, through MPI), and a
+// world split into simulated hosts whose messages take both routes.
 #include "pipesgd/mpi/mpi_transport.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "mpi_test_world.h"
+#include "pipesgd/collective/codec.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
@@ -158,6 +161,103 @@ TEST(MpiTransport, FailureNoticeEndsTheBarrier) {
           << message;
     }
     MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// One host (mpirun on this machine): every rank is reached through shared memory, so no wait polls;
+// with PIPESGD_MPI_SHARED_MEMORY=0 none is, and the description says why.
+TEST(MpiTransport, RanksOfThisHostGoThroughSharedMemory) {
+  MpiTransport transport(*test_mpi_runtime);
+  const int p = transport.size();
+  if (shared_memory_from_environment(true)) {
+    std::vector<int> everyone(static_cast<std::size_t>(p));
+    std::iota(everyone.begin(), everyone.end(), 0);
+    EXPECT_EQ(transport.shared_memory_peers(), everyone);
+    EXPECT_TRUE(transport.waits_sleep());
+    EXPECT_NE(transport.describe().find(concat("the ", p, " ranks of this host through shared memory")), std::string::npos)
+        << transport.describe();
+  } else {
+    EXPECT_TRUE(transport.shared_memory_peers().empty());
+    EXPECT_FALSE(transport.waits_sleep());
+    EXPECT_NE(transport.describe().find("PIPESGD_MPI_SHARED_MEMORY=0"), std::string::npos) << transport.describe();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Ranks split into two simulated hosts by parity: messages to the own host's ranks go through shared
+// memory, the others through MPI. Every rank sends every rank (itself included) a message of its own
+// size and contents, receives posted in reverse order; then a ring allreduce over the mixed routes
+// gives the closed-form sum.
+TEST(MpiTransport, SimulatedHostsMixSharedMemoryAndMpi) {
+  MpiTransportOptions options;
+  options.simulated_hosts = 2;
+  MpiTransport transport(*test_mpi_runtime, options);
+  const int p = transport.size(), rank = transport.rank();
+  std::vector<int> same_host;
+  for (int r = rank % 2; r < p; r += 2) same_host.push_back(r);
+  if (shared_memory_from_environment(true) && same_host.size() > 1) {
+    EXPECT_EQ(transport.shared_memory_peers(), same_host);
+  } else {
+    EXPECT_TRUE(transport.shared_memory_peers().empty());
+  }
+  EXPECT_FALSE(transport.waits_sleep());  // some waits are on MPI (or every one is)
+
+  std::vector<std::vector<int>> inbox, outbox;
+  for (int peer = 0; peer < p; ++peer) {
+    inbox.emplace_back(static_cast<std::size_t>(10 + peer * 1000 + rank), -1);
+    outbox.emplace_back(static_cast<std::size_t>(10 + rank * 1000 + peer), rank * 100 + peer);
+  }
+  std::vector<Request> receives, sends;
+  for (int peer = p - 1; peer >= 0; --peer) {
+    receives.push_back(transport.recv(peer, step_tag(collective_tag(Channel::kGradients, 9), 0, static_cast<std::size_t>(peer)),
+                                      std::as_writable_bytes(std::span(inbox[static_cast<std::size_t>(peer)])), "test"));
+  }
+  for (int peer = 0; peer < p; ++peer) {
+    sends.push_back(transport.send(peer, step_tag(collective_tag(Channel::kGradients, 9), 0, static_cast<std::size_t>(rank)),
+                                   std::as_bytes(std::span(outbox[static_cast<std::size_t>(peer)])), "test"));
+  }
+  for (Request& r : receives) r.wait(60s);
+  for (Request& s : sends) s.wait(60s);
+  for (int peer = 0; peer < p; ++peer) {
+    EXPECT_EQ(inbox[static_cast<std::size_t>(peer)], std::vector<int>(static_cast<std::size_t>(10 + peer * 1000 + rank), peer * 100 + rank))
+        << "from rank " << peer;
+  }
+
+  const std::unique_ptr<Codec> none = make_codec("none");
+  constexpr std::size_t kCount = 100003;
+  RingAllreduce ring(transport, kCount, *none, AllreduceOptions{60s, 4096});
+  std::vector<float> data(kCount);
+  for (std::size_t i = 0; i < kCount; ++i) data[i] = static_cast<float>((i % 17) + static_cast<std::size_t>(rank));
+  ring.run(data, collective_tag(Channel::kGradients, 10));
+  for (std::size_t i = 0; i < kCount; ++i) {
+    const float expected = static_cast<float>(p * static_cast<int>(i % 17) + p * (p - 1) / 2);
+    if (data[i] != expected) {
+      ADD_FAILURE() << "element " << i << ": " << data[i] << " != " << expected;
+      break;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// With simulated hosts, a failure reaches waits on both routes: the reporter's own host through the
+// shared-memory flag, the other host through MPI's notice.
+TEST(MpiTransport, FailureNoticeReachesBothRoutes) {
+  MpiTransportOptions options;
+  options.simulated_hosts = 2;
+  MpiTransport transport(*test_mpi_runtime, options);
+  if (transport.rank() == 1) {
+    transport.report_failure("disk on fire");
+  } else {
+    std::vector<float> buffer(1);
+    const Tag tag = step_tag(collective_tag(Channel::kGradients, 4), 0, 0);
+    Request never = transport.recv(1, tag, std::as_writable_bytes(std::span(buffer)), "test receive");
+    try {
+      never.wait(60s);
+      ADD_FAILURE() << "expected PeerFailedError";
+    } catch (const PeerFailedError& error) {
+      EXPECT_NE(std::string(error.what()).find("rank 1 failed: disk on fire"), std::string::npos) << error.what();
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

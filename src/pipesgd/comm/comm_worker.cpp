@@ -56,6 +56,7 @@ CommWorker::~CommWorker() {
 void CommWorker::run() {
   // A comm thread that sleeps in its waits may preempt compute the moment its data arrives; one that
   // polls (MPI) must stay at normal priority or it would starve the compute thread.
+  mark_communication_thread();
   if (transport_.waits_sleep()) raise_communication_thread_priority();
   const ScopedThreadTrace installed(trace_);
   for (;;) {

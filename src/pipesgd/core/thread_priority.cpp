@@ -13,6 +13,7 @@ namespace pipesgd {
 namespace {
 
 constexpr int kComputeThreadNice = 10;
+thread_local bool communication_thread = false;
 constexpr std::uint64_t kShortSliceNanoseconds = 100'000;
 
 // The kernel's struct sched_attr (linux/sched/types.h clashes with glibc's sched_param).
@@ -56,6 +57,9 @@ bool realtime_priority_permitted() {
   pthread_setschedparam(pthread_self(), policy, &original);
   return true;
 }
+
+void mark_communication_thread() { communication_thread = true; }
+bool is_communication_thread() { return communication_thread; }
 
 void lower_compute_thread_priority() {
   setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kComputeThreadNice);

@@ -17,6 +17,13 @@ std::string raise_communication_thread_priority();
 // True if this process may give threads SCHED_FIFO (tested on the calling thread, then undone).
 bool realtime_priority_permitted();
 
+// The calling thread's role in waiting for messages. A communication thread (CommWorker's) marks
+// itself: its waits block at once, because the core it would poll on belongs to its compute thread.
+// Any other thread (a compute thread running a collective itself, as D-Sync does) has nothing else
+// to run meanwhile, so a transport may let it poll briefly before it blocks.
+void mark_communication_thread();
+bool is_communication_thread();
+
 // Fallback when real-time priority is not permitted, for the calling compute thread: nice +10
 // (unprivileged; it also makes the run yield to every other process on the machine). Threads created afterwards inherit it,
 // so call this after the thread has spawned its communication thread. Never throws.

@@ -3,11 +3,16 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <thread>
 
+#include "pipesgd/comm/shared_memory_transport.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -18,6 +23,9 @@ using Clock = std::chrono::steady_clock;
 constexpr std::size_t kFailureNoticeBytes = 512;
 constexpr int kFailureTag = 1;
 constexpr std::uint64_t kBusyPolls = 32;  // polls before a wait starts yielding the CPU
+// How long the processes of a host wait for each other while they set up their shared memory.
+constexpr Timeout kSharedMemoryStartup = std::chrono::seconds(120);
+constexpr std::size_t kShmNameBytes = 64;
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -87,11 +95,82 @@ class MpiTransport::Impl {
     MPI_Comm_dup(MPI_COMM_WORLD, &barrier_communicator_);
     MPI_Comm_set_errhandler(barrier_communicator_, MPI_ERRORS_RETURN);
     post_failure_receive();
-    char name[MPI_MAX_PROCESSOR_NAME] = {};
-    int length = 0;
-    MPI_Get_processor_name(name, &length);
-    description_ = concat("mpi (", size_, " ranks, MPI_THREAD_MULTIPLE, ", runtime.library_version(),
-                          ")");
+    const std::string same_host = set_up_shared_memory();
+    description_ = concat("mpi (", size_, " ranks, MPI_THREAD_MULTIPLE, ", runtime.library_version(), "; ",
+                          same_host, ")");
+  }
+
+  // Collective: every rank of the world calls it at construction. Builds lanes_ for the ranks of this
+  // host, or leaves it empty; returns what describe() says of it.
+  std::string set_up_shared_memory() {
+    int wanted = shared_memory_from_environment(options_.shared_memory) ? 1 : 0;
+    int everyone = 0;
+    MPI_Allreduce(&wanted, &everyone, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Comm host = MPI_COMM_NULL;
+    if (options_.simulated_hosts > 0) {
+      MPI_Comm_split(MPI_COMM_WORLD, rank_ % options_.simulated_hosts, rank_, &host);
+    } else {
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host);
+    }
+    int host_rank = 0, host_size = 1;
+    MPI_Comm_rank(host, &host_rank);
+    MPI_Comm_size(host, &host_size);
+    std::vector<int> members(static_cast<std::size_t>(host_size));
+    MPI_Allgather(&rank_, 1, MPI_INT, members.data(), 1, MPI_INT, host);
+    std::string note;
+    if (!everyone) {
+      note = "same-host peers through MPI (PIPESGD_MPI_SHARED_MEMORY=0 or shared_memory off)";
+    } else if (host_size == 1) {
+      note = "no other rank on this host";
+    } else {
+      note = attach_shared_memory(host, host_rank, std::move(members));
+    }
+    MPI_Comm_free(&host);
+    return note;
+  }
+
+  // Collective over `host`: local rank 0 creates the shared-memory object and names it to the others;
+  // every process maps it, then it is unlinked (nothing is left in /dev/shm, whatever happens later).
+  std::string attach_shared_memory(MPI_Comm host, int host_rank, std::vector<int> members) {
+    const std::size_t bytes = SharedMemoryTransport::region_bytes(static_cast<int>(members.size()));
+    std::array<char, kShmNameBytes> name{};
+    SharedRegion region;
+    std::string failure;
+    if (host_rank == 0) {
+      std::random_device entropy;
+      for (int attempt = 0; attempt < 3 && !region.mapped(); ++attempt) {
+        const std::string candidate = concat("/pipesgd-", getpid(), "-", entropy() % 1000000000u);
+        try {
+          region = SharedRegion::create(candidate, bytes);
+          std::strncpy(name.data(), candidate.c_str(), name.size() - 1);
+        } catch (const CommError& error) {
+          failure = error.what();
+        }
+      }
+    }
+    MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 0, host);
+    if (host_rank != 0 && name[0] != '\0') {
+      try {
+        region = SharedRegion::open(name.data(), bytes);
+      } catch (const CommError& error) {
+        failure = error.what();
+      }
+    }
+    int mapped = region.mapped() ? 1 : 0, all_mapped = 0;
+    MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, host);
+    if (host_rank == 0 && name[0] != '\0') SharedRegion::unlink(name.data());
+    if (!all_mapped) {
+      return concat("same-host peers through MPI: shared memory unavailable",
+                    failure.empty() ? std::string() : concat(" (", failure, ")"));
+    }
+    auto lanes = std::make_unique<SharedMemoryTransport>(
+        std::move(region), members, rank_, size_, kSharedMemoryStartup,
+        [this](const std::string& waiter) {
+          if (failure_noticed()) throw_peer_failed(waiter);
+        });
+    if (!lanes->usable()) return "same-host peers through MPI: cross-memory attach not permitted";
+    lanes_ = std::move(lanes);
+    return concat("the ", members.size(), " ranks of this host through shared memory");
   }
 
   ~Impl() {
@@ -120,6 +199,10 @@ class MpiTransport::Impl {
     }
     const auto channel = static_cast<std::size_t>(tag >> 56);
     PIPESGD_ASSERT(channel < channels_.size());
+    if (lanes_ && lanes_->reaches(peer)) {
+      return is_send ? lanes_->send(peer, tag, std::span<const std::byte>(bytes, length), operation)
+                     : lanes_->recv(peer, tag, std::span<std::byte>(const_cast<std::byte*>(bytes), length), operation);
+    }
     if (length > static_cast<std::size_t>(INT_MAX)) {
       throw UsageError(concat(operation, ": message of ", length, " bytes exceeds MPI's 2 GiB limit"));
     }
@@ -192,6 +275,7 @@ class MpiTransport::Impl {
   }
 
   void report_failure(const std::string& reason) {
+    if (lanes_) lanes_->report_failure(reason);  // wakes this host's waits at once
     if (failed_.exchange(true)) return;  // we failed already, or learnt of a peer's failure first
     std::array<char, kFailureNoticeBytes> notice{};
     std::strncpy(notice.data(), reason.c_str(), notice.size() - 1);
@@ -218,8 +302,13 @@ class MpiTransport::Impl {
     if (failure_message_.empty()) failure_message_ = concat("rank ", rank_, " failed: ", reason);
   }
 
-  std::uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  std::uint64_t bytes_sent() const {
+    return bytes_sent_.load(std::memory_order_relaxed) + (lanes_ ? lanes_->bytes_sent() : 0);
+  }
   const std::string& describe() const { return description_; }
+  // True when no wait polls MPI: every rank is reached through shared memory.
+  bool waits_sleep() const { return lanes_ && static_cast<int>(lanes_->members().size()) == size_; }
+  std::vector<int> shared_memory_peers() const { return lanes_ ? lanes_->members() : std::vector<int>{}; }
   const MpiTransportOptions& options() const { return options_; }
 
  private:
@@ -273,6 +362,7 @@ class MpiTransport::Impl {
 
   std::mutex pool_mutex_;
   std::vector<std::shared_ptr<MpiRequest>> pool_;
+  std::unique_ptr<SharedMemoryTransport> lanes_;  // this host's ranks, if set up
 
   std::atomic<bool> failed_{false};
   std::mutex failure_mutex_;  // guards failure_request_, notice_, failure_message_
@@ -342,5 +432,16 @@ void MpiTransport::report_failure(const std::string& reason) { impl_->report_fai
 std::uint64_t MpiTransport::bytes_sent() const { return impl_->bytes_sent(); }
 std::string MpiTransport::describe() const { return impl_->describe(); }
 void MpiTransport::barrier(Timeout timeout, const char* operation) { impl_->barrier(timeout, operation); }
+bool MpiTransport::waits_sleep() const { return impl_->waits_sleep(); }
+std::vector<int> MpiTransport::shared_memory_peers() const { return impl_->shared_memory_peers(); }
+
+bool shared_memory_from_environment(bool fallback) {
+  const char* value = std::getenv("PIPESGD_MPI_SHARED_MEMORY");
+  if (value == nullptr) return fallback;
+  const std::string text(value);
+  if (text == "1") return true;
+  if (text == "0") return false;
+  throw UsageError(concat("PIPESGD_MPI_SHARED_MEMORY must be 0 or 1, got '", text, "'"));
+}
 
 }  // namespace pipesgd
