@@ -35,14 +35,16 @@ class ForkedWorld {
   static constexpr std::size_t kErrorBytes = 1024;
   static constexpr int kSignals = 16;
 
-  explicit ForkedWorld(int ranks, std::size_t output_bytes = 0)
+  // `staging`: the transport's eager-message staging (none by default: every message rendezvous).
+  explicit ForkedWorld(int ranks, std::size_t output_bytes = 0, SharedMemoryStaging staging = {})
       : ranks_(ranks),
         output_bytes_(output_bytes),
+        staging_(staging),
         shared_(SharedRegion::anonymous(static_cast<std::size_t>(ranks) * (kErrorBytes + output_bytes) +
                                         kSignals * sizeof(std::atomic<int>))) {}
 
   std::vector<std::string> run(const Body& body) {
-    SharedRegion region = SharedRegion::anonymous(SharedMemoryTransport::region_bytes(ranks_));
+    SharedRegion region = SharedRegion::anonymous(SharedMemoryTransport::region_bytes(ranks_, staging_));
     std::fill(shared_.bytes().begin(), shared_.bytes().end(), std::byte{0});
     std::vector<int> members(static_cast<std::size_t>(ranks_));
     std::iota(members.begin(), members.end(), 0);
@@ -56,7 +58,7 @@ class ForkedWorld {
         if (getppid() != parent) _exit(3);
         int status = 0;
         try {
-          SharedMemoryTransport transport(std::move(region), members, rank, ranks_, std::chrono::seconds(600));
+          SharedMemoryTransport transport(std::move(region), members, rank, ranks_, staging_, std::chrono::seconds(600));
           if (!transport.usable()) throw std::runtime_error("cross-memory attach not permitted");
           body(transport, output(rank));
         } catch (const std::exception& error) {
@@ -118,6 +120,7 @@ class ForkedWorld {
 
   int ranks_;
   std::size_t output_bytes_;
+  SharedMemoryStaging staging_;
   SharedRegion shared_;
 };
 

@@ -1,8 +1,9 @@
 // Tests of SharedMemoryTransport across processes (fork, forked_world.h): matching by peer and tag in
-// both arrival orders, FIFO per (peer, tag), sizes from 0 bytes to megabytes, a message too large
-// for its buffer, timeouts and failure notices that name the wait, cancellation, deferred posting
-// behind a busy mailbox lock, threads of one process at once, and every allreduce algorithm and
-// codec over it against closed-form sums. Every wait here has a timeout of minutes or an hour: no
+// both arrival orders, FIFO per (peer, tag), sizes from 0 bytes to megabytes, eager (staged) and
+// rendezvous messages and their mix, in-place reads of staged messages, a message too large for its
+// buffer, timeouts and failure notices that name the wait, cancellation, deferred posting behind a
+// busy mailbox lock, threads of one process at once, and every allreduce algorithm and codec over it
+// against closed-form sums, every staging slot released afterwards. Every wait here has a timeout of minutes or an hour: no
 // test bounds how long a wait may take (a broken transport fails at ctest's timeout instead).
 #include "pipesgd/comm/shared_memory_transport.h"
 
@@ -29,6 +30,9 @@ using namespace std::chrono_literals;
 
 constexpr Timeout never = std::chrono::hours(1);  // a wait that must not time out
 constexpr const char* test_operation = "shm test";
+// Small staging slots, so that the tests' small messages are eager and their large ones rendezvous,
+// and two slots per pair, so that a burst of messages uses both kinds.
+constexpr SharedMemoryStaging small_staging{4096, 2};
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -45,6 +49,23 @@ std::vector<std::int32_t> pattern(int from, int to, std::size_t count) {
 
 void expect_all_ok(const std::vector<std::string>& errors) {
   for (std::size_t rank = 0; rank < errors.size(); ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
+}
+
+// Staging: 1 MiB slots, up to 4 per pair, within a quarter of the free space and 256 MiB in all;
+// none for one process or when not even one slot per pair fits.
+TEST(SharedMemoryTransport, StagingFitsTheSpaceAvailable) {
+  constexpr std::size_t MiB = 1 << 20;
+  const auto staging = [](int members, std::size_t available) {
+    const SharedMemoryStaging s = SharedMemoryTransport::staging_for(members, available);
+    return std::pair<std::size_t, int>(s.slot_bytes, s.slots_per_pair);
+  };
+  EXPECT_EQ(staging(4, 12000 * MiB), std::make_pair(MiB, 4));  // 12 pairs x 4 slots: 48 MiB
+  EXPECT_EQ(staging(16, 12000 * MiB), std::make_pair(MiB, 1));  // 240 pairs: 256 MiB / 240
+  EXPECT_EQ(staging(4, 64 * MiB), std::make_pair(MiB, 1));       // 16 MiB for 12 pairs
+  EXPECT_EQ(staging(4, 32 * MiB).first, 0u);                     // 8 MiB: not one slot per pair
+  EXPECT_EQ(staging(64, 12000 * MiB).first, 0u);
+  EXPECT_EQ(staging(1, 12000 * MiB).first, 0u);
+  EXPECT_GT(SharedMemoryTransport::region_bytes(2, {MiB, 2}), SharedMemoryTransport::region_bytes(2) + 8 * MiB - 1);
 }
 
 TEST(SharedMemoryTransport, RegionHoldsEveryMember) {
@@ -72,16 +93,18 @@ struct ExchangeCase {
   int ranks;
   std::size_t count;  // int32 values per message
   bool recv_first;
+  bool staging;
 };
 std::ostream& operator<<(std::ostream& out, const ExchangeCase& c) {
-  return out << c.ranks << " ranks, " << c.count << " values, " << (c.recv_first ? "recv" : "send") << " posted first";
+  return out << c.ranks << " ranks, " << c.count << " values, " << (c.recv_first ? "recv" : "send") << " posted first, "
+             << (c.staging ? "small staging" : "no staging");
 }
 
 class SharedMemoryExchange : public ::testing::TestWithParam<ExchangeCase> {};
 
 TEST_P(SharedMemoryExchange, EveryPairExchangesByTag) {
   const ExchangeCase c = GetParam();
-  ForkedWorld world(c.ranks);
+  ForkedWorld world(c.ranks, 0, c.staging ? small_staging : SharedMemoryStaging{});
   expect_all_ok(world.run([&](SharedMemoryTransport& transport, std::span<std::byte>) {
     const int me = transport.rank();
     std::vector<std::vector<std::int32_t>> inbox(static_cast<std::size_t>(c.ranks), std::vector<std::int32_t>(c.count, -1));
@@ -115,20 +138,32 @@ TEST_P(SharedMemoryExchange, EveryPairExchangesByTag) {
       check(inbox[static_cast<std::size_t>(peer)] == pattern(peer, me, c.count), "payload from rank " + std::to_string(peer));
     }
     check(transport.bytes_sent() == static_cast<std::uint64_t>(c.ranks) * c.count * sizeof(std::int32_t), "bytes_sent");
+    world.signal(1).fetch_add(1);
+    world.await(1, c.ranks);  // every rank has read its messages
+    check(transport.busy_staging_slots_for_tests() == 0, "a staging slot was not released");
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, SharedMemoryExchange,
-                         ::testing::Values(ExchangeCase{2, 0, true}, ExchangeCase{2, 0, false},
-                                           ExchangeCase{2, 1, true}, ExchangeCase{2, 1, false},
-                                           ExchangeCase{3, 1000, true}, ExchangeCase{3, 1000, false},
-                                           ExchangeCase{4, 700000, true}, ExchangeCase{4, 700000, false},
-                                           ExchangeCase{1, 50, true}, ExchangeCase{1, 50, false}));
+std::vector<ExchangeCase> exchange_cases() {
+  std::vector<ExchangeCase> cases;
+  for (const bool staging : {false, true}) {
+    for (const bool recv_first : {true, false}) {
+      cases.push_back({2, 0, recv_first, staging});
+      cases.push_back({2, 1, recv_first, staging});
+      cases.push_back({3, 1000, recv_first, staging});   // 4000 bytes: eager with staging
+      cases.push_back({4, 700000, recv_first, staging});  // 2.8 MB: rendezvous
+      cases.push_back({1, 50, recv_first, staging});
+    }
+  }
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Cases, SharedMemoryExchange, ::testing::ValuesIn(exchange_cases()));
 
 // Several messages with one (peer, tag) arrive in posting order, whichever side posts first.
 TEST(SharedMemoryTransport, SameTagIsFifo) {
   for (const bool recv_first : {true, false}) {
-    ForkedWorld world(2);
+   for (const SharedMemoryStaging staging : {SharedMemoryStaging{}, small_staging}) {  // with staging: 2 eager, 3 rendezvous
+    ForkedWorld world(2, 0, staging);
     expect_all_ok(world.run([&](SharedMemoryTransport& transport, std::span<std::byte>) {
       constexpr int kMessages = 5;
       if (transport.rank() == 0) {
@@ -156,10 +191,28 @@ TEST(SharedMemoryTransport, SameTagIsFifo) {
         }
       }
     }));
+   }
   }
 }
 
-// A message larger than the posted buffer fails both sides with a CommError naming sizes and peer.
+// A message larger than the posted buffer fails both sides of a rendezvous with a CommError naming
+// sizes and peer; an eager message (staged) fails only the receiver, as MPI's eager sends do.
+TEST(SharedMemoryTransport, EagerMessageTooLargeFailsTheReceiver) {
+  ForkedWorld world(2, 0, small_staging);
+  const std::vector<std::string> errors = world.run([&](SharedMemoryTransport& transport, std::span<std::byte>) {
+    std::vector<std::int32_t> values(10, 3), small(4, 0);
+    if (transport.rank() == 0) {
+      transport.send(1, 9, bytes_of(values), test_operation).wait(never);
+    } else {
+      world.await(0, 0);
+      transport.recv(0, 9, bytes_of(small), test_operation).wait(never);
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "shm test: recv from rank 0 (tag gradients:0 step 0 segment 9) on rank 1: message of 40 bytes "
+                       "from rank 0 does not fit the receive buffer of 16 bytes");
+}
+
 TEST(SharedMemoryTransport, MessageTooLargeFailsBothSides) {
   ForkedWorld world(2);
   const std::vector<std::string> errors = world.run([&](SharedMemoryTransport& transport, std::span<std::byte>) {
@@ -226,7 +279,7 @@ TEST(SharedMemoryTransport, ExternalCheckEndsASleepingWait) {
   const std::size_t bytes = SharedMemoryTransport::region_bytes(1);
   SharedRegion region = SharedRegion::anonymous(bytes);
   int checks = 0;
-  SharedMemoryTransport transport(std::move(region), {0}, 0, 1, never, [&](const std::string& waiter) {
+  SharedMemoryTransport transport(std::move(region), {0}, 0, 1, SharedMemoryStaging{}, never, [&](const std::string& waiter) {
     if (++checks == 3) throw PeerFailedError(waiter + " aborted: rank 5 failed: on another host");
   });
   ASSERT_TRUE(transport.usable());
@@ -240,6 +293,42 @@ TEST(SharedMemoryTransport, ExternalCheckEndsASleepingWait) {
               "shm test: recv from rank 0 (tag gradients:0 step 0 segment 3) on rank 0 aborted: rank 5 failed: on another host");
   }
   EXPECT_EQ(checks, 3);
+}
+
+// recv_in_place of an eager message reads it in its staging slot (lent, not copied into the posted
+// buffer); the slot is free again once the Request goes, so later eager messages find it.
+TEST(SharedMemoryTransport, InPlaceRecvReadsAStagedMessageWhereItIs) {
+  ForkedWorld world(2, sizeof(std::int32_t) * 4, small_staging);
+  expect_all_ok(world.run([&](SharedMemoryTransport& transport, std::span<std::byte> output) {
+    if (transport.rank() == 0) {
+      for (int i = 0; i < 6; ++i) {
+        const std::vector<std::int32_t> value = {100 + i};
+        transport.send(1, 2, bytes_of(value), test_operation).wait(never);  // eager: done once posted
+        world.await(0, i + 1);
+      }
+      return;
+    }
+    auto* out = reinterpret_cast<std::int32_t*>(output.data());
+    for (int i = 0; i < 6; ++i) {
+      std::vector<std::int32_t> posted = {-1};
+      Request receive = transport.recv_in_place(0, 2, bytes_of(posted), test_operation);
+      const std::span<const std::byte> message = receive.wait_in_place(never, bytes_of(posted));
+      std::int32_t value = 0;
+      std::memcpy(&value, message.data(), sizeof value);
+      check(value == 100 + i, "lent message " + std::to_string(i));
+      out[0] += message.data() != reinterpret_cast<const std::byte*>(posted.data()) ? 1 : 0;  // lent
+      out[1] += posted[0] == -1 ? 1 : 0;                                                        // not copied
+      out[2] = std::max(out[2], transport.busy_staging_slots_for_tests());
+      receive = Request();
+      out[3] = transport.busy_staging_slots_for_tests();
+      world.signal(0).store(i + 1);
+    }
+  }));
+  const std::span<std::int32_t> out = world.output_as<std::int32_t>(1);
+  EXPECT_EQ(out[0], 6);  // every message lent
+  EXPECT_EQ(out[1], 6);
+  EXPECT_EQ(out[2], 1);  // one slot held while read
+  EXPECT_EQ(out[3], 0);  // and released
 }
 
 // A dropped (cancelled) unmatched recv is never filled: the next recv with its tag gets the message.
@@ -268,7 +357,8 @@ TEST(SharedMemoryTransport, CancelledRecvIsNotMatched) {
 // Posts to a member whose mailbox lock is busy are deferred, then posted in order by the sender's
 // next wait; a deferred send that is cancelled never arrives.
 TEST(SharedMemoryTransport, PostsBehindABusyMailboxLockAreDeferredInOrder) {
-  ForkedWorld world(2);
+ for (const SharedMemoryStaging staging : {SharedMemoryStaging{}, small_staging}) {
+  ForkedWorld world(2, 0, staging);
   expect_all_ok(world.run([&](SharedMemoryTransport& transport, std::span<std::byte>) {
     if (transport.rank() == 1) {
       std::vector<std::vector<std::int32_t>> got(3, std::vector<std::int32_t>(1, -1));
@@ -294,6 +384,7 @@ TEST(SharedMemoryTransport, PostsBehindABusyMailboxLockAreDeferredInOrder) {
     first.wait(never);
     third.wait(never);
   }));
+ }
 }
 
 // Two threads of each process exchange at once over one transport.
@@ -331,16 +422,18 @@ struct ProcessAllreduceCase {
   std::string codec;
   int ranks;
   std::size_t count;
+  bool staging;
 };
 std::ostream& operator<<(std::ostream& out, const ProcessAllreduceCase& c) {
-  return out << c.algorithm << " " << c.codec << " " << c.ranks << " ranks " << c.count << " values";
+  return out << c.algorithm << " " << c.codec << " " << c.ranks << " ranks " << c.count << " values"
+             << (c.staging ? ", small staging" : "");
 }
 
 class SharedMemoryAllreduce : public ::testing::TestWithParam<ProcessAllreduceCase> {};
 
 TEST_P(SharedMemoryAllreduce, SumsAcrossProcesses) {
   const ProcessAllreduceCase c = GetParam();
-  ForkedWorld world(c.ranks, c.count * sizeof(float));
+  ForkedWorld world(c.ranks, c.count * sizeof(float), c.staging ? small_staging : SharedMemoryStaging{});
   expect_all_ok(world.run([&](SharedMemoryTransport& transport, std::span<std::byte> output) {
     const std::unique_ptr<Codec> codec = make_codec(c.codec);
     AllreduceOptions options = patient_options;
@@ -352,6 +445,9 @@ TEST_P(SharedMemoryAllreduce, SumsAcrossProcesses) {
       allreduce->run(data, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(round)));
     }
     std::memcpy(output.data(), data.data(), c.count * sizeof(float));
+    world.signal(0).fetch_add(1);
+    world.await(0, c.ranks);
+    check(transport.busy_staging_slots_for_tests() == 0, "a staging slot was not released");
   }));
   std::vector<std::vector<float>> results;
   for (int rank = 0; rank < c.ranks; ++rank) {
@@ -372,9 +468,11 @@ std::vector<ProcessAllreduceCase> process_allreduce_cases() {
   for (const std::string& algorithm : allreduce_algorithm_names()) {
     for (const int ranks : {2, 3, 4}) {
       for (const std::size_t count : {std::size_t{0}, std::size_t{2}, std::size_t{20000}}) {
-        cases.push_back({algorithm, "none", ranks, count});
+        cases.push_back({algorithm, "none", ranks, count, false});
+        cases.push_back({algorithm, "none", ranks, count, true});
       }
-      cases.push_back({algorithm, "int8", ranks, 20000});
+      cases.push_back({algorithm, "int8", ranks, 20000, false});
+      cases.push_back({algorithm, "int8", ranks, 20000, true});
     }
   }
   return cases;
@@ -384,7 +482,8 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, SharedMemoryAllreduce, ::testing::ValuesIn(
                          [](const ::testing::TestParamInfo<ProcessAllreduceCase>& info) {
                            std::string name = info.param.algorithm + "_" + info.param.codec + "_" +
                                               std::to_string(info.param.ranks) + "_ranks_" +
-                                              std::to_string(info.param.count);
+                                              std::to_string(info.param.count) +
+                                              (info.param.staging ? "_staged" : "");
                            for (char& ch : name) {
                              if (ch == '-') ch = '_';
                            }

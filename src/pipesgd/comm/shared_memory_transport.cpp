@@ -57,13 +57,18 @@ struct alignas(64) Slot {
   std::uint64_t bytes = 0;        // a send's payload size, a recv's capacity
   std::uint64_t transferred = 0;  // set by the completer
   std::uint64_t message_bytes = 0;  // kTooLarge: the message's size
+  std::uint32_t staged = 0;       // a completed recv: k + 1 if its message is in staging slot k of (peer, owner)
 };
 
-// A mailbox entry: an unmatched operation of member `member`, slot `slot`, with tag `tag`.
+// A mailbox entry: an unmatched operation of member `member`, slot `slot`, with tag `tag`. A send
+// entry with `staged` = k + 1 is an eager message of `bytes` bytes in staging slot k of its pair (its
+// operation slot is done with).
 struct Entry {
   std::uint64_t tag;
   std::int32_t member;
   std::uint32_t slot;
+  std::uint32_t staged;
+  std::uint64_t bytes;
 };
 
 struct Member {
@@ -84,6 +89,8 @@ struct Region {
   std::atomic<std::uint32_t> probe_failures{0};
   std::atomic<std::uint32_t> failure_claimed{0};  // the first reporter writes the message
   std::atomic<std::uint32_t> failed{0};           // set after the message is written
+  std::uint64_t staging_slot_bytes = 0;           // member 0's staging, checked by the others
+  std::uint32_t staging_slots_per_pair = 0;
   char failure_message[kFailureMessageBytes];
   // Member structures follow at kMembersOffset.
 };
@@ -196,12 +203,15 @@ void remove_entry(Entry* entries, std::uint32_t& count, std::uint32_t index) {
 
 }  // namespace
 
-// A matched pair: the payload of `send_slot` of member `sender` goes to `recv_slot` of `receiver`.
+// A matched pair: the payload of `send_slot` of member `sender` (or, if `staged` = k + 1, the `bytes`
+// in staging slot k of the pair) goes to `recv_slot` of `receiver`.
 struct Match {
   int sender = -1;
   std::uint32_t send_slot = 0;
   int receiver = -1;
   std::uint32_t recv_slot = 0;
+  std::uint32_t staged = 0;
+  std::uint64_t bytes = 0;
 };
 
 // One send or recv of this process: a process-local handle on slot `index` of this member's slots.
@@ -209,8 +219,12 @@ class Operation final : public RequestState {
  public:
   Operation(SharedMemoryTransport& transport, std::uint32_t index) : transport_(transport), index_(index) {}
 
-  void start(bool is_send, int peer, int peer_member, Tag tag, std::byte* data, std::size_t bytes, const char* operation) {
+  void start(bool is_send, bool in_place, int peer, int peer_member, Tag tag, std::byte* data, std::size_t bytes,
+             const char* operation) {
     is_send_ = is_send;
+    in_place_ = in_place;
+    staged_ = 0;
+    lent_ = false;
     peer_ = peer;
     peer_member_ = peer_member;
     tag_ = tag;
@@ -224,9 +238,12 @@ class Operation final : public RequestState {
     own.bytes = bytes;
     own.transferred = 0;
     own.message_bytes = 0;
+    own.staged = 0;
   }
 
   std::size_t wait(Timeout timeout) override;
+  std::span<const std::byte> wait_in_place(Timeout timeout, std::span<const std::byte> posted) override;
+  bool lends() const override { return lent_; }
   bool test() override;
   void cancel() override;
 
@@ -238,6 +255,10 @@ class Operation final : public RequestState {
   // The member whose mailbox holds this operation while it is unmatched: the receiver's.
   int mailbox() const { return is_send_ ? peer_member_ : transport_.self_; }
   bool leaked() const { return leaked_; }
+  std::size_t bytes() { return slot().bytes; }
+  // A send whose payload is in staging slot k of (this member, peer): k + 1, else 0.
+  std::uint32_t staged() const { return staged_; }
+  void set_staged(std::uint32_t staged) { staged_ = staged; }
   std::atomic<bool> deferred{false};  // waiting in this process's deferred queue of mailbox()
 
   std::string describe_wait() const {
@@ -247,7 +268,12 @@ class Operation final : public RequestState {
 
  private:
   std::uint32_t phase() { return slot().state.load(std::memory_order_acquire) & kPhaseMask; }
+  // Blocks until the slot is done (or throws: timeout, failure).
+  void await_done(Timeout timeout);
+  // After await_done: copies a staged message out and frees its staging slot; throws the outcome's error.
   std::size_t finish();
+  // Frees the staging slot of a received staged message (once read).
+  void release_staged();
 
   SharedMemoryTransport& transport_;
   const std::uint32_t index_;
@@ -256,6 +282,9 @@ class Operation final : public RequestState {
   int peer_member_ = -1;
   Tag tag_ = 0;
   const char* operation_ = "";
+  bool in_place_ = false;  // a recv_in_place: a staged message may be read in place
+  std::uint32_t staged_ = 0;
+  bool lent_ = false;      // wait_in_place returned a staging slot's bytes: freed by cancel()
   bool finished_ = true;
   bool leaked_ = false;  // never reused: a copy into or out of it may still come
 };
@@ -340,21 +369,78 @@ SharedRegion::~SharedRegion() {
 // ---------------------------------------------------------------------------------------------------
 // SharedMemoryTransport
 
-std::size_t SharedMemoryTransport::region_bytes(int members) {
-  return shm_detail::kMembersOffset + static_cast<std::size_t>(members) * sizeof(Member);
+namespace {
+
+std::size_t round_up(std::size_t value, std::size_t to) { return (value + to - 1) / to * to; }
+
+// The region's parts: members, then the staging busy flags (one per slot of every ordered pair),
+// then the staging slots' bytes (page-aligned).
+std::size_t staging_flags_offset(int members) {
+  return round_up(shm_detail::kMembersOffset + static_cast<std::size_t>(members) * sizeof(Member), 64);
+}
+std::size_t staging_slot_count(int members, SharedMemoryStaging staging) {
+  if (staging.slot_bytes == 0) return 0;
+  return static_cast<std::size_t>(members) * static_cast<std::size_t>(members) *
+         static_cast<std::size_t>(staging.slots_per_pair);
+}
+std::size_t staging_data_offset(int members, SharedMemoryStaging staging) {
+  return round_up(staging_flags_offset(members) + staging_slot_count(members, staging) * sizeof(std::atomic<std::uint32_t>),
+                  4096);
+}
+
+}  // namespace
+
+SharedMemoryStaging SharedMemoryTransport::staging_for(int members, std::size_t available_bytes) {
+  if (members < 2) return {};
+  const std::size_t pairs = static_cast<std::size_t>(members) * static_cast<std::size_t>(members - 1);
+  const std::size_t budget = std::min(kStagingBudget, available_bytes / 4);
+  const std::size_t per_pair = budget / pairs / kStagingSlotBytes;
+  if (per_pair == 0) return {};
+  return SharedMemoryStaging{kStagingSlotBytes, static_cast<int>(std::min<std::size_t>(per_pair, kStagingSlotsPerPair))};
+}
+
+std::size_t SharedMemoryTransport::region_bytes(int members, SharedMemoryStaging staging) {
+  return staging_data_offset(members, staging) + staging_slot_count(members, staging) * staging.slot_bytes;
+}
+
+std::atomic<std::uint32_t>& SharedMemoryTransport::staging_busy(int sender, int receiver, std::uint32_t k) const {
+  const std::size_t index = (static_cast<std::size_t>(sender) * members_.size() + static_cast<std::size_t>(receiver)) *
+                                static_cast<std::size_t>(staging_.slots_per_pair) + k;
+  auto* flags = reinterpret_cast<std::atomic<std::uint32_t>*>(region_.bytes().data() + staging_offset_);
+  return flags[index];
+}
+
+std::byte* SharedMemoryTransport::staging_data(int sender, int receiver, std::uint32_t k) const {
+  const std::size_t index = (static_cast<std::size_t>(sender) * members_.size() + static_cast<std::size_t>(receiver)) *
+                                static_cast<std::size_t>(staging_.slots_per_pair) + k;
+  return region_.bytes().data() + staging_data_offset_ + index * staging_.slot_bytes;
+}
+
+std::uint32_t SharedMemoryTransport::claim_staging(int receiver) const {
+  for (std::uint32_t k = 0; k < static_cast<std::uint32_t>(staging_.slots_per_pair); ++k) {
+    std::atomic<std::uint32_t>& busy = staging_busy(self_, receiver, k);
+    std::uint32_t free = 0;
+    if (busy.load(std::memory_order_relaxed) == 0 && busy.compare_exchange_strong(free, 1, std::memory_order_acquire)) {
+      return k + 1;
+    }
+  }
+  return 0;
 }
 
 SharedMemoryTransport::SharedMemoryTransport(SharedRegion region, std::vector<int> members, int world_rank,
-                                             int world_size, Timeout startup_timeout,
+                                             int world_size, SharedMemoryStaging staging, Timeout startup_timeout,
                                              std::function<void(const std::string&)> external_check)
     : region_(std::move(region)),
       members_(std::move(members)),
       member_of_rank_(static_cast<std::size_t>(std::max(world_size, 0)), -1),
       world_rank_(world_rank),
       world_size_(world_size),
+      staging_(staging.slot_bytes > 0 && staging.slots_per_pair > 0 ? staging : SharedMemoryStaging{}),
       external_check_(std::move(external_check)) {
   const int count = static_cast<int>(members_.size());
-  PIPESGD_ASSERT(count >= 1 && region_.mapped() && region_.bytes().size() >= region_bytes(count));
+  PIPESGD_ASSERT(count >= 1 && region_.mapped() && region_.bytes().size() >= region_bytes(count, staging_));
+  staging_offset_ = staging_flags_offset(count);
+  staging_data_offset_ = staging_data_offset(count, staging_);
   for (int i = 0; i < count; ++i) {
     const int rank = members_[static_cast<std::size_t>(i)];
     PIPESGD_ASSERT(rank >= 0 && rank < world_size && member_of_rank_[static_cast<std::size_t>(rank)] < 0);
@@ -379,8 +465,18 @@ SharedMemoryTransport::SharedMemoryTransport(SharedRegion region, std::vector<in
   me.probe_value = shm_detail::probe_word;
   me.pid.store(static_cast<std::int32_t>(getpid()), std::memory_order_release);
   for (std::uint32_t i = 0; i < kSlots; ++i) pool_.push_back(std::make_shared<Operation>(*this, i));
+  if (self_ == 0) {
+    shared_->staging_slot_bytes = staging_.slot_bytes;
+    shared_->staging_slots_per_pair = static_cast<std::uint32_t>(staging_.slots_per_pair);
+  }
 
   wait_for_members(0, startup_timeout);
+  if (shared_->staging_slot_bytes != staging_.slot_bytes ||
+      shared_->staging_slots_per_pair != static_cast<std::uint32_t>(staging_.slots_per_pair)) {
+    throw CommError(concat("shared-memory transport: rank ", world_rank_, " was set up with staging slots of ",
+                           staging_.slot_bytes, " bytes x ", staging_.slots_per_pair, ", rank ", members_[0], " with ",
+                           shared_->staging_slot_bytes, " x ", shared_->staging_slots_per_pair));
+  }
   // Cross-memory attach to every other member, and agreement on the result.
   for (int i = 0; i < count; ++i) {
     if (i == self_) continue;
@@ -433,7 +529,8 @@ int SharedMemoryTransport::member_index(int world_rank, const char* operation) c
 }
 
 std::string SharedMemoryTransport::describe() const {
-  return concat("shared memory (", members_.size(), " processes of this host; futex waits, cross-memory attach)");
+  return concat("shared memory (", members_.size(), " processes of this host; futex waits, cross-memory attach",
+                staging_.slot_bytes > 0 ? concat(", eager messages up to ", staging_.slot_bytes / 1024, " KiB") : "", ")");
 }
 
 bool SharedMemoryTransport::failed() const { return shared_->failed.load(std::memory_order_acquire) != 0; }
@@ -466,6 +563,16 @@ std::shared_ptr<void> SharedMemoryTransport::hold_mailbox_lock_for_tests() {
   return std::shared_ptr<void>(&mutex, [](void* held) { pthread_mutex_unlock(static_cast<pthread_mutex_t*>(held)); });
 }
 
+int SharedMemoryTransport::busy_staging_slots_for_tests() const {
+  int busy = 0;
+  for (std::size_t sender = 0; sender < members_.size(); ++sender) {
+    for (int k = 0; k < staging_.slots_per_pair; ++k) {
+      busy += staging_busy(static_cast<int>(sender), self_, static_cast<std::uint32_t>(k)).load() != 0 ? 1 : 0;
+    }
+  }
+  return busy;
+}
+
 std::shared_ptr<Operation> SharedMemoryTransport::acquire(const char* operation) {
   std::lock_guard lock(pool_mutex_);
   for (std::size_t n = 0; n < pool_.size(); ++n) {
@@ -483,19 +590,29 @@ std::shared_ptr<Operation> SharedMemoryTransport::acquire(const char* operation)
 
 Request SharedMemoryTransport::send(int peer, Tag tag, std::span<const std::byte> bytes, const char* operation) {
   bytes_sent_.fetch_add(bytes.size(), std::memory_order_relaxed);
-  return post(peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size(), true, operation);
+  return post(peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size(), true, false, operation);
 }
 
 Request SharedMemoryTransport::recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) {
-  return post(peer, tag, buffer.data(), buffer.size(), false, operation);
+  return post(peer, tag, buffer.data(), buffer.size(), false, false, operation);
+}
+
+Request SharedMemoryTransport::recv_in_place(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) {
+  return post(peer, tag, buffer.data(), buffer.size(), false, true, operation);
 }
 
 Request SharedMemoryTransport::post(int peer, Tag tag, std::byte* data, std::size_t bytes, bool is_send,
-                                    const char* operation) {
+                                    bool in_place, const char* operation) {
   PIPESGD_ASSERT(usable_);
   const int peer_member = member_index(peer, operation);
   std::shared_ptr<Operation> op = acquire(operation);
-  op->start(is_send, peer, peer_member, tag, data, bytes, operation);
+  op->start(is_send, in_place, peer, peer_member, tag, data, bytes, operation);
+  if (is_send && bytes > 0 && bytes <= staging_.slot_bytes && peer_member != self_) {
+    if (const std::uint32_t staged = claim_staging(peer_member)) {
+      std::memcpy(staging_data(self_, peer_member, staged - 1), data, bytes);
+      op->set_staged(staged);
+    }
+  }
   Deferred& deferred = deferred_[static_cast<std::size_t>(op->mailbox())];
   std::optional<Match> match;
   {
@@ -509,10 +626,20 @@ Request SharedMemoryTransport::post(int peer, Tag tag, std::byte* data, std::siz
       deferred_count_.fetch_add(1, std::memory_order_acq_rel);
       return Request(std::move(op));
     }
-    match = match_or_queue(*op);
+    try {
+      match = match_or_queue(*op);
+    } catch (...) {
+      if (op->staged()) staging_busy(self_, peer_member, op->staged() - 1).store(0, std::memory_order_release);
+      throw;
+    }
   }
   if (match) transfer(*match);
+  posted(*op);
   return Request(std::move(op));
+}
+
+void SharedMemoryTransport::posted(Operation& op) {
+  if (op.staged()) shm_detail::complete(op.slot(), op.bytes(), shm_detail::kOk, 0, op.bytes());
 }
 
 std::optional<Match> SharedMemoryTransport::match_or_queue(Operation& op) {
@@ -525,14 +652,16 @@ std::optional<Match> SharedMemoryTransport::match_or_queue(Operation& op) {
         continue;
       }
       shm_detail::remove_entry(box.recvs, box.unmatched_recvs, i);
-      if (shm_detail::claim(box.slots[entry.slot])) return Match{self_, op.index(), op.mailbox(), entry.slot};
+      if (shm_detail::claim(box.slots[entry.slot])) {
+        return Match{self_, op.index(), op.mailbox(), entry.slot, op.staged(), op.bytes()};
+      }
       // else: a recv its owner withdrew; dropped, look further
     }
     if (box.unmatched_sends == kMailboxEntries) {
       throw CommError(concat(op.describe_wait(), ": more than ", kMailboxEntries,
                              " unmatched shared-memory messages addressed to that rank"));
     }
-    box.sends[box.unmatched_sends++] = Entry{op.tag(), self_, op.index()};
+    box.sends[box.unmatched_sends++] = Entry{op.tag(), self_, op.index(), op.staged(), op.bytes()};
     return std::nullopt;
   }
   Member& sender = member_at(shared_, op.peer_member());
@@ -543,18 +672,29 @@ std::optional<Match> SharedMemoryTransport::match_or_queue(Operation& op) {
       continue;
     }
     shm_detail::remove_entry(box.sends, box.unmatched_sends, i);
+    if (entry.staged) return Match{op.peer_member(), entry.slot, self_, op.index(), entry.staged, entry.bytes};
     if (shm_detail::claim(sender.slots[entry.slot])) return Match{op.peer_member(), entry.slot, self_, op.index()};
   }
   if (box.unmatched_recvs == kMailboxEntries) {
     throw CommError(concat(op.describe_wait(), ": more than ", kMailboxEntries, " unmatched shared-memory receives"));
   }
-  box.recvs[box.unmatched_recvs++] = Entry{op.tag(), op.peer_member(), op.index()};
+  box.recvs[box.unmatched_recvs++] = Entry{op.tag(), op.peer_member(), op.index(), 0, 0};
   return std::nullopt;
 }
 
 void SharedMemoryTransport::transfer(const Match& match) {
-  Slot& send = member_at(shared_, match.sender).slots[match.send_slot];
   Slot& recv = member_at(shared_, match.receiver).slots[match.recv_slot];
+  if (match.staged) {  // the receiver copies it out (or reads it in place) and frees the staging slot
+    if (match.bytes > recv.bytes) {
+      staging_busy(match.sender, match.receiver, match.staged - 1).store(0, std::memory_order_release);
+      shm_detail::complete(recv, 0, shm_detail::kTooLarge, 0, match.bytes);
+      return;
+    }
+    recv.staged = match.staged;
+    shm_detail::complete(recv, match.bytes, shm_detail::kOk, 0, match.bytes);
+    return;
+  }
+  Slot& send = member_at(shared_, match.sender).slots[match.send_slot];
   const std::uint64_t n = send.bytes;
   if (n > recv.bytes) {
     shm_detail::complete(send, 0, shm_detail::kTooLarge, 0, n);
@@ -597,6 +737,7 @@ void SharedMemoryTransport::transfer(const Match& match) {
 bool SharedMemoryTransport::flush(int mailbox, Clock::duration lock_limit) {
   Deferred& deferred = deferred_[static_cast<std::size_t>(mailbox)];
   std::vector<Match> matches;
+  std::vector<std::shared_ptr<Operation>> staged;  // staged sends, complete once posted
   {
     std::unique_lock local(deferred.mutex);
     if (deferred.operations.empty()) return true;
@@ -606,12 +747,14 @@ bool SharedMemoryTransport::flush(int mailbox, Clock::duration lock_limit) {
       Operation& op = *deferred.operations.front();
       std::optional<Match> match = match_or_queue(op);  // may throw (a full mailbox): the rest stay deferred
       op.deferred.store(false, std::memory_order_release);
-      deferred.operations.pop_front();
       deferred_count_.fetch_sub(1, std::memory_order_acq_rel);
       if (match) matches.push_back(*match);
+      if (op.staged()) staged.push_back(deferred.operations.front());
+      deferred.operations.pop_front();
     }
   }
   for (const Match& match : matches) transfer(match);
+  for (const std::shared_ptr<Operation>& op : staged) posted(*op);
   return true;
 }
 
@@ -622,10 +765,24 @@ void SharedMemoryTransport::flush_all(Clock::duration lock_limit) {
 
 namespace shm_detail {
 
+void Operation::release_staged() {
+  Slot& own = slot();
+  if (own.staged == 0) return;
+  transport_.staging_busy(peer_member_, transport_.self_, own.staged - 1).store(0, std::memory_order_release);
+  own.staged = 0;
+}
+
 std::size_t Operation::finish() {
   finished_ = true;
   Slot& own = slot();
-  if (own.outcome == kOk) return own.transferred;
+  if (own.outcome == kOk) {
+    if (own.staged) {  // an eager message: copy it out of its staging slot, which is free again
+      std::memcpy(reinterpret_cast<std::byte*>(own.address),
+                  transport_.staging_data(peer_member_, transport_.self_, own.staged - 1), own.transferred);
+      release_staged();
+    }
+    return own.transferred;
+  }
   std::string why;
   if (own.outcome == kTooLarge) {
     why = is_send_ ? concat("message of ", own.message_bytes, " bytes does not fit the receive buffer of rank ", peer_)
@@ -638,12 +795,27 @@ std::size_t Operation::finish() {
 }
 
 std::size_t Operation::wait(Timeout timeout) {
-  PIPESGD_ASSERT(!finished_);
+  await_done(timeout);
+  return finish();
+}
+
+std::span<const std::byte> Operation::wait_in_place(Timeout timeout, std::span<const std::byte> posted) {
+  await_done(timeout);
+  Slot& own = slot();
+  if (in_place_ && own.staged && own.outcome == kOk) {  // read it where it is; cancel() frees it
+    lent_ = true;
+    return {transport_.staging_data(peer_member_, transport_.self_, own.staged - 1), own.transferred};
+  }
+  return posted.first(finish());
+}
+
+void Operation::await_done(Timeout timeout) {
+  PIPESGD_ASSERT(!finished_ && !lent_);
   const Clock::time_point deadline = Clock::now() + timeout;
   Slot& own = slot();
   // A message about to land costs no sleep: a few polls first.
   for (int polls = 0; polls < 64 && !deferred.load(std::memory_order_acquire); ++polls) {
-    if ((own.state.load(std::memory_order_acquire) & kPhaseMask) == kDone) return finish();
+    if ((own.state.load(std::memory_order_acquire) & kPhaseMask) == kDone) return;
   }
   // A thread with nothing else to run (not a comm thread: e.g. D-Sync's compute thread inside its
   // allreduce) polls, yielding the processor, before it sleeps: a step's partner is often about to
@@ -651,7 +823,7 @@ std::size_t Operation::wait(Timeout timeout) {
   if (!is_communication_thread()) {
     const Clock::time_point spin_until = Clock::now() + SharedMemoryTransport::kPollBeforeSleep;
     while (Clock::now() < spin_until && !deferred.load(std::memory_order_acquire)) {
-      if ((own.state.load(std::memory_order_acquire) & kPhaseMask) == kDone) return finish();
+      if ((own.state.load(std::memory_order_acquire) & kPhaseMask) == kDone) return;
       sched_yield();
     }
   }
@@ -665,7 +837,7 @@ std::size_t Operation::wait(Timeout timeout) {
       transport_.flush_all(Clock::duration::zero());
     }
     std::uint32_t state = own.state.load(std::memory_order_acquire);
-    if ((state & kPhaseMask) == kDone) return finish();
+    if ((state & kPhaseMask) == kDone) return;
     if (transport_.failed()) throw PeerFailedError(concat(describe_wait(), " aborted: ", transport_.failure_message()));
     if (transport_.external_check_) transport_.external_check_(describe_wait());
     if (Clock::now() >= deadline) {
@@ -687,6 +859,12 @@ bool Operation::test() {
 }
 
 void Operation::cancel() {
+  if (lent_) {  // the lent bytes of a staged message go back: its staging slot is free again
+    release_staged();
+    lent_ = false;
+    finished_ = true;
+    return;
+  }
   if (finished_) return;
   finished_ = true;
   if (deferred.load(std::memory_order_acquire)) {
@@ -698,11 +876,15 @@ void Operation::cancel() {
       queue.operations.erase(it);
       transport_.deferred_count_.fetch_sub(1, std::memory_order_acq_rel);
       deferred.store(false, std::memory_order_release);
+      if (staged_) transport_.staging_busy(transport_.self_, peer_member_, staged_ - 1).store(0, std::memory_order_release);
       return;
     }
   }
   Slot& own = slot();
-  if (phase() == kDone) return;
+  if (phase() == kDone) {
+    if (!is_send_) release_staged();  // received but never read
+    return;
+  }
   {
     Member& box = member_at(transport_.shared_, mailbox());
     MailboxLock lock(box.mutex, std::chrono::seconds(1));
@@ -710,7 +892,9 @@ void Operation::cancel() {
       Entry* entries = is_send_ ? box.sends : box.recvs;
       std::uint32_t& count = is_send_ ? box.unmatched_sends : box.unmatched_recvs;
       for (std::uint32_t i = 0; i < count; ++i) {
-        if (entries[i].slot == index_ && entries[i].member == (is_send_ ? transport_.self_ : peer_member_)) {
+        // (an eager send's entry is a message, no longer its slot's: it may carry a reused index)
+        if (entries[i].slot == index_ && entries[i].staged == 0 &&
+            entries[i].member == (is_send_ ? transport_.self_ : peer_member_)) {
           remove_entry(entries, count, i);
           return;  // unmatched: nobody will touch the buffer
         }

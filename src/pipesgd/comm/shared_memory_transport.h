@@ -20,7 +20,13 @@
 // then completes both operations; otherwise it leaves itself in the mailbox for its peer to find. So
 // the second of the two to arrive moves the bytes, and a message needs no thread of the other side
 // to be scheduled. Matching is FIFO per (peer, tag), as the Transport interface requires.
-// recv_in_place copies like recv (no lending across address spaces).
+// Eager messages (SharedMemoryStaging): a send of at most `slot_bytes` first claims one of the
+// staging slots its (sender, receiver) pair has in the region, copies its payload there (memcpy,
+// several times faster than cross-memory attach) and completes as soon as it is posted; the receiver
+// copies it out, or, for recv_in_place, reads it in place (the reduce-scatter's decode-add: one pass)
+// and frees the slot when its Request goes. Larger sends, and sends that find every slot of their
+// pair busy, take the rendezvous above. As with MPI's eager sends, the sender of an eager message
+// does not learn that it did not fit the receive buffer; the receiver does.
 //
 // Failures: report_failure() sets the host's failure flag (with its message) and wakes every waiting
 // operation of every member; their waits throw PeerFailedError "<wait> aborted: rank R failed: ...".
@@ -86,8 +92,23 @@ class SharedRegion {
   std::size_t size_ = 0;
 };
 
+// Eager-message staging of a SharedMemoryTransport (see above); slot_bytes 0: none.
+struct SharedMemoryStaging {
+  std::size_t slot_bytes = 0;
+  int slots_per_pair = 0;
+};
+
 class SharedMemoryTransport final : public Transport {
  public:
+  // The staging a host of `members` processes gets when `available_bytes` of shared memory are free
+  // (statvfs of /dev/shm): kStagingSlotBytes slots, up to kStagingSlotsPerPair per pair, within a
+  // quarter of what is free and at most kStagingBudget in all (pages are only used once touched: a
+  // ring touches p of the p(p-1) pairs); none when not even one slot per pair fits.
+  static constexpr std::size_t kStagingSlotBytes = 1 << 20;
+  static constexpr int kStagingSlotsPerPair = 4;
+  static constexpr std::size_t kStagingBudget = std::size_t{256} << 20;
+  static SharedMemoryStaging staging_for(int members, std::size_t available_bytes);
+
   static constexpr std::size_t kSlots = 2048;
   static constexpr std::size_t kMailboxEntries = 2048;
   // How long a sleeping wait sleeps at most before it looks at the failure flags and its deadline.
@@ -97,18 +118,19 @@ class SharedMemoryTransport final : public Transport {
   // 13.4-15.0k samples/s without, 14.8-15.3k with 1 ms; 3 ms no better.
   static constexpr std::chrono::microseconds kPollBeforeSleep{1000};
 
-  // Bytes of the region for `members` processes.
-  static std::size_t region_bytes(int members);
+  // Bytes of the region for `members` processes with `staging`.
+  static std::size_t region_bytes(int members, SharedMemoryStaging staging = {});
 
-  // `region`: region_bytes(members.size()) bytes, zero-filled before any member attaches, mapped in
-  // every member. `members`: the world ranks of the member processes, in the same order on every
+  // `region`: region_bytes(members.size(), staging) bytes, zero-filled before any member attaches,
+  // mapped in every member; every member passes the same `staging` (else CommError). `members`: the world ranks of the member processes, in the same order on every
   // member; this process is members[i] == `world_rank` for exactly one i. `world_size`: size() (ranks
   // outside `members` cannot be addressed: UsageError). Every member constructs its transport at
   // about the same time: the constructor waits (at most `startup_timeout`, else CommTimeoutError)
   // until every member has attached, then until every member has tried cross-memory attach to every
   // other, so all agree on usable().
   SharedMemoryTransport(SharedRegion region, std::vector<int> members, int world_rank, int world_size,
-                        Timeout startup_timeout, std::function<void(const std::string& waiter)> external_check = {});
+                        SharedMemoryStaging staging, Timeout startup_timeout,
+                        std::function<void(const std::string& waiter)> external_check = {});
   ~SharedMemoryTransport() override;
   SharedMemoryTransport(const SharedMemoryTransport&) = delete;
   SharedMemoryTransport& operator=(const SharedMemoryTransport&) = delete;
@@ -124,6 +146,7 @@ class SharedMemoryTransport final : public Transport {
   int size() const override { return world_size_; }
   Request send(int peer, Tag tag, std::span<const std::byte> bytes, const char* operation) override;
   Request recv(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) override;
+  Request recv_in_place(int peer, Tag tag, std::span<std::byte> buffer, const char* operation) override;
   void report_failure(const std::string& reason) override;
   std::uint64_t bytes_sent() const override { return bytes_sent_.load(std::memory_order_relaxed); }
   std::string describe() const override;
@@ -135,6 +158,8 @@ class SharedMemoryTransport final : public Transport {
   // Tests only: takes this process's own mailbox lock until the returned handle is destroyed (on
   // the same thread), so that the other members' posts to this process are deferred meanwhile.
   std::shared_ptr<void> hold_mailbox_lock_for_tests();
+  // Tests only: the staging slots of pairs (any member, this one) holding a message not yet released.
+  int busy_staging_slots_for_tests() const;
 
  private:
   friend class shm_detail::Operation;
@@ -143,7 +168,15 @@ class SharedMemoryTransport final : public Transport {
 
   int member_index(int world_rank, const char* operation) const;
   std::shared_ptr<shm_detail::Operation> acquire(const char* operation);
-  Request post(int peer, Tag tag, std::byte* data, std::size_t bytes, bool is_send, const char* operation);
+  Request post(int peer, Tag tag, std::byte* data, std::size_t bytes, bool is_send, bool in_place,
+               const char* operation);
+  // Staging slot k (0-based) of pair (sender, receiver): its busy flag and its bytes.
+  std::atomic<std::uint32_t>& staging_busy(int sender, int receiver, std::uint32_t k) const;
+  std::byte* staging_data(int sender, int receiver, std::uint32_t k) const;
+  // Claims a free staging slot of pair (self, receiver): k + 1, or 0 if all are busy.
+  std::uint32_t claim_staging(int receiver) const;
+  // Called once `op` is posted (matched or queued, no lock held): a staged send completes then.
+  void posted(shm_detail::Operation& op);
   // Under the lock of op's mailbox: removes op's match from it (claiming the match's slot) and
   // returns the pair, or adds op to it.
   std::optional<shm_detail::Match> match_or_queue(shm_detail::Operation& op);
@@ -164,6 +197,9 @@ class SharedMemoryTransport final : public Transport {
   int world_size_ = 1;
   int self_ = 0;  // this process's member index
   bool usable_ = false;
+  SharedMemoryStaging staging_;
+  std::size_t staging_offset_ = 0;  // of the busy flags; the slots' bytes follow at staging_data_offset_
+  std::size_t staging_data_offset_ = 0;
   std::function<void(const std::string&)> external_check_;
   std::atomic<std::uint64_t> bytes_sent_{0};
 

@@ -3,6 +3,7 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <array>
@@ -132,7 +133,18 @@ class MpiTransport::Impl {
   // Collective over `host`: local rank 0 creates the shared-memory object and names it to the others;
   // every process maps it, then it is unlinked (nothing is left in /dev/shm, whatever happens later).
   std::string attach_shared_memory(MPI_Comm host, int host_rank, std::vector<int> members) {
-    const std::size_t bytes = SharedMemoryTransport::region_bytes(static_cast<int>(members.size()));
+    // Local rank 0 sizes the eager-message staging by what /dev/shm has free, and tells the others.
+    std::array<std::uint64_t, 2> staging_fields{};
+    if (host_rank == 0) {
+      struct statvfs space {};
+      const std::size_t available =
+          statvfs("/dev/shm", &space) == 0 ? static_cast<std::size_t>(space.f_bavail) * space.f_frsize : 0;
+      const SharedMemoryStaging chosen = SharedMemoryTransport::staging_for(static_cast<int>(members.size()), available);
+      staging_fields = {chosen.slot_bytes, static_cast<std::uint64_t>(chosen.slots_per_pair)};
+    }
+    MPI_Bcast(staging_fields.data(), 2, MPI_UINT64_T, 0, host);
+    const SharedMemoryStaging staging{static_cast<std::size_t>(staging_fields[0]), static_cast<int>(staging_fields[1])};
+    const std::size_t bytes = SharedMemoryTransport::region_bytes(static_cast<int>(members.size()), staging);
     std::array<char, kShmNameBytes> name{};
     SharedRegion region;
     std::string failure;
@@ -164,7 +176,7 @@ class MpiTransport::Impl {
                     failure.empty() ? std::string() : concat(" (", failure, ")"));
     }
     auto lanes = std::make_unique<SharedMemoryTransport>(
-        std::move(region), members, rank_, size_, kSharedMemoryStartup,
+        std::move(region), members, rank_, size_, staging, kSharedMemoryStartup,
         [this](const std::string& waiter) {
           if (failure_noticed()) throw_peer_failed(waiter);
         });
