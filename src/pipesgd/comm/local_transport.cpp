@@ -54,8 +54,7 @@ struct Operation final : RequestState {
   std::condition_variable completed;
 
   std::string describe_wait() const {
-    return concat(operation, ": ", is_send ? "send to" : "recv from", " rank ", peer, " (",
-                  describe_tag(tag), ") on rank ", owner);
+    return describe_message_wait(operation, is_send, peer, tag, owner);
   }
 
   std::size_t wait(Timeout timeout) override {

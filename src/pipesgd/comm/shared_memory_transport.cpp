@@ -262,8 +262,7 @@ class Operation final : public RequestState {
   std::atomic<bool> deferred{false};  // waiting in this process's deferred queue of mailbox()
 
   std::string describe_wait() const {
-    return concat(operation_, ": ", is_send_ ? "send to" : "recv from", " rank ", peer_, " (", describe_tag(tag_),
-                  ") on rank ", transport_.world_rank_);
+    return describe_message_wait(operation_, is_send_, peer_, tag_, transport_.world_rank_);
   }
 
  private:

@@ -13,4 +13,9 @@ std::string describe_tag(Tag tag) {
   return concat("tag ", channel_name, ":", fields.sequence, " step ", fields.step, " segment ", fields.segment);
 }
 
+std::string describe_message_wait(const char* operation, bool is_send, int peer, Tag tag, int rank) {
+  return concat(operation, ": ", is_send ? "send to" : "recv from", " rank ", peer, " (", describe_tag(tag), ") on rank ",
+                rank);
+}
+
 }  // namespace pipesgd

@@ -66,6 +66,10 @@ constexpr TagFields decode_tag(Tag tag) {
 // "tag gradients:17 step 3 segment 0": the fields of a message tag, for error messages.
 std::string describe_tag(Tag tag);
 
+// "<operation>: send to rank P (tag ...) on rank R" (or "recv from"): how every transport names a
+// wait in its errors, before " timed out after S s" or " aborted: ...".
+std::string describe_message_wait(const char* operation, bool is_send, int peer, Tag tag, int rank);
+
 // The state of one outstanding operation; implemented by each transport.
 class RequestState {
  public:

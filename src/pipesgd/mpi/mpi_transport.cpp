@@ -384,8 +384,7 @@ class MpiTransport::Impl {
 };
 
 std::string MpiRequest::describe_wait() const {
-  return concat(operation_, ": ", is_send_ ? "send to" : "recv from", " rank ", peer_, " (",
-                describe_tag(tag_), ") on rank ", owner_.rank());
+  return describe_message_wait(operation_, is_send_, peer_, tag_, owner_.rank());
 }
 
 bool MpiRequest::poll() {
