@@ -120,6 +120,20 @@ expect_success "weights/dsync-mpi-exit-0" $? "$R/mpi-dsync.out" "$R/mpi-dsync.er
 checksum_check "weights/dsync-mpi-equals-local" "$R/local-dsync" "$R/mpi-dsync/rank0/out" same
 
 local_vs_mpi pipe --algo pipe
+# The ranks of this host talk through shared memory by default; PIPESGD_MPI_SHARED_MEMORY=0 sends
+# everything through MPI: the same weights either way, and the start-up line says which route.
+PIPESGD_MPI_SHARED_MEMORY=0 mpi_run 3 -- train --transport mpi --algo pipe --iters 30 --no-eval \
+  --out "$R/mpi-pipe-mpi-path" >"$R/mpi-pipe-mpi-path.out" 2>"$R/mpi-pipe-mpi-path.err"
+expect_success "weights/pipe-mpi-path-exit-0" $? "$R/mpi-pipe-mpi-path.out" "$R/mpi-pipe-mpi-path.err"
+checksum_check "weights/pipe-mpi-path-equals-shared-memory" "$R/mpi-pipe" "$R/mpi-pipe-mpi-path" same
+mpi_run 3 -- train --transport mpi --algo pipe --iters 3 --no-eval --data synthetic \
+  >"$R/mpi-pipe-shm-line.out" 2>"$R/mpi-pipe-shm-line.err"
+if grep -q "^pipesgd train: .*the 3 ranks of this host through shared memory" "$R/mpi-pipe-shm-line.out" &&
+   grep -q "^pipesgd train: .*same-host peers through MPI (PIPESGD_MPI_SHARED_MEMORY=0" "$R/mpi-pipe-mpi-path.out"; then
+  pass "transport/start-up-line-names-the-route"
+else
+  fail "transport/start-up-line-names-the-route" "$(head -c 300 "$R/mpi-pipe-shm-line.out") | $(head -c 300 "$R/mpi-pipe-mpi-path.out")"
+fi
 local_vs_mpi halving-doubling --algo dsync --allreduce halving-doubling
 # Layer-wise: wfbp's buckets are fixed (one per layer), so its weights are deterministic; the
 # planning step (profile averaging, allreduce probes on Channel::kPlanning) runs over MPI too.
@@ -296,6 +310,8 @@ mpi_usage_error servers-leave-no-worker 2 "--servers 2 leaves no worker among th
 mpi_usage_error servers-workers-mismatch 3 "minus 1 server(s)" train --transport mpi --algo pssync --workers 3 "${S[@]}"
 mpi_usage_error servers-compare-mix 3 "compare cannot mix parameter-server methods" \
   compare --transport mpi --algos dsync,pssync "${S[@]}"
+PIPESGD_MPI_SHARED_MEMORY=yes mpi_usage_error shared-memory-variable 2 \
+  "PIPESGD_MPI_SHARED_MEMORY must be 0 or 1, got 'yes'" train --transport mpi "${S[@]}"
 mpi_usage_error servers-too-many-segments 5 "--servers 4 exceeds the model's 3 parameter segments" \
   train --transport mpi --algo pssync --servers 4 "${S[@]}"
 

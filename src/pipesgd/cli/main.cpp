@@ -100,9 +100,9 @@ int main(int argc, char** argv) {
   if (chosen->command_line) chosen->command_line(command_line);
   // --transport mpi: MPI starts here, after the flags parsed (a typo never needs mpirun to report).
   std::unique_ptr<MpiSession> session;
+  const LaunchEnvironment launch = launch_environment();
   try {
     const bool mpi = chosen->transport && uses_mpi(chosen->transport());
-    const LaunchEnvironment launch = launch_environment();
     // A launch of one rank (mpirun -np 1) without --transport mpi runs as a plain process.
     if (!mpi && launch.several_ranks()) {
       const bool has_transport = static_cast<bool>(chosen->transport);
@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
         throw UsageError("--transport mpi: start pipesgd with mpirun, e.g. mpirun -np 4 pipesgd train "
                          "--transport mpi (see README)");
       }
+      shared_memory_from_environment(true);  // a bad PIPESGD_MPI_SHARED_MEMORY: before MPI starts
       session = std::make_unique<MpiSession>(&argc, &argv);
     }
     init_torch_runtime(1);
@@ -121,7 +122,13 @@ int main(int argc, char** argv) {
     const bool usage = dynamic_cast<const UsageError*>(&error) != nullptr;
     const int exit_code = usage ? 2 : 1;
     if (!session) {
-      std::fprintf(stderr, "pipesgd: error: %s\n", error.what());
+      // Every rank of a launch has the same usage error before MPI starts: rank 0 prints it, the
+      // others give it a moment to (mpirun ends the job at the first non-zero exit).
+      if (usage && launch.rank > 0) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      } else {
+        std::fprintf(stderr, "pipesgd: error: %s\n", error.what());
+      }
       return exit_code;
     }
     // Under MPI: a rank other than 0 that stops because the run was interrupted (another rank told
