@@ -11,8 +11,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -195,6 +198,23 @@ class MailboxLock {
   pthread_mutex_t& mutex_;
   bool owns_ = false;
 };
+
+// How long a cancel waits for a live peer to finish copying into or out of the operation's buffer.
+constexpr std::chrono::seconds kCopierPatience{2};
+
+// True if process `pid` has exited (reaped, or a zombie).
+bool process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* file = std::fopen(path, "r");
+  if (file == nullptr) return true;
+  char line[256] = {};
+  const bool read = std::fgets(line, sizeof line, file) != nullptr;
+  std::fclose(file);
+  const char* state = read ? std::strrchr(line, ')') : nullptr;  // "pid (comm) S ..."
+  return state != nullptr && (state[2] == 'Z' || state[2] == 'X');
+}
 
 void remove_entry(Entry* entries, std::uint32_t& count, std::uint32_t index) {
   std::memmove(entries + index, entries + index + 1, (count - index - 1) * sizeof(Entry));
@@ -905,9 +925,12 @@ void Operation::cancel() {
       return;
     }
   }
-  // Matched: the process that claimed it is copying. The buffer must outlive the copy.
-  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
-  while (phase() != kDone && Clock::now() < deadline) {
+  // Matched: the peer that claimed it is copying, and the buffer must outlive the copy; unless the
+  // peer is gone (killed between its claim and its completion), or stuck (stopped) for longer than
+  // any copy takes, when the slot is given up instead (the run is failing then).
+  const pid_t copier = member_at(transport_.shared_, peer_member_).pid.load(std::memory_order_acquire);
+  const Clock::time_point deadline = Clock::now() + kCopierPatience;
+  while (phase() != kDone && Clock::now() < deadline && !process_gone(copier)) {
     std::uint32_t state = own.state.load(std::memory_order_acquire);
     if ((state & kPhaseMask) == kDone) break;
     if (!(state & kSleeper) && !own.state.compare_exchange_strong(state, state | kSleeper)) continue;

@@ -16,7 +16,10 @@ namespace pipesgd {
 namespace {
 
 constexpr const char* kOperation = "gathering the trace";
-constexpr int kPingPongs = 8;
+// 64: with waits that sleep (the shared-memory transport), a round trip on a loaded machine often
+// includes a wake-up; the best of 8 was off by up to 300 us there (more than two ranks' allreduces
+// of one iteration overlap), the best of 64 was within the overlap in 8 of 8 loaded runs.
+constexpr int kPingPongs = 64;
 // The gathering's messages: a control-channel sequence no run uses (runs use 2 * epochs + 1 at most).
 constexpr Tag kBase = collective_tag(Channel::kControl, 0xfffffff0u);
 constexpr int kOffsetStep = kPingPongs, kSizeStep = kPingPongs + 1, kEventsStep = kPingPongs + 2;

@@ -14,7 +14,7 @@
 namespace pipesgd {
 
 // Collective over `ranks` (every rank of an MPI run; a world of one: this process's events).
-// Rank r > 0 aligns its clock with rank 0's (the best of 8 ping-pongs: rank 0's midpoint minus
+// Rank r > 0 aligns its clock with rank 0's (the best of 64 ping-pongs: rank 0's midpoint minus
 // rank r's stamp, within half a round trip) and sends its events shifted by that offset; rank 0
 // returns everyone's events in rank order, the others an empty array. Waits time out after
 // `timeout`, naming the peer.
