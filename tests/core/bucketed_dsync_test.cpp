@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -198,8 +199,9 @@ TEST(LayerWise, PlanningSeparatesBackwardsTailFromKappa) {
       select_for_test("dsync", {{"--buckets", "wfbp"}, {"--profile-iters", std::to_string(kProfileIterations)}});
   const std::int64_t iterations = kProfileWarmupIterations + kProfileIterations;
   const SoftmaxBatches data = make_softmax_batches(3, 2, iterations, 784, 10, 4);
-  std::vector<PlanningInputs> planned(2);
-  std::vector<bool> reported(2, false);
+  // One slot per rank, each written by its own rank's thread (an optional per rank, not a
+  // vector<bool>: its bits share words, so two ranks' writes would race).
+  std::vector<std::optional<PlanningInputs>> planned(2);
   run_ranks(2, [&](int rank, Transport& transport) {
     FixedBackwardModel model(softmax_factory()(1));
     std::unique_ptr<TrainingMethod> method = make_method(selection, transport, model, 0);
@@ -215,15 +217,12 @@ TEST(LayerWise, PlanningSeparatesBackwardsTailFromKappa) {
     IterationTimes times;
     method->finish(times);
     const std::shared_ptr<MethodReport> report = method->report();
-    if (const PlanningInputs* inputs = report->planning_inputs()) {
-      planned[static_cast<std::size_t>(rank)] = *inputs;
-      reported[static_cast<std::size_t>(rank)] = true;
-    }
+    if (const PlanningInputs* inputs = report->planning_inputs()) planned[static_cast<std::size_t>(rank)] = *inputs;
   });
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE(::testing::Message() << "rank " << rank);
-    ASSERT_TRUE(reported[static_cast<std::size_t>(rank)]) << "no plan was made";
-    const PlanningInputs& inputs = planned[static_cast<std::size_t>(rank)];
+    ASSERT_TRUE(planned[static_cast<std::size_t>(rank)].has_value()) << "no plan was made";
+    const PlanningInputs& inputs = *planned[static_cast<std::size_t>(rank)];
     ASSERT_EQ(inputs.profile.backward_seconds.size(), 2u);
     // The profile travels as float: relative 1e-6.
     EXPECT_NEAR(inputs.profile.backward_seconds[0], FixedBackwardModel::kWeightsSeconds, 1e-8);
