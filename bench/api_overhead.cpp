@@ -1,4 +1,4 @@
-// The C++ API's cost against a bare LibTorch loop and against the CLI (issue 16's acceptance; run by
+// The C++ API's cost against a bare LibTorch loop and against the CLI (run by
 // scripts/api-overhead-bench.sh, which docs/results.md "C++ API overhead" quotes). Public headers
 // only, as a user would write it.
 //

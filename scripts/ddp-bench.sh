@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # D-Sync and Pipe-SGD in the C++ CLI against PyTorch DistributedDataParallel (gloo), 4 processes, on
-# the mlp and the cnn (the acceptance: the CLI's samples/s at least 2x DDP's). For each model
+# the mlp and the cnn (the target: the CLI's samples/s at least 2x DDP's). For each model
 # in mlp, cnn and each method in dsync, pipe it runs
 #
 #   scripts/python-bench.sh --backends ddp,cli --model MODEL --method METHOD --rounds N --iters I
