@@ -58,7 +58,7 @@ class ForkedWorld {
         if (getppid() != parent) _exit(3);
         int status = 0;
         try {
-          SharedMemoryTransport transport(std::move(region), members, rank, ranks_, staging_, std::chrono::seconds(600));
+          SharedMemoryTransport transport(std::move(region), members, rank, ranks_, staging_, std::chrono::hours(1));
           if (!transport.usable()) throw std::runtime_error("cross-memory attach not permitted");
           body(transport, output(rank));
         } catch (const std::exception& error) {

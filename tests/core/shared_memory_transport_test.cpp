@@ -3,8 +3,9 @@
 // rendezvous messages and their mix, in-place reads of staged messages, a message too large for its
 // buffer, timeouts and failure notices that name the wait, cancellation, deferred posting behind a
 // busy mailbox lock, threads of one process at once, and every allreduce algorithm and codec over it
-// against closed-form sums, every staging slot released afterwards. Every wait here has a timeout of minutes or an hour: no
-// test bounds how long a wait may take (a broken transport fails at ctest's timeout instead).
+// against closed-form sums, every staging slot released afterwards. Every wait here that must not
+// expire has an hour: no test bounds how long a wait may take (a broken transport fails at ctest's
+// timeout instead).
 #include "pipesgd/comm/shared_memory_transport.h"
 
 #include <gtest/gtest.h>

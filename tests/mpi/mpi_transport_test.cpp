@@ -23,6 +23,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The timeout of a wait that must not expire: no test bounds how long a wait may take on a loaded
+// machine (a broken transport fails at ctest's timeout instead).
+constexpr Timeout forever = std::chrono::hours(1);
+
 TEST(MpiTransport, RankAndSizeMatchMpi) {
   MpiTransport transport(*test_mpi_runtime);
   int rank = -1, size = -1;
@@ -50,12 +54,12 @@ TEST(MpiTransport, MatchesByTagAcrossChannelsAndSequences) {
   Request s1 = transport.send(right, first, std::as_bytes(std::span(out1)), "test");
   Request s2 = transport.send(right, second, std::as_bytes(std::span(out2)), "test");
   Request s3 = transport.send(right, third, std::as_bytes(std::span(out3)), "test");
-  EXPECT_EQ(r1.wait(10s), 40u);
-  EXPECT_EQ(r2.wait(10s), 80u);
-  EXPECT_EQ(r3.wait(10s), 4u);
-  s1.wait(10s);
-  s2.wait(10s);
-  s3.wait(10s);
+  EXPECT_EQ(r1.wait(forever), 40u);
+  EXPECT_EQ(r2.wait(forever), 80u);
+  EXPECT_EQ(r3.wait(forever), 4u);
+  s1.wait(forever);
+  s2.wait(forever);
+  s3.wait(forever);
   EXPECT_EQ(in1, std::vector<int>(10, left));
   EXPECT_EQ(in2, std::vector<int>(20, left * 2));
   EXPECT_EQ(in3, std::vector<int>(1, left * 3));
@@ -91,7 +95,7 @@ TEST(MpiTransport, OversizedMessageIsACommError) {
   const Tag tag = step_tag(collective_tag(Channel::kGradients, 1), 0, 0);
   Request receive = transport.recv(left, tag, std::as_writable_bytes(std::span(in)), "test");
   Request send = transport.send(right, tag, std::as_bytes(std::span(out)), "test");
-  EXPECT_THROW(receive.wait(10s), CommError);
+  EXPECT_THROW(receive.wait(forever), CommError);
   try {
     send.wait(2s);
   } catch (const CommError&) {
@@ -112,7 +116,7 @@ TEST(MpiTransport, FailureNoticeReachesEveryRank) {
     const Tag tag = step_tag(collective_tag(Channel::kGradients, 3), 0, 0);
     Request never = transport.recv(1, tag, std::as_writable_bytes(std::span(buffer)), "test receive");
     try {  // a PeerFailedError (not a CommTimeoutError) shows the notice ended the wait
-      never.wait(60s);
+      never.wait(forever);
       ADD_FAILURE() << "expected PeerFailedError";  // not FAIL(): the barrier below must be reached
     } catch (const PeerFailedError& error) {
       const std::string message = error.what();
@@ -129,10 +133,10 @@ TEST(MpiTransport, BarrierWaitsForTheLastRank) {
   MPI_Barrier(MPI_COMM_WORLD);
   if (transport.rank() == 0) {
     std::this_thread::sleep_for(400ms);
-    transport.barrier(10s, "test barrier");
+    transport.barrier(forever, "test barrier");
   } else {
     Stopwatch waited;
-    transport.barrier(10s, "test barrier");
+    transport.barrier(forever, "test barrier");
     EXPECT_GE(waited.seconds(), 0.2);  // a lower bound only: a descheduled rank arrives late
   }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -145,13 +149,13 @@ TEST(MpiTransport, FailureNoticeEndsTheBarrier) {
     transport.report_failure("disk on fire");
     MPI_Barrier(MPI_COMM_WORLD);  // the others have given up on their barrier
     try {  // joins it late, so every rank's MPI_Ibarrier completes before MPI_Finalize
-      transport.barrier(10s, "test barrier");
+      transport.barrier(forever, "test barrier");
     } catch (const PeerFailedError&) {
       // it may or may not see its own failure first; either is fine
     }
   } else {
     try {
-      transport.barrier(60s, "test barrier");
+      transport.barrier(forever, "test barrier");
       FAIL() << "expected PeerFailedError";
     } catch (const PeerFailedError& error) {
       const std::string message = error.what();
@@ -217,8 +221,8 @@ TEST(MpiTransport, SimulatedHostsMixSharedMemoryAndMpi) {
     sends.push_back(transport.send(peer, step_tag(collective_tag(Channel::kGradients, 9), 0, static_cast<std::size_t>(rank)),
                                    std::as_bytes(std::span(outbox[static_cast<std::size_t>(peer)])), "test"));
   }
-  for (Request& r : receives) r.wait(60s);
-  for (Request& s : sends) s.wait(60s);
+  for (Request& r : receives) r.wait(forever);
+  for (Request& s : sends) s.wait(forever);
   for (int peer = 0; peer < p; ++peer) {
     EXPECT_EQ(inbox[static_cast<std::size_t>(peer)], std::vector<int>(static_cast<std::size_t>(10 + peer * 1000 + rank), peer * 100 + rank))
         << "from rank " << peer;
@@ -226,7 +230,7 @@ TEST(MpiTransport, SimulatedHostsMixSharedMemoryAndMpi) {
 
   const std::unique_ptr<Codec> none = make_codec("none");
   constexpr std::size_t kCount = 100003;
-  RingAllreduce ring(transport, kCount, *none, AllreduceOptions{60s, 4096});
+  RingAllreduce ring(transport, kCount, *none, AllreduceOptions{forever, 4096});
   std::vector<float> data(kCount);
   for (std::size_t i = 0; i < kCount; ++i) data[i] = static_cast<float>((i % 17) + static_cast<std::size_t>(rank));
   ring.run(data, collective_tag(Channel::kGradients, 10));
@@ -253,7 +257,7 @@ TEST(MpiTransport, FailureNoticeReachesBothRoutes) {
     const Tag tag = step_tag(collective_tag(Channel::kGradients, 4), 0, 0);
     Request never = transport.recv(1, tag, std::as_writable_bytes(std::span(buffer)), "test receive");
     try {
-      never.wait(60s);
+      never.wait(forever);
       ADD_FAILURE() << "expected PeerFailedError";
     } catch (const PeerFailedError& error) {
       EXPECT_NE(std::string(error.what()).find("rank 1 failed: disk on fire"), std::string::npos) << error.what();
