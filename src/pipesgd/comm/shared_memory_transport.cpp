@@ -422,17 +422,18 @@ std::size_t SharedMemoryTransport::region_bytes(int members, SharedMemoryStaging
   return staging_data_offset(members, staging) + staging_slot_count(members, staging) * staging.slot_bytes;
 }
 
+std::size_t SharedMemoryTransport::staging_index(int sender, int receiver, std::uint32_t k) const {
+  return (static_cast<std::size_t>(sender) * members_.size() + static_cast<std::size_t>(receiver)) *
+             static_cast<std::size_t>(staging_.slots_per_pair) + k;
+}
+
 std::atomic<std::uint32_t>& SharedMemoryTransport::staging_busy(int sender, int receiver, std::uint32_t k) const {
-  const std::size_t index = (static_cast<std::size_t>(sender) * members_.size() + static_cast<std::size_t>(receiver)) *
-                                static_cast<std::size_t>(staging_.slots_per_pair) + k;
   auto* flags = reinterpret_cast<std::atomic<std::uint32_t>*>(region_.bytes().data() + staging_offset_);
-  return flags[index];
+  return flags[staging_index(sender, receiver, k)];
 }
 
 std::byte* SharedMemoryTransport::staging_data(int sender, int receiver, std::uint32_t k) const {
-  const std::size_t index = (static_cast<std::size_t>(sender) * members_.size() + static_cast<std::size_t>(receiver)) *
-                                static_cast<std::size_t>(staging_.slots_per_pair) + k;
-  return region_.bytes().data() + staging_data_offset_ + index * staging_.slot_bytes;
+  return region_.bytes().data() + staging_data_offset_ + staging_index(sender, receiver, k) * staging_.slot_bytes;
 }
 
 std::uint32_t SharedMemoryTransport::claim_staging(int receiver) const {
@@ -932,9 +933,9 @@ void Operation::cancel() {
   const Clock::time_point deadline = Clock::now() + kCopierPatience;
   while (phase() != kDone && Clock::now() < deadline && !process_gone(copier)) {
     std::uint32_t state = own.state.load(std::memory_order_acquire);
-    if ((state & kPhaseMask) == kDone) break;
+    if ((state & kPhaseMask) == kDone) break;  // completed since the loop's check: no wake-up will come
     if (!(state & kSleeper) && !own.state.compare_exchange_strong(state, state | kSleeper)) continue;
-    futex_wait(own.state, state | kSleeper, std::chrono::milliseconds(20));
+    futex_wait(own.state, state | kSleeper, SharedMemoryTransport::kWaitSlice);
   }
   if (phase() != kDone) leaked_ = true;  // its copier died mid-copy
 }

@@ -170,7 +170,9 @@ class SharedMemoryTransport final : public Transport {
   std::shared_ptr<shm_detail::Operation> acquire(const char* operation);
   Request post(int peer, Tag tag, std::byte* data, std::size_t bytes, bool is_send, bool in_place,
                const char* operation);
-  // Staging slot k (0-based) of pair (sender, receiver): its busy flag and its bytes.
+  // Staging slot k (0-based) of pair (sender, receiver): its position among all slots, its busy flag
+  // and its bytes.
+  std::size_t staging_index(int sender, int receiver, std::uint32_t k) const;
   std::atomic<std::uint32_t>& staging_busy(int sender, int receiver, std::uint32_t k) const;
   std::byte* staging_data(int sender, int receiver, std::uint32_t k) const;
   // Claims a free staging slot of pair (self, receiver): k + 1, or 0 if all are busy.
