@@ -49,6 +49,31 @@
 // they read as undefined outside that window. Changing .grad() or the parameters by hand between
 // backward and step() is not supported.
 //
+// Your optimizer applies the update (Horovod's and DDP's contract): build the optimizer with your
+// torch::optim optimizer (the constructor that takes it), or give options.optimizer = "external".
+// Then the method does not update the parameters itself: each step it produces the gradient to
+// apply at this step (D-Sync and the layer-wise plans: this iteration's average; Pipe-SGD: that of
+// iteration t-K; SAPipe+dc/none: stale or synchronous per layer, compensated) and hands it over as
+// the parameters' .grad() (undefined for a layer that gets no update this step, e.g. during
+// Pipe-SGD's first K-1 steps), and your optimizer's step() applies it, with its own rule, state,
+// parameter groups and learning rate:
+//
+//   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+//   pipesgd::DistributedOptimizer opt(worker, model, adamw, "pipe");
+//   for (...) {
+//     loss.backward();
+//     opt.synchronize_gradients();   // optional: the gradients to apply are in .grad() now
+//     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);   // edits are applied
+//     opt.step();                    // adamw.step() on them, then the next backward armed
+//   }
+//   opt.finish();                    // the updates in flight, each applied by adamw
+//
+// With "external" and no torch::optim optimizer (the Python front end), the caller applies the
+// .grad() between synchronize_gradients() and step(), and set_apply_callback() gives what applies
+// several updates at once (finish). Methods whose servers apply the update (pssync, asgd, dcasgd,
+// odsgd) and SAPipe's weight prediction (which needs the update rule) are a UsageError here.
+// The state to save is then taken between step() and the next backward by save_state().
+//
 // Saving and restoring (resume; starting every worker from one state): step_and_save_state() is
 // step() that also returns the optimizer's state at the step's boundary, load_state() continues
 // from such a state on a new optimizer, and broadcast_optimizer_state() gives every worker root's.
@@ -63,6 +88,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -88,6 +114,7 @@ struct DistributedOptimizerOptions {
   // "sgd" (momentum, weight decay as torch::optim::SGD, dampening 0, no Nesterov) or "adam"
   // (torch::optim::Adam semantics; learning_rate and weight_decay are its lr and L2). The
   // parameter-server methods' servers run SGD only, as in the CLI (--optimizer is theirs to reject).
+  // "external": your optimizer applies the updates (see the top).
   std::string optimizer = "sgd";
   float learning_rate = 0.1f;  // --lr
   float momentum = 0.0f;       // --momentum (SGD)
@@ -144,6 +171,14 @@ class DistributedOptimizer {
   DistributedOptimizer(Worker& worker, torch::nn::ModuleHolder<ModuleType>& module, const std::string& method_spec,
                        const DistributedOptimizerOptions& options = {})
       : DistributedOptimizer(worker, *module, method_spec, options) {}
+  // Your optimizer applies the updates (options.optimizer becomes "external"; its hyper-parameter
+  // fields are not used). `optimizer` must hold the module's parameters and outlive this object.
+  DistributedOptimizer(Worker& worker, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                       const std::string& method_spec, DistributedOptimizerOptions options = {});
+  template <typename ModuleType>
+  DistributedOptimizer(Worker& worker, torch::nn::ModuleHolder<ModuleType>& module, torch::optim::Optimizer& optimizer,
+                       const std::string& method_spec, const DistributedOptimizerOptions& options = {})
+      : DistributedOptimizer(worker, *module, optimizer, method_spec, options) {}
   // A model given as its layers (the module's constructor finds them: every submodule that owns
   // parameters directly). options.broadcast_initial_parameters broadcasts these parameters (not
   // buffers: broadcast those with Worker::broadcast). UsageError for no layers, an empty or
@@ -156,7 +191,19 @@ class DistributedOptimizer {
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
+  // With the method's own optimizer: see the top. With yours: the method's step unless
+  // synchronize_gradients() ran it already, your optimizer's step() on the handed-over .grad(), and
+  // the next backward armed.
   void step();
+  // With your optimizer: the method's step (communication), leaving the gradients to apply in the
+  // parameters' .grad(), readable and editable until step(). Idempotent until step().
+  void synchronize_gradients();
+  // With "external" and no torch::optim optimizer: what applies the .grad() when the method applies
+  // several updates in one call (finish()). Called on the calling thread.
+  void set_apply_callback(std::function<void()> apply);
+  // With your optimizer: the state between step() and the next backward (your optimizer's own state
+  // is yours to save: torch::save / state_dict). Waits for the communication in flight.
+  OptimizerState save_state();
   // step(), returning the state at its boundary (see OptimizerState): loading it into a new
   // optimizer and running the same steps on the same batches gives the same parameters, bit for
   // bit, as going on with this one. It waits for the communication in flight at the boundary, so

@@ -166,6 +166,28 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("worker"), py::arg("layers"), py::arg("spec"), py::arg("options"), py::keep_alive<1, 2>())
       .def("step", &pipesgd::DistributedOptimizer::step, Released())
+      .def("synchronize_gradients", &pipesgd::DistributedOptimizer::synchronize_gradients, Released())
+      .def(
+          "save_state",
+          [](pipesgd::DistributedOptimizer& optimizer) {
+            pipesgd::OptimizerState state;
+            {
+              py::gil_scoped_release released;
+              state = optimizer.save_state();
+            }
+            return to_bytes(state.bytes);
+          })
+      .def(
+          "set_apply_callback",
+          [](pipesgd::DistributedOptimizer& optimizer, py::function apply) {
+            // Called from finish() (GIL released) on the calling thread: take the GIL for Python.
+            auto shared = std::make_shared<py::function>(std::move(apply));
+            optimizer.set_apply_callback([shared] {
+              py::gil_scoped_acquire acquired;
+              (*shared)();
+            });
+          },
+          py::arg("apply"))
       .def(
           "step_and_save_state",
           [](pipesgd::DistributedOptimizer& optimizer) {

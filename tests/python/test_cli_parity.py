@@ -131,8 +131,9 @@ def python_state(directory, method):
     x = torch.from_numpy(np.load(os.path.join(directory, "data", "train_x.npy")))
     y = torch.from_numpy(np.load(os.path.join(directory, "data", "train_y.npy")))
     mine = slice(R * BATCH, (R + 1) * BATCH)
+    # The fused path: the CLI's update, whose state is taken at the same point as the CLI's checkpoint.
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
-                                   named_parameters=model.named_parameters(), method=method)
+                                   named_parameters=model.named_parameters(), method=method, fused_update=True)
     state = None
     for step in range(STEPS):
         opt.zero_grad()

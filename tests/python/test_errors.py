@@ -138,3 +138,34 @@ def test_uncaught_exception_in_an_interactive_session_does_not_crash():
     for what in ("rank", "allreduce", "step"):
         assert re.search(rf"^(>>> )*AFTER {what} (returned|raised)", result.stdout, re.MULTILINE), output
     assert "END" in result.stdout, output
+
+
+def test_torchrun_style_launch_is_refused_naming_the_variables():
+    """Two processes started as torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT;
+    no MPI launcher): each refuses in init() with one line, instead of training alone."""
+    script = textwrap.dedent("""
+        import pipesgd.torch as hvd
+        try:
+            hvd.init()
+        except RuntimeError as error:
+            print("RuntimeError:", error)
+        print("initialized:", hvd.is_initialized())
+    """)
+    children = []
+    for rank in range(2):
+        env = clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+        children.append(subprocess.Popen([PYTHON, "-c", script], env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True))
+    for rank, child in enumerate(children):
+        out, err = child.communicate(timeout=60)
+        assert child.returncode == 0, err
+        lines = [line for line in out.splitlines() if line.startswith("RuntimeError:")]
+        assert len(lines) == 1, out
+        assert f"RANK={rank} WORLD_SIZE=2 LOCAL_RANK={rank}" in lines[0] and "MASTER_ADDR=127.0.0.1" in lines[0]
+        assert "pipesgdrun -np N" in lines[0]
+        assert "initialized: False" in out
+    # A torchrun world of one process is a world of one.
+    env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    result = run([PYTHON, "-c", "import pipesgd.torch as hvd; hvd.init(); print(hvd.size())"], timeout=60, env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "1", result.stderr

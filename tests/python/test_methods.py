@@ -76,11 +76,20 @@ def batches(steps, seed):
         yield torch.randn(BATCH, 1, 6, 6, generator=generator), ids, ids % 3
 
 
+def predicts_weights(spec):
+    """SAPipe's weight prediction (its default, wp3, and wp1/wp2) needs the method's own update rule."""
+    parts = spec.split("+")
+    return parts[0] == "sapipe" and not any(p in ("dc", "none") for p in parts[1:])
+
+
 def train(spec, steps, compression=hvd.Compression.none, give_model=False, **options):
     torch.manual_seed(4321 + R)  # different initial weights: the optimizer broadcasts rank 0's
     model = MixedNet()
     kwargs = {"model": model} if give_model else {}
-    warns = spec.startswith("sapipe") and not give_model  # SAPipe wants model= for its forward hooks
+    if predicts_weights(spec):
+        kwargs["fused_update"] = True
+    # The fused SAPipe wants model= for its forward hooks.
+    warns = spec.startswith("sapipe") and not give_model and kwargs.get("fused_update", False)
     with pytest.warns(UserWarning, match="model=") if warns else contextlib.nullcontext():
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5),
                                        named_parameters=model.named_parameters(), compression=compression,
@@ -158,7 +167,7 @@ def test_sapipe_without_model_warns():
     with pytest.warns(UserWarning, match="model=your_module"):
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                        named_parameters=model.named_parameters(), method="sapipe+wp3",
-                                       stale_layers=1, buckets="wfbp")
+                                       stale_layers=1, buckets="wfbp", fused_update=True)
     assert all(len(m._forward_pre_hooks) == 0 for m in model.modules())
     for x, ids, y in batches(6, seed=2):
         F.cross_entropy(model(x, ids), y).backward()

@@ -215,21 +215,19 @@ def test_pipe_hand_computed_sequence(staleness):
     assert model.weight.item() == pytest.approx(expected_final, rel=1e-5, abs=1e-6)
 
 
-def test_unsupported_optimizer_raises_naming_it():
+def test_fused_update_refuses_what_its_sgd_and_adam_cannot_do():
     model = fresh_model()
     with pytest.raises(ValueError, match="RMSprop"):
         hvd.DistributedOptimizer(torch.optim.RMSprop(model.parameters(), lr=0.01),
-                                 named_parameters=model.named_parameters())
-
-
-def test_param_groups_with_different_hyper_parameters_raise():
-    model = fresh_model()
+                                 named_parameters=model.named_parameters(), fused_update=True)
     groups = [{"params": model.fc1.parameters(), "lr": 0.1}, {"params": model.fc2.parameters(), "lr": 0.01}]
     with pytest.raises(ValueError, match="param_groups"):
-        hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1), named_parameters=model.named_parameters())
+        hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1), named_parameters=model.named_parameters(),
+                                 fused_update=True)
     groups = [{"params": model.fc1.parameters()}, {"params": model.fc2.parameters(), "weight_decay": 1e-4}]
     with pytest.raises(ValueError, match="weight_decay"):
-        hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1), named_parameters=model.named_parameters())
+        hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1), named_parameters=model.named_parameters(),
+                                 fused_update=True)
 
 
 @pytest.mark.parametrize("cli_arguments,method,options", [
@@ -271,6 +269,20 @@ def test_step_lr_scheduler_on_the_original_optimizer():
     check_against_oracle(model, oracle, fresh_model_parameters())
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_fused_path_equals_general_path_for_sgd(fused):
+    """The fused update (the method's own SGD) and the general path (torch.optim.SGD's step on the
+    handed-over gradient) both equal the single-process oracle."""
+    model = fresh_model()
+    oracle = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
+                                   fused_update=fused)
+    assert opt.fused_update == fused
+    train_distributed(model, opt)
+    train_oracle(oracle, sgd(oracle.parameters()), mean_loss)
+    check_against_oracle(model, oracle, fresh_model_parameters())
+
+
 def test_synchronize_then_step_inside_skip_synchronize():
     """Horovod's pattern for gradient clipping: synchronize(), then step() in skip_synchronize(): one
     update per iteration, the oracle's."""
@@ -294,7 +306,7 @@ def test_save_state_and_load_state_resume_bit_identically(method):
     def run(resume_from=None, first=0):
         model = fresh_model()
         opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
-                                       method=method)
+                                       method=method, fused_update=True)
         if resume_from is not None:
             opt.load_state(resume_from)
         state = None
@@ -324,9 +336,10 @@ def test_parameter_server_method_without_servers_raises():
                                  named_parameters=model.named_parameters(), method="pssync")
 
 
-def test_changing_momentum_after_construction_raises():
+def test_changing_momentum_after_construction_raises_on_the_fused_path():
     model = fresh_model()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
+                                   fused_update=True)
     x, y = next(global_batches(1))
     F.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
     opt.param_groups[0]["momentum"] = 0.5
@@ -337,7 +350,9 @@ def test_changing_momentum_after_construction_raises():
     opt.finish()
     with pytest.raises(ValueError):
         opt.step()  # after finish()
-    with pytest.raises(NotImplementedError, match="save_state"):
+    with pytest.raises(ValueError, match="fused_update=False"):
         opt.state_dict()
-    with pytest.raises(NotImplementedError, match="load_state"):
+    with pytest.raises(ValueError, match="fused_update=False"):
         opt.load_state_dict({})
+    with pytest.raises(ValueError, match="fused_update=False"):
+        opt.synchronize()

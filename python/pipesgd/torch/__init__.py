@@ -16,12 +16,13 @@ a method is implemented here. See docs/user-guide.md, "From PyTorch (Horovod-com
 Differences from Horovod, all deliberate and documented:
   * Collectives run in the order they are issued; ``name=`` is accepted and not used to match
     tensors across ranks. ``*_async`` calls return a handle and run at ``synchronize``/``poll``.
-  * ``DistributedOptimizer.step()`` runs the method's step (communication and update, or for a
-    pipelined method the update of an earlier gradient); the wrapped optimizer's own ``step`` is
-    never called: its class and ``param_groups`` give the update rule and hyper-parameters.
-  * ``synchronize()`` performs the step's communication and update early; the gradients read as
-    ``None`` after it (pipesgd averages and applies them inside the method, so changing them
-    between ``synchronize()`` and ``step()``, e.g. clipping, has no effect: see the user guide).
+  * ``DistributedOptimizer.step()``: the method's step writes the gradient to apply into ``p.grad``
+    (this step's average; for a pipelined method an earlier step's) and the wrapped optimizer's own
+    ``step()`` applies it, as in Horovod: any torch.optim optimizer, param groups and scheduler.
+    ``synchronize()`` leaves those gradients readable and editable (clipping) until ``step()``;
+    ``state_dict()`` is the wrapped optimizer's plus the method's state (key "pipesgd").
+    ``fused_update=True`` (SGD/Adam only; no synchronize()/state_dict()) lets the method update
+    with its own fused SGD/Adam; the parameter-server methods always do.
   * ``Adasum``, process sets other than the global one, ``join`` and the GPU builds raise
     ``NotImplementedError``.
 """
@@ -40,6 +41,7 @@ import zlib
 import torch
 
 from pipesgd import _C
+from pipesgd.torch import _negotiation
 from pipesgd._C import CommError, CommTimeoutError, DataError, PeerFailedError
 
 __all__ = [
@@ -135,16 +137,17 @@ class _State:
     cross_rank = 0
     cross_size = 1
     homogeneous = True
-    pending = []  # async operations not yet run: (handle, function)
+    negotiator = None  # the collectives issued and not yet run (_negotiation.Negotiator)
     optimizers = weakref.WeakSet()  # live DistributedOptimizers, finished at shutdown
-    results = {}
-    next_handle = 0
     previous_excepthook = None
 
 
 _state = _State()
 
 _DEFAULT_TIMEOUT_SECONDS = 120.0
+# How long a rank waits for its peers to submit a collective while every one of them is waiting too
+# (nothing can change then but a mistake of the program: different collectives on different ranks).
+_STALL_SECONDS = 5.0
 
 
 def _under_launcher():
@@ -185,6 +188,8 @@ def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=Tru
         trace_iterations = ""
     elif not isinstance(trace_iterations, str):
         raise ValueError(f"trace_iterations must be a string such as '100:200', got {trace_iterations!r}")
+    if not _under_launcher():
+        _refuse_torchrun_style_launch()
     if _under_launcher():
         session = _C.Session.join_mpi(servers, float(timeout), trace, trace_iterations)
     else:
@@ -207,6 +212,8 @@ def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=Tru
         return
     _state.worker = session.worker()
     _learn_hosts()
+    # A rank whose collective no peer can match waits this long (at most the timeout) before it fails.
+    _state.negotiator = _negotiation.Negotiator(_state.worker, min(float(timeout), _STALL_SECONDS), _OP_NAMES)
 
 
 def _learn_hosts():
@@ -219,6 +226,25 @@ def _learn_hosts():
     _state.cross_rank = distinct.index(host)
     _state.cross_size = len(distinct)
     _state.homogeneous = len({hosts.count(h) for h in distinct}) == 1
+
+
+_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                       "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def _refuse_torchrun_style_launch():
+    """A process started torchrun-style (WORLD_SIZE > 1, no MPI launcher) would train alone while its
+    peers do the same: refused, naming what was found."""
+    try:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world_size = 0
+    if world_size == 1:
+        return
+    found = " ".join(f"{name}={os.environ[name]}" for name in _TORCHRUN_VARIABLES if name in os.environ)
+    raise RuntimeError(f"pipesgd.torch.init: this process was started torchrun-style ({found}) without an MPI "
+                       f"launcher; pipesgd's ranks join through MPI: launch with `pipesgdrun -np N python3 "
+                       f"script.py` or `mpirun -np N ...` (each process would otherwise train alone)")
 
 
 def _shutdown_at_exit():
@@ -245,7 +271,11 @@ def shutdown():
     session = _state.session
     if session is None:
         return
-    _run_pending()
+    if _state.negotiator is not None:
+        try:
+            _state.negotiator.drain()
+        except Exception as error:  # a collective of the program failed; its handle was not synchronized
+            print(f"pipesgd: shutdown: a pending collective failed: {error}", file=sys.stderr)
     # Updates still in flight are applied, and parameter-server methods close their servers' session.
     for optimizer in list(_state.optimizers):
         try:
@@ -255,6 +285,7 @@ def shutdown():
     _state.optimizers = weakref.WeakSet()
     _state.session = None
     _state.worker = None
+    _state.negotiator = None
     session.shutdown()
 
 
@@ -425,9 +456,33 @@ class _AllreduceFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = _allreduce_into(torch.empty_like(grad_output), grad_output, ctx.op, ctx.compression,
-                               ctx.prescale_factor, ctx.postscale_factor)
+        grad = _now("allreduce", None, lambda: _allreduce_into(torch.empty_like(grad_output), grad_output, ctx.op,
+                                                              ctx.compression, ctx.prescale_factor,
+                                                              ctx.postscale_factor),
+                    grad_output, ctx.op, scales=(ctx.prescale_factor, ctx.postscale_factor))
         return grad, None, None, None, None
+
+
+def _negotiator():
+    _worker()
+    return _state.negotiator
+
+
+def _submit(kind, name, run, tensor=None, op=-1, root=-1, scales=(1.0, 1.0)):
+    """Queues a collective for negotiation (peers agree on it before it runs); returns its handle."""
+    if tensor is not None and tensor.device.type != "cpu":
+        raise ValueError(f"pipesgd.torch: tensors must be on the CPU, got one on {tensor.device}")
+    return _negotiator().submit(kind, name, _negotiation.Descriptor(kind, tensor, op, root, scales), run)
+
+
+def _now(kind, name, run, tensor=None, op=-1, root=-1, scales=(1.0, 1.0)):
+    """A blocking collective: submitted, then negotiated and run."""
+    return _negotiator().wait(_submit(kind, name, run, tensor, op, root, scales))
+
+
+def _check_root(root_rank, call):
+    if not isinstance(root_rank, int) or not 0 <= root_rank < size():
+        raise ValueError(f"{call}: root_rank {root_rank!r} is not a worker rank (0..{size() - 1})")
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
@@ -435,55 +490,65 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """A new tensor: the reduction (default: mean) of every worker's `tensor`. Differentiable."""
     _check_process_set(process_set, "allreduce")
     op = _resolve_op(average, op, "allreduce")
-    _run_pending()
     if tensor.requires_grad and op in (Average, Sum):
-        return _AllreduceFunction.apply(tensor, op, compression, prescale_factor, postscale_factor)
-    return _allreduce_into(torch.empty_like(tensor), tensor, op, compression, prescale_factor, postscale_factor)
+        return _now("allreduce", name, lambda: _AllreduceFunction.apply(tensor, op, compression, prescale_factor,
+                                                                        postscale_factor),
+                    tensor, op, scales=(prescale_factor, postscale_factor))
+    return _now("allreduce", name, lambda: _allreduce_into(torch.empty_like(tensor), tensor, op, compression,
+                                                           prescale_factor, postscale_factor),
+                tensor, op, scales=(prescale_factor, postscale_factor))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """In place: `tensor` becomes the reduction over the workers. Returns it."""
     _check_process_set(process_set, "allreduce_")
-    op = _resolve_op(average, op, "allreduce_")
-    _run_pending()
-    return _allreduce_into(tensor, tensor, op, Compression.none, prescale_factor, postscale_factor)
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def _group_names(name, count):
+    return [None] * count if name is None else [f"{name}.{k}" for k in range(count)]
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    return [allreduce(t, average, None, compression, op, prescale_factor, postscale_factor, process_set)
-            for t in tensors]
+    """allreduce of each tensor, negotiated together (one round for the group)."""
+    _check_process_set(process_set, "grouped_allreduce")
+    op = _resolve_op(average, op, "grouped_allreduce")
+    handles = [_submit("allreduce", n, (lambda t=t: _allreduce_into(torch.empty_like(t), t, op, compression,
+                                                                   prescale_factor, postscale_factor)),
+                       t, op, scales=(prescale_factor, postscale_factor))
+               for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    return [synchronize(h) for h in handles]
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set):
-    return [allreduce_(t, average, None, op, prescale_factor, postscale_factor, process_set) for t in tensors]
+    _check_process_set(process_set, "grouped_allreduce_")
+    handles = [allreduce_async_(t, average, n, op, prescale_factor, postscale_factor, process_set)
+               for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    return [synchronize(h) for h in handles]
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Every worker's tensor concatenated along dimension 0 in rank order (dimension 0 may differ)."""
-    _check_process_set(process_set, "allgather")
-    _run_pending()
-    return _worker().allgather(tensor)
+    return synchronize(allgather_async(tensor, name, process_set))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In place: every worker's `tensor` becomes root_rank's. Returns it."""
-    _check_process_set(process_set, "broadcast_")
-    _run_pending()
-    return _broadcast_now(tensor, root_rank)
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """A new tensor holding root_rank's `tensor`."""
-    return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 def barrier(process_set=global_process_set):
+    """Returns once every worker called it (the negotiation round that agrees on it is the barrier)."""
     _check_process_set(process_set, "barrier")
-    _run_pending()
-    _worker().barrier()
+    _now("barrier", None, lambda: None)
 
 
 def join(device=-1):
@@ -491,53 +556,43 @@ def join(device=-1):
                               "same number of batches (e.g. DistributedSampler with drop_last=True)")
 
 
-# Asynchronous forms: a handle now; the operation runs, in issue order, at synchronize() or poll().
-
-def _defer(function):
-    _worker()
-    handle = _state.next_handle
-    _state.next_handle += 1
-    _state.pending.append((handle, function))
-    return handle
-
-
-def _run_pending(upto=None):
-    while _state.pending:
-        handle, function = _state.pending.pop(0)
-        _state.results[handle] = function()
-        if handle == upto:
-            return
-
+# Asynchronous forms: a handle now; the operation runs once every rank submitted it (matched by name,
+# else by order), during any rank's wait: synchronize(), poll() or a blocking collective.
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set):
     _check_process_set(process_set, "allreduce_async")
     op = _resolve_op(average, op, "allreduce_async")
-    return _defer(lambda: _allreduce_into(torch.empty_like(tensor), tensor, op, Compression.none,
-                                          prescale_factor, postscale_factor))
+    return _submit("allreduce", name, lambda: _allreduce_into(torch.empty_like(tensor), tensor, op, Compression.none,
+                                                              prescale_factor, postscale_factor),
+                   tensor, op, scales=(prescale_factor, postscale_factor))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     _check_process_set(process_set, "allreduce_async_")
     op = _resolve_op(average, op, "allreduce_async_")
-    return _defer(lambda: _allreduce_into(tensor, tensor, op, Compression.none, prescale_factor, postscale_factor))
+    return _submit("allreduce", name, lambda: _allreduce_into(tensor, tensor, op, Compression.none, prescale_factor,
+                                                              postscale_factor),
+                   tensor, op, scales=(prescale_factor, postscale_factor))
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     _check_process_set(process_set, "allgather_async")
-    return _defer(lambda: _worker().allgather(tensor))
+    return _submit("allgather", name, lambda: _worker().allgather(tensor), tensor)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     _check_process_set(process_set, "broadcast_async")
+    _check_root(root_rank, "broadcast_async")
     copy = tensor.detach().clone()
-    return _defer(lambda: _broadcast_now(copy, root_rank))
+    return _submit("broadcast", name, lambda: _broadcast_now(copy, root_rank), tensor, root=root_rank)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     _check_process_set(process_set, "broadcast_async_")
-    return _defer(lambda: _broadcast_now(tensor, root_rank))
+    _check_root(root_rank, "broadcast_async_")
+    return _submit("broadcast", name, lambda: _broadcast_now(tensor, root_rank), tensor, root=root_rank)
 
 
 def _broadcast_now(tensor, root_rank):
@@ -546,18 +601,23 @@ def _broadcast_now(tensor, root_rank):
 
 
 def poll(handle):
-    """True once the operation of `handle` is done: it (and every one issued before it) runs now."""
-    if handle not in _state.results:
-        if not any(h == handle for h, _ in _state.pending):
-            raise ValueError(f"poll: unknown handle {handle!r}")
-        _run_pending(upto=handle)
-    return True
+    """True once the operation of `handle` is done. If it is not, one negotiation round runs (it
+    waits for every rank to take part in one) and says whether that completed it."""
+    negotiator = _negotiator()
+    if not negotiator.known(handle):
+        raise ValueError(f"poll: unknown handle {handle!r}")
+    if not negotiator.done(handle):
+        negotiator.round()
+    return negotiator.done(handle)
 
 
 def synchronize(handle):
-    """The result of the asynchronous operation of `handle` (running it first if needed)."""
-    poll(handle)
-    return _state.results.pop(handle)
+    """The result of the asynchronous operation of `handle` (negotiating and running it first if
+    needed); raises its error (e.g. a mismatch between the ranks)."""
+    negotiator = _negotiator()
+    if not negotiator.known(handle):
+        raise ValueError(f"synchronize: unknown handle {handle!r}")
+    return negotiator.wait(handle)
 
 
 # --------------------------------------------------------------------------------------------
@@ -566,8 +626,12 @@ def synchronize(handle):
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """root_rank's `obj` (pickled) on every worker."""
     _check_process_set(process_set, "broadcast_object")
+    _check_root(root_rank, "broadcast_object")
+    return _now("broadcast_object", name, lambda: _broadcast_object_now(obj, root_rank), root=root_rank)
+
+
+def _broadcast_object_now(obj, root_rank):
     worker = _worker()
-    _run_pending()
     if worker.rank == root_rank:
         buffer = io.BytesIO()
         pickle.dump(obj, buffer, protocol=pickle.HIGHEST_PROTOCOL)
@@ -588,8 +652,11 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Every worker's `obj` (pickled), in rank order."""
     _check_process_set(process_set, "allgather_object")
+    return _now("allgather_object", name, lambda: _allgather_object_now(obj))
+
+
+def _allgather_object_now(obj):
     worker = _worker()
-    _run_pending()
     payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
     lengths = worker.allgather(torch.tensor([payload.numel()], dtype=torch.int64)).tolist()
     gathered = worker.allgather(payload).numpy().tobytes()
@@ -615,12 +682,17 @@ def broadcast_parameters(params, root_rank, prefix=None):
                 raise ValueError(f"invalid params of type: {type(params)}: expected a state_dict or (name, tensor) pairs")
     else:
         raise ValueError(f"invalid params of type: {type(params)}")
-    for _, tensor in items:
+    handles = []
+    for name, tensor in items:
         if tensor is None:
             continue
         if not torch.is_tensor(tensor):
             raise ValueError(f"broadcast_parameters: expected tensors, got {type(tensor)}")
-        broadcast_(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor, root_rank)
+        # Negotiated together (a round lists up to 32), each under its name.
+        handles.append(broadcast_async_(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor, root_rank,
+                                        name=f"broadcast_parameters.{name}" if isinstance(name, str) else None))
+    for handle in handles:
+        synchronize(handle)
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None):
@@ -630,11 +702,21 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     (momentum, moments, ...: valid before its first backward, as after a load). For a plain
     torch.optim optimizer: its state_dict.
     """
+    if isinstance(optimizer, _DistributedOptimizer) and not optimizer.fused_update:
+        # The wrapped optimizer's state as Horovod broadcasts it, and the method's (before the first step).
+        state = broadcast_object(optimizer._wrapped_class.state_dict(optimizer), root_rank)
+        if rank() != root_rank:
+            optimizer._wrapped_class.load_state_dict(optimizer, state)
+        if optimizer.iteration == 0:
+            _negotiator().drain()
+            _C.broadcast_optimizer_state(_worker(), optimizer._pipesgd, root_rank)
+        return
     if isinstance(optimizer, _DistributedOptimizer):
         groups = broadcast_object([{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
                                   root_rank)
         for group, values in zip(optimizer.param_groups, groups):
             group.update(values)
+        _negotiator().drain()
         _C.broadcast_optimizer_state(_worker(), optimizer._pipesgd, root_rank)
         return
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -716,9 +798,10 @@ def _layers(optimizer, named_parameters, model):
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, method, model, method_options, timeout):
+                 gradient_predivide_factor, method, model, method_options, timeout, fused_update):
         self._wrapped_class.__init__(self, params)  # shares the wrapped optimizer's param_groups
         worker = _worker()
+        _negotiator().drain()  # the constructor's broadcasts come after every collective issued before it
         if named_parameters is not None:
             named_parameters = list(named_parameters)
         else:
@@ -761,32 +844,51 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         elif compression is not Compression.none and compression is not NoneCompressor:
             raise ValueError("DistributedOptimizer: compression must be hvd.Compression.none or hvd.Compression.fp16 "
                              "(pipesgd compresses inside the ring; method='...+int8' for 8 bits)")
-        hyper, options = _hyper_parameters(self)
-        self._hyper = hyper
         layers = _layers(self, named_parameters, model)
         if not layers:
             raise ValueError("DistributedOptimizer: no parameter that requires grad")
         methods = {m["name"]: m for m in _C.available_methods()}
         base = spec.split("+")[0]
-        self._forward_hooks = model is not None
-        if base == "sapipe" and model is None:
+        servers_update = base in methods and methods[base]["uses_servers"]
+        if fused_update is None:
+            fused_update = servers_update
+        elif not fused_update and servers_update:
+            raise ValueError(f"method '{spec}' applies the update on its parameter servers (SGD): your optimizer "
+                             "cannot apply it (fused_update=False is not possible); use a worker-only method")
+        # The general path (the default): the method hands each step's gradient over as p.grad and the
+        # wrapped optimizer's own step() applies it. The fused path: the method updates with its own
+        # SGD/Adam, taken from the wrapped optimizer's class and param_groups.
+        self._fused = bool(fused_update)
+        if self._fused:
+            hyper, options = _hyper_parameters(self)
+            self._hyper = hyper
+        else:
+            options = {"optimizer": "external"}
+        self._forward_hooks = model is not None and self._fused
+        if base == "sapipe" and model is None and self._fused:
             warnings.warn("pipesgd.torch: method 'sapipe' applies its synchronous layers' updates just before each "
                           "layer's forward through module forward pre-hooks: pass model=your_module to "
                           "DistributedOptimizer; without it they are applied at step()", stacklevel=3)
         if base in methods and methods[base]["uses_servers"] and _state.servers == 0:
             raise ValueError(f"method '{spec}' needs parameter-server ranks: call hvd.init(servers=S) and launch "
                              f"with S more ranks than workers")
-        options.update(lr_schedule="external", flags=flags, backward_passes_per_step=backward_passes_per_step,
-                       sum=(op == Sum), forward_hooks=self._forward_hooks)
+        options.update(flags=flags, backward_passes_per_step=backward_passes_per_step, sum=(op == Sum),
+                       forward_hooks=self._forward_hooks)
+        if self._fused:
+            options["lr_schedule"] = "external"
         if timeout is not None:
             options["timeout"] = float(timeout)
-        if not options["learning_rate"] > 0:
+        if self._fused and not options["learning_rate"] > 0:
             initial = self.param_groups[0].get("initial_lr", 0.0)
             if not initial > 0:
                 raise ValueError(f"DistributedOptimizer: the learning rate is {options['learning_rate']}; pipesgd "
                                  "needs a positive rate at construction (set it later with a scheduler)")
             options["learning_rate"] = float(initial)
         self._pipesgd = _C.DistributedOptimizer(worker, [(name, params) for name, params, _ in layers], spec, options)
+        if not self._fused:
+            # finish() applies the updates still in flight one after another, each by the wrapped step().
+            myself = weakref.ref(self)
+            self._pipesgd.set_apply_callback(lambda: myself()._apply_gradients())
         _state.optimizers.add(self)
         self._method = spec
         self._synchronized = False
@@ -821,33 +923,57 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("DistributedOptimizer: param_groups have different learning rates; pipesgd uses one")
         return float(self.param_groups[0]["lr"])
 
+    @property
+    def fused_update(self):
+        """True if the method applies the update with its own SGD/Adam (fused_update=True, or a
+        parameter-server method); False if the wrapped optimizer's step() applies it (the default)."""
+        return self._fused
+
+    def _apply_gradients(self):
+        """The wrapped optimizer's own step() on the gradients in p.grad."""
+        self._wrapped_class.step(self)
+
     def step(self, closure=None):
-        """The method's step: this step's gradients go to the method, which communicates and updates
-        (a pipelined method applies an earlier step's gradients). The learning rate is the wrapped
-        optimizer's param_groups' at this call, for the update of this step's gradients."""
+        """This step's gradients go to the method. General path (the default): the method's step
+        (unless synchronize() ran it) leaves the gradient to apply in p.grad (this step's average;
+        a pipelined method's earlier one; None for a parameter that gets no update this step), and the
+        wrapped optimizer's step() applies it, with its own rule, param_groups and learning rate.
+        Fused path: the method communicates and updates with its own SGD/Adam at the
+        param_groups' learning rate of this call."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._synchronized:
-            if self._should_synchronize:
-                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
-                              "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
-                              "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
-                              "your code.")
-            self._synchronized = False
+        if self._synchronized and self._should_synchronize:
+            warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                          "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                          "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                          "your code.")
+        if self._fused:
+            if self._synchronized:
+                self._synchronized = False
+                return loss
+            self._pipesgd.set_learning_rate(self._check_hyper_parameters())
+            self._pipesgd.step()
             return loss
-        self._pipesgd.set_learning_rate(self._check_hyper_parameters())
-        self._pipesgd.step()
+        if not self._synchronized:
+            self._pipesgd.synchronize_gradients()
+        self._synchronized = False
+        self._apply_gradients()
+        self._pipesgd.step()  # arms the next backward
         return loss
 
     def synchronize(self):
-        """Completes this step's communication now: the method's step runs here (communication and
-        update), and the step() that follows (inside skip_synchronize()) does nothing more."""
+        """Completes this step's communication now: the gradients to apply are in p.grad afterwards,
+        readable and editable (clipping, ...); the step() that follows applies what is there."""
         if self._synchronized:
             return
-        self._pipesgd.set_learning_rate(self._check_hyper_parameters())
-        self._pipesgd.step()
+        if self._fused:
+            raise ValueError(f"DistributedOptimizer.synchronize(): method '{self._method}' applies the update "
+                             "inside the method (fused_update=True or a parameter-server method), so the "
+                             "gradients cannot be read or edited before step(); use the default "
+                             "fused_update=False with a worker-only method")
+        self._pipesgd.synchronize_gradients()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -873,27 +999,57 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._pipesgd.iteration
 
     def state_dict(self):
-        raise NotImplementedError("pipesgd.torch.DistributedOptimizer.state_dict: use save_state(), which steps "
-                                  "and returns the method's whole state as bytes, and load_state(bytes)")
+        """The wrapped optimizer's state_dict, plus the method's state (its updates in flight, codec
+        residuals, ...) under the key "pipesgd": torch.save it and load_state_dict() it into a new
+        DistributedOptimizer of the same configuration to resume bit for bit. Call it between step()
+        and the next backward (it waits for the communication in flight)."""
+        if self._fused:
+            raise ValueError(f"DistributedOptimizer.state_dict(): method '{self._method}' keeps its update's state "
+                             "inside the method (fused_update=True or a parameter-server method); use "
+                             "save_state()/load_state(), or the default fused_update=False with a worker-only method")
+        state = self._wrapped_class.state_dict(self)
+        state["pipesgd"] = {"method": self._method, "state": self._pipesgd.save_state()}
+        return state
+
+    def load_state_dict(self, state_dict):
+        """The wrapped optimizer's state, and the method's state saved with it by state_dict(): call it on a
+        new DistributedOptimizer before its first backward (on every rank, each with its own state for a
+        bit-identical resume of the method's per-rank state)."""
+        if self._fused:
+            raise ValueError(f"DistributedOptimizer.load_state_dict(): method '{self._method}' keeps its update's "
+                             "state inside the method (fused_update=True or a parameter-server method); use "
+                             "load_state(), or the default fused_update=False with a worker-only method")
+        state_dict = dict(state_dict)
+        method_state = state_dict.pop("pipesgd", None)
+        if method_state is not None and method_state.get("method") != self._method:
+            raise ValueError(f"DistributedOptimizer.load_state_dict: the state was saved with method "
+                             f"'{method_state.get('method')}', this optimizer's is '{self._method}'")
+        self._wrapped_class.load_state_dict(self, state_dict)
+        if method_state is not None:
+            self._pipesgd.load_state(method_state["state"])
 
     def save_state(self):
-        """step() that also returns the optimizer's whole state after it (bytes; resume with load_state)."""
+        """fused_update=True: step(), then the optimizer's whole state after it as bytes (resume with
+        load_state). The general path keeps the wrapped optimizer's state too: use state_dict()."""
+        if not self._fused:
+            raise ValueError("DistributedOptimizer.save_state() is the fused path's (fused_update=True); here the "
+                             "wrapped optimizer applies the update: save optimizer.state_dict() (it holds the "
+                             "method's state too) and resume with load_state_dict()")
         self._pipesgd.set_learning_rate(self._check_hyper_parameters())
         return self._pipesgd.step_and_save_state()
 
     def load_state(self, state):
-        """Continues from save_state()'s bytes (a new optimizer, before its first backward)."""
+        """Continues from save_state()'s bytes (fused_update=True; a new optimizer, before its first backward)."""
+        if not self._fused:
+            raise ValueError("DistributedOptimizer.load_state() is the fused path's (fused_update=True); use "
+                             "load_state_dict() with what state_dict() returned")
         self._pipesgd.load_state(state)
-
-    def load_state_dict(self, state_dict):
-        raise NotImplementedError("pipesgd.torch.DistributedOptimizer.load_state_dict: use load_state(bytes) with "
-                                  "what save_state() returned")
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set, method=None, model=None,
-                         timeout=None, **method_options):
+                         timeout=None, fused_update=None, **method_options):
     """Horovod's DistributedOptimizer, training with a pipesgd method.
 
     The result is an instance of the wrapped optimizer's class (sharing its param_groups, so
@@ -905,6 +1061,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``timeout`` seconds any wait may take; any other keyword is a method option of the CLI, e.g.
     ``staleness=2`` (--staleness-k), ``warmup_iters=100``, ``stale_layers=3``,
     ``compensation="dc"``, ``allreduce="tree"``.
+    ``fused_update``: None (default) or False: the wrapped optimizer's step() applies the gradient
+    the method hands over in p.grad (any torch.optim optimizer); True: the method updates with its
+    own fused SGD/Adam (torch.optim.SGD without nesterov/dampening, or Adam without amsgrad, one set
+    of hyper-parameters; synchronize() and state_dict() raise). The parameter-server methods are
+    always fused (their servers apply the update).
     """
     _check_process_set(process_set, "DistributedOptimizer")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -915,4 +1076,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__),
                {"_wrapped_class": optimizer.__class__})
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, method, model, method_options, timeout)
+               gradient_predivide_factor, method, model, method_options, timeout, fused_update)

@@ -105,6 +105,9 @@ class MethodOptions {
   virtual std::size_t default_segment_bytes() const;
   // The options that change the run's math, as text (a checkpoint's fingerprint; "" if none).
   virtual std::string fingerprint() const { return ""; }
+  // Why the method needs its optimizer's update rule (e.g. to predict weights), so that it cannot
+  // hand its gradients to a caller's optimizer (optim/gradient_handoff.h); "" if it can.
+  virtual std::string needs_update_rule() const { return ""; }
 };
 
 }  // namespace pipesgd

@@ -16,6 +16,7 @@
 #include "pipesgd/api/worker_impl.h"
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/trace.h"
+#include "pipesgd/optim/gradient_handoff.h"
 #include "pipesgd/torch/parameter_binding.h"
 
 namespace pipesgd {
@@ -27,12 +28,17 @@ std::string text_of(float value) {
   return out.str();
 }
 
+// DistributedOptimizerOptions::optimizer when the caller's optimizer applies the updates.
+constexpr const char* kExternalOptimizer = "external";
+
 // The method's option flags: the user's (with "--" added where left out) and the optimizer's.
 OptionValues method_flags(const DistributedOptimizerOptions& options) {
   OptionValues flags;
   for (const auto& [flag, value] : options.flags) flags.set(flag.rfind("--", 0) == 0 ? flag : "--" + flag, value);
   const DistributedOptimizerOptions defaults;
-  if (options.optimizer != defaults.optimizer) flags.set("--optimizer", options.optimizer);
+  if (options.optimizer != defaults.optimizer && options.optimizer != kExternalOptimizer) {
+    flags.set("--optimizer", options.optimizer);
+  }
   if (options.optimizer == "adam" || options.adam_beta1 != defaults.adam_beta1) flags.set("--adam-beta1", text_of(options.adam_beta1));
   if (options.optimizer == "adam" || options.adam_beta2 != defaults.adam_beta2) flags.set("--adam-beta2", text_of(options.adam_beta2));
   if (options.optimizer == "adam" || options.adam_eps != defaults.adam_eps) flags.set("--adam-eps", text_of(options.adam_eps));
@@ -171,10 +177,74 @@ struct DistributedOptimizer::Impl final : FlatParameters {
                  static_cast<std::uint32_t>(options.backward_passes_per_step));
   }
   // The method's beginning of iteration t (what it records on the calling thread's trace carries t,
-  // as does the next backward's), then the next backward armed.
+  // as does the next backward's), then the next backward armed; with the caller's optimizer
+  // (handoff), the gradients to apply handed over instead and the arming left to step().
   void begin_current_iteration() {
     trace_set_iteration(t);
-    arm(method->begin_iteration(t, times));
+    const std::span<float> next = method->begin_iteration(t, times);
+    if (!handoff) {
+      arm(next);
+      return;
+    }
+    gradients_ = next;
+    hand_over();
+  }
+  // The handed-over gradients as the parameters' grads (undefined where a segment got none).
+  void hand_over() {
+    const auto& tensors = binding->tensors();
+    if (handoff_views.size() != tensors.size()) {  // once per binding (the buffer does not move)
+      handoff_views.clear();
+      for (std::size_t k = 0; k < tensors.size(); ++k) {
+        handoff_views.push_back(torch::from_blob(handoff->gradient.data() + binding->tensor_offset(k),
+                                                 tensors[k].sizes(), torch::kFloat32));
+      }
+    }
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      torch::Tensor parameter = tensors[k];
+      if (handoff->updated[binding->tensor_segment(k)] != 0) {
+        parameter.mutable_grad() = handoff_views[k];
+      } else {
+        parameter.mutable_grad().reset();
+      }
+    }
+    handed_over = true;
+  }
+  // The method's step up to the handed-over gradients (handoff only).
+  void synchronize_gradients() {
+    handoff->clear();
+    if (!method) {
+      first_step();
+    } else {
+      next_step();
+    }
+  }
+  void clear_grads() {
+    for (const torch::Tensor& parameter : binding->tensors()) {
+      torch::Tensor tensor = parameter;
+      tensor.mutable_grad().reset();
+    }
+    handed_over = false;
+  }
+  // After the caller's optimizer applied the handed-over gradients: the next backward armed.
+  void arm_after_hand_over() {
+    clear_grads();
+    arm(gradients_);
+  }
+  // Hands over what is pending and has the caller's optimizer apply it now (several updates in one
+  // call of the method: finish, HandedOverGradients::apply_pending).
+  void apply_handed_over() {
+    if (!handoff->any()) return;
+    hand_over();
+    if (user_optimizer != nullptr) {
+      user_optimizer->step();
+    } else if (apply_callback) {
+      apply_callback();
+    } else {
+      throw UsageError("DistributedOptimizer: the method applies several updates at once here (finish); give the "
+                       "optimizer that applies them (the constructor that takes it, or set_apply_callback)");
+    }
+    clear_grads();
+    handoff->clear();
   }
   void multiply(std::span<float> gradients) const {
     for (float& value : gradients) value *= gradient_multiplier;
@@ -222,6 +292,14 @@ struct DistributedOptimizer::Impl final : FlatParameters {
   std::shared_ptr<ExternalLearningRates> external_rates;
   float base_learning_rate = 0;
   std::span<float> gradients_;
+  // The caller's optimizer applies the updates (options.optimizer "external"): the method hands its
+  // gradients over here; `handed_over` from the method's step until the caller applied them (the
+  // next backward is armed then); views of the buffer per bound tensor (binding order).
+  std::shared_ptr<HandedOverGradients> handoff;
+  torch::optim::Optimizer* user_optimizer = nullptr;  // the C++ constructor's, else nullptr
+  std::function<void()> apply_callback;               // set_apply_callback's
+  bool handed_over = false;
+  std::vector<torch::Tensor> handoff_views;
   IterationTimes times;
   std::int64_t t = 0;
   bool finished = false;
@@ -246,6 +324,8 @@ std::vector<std::byte> DistributedOptimizer::Impl::capture_state(std::int64_t ne
   out.add_int("api.format", kStateFormat);
   out.add_string("api.configuration", configuration());
   out.add_int("api.next_iteration", next);
+  // With the caller's optimizer the state is taken after the method's beginning of `next` (the
+  // caller applied what it handed over): a restore begins `next` again and hands nothing over.
   nlohmann::json layers = nlohmann::json::array();
   for (const Segment& segment : binding->layout().segments()) layers.push_back({segment.name, segment.count});
   out.add_string("api.layers", layers.dump());
@@ -320,10 +400,15 @@ void DistributedOptimizer::Impl::restore_state(std::span<const std::byte> bytes)
     first_gradients.assign(binding->layout().total(), 0.0f);
     arm(first_gradients);
   } else {
+    handoff_views.clear();
     method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length);
     method->load_state(in, next);
     first_gradients = {};
     begin_current_iteration();
+    if (handoff) {
+      handoff->clear();  // applied before the state was saved
+      arm_after_hand_over();
+    }
   }
   failed = false;
 }
@@ -368,6 +453,7 @@ void DistributedOptimizer::Impl::first_step() {
   binding.reset();
   binding = std::make_unique<ParameterBinding>(std::move(segments));
   reorder_layers(forward);
+  handoff_views.clear();
   if (uses_servers && w.workers.rank() == 0) {
     nlohmann::json description;
     description["spec"] = spec;
@@ -478,6 +564,21 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> la
   impl.selection = select_method(method_spec, impl.flags, FlagPolicy::kReject, base);
   const int servers = impl.selection.options->servers();
   impl.uses_servers = servers > 0;
+  if (options.optimizer == kExternalOptimizer) {
+    if (impl.uses_servers) {
+      throw UsageError(concat("'", method_spec, "' applies the update on its parameter servers (SGD), so your optimizer ",
+                              "cannot: use a worker-only method, or let the method update (optimizer \"sgd\")"));
+    }
+    const std::string reason = impl.selection.options->needs_update_rule();
+    if (!reason.empty()) {
+      throw UsageError(concat("'", method_spec, "' cannot hand its gradients to your optimizer: ", reason,
+                              ", or let the method update with its own SGD or Adam"));
+    }
+    impl.handoff = std::make_shared<HandedOverGradients>();
+    impl.handoff->apply_pending = [&impl] { impl.apply_handed_over(); };
+    impl.selection.common.optimizer.name = kExternalOptimizer;
+    impl.selection.common.optimizer.handoff = impl.handoff;
+  }
   if (servers != worker.servers() && impl.uses_servers) {
     throw UsageError(concat("'", method_spec, "' needs ", servers, " parameter-server rank", servers == 1 ? "" : "s",
                             " (--servers ", servers, "); the world has ", worker.servers(),
@@ -525,16 +626,75 @@ DistributedOptimizer::~DistributedOptimizer() {
   impl_->binding.reset();  // the module's parameters become ordinary tensors again
 }
 
+DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                           const std::string& method_spec, DistributedOptimizerOptions options)
+    : DistributedOptimizer(worker, module, method_spec, [&] {
+        options.optimizer = kExternalOptimizer;
+        return options;
+      }()) {
+  impl_->user_optimizer = &optimizer;
+}
+
 void DistributedOptimizer::step() {
   impl_->check_usable("step");
   impl_->stepped = true;
+  try {
+    if (impl_->handoff) {
+      if (!impl_->handed_over) {
+        const StepSpan span(impl_->t);
+        impl_->synchronize_gradients();
+      }
+      if (impl_->user_optimizer != nullptr) impl_->user_optimizer->step();
+      impl_->arm_after_hand_over();
+    } else {
+      const StepSpan span(impl_->t);
+      if (!impl_->method) {
+        impl_->first_step();
+      } else {
+        impl_->next_step();
+      }
+    }
+  } catch (...) {
+    impl_->failed = true;
+    if (impl_->binding) impl_->binding->disarm();
+    throw;
+  }
+}
+
+void DistributedOptimizer::set_apply_callback(std::function<void()> apply) {
+  impl_->check_usable("set_apply_callback");
+  impl_->apply_callback = std::move(apply);
+}
+
+void DistributedOptimizer::synchronize_gradients() {
+  impl_->check_usable("synchronize_gradients");
+  if (!impl_->handoff) {
+    throw UsageError("DistributedOptimizer::synchronize_gradients needs your optimizer to apply the updates "
+                     "(DistributedOptimizerOptions::optimizer \"external\", or the constructor that takes it)");
+  }
+  if (impl_->handed_over) return;
+  impl_->stepped = true;
   const StepSpan span(impl_->t);
   try {
-    if (!impl_->method) {
-      impl_->first_step();
-    } else {
-      impl_->next_step();
-    }
+    impl_->synchronize_gradients();
+  } catch (...) {
+    impl_->failed = true;
+    if (impl_->binding) impl_->binding->disarm();
+    throw;
+  }
+}
+
+OptimizerState DistributedOptimizer::save_state() {
+  impl_->check_usable("save_state");
+  if (!impl_->handoff) {
+    throw UsageError("DistributedOptimizer::save_state needs your optimizer to apply the updates; with the method's "
+                     "own optimizer use step_and_save_state()");
+  }
+  if (impl_->handed_over || !impl_->binding->parameter_readiness_order().empty()) {
+    throw UsageError("DistributedOptimizer::save_state: call it between step() and the next backward");
+  }
+  try {
+    return OptimizerState{impl_->capture_state(impl_->t)};
   } catch (...) {
     impl_->failed = true;
     if (impl_->binding) impl_->binding->disarm();
@@ -544,6 +704,10 @@ void DistributedOptimizer::step() {
 
 OptimizerState DistributedOptimizer::step_and_save_state() {
   impl_->check_usable("step_and_save_state");
+  if (impl_->handoff) {
+    step();
+    return save_state();
+  }
   if (impl_->uses_servers) {
     throw UsageError(concat("DistributedOptimizer::step_and_save_state: '", impl_->spec, "' keeps its state on its ",
                             "parameter servers: the API saves the state of worker-only methods"));
@@ -590,17 +754,27 @@ void DistributedOptimizer::before_layer_forward(std::size_t layer) {
 
 void DistributedOptimizer::zero_grad() {
   impl_->check_usable("zero_grad");
+  if (impl_->handed_over) {  // the gradients to apply, as torch's zero_grad would
+    std::fill(impl_->handoff->gradient.begin(), impl_->handoff->gradient.end(), 0.0f);
+    return;
+  }
   std::fill(impl_->gradients_.begin(), impl_->gradients_.end(), 0.0f);
 }
 
 void DistributedOptimizer::finish() {
   if (impl_->finished) return;
   impl_->check_usable("finish");
+  if (impl_->handed_over) {
+    throw UsageError("DistributedOptimizer::finish after synchronize_gradients(): call step() first, which applies "
+                     "the gradients handed over");
+  }
   impl_->binding->disarm();
   impl_->finished = true;
   if (!impl_->method) return;
   try {
+    if (impl_->handoff) impl_->handoff->clear();
     impl_->method->finish(impl_->times);
+    if (impl_->handoff) impl_->apply_handed_over();
   } catch (...) {
     impl_->failed = true;
     throw;

@@ -16,6 +16,7 @@
 
 #include "pipesgd/core/error.h"
 #include "pipesgd/optim/adam.h"
+#include "pipesgd/optim/gradient_handoff.h"
 #include "pipesgd/optim/optimizer.h"
 #include "pipesgd/optim/sgd.h"
 
@@ -43,6 +44,12 @@ void fused_update(Optimizer& optimizer, std::size_t offset, std::size_t count, b
   if (count == 0) return;
   if (auto* sgd = dynamic_cast<Sgd*>(&optimizer)) {
     Sgd::ElementKernel kernel = sgd->element_kernel();
+    for (std::size_t i = offset; i < offset + count; ++i) body(i, kernel);
+    return;
+  }
+  if (auto* handoff = dynamic_cast<GradientHandoff*>(&optimizer)) {
+    PIPESGD_ASSERT(steps);  // it cannot predict
+    GradientHandoff::ElementKernel kernel = handoff->element_kernel(offset, count);
     for (std::size_t i = offset; i < offset + count; ++i) body(i, kernel);
     return;
   }

@@ -32,10 +32,15 @@ struct AdamOptions {
   float weight_decay = 0.0f;
 };
 
+struct HandedOverGradients;  // optim/gradient_handoff.h
+
 struct OptimizerOptions {
-  std::string name = "sgd";  // "sgd" or "adam"
+  std::string name = "sgd";  // "sgd" or "adam"; "external": the caller's optimizer (see handoff)
   SgdOptions sgd;            // name == "sgd"
   AdamOptions adam;          // name == "adam"
+  // name == "external" (the public API only, never a CLI flag): the method's updates become
+  // gradients handed over here for the caller's own optimizer (optim/gradient_handoff.h).
+  std::shared_ptr<HandedOverGradients> handoff;
 };
 
 // Names accepted for --optimizer.

@@ -70,4 +70,10 @@ std::string SapipeOptions::fingerprint() const {
                 sync_plan, ", profile ", profile_iterations);
 }
 
+std::string SapipeOptions::needs_update_rule() const {
+  if (!predicts(compensation)) return "";
+  return concat("SAPipe's weight prediction (+", compensation_name(compensation),
+                ") computes the next update with the optimizer's own rule: use sapipe+dc or sapipe+none");
+}
+
 }  // namespace pipesgd

@@ -55,6 +55,8 @@ class SapipeOptions final : public MethodOptions {
   int staleness() const override { return 2; }
   bool pipelined() const override { return true; }
   std::string fingerprint() const override;
+  // Weight prediction (wp1-3) computes the next update with the optimizer's rule.
+  std::string needs_update_rule() const override;
 };
 
 }  // namespace pipesgd

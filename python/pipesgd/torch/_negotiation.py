@@ -1,0 +1,237 @@
+"""Peers agree before bytes move: the collectives of pipesgd.torch are negotiated, as Horovod's
+coordinator does, before any of them runs.
+
+Every collective is submitted under a name (the caller's ``name=``, else "noname.<n>" with a counter
+of the unnamed ones, so unnamed collectives match by the order each rank issued them) with a
+descriptor: its kind, reduction op, dtype, shape (allgather: after dimension 0), root and scale
+factors. A rank that must wait for a collective (a blocking call, ``synchronize``, ``poll``) runs
+negotiation rounds: one allgather of a fixed-size int64 table per round, in which every rank lists
+its pending collectives (up to ``_CAPACITY`` of them). From the gathered tables, which every rank
+reads identically, each round
+
+- runs the collectives every rank has submitted, in rank 0's order, after checking that their
+  descriptors agree; a disagreement fails that collective on every rank with Horovod's wording
+  (a RuntimeError), and nothing of it is sent;
+- when some rank has waited longer than its stall limit and nothing could run, fails every
+  collective that some ranks submitted and others did not ("count" mismatches), on the ranks that
+  submitted it, and sets every rank's unnamed-collective counter to the largest, so that the
+  ranks are in step again for the next collective.
+
+A name submitted twice before the first completed is a ValueError on that rank, at once (Horovod's).
+Not thread-safe: the thread that called init() issues the collectives.
+"""
+import time
+import zlib
+
+import torch
+
+_MAGIC = 0x70736764  # "psgd"
+_CAPACITY = 32       # collectives per round and rank
+_WORDS = 16          # int64 words per collective (and of the header)
+_SHAPE_WORDS = 6     # dimensions sent as they are; the rest enter `extra`
+
+KINDS = ["allreduce", "allgather", "broadcast", "barrier", "broadcast_object", "allgather_object", "object"]
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
+           torch.int32, torch.int64, torch.bool]
+_DTYPE_NAMES = {d: str(d).replace("torch.", "") for d in _DTYPES}
+
+
+def _hash64(text):
+    data = text.encode()
+    return (zlib.crc32(data) << 31) ^ zlib.adler32(data) ^ len(data)
+
+
+class Descriptor:
+    """What every rank must agree on for one collective."""
+
+    def __init__(self, kind, tensor=None, op=-1, root=-1, scales=(1.0, 1.0)):
+        self.kind = KINDS.index(kind)
+        self.op = op
+        self.root = root
+        if tensor is not None:
+            self.dtype = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
+            shape = list(tensor.shape)
+            if kind == "allgather":
+                shape = shape[1:] if shape else []  # dimension 0 may differ
+                self.ndim = tensor.dim()
+            else:
+                self.ndim = len(shape)
+        else:
+            self.dtype, shape, self.ndim = -1, [], -1
+        self.shape = shape
+        self.extra = _hash64(repr((shape[_SHAPE_WORDS:], float(scales[0]), float(scales[1]))))
+
+    def words(self, name_hash):
+        dims = (list(self.shape[:_SHAPE_WORDS]) + [-1] * _SHAPE_WORDS)[:_SHAPE_WORDS]
+        row = [name_hash, self.kind, self.op, self.dtype, self.root, self.ndim] + dims + [self.extra, 0, 0, 0]
+        assert len(row) == _WORDS
+        return row
+
+
+def _shape_text(row, kind):
+    ndim = int(row[5])
+    dims = [int(d) for d in row[6:6 + _SHAPE_WORDS] if d >= 0]
+    if kind == "allgather":
+        return f"[?, {', '.join(map(str, dims))}]" if ndim > 1 else "[?]"
+    return "[" + ", ".join(map(str, dims)) + ("" if ndim <= _SHAPE_WORDS else ", ...") + "]"
+
+
+def _dtype_text(code):
+    return _DTYPE_NAMES[_DTYPES[code]] if 0 <= code < len(_DTYPES) else "unknown"
+
+
+def mismatch_message(rows, op_names):
+    """Horovod's wording for the first difference between the ranks' descriptors (rows of words),
+    or None if they agree."""
+    first = rows[0]
+    kind = KINDS[int(first[1])]
+    for row in rows[1:]:
+        if row[1] != first[1]:
+            a, b = KINDS[int(first[1])], KINDS[int(row[1])]
+            return f"Mismatched operations: One rank did an {a}, but another rank did an {b}."
+        if row[3] != first[3]:
+            return (f"Mismatched data types: One rank had type {_dtype_text(int(first[3]))}, but another rank had "
+                    f"type {_dtype_text(int(row[3]))}.")
+        if row[2] != first[2]:
+            return (f"Mismatched {kind} reduction operations: One rank specified {op_names.get(int(first[2]), first[2])}, "
+                    f"but another rank specified {op_names.get(int(row[2]), row[2])}.")
+        if row[4] != first[4]:
+            return (f"Mismatched {kind} root ranks: One rank specified root rank {int(first[4])}, but another rank "
+                    f"specified root rank {int(row[4])}.")
+        if row[5] != first[5]:
+            return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of rank {int(first[5])}, but another "
+                    f"rank sent a tensor of rank {int(row[5])}.")
+        if list(row[6:6 + _SHAPE_WORDS]) != list(first[6:6 + _SHAPE_WORDS]) or row[12] != first[12]:
+            if kind == "allreduce" or kind == "broadcast" or kind == "allgather":
+                return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of shape {_shape_text(first, kind)}, "
+                        f"but another rank sent a tensor of shape {_shape_text(row, kind)}.")
+            return f"Mismatched {kind} arguments (shape or scale factors differ between ranks)."
+    return None
+
+
+class _Pending:
+    __slots__ = ("handle", "name", "name_hash", "descriptor", "run")
+
+    def __init__(self, handle, name, descriptor, run):
+        self.handle, self.name, self.descriptor, self.run = handle, name, descriptor, run
+        self.name_hash = _hash64(name)
+
+
+class Negotiator:
+    """The pending collectives of this process and the rounds that run them (see the module's doc)."""
+
+    def __init__(self, worker, stall_seconds, op_names):
+        self._worker = worker
+        self._stall_seconds = stall_seconds
+        self._op_names = op_names
+        self._pending = []             # _Pending in submission order
+        self._names = set()
+        self._results = {}             # handle -> result, or ("error", exception)
+        self._next_handle = 0
+        self._unnamed = 0  # unnamed collectives submitted
+
+    def submit(self, kind, name, descriptor, run):
+        """Queues a collective; returns its handle. ValueError for a name already pending."""
+        if name is None:
+            name = f"noname.{self._unnamed}"
+            self._unnamed += 1
+        name = str(name)
+        if name in self._names:
+            raise ValueError(f"Requested to {kind} a tensor with the same name as another tensor that is currently "
+                             f"being processed. If you want to request another tensor, use a different tensor "
+                             f"name. (name '{name}')")
+        handle = self._next_handle
+        self._next_handle += 1
+        self._pending.append(_Pending(handle, name, descriptor, run))
+        self._names.add(name)
+        return handle
+
+    def known(self, handle):
+        return handle in self._results or any(p.handle == handle for p in self._pending)
+
+    def done(self, handle):
+        return handle in self._results
+
+    def wait(self, handle):
+        """Runs rounds until `handle` completed; returns its result or raises its error."""
+        started = time.monotonic()
+        idle = 0.0
+        while handle not in self._results:
+            stalled = time.monotonic() - started > self._stall_seconds
+            if self.round(stalled):
+                idle = 0.0
+            else:
+                idle = min(0.01, idle * 2 + 0.0005)
+                time.sleep(idle)
+        return self.take(handle)
+
+    def take(self, handle):
+        result = self._results.pop(handle)
+        if isinstance(result, tuple) and len(result) == 2 and result[0] is _ERROR:
+            raise result[1]
+        return result
+
+    def drain(self):
+        """Runs rounds until nothing of this rank is pending (errors stay with their handles)."""
+        if not self._pending:
+            return
+        self.wait(self._pending[-1].handle)
+
+    def round(self, stalled=False):
+        """One negotiation round (a collective: every rank's round pairs with one of every other
+        rank's). Returns True if a collective completed or failed."""
+        worker = self._worker
+        listed = self._pending[:_CAPACITY]
+        table = torch.zeros(1 + _CAPACITY, _WORDS, dtype=torch.int64)
+        header = [_MAGIC, len(listed), 1 if stalled else 0, self._unnamed]
+        table[0, :len(header)] = torch.tensor(header, dtype=torch.int64)
+        for k, entry in enumerate(listed):
+            table[1 + k] = torch.tensor(entry.descriptor.words(entry.name_hash), dtype=torch.int64)
+        gathered = worker.allgather(table.unsqueeze(0)).tolist()  # [rank][row][word]
+        size = len(gathered)
+        lists = []
+        for r in range(size):
+            count = int(gathered[r][0][1])
+            lists.append({int(row[0]): row for row in gathered[r][1:1 + count]})
+        mine = {entry.name_hash: entry for entry in listed}
+        progressed = False
+        # Rank 0's order: what every rank listed runs (or fails on every rank).
+        for row0 in gathered[0][1:1 + int(gathered[0][0][1])]:
+            name_hash = int(row0[0])
+            if not all(name_hash in lists[r] for r in range(size)):
+                continue
+            entry = mine[name_hash]
+            message = mismatch_message([lists[r][name_hash] for r in range(size)], self._op_names)
+            self._remove(entry)
+            progressed = True
+            if message is not None:
+                self._results[entry.handle] = (_ERROR, RuntimeError(f"{message} (collective '{entry.name}')"))
+                continue
+            try:
+                self._results[entry.handle] = entry.run()
+            except Exception as error:  # a peer's failure, a timeout: the world is broken
+                self._results[entry.handle] = (_ERROR, error)
+                raise
+        if progressed or not any(int(gathered[r][0][2]) for r in range(size)):
+            return progressed
+        # A rank stalled and nothing could run: what some ranks submitted and others did not fails
+        # where it was submitted; the unnamed counter becomes the largest of any rank.
+        everywhere = set.intersection(*(set(l) for l in lists))
+        for name_hash, entry in list(mine.items()):
+            if name_hash in everywhere:
+                continue
+            missing = [r for r in range(size) if name_hash not in lists[r]]
+            self._remove(entry)
+            self._results[entry.handle] = (_ERROR, RuntimeError(
+                f"Mismatched collectives: '{entry.name}' ({KINDS[entry.descriptor.kind]}) was not submitted by "
+                f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} within {self._stall_seconds:g} s "
+                f"(the ranks issued different collectives)"))
+        self._unnamed = max(int(gathered[r][0][3]) for r in range(size))
+        return True
+
+    def _remove(self, entry):
+        self._pending.remove(entry)
+        self._names.discard(entry.name)
+
+
+_ERROR = object()

@@ -1,0 +1,167 @@
+// The public API with the user's torch::optim optimizer applying the update (the constructor that
+// takes it): D-Sync equals single-process training with the same optimizer on the concatenated
+// batch; Pipe-SGD equals the per-iteration rule (step t applies iteration t+1-K's gradient; finish
+// the last K-1); gradients edited between synchronize_gradients() and step() are applied; methods
+// that cannot hand their gradients over are refused.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipesgd/distributed_optimizer.h"
+#include "pipesgd/world.h"
+#include "test_modules.h"
+
+namespace {
+
+using pipesgd::DistributedOptimizer;
+using pipesgd::Worker;
+using pipesgd_test::ThreeLayerNet;
+
+constexpr std::int64_t kBatch = 3;
+constexpr int kSteps = 6;
+
+std::vector<torch::Tensor> parameters_of(torch::nn::Module& module) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : module.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+double relative_error(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    diff += (a[k].to(torch::kFloat64) - b[k].to(torch::kFloat64)).pow(2).sum().item<double>();
+    norm += b[k].to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  return std::sqrt(diff / norm);
+}
+
+ThreeLayerNet fresh_net() {
+  torch::manual_seed(11);
+  return ThreeLayerNet();
+}
+
+// The global batch of step t: workers * kBatch rows; worker r's are rows [r * kBatch, (r+1) * kBatch).
+struct Batch {
+  torch::Tensor x, y;
+};
+Batch global_batch(int t, int workers) {
+  torch::manual_seed(100 + t);
+  return {torch::randn({workers * kBatch, 4}), torch::randint(0, 3, {workers * kBatch}, torch::kInt64)};
+}
+
+std::unique_ptr<torch::optim::Optimizer> adamw(ThreeLayerNet& net) {
+  return std::make_unique<torch::optim::AdamW>(net->parameters(),
+                                               torch::optim::AdamWOptions(0.02).betas({0.8, 0.99}).weight_decay(0.05));
+}
+
+using Edit = std::function<void(ThreeLayerNet&)>;
+
+// Every worker's weights after kSteps steps and finish() with `spec` and AdamW.
+std::vector<std::vector<torch::Tensor>> train(int workers, const std::string& spec, const Edit& edit = {}) {
+  std::vector<std::vector<torch::Tensor>> result(static_cast<std::size_t>(workers));
+  pipesgd::run_threads(workers, [&](Worker& w) {
+    ThreeLayerNet net = fresh_net();
+    auto optimizer = adamw(net);
+    DistributedOptimizer opt(w, net, *optimizer, spec);
+    for (int t = 0; t < kSteps; ++t) {
+      const Batch batch = global_batch(t, workers);
+      const std::int64_t first = w.rank() * kBatch;
+      torch::nn::functional::cross_entropy(net->forward(batch.x.slice(0, first, first + kBatch)),
+                                           batch.y.slice(0, first, first + kBatch))
+          .backward();
+      if (edit) {
+        opt.synchronize_gradients();
+        edit(net);
+      }
+      opt.step();
+    }
+    opt.finish();
+    result[static_cast<std::size_t>(w.rank())] = parameters_of(*net);
+  });
+  return result;
+}
+
+// Single process: step t applies the full batch's gradient of iteration t + 1 - staleness (the
+// gradients computed at the weights each iteration ran on); then the last staleness - 1.
+std::vector<torch::Tensor> oracle(int workers, int staleness, const Edit& edit = {}) {
+  ThreeLayerNet net = fresh_net();
+  auto optimizer = adamw(net);
+  std::vector<std::vector<torch::Tensor>> gradients;
+  auto apply = [&](const std::vector<torch::Tensor>& gradient) {
+    auto parameters = net->parameters();
+    for (std::size_t k = 0; k < parameters.size(); ++k) parameters[k].mutable_grad() = gradient[k].clone();
+    if (edit) edit(net);
+    optimizer->step();
+  };
+  for (int t = 0; t < kSteps; ++t) {
+    const Batch batch = global_batch(t, workers);
+    optimizer->zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(batch.x), batch.y).backward();
+    std::vector<torch::Tensor> gradient;
+    for (const auto& p : net->parameters()) gradient.push_back(p.grad().clone());
+    gradients.push_back(gradient);
+    if (t + 1 - staleness >= 0) apply(gradients[static_cast<std::size_t>(t + 1 - staleness)]);
+  }
+  for (int t = std::max(kSteps + 1 - staleness, 0); t < kSteps; ++t) apply(gradients[static_cast<std::size_t>(t)]);
+  return parameters_of(*net);
+}
+
+struct Case {
+  int workers;
+  std::string spec;
+  int staleness;
+  friend std::ostream& operator<<(std::ostream& out, const Case& c) {
+    return out << c.spec << " with AdamW, " << c.workers << " workers";
+  }
+};
+
+class UserOptimizer : public ::testing::TestWithParam<Case> {};
+
+TEST_P(UserOptimizer, EqualsTheSingleProcessRule) {
+  const Case c = GetParam();
+  const auto expected = oracle(c.workers, c.staleness);
+  EXPECT_GT(relative_error(parameters_of(*fresh_net()), expected), 1e-3);  // the oracle trained
+  for (const auto& replica : train(c.workers, c.spec)) EXPECT_LE(relative_error(replica, expected), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Methods, UserOptimizer,
+                         ::testing::Values(Case{1, "dsync", 1}, Case{2, "dsync", 1}, Case{3, "dsync", 1},
+                                           Case{2, "wfbp", 1}, Case{2, "pipe", 2}, Case{3, "pipe", 2}),
+                         [](const auto& info) {
+                           return info.param.spec + "_" + std::to_string(info.param.workers) + "_workers";
+                         });
+
+TEST(UserOptimizer, ClippedGradientsAreApplied) {
+  const Edit clip = [](ThreeLayerNet& net) { torch::nn::utils::clip_grad_norm_(net->parameters(), 0.01); };
+  const auto expected = oracle(2, 1, clip);
+  const auto unclipped = oracle(2, 1);
+  EXPECT_GT(relative_error(expected, unclipped), 1e-3);  // clipping changes the run
+  for (const auto& replica : train(2, "dsync", clip)) EXPECT_LE(relative_error(replica, expected), 1e-5);
+}
+
+TEST(UserOptimizer, MethodsThatCannotHandOverAreRefused) {
+  pipesgd::run_threads(1, [&](Worker& w) {
+    ThreeLayerNet net = fresh_net();
+    auto optimizer = adamw(net);
+    try {
+      DistributedOptimizer opt(w, net, *optimizer, "sapipe+wp3");
+      ADD_FAILURE() << "sapipe+wp3 handed its gradients over";
+    } catch (const pipesgd::UsageError& error) {
+      EXPECT_NE(std::string(error.what()).find("sapipe+dc"), std::string::npos) << error.what();
+    }
+  });
+}
+
+TEST(UserOptimizer, SynchronizeGradientsNeedsTheUsersOptimizer) {
+  pipesgd::run_threads(1, [&](Worker& w) {
+    ThreeLayerNet net = fresh_net();
+    DistributedOptimizer opt(w, net, "dsync");
+    EXPECT_THROW(opt.synchronize_gradients(), pipesgd::UsageError);
+  });
+}
+
+}  // namespace
