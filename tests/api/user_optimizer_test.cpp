@@ -39,18 +39,34 @@ double relative_error(const std::vector<torch::Tensor>& a, const std::vector<tor
   return std::sqrt(diff / norm);
 }
 
-ThreeLayerNet fresh_net() {
-  torch::manual_seed(11);
-  return ThreeLayerNet();
+// The initial weights, drawn once (LibTorch's generator is shared by the worker threads: they copy).
+const std::vector<torch::Tensor>& initial_weights() {
+  static const std::vector<torch::Tensor> weights = [] {
+    torch::manual_seed(11);
+    return parameters_of(*ThreeLayerNet());
+  }();
+  return weights;
 }
 
-// The global batch of step t: workers * kBatch rows; worker r's are rows [r * kBatch, (r+1) * kBatch).
+ThreeLayerNet fresh_net() {
+  ThreeLayerNet net;
+  torch::NoGradGuard no_grad;
+  auto parameters = net->parameters();
+  for (std::size_t k = 0; k < parameters.size(); ++k) parameters[k].copy_(initial_weights()[k]);
+  return net;
+}
+
+// The global batch of each step: workers * kBatch rows; worker r's are rows [r * kBatch, (r+1) * kBatch).
 struct Batch {
   torch::Tensor x, y;
 };
-Batch global_batch(int t, int workers) {
-  torch::manual_seed(100 + t);
-  return {torch::randn({workers * kBatch, 4}), torch::randint(0, 3, {workers * kBatch}, torch::kInt64)};
+std::vector<Batch> global_batches(int workers) {
+  torch::manual_seed(100);
+  std::vector<Batch> batches;
+  for (int t = 0; t < kSteps; ++t) {
+    batches.push_back({torch::randn({workers * kBatch, 4}), torch::randint(0, 3, {workers * kBatch}, torch::kInt64)});
+  }
+  return batches;
 }
 
 std::unique_ptr<torch::optim::Optimizer> adamw(ThreeLayerNet& net) {
@@ -63,12 +79,14 @@ using Edit = std::function<void(ThreeLayerNet&)>;
 // Every worker's weights after kSteps steps and finish() with `spec` and AdamW.
 std::vector<std::vector<torch::Tensor>> train(int workers, const std::string& spec, const Edit& edit = {}) {
   std::vector<std::vector<torch::Tensor>> result(static_cast<std::size_t>(workers));
+  const std::vector<Batch> batches = global_batches(workers);
+  initial_weights();
   pipesgd::run_threads(workers, [&](Worker& w) {
     ThreeLayerNet net = fresh_net();
     auto optimizer = adamw(net);
     DistributedOptimizer opt(w, net, *optimizer, spec);
     for (int t = 0; t < kSteps; ++t) {
-      const Batch batch = global_batch(t, workers);
+      const Batch& batch = batches[static_cast<std::size_t>(t)];
       const std::int64_t first = w.rank() * kBatch;
       torch::nn::functional::cross_entropy(net->forward(batch.x.slice(0, first, first + kBatch)),
                                            batch.y.slice(0, first, first + kBatch))
@@ -91,6 +109,7 @@ std::vector<torch::Tensor> oracle(int workers, int staleness, const Edit& edit =
   ThreeLayerNet net = fresh_net();
   auto optimizer = adamw(net);
   std::vector<std::vector<torch::Tensor>> gradients;
+  const std::vector<Batch> batches = global_batches(workers);
   auto apply = [&](const std::vector<torch::Tensor>& gradient) {
     auto parameters = net->parameters();
     for (std::size_t k = 0; k < parameters.size(); ++k) parameters[k].mutable_grad() = gradient[k].clone();
@@ -98,7 +117,7 @@ std::vector<torch::Tensor> oracle(int workers, int staleness, const Edit& edit =
     optimizer->step();
   };
   for (int t = 0; t < kSteps; ++t) {
-    const Batch batch = global_batch(t, workers);
+    const Batch& batch = batches[static_cast<std::size_t>(t)];
     optimizer->zero_grad();
     torch::nn::functional::cross_entropy(net->forward(batch.x), batch.y).backward();
     std::vector<torch::Tensor> gradient;
