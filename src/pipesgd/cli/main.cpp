@@ -44,6 +44,28 @@ int refuse_independent_ranks(const pipesgd::LaunchEnvironment& launch, const std
   return 2;
 }
 
+// A torchrun-style launch (RANK and WORLD_SIZE > 1, no MPI launcher) would run one whole job per
+// process: its processes never join one MPI world. Stop them all, as a usage error, with one line
+// that names the variables and the launch to use instead. Every process prints it (each knows its
+// rank, and run alone with the variables it must say why it stops); the ones other than rank 0
+// wait a second first, since torchrun stops the others when one exits non-zero.
+int refuse_torchrun(const pipesgd::LaunchEnvironment& launch, const std::string& command, bool has_transport) {
+  using pipesgd::concat;
+  if (launch.torchrun_rank > 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+  const int n = launch.torchrun_size;
+  const std::string started = concat("this process was started torchrun-style (", launch.torchrun_variables,
+                                     ") without an MPI launcher; ");
+  const std::string line =
+      has_transport
+          ? concat(started, "pipesgd's ranks join through MPI: launch with `pipesgdrun -np ", n, " ...` or `mpirun -np ",
+                   n, " ...` and --transport mpi (the workers would otherwise ",
+                   command == "train" || command == "compare" ? "train" : "run", " as independent jobs)")
+          : concat(started, command, " runs its workers as threads of one process: start it once, without torchrun (the ",
+                   n, " processes would otherwise each run it)");
+  std::fprintf(stderr, "pipesgd: error: %s\n", line.c_str());
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +125,11 @@ int main(int argc, char** argv) {
   const LaunchEnvironment launch = launch_environment();
   try {
     const bool mpi = chosen->transport && uses_mpi(chosen->transport());
+    // torchrun with WORLD_SIZE > 1: with --transport local or mpi, its processes would not be ranks
+    // of one world. (A torchrun of one process runs as a plain process.)
+    if (launch.torchrun_world()) {
+      return refuse_torchrun(launch, chosen->command->get_name(), static_cast<bool>(chosen->transport));
+    }
     // A launch of one rank (mpirun -np 1) without --transport mpi runs as a plain process.
     if (!mpi && launch.several_ranks()) {
       const bool has_transport = static_cast<bool>(chosen->transport);

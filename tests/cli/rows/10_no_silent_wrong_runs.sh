@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # No silent wrong runs: count flags that would mean something else are refused; a launch of several
 # MPI ranks without --transport mpi stops (simulated here by the launcher's variables; the real
-# mpirun rows are in mpi_rows/20_mpi_launch.sh); runs shorter than their method's planning or
+# mpirun rows are in mpi_rows/20_mpi_launch.sh), and so does a torchrun-style launch of several
+# processes (RANK and WORLD_SIZE without an MPI launcher); runs shorter than their method's planning or
 # warm-up warn and report what ran; compare's speedup names its baseline.
 # Sourced by run_cli_tests.sh (uses $R, run, row, pycheck, expect_success, expect_contains, pass, fail).
 
@@ -67,6 +68,31 @@ if [ -s "$R/nswr-plain.err" ]; then
 else
   pass "train/plain-run-without-launcher-quiet"
 fi
+
+# --- A torchrun-style launch of several processes (RANK, WORLD_SIZE > 1, no MPI launcher): its
+# processes would never join one world, each would train alone. Every process says so in one line
+# (rank 1 too, a second later), whatever its --transport.
+TORCHRUN_TRAIN='pipesgd: error: this process was started torchrun-style (RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500) without an MPI launcher; pipesgd'"'"'s ranks join through MPI: launch with `pipesgdrun -np 2 ...` or `mpirun -np 2 ...` and --transport mpi (the workers would otherwise train as independent jobs)'
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 GROUP_RANK=0 TORCHELASTIC_RUN_ID=none \
+  row torchrun-env-train 2 "started torchrun-style" train --iters 1 "${NQ[@]}"
+exact_stderr "error/torchrun-env-train-exact-line" "$TMP/rows/torchrun-env-train.err" "$TORCHRUN_TRAIN"
+if [ -s "$TMP/rows/torchrun-env-train.out" ]; then
+  fail "error/torchrun-env-train-no-output" "stdout: $(excerpt "$TMP/rows/torchrun-env-train.out")"
+else
+  pass "error/torchrun-env-train-no-output"
+fi
+RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 row torchrun-env-compare-mpi 2 \
+  "(RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500) without an MPI launcher; pipesgd's ranks join through MPI: launch with \`pipesgdrun -np 3 ...\`" \
+  compare --algos dsync,pipe --transport mpi --iters 1 "${NQ[@]}"
+RANK=0 WORLD_SIZE=2 row torchrun-env-bench 2 "(the workers would otherwise run as independent jobs)" \
+  bench allreduce --sizes 4K --quiet
+RANK=0 WORLD_SIZE=2 row torchrun-env-plan 2 \
+  "plan runs its workers as threads of one process: start it once, without torchrun (the 2 processes would otherwise each run it)" \
+  plan --data synthetic --quiet
+# A torchrun of one process (WORLD_SIZE=1) runs as a plain process.
+RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 run train --iters 1 "${NQ[@]}" \
+  >"$R/nswr-torchrun1.out" 2>"$R/nswr-torchrun1.err"
+expect_success "train/torchrun-env-one-process-runs" $? "$R/nswr-torchrun1.out" "$R/nswr-torchrun1.err"
 
 # --- Runs that end before their method's plan or pipeline.
 MGWFBP_WARNING="pipesgd: warning: the run's 5 iterations end before the mgwfbp bucket plan takes effect at iteration 18 (it is made from 10 profiled iterations after 8 start-up ones); until then it allreduces the whole gradient as one bucket (iterations 0-12), then one bucket per layer to profile (iterations 13-17); a run of 19 or more iterations reaches it"
