@@ -70,6 +70,9 @@ def parse_args():
     p.add_argument("--method", default=None,
                    help="pipesgd method spec passed to hvd.DistributedOptimizer, e.g. pipe+int8 "
                         "(pipesgd back end only; default: not passed)")
+    p.add_argument("--fused-update", action="store_true",
+                   help="pipesgd back end: DistributedOptimizer(fused_update=True), the method's own fused SGD "
+                        "(default: the general path, torch.optim.SGD's step on the handed-over gradient)")
     p.add_argument("--batch", type=int, default=25, help="per-rank batch (default: 25)")
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default: 0.01)")
     p.add_argument("--iters", type=int, default=1500, help="timed iterations (default: 1500)")
@@ -83,8 +86,8 @@ def parse_args():
     args = p.parse_args()
     if args.backend is None and not args.count_parameters:
         p.error("--backend is required (pipesgd or ddp)")
-    if args.method is not None and args.backend != "pipesgd":
-        p.error("--method is for --backend pipesgd")
+    if (args.method is not None or args.fused_update) and args.backend != "pipesgd":
+        p.error("--method and --fused-update are for --backend pipesgd")
     if args.batch < 1 or args.iters < 1 or args.warmup < 0:
         p.error("--batch and --iters must be >= 1, --warmup >= 0")
     return args
@@ -146,6 +149,8 @@ class PipesgdBackend:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         kwargs = {"method": args.method} if args.method is not None else {}
+        if args.fused_update:
+            kwargs["fused_update"] = True
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              **kwargs)
         return model, optimizer
