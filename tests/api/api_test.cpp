@@ -39,20 +39,8 @@ void copy_parameters(torch::nn::Module& target, torch::nn::Module& source) {
   for (std::size_t k = 0; k < to.size(); ++k) to[k].copy_(from[k]);
 }
 
-std::vector<torch::Tensor> clone_parameters(torch::nn::Module& module) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : module.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-double relative_error(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double diff = 0, norm = 0;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    diff += (a[k].to(torch::kFloat64) - b[k].to(torch::kFloat64)).pow(2).sum().item<double>();
-    norm += b[k].to(torch::kFloat64).pow(2).sum().item<double>();
-  }
-  return std::sqrt(diff / norm);
-}
+using pipesgd_test::clone_parameters;
+using pipesgd_test::relative_error;
 
 // ---------------------------------------------------------------------------------------------
 // Collectives against closed form.

@@ -1,8 +1,28 @@
 #pragma once
-// Users' modules (not pipesgd's) shared by the API's tests.
+// Users' modules (not pipesgd's) shared by the API's tests, and how the tests compare weights.
 #include <torch/torch.h>
 
+#include <cmath>
+#include <vector>
+
 namespace pipesgd_test {
+
+// A copy of the module's parameters (detached).
+inline std::vector<torch::Tensor> clone_parameters(torch::nn::Module& module) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : module.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// ||a - b|| / ||b|| over all the tensors together, in double.
+inline double relative_error(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    diff += (a[k].to(torch::kFloat64) - b[k].to(torch::kFloat64)).pow(2).sum().item<double>();
+    norm += b[k].to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  return std::sqrt(diff / norm);
+}
 
 // Three parameter layers with ReLUs: 4 inputs, 3 classes (enough for every method's options).
 struct ThreeLayerNetImpl : torch::nn::Module {

@@ -24,26 +24,13 @@ using pipesgd_test::ThreeLayerNet;
 constexpr std::int64_t kBatch = 3;
 constexpr int kSteps = 6;
 
-std::vector<torch::Tensor> parameters_of(torch::nn::Module& module) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : module.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-double relative_error(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double diff = 0, norm = 0;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    diff += (a[k].to(torch::kFloat64) - b[k].to(torch::kFloat64)).pow(2).sum().item<double>();
-    norm += b[k].to(torch::kFloat64).pow(2).sum().item<double>();
-  }
-  return std::sqrt(diff / norm);
-}
+using pipesgd_test::relative_error;
 
 // The initial weights, drawn once (LibTorch's generator is shared by the worker threads: they copy).
 const std::vector<torch::Tensor>& initial_weights() {
   static const std::vector<torch::Tensor> weights = [] {
     torch::manual_seed(11);
-    return parameters_of(*ThreeLayerNet());
+    return pipesgd_test::clone_parameters(*ThreeLayerNet());
   }();
   return weights;
 }
@@ -98,7 +85,7 @@ std::vector<std::vector<torch::Tensor>> train(int workers, const std::string& sp
       opt.step();
     }
     opt.finish();
-    result[static_cast<std::size_t>(w.rank())] = parameters_of(*net);
+    result[static_cast<std::size_t>(w.rank())] = pipesgd_test::clone_parameters(*net);
   });
   return result;
 }
@@ -126,7 +113,7 @@ std::vector<torch::Tensor> oracle(int workers, int staleness, const Edit& edit =
     if (t + 1 - staleness >= 0) apply(gradients[static_cast<std::size_t>(t + 1 - staleness)]);
   }
   for (int t = std::max(kSteps + 1 - staleness, 0); t < kSteps; ++t) apply(gradients[static_cast<std::size_t>(t)]);
-  return parameters_of(*net);
+  return pipesgd_test::clone_parameters(*net);
 }
 
 struct Case {
@@ -143,7 +130,7 @@ class UserOptimizer : public ::testing::TestWithParam<Case> {};
 TEST_P(UserOptimizer, EqualsTheSingleProcessRule) {
   const Case c = GetParam();
   const auto expected = oracle(c.workers, c.staleness);
-  EXPECT_GT(relative_error(parameters_of(*fresh_net()), expected), 1e-3);  // the oracle trained
+  EXPECT_GT(relative_error(pipesgd_test::clone_parameters(*fresh_net()), expected), 1e-3);  // the oracle trained
   for (const auto& replica : train(c.workers, c.spec)) EXPECT_LE(relative_error(replica, expected), 1e-5);
 }
 

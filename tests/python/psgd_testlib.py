@@ -56,3 +56,21 @@ def assert_same_on_every_rank(hvd, vector, what):
     for r in range(1, rows.shape[0]):
         assert torch.equal(rows[r], rows[0]), f"{what}: rank {r} differs from rank 0 " \
                                               f"(max |diff| {float((rows[r] - rows[0]).abs().max())})"
+
+
+class TwoLayerNet(torch.nn.Module):
+    """The optimizer tests' model: 6 inputs, 16 hidden (ReLU), 3 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 16)
+        self.fc2 = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def fresh_model(seed=1234):
+    """A TwoLayerNet with the same initial weights on every rank and in every call."""
+    torch.manual_seed(seed)
+    return TwoLayerNet()

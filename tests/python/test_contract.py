@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import pipesgd.torch as hvd
-from psgd_testlib import assert_same_on_every_rank, flat, relative_error
+from psgd_testlib import assert_same_on_every_rank, flat, fresh_model, relative_error
 
 hvd.init(timeout=60)
 torch.set_num_threads(1)
@@ -25,21 +25,6 @@ B = 4
 STEPS = 8
 TOLERANCE = 1e-5
 METHODS = {m["name"]: m for m in hvd.available_methods()}
-
-
-class TwoLayerNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(6, 16)
-        self.fc2 = torch.nn.Linear(16, 3)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-def fresh_model(seed=1234):
-    torch.manual_seed(seed)
-    return TwoLayerNet()
 
 
 def global_batches(steps=STEPS, seed=99):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import pipesgd
 import pipesgd.torch as hvd
-from psgd_testlib import CLI, assert_same_on_every_rank, clean_env, flat, relative_error
+from psgd_testlib import CLI, assert_same_on_every_rank, clean_env, flat, fresh_model, relative_error
 
 hvd.init(timeout=60)
 torch.set_num_threads(1)
@@ -25,21 +25,6 @@ N = hvd.size()
 B = 4          # samples per rank per step
 STEPS = 10
 TOLERANCE = 1e-5
-
-
-class TwoLayerNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(6, 16)
-        self.fc2 = torch.nn.Linear(16, 3)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-def fresh_model(seed=1234):
-    torch.manual_seed(seed)
-    return TwoLayerNet()
 
 
 def fresh_model_parameters():
