@@ -275,3 +275,37 @@ def test_fused_update_for_an_optimizer_it_cannot_run_raises():
     with pytest.raises(ValueError, match="AdamW"):
         hvd.DistributedOptimizer(adamw(model.parameters()), named_parameters=model.named_parameters(),
                                  fused_update=True)
+
+
+@pytest.mark.parametrize("spec", ["dsync", "pipe"])
+def test_rank_0_loads_and_broadcast_optimizer_state_gives_every_rank_its_state(spec):
+    """Horovod's resume: only rank 0 reads the checkpoint, then broadcast_parameters and
+    broadcast_optimizer_state; every rank goes on as the uninterrupted run (AdamW's moments and the
+    method's updates in flight included)."""
+    cut = 4
+
+    def run(checkpoint=None):
+        model = fresh_model()
+        opt = hvd.DistributedOptimizer(adamw(model.parameters()), named_parameters=model.named_parameters(),
+                                       method=spec)
+        if checkpoint is not None:
+            if R == 0:
+                model.load_state_dict(checkpoint["model"])
+                opt.load_state_dict(checkpoint["optimizer"])
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
+        saved = None
+        for t, (x, y) in enumerate(global_batches()):
+            if checkpoint is not None and t < cut:
+                continue
+            opt.zero_grad()
+            F.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
+            opt.step()
+            if t == cut - 1 and checkpoint is None:
+                saved = copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict()})
+        opt.finish()
+        return flat(model.parameters()), saved
+
+    uninterrupted, saved = run()
+    resumed, _ = run(saved)
+    assert torch.equal(resumed, uninterrupted), f"{spec}: resumed weights differ by {relative_error(resumed, uninterrupted):.3g}"

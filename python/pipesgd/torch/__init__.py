@@ -703,13 +703,20 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     torch.optim optimizer: its state_dict.
     """
     if isinstance(optimizer, _DistributedOptimizer) and not optimizer.fused_update:
-        # The wrapped optimizer's state as Horovod broadcasts it, and the method's (before the first step).
-        state = broadcast_object(optimizer._wrapped_class.state_dict(optimizer), root_rank)
+        # The wrapped optimizer's state as Horovod broadcasts it, and root's method state, which a
+        # worker whose optimizer has not stepped yet takes too (the usual resume: root loaded a checkpoint).
+        payload = None
+        if rank() == root_rank:
+            try:
+                method_state = optimizer._pipesgd.save_state()
+            except ValueError:  # after a backward, before its step: the method's state stays each rank's
+                method_state = None
+            payload = (optimizer._wrapped_class.state_dict(optimizer), method_state)
+        state, method_state = broadcast_object(payload, root_rank)
         if rank() != root_rank:
             optimizer._wrapped_class.load_state_dict(optimizer, state)
-        if optimizer.iteration == 0:
-            _negotiator().drain()
-            _C.broadcast_optimizer_state(_worker(), optimizer._pipesgd, root_rank)
+            if method_state is not None and optimizer.iteration == 0:
+                optimizer._pipesgd.load_state(method_state)
         return
     if isinstance(optimizer, _DistributedOptimizer):
         groups = broadcast_object([{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
