@@ -822,6 +822,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if duplicates:
             raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
                              f"{', '.join(duplicates)}")
+        self._parameter_names = {p: name for name, p in named_parameters}  # Horovod's attribute
         named_ids = {id(p) for _, p in named_parameters}
         unnamed = [p for group in self.param_groups for p in group["params"] if id(p) not in named_ids]
         if unnamed and model is None:
