@@ -5,6 +5,8 @@ the ranks raises on every rank, sends nothing, and leaves the ranks in step for 
 Each test issues different collectives on different ranks on purpose and ends by checking that an
 ordinary allreduce still gives the closed-form sum.
 """
+import time
+
 import pytest
 import torch
 
@@ -138,4 +140,18 @@ def test_a_mismatch_in_a_group_fails_that_tensor_only():
     with pytest.raises(RuntimeError, match="tensor shapes"):
         hvd.synchronize(handles[1])
     assert hvd.synchronize(handles[2]).tolist() == [N] * 5
+    still_in_step()
+
+
+def test_init_again_begins_a_phase_that_drops_what_an_earlier_one_left_behind():
+    """As between two tests of a suite: rank 0 went on (an assertion failed there before its
+    collective) and called init() again; the others' collective of the earlier phase fails at once
+    (not after the stall limit), and the next phase's collectives pair as usual."""
+    if R != 0:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="called init\\(\\) again"):
+            hvd.allreduce(torch.ones(2), name="left-behind")
+        waited = time.monotonic() - started
+        print(f"rank {R}: the left-behind collective failed after {waited:.2f} s")
+    hvd.init()
     still_in_step()

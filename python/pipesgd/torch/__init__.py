@@ -170,9 +170,13 @@ def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=Tru
     R > 0 to "t.json.rank-R"). ``trace_iterations="A:B"`` (or "A:", ":B") records steps A <= t < B
     only. A malformed window or an unwritable directory is a ValueError.
     ``comm`` (an mpi4py communicator) and ``process_sets`` are not supported (only None).
-    Calling init() again does nothing.
+    Calling init() again on a world already joined begins a new phase of the program (as each test
+    of a test suite does): a collective of an earlier phase that some rank left behind then fails at
+    once instead of pairing with, or holding up, the collectives that follow (docs: "Peers agree").
     """
     if _state.session is not None:
+        if _state.negotiator is not None:
+            _state.negotiator.new_phase()
         return
     if comm is not None:
         raise NotImplementedError("pipesgd.torch.init: comm= (an mpi4py communicator) is not supported; "

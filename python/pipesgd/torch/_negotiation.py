@@ -12,10 +12,17 @@ reads identically, each round
 - runs the collectives every rank has submitted, in rank 0's order, after checking that their
   descriptors agree; a disagreement fails that collective on every rank with Horovod's wording
   (a RuntimeError), and nothing of it is sent;
-- when some rank has waited longer than its stall limit and nothing could run, fails every
-  collective that some ranks submitted and others did not ("count" mismatches), on the ranks that
-  submitted it, and sets every rank's unnamed-collective counter to the largest, so that the
-  ranks are in step again for the next collective.
+- when nothing could run and some rank listed a collective that not every rank listed, and has
+  listed it for longer than the stall limit (a "count" mismatch: its peers went on without it),
+  fails it on that rank, and sets every rank's unnamed-collective counter to the largest, so that
+  the ranks are in step again for the next collective. A younger unmatched collective (a peer that
+  went on to its next collective meanwhile) waits: its peers submit it once they get there.
+
+Phases: init() called again on an initialized world (as each test of a test suite does) begins a
+new phase on that rank: names are matched within a phase, the unnamed counter restarts, and a
+collective of an earlier phase that not every rank listed fails at once as soon as some rank has
+begun a later phase (that rank went on and will never submit it), so one test's leftovers never
+pair with, or hold up, the next test's collectives.
 
 A name submitted twice before the first completed is a ValueError on that rank, at once (Horovod's).
 Not thread-safe: the thread that called init() issues the collectives.
@@ -61,9 +68,10 @@ class Descriptor:
         self.shape = shape
         self.extra = _hash64(repr((shape[_SHAPE_WORDS:], float(scales[0]), float(scales[1]))))
 
-    def words(self, name_hash):
+    def words(self, name_hash, age_ms):
         dims = (list(self.shape[:_SHAPE_WORDS]) + [-1] * _SHAPE_WORDS)[:_SHAPE_WORDS]
-        row = [name_hash, self.kind, self.op, self.dtype, self.root, self.ndim] + dims + [self.extra, 0, 0, 0]
+        row = [name_hash, self.kind, self.op, self.dtype, self.root, self.ndim] + dims + [self.extra, age_ms, 0, 0]
+        # words 13 (age) and 14 (phase) are the lister's, not compared
         assert len(row) == _WORDS
         return row
 
@@ -110,11 +118,12 @@ def mismatch_message(rows, op_names):
 
 
 class _Pending:
-    __slots__ = ("handle", "name", "name_hash", "descriptor", "run")
+    __slots__ = ("handle", "name", "name_hash", "descriptor", "run", "submitted", "phase")
 
-    def __init__(self, handle, name, descriptor, run):
-        self.handle, self.name, self.descriptor, self.run = handle, name, descriptor, run
-        self.name_hash = _hash64(name)
+    def __init__(self, handle, name, descriptor, run, phase):
+        self.handle, self.name, self.descriptor, self.run, self.phase = handle, name, descriptor, run, phase
+        self.name_hash = _hash64(f"{phase}:{name}")
+        self.submitted = time.monotonic()
 
 
 class Negotiator:
@@ -128,7 +137,13 @@ class Negotiator:
         self._names = set()
         self._results = {}             # handle -> result, or ("error", exception)
         self._next_handle = 0
-        self._unnamed = 0  # unnamed collectives submitted
+        self._unnamed = 0  # unnamed collectives submitted in this phase
+        self._phase = 0
+
+    def new_phase(self):
+        """init() again: what follows is a new phase of the program (see the module's doc)."""
+        self._phase += 1
+        self._unnamed = 0
 
     def submit(self, kind, name, descriptor, run):
         """Queues a collective; returns its handle. ValueError for a name already pending."""
@@ -142,7 +157,7 @@ class Negotiator:
                              f"name. (name '{name}')")
         handle = self._next_handle
         self._next_handle += 1
-        self._pending.append(_Pending(handle, name, descriptor, run))
+        self._pending.append(_Pending(handle, name, descriptor, run, self._phase))
         self._names.add(name)
         return handle
 
@@ -154,11 +169,9 @@ class Negotiator:
 
     def wait(self, handle):
         """Runs rounds until `handle` completed; returns its result or raises its error."""
-        started = time.monotonic()
         idle = 0.0
         while handle not in self._results:
-            stalled = time.monotonic() - started > self._stall_seconds
-            if self.round(stalled):
+            if self.round():
                 idle = 0.0
             else:
                 idle = min(0.01, idle * 2 + 0.0005)
@@ -177,16 +190,19 @@ class Negotiator:
             return
         self.wait(self._pending[-1].handle)
 
-    def round(self, stalled=False):
+    def round(self):
         """One negotiation round (a collective: every rank's round pairs with one of every other
         rank's). Returns True if a collective completed or failed."""
         worker = self._worker
         listed = self._pending[:_CAPACITY]
         table = torch.zeros(1 + _CAPACITY, _WORDS, dtype=torch.int64)
-        header = [_MAGIC, len(listed), 1 if stalled else 0, self._unnamed]
+        header = [_MAGIC, len(listed), self._phase, self._unnamed]
         table[0, :len(header)] = torch.tensor(header, dtype=torch.int64)
+        now = time.monotonic()
         for k, entry in enumerate(listed):
-            table[1 + k] = torch.tensor(entry.descriptor.words(entry.name_hash), dtype=torch.int64)
+            age_ms = int((now - entry.submitted) * 1000)
+            table[1 + k] = torch.tensor(entry.descriptor.words(entry.name_hash, age_ms), dtype=torch.int64)
+            table[1 + k, 14] = entry.phase
         gathered = worker.allgather(table.unsqueeze(0)).tolist()  # [rank][row][word]
         size = len(gathered)
         lists = []
@@ -212,21 +228,32 @@ class Negotiator:
             except Exception as error:  # a peer's failure, a timeout: the world is broken
                 self._results[entry.handle] = (_ERROR, error)
                 raise
-        if progressed or not any(int(gathered[r][0][2]) for r in range(size)):
-            return progressed
-        # A rank stalled and nothing could run: what some ranks submitted and others did not fails
-        # where it was submitted; the unnamed counter becomes the largest of any rank.
+        if progressed:
+            return True
+        # Nothing could run: what a rank lists while some peer does not fails there if it is of an
+        # earlier phase than a peer's, or listed for longer than the stall limit (every rank computes
+        # the same set from the table); within one phase the unnamed counter becomes the largest.
         everywhere = set.intersection(*(set(l) for l in lists))
-        for name_hash, entry in list(mine.items()):
-            if name_hash in everywhere:
+        limit_ms = self._stall_seconds * 1000
+        latest_phase = max(int(gathered[r][0][2]) for r in range(size))
+        stale = [(r, h) for r in range(size) for h, row in lists[r].items()
+                 if h not in everywhere and (row[13] > limit_ms or row[14] < latest_phase)]
+        if not stale:
+            return False
+        for r, name_hash in stale:
+            if r != self._worker.rank:
                 continue
-            missing = [r for r in range(size) if name_hash not in lists[r]]
+            entry = mine[name_hash]
+            missing = [q for q in range(size) if name_hash not in lists[q]]
             self._remove(entry)
             self._results[entry.handle] = (_ERROR, RuntimeError(
                 f"Mismatched collectives: '{entry.name}' ({KINDS[entry.descriptor.kind]}) was not submitted by "
-                f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} within {self._stall_seconds:g} s "
-                f"(the ranks issued different collectives)"))
-        self._unnamed = max(int(gathered[r][0][3]) for r in range(size))
+                f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+                + (f" before {'it' if len(missing) == 1 else 'they'} called init() again (a new phase)"
+                   if entry.phase < latest_phase else f" within {self._stall_seconds:g} s")
+                + " (the ranks issued different collectives)"))
+        if all(int(gathered[r][0][2]) == self._phase for r in range(size)):
+            self._unnamed = max(int(gathered[r][0][3]) for r in range(size))
         return True
 
     def _remove(self, entry):
