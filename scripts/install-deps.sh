@@ -18,6 +18,7 @@ packages=(
   libsimgrid-dev                  # pipesgd simulate / advise (src/pipesgd/sim)
   gnuplot-nox                     # pipesgd report: draws its plots as SVG (no X11)
   chromium                        # tests/report: the report page loaded and screenshotted headless
+  python3-mock python3-cloudpickle  # scripts/horovod-conformance.sh: Horovod's test utils import them
 )
 
 missing=()

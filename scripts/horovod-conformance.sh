@@ -1,0 +1,366 @@
+#!/usr/bin/env bash
+# Horovod's own PyTorch test suite (its test/parallel/test_torch.py) run against pipesgd.torch: a
+# measurement of how much of Horovod's API pipesgd.torch honours, not a pass/fail test (ctest does not
+# run it). The suite is reference material kept OUTSIDE the repository, in ../shared/conformance/horovod
+# beside the repository root (see its README.md); it is never copied into the repository. At each run
+# this script copies test_torch.py and utils/ into a fresh temporary directory, changes the one line
+# `import horovod.torch as hvd` to `import pipesgd.torch as hvd`, guards utils/common.py's import of
+# horovod.runner.util.threads (unused by test_torch.py), and starts one pytest per rank under mpirun.
+# Builds and installs nothing: give the build directory that holds python/ (the pipesgd.torch package).
+#
+#   bash scripts/horovod-conformance.sh [--ranks N] [--each] [--timeout S] [--test-timeout S]
+#                                       [--build DIR] [--out DIR] [-k EXPR] [--suite DIR]
+#
+# Whole file (the default): one launch,
+#   mpirun -np N --oversubscribe --bind-to none /usr/bin/python3 -m pytest -p no:cacheprovider -v -rA
+#          --color=no --junitxml=OUT/rank-R.xml test_torch.py
+# every rank running the whole file, its output in OUT/rank-R.log (R: OMPI_COMM_WORLD_RANK), mpirun's
+# own in OUT/mpirun.log. The launch is stopped after --timeout seconds (default 1500); a rank stopped
+# that way writes no XML, and its results are read from its -v log (the test it was running shows as
+# `stopped`, the ones after it as `not reached`).
+# --each: one launch per test (node id test_torch.py::TorchTests::NAME), each stopped after
+#   --test-timeout seconds (default 120), all of them within --timeout seconds (the tests left when it
+#   runs out show as `not run`); logs in OUT/each/NAME/. A collective that a rank never joins fails
+#   there alone instead of putting the ranks out of step for the rest of the file.
+# --ranks N: ranks (default 2). --build DIR: default build. --out DIR: default /tmp/horovod-conformance
+#   (its rank-*, mpirun.log, summary.txt and each/ are replaced). -k EXPR: pytest's -k, a subset.
+# --suite DIR: the suite (default ../shared/conformance/horovod from the repository root).
+# Environment of every rank: PYTHONPATH=BUILD/python plus the copy's utils/, OMP_NUM_THREADS=1, and
+# PIPESGD_TIMEOUT=30 (seconds a wait on a peer may take; an environment value is kept) so that a
+# collective one rank never joins fails in 30 s instead of pipesgd.torch's default 120.
+# Needs /usr/bin/python3 with torch, pytest, mock and cloudpickle (python3-mock, python3-cloudpickle:
+# bash scripts/install-deps.sh) and mpirun (openmpi-bin). As root, mpirun gets --allow-run-as-root.
+#
+# Prints, per rank, the counts passed / failed / skipped / errors (and stopped / not reached / not
+# run), the failing tests with the first line of each reason, and the failures grouped by that line;
+# the same goes to OUT/summary.txt. Exit status: 0 when the suite ran (whatever its results: it
+# measures), 2 for bad arguments or missing prerequisites.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+ranks=2
+each=0
+timeout_s=1500
+test_timeout_s=120
+build=$repo/build
+out=/tmp/horovod-conformance
+select=
+suite=$repo/../shared/conformance/horovod
+python=/usr/bin/python3
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() { echo "horovod-conformance: $*" >&2; exit 2; }
+whole_number() { if ! [[ $2 =~ ^[0-9]+$ ]] || (($2 < 1)); then die "$1 must be a whole number >= 1, got '$2'"; fi; }
+
+while (($#)); do
+  case $1 in
+    --ranks) whole_number --ranks "${2-}"; ranks=$2; shift 2 ;;
+    --each) each=1; shift ;;
+    --timeout) whole_number --timeout "${2-}"; timeout_s=$2; shift 2 ;;
+    --test-timeout) whole_number --test-timeout "${2-}"; test_timeout_s=$2; shift 2 ;;
+    --build) [ -n "${2-}" ] || die "--build needs a directory"; build=$2; shift 2 ;;
+    --out) [ -n "${2-}" ] || die "--out needs a directory"; out=$2; shift 2 ;;
+    -k) [ -n "${2-}" ] || die "-k needs an expression"; select=$2; shift 2 ;;
+    --suite) [ -n "${2-}" ] || die "--suite needs a directory"; suite=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+# --- Prerequisites.
+if [ ! -f "$suite/test_torch.py" ] || [ ! -f "$suite/utils/common.py" ]; then
+  die "Horovod's suite not found in $suite (test_torch.py, utils/common.py); give --suite DIR"
+fi
+suite=$(cd "$suite" && pwd)
+case $build in /*) ;; *) build=$PWD/$build ;; esac
+[ -d "$build/python/pipesgd/torch" ] ||
+  die "$build/python/pipesgd/torch not found: build first (bash scripts/build.sh) or give --build DIR"
+command -v mpirun >/dev/null || die "mpirun not found: install openmpi-bin (bash scripts/install-deps.sh)"
+command -v timeout >/dev/null || die "timeout (coreutils) not found"
+[ -x "$python" ] || die "$python not found"
+missing=()
+for module in torch pytest mock cloudpickle numpy packaging; do
+  "$python" -c "import $module" 2>/dev/null || missing+=("$module")
+done
+if ((${#missing[@]})); then
+  die "$python lacks the module(s) ${missing[*]}: run bash scripts/install-deps.sh (it installs python3-mock, python3-cloudpickle and the rest)"
+fi
+PYTHONPATH=$build/python "$python" -c "import pipesgd.torch" 2>/dev/null ||
+  die "PYTHONPATH=$build/python $python cannot import pipesgd.torch: build it (bash scripts/build.sh)"
+
+# --- A fresh copy of the suite, adapted to pipesgd.torch (never kept: removed on exit).
+work=$(mktemp -d "${TMPDIR:-/tmp}/horovod-conformance-suite.XXXXXX")
+pids_file=$work/pids
+# Ranks that outlive their mpirun (stopped by the timeout): ended by the process ids they recorded.
+stop_leftover_ranks() {
+  [ -f "$pids_file" ] || return 0
+  local pid
+  while read -r pid; do
+    # Still one of ours: a process of that id whose working directory is the copy of the suite.
+    if [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$work/parallel" ]; then
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done <"$pids_file"
+  : >"$pids_file"
+}
+cleanup() { stop_leftover_ranks; rm -rf "$work"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+mkdir -p "$work/parallel" "$work/utils"
+cp "$suite/test_torch.py" "$work/parallel/test_torch.py"
+cp -r "$suite/utils/." "$work/utils/"
+chmod -R u+w "$work"
+"$python" - "$work" <<'EOF' || die "could not adapt the copy of the suite (has test_torch.py or utils/common.py changed?)"
+import pathlib, sys
+work = pathlib.Path(sys.argv[1])
+
+def edit(path, old, new):
+    text = path.read_text()
+    if text.count(old) != 1:
+        sys.exit(f"{path.name}: expected the line {old!r} once, found it {text.count(old)} times")
+    path.write_text(text.replace(old, new))
+
+edit(work / "parallel" / "test_torch.py", "\nimport horovod.torch as hvd\n", "\nimport pipesgd.torch as hvd\n")
+edit(work / "utils" / "common.py", "\nfrom horovod.runner.util.threads import in_thread\n",
+     "\ntry:\n    from horovod.runner.util.threads import in_thread\nexcept ImportError:  # not installed: "
+     "used only by helpers test_torch.py does not call\n    in_thread = None\n")
+EOF
+
+# The tests, in file order (TorchTests' methods named test*), for --each and the `not reached` count.
+"$python" - "$work/parallel/test_torch.py" >"$work/tests" <<'EOF'
+import ast, sys
+tree = ast.parse(open(sys.argv[1]).read())
+for node in tree.body:
+    if isinstance(node, ast.ClassDef) and node.name == "TorchTests":
+        for item in node.body:
+            if isinstance(item, ast.FunctionDef) and item.name.startswith("test"):
+                print(item.name)
+EOF
+
+# --- The launch.
+export PYTHONPATH="$build/python:$work/utils${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_NUM_THREADS=1
+export PIPESGD_TIMEOUT=${PIPESGD_TIMEOUT:-30}
+mpirun_flags=(-np "$ranks" --oversubscribe --bind-to none -x PYTHONPATH -x OMP_NUM_THREADS -x PIPESGD_TIMEOUT)
+if [ "$(id -u)" -eq 0 ]; then mpirun_flags+=(--allow-run-as-root); fi
+pytest_flags=(-p no:cacheprovider -v -rA --color=no)
+if [ -n "$select" ]; then pytest_flags+=(-k "$select"); fi
+# Each rank: its own log and JUnit XML, named by its rank; its process id recorded for the clean-up.
+# shellcheck disable=SC2016  # expanded by each rank's bash
+rank_wrapper='r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}; prefix=$1; pids=$2; shift 2
+echo $$ >>"$pids"; exec "$@" --junitxml="$prefix-$r.xml" >"$prefix-$r.log" 2>&1'
+
+# launch DIR SECONDS PYTEST_ARGS...: one mpirun; DIR gets rank-R.{log,xml}, mpirun.log, rc, seconds.
+launch() {
+  local dir=$1 seconds=$2 start rc
+  shift 2
+  mkdir -p "$dir"
+  start=$(date +%s.%N)
+  set +e
+  (cd "$work/parallel" &&
+    timeout -k 15 "$seconds" mpirun "${mpirun_flags[@]}" bash -c "$rank_wrapper" rank-wrapper "$dir/rank" \
+      "$pids_file" "$python" -m pytest "${pytest_flags[@]}" "$@") >"$dir/mpirun.log" 2>&1
+  rc=$?
+  set -e
+  stop_leftover_ranks
+  echo "$rc" >"$dir/rc"
+  awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", e - s }' >"$dir/seconds"
+}
+
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+rm -rf "$out"/rank-*.log "$out"/rank-*.xml "$out/mpirun.log" "$out/rc" "$out/seconds" "$out/summary.txt" "$out/each"
+{
+  echo "suite: $suite (test_torch.py, $(wc -l <"$work/tests") tests), copied to $work"
+  echo "pipesgd.torch: $build/python; $ranks ranks; PIPESGD_TIMEOUT=$PIPESGD_TIMEOUT OMP_NUM_THREADS=1"
+  echo "logs: $out"
+} | tee "$out/summary.txt"
+
+runs=()
+if ((each == 0)); then
+  echo "whole file, one pytest per rank (timeout ${timeout_s} s): mpirun -np $ranks ... pytest ${pytest_flags[*]} test_torch.py"
+  launch "$out" "$timeout_s" test_torch.py
+  echo "mpirun exit status $(cat "$out/rc") after $(cat "$out/seconds") s"
+  runs=("$out")
+else
+  mapfile -t tests <"$work/tests"
+  if [ -n "$select" ]; then
+    # -k chooses the subset: the node ids pytest collects for it.
+    mapfile -t tests < <(cd "$work/parallel" && "$python" -m pytest -p no:cacheprovider -q --collect-only \
+      -k "$select" test_torch.py 2>/dev/null | sed -n 's/^test_torch\.py::TorchTests::\([A-Za-z0-9_]*\)$/\1/p')
+  fi
+  deadline=$(($(date +%s) + timeout_s))
+  echo "each test alone: ${#tests[@]} launches of mpirun -np $ranks (each within ${test_timeout_s} s, all within ${timeout_s} s)"
+  i=0
+  for name in "${tests[@]}"; do
+    i=$((i + 1))
+    dir=$out/each/$name
+    left=$((deadline - $(date +%s)))
+    if ((left < 10)); then
+      mkdir -p "$dir"
+      echo "not run: the --timeout of $timeout_s s ran out" >"$dir/not-run"
+      runs+=("$dir")
+      continue
+    fi
+    launch "$dir" "$((left < test_timeout_s ? left : test_timeout_s))" "test_torch.py::TorchTests::$name"
+    runs+=("$dir")
+    outcomes=$(for ((r = 0; r < ranks; r++)); do
+      o=$(sed -n "s/^test_torch\.py::TorchTests::$name \(PASSED\|FAILED\|SKIPPED\|ERROR\|XFAIL\|XPASS\).*/\1/p" \
+        "$dir/rank-$r.log" 2>/dev/null | head -1)
+      printf ' r%d %s' "$r" "${o:-none}"
+    done)
+    printf '[%d/%d] %s:%s (%s s, exit %s)\n' "$i" "${#tests[@]}" "$name" "$outcomes" "$(cat "$dir/seconds")" \
+      "$(cat "$dir/rc")"
+  done
+fi
+
+# --- The summary, per rank, from each rank's JUnit XML (or its -v log when it wrote none).
+"$python" - "$ranks" "$each" "$work/tests" "$select" "${runs[@]}" <<'EOF' | tee -a "$out/summary.txt"
+import collections, os, re, sys
+import xml.etree.ElementTree as ET
+
+ranks, each, tests_file, select = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], sys.argv[4]
+runs = sys.argv[5:]
+all_tests = [line.strip() for line in open(tests_file) if line.strip()]
+ORDER = ["passed", "failed", "skipped", "error", "stopped", "not reached", "not run"]
+SEVERITY = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+
+def first_line(text, limit=200):
+    for line in (text or "").splitlines():
+        if line.strip():
+            line = line.strip()
+            return line if len(line) <= limit else line[: limit - 3] + "..."
+    return ""
+
+def name_of(nodeid_or_name):
+    return nodeid_or_name.split("::")[-1]
+
+def from_xml(path):
+    """{test: (outcome, reason)} from a JUnit XML; None when absent or unreadable."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    results = {}
+    for case in root.iter("testcase"):
+        name = case.get("name", "")
+        outcome, reason = "passed", ""
+        for child in case:
+            tag = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(child.tag)
+            if tag is None:
+                continue
+            why = first_line(child.get("message")) or first_line(child.text)
+            if tag == "skipped" and child.get("type") == "pytest.xfail":
+                tag = "passed"
+            if SEVERITY[tag] > SEVERITY[outcome]:
+                outcome, reason = tag, why
+        if name in results and SEVERITY[results[name][0]] > SEVERITY[outcome]:
+            continue  # a second entry (e.g. a teardown error) keeps the worse outcome
+        results[name] = (outcome, reason)
+    return results
+
+LINE = re.compile(r"^test_torch\.py::TorchTests::(\w+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
+STARTED = re.compile(r"^test_torch\.py::TorchTests::(\w+) ?")
+SHORT = re.compile(r"^(FAILED|ERROR) test_torch\.py::TorchTests::(\w+)(?: - (.*))?$")
+
+def from_log(path, seconds):
+    """{test: (outcome, reason)} from a -v log (a run stopped before pytest wrote its XML)."""
+    results, reasons, running = {}, {}, None
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError:
+        return {}, None
+    for line in lines:
+        m = LINE.match(line)
+        if m:
+            outcome = {"PASSED": "passed", "XPASS": "passed", "XFAIL": "passed", "FAILED": "failed",
+                       "SKIPPED": "skipped", "ERROR": "error"}[m.group(2)]
+            results.setdefault(m.group(1), (outcome, ""))
+            running = None
+            continue
+        m = SHORT.match(line)
+        if m:
+            reasons[m.group(2)] = first_line(m.group(3) or "")
+            continue
+        m = STARTED.match(line)
+        if m and m.group(1) not in results:
+            running = m.group(1)
+    for name, (outcome, _) in results.items():
+        results[name] = (outcome, reasons.get(name, ""))
+    if running is not None:
+        results[running] = ("stopped", f"running when the launch was stopped (after {seconds} s)")
+    return results, running
+
+def read(path, default=""):
+    try:
+        return open(path).read().strip()
+    except OSError:
+        return default
+
+per_rank = [dict() for _ in range(ranks)]
+sources = [collections.Counter() for _ in range(ranks)]
+for run in runs:
+    seconds, rc = read(os.path.join(run, "seconds"), "?"), read(os.path.join(run, "rc"), "?")
+    expected = [os.path.basename(run)] if each else all_tests
+    for r in range(ranks):
+        results = per_rank[r]
+        if each and os.path.exists(os.path.join(run, "not-run")):
+            results[expected[0]] = ("not run", read(os.path.join(run, "not-run")))
+            continue
+        got = from_xml(os.path.join(run, f"rank-{r}.xml"))
+        if rc in ("124", "137"):
+            ended = f"the launch was stopped by the timeout after {seconds} s"
+        else:
+            ended = f"the rank's pytest ended early (mpirun exit {rc} after {seconds} s)"
+        if got is not None:
+            sources[r]["xml"] += 1
+        else:
+            got, _ = from_log(os.path.join(run, f"rank-{r}.log"), seconds)
+            sources[r]["log"] += 1
+            if each and not got:
+                got = {expected[0]: ("stopped", ended)}
+        results.update(got)
+        if not each and not select:  # the whole file: the tests this rank never started
+            for name in expected:
+                results.setdefault(name, ("not reached", "never started: " + ended))
+
+print()
+print(f"{'rank':<6}" + "".join(f"{o:>12}" for o in ORDER) + "   source")
+for r in range(ranks):
+    counts = collections.Counter(o for o, _ in per_rank[r].values())
+    source = ", ".join(f"{n} {k}" for k, n in sources[r].items())
+    print(f"{r:<6}" + "".join(f"{counts.get(o, 0):>12}" for o in ORDER) + f"   {source}")
+
+bad = collections.OrderedDict()
+for name in all_tests + sorted({n for rr in per_rank for n in rr} - set(all_tests)):
+    per = [(r, *per_rank[r][name]) for r in range(ranks) if name in per_rank[r]]
+    worst = [(r, o, why) for r, o, why in per if o not in ("passed", "skipped")]
+    if worst:
+        bad[name] = worst
+
+if bad:
+    print(f"\ntests not passed or skipped on every rank ({len(bad)}): NAME [rank: outcome] first line of the reason")
+    for name, worst in bad.items():
+        ranks_text = ", ".join(f"{r}: {o}" for r, o, _ in worst)
+        reasons = []
+        for _, _, why in worst:
+            if why and why not in reasons:
+                reasons.append(why)
+        print(f"  {name} [{ranks_text}] {' | '.join(reasons) if reasons else '(no reason recorded)'}")
+    groups = collections.OrderedDict()
+    for name, worst in bad.items():
+        r, o, why = worst[0]
+        groups.setdefault((o, why or "(no reason recorded)"), []).append(name)
+    print(f"\nby reason (outcome and first line on the lowest rank concerned; {len(groups)} reasons):")
+    for (o, why), names in sorted(groups.items(), key=lambda item: -len(item[1])):
+        print(f"  {len(names):3d} x {o}: {why}")
+        print(f"        {', '.join(names)}")
+
+skips = collections.Counter(why for o, why in per_rank[0].values() if o == "skipped") if ranks else {}
+if skips:
+    print("\nskipped on rank 0, by reason:")
+    for why, n in skips.most_common():
+        print(f"  {n:3d} x {why or '(no reason)'}")
+EOF
+echo "full logs and summary.txt in $out"
