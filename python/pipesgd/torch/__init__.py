@@ -277,9 +277,9 @@ def shutdown():
         return
     if _state.negotiator is not None:
         try:
-            _state.negotiator.drain()
-        except Exception as error:  # a collective of the program failed; its handle was not synchronized
-            print(f"pipesgd: shutdown: a pending collective failed: {error}", file=sys.stderr)
+            _state.negotiator.quiesce("shutdown")  # no rank is left in a negotiation round
+        except Exception as error:  # a peer failed or left
+            print(f"pipesgd: shutdown: {error}", file=sys.stderr)
     # Updates still in flight are applied, and parameter-server methods close their servers' session.
     for optimizer in list(_state.optimizers):
         try:
@@ -727,7 +727,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
                                   root_rank)
         for group, values in zip(optimizer.param_groups, groups):
             group.update(values)
-        _negotiator().drain()
+        _negotiator().quiesce("broadcast_optimizer_state")
         _C.broadcast_optimizer_state(_worker(), optimizer._pipesgd, root_rank)
         return
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -812,7 +812,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  gradient_predivide_factor, method, model, method_options, timeout, fused_update):
         self._wrapped_class.__init__(self, params)  # shares the wrapped optimizer's param_groups
         worker = _worker()
-        _negotiator().drain()  # the constructor's broadcasts come after every collective issued before it
+        _negotiator().quiesce("DistributedOptimizer")  # its constructor's broadcasts are not negotiated
         if named_parameters is not None:
             named_parameters = list(named_parameters)
         else:

@@ -12,11 +12,10 @@ reads identically, each round
 - runs the collectives every rank has submitted, in rank 0's order, after checking that their
   descriptors agree; a disagreement fails that collective on every rank with Horovod's wording
   (a RuntimeError), and nothing of it is sent;
-- when nothing could run and some rank listed a collective that not every rank listed, and has
-  listed it for longer than the stall limit (a "count" mismatch: its peers went on without it),
-  fails it on that rank, and sets every rank's unnamed-collective counter to the largest, so that
-  the ranks are in step again for the next collective. A younger unmatched collective (a peer that
-  went on to its next collective meanwhile) waits: its peers submit it once they get there.
+- when nothing could run and every rank has listed, for longer than the stall limit, a collective
+  that not every rank listed (a "count" mismatch: they all wait on what no peer will submit),
+  fails every such collective on the ranks that listed it; an unnamed one gives its number back
+  (when it was the rank's latest), so that the ranks' unnamed collectives are in step again.
 
 Phases: init() called again on an initialized world (as each test of a test suite does) begins a
 new phase on that rank: names are matched within a phase, the unnamed counter restarts, and a
@@ -118,10 +117,11 @@ def mismatch_message(rows, op_names):
 
 
 class _Pending:
-    __slots__ = ("handle", "name", "name_hash", "descriptor", "run", "submitted", "phase")
+    __slots__ = ("handle", "name", "name_hash", "descriptor", "run", "submitted", "phase", "unnamed")
 
-    def __init__(self, handle, name, descriptor, run, phase):
+    def __init__(self, handle, name, descriptor, run, phase, unnamed):
         self.handle, self.name, self.descriptor, self.run, self.phase = handle, name, descriptor, run, phase
+        self.unnamed = unnamed  # its number among the phase's unnamed collectives, or None
         self.name_hash = _hash64(f"{phase}:{name}")
         self.submitted = time.monotonic()
 
@@ -139,6 +139,7 @@ class Negotiator:
         self._next_handle = 0
         self._unnamed = 0  # unnamed collectives submitted in this phase
         self._phase = 0
+        self._quiesced = 0  # quiesce() calls
 
     def new_phase(self):
         """init() again: what follows is a new phase of the program (see the module's doc)."""
@@ -147,8 +148,10 @@ class Negotiator:
 
     def submit(self, kind, name, descriptor, run):
         """Queues a collective; returns its handle. ValueError for a name already pending."""
+        unnamed = None
         if name is None:
-            name = f"noname.{self._unnamed}"
+            unnamed = self._unnamed
+            name = f"noname.{unnamed}"
             self._unnamed += 1
         name = str(name)
         if name in self._names:
@@ -157,7 +160,7 @@ class Negotiator:
                              f"name. (name '{name}')")
         handle = self._next_handle
         self._next_handle += 1
-        self._pending.append(_Pending(handle, name, descriptor, run, self._phase))
+        self._pending.append(_Pending(handle, name, descriptor, run, self._phase, unnamed))
         self._names.add(name)
         return handle
 
@@ -184,11 +187,12 @@ class Negotiator:
             raise result[1]
         return result
 
-    def drain(self):
-        """Runs rounds until nothing of this rank is pending (errors stay with their handles)."""
-        if not self._pending:
-            return
-        self.wait(self._pending[-1].handle)
+    def quiesce(self, what):
+        """A barrier negotiated like any collective (named "pipesgd.WHAT.N", N counting this rank's
+        calls): every rank leaves its rounds in the same round, so that collectives outside the
+        negotiation (the C++ optimizer's) may follow. What is still pending stays pending."""
+        self._quiesced += 1
+        self.wait(self.submit("barrier", f"pipesgd.{what}.{self._quiesced}", Descriptor("barrier"), lambda: None))
 
     def round(self):
         """One negotiation round (a collective: every rank's round pairs with one of every other
@@ -196,7 +200,7 @@ class Negotiator:
         worker = self._worker
         listed = self._pending[:_CAPACITY]
         table = torch.zeros(1 + _CAPACITY, _WORDS, dtype=torch.int64)
-        header = [_MAGIC, len(listed), self._phase, self._unnamed]
+        header = [_MAGIC, len(listed), self._phase]
         table[0, :len(header)] = torch.tensor(header, dtype=torch.int64)
         now = time.monotonic()
         for k, entry in enumerate(listed):
@@ -231,19 +235,26 @@ class Negotiator:
         if progressed:
             return True
         # Nothing could run: what a rank lists while some peer does not fails there if it is of an
-        # earlier phase than a peer's, or listed for longer than the stall limit (every rank computes
-        # the same set from the table); within one phase the unnamed counter becomes the largest.
+        # earlier phase than a peer's, or, once every rank has listed such a collective for longer
+        # than the stall limit (they all wait on what no peer will submit), all of it (every rank
+        # computes the same set from the table). A failed unnamed collective of this phase gives its
+        # number back if no later one took the next (its peers never counted it).
         everywhere = set.intersection(*(set(l) for l in lists))
         limit_ms = self._stall_seconds * 1000
         latest_phase = max(int(gathered[r][0][2]) for r in range(size))
+        deadlocked = all(any(h not in everywhere and row[13] > limit_ms for h, row in lists[r].items())
+                         for r in range(size))
         stale = [(r, h) for r in range(size) for h, row in lists[r].items()
-                 if h not in everywhere and (row[13] > limit_ms or row[14] < latest_phase)]
+                 if h not in everywhere and (deadlocked or row[14] < latest_phase)]
         if not stale:
             return False
+        given_back = set()
         for r, name_hash in stale:
             if r != self._worker.rank:
                 continue
             entry = mine[name_hash]
+            if entry.unnamed is not None and entry.phase == self._phase:
+                given_back.add(entry.unnamed)
             missing = [q for q in range(size) if name_hash not in lists[q]]
             self._remove(entry)
             self._results[entry.handle] = (_ERROR, RuntimeError(
@@ -252,8 +263,8 @@ class Negotiator:
                 + (f" before {'it' if len(missing) == 1 else 'they'} called init() again (a new phase)"
                    if entry.phase < latest_phase else f" within {self._stall_seconds:g} s")
                 + " (the ranks issued different collectives)"))
-        if all(int(gathered[r][0][2]) == self._phase for r in range(size)):
-            self._unnamed = max(int(gathered[r][0][3]) for r in range(size))
+        while self._unnamed - 1 in given_back:
+            self._unnamed -= 1
         return True
 
     def _remove(self, entry):
