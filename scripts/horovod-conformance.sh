@@ -36,7 +36,8 @@
 # the same goes to OUT/summary.txt. Exit status: 0 when the suite ran (whatever its results: it
 # measures), 2 for bad arguments or missing prerequisites.
 set -euo pipefail
-
+# The whole script is one block, read before it runs: editing the file during a run cannot change it.
+{
 repo=$(cd "$(dirname "$0")/.." && pwd)
 ranks=2
 each=0
@@ -103,6 +104,7 @@ stop_leftover_ranks() {
   done <"$pids_file"
   : >"$pids_file"
 }
+# shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() { stop_leftover_ranks; rm -rf "$work"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -127,6 +129,47 @@ edit(work / "utils" / "common.py", "\nfrom horovod.runner.util.threads import in
      "used only by helpers test_torch.py does not call\n    in_thread = None\n")
 EOF
 
+# Each rank also streams its results as they come (one JSON line per test: outcome and the first line
+# of the reason) to the file named by CONFORMANCE_RESULTS, so that a launch stopped by the timeout,
+# which writes no JUnit XML, still tells what each rank did and why.
+cat >"$work/parallel/conftest.py" <<'CONFTEST'
+import json
+import os
+
+_PATH = os.environ.get("CONFORMANCE_RESULTS")
+
+
+def _write(record):
+    if _PATH:
+        with open(_PATH, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _first_line(text):
+    for line in str(text or "").splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _write({"test": nodeid.split("::")[-1], "event": "start"})
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call" and report.passed:
+        return
+    if report.skipped:
+        outcome = "skipped"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+    else:
+        outcome = {"call": "passed" if report.passed else "failed"}.get(report.when, "error")
+        crash = getattr(report.longrepr, "reprcrash", None)
+        reason = crash.message if crash is not None else report.longreprtext
+    _write({"test": report.nodeid.split("::")[-1], "event": report.when, "outcome": outcome,
+            "reason": _first_line(reason)})
+CONFTEST
+
 # The tests, in file order (TorchTests' methods named test*), for --each and the `not reached` count.
 "$python" - "$work/parallel/test_torch.py" >"$work/tests" <<'EOF'
 import ast, sys
@@ -149,7 +192,8 @@ if [ -n "$select" ]; then pytest_flags+=(-k "$select"); fi
 # Each rank: its own log and JUnit XML, named by its rank; its process id recorded for the clean-up.
 # shellcheck disable=SC2016  # expanded by each rank's bash
 rank_wrapper='r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}; prefix=$1; pids=$2; shift 2
-echo $$ >>"$pids"; exec "$@" --junitxml="$prefix-$r.xml" >"$prefix-$r.log" 2>&1'
+echo $$ >>"$pids"; export CONFORMANCE_RESULTS=$prefix-$r.jsonl
+exec "$@" --junitxml="$prefix-$r.xml" >"$prefix-$r.log" 2>&1'
 
 # launch DIR SECONDS PYTEST_ARGS...: one mpirun; DIR gets rank-R.{log,xml}, mpirun.log, rc, seconds.
 launch() {
@@ -217,7 +261,7 @@ fi
 
 # --- The summary, per rank, from each rank's JUnit XML (or its -v log when it wrote none).
 "$python" - "$ranks" "$each" "$work/tests" "$select" "${runs[@]}" <<'EOF' | tee -a "$out/summary.txt"
-import collections, os, re, sys
+import collections, json, os, re, sys
 import xml.etree.ElementTree as ET
 
 ranks, each, tests_file, select = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], sys.argv[4]
@@ -260,37 +304,30 @@ def from_xml(path):
         results[name] = (outcome, reason)
     return results
 
-LINE = re.compile(r"^test_torch\.py::TorchTests::(\w+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
-STARTED = re.compile(r"^test_torch\.py::TorchTests::(\w+) ?")
-SHORT = re.compile(r"^(FAILED|ERROR) test_torch\.py::TorchTests::(\w+)(?: - (.*))?$")
-
-def from_log(path, seconds):
-    """{test: (outcome, reason)} from a -v log (a run stopped before pytest wrote its XML)."""
-    results, reasons, running = {}, {}, None
+def from_stream(path, seconds):
+    """{test: (outcome, reason)} from a rank's JSON lines (conftest.py), for a launch stopped before
+    pytest wrote its XML; None when the rank wrote none."""
+    results, running = {}, None
     try:
         lines = open(path, errors="replace").read().splitlines()
     except OSError:
-        return {}, None
+        return None
     for line in lines:
-        m = LINE.match(line)
-        if m:
-            outcome = {"PASSED": "passed", "XPASS": "passed", "XFAIL": "passed", "FAILED": "failed",
-                       "SKIPPED": "skipped", "ERROR": "error"}[m.group(2)]
-            results.setdefault(m.group(1), (outcome, ""))
-            running = None
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the kill
+        name = record.get("test", "")
+        if record.get("event") == "start":
+            running = name
             continue
-        m = SHORT.match(line)
-        if m:
-            reasons[m.group(2)] = first_line(m.group(3) or "")
-            continue
-        m = STARTED.match(line)
-        if m and m.group(1) not in results:
-            running = m.group(1)
-    for name, (outcome, _) in results.items():
-        results[name] = (outcome, reasons.get(name, ""))
-    if running is not None:
-        results[running] = ("stopped", f"running when the launch was stopped (after {seconds} s)")
-    return results, running
+        running = None
+        outcome, reason = record.get("outcome", "error"), record.get("reason", "")
+        if name not in results or SEVERITY[outcome] > SEVERITY[results[name][0]]:
+            results[name] = (outcome, reason)
+    if running is not None and running not in results:
+        results[running] = ("stopped", f"running when the launch ended (after {seconds} s)")
+    return results
 
 def read(path, default=""):
     try:
@@ -316,8 +353,10 @@ for run in runs:
         if got is not None:
             sources[r]["xml"] += 1
         else:
-            got, _ = from_log(os.path.join(run, f"rank-{r}.log"), seconds)
-            sources[r]["log"] += 1
+            got = from_stream(os.path.join(run, f"rank-{r}.jsonl"), seconds)
+            sources[r]["stream" if got is not None else "nothing"] += 1
+            if got is None:
+                got = {}
             if each and not got:
                 got = {expected[0]: ("stopped", ended)}
         results.update(got)
@@ -332,30 +371,40 @@ for r in range(ranks):
     source = ", ".join(f"{n} {k}" for k, n in sources[r].items())
     print(f"{r:<6}" + "".join(f"{counts.get(o, 0):>12}" for o in ORDER) + f"   {source}")
 
+UNRUN = ("not reached", "not run")
 bad = collections.OrderedDict()
 for name in all_tests + sorted({n for rr in per_rank for n in rr} - set(all_tests)):
     per = [(r, *per_rank[r][name]) for r in range(ranks) if name in per_rank[r]]
-    worst = [(r, o, why) for r, o, why in per if o not in ("passed", "skipped")]
+    worst = [(r, o, why) for r, o, why in per if o not in ("passed", "skipped") + UNRUN]
     if worst:
-        bad[name] = worst
+        bad[name] = worst + [(r, o, why) for r, o, why in per if o in UNRUN]
 
 if bad:
-    print(f"\ntests not passed or skipped on every rank ({len(bad)}): NAME [rank: outcome] first line of the reason")
+    print(f"\ntests that failed, errored or were stopped on a rank ({len(bad)}): NAME [rank: outcome] first line of the reason")
     for name, worst in bad.items():
         ranks_text = ", ".join(f"{r}: {o}" for r, o, _ in worst)
         reasons = []
-        for _, _, why in worst:
-            if why and why not in reasons:
+        for _, o, why in worst:
+            if why and why not in reasons and o not in UNRUN:
                 reasons.append(why)
         print(f"  {name} [{ranks_text}] {' | '.join(reasons) if reasons else '(no reason recorded)'}")
-    groups = collections.OrderedDict()
+    groups = collections.OrderedDict()  # numbers (ranks, tags, sizes, seconds) as '#'
     for name, worst in bad.items():
         r, o, why = worst[0]
-        groups.setdefault((o, why or "(no reason recorded)"), []).append(name)
-    print(f"\nby reason (outcome and first line on the lowest rank concerned; {len(groups)} reasons):")
+        groups.setdefault((o, re.sub(r"\d+", "#", why) or "(no reason recorded)"), []).append(name)
+    print(f"\nby reason (outcome and first line on the lowest rank concerned, numbers as #; {len(groups)} reasons):")
     for (o, why), names in sorted(groups.items(), key=lambda item: -len(item[1])):
         print(f"  {len(names):3d} x {o}: {why}")
         print(f"        {', '.join(names)}")
+
+for r in range(ranks):
+    unrun = collections.OrderedDict()
+    for name, (o, why) in per_rank[r].items():
+        if o in UNRUN:
+            unrun.setdefault((o, why), []).append(name)
+    for (o, why), names in unrun.items():
+        shown = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
+        print(f"\nrank {r}: {len(names)} tests {o} ({why}): {shown}")
 
 skips = collections.Counter(why for o, why in per_rank[0].values() if o == "skipped") if ranks else {}
 if skips:
@@ -364,3 +413,5 @@ if skips:
         print(f"  {n:3d} x {why or '(no reason)'}")
 EOF
 echo "full logs and summary.txt in $out"
+exit 0
+}
