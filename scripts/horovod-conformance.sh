@@ -162,6 +162,7 @@ def pytest_runtest_logreport(report):
     if report.skipped:
         outcome = "skipped"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        reason = str(reason).removeprefix("Skipped: ")  # as the JUnit XML has it
     else:
         outcome = {"call": "passed" if report.passed else "failed"}.get(report.when, "error")
         crash = getattr(report.longrepr, "reprcrash", None)
@@ -243,7 +244,7 @@ else
     left=$((deadline - $(date +%s)))
     if ((left < 10)); then
       mkdir -p "$dir"
-      echo "not run: the --timeout of $timeout_s s ran out" >"$dir/not-run"
+      echo "the --timeout of $timeout_s s ran out" >"$dir/not-run"
       runs+=("$dir")
       continue
     fi
