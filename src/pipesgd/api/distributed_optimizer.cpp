@@ -392,6 +392,7 @@ void DistributedOptimizer::Impl::restore_state(std::span<const std::byte> bytes)
   std::vector<ParameterSegment> segments = segments_in_order(*binding, order);
   binding.reset();
   binding = std::make_unique<ParameterBinding>(std::move(segments));
+  handoff_views.clear();  // views of the old binding's tensor offsets
   reorder_layers(order);
   std::copy(parameters.begin(), parameters.end(), binding->parameters().begin());
   times = IterationTimes{};
@@ -400,7 +401,6 @@ void DistributedOptimizer::Impl::restore_state(std::span<const std::byte> bytes)
     first_gradients.assign(binding->layout().total(), 0.0f);
     arm(first_gradients);
   } else {
-    handoff_views.clear();
     method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length);
     method->load_state(in, next);
     first_gradients = {};
