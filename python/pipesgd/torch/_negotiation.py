@@ -6,7 +6,7 @@ of the unnamed ones, so unnamed collectives match by the order each rank issued 
 descriptor: its kind, reduction op, dtype, shape (allgather: after dimension 0), root and scale
 factors. A rank that must wait for a collective (a blocking call, ``synchronize``, ``poll``) runs
 negotiation rounds: one allgather of a fixed-size int64 table per round, in which every rank lists
-its pending collectives (up to ``_CAPACITY`` of them). From the gathered tables, which every rank
+its pending collectives (up to ``_CAPACITY`` of them; a rank's header and rows, 128 bytes each). From the gathered tables, which every rank
 reads identically, each round
 
 - runs the collectives every rank has submitted, in rank 0's order, after checking that their
@@ -199,15 +199,23 @@ class Negotiator:
         rank's). Returns True if a collective completed or failed."""
         worker = self._worker
         listed = self._pending[:_CAPACITY]
-        table = torch.zeros(1 + _CAPACITY, _WORDS, dtype=torch.int64)
-        header = [_MAGIC, len(listed), self._phase]
-        table[0, :len(header)] = torch.tensor(header, dtype=torch.int64)
+        header = [_MAGIC, len(listed), self._phase] + [0] * (_WORDS - 3)
+        rows = [header]
         now = time.monotonic()
-        for k, entry in enumerate(listed):
-            age_ms = int((now - entry.submitted) * 1000)
-            table[1 + k] = torch.tensor(entry.descriptor.words(entry.name_hash, age_ms), dtype=torch.int64)
-            table[1 + k, 14] = entry.phase
-        gathered = worker.allgather(table.unsqueeze(0)).tolist()  # [rank][row][word]
+        for entry in listed:
+            row = entry.descriptor.words(entry.name_hash, int((now - entry.submitted) * 1000))
+            row[14] = entry.phase
+            rows.append(row)
+        # Each rank's header and its rows, concatenated in rank order (the row counts differ).
+        flat = worker.allgather(torch.tensor(rows, dtype=torch.int64)).tolist()
+        gathered, at = [], 0
+        while at < len(flat):
+            if flat[at][0] != _MAGIC:
+                raise RuntimeError("pipesgd.torch: a negotiation round paired with another collective "
+                                   "(a collective outside the negotiation on some rank)")
+            count = int(flat[at][1])
+            gathered.append(flat[at:at + 1 + count])
+            at += 1 + count
         size = len(gathered)
         lists = []
         for r in range(size):
