@@ -4,7 +4,8 @@
 # general path (the method hands its gradient over as p.grad, torch.optim.SGD's step applies it) and
 # once with fused_update=True (the method's own fused SGD), 2 ranks (one per core), alternated.
 #
-#   bash scripts/update-path-bench.sh [--rounds N] [--iters N] [--method SPEC] [--model mlp|cnn] [BUILD_DIR=build]
+#   bash scripts/update-path-bench.sh [--rounds N] [--iters N] [--batch B] [--method SPEC] [--model mlp|cnn]
+#                                     [BUILD_DIR=build]
 #
 # Each round runs both (the order alternates from round to round); the figure is the median over
 # rounds of general / fused samples/s (mlp_train.py's own clock, start-up excluded). Target >= 0.95.
@@ -15,6 +16,7 @@ rounds=7
 iters=1500
 method=
 model=mlp
+batch=25
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build=$repo/build
 while (($#)); do
@@ -23,7 +25,8 @@ while (($#)); do
     --iters) iters=$2; shift 2 ;;
     --method) method=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --batch) batch=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     -*) echo "update-path-bench: unknown option $1" >&2; exit 2 ;;
     *) build=$(cd "$1" && pwd); shift ;;
   esac
@@ -38,7 +41,7 @@ run() {  # run general|fused -> samples/s
   [[ $1 == fused ]] && extra=(--fused-update)
   local line
   line=$(timeout 600 mpirun -np 2 /usr/bin/python3 "$repo/bench/python/mlp_train.py" --backend pipesgd \
-         --model "$model" --iters "$iters" "${method_args[@]}" "${extra[@]}" | grep '^samples_per_s=') || return 1
+         --model "$model" --batch "$batch" --iters "$iters" "${method_args[@]}" "${extra[@]}" | grep '^samples_per_s=') || return 1
   line=${line#samples_per_s=}
   echo "${line%% *}"
 }
