@@ -198,6 +198,12 @@ class DistributedOptimizer {
   // With your optimizer: the method's step (communication), leaving the gradients to apply in the
   // parameters' .grad(), readable and editable until step(). Idempotent until step().
   void synchronize_gradients();
+  // With "external" and no torch::optim optimizer, for the next step() (or synchronize_gradients())
+  // and finish() only: the caller's optimizer is plain SGD without momentum (stateless) with this
+  // learning rate and weight decay, so the method applies w -= lr * (g + weight_decay * w) itself,
+  // in the pass that scales the gradient, and hands nothing over (the fast path; the Python front
+  // end takes it for torch.optim.SGD without momentum). lr >= 0, weight_decay >= 0, finite.
+  void apply_plain_sgd(float lr, float weight_decay);
   // With "external" and no torch::optim optimizer: what applies the .grad() when the method applies
   // several updates in one call (finish()). Called on the calling thread.
   void set_apply_callback(std::function<void()> apply);

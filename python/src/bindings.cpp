@@ -167,6 +167,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("worker"), py::arg("layers"), py::arg("spec"), py::arg("options"), py::keep_alive<1, 2>())
       .def("step", &pipesgd::DistributedOptimizer::step, Released())
       .def("synchronize_gradients", &pipesgd::DistributedOptimizer::synchronize_gradients, Released())
+      .def("apply_plain_sgd", &pipesgd::DistributedOptimizer::apply_plain_sgd, py::arg("lr"), py::arg("weight_decay"))
       .def(
           "save_state",
           [](pipesgd::DistributedOptimizer& optimizer) {

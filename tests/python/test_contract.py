@@ -309,3 +309,25 @@ def test_rank_0_loads_and_broadcast_optimizer_state_gives_every_rank_its_state(s
     uninterrupted, saved = run()
     resumed, _ = run(saved)
     assert torch.equal(resumed, uninterrupted), f"{spec}: resumed weights differ by {relative_error(resumed, uninterrupted):.3g}"
+
+
+class SgdOfMyOwn(torch.optim.SGD):
+    """A subclass: its step might differ from SGD's, so the plain-SGD fast path is not taken for it."""
+
+
+@pytest.mark.parametrize("spec", ["dsync", "pipe", "sapipe+dc"])
+def test_plain_sgd_fast_path_applies_the_general_paths_update(spec):
+    """torch.optim.SGD without momentum is stateless: the method applies its rule in its own pass
+    (at the param_groups' lr of each step, with weight decay, under a scheduler) and ends where the
+    general path (a subclass, whose own step() applies the handed-over gradient) ends."""
+    def run(kind):
+        model = fresh_model()
+        opt = hvd.DistributedOptimizer(kind(model.parameters(), lr=0.2, weight_decay=0.01),
+                                       named_parameters=model.named_parameters(), method=spec, **spec_options(spec))
+        assert (opt._plain_sgd() is not None) == (kind is torch.optim.SGD)
+        train_distributed(model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5))
+        return flat(model.parameters())
+
+    fast, general = run(torch.optim.SGD), run(SgdOfMyOwn)
+    assert relative_error(general, flat(fresh_model().parameters())) > 1e-3
+    assert relative_error(fast, general) < 1e-6

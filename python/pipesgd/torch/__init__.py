@@ -945,6 +945,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's own step() on the gradients in p.grad."""
         self._wrapped_class.step(self)
 
+    def _plain_sgd(self):
+        """(lr, weight_decay) when the wrapped optimizer is torch.optim.SGD itself without momentum
+        (stateless) and every param group has the same lr and weight decay: the method then applies
+        that rule in its own pass (the fast path: the same update, one pass over the parameters
+        less); None otherwise."""
+        if self._wrapped_class is not torch.optim.SGD:
+            return None
+        first = self.param_groups[0]
+        for group in self.param_groups:
+            if group.get("momentum", 0) != 0 or group.get("nesterov", False) or group.get("maximize", False) \
+                    or group.get("differentiable", False) or group["lr"] != first["lr"] \
+                    or group.get("weight_decay", 0) != first.get("weight_decay", 0):
+                return None
+        return float(first["lr"]), float(first.get("weight_decay", 0))
+
+    def _take_plain_sgd_fast_path(self):
+        plain = self._plain_sgd()
+        if plain is not None:
+            self._pipesgd.apply_plain_sgd(*plain)
+        return plain is not None
+
     def step(self, closure=None):
         """This step's gradients go to the method. General path (the default): the method's step
         (unless synchronize() ran it) leaves the gradient to apply in p.grad (this step's average;
@@ -968,10 +989,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._pipesgd.set_learning_rate(self._check_hyper_parameters())
             self._pipesgd.step()
             return loss
-        if not self._synchronized:
+        if self._synchronized:
+            self._apply_gradients()  # what synchronize() handed over, as edited since
+        else:
+            applied_by_the_method = self._take_plain_sgd_fast_path()
             self._pipesgd.synchronize_gradients()
+            if not applied_by_the_method:
+                self._apply_gradients()
         self._synchronized = False
-        self._apply_gradients()
         self._pipesgd.step()  # arms the next backward
         return loss
 
@@ -1004,6 +1029,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def finish(self):
         """Applies every update still in flight (a pipelined method's last K steps): the model's
         parameters are final after it. Further steps raise."""
+        if not self._fused:
+            self._take_plain_sgd_fast_path()
         self._pipesgd.finish()
 
     @property

@@ -209,9 +209,13 @@ struct DistributedOptimizer::Impl final : FlatParameters {
     }
     handed_over = true;
   }
-  // The method's step up to the handed-over gradients (handoff only).
+  // The method's step up to the handed-over gradients (handoff only); plain_sgd is this step's only.
   void synchronize_gradients() {
     handoff->clear();
+    struct ForThisStep {
+      PlainSgd& plain_sgd;
+      ~ForThisStep() { plain_sgd = {}; }
+    } plain_sgd_for_this_step{handoff->plain_sgd};
     if (!method) {
       first_step();
     } else {
@@ -404,6 +408,7 @@ void DistributedOptimizer::Impl::restore_state(std::span<const std::byte> bytes)
     method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length);
     method->load_state(in, next);
     first_gradients = {};
+    if (handoff) handoff->plain_sgd = {};  // nothing is applied again
     begin_current_iteration();
     if (handoff) {
       handoff->clear();  // applied before the state was saved
@@ -661,6 +666,17 @@ void DistributedOptimizer::step() {
   }
 }
 
+void DistributedOptimizer::apply_plain_sgd(float lr, float weight_decay) {
+  if (impl_->finished) return;  // finish() is idempotent; so is what precedes it
+  impl_->check_usable("apply_plain_sgd");
+  if (!impl_->handoff) throw UsageError("DistributedOptimizer::apply_plain_sgd needs optimizer \"external\"");
+  if (!std::isfinite(lr) || lr < 0 || !std::isfinite(weight_decay) || weight_decay < 0) {
+    throw UsageError(concat("apply_plain_sgd: learning rate and weight decay must be finite and >= 0, got ", lr, " and ",
+                            weight_decay));
+  }
+  impl_->handoff->plain_sgd = PlainSgd{true, lr, weight_decay};
+}
+
 void DistributedOptimizer::set_apply_callback(std::function<void()> apply) {
   impl_->check_usable("set_apply_callback");
   impl_->apply_callback = std::move(apply);
@@ -774,7 +790,10 @@ void DistributedOptimizer::finish() {
   try {
     if (impl_->handoff) impl_->handoff->clear();
     impl_->method->finish(impl_->times);
-    if (impl_->handoff) impl_->apply_handed_over();
+    if (impl_->handoff) {
+      impl_->handoff->plain_sgd = {};
+      impl_->apply_handed_over();
+    }
   } catch (...) {
     impl_->failed = true;
     throw;

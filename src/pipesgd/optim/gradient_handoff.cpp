@@ -42,6 +42,12 @@ void GradientHandoff::mark_updated(std::size_t offset, std::size_t count) {
 void GradientHandoff::step(std::span<float> parameters, std::span<const float> gradients, float gradient_scale,
                            std::size_t offset) {
   PIPESGD_ASSERT(gradients.size() == parameters.size() && offset + gradients.size() <= into_->gradient.size());
+  if (const PlainSgd& sgd = into_->plain_sgd; sgd.on) {
+    for (std::size_t i = 0; i < gradients.size(); ++i) {
+      parameters[i] -= sgd.learning_rate * (gradients[i] * gradient_scale + sgd.weight_decay * parameters[i]);
+    }
+    return;
+  }
   mark_updated(offset, gradients.size());
   float* out = into_->gradient.data() + offset;
   for (std::size_t i = 0; i < gradients.size(); ++i) out[i] = gradients[i] * gradient_scale;
@@ -58,8 +64,8 @@ float GradientHandoff::ElementKernel::predict(std::size_t, float w, float) const
 }
 
 GradientHandoff::ElementKernel GradientHandoff::element_kernel(std::size_t offset, std::size_t count) {
-  mark_updated(offset, count);
-  return {into_->gradient.data()};
+  if (!into_->plain_sgd.on) mark_updated(offset, count);
+  return {into_->gradient.data(), into_->plain_sgd};
 }
 
 }  // namespace pipesgd

@@ -27,13 +27,29 @@ namespace pipesgd {
 // A segment handed a second gradient before the caller applied the first (a method that applies
 // several updates in one call: Pipe-SGD's finish) first has `apply_pending` called, which must apply
 // what is there and clear(); without it the later gradient replaces the earlier.
+//
+// `plain_sgd`: while set, the caller's optimizer is plain SGD (no momentum, so no state) and the
+// update is applied here instead of handed over: w -= lr * (gradient + weight_decay * w), the rule
+// the caller's optimizer would apply to the handed-over gradient, in the same pass (the fast path).
+struct PlainSgd {
+  bool on = false;
+  float learning_rate = 0;
+  float weight_decay = 0;
+};
+
 struct HandedOverGradients {
   std::vector<float> gradient;
   std::vector<std::uint8_t> updated;
   std::function<void()> apply_pending;
+  PlainSgd plain_sgd;
   // Sized for `layout`, nothing handed over.
   void reset(const Layout& layout);
-  void clear() { std::fill(updated.begin(), updated.end(), std::uint8_t{0}); }
+  // The caller applied (or dropped) what was handed over: `cleared` counts these.
+  void clear() {
+    std::fill(updated.begin(), updated.end(), std::uint8_t{0});
+    ++cleared;
+  }
+  std::uint64_t cleared = 0;
   bool any() const;
 };
 
@@ -53,10 +69,13 @@ class GradientHandoff final : public Optimizer {
   void load_state(const CheckpointReader&, const std::string&) override {}
 
   // The per-element form for fused loops (optim/fused_update.h): step() records g as element i's
-  // gradient and returns w unchanged. Valid while this optimizer lives.
+  // gradient and returns w unchanged (with plain_sgd on: returns w updated). Valid while this
+  // optimizer lives.
   struct ElementKernel {
     float* gradient;
+    PlainSgd plain_sgd;
     float step(std::size_t i, float w, float g) {
+      if (plain_sgd.on) return w - plain_sgd.learning_rate * (g + plain_sgd.weight_decay * w);
       gradient[i] = g;
       return w;
     }
@@ -64,6 +83,10 @@ class GradientHandoff final : public Optimizer {
   };
   // The kernel for elements [offset, offset + count) (whole segments, which it marks updated).
   ElementKernel element_kernel(std::size_t offset, std::size_t count);
+  // True while the update of what step() is given happens later, by the caller's optimizer (not
+  // with plain_sgd on); the parameters change then, in hand-over round `round()`.
+  bool defers() const { return !into_->plain_sgd.on; }
+  std::uint64_t round() const { return into_->cleared; }
 
  private:
   // Applies what is pending in [offset, offset + count) if anything is, then marks it updated.

@@ -35,6 +35,7 @@ void SaPipe::save_state(CheckpointWriter& out) {
   backward_sums_.save(out, kPrefix + "backward_sums");
   partition_.save(out, kPrefix + "partition.");
   monitor_.save(out, kPrefix + "stall.");
+  compensation_.settle_deferred_steps(model_.parameters());  // the caller's optimizer stepped (API contract)
   compensation_.save(out, kPrefix + "compensation.");
 }
 

@@ -6,6 +6,7 @@
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/optim/fused_update.h"
+#include "pipesgd/optim/gradient_handoff.h"
 
 namespace pipesgd {
 
@@ -29,8 +30,35 @@ void StaleCompensation::record_local_gradient(std::span<const float> slot, std::
               local_[t % 2].begin() + static_cast<std::ptrdiff_t>(offset));
 }
 
+void StaleCompensation::settle_deferred_steps(std::span<const float> weights) {
+  if (!any_deferred_) return;
+  for (std::size_t i = 0; i < deferred_.size(); ++i) {
+    if (deferred_[i]) last_step_[i] = weights[i] - last_step_[i];
+  }
+  std::fill(deferred_.begin(), deferred_.end(), 0);
+  any_deferred_ = false;
+}
+
+void StaleCompensation::settle_earlier_rounds(const Optimizer& optimizer, std::span<const float> weights) {
+  const auto* handoff = dynamic_cast<const GradientHandoff*>(&optimizer);
+  if (any_deferred_ && handoff != nullptr && handoff->round() != deferred_round_) settle_deferred_steps(weights);
+}
+
+void StaleCompensation::defer_step(const Optimizer& optimizer, std::span<const float> weights, std::size_t offset,
+                                   std::size_t count) {
+  const auto* handoff = dynamic_cast<const GradientHandoff*>(&optimizer);
+  if (handoff == nullptr || !handoff->defers() || count == 0) return;
+  if (deferred_.empty()) deferred_.assign(last_step_.size(), 0);
+  std::copy_n(weights.begin() + static_cast<std::ptrdiff_t>(offset), count,
+              last_step_.begin() + static_cast<std::ptrdiff_t>(offset));
+  std::fill_n(deferred_.begin() + static_cast<std::ptrdiff_t>(offset), count, 1);
+  any_deferred_ = true;
+  deferred_round_ = handoff->round();
+}
+
 void StaleCompensation::step_synchronous(Optimizer& optimizer, std::span<float> weights, std::span<const float> slot,
                                          std::size_t offset, std::size_t count, bool record_step) {
+  if (!last_step_.empty()) settle_earlier_rounds(optimizer, weights);
   if (last_step_.empty() || !record_step) {
     optimizer.step(weights.subspan(offset, count), slot.subspan(offset, count), gradient_scale_, offset);
     return;
@@ -45,6 +73,7 @@ void StaleCompensation::step_synchronous(Optimizer& optimizer, std::span<float> 
     w[i] = kernel.step(i, old, g[i] * scale);
     step[i] = w[i] - old;
   });
+  defer_step(optimizer, weights, offset, count);
 }
 
 float StaleCompensation::dc_projection(double dot) {
@@ -62,6 +91,7 @@ void StaleCompensation::step_stale(Optimizer& optimizer, std::span<float> model_
   float* const weights = true_weights_.empty() ? model_weights.data() : true_weights_.data();
   float* const step = last_step_.empty() ? nullptr : last_step_.data();
   const float scale = gradient_scale_, lambda = lambda_;
+  if (step != nullptr) settle_earlier_rounds(optimizer, model_weights);  // deferred only without true_weights_
   // The true step. Synchronous gradients (warm-up, profiling) and every mode but dc step plainly.
   if (kind_ == Compensation::kDelay && stale) {
     // g . D over the whole stale range (Eq. 1's scalar).
@@ -84,6 +114,7 @@ void StaleCompensation::step_stale(Optimizer& optimizer, std::span<float> model_
       weights[i] = kernel.step(i, weights[i], gradient[i] * scale);
     });
   }
+  if (step != nullptr) defer_step(optimizer, std::span<const float>(weights, n), 0, n);
 }
 
 void StaleCompensation::show_true_weights(std::span<float> model_weights, std::size_t count) const {
@@ -132,9 +163,11 @@ void StaleCompensation::forget(std::size_t offset, std::size_t count) {
     if (!local.empty()) std::fill_n(local.begin() + static_cast<std::ptrdiff_t>(offset), count, 0.0f);
   }
   if (!last_step_.empty()) std::fill_n(last_step_.begin() + static_cast<std::ptrdiff_t>(offset), count, 0.0f);
+  if (!deferred_.empty()) std::fill_n(deferred_.begin() + static_cast<std::ptrdiff_t>(offset), count, 0);
 }
 
 void StaleCompensation::save(CheckpointWriter& out, const std::string& prefix) const {
+  PIPESGD_ASSERT(!any_deferred_);  // settle_deferred_steps first
   out.add(prefix + "local0", std::span<const float>(local_[0]));
   out.add(prefix + "local1", std::span<const float>(local_[1]));
   out.add(prefix + "true_weights", std::span<const float>(true_weights_));

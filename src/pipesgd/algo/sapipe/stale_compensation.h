@@ -83,6 +83,11 @@ class StaleCompensation {
   // after the history stopped being kept for them).
   void forget(std::size_t offset, std::size_t count);
 
+  // With the caller's optimizer (optim/gradient_handoff.h) a step is known only once the caller
+  // applied it: the recorded steps of earlier hand-over rounds become `weights` now minus the
+  // weights before (`weights`: the model's, between steps, after the caller's optimizer stepped).
+  // step_synchronous and step_stale settle by themselves; call it before save.
+  void settle_deferred_steps(std::span<const float> weights);
   // Checkpoint sections `prefix` + ...; load throws DataError for another size, or for clamped
   // updates counted when this run does not bound.
   void save(CheckpointWriter& out, const std::string& prefix) const;
@@ -92,6 +97,11 @@ class StaleCompensation {
   // g . D as used by the DC term: with bound_, clamped so that |lambda * (g . D)| <=
   // kDelayCompensationBound (counted).
   float dc_projection(double dot);
+  // Steps recorded in an earlier hand-over round than `optimizer`'s now are settled; then elements
+  // [offset, offset + count) of `weights` are remembered as the weights before the update the
+  // caller applies after this round (deferred), when `optimizer` defers.
+  void settle_earlier_rounds(const Optimizer& optimizer, std::span<const float> weights);
+  void defer_step(const Optimizer& optimizer, std::span<const float> weights, std::size_t offset, std::size_t count);
 
   const Compensation kind_;
   const float lambda_;
@@ -100,6 +110,11 @@ class StaleCompensation {
   std::vector<float> local_[2];       // wp: L(t) in local_[t % 2], whole buffer
   std::vector<float> true_weights_;   // wp: the stale range's true weights
   std::vector<float> last_step_;      // dc, wp3: the last step of every element
+  // Deferred steps (the caller's optimizer applies them): per element, 1 while last_step_ holds
+  // the weight before the update instead of the step; the hand-over round they were recorded in.
+  std::vector<char> deferred_;
+  bool any_deferred_ = false;
+  std::uint64_t deferred_round_ = 0;
   std::int64_t bounded_compensations_ = 0;
 };
 
