@@ -74,3 +74,11 @@ def fresh_model(seed=1234):
     """A TwoLayerNet with the same initial weights on every rank and in every call."""
     torch.manual_seed(seed)
     return TwoLayerNet()
+
+
+def global_batches(size, per_rank, steps, seed=99):
+    """The same (inputs [size * per_rank, 6], labels in 0..2) for every step on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        yield (torch.randn(size * per_rank, 6, generator=generator),
+               torch.randint(0, 3, (size * per_rank,), generator=generator))

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import pipesgd.torch as hvd
+import psgd_testlib
 from psgd_testlib import assert_same_on_every_rank, flat, fresh_model, relative_error
 
 hvd.init(timeout=60)
@@ -28,9 +29,7 @@ METHODS = {m["name"]: m for m in hvd.available_methods()}
 
 
 def global_batches(steps=STEPS, seed=99):
-    generator = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        yield torch.randn(N * B, 6, generator=generator), torch.randint(0, 3, (N * B,), generator=generator)
+    return psgd_testlib.global_batches(N, B, steps, seed)
 
 
 def my_slice(x):
@@ -214,6 +213,22 @@ def test_gradients_are_readable_after_synchronize_and_edits_are_applied():
     opt.finish()
 
 
+def train_around_a_checkpoint(model, opt, cut, resumed, save):
+    """Steps 0..STEPS-1 (resumed: from `cut` on); returns the weights after finish() and, when not
+    resumed, what save() returned after step cut - 1."""
+    saved = None
+    for t, (x, y) in enumerate(global_batches()):
+        if resumed and t < cut:
+            continue
+        opt.zero_grad()
+        F.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
+        opt.step()
+        if t == cut - 1 and not resumed:
+            saved = save()
+    opt.finish()
+    return flat(model.parameters()), saved
+
+
 @pytest.mark.parametrize("spec", worker_only_specs() + ["pipe+int8", "dsync+int8"])
 def test_state_dict_round_trip_resumes_bit_for_bit(spec):
     """torch.save({'model', 'optimizer': state_dict()}) after step 4, torch.load into a fresh model and
@@ -229,19 +244,11 @@ def test_state_dict_round_trip_resumes_bit_for_bit(spec):
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), method=spec, **options)
         if checkpoint is not None:
             opt.load_state_dict(checkpoint["optimizer"])
-        saved = None
-        for t, (x, y) in enumerate(global_batches()):
-            if checkpoint is not None and t < cut:
-                continue
-            opt.zero_grad()
-            F.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
-            opt.step()
-            if t == cut - 1 and checkpoint is None:
-                buffer = io.BytesIO()
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buffer)
-                saved = buffer.getvalue()
-        opt.finish()
-        return flat(model.parameters()), saved
+        def save():
+            buffer = io.BytesIO()
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buffer)
+            return buffer.getvalue()
+        return train_around_a_checkpoint(model, opt, cut, resumed=checkpoint is not None, save=save)
 
     uninterrupted, saved = run()
     resumed, _ = run(torch.load(io.BytesIO(saved)))
@@ -294,17 +301,9 @@ def test_rank_0_loads_and_broadcast_optimizer_state_gives_every_rank_its_state(s
                 opt.load_state_dict(checkpoint["optimizer"])
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             hvd.broadcast_optimizer_state(opt, root_rank=0)
-        saved = None
-        for t, (x, y) in enumerate(global_batches()):
-            if checkpoint is not None and t < cut:
-                continue
-            opt.zero_grad()
-            F.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
-            opt.step()
-            if t == cut - 1 and checkpoint is None:
-                saved = copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict()})
-        opt.finish()
-        return flat(model.parameters()), saved
+        return train_around_a_checkpoint(
+            model, opt, cut, resumed=checkpoint is not None,
+            save=lambda: copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict()}))
 
     uninterrupted, saved = run()
     resumed, _ = run(saved)

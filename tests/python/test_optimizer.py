@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import pipesgd
 import pipesgd.torch as hvd
+import psgd_testlib
 from psgd_testlib import CLI, assert_same_on_every_rank, clean_env, flat, fresh_model, relative_error
 
 hvd.init(timeout=60)
@@ -33,9 +34,7 @@ def fresh_model_parameters():
 
 def global_batches(steps=STEPS, seed=99):
     """The same (inputs, labels) of size * B samples per step on every rank."""
-    generator = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        yield torch.randn(N * B, 6, generator=generator), torch.randint(0, 3, (N * B,), generator=generator)
+    return psgd_testlib.global_batches(N, B, steps, seed)
 
 
 def my_slice(x):
