@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,13 +18,15 @@ namespace pipesgd {
 namespace {
 
 constexpr const char* kOperation = "gathering the trace";
-// 64: with waits that sleep (the shared-memory transport), a round trip on a loaded machine often
-// includes a wake-up; the best of 8 was off by up to 300 us there (more than two ranks' allreduces
-// of one iteration overlap), the best of 64 was within the overlap in 8 of 8 loaded runs.
+// Ranks of one kernel read one monotonic clock: their offset is the difference of their recorders'
+// origins, exactly. Across machines, ping-pongs: 64, because with waits that sleep a round trip on
+// a loaded machine often includes a wake-up (the best of 8 was off by up to 300 us; the best of 64,
+// once still by more than two ranks' allreduce of one iteration overlap on a loaded machine).
 constexpr int kPingPongs = 64;
 // The gathering's messages: a control-channel sequence no run uses (runs use 2 * epochs + 1 at most).
 constexpr Tag kBase = collective_tag(Channel::kControl, 0xfffffff0u);
-constexpr int kOffsetStep = kPingPongs, kSizeStep = kPingPongs + 1, kEventsStep = kPingPongs + 2;
+constexpr int kOffsetStep = kPingPongs, kSizeStep = kPingPongs + 1, kEventsStep = kPingPongs + 2,
+              kClockStep = kPingPongs + 3;
 
 std::int64_t now_since(const TraceRecorder& recorder) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(TraceClock::now() - recorder.origin()).count();
@@ -35,6 +39,35 @@ std::span<const std::byte> bytes_of(const T& value) {
 template <typename T>
 std::span<std::byte> writable_bytes_of(T& value) {
   return std::as_writable_bytes(std::span(&value, 1));
+}
+
+// This process's clock: the kernel's boot (processes of one boot share CLOCK_MONOTONIC, steady_clock
+// here, whichever host name or network namespace they have; 0 if unknown) and the recorder's origin on it.
+struct ClockIdentity {
+  std::uint64_t boot = 0;
+  std::int64_t origin_ns = 0;
+};
+
+ClockIdentity clock_identity(const TraceRecorder& recorder) {
+  ClockIdentity identity;
+  std::ifstream boot_id("/proc/sys/kernel/random/boot_id");
+  std::string text;
+  if (boot_id >> text) {
+    identity.boot = 14695981039346656037ull;  // FNV-1a: the same value in every process
+    for (const char c : text) identity.boot = (identity.boot ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  identity.origin_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(recorder.origin().time_since_epoch()).count();
+  return identity;
+}
+
+// Both sides' clock identities (rank 0 and `peer` exchange theirs); true if the two share a clock.
+bool share_a_clock(Transport& ranks, int peer, const ClockIdentity& mine, ClockIdentity& theirs, Timeout timeout) {
+  const bool root = ranks.rank() == 0;
+  Request send = ranks.send(peer, step_tag(kBase, kClockStep, root ? 0 : 1), bytes_of(mine), kOperation);
+  ranks.recv(peer, step_tag(kBase, kClockStep, root ? 1 : 0), writable_bytes_of(theirs), kOperation).wait(timeout);
+  send.wait(timeout);
+  return mine.boot != 0 && mine.boot == theirs.boot;
 }
 
 // Rank 0's side with `peer`: the offset that maps the peer's trace times onto rank 0's.
@@ -58,8 +91,11 @@ std::int64_t measure_offset(Transport& ranks, int peer, const TraceRecorder& rec
 
 nlohmann::json gather_trace_events(Transport& ranks, const TraceRecorder& recorder, Timeout timeout) {
   const int rank = ranks.rank();
+  const ClockIdentity mine = clock_identity(recorder);
   if (rank != 0) {
-    for (int round = 0; round < kPingPongs; ++round) {
+    ClockIdentity root_clock;
+    const bool same_clock = share_a_clock(ranks, 0, mine, root_clock, timeout);
+    for (int round = 0; same_clock ? false : round < kPingPongs; ++round) {
       std::int64_t ping = 0;
       ranks.recv(0, step_tag(kBase, round, 0), writable_bytes_of(ping), kOperation).wait(timeout);
       const std::int64_t stamp = now_since(recorder);
@@ -76,7 +112,11 @@ nlohmann::json gather_trace_events(Transport& ranks, const TraceRecorder& record
   }
   nlohmann::json events = recorder.events_json();
   for (int peer = 1; peer < ranks.size(); ++peer) {
-    const std::int64_t offset = measure_offset(ranks, peer, recorder, timeout);
+    // One kernel's monotonic clock: the origins' difference, exactly; else ping-pongs.
+    ClockIdentity theirs;
+    const std::int64_t offset = share_a_clock(ranks, peer, mine, theirs, timeout)
+                                    ? theirs.origin_ns - mine.origin_ns
+                                    : measure_offset(ranks, peer, recorder, timeout);
     ranks.send(peer, step_tag(kBase, kOffsetStep, 0), bytes_of(offset), kOperation).wait(timeout);
     std::uint64_t size = 0;
     ranks.recv(peer, step_tag(kBase, kSizeStep, 0), writable_bytes_of(size), kOperation).wait(timeout);
