@@ -79,6 +79,17 @@ py::bytes to_bytes(const std::vector<std::byte>& bytes) {
   return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
 
+// The optimizer's state from `save` (a member that may wait on peers: run without the GIL) as bytes.
+py::bytes state_bytes(pipesgd::DistributedOptimizer& optimizer,
+                      pipesgd::OptimizerState (pipesgd::DistributedOptimizer::*save)()) {
+  pipesgd::OptimizerState state;
+  {
+    py::gil_scoped_release released;
+    state = (optimizer.*save)();
+  }
+  return to_bytes(state.bytes);
+}
+
 pipesgd::OptimizerState to_state(const py::bytes& given) {
   const std::string text = given;
   pipesgd::OptimizerState state;
@@ -168,16 +179,10 @@ PYBIND11_MODULE(_C, m) {
       .def("step", &pipesgd::DistributedOptimizer::step, Released())
       .def("synchronize_gradients", &pipesgd::DistributedOptimizer::synchronize_gradients, Released())
       .def("apply_plain_sgd", &pipesgd::DistributedOptimizer::apply_plain_sgd, py::arg("lr"), py::arg("weight_decay"))
-      .def(
-          "save_state",
-          [](pipesgd::DistributedOptimizer& optimizer) {
-            pipesgd::OptimizerState state;
-            {
-              py::gil_scoped_release released;
-              state = optimizer.save_state();
-            }
-            return to_bytes(state.bytes);
-          })
+      .def("save_state",
+           [](pipesgd::DistributedOptimizer& optimizer) {
+             return state_bytes(optimizer, &pipesgd::DistributedOptimizer::save_state);
+           })
       .def(
           "set_apply_callback",
           [](pipesgd::DistributedOptimizer& optimizer, py::function apply) {
@@ -192,12 +197,7 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "step_and_save_state",
           [](pipesgd::DistributedOptimizer& optimizer) {
-            pipesgd::OptimizerState state;
-            {
-              py::gil_scoped_release released;
-              state = optimizer.step_and_save_state();
-            }
-            return to_bytes(state.bytes);
+            return state_bytes(optimizer, &pipesgd::DistributedOptimizer::step_and_save_state);
           })
       .def(
           "load_state", [](pipesgd::DistributedOptimizer& optimizer, const py::bytes& state) { optimizer.load_state(to_state(state)); },

@@ -149,6 +149,17 @@ struct DistributedOptimizer::Impl final : FlatParameters {
   bool reports_forward_progress() const override { return options.forward_hooks; }
   void set_forward_hook(SegmentsNeededFn hook) override { forward_hook = std::move(hook); }
 
+  // Runs `work`; if it throws, the optimizer is unusable from then on (its backward disarmed).
+  template <typename Work>
+  decltype(auto) or_fail(Work&& work) {
+    try {
+      return work();
+    } catch (...) {
+      failed = true;
+      if (binding) binding->disarm();
+      throw;
+    }
+  }
   void check_usable(const char* call) const {
     if (failed) throw UsageError(concat("DistributedOptimizer::", call, ": the optimizer failed earlier; destroy it"));
     if (finished) throw UsageError(concat("DistributedOptimizer::", call, " after finish()"));
@@ -643,7 +654,7 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& mo
 void DistributedOptimizer::step() {
   impl_->check_usable("step");
   impl_->stepped = true;
-  try {
+  impl_->or_fail([&] {
     if (impl_->handoff) {
       if (!impl_->handed_over) {
         const StepSpan span(impl_->t);
@@ -659,11 +670,7 @@ void DistributedOptimizer::step() {
         impl_->next_step();
       }
     }
-  } catch (...) {
-    impl_->failed = true;
-    if (impl_->binding) impl_->binding->disarm();
-    throw;
-  }
+  });
 }
 
 void DistributedOptimizer::apply_plain_sgd(float lr, float weight_decay) {
@@ -691,13 +698,7 @@ void DistributedOptimizer::synchronize_gradients() {
   if (impl_->handed_over) return;
   impl_->stepped = true;
   const StepSpan span(impl_->t);
-  try {
-    impl_->synchronize_gradients();
-  } catch (...) {
-    impl_->failed = true;
-    if (impl_->binding) impl_->binding->disarm();
-    throw;
-  }
+  impl_->or_fail([&] { impl_->synchronize_gradients(); });
 }
 
 OptimizerState DistributedOptimizer::save_state() {
@@ -709,13 +710,7 @@ OptimizerState DistributedOptimizer::save_state() {
   if (impl_->handed_over || !impl_->binding->parameter_readiness_order().empty()) {
     throw UsageError("DistributedOptimizer::save_state: call it between step() and the next backward");
   }
-  try {
-    return OptimizerState{impl_->capture_state(impl_->t)};
-  } catch (...) {
-    impl_->failed = true;
-    if (impl_->binding) impl_->binding->disarm();
-    throw;
-  }
+  return impl_->or_fail([&] { return OptimizerState{impl_->capture_state(impl_->t)}; });
 }
 
 OptimizerState DistributedOptimizer::step_and_save_state() {
