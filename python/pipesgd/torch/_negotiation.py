@@ -5,9 +5,9 @@ Every collective is submitted under a name (the caller's ``name=``, else "noname
 of the unnamed ones, so unnamed collectives match by the order each rank issued them) with a
 descriptor: its kind, reduction op, dtype, shape (allgather: after dimension 0), root and scale
 factors. A rank that must wait for a collective (a blocking call, ``synchronize``, ``poll``) runs
-negotiation rounds: one allgather of a fixed-size int64 table per round, in which every rank lists
-its pending collectives (up to ``_CAPACITY`` of them; a rank's header and rows, 128 bytes each). From the gathered tables, which every rank
-reads identically, each round
+negotiation rounds: one allgather per round, in which every rank sends a header and a row per
+pending collective (up to ``_CAPACITY`` of them; 16 int64 words, 128 bytes, each). From the gathered
+rows, which every rank reads identically, each round
 
 - runs the collectives every rank has submitted, in rank 0's order, after checking that their
   descriptors agree; a disagreement fails that collective on every rank with Horovod's wording
