@@ -274,11 +274,11 @@ TEST(PsSync, RankPerProcessEqualsThreads) {
 
 TEST(RankSubsetTransport, ShowsTheFirstRanksOnly) {
   LocalFabric fabric(5);
-  RankSubsetTransport view(fabric.endpoint(1), 3);
+  RankSubsetTransport view = first_ranks(fabric.endpoint(1), 3);
   EXPECT_EQ(view.size(), 3);
   EXPECT_EQ(view.rank(), 1);
-  EXPECT_THROW(RankSubsetTransport(fabric.endpoint(3), 3), UsageError);
-  EXPECT_THROW(RankSubsetTransport(fabric.endpoint(0), 6), UsageError);
+  EXPECT_THROW(first_ranks(fabric.endpoint(3), 3), UsageError);
+  EXPECT_THROW(first_ranks(fabric.endpoint(0), 6), UsageError);
 }
 
 // The servers stop at once and the worker's error is reported (failing_model.h: rank 2's replica

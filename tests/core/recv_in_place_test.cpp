@@ -309,7 +309,7 @@ TEST(LocalRecvInPlace, APlainRecvIsNeverLent) {
 // RankSubsetTransport forwards recv_in_place: the view lends as its transport does.
 TEST(LocalRecvInPlace, ARankSubsetViewLendsAsItsTransportDoes) {
   LocalFabric fabric(3);
-  RankSubsetTransport view(fabric.endpoint(1), 2);
+  RankSubsetTransport view = first_ranks(fabric.endpoint(1), 2);
   const std::vector<std::int32_t> message = {3, 1, 4};
   std::vector<std::int32_t> buffer(3, -1);
   Request send = fabric.endpoint(0).send(1, 0, bytes_of(message), test_operation);

@@ -22,7 +22,7 @@ inline constexpr std::uint64_t kServerSequenceBase = 0x80000000u;
 
 struct Worker::Impl {
   Impl(Transport& world_transport, int workers_, int servers_, int local_rank_, bool mpi_, Timeout timeout_)
-      : world(world_transport), workers(world_transport, workers_), worker_count(workers_), server_count(servers_),
+      : world(world_transport), workers(first_ranks(world_transport, workers_)), worker_count(workers_), server_count(servers_),
         local_rank(local_rank_), mpi(mpi_), timeout(timeout_) {}
 
   Transport& world;              // workers then servers

@@ -238,7 +238,7 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
   if (!interrupted) {
     try {
       // The timings are gathered among the workers only.
-      RankSubsetTransport workers(transport, config.workers);
+      RankSubsetTransport workers = first_ranks(transport, config.workers);
       gather_at_leader(workers, run, records);
     } catch (const std::exception& error) {
       transport.report_failure(error.what());

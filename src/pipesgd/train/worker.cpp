@@ -178,7 +178,7 @@ class WorkerLoop {
         metrics_(metrics),
         sampler_(data.train.size, config_.workers, rank, config_.batch, config_.seed),
         assembler_(data.train, config_.batch),
-        worker_ranks_(transport, config_.workers),  // the workers, never the server ranks
+        worker_ranks_(first_ranks(transport, config_.workers)),  // the workers, never the server ranks
         control_codec_(make_codec("none")),
         control_(worker_ranks_, 3, *control_codec_, AllreduceOptions{config_.method.common.timeout, kAutoSegmentBytes}),
         progress_(leader != nullptr && config_.progress, config_.method.spec),
