@@ -24,9 +24,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
+#include "pipesgd/collectives.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -64,8 +66,6 @@ struct WorldOptions {
   std::string trace_iterations;
 };
 
-enum class ReduceOp { kSum, kAverage };
-
 class Worker {
  public:
   struct Impl;
@@ -81,10 +81,14 @@ class Worker {
   bool is_mpi() const;
   std::chrono::milliseconds timeout() const;
 
-  // Collectives among the workers: every worker calls the same ones in the same order with tensors
-  // of the same shape (allgather: the same shape after dimension 0). Tensors must be contiguous
-  // or not, float32, on the CPU; anything else is a UsageError naming the call. Blocking.
-  // In place: every worker's `tensor` becomes the element-wise sum (or mean) over the workers.
+  // Collectives among the workers, negotiated and run by the worker's communication thread
+  // (collectives.h: the contract, dtypes, reductions, process sets, join).
+  // Asynchronous: returns at once; the Work's wait() gives the results.
+  std::shared_ptr<Work> submit(Collective call);
+  // Blocking forms (submit, then wait) among every worker, unnamed (matched in the order each
+  // worker calls them). Tensors on the CPU, of any dtype of collectives.h; a mismatch between the
+  // workers (dtype, shape, op, root) is a CollectiveMismatchError on each of them.
+  // In place: every worker's `tensor` becomes the element-wise reduction over the workers.
   void allreduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kAverage);
   // In place: every worker's `tensor` becomes root's.
   void broadcast(torch::Tensor& tensor, int root = 0);
@@ -93,6 +97,15 @@ class Worker {
   torch::Tensor allgather(const torch::Tensor& tensor);
   // Returns once every worker called it.
   void barrier();
+  // A new process set of `ranks` (every worker calls it with the same ranks, in the same order as
+  // its other process-set calls); returns its id.
+  int add_process_set(std::vector<int> ranks);
+  void remove_process_set(int id);
+  // The workers of process set `id` (0: every worker); UsageError for an unknown id.
+  std::vector<int> process_set_ranks(int id) const;
+  // Begins a new phase of the program (collectives.h: names match within a phase; what a peer left
+  // behind in an earlier one fails at once).
+  void new_phase();
   // Every parameter and buffer (e.g. batch-norm statistics) of `module` becomes root's, so the
   // replicas start identical. Every worker's module must have the same parameters and buffers in
   // the same order and shapes.

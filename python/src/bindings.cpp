@@ -13,6 +13,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -90,6 +92,28 @@ py::bytes state_bytes(pipesgd::DistributedOptimizer& optimizer,
   return to_bytes(state.bytes);
 }
 
+pipesgd::CollectiveKind collective_kind(const std::string& name) {
+  using pipesgd::CollectiveKind;
+  static const std::map<std::string, CollectiveKind> kinds = {
+      {"allreduce", CollectiveKind::kAllreduce},          {"allgather", CollectiveKind::kAllgather},
+      {"broadcast", CollectiveKind::kBroadcast},          {"alltoall", CollectiveKind::kAlltoall},
+      {"reducescatter", CollectiveKind::kReducescatter},  {"barrier", CollectiveKind::kBarrier},
+      {"join", CollectiveKind::kJoin},                    {"add_process_set", CollectiveKind::kAddProcessSet},
+      {"remove_process_set", CollectiveKind::kRemoveProcessSet}};
+  const auto found = kinds.find(name);
+  if (found == kinds.end()) throw pipesgd::UsageError(pipesgd::concat("unknown collective '", name, "'"));
+  return found->second;
+}
+
+pipesgd::ReduceOp reduce_op(const std::string& name) {
+  using pipesgd::ReduceOp;
+  for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct,
+                            ReduceOp::kAdasum}) {
+    if (name == pipesgd::reduce_op_name(op)) return op;
+  }
+  throw pipesgd::UsageError(pipesgd::concat("unknown reduction '", name, "'"));
+}
+
 pipesgd::OptimizerState to_state(const py::bytes& given) {
   const std::string text = given;
   pipesgd::OptimizerState state;
@@ -109,6 +133,7 @@ PYBIND11_MODULE(_C, m) {
   static py::exception<pipesgd::CommError> comm_error(m, "CommError", runtime_error.ptr());
   static py::exception<pipesgd::CommTimeoutError> timeout_error(m, "CommTimeoutError", comm_error.ptr());
   static py::exception<pipesgd::PeerFailedError> peer_failed_error(m, "PeerFailedError", comm_error.ptr());
+  static py::exception<pipesgd::CollectiveMismatchError> mismatch_error(m, "CollectiveMismatchError", runtime_error.ptr());
   py::register_exception_translator([](std::exception_ptr failure) {
     try {
       if (failure) std::rethrow_exception(failure);
@@ -122,6 +147,8 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(peer_failed_error.ptr(), error.what());
     } catch (const pipesgd::CommError& error) {
       PyErr_SetString(comm_error.ptr(), error.what());
+    } catch (const pipesgd::CollectiveMismatchError& error) {
+      PyErr_SetString(mismatch_error.ptr(), error.what());
     } catch (const pipesgd::Error& error) {
       PyErr_SetString(PyExc_RuntimeError, error.what());
     }
@@ -133,17 +160,46 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("local_rank", &pipesgd::Worker::local_rank)
       .def_property_readonly("servers", &pipesgd::Worker::servers)
       .def_property_readonly("is_mpi", &pipesgd::Worker::is_mpi)
-      .def(
-          "allreduce",
-          [](pipesgd::Worker& worker, torch::Tensor tensor, bool average) {
-            worker.allreduce(tensor, average ? pipesgd::ReduceOp::kAverage : pipesgd::ReduceOp::kSum);
-          },
-          py::arg("tensor"), py::arg("average"), Released(), "in place; float32 CPU tensors")
-      .def(
-          "broadcast", [](pipesgd::Worker& worker, torch::Tensor tensor, int root) { worker.broadcast(tensor, root); },
-          py::arg("tensor"), py::arg("root"), Released(), "in place")
       .def("allgather", &pipesgd::Worker::allgather, py::arg("tensor"), Released())
-      .def("barrier", &pipesgd::Worker::barrier, Released());
+      .def(
+          "submit",
+          [](pipesgd::Worker& worker, const std::string& kind, const std::string& name, std::optional<torch::Tensor> input,
+             std::optional<torch::Tensor> output, const std::string& op, double prescale, double postscale, int root,
+             std::vector<std::int64_t> splits, int process_set, std::vector<int> ranks) {
+            pipesgd::Collective call;
+            call.kind = collective_kind(kind);
+            call.name = name;
+            if (input) call.input = *input;
+            if (output) call.output = *output;
+            call.op = reduce_op(op);
+            call.prescale = prescale;
+            call.postscale = postscale;
+            call.root = root;
+            call.splits = std::move(splits);
+            call.process_set = process_set;
+            call.ranks = std::move(ranks);
+            return worker.submit(std::move(call));
+          },
+          py::arg("kind"), py::arg("name") = "", py::arg("input") = py::none(), py::arg("output") = py::none(),
+          py::arg("op") = "Average", py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("root") = 0,
+          py::arg("splits") = std::vector<std::int64_t>{}, py::arg("process_set") = 0,
+          py::arg("ranks") = std::vector<int>{}, "queues a negotiated collective (include/pipesgd/collectives.h)")
+      .def("process_set_ranks", &pipesgd::Worker::process_set_ranks, py::arg("id"))
+      .def("new_phase", &pipesgd::Worker::new_phase);
+
+  // A submitted collective (c10d's Work): is_completed() never blocks; wait() (without the GIL)
+  // returns the results as a list of tensors or raises the collective's error.
+  py::class_<pipesgd::Work, std::shared_ptr<pipesgd::Work>>(m, "Work")
+      .def("is_completed", &pipesgd::Work::is_completed)
+      .def("wait", [](pipesgd::Work& work) {
+        std::vector<torch::Tensor> results;
+        {
+          py::gil_scoped_release released;
+          results = work.wait();
+        }
+        return results;
+      })
+      .def_property_readonly("name", &pipesgd::Work::name);
 
   // The session owns its worker (returned with reference_internal: the worker keeps the session alive).
   py::class_<pipesgd::Session>(m, "Session")

@@ -41,18 +41,22 @@ import zlib
 import torch
 
 from pipesgd import _C
-from pipesgd.torch import _negotiation
-from pipesgd._C import CommError, CommTimeoutError, DataError, PeerFailedError
+from pipesgd._C import CollectiveMismatchError, CommError, CommTimeoutError, DataError, PeerFailedError
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
     "is_worker", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
     "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_",
-    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "sparse_allreduce_async",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
     "synchronize", "poll", "barrier", "join", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "DistributedOptimizer", "Compression", "Compressor",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "global_process_set", "available_methods",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set", "add_process_set",
+    "remove_process_set", "available_methods", "start_timeline", "stop_timeline", "SyncBatchNorm",
+    "PartialDistributedOptimizer", "HorovodInternalError", "CollectiveMismatchError",
     "CommError", "CommTimeoutError", "DataError", "PeerFailedError",
 ]
 
@@ -67,17 +71,47 @@ _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: 
 
 
 class ProcessSet:
-    """Horovod's process sets: pipesgd has the global one only (every worker)."""
+    """A subset of the workers for collectives (Horovod's): ``hvd.add_process_set([0, 2])`` registers
+    one on every worker; ``process_set=`` of any collective then involves its ranks only."""
 
     def __init__(self, ranks=None):
-        self.ranks = ranks
-        self.process_set_id = 0
+        if ranks is not None and not isinstance(ranks, (list, tuple, range)):
+            raise ValueError(f"ProcessSet: expected a list of ranks, got {type(ranks).__name__} "
+                             "(an mpi4py communicator is not supported)")
+        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+        self.process_set_id = None
+
+    def _ranks(self):
+        if self.process_set_id is None:
+            raise ValueError(f"{self!r} is not registered (hvd.add_process_set)")
+        return _worker().process_set_ranks(self.process_set_id)
+
+    def size(self):
+        return len(self._ranks())
+
+    def rank(self):
+        """This worker's index in the set (ValueError if it is not a member)."""
+        ranks = self._ranks()
+        if rank() not in ranks:
+            raise ValueError(f"rank {rank()} is not in {self!r}")
+        return ranks.index(rank())
+
+    def included(self):
+        return rank() in self._ranks()
+
+    def __eq__(self, other):
+        return isinstance(other, ProcessSet) and self.ranks == other.ranks and \
+            self.process_set_id == other.process_set_id
+
+    def __hash__(self):
+        return id(self)
 
     def __repr__(self):
-        return "ProcessSet(process_set_id=0, ranks=all)"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
 global_process_set = ProcessSet()
+global_process_set.process_set_id = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,7 +171,7 @@ class _State:
     cross_rank = 0
     cross_size = 1
     homogeneous = True
-    negotiator = None  # the collectives issued and not yet run (_negotiation.Negotiator)
+    process_sets = {}  # id -> ProcessSet registered with add_process_set
     optimizers = weakref.WeakSet()  # live DistributedOptimizers, finished at shutdown
     previous_excepthook = None
 
@@ -145,9 +179,6 @@ class _State:
 _state = _State()
 
 _DEFAULT_TIMEOUT_SECONDS = 120.0
-# How long a rank waits for its peers to submit a collective while every one of them is waiting too
-# (nothing can change then but a mistake of the program: different collectives on different ranks).
-_STALL_SECONDS = 5.0
 
 
 def _under_launcher():
@@ -175,14 +206,15 @@ def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=Tru
     once instead of pairing with, or holding up, the collectives that follow (docs: "Peers agree").
     """
     if _state.session is not None:
-        if _state.negotiator is not None:
-            _state.negotiator.new_phase()
+        if _state.worker is not None:
+            _state.worker.new_phase()
         return
     if comm is not None:
         raise NotImplementedError("pipesgd.torch.init: comm= (an mpi4py communicator) is not supported; "
                                   "pipesgd joins MPI_COMM_WORLD")
-    if process_sets not in (None, [], "dynamic"):
-        raise NotImplementedError("pipesgd.torch.init: process sets are not supported (only the global one)")
+    if process_sets not in (None, "dynamic") and not (isinstance(process_sets, (list, tuple)) and
+                                                     all(isinstance(p, ProcessSet) for p in process_sets)):
+        raise ValueError("pipesgd.torch.init: process_sets must be a list of hvd.ProcessSet (or None, 'dynamic')")
     if not isinstance(servers, int) or servers < 0:
         raise ValueError(f"servers must be an integer >= 0, got {servers!r}")
     if timeout is None:
@@ -215,9 +247,11 @@ def init(comm=None, process_sets=None, servers=0, timeout=None, exit_servers=Tru
             sys.exit(0)
         return
     _state.worker = session.worker()
+    _state.process_sets = {0: global_process_set}
+    global_process_set.ranks = list(range(_state.worker.size))
     _learn_hosts()
-    # A rank whose collective no peer can match waits this long (at most the timeout) before it fails.
-    _state.negotiator = _negotiation.Negotiator(_state.worker, min(float(timeout), _STALL_SECONDS), _OP_NAMES)
+    for process_set in process_sets if isinstance(process_sets, (list, tuple)) else []:
+        add_process_set(process_set)
 
 
 def _learn_hosts():
@@ -275,11 +309,11 @@ def shutdown():
     session = _state.session
     if session is None:
         return
-    if _state.negotiator is not None:
-        try:
-            _state.negotiator.quiesce("shutdown")  # no rank is left in a negotiation round
-        except Exception as error:  # a peer failed or left
-            print(f"pipesgd: shutdown: {error}", file=sys.stderr)
+    try:
+        # Every rank's collectives are done before any rank's communication thread stops.
+        _now("barrier", "pipesgd.shutdown")
+    except Exception as error:  # a peer failed or left
+        print(f"pipesgd: shutdown: {error}", file=sys.stderr)
     # Updates still in flight are applied, and parameter-server methods close their servers' session.
     for optimizer in list(_state.optimizers):
         try:
@@ -289,7 +323,11 @@ def shutdown():
     _state.optimizers = weakref.WeakSet()
     _state.session = None
     _state.worker = None
-    _state.negotiator = None
+    for process_set in _state.process_sets.values():
+        if process_set is not global_process_set:
+            process_set.process_set_id = None
+    _state.process_sets = {}
+    _handles.entries.clear()
     session.shutdown()
 
 
@@ -386,11 +424,29 @@ def available_methods():
 
 
 # --------------------------------------------------------------------------------------------
-# Collectives.
+# Collectives: negotiated and run by the C++ worker's communication thread (include/pipesgd/
+# collectives.h); here only Horovod's argument conventions, compression, autograd and handles.
 
-def _check_process_set(process_set, call):
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError(f"pipesgd.torch.{call}: only the global process set is supported")
+class HorovodInternalError(RuntimeError):
+    """Horovod's error for a collective that failed inside the runtime (pipesgd: a collective a peer
+    did not match, or that needs a rank that has joined)."""
+
+
+def _check_tensor(tensor, call):
+    if not torch.is_tensor(tensor):
+        raise TypeError(f"{call}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"pipesgd.torch: tensors must be on the CPU, got one on {tensor.device}")
+
+
+def _set_id(process_set, call):
+    if process_set is None or process_set is global_process_set:
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"{call}: process_set must be a ProcessSet (hvd.add_process_set), got {process_set!r}")
+    if process_set.process_set_id is None:
+        raise ValueError(f"{call}: process set {process_set!r} is not registered (hvd.add_process_set) or was removed")
+    return process_set.process_set_id
 
 
 def _resolve_op(average, op, call):
@@ -409,261 +465,503 @@ def _resolve_op(average, op, call):
     return op
 
 
-def _reduce_in_place(tensor, op):
-    """tensor becomes the reduction over the workers (any CPU dtype; float32 sums in the ring)."""
-    worker = _worker()
-    if tensor.device.type != "cpu":
-        raise ValueError(f"pipesgd.torch: tensors must be on the CPU, got one on {tensor.device}")
-    if op in (Average, Sum) and tensor.dtype == torch.float32:
-        worker.allreduce(tensor, op == Average)  # in place, any layout
-        return tensor
-    with torch.no_grad():
-        # Other dtypes and operations: every worker's tensor, reduced here (exact for integers and
-        # float64; the ring sums float32 only).
-        rows = worker.allgather(tensor.reshape(1, -1))
-        if op == Sum:
-            reduced = rows.sum(0)
-        elif op == Average:
-            reduced = rows.sum(0) / rows.shape[0] if tensor.dtype.is_floating_point else \
-                torch.div(rows.sum(0), rows.shape[0], rounding_mode="floor")
-        elif op == Min:
-            reduced = rows.amin(0)
-        elif op == Max:
-            reduced = rows.amax(0)
-        else:
-            reduced = rows.prod(0)
-        tensor.copy_(reduced.reshape(tensor.shape).to(tensor.dtype))
-    return tensor
+class _Handles:
+    """Handles of submitted collectives (ints, as Horovod's): the C++ Work and what turns its
+    results into the call's return value."""
+
+    def __init__(self):
+        self.entries = {}
+        self.next = 0
+
+    def add(self, work, finish):
+        handle = self.next
+        self.next += 1
+        self.entries[handle] = (work, finish)
+        return handle
 
 
-def _allreduce_into(output, tensor, op, compression, prescale_factor, postscale_factor):
+_handles = _Handles()
+
+
+def _submit(kind, name=None, tensor=None, output=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+            root=0, splits=(), process_set=global_process_set, ranks=(), finish=None):
+    """Queues a collective on the communication thread; returns its handle."""
+    work = _worker().submit(kind, "" if name is None else str(name), tensor, output, _OP_NAMES[op],
+                            float(prescale_factor), float(postscale_factor), int(root), [int(s) for s in splits],
+                            _set_id(process_set, kind), [int(r) for r in ranks])
+    return _handles.add(work, finish or (lambda results: results))
+
+
+def _now(*args, **kwargs):
+    return synchronize(_submit(*args, **kwargs))
+
+
+def poll(handle):
+    """True once the operation of `handle` finished (without blocking)."""
+    if handle not in _handles.entries:
+        raise ValueError(f"poll: unknown handle {handle!r}")
+    return _handles.entries[handle][0].is_completed()
+
+
+def synchronize(handle):
+    """Waits for the operation of `handle` and returns its result; raises its error (a mismatch
+    between the ranks is a RuntimeError, as in Horovod)."""
+    if handle not in _handles.entries:
+        raise ValueError(f"synchronize: unknown handle {handle!r}")
+    work, finish = _handles.entries.pop(handle)
+    return finish(work.wait())
+
+
+def _check_root(root_rank, call, process_set=global_process_set):
+    if not isinstance(root_rank, int) or not 0 <= root_rank < size():
+        raise ValueError(f"{call}: root_rank {root_rank!r} is not a worker rank (0..{size() - 1})")
+
+
+def _first(results):
+    return results[0]
+
+
+# allreduce ---------------------------------------------------------------------------------------
+
+def _allreduce_async(tensor, output, name, op, compression, prescale_factor, postscale_factor, process_set, call):
+    _check_tensor(tensor, call)
     compressed, ctx = compression.compress(tensor)
-    work = compressed.detach().clone() if compressed is tensor or compressed is output else compressed.detach()
-    if prescale_factor != 1.0:
-        work.mul_(prescale_factor)
-    _reduce_in_place(work, op)
-    if postscale_factor != 1.0:
-        work.mul_(postscale_factor)
-    with torch.no_grad():
-        output.copy_(compression.decompress(work, ctx))
-    return output
+    if compressed is not tensor:
+        output_of_compressed = None
+        target = output
+
+        def finish(results):
+            value = compression.decompress(results[0], ctx)
+            if target is not None:
+                with torch.no_grad():
+                    target.copy_(value)
+                return target
+            return value
+        return _submit("allreduce", name, compressed.detach(), output_of_compressed, op, prescale_factor,
+                       postscale_factor, process_set=process_set, finish=finish)
+    return _submit("allreduce", name, tensor.detach(), None if output is None else output.detach(), op,
+                   prescale_factor, postscale_factor, process_set=process_set,
+                   finish=(lambda results: output) if output is not None else _first)
 
 
 class _AllreduceFunction(torch.autograd.Function):
     """allreduce with a gradient (Horovod's HorovodAllreduce): the gradient is allreduced the same way."""
 
     @staticmethod
-    def forward(ctx, tensor, op, compression, prescale_factor, postscale_factor):
-        ctx.op, ctx.compression = op, compression
-        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return _allreduce_into(torch.empty_like(tensor), tensor, op, compression, prescale_factor, postscale_factor)
+    def forward(ctx, tensor, name, op, compression, prescale_factor, postscale_factor, process_set):
+        ctx.args = (op, compression, prescale_factor, postscale_factor, process_set)
+        return synchronize(_allreduce_async(tensor, None, name, op, compression, prescale_factor, postscale_factor,
+                                            process_set, "allreduce"))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = _now("allreduce", None, lambda: _allreduce_into(torch.empty_like(grad_output), grad_output, ctx.op,
-                                                              ctx.compression, ctx.prescale_factor,
-                                                              ctx.postscale_factor),
-                    grad_output, ctx.op, scales=(ctx.prescale_factor, ctx.postscale_factor))
-        return grad, None, None, None, None
-
-
-def _negotiator():
-    _worker()
-    return _state.negotiator
-
-
-def _submit(kind, name, run, tensor=None, op=-1, root=-1, scales=(1.0, 1.0)):
-    """Queues a collective for negotiation (peers agree on it before it runs); returns its handle."""
-    if tensor is not None and tensor.device.type != "cpu":
-        raise ValueError(f"pipesgd.torch: tensors must be on the CPU, got one on {tensor.device}")
-    return _negotiator().submit(kind, name, _negotiation.Descriptor(kind, tensor, op, root, scales), run)
-
-
-def _now(kind, name, run, tensor=None, op=-1, root=-1, scales=(1.0, 1.0)):
-    """A blocking collective: submitted, then negotiated and run."""
-    return _negotiator().wait(_submit(kind, name, run, tensor, op, root, scales))
-
-
-def _check_root(root_rank, call):
-    if not isinstance(root_rank, int) or not 0 <= root_rank < size():
-        raise ValueError(f"{call}: root_rank {root_rank!r} is not a worker rank (0..{size() - 1})")
+        op, compression, prescale_factor, postscale_factor, process_set = ctx.args
+        grad = synchronize(_allreduce_async(grad_output.contiguous(), None, None, op, compression, prescale_factor,
+                                            postscale_factor, process_set, "allreduce"))
+        return grad, None, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
-    """A new tensor: the reduction (default: mean) of every worker's `tensor`. Differentiable."""
-    _check_process_set(process_set, "allreduce")
+    """A new tensor: the reduction (default: mean) of every member's `tensor`. Differentiable."""
     op = _resolve_op(average, op, "allreduce")
+    _check_tensor(tensor, "allreduce")
     if tensor.requires_grad and op in (Average, Sum):
-        return _now("allreduce", name, lambda: _AllreduceFunction.apply(tensor, op, compression, prescale_factor,
-                                                                        postscale_factor),
-                    tensor, op, scales=(prescale_factor, postscale_factor))
-    return _now("allreduce", name, lambda: _allreduce_into(torch.empty_like(tensor), tensor, op, compression,
-                                                           prescale_factor, postscale_factor),
-                tensor, op, scales=(prescale_factor, postscale_factor))
+        return _AllreduceFunction.apply(tensor, name, op, compression, prescale_factor, postscale_factor, process_set)
+    return synchronize(_allreduce_async(tensor, None, name, op, compression, prescale_factor, postscale_factor,
+                                        process_set, "allreduce"))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    op = _resolve_op(average, op, "allreduce_async")
+    return _allreduce_async(tensor, None, name, op, Compression.none, prescale_factor, postscale_factor, process_set,
+                            "allreduce_async")
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
-    """In place: `tensor` becomes the reduction over the workers. Returns it."""
-    _check_process_set(process_set, "allreduce_")
+    """In place: `tensor` becomes the reduction over the members. Returns it."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    op = _resolve_op(average, op, "allreduce_async_")
+    return _allreduce_async(tensor, tensor, name, op, Compression.none, prescale_factor, postscale_factor, process_set,
+                            "allreduce_async_")
 
 
 def _group_names(name, count):
     return [None] * count if name is None else [f"{name}.{k}" for k in range(count)]
 
 
+class _GroupedFunction(torch.autograd.Function):
+    """A group of differentiable collectives: forward(start, backward_start, *tensors) where
+    start(tensors) and backward_start(grads) return handles."""
+
+    @staticmethod
+    def forward(ctx, start, backward_start, *tensors):
+        ctx.backward_start = backward_start
+        return tuple(synchronize(h) for h in start(tensors))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None) + tuple(synchronize(h) for h in ctx.backward_start([g.contiguous() for g in grads]))
+
+
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """allreduce of each tensor, negotiated together (one round for the group)."""
-    _check_process_set(process_set, "grouped_allreduce")
+    """allreduce of each tensor (submitted together). Differentiable."""
     op = _resolve_op(average, op, "grouped_allreduce")
-    handles = [_submit("allreduce", n, (lambda t=t: _allreduce_into(torch.empty_like(t), t, op, compression,
-                                                                   prescale_factor, postscale_factor)),
-                       t, op, scales=(prescale_factor, postscale_factor))
-               for t, n in zip(tensors, _group_names(name, len(tensors)))]
-    return [synchronize(h) for h in handles]
+    names = _group_names(name, len(tensors))
+
+    def start(group, names=names):
+        return [_allreduce_async(t, None, n, op, compression, prescale_factor, postscale_factor, process_set,
+                                 "grouped_allreduce") for t, n in zip(group, names)]
+    if any(t.requires_grad for t in tensors) and op in (Average, Sum):
+        return list(_GroupedFunction.apply(start, lambda grads: start(grads, _group_names(None, len(grads))),
+                                           *tensors))
+    return [synchronize(h) for h in start(tensors)]
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
+    """Handles of allreduce_async of each tensor (synchronize each)."""
+    op = _resolve_op(average, op, "grouped_allreduce_async")
+    return [_allreduce_async(t, None, n, op, Compression.none, prescale_factor, postscale_factor, process_set,
+                             "grouped_allreduce_async") for t, n in zip(tensors, _group_names(name, len(tensors)))]
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set):
-    _check_process_set(process_set, "grouped_allreduce_")
-    handles = [allreduce_async_(t, average, n, op, prescale_factor, postscale_factor, process_set)
-               for t, n in zip(tensors, _group_names(name, len(tensors)))]
-    return [synchronize(h) for h in handles]
+    return [synchronize(h) for h in grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                             postscale_factor, process_set)]
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=global_process_set):
+    op = _resolve_op(average, op, "grouped_allreduce_async_")
+    return [_allreduce_async(t, t, n, op, Compression.none, prescale_factor, postscale_factor, process_set,
+                             "grouped_allreduce_async_") for t, n in zip(tensors, _group_names(name, len(tensors)))]
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """A sparse tensor's allreduce (Horovod's, as it does it): its indices and values are allgathered
+    and summed into a sparse result (Average divides the values by the set's size). Returns a
+    function that waits and returns the result (Horovod's)."""
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async: expected a sparse tensor")
+    op = _resolve_op(None, op, "sparse_allreduce_async")
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async: op must be hvd.Average or hvd.Sum")
+    tensor = tensor.coalesce()
+    indices = tensor._indices().t().contiguous()
+    values = tensor._values().contiguous()
+    members = len(_members(process_set))
+    index_handle = _submit("allgather", None if name is None else f"{name}.indices", indices,
+                           process_set=process_set, finish=_first)
+    value_handle = _submit("allgather", None if name is None else f"{name}.values", values,
+                           process_set=process_set, finish=_first)
+    shape = tensor.shape
+
+    def finish(results):
+        all_indices = synchronize(index_handle)
+        all_values = results[0]
+        if op == Average:
+            all_values = all_values / members
+        return torch.sparse_coo_tensor(all_indices.t(), all_values, shape)
+    work = _handles.entries.pop(value_handle)[0]
+    handle = _handles.add(work, finish)
+    return lambda: synchronize(handle)  # Horovod's sparse handle is a function that waits
+
+
+# allgather ---------------------------------------------------------------------------------------
+
+class _AllgatherFunction(torch.autograd.Function):
+    """allgather with a gradient (Horovod's): the gradient is averaged over the members and this
+    member's rows are its gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.process_set = process_set
+        ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
+        return synchronize(_submit("allgather", name, tensor.detach(), process_set=process_set, finish=_first))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = synchronize(_submit("allreduce", None, grad_output.contiguous(), op=Average,
+                                   process_set=ctx.process_set, finish=_first))
+        rows = synchronize(_submit("allgather", None, torch.tensor([ctx.rows], dtype=torch.int64),
+                                   process_set=ctx.process_set, finish=_first)).tolist()
+        offset = sum(rows[:_members(ctx.process_set).index(rank())])
+        return grad.narrow(0, offset, ctx.rows), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
-    """Every worker's tensor concatenated along dimension 0 in rank order (dimension 0 may differ)."""
+    """Every member's tensor concatenated along dimension 0 in rank order (dimension 0 may differ).
+    Differentiable."""
+    _check_tensor(tensor, "allgather")
+    if tensor.requires_grad:
+        return _AllgatherFunction.apply(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
-    """In place: every worker's `tensor` becomes root_rank's. Returns it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    _check_tensor(tensor, "allgather_async")
+    return _submit("allgather", name, tensor.detach(), process_set=process_set, finish=_first)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """allgather of each tensor (submitted together). Differentiable."""
+    names = _group_names(name, len(tensors))
+    if any(t.requires_grad for t in tensors):
+        return [allgather(t, n, process_set) for t, n in zip(tensors, names)]
+    return [synchronize(h) for h in grouped_allgather_async(tensors, name, process_set)]
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    return [allgather_async(t, n, process_set) for t, n in zip(tensors, _group_names(name, len(tensors)))]
+
+
+# broadcast ---------------------------------------------------------------------------------------
+
+class _BroadcastFunction(torch.autograd.Function):
+    """broadcast with a gradient (Horovod's): the averaged gradient on the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = synchronize(_submit("allreduce", None, grad_output.contiguous(), op=Average,
+                                   process_set=ctx.process_set, finish=_first))
+        if rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    """A new tensor holding root_rank's `tensor`."""
+    """A new tensor holding root_rank's `tensor`. Differentiable."""
+    _check_tensor(tensor, "broadcast")
+    if tensor.requires_grad:
+        return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
-def barrier(process_set=global_process_set):
-    """Returns once every worker called it (the negotiation round that agrees on it is the barrier)."""
-    _check_process_set(process_set, "barrier")
-    _now("barrier", None, lambda: None)
-
-
-def join(device=-1):
-    raise NotImplementedError("pipesgd.torch.join (uneven inputs) is not supported: give every worker the "
-                              "same number of batches (e.g. DistributedSampler with drop_last=True)")
-
-
-# Asynchronous forms: a handle now; the operation runs once every rank submitted it (matched by name,
-# else by order), during any rank's wait: synchronize(), poll() or a blocking collective.
-
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=global_process_set):
-    _check_process_set(process_set, "allreduce_async")
-    op = _resolve_op(average, op, "allreduce_async")
-    return _submit("allreduce", name, lambda: _allreduce_into(torch.empty_like(tensor), tensor, op, Compression.none,
-                                                              prescale_factor, postscale_factor),
-                   tensor, op, scales=(prescale_factor, postscale_factor))
-
-
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=global_process_set):
-    _check_process_set(process_set, "allreduce_async_")
-    op = _resolve_op(average, op, "allreduce_async_")
-    return _submit("allreduce", name, lambda: _allreduce_into(tensor, tensor, op, Compression.none, prescale_factor,
-                                                              postscale_factor),
-                   tensor, op, scales=(prescale_factor, postscale_factor))
-
-
-def allgather_async(tensor, name=None, process_set=global_process_set):
-    _check_process_set(process_set, "allgather_async")
-    return _submit("allgather", name, lambda: _worker().allgather(tensor), tensor)
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In place: every member's `tensor` becomes root_rank's. Returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set, "broadcast_async")
+    _check_tensor(tensor, "broadcast_async")
     _check_root(root_rank, "broadcast_async")
-    copy = tensor.detach().clone()
-    return _submit("broadcast", name, lambda: _broadcast_now(copy, root_rank), tensor, root=root_rank)
+    return _submit("broadcast", name, tensor.detach(), root=root_rank, process_set=process_set, finish=_first)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set, "broadcast_async_")
+    _check_tensor(tensor, "broadcast_async_")
     _check_root(root_rank, "broadcast_async_")
-    return _submit("broadcast", name, lambda: _broadcast_now(tensor, root_rank), tensor, root=root_rank)
+    target = tensor
+    return _submit("broadcast", name, tensor.detach(), tensor.detach(), root=root_rank, process_set=process_set,
+                   finish=lambda results: target)
 
 
-def _broadcast_now(tensor, root_rank):
-    _worker().broadcast(tensor, root_rank)  # in place, any layout
-    return tensor
+# alltoall ----------------------------------------------------------------------------------------
+
+def _splits_list(splits, call):
+    if splits is None:
+        return []
+    if torch.is_tensor(splits):
+        if splits.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{call}: splits must be an int32 or int64 tensor, got {splits.dtype}")
+        return [int(s) for s in splits.tolist()]
+    return [int(s) for s in splits]
 
 
-def poll(handle):
-    """True once the operation of `handle` is done. If it is not, one negotiation round runs (it
-    waits for every rank to take part in one) and says whether that completed it."""
-    negotiator = _negotiator()
-    if not negotiator.known(handle):
-        raise ValueError(f"poll: unknown handle {handle!r}")
-    if not negotiator.done(handle):
-        negotiator.round()
-    return negotiator.done(handle)
+class _AlltoallFunction(torch.autograd.Function):
+    """alltoall with a gradient: the gradient goes back the way the rows came (alltoall with the
+    received splits)."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        ctx.process_set = process_set
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, grad_received):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received, None, ctx.process_set))
+        return grad, None, None, None
 
 
-def synchronize(handle):
-    """The result of the asynchronous operation of `handle` (negotiating and running it first if
-    needed); raises its error (e.g. a mismatch between the ranks)."""
-    negotiator = _negotiator()
-    if not negotiator.known(handle):
-        raise ValueError(f"synchronize: unknown handle {handle!r}")
-    return negotiator.wait(handle)
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Rows of `tensor` to each member: splits[k] rows (dimension 0) to the k-th member of the set
+    (default: equal parts). Returns the rows received, concatenated in member order, and, when
+    splits were given, the received splits as an int32 tensor too (Horovod's). Differentiable."""
+    _check_tensor(tensor, "alltoall")
+    if tensor.requires_grad:
+        output, received = _AlltoallFunction.apply(tensor, splits, name, process_set)
+    else:
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return output if splits is None else (output, received)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    _check_tensor(tensor, "alltoall_async")
+    split_list = _splits_list(splits, "alltoall")
+    members = len(_members(process_set))
+    if not split_list and (tensor.dim() == 0 or tensor.shape[0] % members != 0):
+        raise ValueError(f"alltoall: the tensor's first dimension ({tensor.shape[0] if tensor.dim() else 'a scalar'}) "
+                         f"is not divisible by the {members} ranks of the process set; give splits")
+    if split_list and (len(split_list) != members or sum(split_list) != tensor.shape[0] or min(split_list) < 0):
+        raise ValueError(f"alltoall: splits {split_list} must have one entry >= 0 per rank of the process set "
+                         f"({members}) and sum to the tensor's first dimension ({tensor.shape[0]})")
+    return _submit("alltoall", name, tensor.detach(), splits=split_list, process_set=process_set,
+                   finish=lambda results: (results[0], results[1]))
+
+
+# reducescatter -----------------------------------------------------------------------------------
+
+class _ReducescatterFunction(torch.autograd.Function):
+    """reducescatter with a gradient (Horovod's): the gradients allgathered, times the set's size
+    for Sum."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.process_set = op, process_set
+        return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = synchronize(_submit("allgather", None, grad_output.contiguous(), process_set=ctx.process_set,
+                                   finish=_first))
+        if ctx.op == Sum:
+            grad = grad * len(_members(ctx.process_set))
+        return grad, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
+                  postscale_factor=1.0, process_set=global_process_set):
+    """This member's part of the reduction of every member's `tensor`: dimension 0 split as evenly as
+    possible (the first members one row more). Differentiable."""
+    _check_tensor(tensor, "reducescatter")
+    if tensor.requires_grad and op in (Average, Sum):
+        return _ReducescatterFunction.apply(tensor, name, op, prescale_factor, postscale_factor, process_set)
+    compressed, ctx = compression.compress(tensor)
+    result = synchronize(reducescatter_async(compressed, name, op, prescale_factor, postscale_factor, process_set))
+    return compression.decompress(result, ctx)
+
+
+def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                        process_set=global_process_set):
+    _check_tensor(tensor, "reducescatter_async")
+    op = _resolve_op(None, op, "reducescatter")
+    if tensor.dim() == 0:
+        raise HorovodInternalError("reducescatter: a scalar (0-dimensional) tensor cannot be scattered")
+    return _submit("reducescatter", name, tensor.detach(), op=op, prescale_factor=prescale_factor,
+                   postscale_factor=postscale_factor, process_set=process_set, finish=_first)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
+                          postscale_factor=1.0, process_set=global_process_set):
+    """reducescatter of each tensor (submitted together). Differentiable."""
+    names = _group_names(name, len(tensors))
+    if any(t.requires_grad for t in tensors):
+        return [reducescatter(t, n, compression, op, prescale_factor, postscale_factor, process_set)
+                for t, n in zip(tensors, names)]
+    compressed = [compression.compress(t) for t in tensors]
+    handles = grouped_reducescatter_async([c for c, _ in compressed], name, op, prescale_factor, postscale_factor,
+                                          process_set)
+    return [compression.decompress(synchronize(h), ctx) for h, (_, ctx) in zip(handles, compressed)]
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                                process_set=global_process_set):
+    return [reducescatter_async(t, n, op, prescale_factor, postscale_factor, process_set)
+            for t, n in zip(tensors, _group_names(name, len(tensors)))]
+
+
+# barrier, join, process sets -----------------------------------------------------------------------
+
+def barrier(process_set=global_process_set):
+    """Returns once every member of the set called it."""
+    _now("barrier", process_set=process_set)
+
+
+def join(device=-1):
+    """Uneven inputs (Horovod's hvd.join): this rank has no more data. Until every rank has joined,
+    it takes part in its peers' allreduces with zeros (Average still divides by every rank) and
+    barriers; an allgather, broadcast, alltoall or reducescatter that needs it fails on the others.
+    Returns the rank that joined last (the same on every rank)."""
+    return int(_now("join", finish=_first).item())
+
+
+def _members(process_set):
+    return _worker().process_set_ranks(_set_id(process_set, "process set"))
+
+
+def add_process_set(process_set):
+    """Registers a process set (a ProcessSet or a list of ranks) on every worker: every worker calls
+    it with the same ranks. Returns the ProcessSet, now usable as process_set= of any collective."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"add_process_set: {process_set!r} is registered already")
+    ranks = sorted(int(r) for r in process_set.ranks)
+    for existing in _state.process_sets.values():
+        if existing.ranks == ranks:
+            raise ValueError(f"add_process_set: a process set with ranks {ranks} exists already")
+    process_set.process_set_id = int(_now("add_process_set", ranks=ranks, finish=_first).item())
+    process_set.ranks = ranks
+    _state.process_sets[process_set.process_set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Removes a process set on every worker (every worker calls it). Returns True if it was
+    registered; the global set is never removed (False)."""
+    if process_set is global_process_set or not isinstance(process_set, ProcessSet) or \
+            process_set.process_set_id is None or process_set.process_set_id == 0:
+        return False
+    _now("remove_process_set", process_set=process_set)
+    _state.process_sets.pop(process_set.process_set_id, None)
+    process_set.process_set_id = None
+    return True
 
 
 # --------------------------------------------------------------------------------------------
-# Objects, parameters and optimizer state.
+# Objects.
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """root_rank's `obj` (pickled) on every worker."""
-    _check_process_set(process_set, "broadcast_object")
+    """root_rank's `obj` (pickled) on every member."""
     _check_root(root_rank, "broadcast_object")
-    return _now("broadcast_object", name, lambda: _broadcast_object_now(obj, root_rank), root=root_rank)
-
-
-def _broadcast_object_now(obj, root_rank):
-    worker = _worker()
-    if worker.rank == root_rank:
+    payload = b""
+    if rank() == root_rank:
         buffer = io.BytesIO()
         pickle.dump(obj, buffer, protocol=pickle.HIGHEST_PROTOCOL)
-        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
-    worker.broadcast(length, root_rank)
-    if worker.rank != root_rank:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    if payload.numel() > 0:
-        worker.broadcast(payload, root_rank)
-    if worker.rank == root_rank:
+        payload = buffer.getvalue()
+    length = torch.tensor([len(payload)], dtype=torch.int64)
+    length = broadcast_(length, root_rank, None if name is None else f"{name}.length", process_set)
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else \
+        torch.empty(int(length.item()), dtype=torch.uint8)
+    data = broadcast_(data, root_rank, None if name is None else f"{name}.data", process_set)
+    if rank() == root_rank:
         return obj
-    return pickle.loads(payload.numpy().tobytes())
+    return pickle.loads(data.numpy().tobytes())
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Every worker's `obj` (pickled), in rank order."""
-    _check_process_set(process_set, "allgather_object")
-    return _now("allgather_object", name, lambda: _allgather_object_now(obj))
-
-
-def _allgather_object_now(obj):
-    worker = _worker()
+    """Every member's `obj` (pickled), in rank order."""
     payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-    lengths = worker.allgather(torch.tensor([payload.numel()], dtype=torch.int64)).tolist()
-    gathered = worker.allgather(payload).numpy().tobytes()
+    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
+                        None if name is None else f"{name}.lengths", process_set).tolist()
+    gathered = allgather(payload, None if name is None else f"{name}.data", process_set).numpy().tobytes()
     objects, offset = [], 0
     for length in lengths:
         objects.append(pickle.loads(gathered[offset:offset + length]))
@@ -727,7 +1025,6 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
                                   root_rank)
         for group, values in zip(optimizer.param_groups, groups):
             group.update(values)
-        _negotiator().quiesce("broadcast_optimizer_state")
         _C.broadcast_optimizer_state(_worker(), optimizer._pipesgd, root_rank)
         return
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -812,7 +1109,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  gradient_predivide_factor, method, model, method_options, timeout, fused_update):
         self._wrapped_class.__init__(self, params)  # shares the wrapped optimizer's param_groups
         worker = _worker()
-        _negotiator().quiesce("DistributedOptimizer")  # its constructor's broadcasts are not negotiated
         if named_parameters is not None:
             named_parameters = list(named_parameters)
         else:
@@ -1106,7 +1402,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     of hyper-parameters; synchronize() and state_dict() raise). The parameter-server methods are
     always fused (their servers apply the update).
     """
-    _check_process_set(process_set, "DistributedOptimizer")
+    if _set_id(process_set, "DistributedOptimizer") != 0:
+        raise NotImplementedError("pipesgd.torch.DistributedOptimizer: process_set= other than the global set is not "
+                                  "supported (pipesgd's methods train over every worker)")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"DistributedOptimizer: expected a torch.optim.Optimizer, got {type(optimizer)}")
     if isinstance(optimizer, _DistributedOptimizer):
@@ -1116,3 +1414,60 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                {"_wrapped_class": optimizer.__class__})
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, method, model, method_options, timeout, fused_update)
+
+
+# --------------------------------------------------------------------------------------------
+# Horovod's remaining surface.
+
+def start_timeline(file_path, mark_cycles=False):
+    """Horovod's timeline: pipesgd records its own (the Chrome trace of init(trace=...)), which is
+    fixed when the world starts. Raises ValueError naming the way to get it."""
+    raise ValueError(f"pipesgd.torch.start_timeline({file_path!r}): the timeline is pipesgd's trace, chosen when the "
+                     f"world starts: call hvd.init(trace={str(file_path)!r}) (optionally trace_iterations='A:B')")
+
+
+def stop_timeline():
+    """See start_timeline: the trace is written at shutdown()."""
+    raise ValueError("pipesgd.torch.stop_timeline: the trace of hvd.init(trace=...) is written at hvd.shutdown()")
+
+
+def PartialDistributedOptimizer(*args, **kwargs):  # noqa: N802 (Horovod's name)
+    """Not supported: pipesgd's methods synchronize every parameter of the model."""
+    raise NotImplementedError("pipesgd.torch.PartialDistributedOptimizer is not supported: every parameter given to "
+                              "DistributedOptimizer is synchronized (give named_parameters= only the shared ones and "
+                              "step the local ones with their own torch.optim optimizer)")
+
+
+class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """Batch normalization whose batch statistics are over every worker's batch (Horovod's
+    hvd.SyncBatchNorm): in training, each worker's sum, sum of squares and count are allreduced
+    (differentiable, so gradients flow through the global statistics); in evaluation, the running
+    statistics as in torch.nn.BatchNorm."""
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        if not self.training or size() == 1:
+            return super().forward(input)
+        channels = input.shape[1]
+        dims = [0] + list(range(2, input.dim()))
+        count = torch.tensor([input.numel() / channels], dtype=input.dtype)
+        stats = torch.cat([input.sum(dims), (input * input).sum(dims), count])
+        total = allreduce(stats, op=Sum, name=None)
+        n = total[-1]
+        mean = total[:channels] / n
+        var = total[channels:2 * channels] / n - mean * mean
+        if self.track_running_stats and self.running_mean is not None:
+            momentum = self.momentum if self.momentum is not None else 0.1
+            with torch.no_grad():
+                self.num_batches_tracked += 1
+                self.running_mean.mul_(1 - momentum).add_(mean.detach() * momentum)
+                self.running_var.mul_(1 - momentum).add_(var.detach() * (n / max(n - 1, 1)) * momentum)
+        shape = [1, channels] + [1] * (input.dim() - 2)
+        out = (input - mean.reshape(shape)) / torch.sqrt(var.reshape(shape) + self.eps)
+        if self.affine:
+            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return out

@@ -28,10 +28,10 @@ std::string describe(const torch::Tensor& tensor) {
   return concat("a ", c10::toString(tensor.scalar_type()), " tensor on ", tensor.device().str());
 }
 
-// The checks every collective makes: a defined CPU tensor, float32 where `float_only`.
-void check_tensor(const torch::Tensor& tensor, const char* call, bool float_only) {
-  if (!tensor.defined() || !tensor.device().is_cpu() || (float_only && tensor.scalar_type() != torch::kFloat32)) {
-    throw UsageError(concat(call, ": expected ", float_only ? "a float32" : "a", " CPU tensor, got ", describe(tensor)));
+// A defined CPU tensor.
+void check_tensor(const torch::Tensor& tensor, const char* call) {
+  if (!tensor.defined() || !tensor.device().is_cpu()) {
+    throw UsageError(concat(call, ": expected a CPU tensor, got ", describe(tensor)));
   }
 }
 
@@ -98,89 +98,57 @@ int Worker::servers() const { return impl_->server_count; }
 bool Worker::is_mpi() const { return impl_->mpi; }
 std::chrono::milliseconds Worker::timeout() const { return impl_->timeout; }
 
+std::shared_ptr<Work> Worker::submit(Collective call) { return impl_->engine->submit(std::move(call)); }
+
 void Worker::allreduce(torch::Tensor& tensor, ReduceOp op) {
-  check_tensor(tensor, "allreduce", /*float_only=*/true);
-  torch::NoGradGuard no_grad;
-  const Tag tag = impl_->next_collective_tag();
-  torch::Tensor work = tensor.contiguous();
-  const std::span<float> data(work.data_ptr<float>(), static_cast<std::size_t>(work.numel()));
-  if (size() > 1 && !data.empty()) {
-    const std::unique_ptr<Codec> codec = make_codec("none");
-    AllreduceOptions options;
-    options.timeout = impl_->timeout;
-    const std::unique_ptr<Allreduce> algorithm = make_allreduce("ring", impl_->workers, data.size(), *codec, options);
-    algorithm->run(data, tag);
-  }
-  if (op == ReduceOp::kAverage && size() > 1) work.div_(static_cast<double>(size()));
-  if (!work.is_same(tensor)) tensor.copy_(work);
+  Collective call;
+  call.kind = CollectiveKind::kAllreduce;
+  call.input = tensor;
+  call.output = tensor;
+  call.op = op;
+  submit(std::move(call))->wait();
 }
 
 void Worker::broadcast(torch::Tensor& tensor, int root) {
-  check_tensor(tensor, "broadcast", /*float_only=*/false);
   check_root(root, size(), "broadcast");
-  broadcast_bytes(*impl_, tensor, root, "broadcast");
+  Collective call;
+  call.kind = CollectiveKind::kBroadcast;
+  call.input = tensor;
+  call.output = tensor;
+  call.root = root;
+  submit(std::move(call))->wait();
 }
 
 torch::Tensor Worker::allgather(const torch::Tensor& tensor) {
-  check_tensor(tensor, "allgather", /*float_only=*/false);
-  torch::NoGradGuard no_grad;
-  const Tag tag = impl_->next_collective_tag();
-  torch::Tensor work = tensor.dim() == 0 ? tensor.reshape({1}).contiguous() : tensor.contiguous();
-  // Every worker's (dtype, rank of the shape, rows, elements per row).
-  std::int64_t trailing = 1;
-  for (std::int64_t d = 1; d < work.dim(); ++d) trailing *= work.size(d);
-  const std::array<std::int64_t, 4> own{static_cast<std::int64_t>(work.scalar_type()), work.dim(), work.size(0), trailing};
-  Transport& workers = impl_->workers;
-  const int me = workers.rank();
-  const int count = workers.size();
-  std::vector<std::array<std::int64_t, 4>> headers(static_cast<std::size_t>(count));
-  headers[static_cast<std::size_t>(me)] = own;
-  {
-    std::vector<Request> requests;
-    for (int peer = 0; peer < count; ++peer) {
-      if (peer == me) continue;
-      requests.push_back(workers.send(peer, step_tag(tag, 0, 0), std::as_bytes(std::span(own)), "allgather"));
-      requests.push_back(workers.recv(peer, step_tag(tag, 0, 0),
-                                      std::as_writable_bytes(std::span(headers[static_cast<std::size_t>(peer)])), "allgather"));
-    }
-    for (Request& request : requests) request.wait(impl_->timeout);
-  }
-  std::int64_t rows = 0;
-  for (int peer = 0; peer < count; ++peer) {
-    const auto& header = headers[static_cast<std::size_t>(peer)];
-    if (header[0] != own[0] || header[1] != own[1] || header[3] != own[3]) {
-      throw UsageError(concat("allgather: rank ", peer, "'s tensor differs from rank ", me,
-                              "'s in dtype or in its shape after dimension 0"));
-    }
-    rows += header[2];
-  }
-  std::vector<std::int64_t> shape(work.sizes().begin(), work.sizes().end());
-  shape[0] = rows;
-  torch::Tensor result = torch::empty(shape, work.options());
-  const std::size_t row_bytes = static_cast<std::size_t>(trailing) * work.element_size();
-  std::byte* base = static_cast<std::byte*>(result.data_ptr());
-  std::vector<Request> requests;
-  std::size_t offset = 0;
-  for (int peer = 0; peer < count; ++peer) {
-    const std::size_t bytes = static_cast<std::size_t>(headers[static_cast<std::size_t>(peer)][2]) * row_bytes;
-    if (peer == me) {
-      if (bytes > 0) std::memcpy(base + offset, work.data_ptr(), bytes);
-      for (int other = 0; other < count; ++other) {
-        if (other != me) requests.push_back(workers.send(other, step_tag(tag, 1, 0), bytes_of(work), "allgather"));
-      }
-    } else {
-      requests.push_back(workers.recv(peer, step_tag(tag, 1, 0), std::span(base + offset, bytes), "allgather"));
-    }
-    offset += bytes;
-  }
-  for (Request& request : requests) request.wait(impl_->timeout);
-  return result;
+  Collective call;
+  call.kind = CollectiveKind::kAllgather;
+  call.input = tensor;
+  return submit(std::move(call))->wait().at(0);
 }
 
 void Worker::barrier() {
-  torch::Tensor token = torch::zeros({1});
-  allreduce(token, ReduceOp::kSum);
+  Collective call;
+  call.kind = CollectiveKind::kBarrier;
+  submit(std::move(call))->wait();
 }
+
+int Worker::add_process_set(std::vector<int> ranks) {
+  Collective call;
+  call.kind = CollectiveKind::kAddProcessSet;
+  call.ranks = std::move(ranks);
+  return static_cast<int>(submit(std::move(call))->wait().at(0).item<std::int64_t>());
+}
+
+void Worker::remove_process_set(int id) {
+  Collective call;
+  call.kind = CollectiveKind::kRemoveProcessSet;
+  call.process_set = id;
+  submit(std::move(call))->wait();
+}
+
+std::vector<int> Worker::process_set_ranks(int id) const { return impl_->engine->process_set_ranks(id); }
+
+void Worker::new_phase() { impl_->engine->new_phase(); }
 
 void Worker::broadcast_parameters(torch::nn::Module& module, int root) {
   check_root(root, size(), "broadcast_parameters");
@@ -195,7 +163,7 @@ void Worker::broadcast_parameters(torch::nn::Module& module, int root) {
                             " parameters and buffers, root ", root, "'s ", roots.item<std::int64_t>()));
   }
   for (torch::Tensor& tensor : tensors) {
-    check_tensor(tensor, "broadcast_parameters", /*float_only=*/false);
+    check_tensor(tensor, "broadcast_parameters");
     torch::Tensor data = tensor.detach();
     broadcast_bytes(*impl_, data, root, "broadcast_parameters");
   }

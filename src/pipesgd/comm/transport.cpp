@@ -6,7 +6,8 @@ namespace pipesgd {
 
 std::string describe_tag(Tag tag) {
   const TagFields fields = decode_tag(tag);
-  const char* names[kChannelCount] = {"gradients", "control", "benchmark", "ps", "planning", "consistency"};
+  const char* names[kChannelCount] = {"gradients", "control", "benchmark", "ps", "planning", "consistency",
+                                         "negotiation", "collectives"};
   const std::string channel_name = fields.channel < static_cast<unsigned>(kChannelCount)
                                        ? names[fields.channel]
                                        : concat("channel", fields.channel);

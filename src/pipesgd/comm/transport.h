@@ -37,8 +37,13 @@ enum class Channel : std::uint8_t {
   kPlanning = 4,
   // The trainer's replica consistency checks (--check-consistency): sequence = the check's count.
   kConsistency = 5,
+  // The API's negotiated collectives (api/collective_engine.h): the negotiation rounds (sequence =
+  // the round's number) and the collectives they agree on (sequence = the collective's number in the
+  // order every rank reads from the rounds).
+  kNegotiation = 6,
+  kCollectives = 7,
 };
-inline constexpr int kChannelCount = 6;
+inline constexpr int kChannelCount = 8;
 
 constexpr Tag collective_tag(Channel channel, std::uint64_t sequence) {
   return (static_cast<Tag>(channel) << 32) | (sequence & 0xffffffffu);

@@ -54,6 +54,13 @@ class PeerFailedError : public CommError {
   using CommError::CommError;
 };
 
+// The workers disagree on a collective they submitted under one name (its kind, dtype, shape,
+// reduction, root, scale factors or process set), or it needs a worker that has joined.
+class CollectiveMismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A gradient is not finite (NaN or Inf) and --on-nonfinite stop is in effect.
 class NumericalError : public Error {
  public:

@@ -1,0 +1,727 @@
+// CollectiveEngine (collective_engine.h): negotiation rounds and the execution of what they agree on.
+#include "pipesgd/api/collective_engine.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+#include "pipesgd/api/collective_execution.h"
+#include "pipesgd/comm/rank_group_transport.h"
+#include "pipesgd/core/error.h"
+
+namespace pipesgd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::int64_t kMagic = 0x70736764;  // "psgd"
+constexpr int kWords = 18;                    // int64 words of a row (and of the header)
+constexpr int kShapeWords = 6;                // dimensions sent as they are; the rest enter word 12
+// Row words: 0 key, 1 kind, 2 op, 3 dtype, 4 root, 5 ndim, 6..11 dims, 12 hash of the rest (more
+// dims, scale factors, a new set's ranks), 13 age (ms), 14 phase, 15 process set, 16 elements,
+// 17 its number among the unnamed of its set and phase (-1: named). Words 13, 14, 16 and 17 are the
+// lister's and not compared (16 differs for allgather and alltoall).
+constexpr int kAge = 13, kPhase = 14, kSet = 15, kElements = 16, kUnnamed = 17;
+// Header words: 0 magic, 1 rows, 2 phase, 3 joined.
+using Row = std::array<std::int64_t, kWords>;
+
+std::int64_t hash_text(const std::string& text) {
+  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (const unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(hash >> 1);
+}
+
+bool dimension_zero_may_differ(CollectiveKind kind) {
+  return kind == CollectiveKind::kAllgather || kind == CollectiveKind::kAlltoall;
+}
+
+Row describe(const Collective& call, std::int64_t key, std::uint64_t phase) {
+  Row row{};
+  row.fill(0);
+  row[0] = key;
+  row[1] = static_cast<std::int64_t>(call.kind);
+  const bool reduces = call.kind == CollectiveKind::kAllreduce || call.kind == CollectiveKind::kReducescatter;
+  row[2] = reduces ? static_cast<std::int64_t>(call.op) : -1;
+  row[3] = -1;
+  row[4] = call.kind == CollectiveKind::kBroadcast ? call.root : -1;
+  row[5] = -1;
+  for (int d = 0; d < kShapeWords; ++d) row[6 + d] = -1;
+  std::string rest;
+  if (call.input.defined()) {
+    row[3] = static_cast<std::int64_t>(element_type_of(call.input.scalar_type(), collective_kind_name(call.kind)));
+    const auto sizes = call.input.sizes();
+    row[5] = static_cast<std::int64_t>(sizes.size());
+    for (std::size_t d = 0; d < sizes.size(); ++d) {
+      const std::int64_t value = (d == 0 && dimension_zero_may_differ(call.kind)) ? -2 : sizes[d];
+      if (d < kShapeWords) row[6 + d] = value;
+      else rest += concat(value, ",");
+    }
+    row[kElements] = call.input.numel();
+  }
+  if (reduces) rest += concat("scale ", call.prescale, " ", call.postscale);
+  for (const int rank : call.ranks) rest += concat(rank, " ");
+  row[12] = hash_text(rest);
+  row[kPhase] = static_cast<std::int64_t>(phase);
+  row[kSet] = call.process_set;
+  return row;
+}
+
+const char* dtype_text(std::int64_t code) {
+  return code >= 0 && code <= static_cast<std::int64_t>(ElementType::kBool) ? element_type_name(static_cast<ElementType>(code))
+                                                                            : "none";
+}
+
+std::string shape_text(const Row& row) {
+  std::string text = "[";
+  const std::int64_t ndim = row[5];
+  for (std::int64_t d = 0; d < std::min<std::int64_t>(ndim, kShapeWords); ++d) {
+    text += (d ? ", " : "") + (row[6 + d] == -2 ? std::string("?") : std::to_string(row[6 + d]));
+  }
+  return text + (ndim > kShapeWords ? ", ...]" : "]");
+}
+
+// Horovod's wording for the first difference between the listers' rows, or "" if they agree.
+std::string mismatch_message(const std::vector<const Row*>& rows) {
+  const Row& first = *rows[0];
+  const auto kind_name = [](std::int64_t k) { return collective_kind_name(static_cast<CollectiveKind>(k)); };
+  const std::string kind = kind_name(first[1]);
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    const Row& row = *rows[i];
+    if (row[1] != first[1]) {
+      return concat("Mismatched operations: One rank did an ", kind, ", but another rank did an ", kind_name(row[1]), ".");
+    }
+    if (row[kSet] != first[kSet]) {
+      return concat("Mismatched process sets: One rank specified process set ", first[kSet],
+                    ", but another rank specified process set ", row[kSet], ".");
+    }
+    if (row[3] != first[3]) {
+      return concat("Mismatched data types: One rank had type ", dtype_text(first[3]), ", but another rank had type ",
+                    dtype_text(row[3]), ".");
+    }
+    if (row[2] != first[2]) {
+      return concat("Mismatched ", kind, " reduction operations: One rank specified ",
+                    reduce_op_name(static_cast<ReduceOp>(first[2])), ", but another rank specified ",
+                    reduce_op_name(static_cast<ReduceOp>(row[2])), ".");
+    }
+    if (row[4] != first[4]) {
+      return concat("Mismatched ", kind, " root ranks: One rank specified root rank ", first[4],
+                    ", but another rank specified root rank ", row[4], ".");
+    }
+    if (row[5] != first[5]) {
+      return concat("Mismatched ", kind, " tensor shapes: One rank sent a tensor of rank ", first[5],
+                    ", but another rank sent a tensor of rank ", row[5], ".");
+    }
+    if (!std::equal(row.begin() + 6, row.begin() + 6 + kShapeWords, first.begin() + 6)) {
+      return concat("Mismatched ", kind, " tensor shapes: One rank sent a tensor of shape ", shape_text(first),
+                    ", but another rank sent a tensor of shape ", shape_text(row), ".");
+    }
+    if (row[12] != first[12]) {
+      return concat("Mismatched ", kind, " arguments: the ranks differ in the dimensions after the sixth, the scale "
+                    "factors or the ranks of a new process set.");
+    }
+  }
+  return "";
+}
+
+// Waits for every request, polling (so that a stop is seen), each within `timeout` of the start.
+void wait_polling(std::vector<Request>& requests, Timeout timeout, const char* what, const bool& stopping,
+                  std::mutex& mutex) {
+  const auto deadline = Clock::now() + timeout;
+  auto pause = std::chrono::microseconds(0);
+  for (;;) {
+    bool all = true;
+    for (Request& request : requests) {
+      if (request.valid() && !request.test()) all = false;
+    }
+    if (all) break;
+    if (Clock::now() > deadline) {
+      // The wait itself names the peer: wait() on the first incomplete one throws its timeout.
+      for (Request& request : requests) {
+        if (request.valid() && !request.test()) request.wait(Timeout(1));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopping) throw CommError(concat(what, ": the worker shut down"));
+    }
+    if (pause.count() == 0) {
+      std::this_thread::yield();
+      pause = std::chrono::microseconds(20);
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+  for (Request& request : requests) {
+    if (request.valid()) request.wait(timeout);
+  }
+}
+
+}  // namespace
+
+const char* collective_kind_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllreduce: return "allreduce";
+    case CollectiveKind::kAllgather: return "allgather";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAlltoall: return "alltoall";
+    case CollectiveKind::kReducescatter: return "reducescatter";
+    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kJoin: return "join";
+    case CollectiveKind::kAddProcessSet: return "add_process_set";
+    case CollectiveKind::kRemoveProcessSet: return "remove_process_set";
+  }
+  return "collective";
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "Sum";
+    case ReduceOp::kAverage: return "Average";
+    case ReduceOp::kMin: return "Min";
+    case ReduceOp::kMax: return "Max";
+    case ReduceOp::kProduct: return "Product";
+    case ReduceOp::kAdasum: return "Adasum";
+  }
+  return "unknown";
+}
+
+// --- Work ------------------------------------------------------------------------------------
+
+struct Work::State {
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::exception_ptr error;
+  std::vector<torch::Tensor> results;
+  std::string name;
+  std::chrono::milliseconds patience{0};  // how long wait() waits for the engine at most
+};
+
+Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->done;
+}
+
+const std::vector<torch::Tensor>& Work::wait() {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  if (!state_->finished.wait_for(lock, state_->patience, [&] { return state_->done; })) {
+    throw CommTimeoutError(concat("collective '", state_->name, "': no result within ",
+                                  state_->patience.count() / 1000, " s"));
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+  return state_->results;
+}
+
+const std::string& Work::name() const { return state_->name; }
+
+// --- The engine ------------------------------------------------------------------------------
+
+struct CollectiveEngine::Pending {
+  Collective call;
+  std::string name;     // as matched (given or "noname.N")
+  std::string key_text; // "set:name", unique among what is pending
+  Row row{};
+  std::uint64_t phase = 0;
+  std::optional<std::uint64_t> unnamed;
+  Clock::time_point submitted;
+  std::shared_ptr<Work::State> state;
+};
+
+CollectiveEngine::CollectiveEngine(Transport& workers, Timeout timeout, std::chrono::milliseconds stall)
+    : workers_(workers), timeout_(timeout), stall_(stall) {
+  std::vector<int> everyone(static_cast<std::size_t>(workers.size()));
+  for (int rank = 0; rank < workers.size(); ++rank) everyone[static_cast<std::size_t>(rank)] = rank;
+  process_sets_[0] = everyone;
+  join_round_.assign(static_cast<std::size_t>(workers.size()), -1);
+  round_buffers_.assign(static_cast<std::size_t>(workers.size()),
+                        std::vector<std::int64_t>(static_cast<std::size_t>((kRoundCapacity + 1) * kWords)));
+  round_receives_.resize(static_cast<std::size_t>(workers.size()));
+  thread_ = std::thread([this] { run(); });
+}
+
+CollectiveEngine::~CollectiveEngine() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  submitted_.notify_all();
+  thread_.join();
+}
+
+std::vector<int> CollectiveEngine::process_set_ranks(int id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = process_sets_.find(id);
+  if (found == process_sets_.end()) throw UsageError(concat("process set ", id, " does not exist (removed or never added)"));
+  return found->second;
+}
+
+std::vector<int> CollectiveEngine::members_of(int set) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto found = process_sets_.find(set);
+  return found == process_sets_.end() ? std::vector<int>{} : found->second;
+}
+
+void CollectiveEngine::new_phase() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++phase_;
+  unnamed_counts_.clear();
+}
+
+std::shared_ptr<Work> CollectiveEngine::submit(Collective call) {
+  const char* what = collective_kind_name(call.kind);
+  check_collective(call, workers_.rank(), workers_.size());
+  auto entry = std::make_shared<Pending>();
+  entry->state = std::make_shared<Work::State>();
+  entry->state->patience = timeout_ * 4 + stall_ + std::chrono::seconds(60);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_) std::rethrow_exception(broken_);
+    if (stopping_) throw UsageError(concat(what, ": the worker has shut down"));
+    const bool global_only = call.kind == CollectiveKind::kJoin || call.kind == CollectiveKind::kAddProcessSet ||
+                             call.kind == CollectiveKind::kRemoveProcessSet;
+    const int set = global_only ? 0 : call.process_set;
+    if (call.kind == CollectiveKind::kRemoveProcessSet) {
+      if (call.process_set == 0) throw UsageError("remove_process_set: the global process set cannot be removed");
+      if (!process_sets_.count(call.process_set)) {
+        throw UsageError(concat("remove_process_set: process set ", call.process_set, " does not exist"));
+      }
+    }
+    const auto members = process_sets_.find(set);
+    if (members == process_sets_.end()) {
+      throw UsageError(concat(what, ": process set ", set, " does not exist (removed or never added)"));
+    }
+    if (!std::count(members->second.begin(), members->second.end(), workers_.rank())) {
+      throw UsageError(concat(what, ": rank ", workers_.rank(), " is not in process set ", set));
+    }
+    if (call.kind == CollectiveKind::kBroadcast &&
+        !std::count(members->second.begin(), members->second.end(), call.root)) {
+      throw UsageError(concat("broadcast: root rank ", call.root, " is not in process set ", set));
+    }
+    if (call.kind == CollectiveKind::kAlltoall && !call.splits.empty() &&
+        call.splits.size() != members->second.size()) {
+      throw UsageError(concat("alltoall: splits has ", call.splits.size(), " entries, the process set has ",
+                              members->second.size(), " ranks"));
+    }
+    if (call.kind == CollectiveKind::kJoin && joined_) throw UsageError("join: this rank has joined already");
+    std::string name = call.name;
+    if (call.kind == CollectiveKind::kJoin) {
+      name = concat("pipesgd.join.", joins_++);  // every worker joins as often; not an unnamed one
+    } else if (name.empty()) {
+      entry->unnamed = unnamed_counts_[set]++;
+      name = concat("noname.", *entry->unnamed);
+    }
+    const std::string key_text = concat(set, ":", name);
+    if (pending_names_.count(key_text)) {
+      if (entry->unnamed) --unnamed_counts_[set];
+      throw UsageError(concat("Requested to ", what, " a tensor with the same name as another tensor that is currently "
+                              "being processed. If you want to request another tensor, use a different tensor name. "
+                              "(name '", name, "')"));
+    }
+    call.process_set = call.kind == CollectiveKind::kRemoveProcessSet ? call.process_set : set;
+    entry->name = name;
+    entry->key_text = key_text;
+    entry->phase = phase_;
+    entry->state->name = name;
+    const int listed_set = set;
+    entry->call = std::move(call);
+    entry->row = describe(entry->call, hash_text(concat(phase_, ":", key_text)), phase_);
+    entry->row[kSet] = listed_set;
+    entry->row[kUnnamed] = entry->unnamed ? static_cast<std::int64_t>(*entry->unnamed) : -1;
+    entry->submitted = Clock::now();
+    pending_names_[key_text] = 1;
+    if (entry->call.kind == CollectiveKind::kJoin) joined_ = true;
+    incoming_.push_back(entry);
+  }
+  submitted_.notify_all();
+  return std::make_shared<Work>(entry->state);
+}
+
+void CollectiveEngine::complete(Pending& entry, std::vector<torch::Tensor> results) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_names_.erase(entry.key_text);
+  }
+  {
+    std::lock_guard<std::mutex> lock(entry.state->mutex);
+    entry.state->results = std::move(results);
+    entry.state->done = true;
+  }
+  entry.state->finished.notify_all();
+}
+
+void CollectiveEngine::fail(Pending& entry, std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_names_.erase(entry.key_text);
+    if (entry.call.kind == CollectiveKind::kJoin) joined_ = false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(entry.state->mutex);
+    entry.state->error = std::move(error);
+    entry.state->done = true;
+  }
+  entry.state->finished.notify_all();
+}
+
+void CollectiveEngine::fail_everything(std::exception_ptr error) {
+  std::vector<std::shared_ptr<Pending>> all = std::move(pending_);
+  pending_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_) broken_ = error;
+    for (auto& entry : incoming_) all.push_back(entry);
+    incoming_.clear();
+  }
+  for (auto& entry : all) fail(*entry, error);
+}
+
+void CollectiveEngine::post_round_receives(std::uint64_t round) {
+  if (posted_round_ == round) return;
+  const Tag tag = step_tag(collective_tag(Channel::kNegotiation, round), 0, 0);
+  for (int peer = 0; peer < workers_.size(); ++peer) {
+    if (peer == workers_.rank()) continue;
+    auto& buffer = round_buffers_[static_cast<std::size_t>(peer)];
+    round_receives_[static_cast<std::size_t>(peer)] =
+        workers_.recv(peer, tag, std::as_writable_bytes(std::span(buffer)), "negotiation round");
+  }
+  posted_round_ = round;
+}
+
+bool CollectiveEngine::listen_idle(std::uint64_t round) {
+  post_round_receives(round);
+  auto pause = std::chrono::microseconds(50);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (stopping_ || !incoming_.empty()) return !stopping_;
+    }
+    for (Request& request : round_receives_) {
+      if (request.valid() && request.test()) return true;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    submitted_.wait_for(lock, pause, [&] { return stopping_ || !incoming_.empty(); });
+    pause = std::min<std::chrono::microseconds>(pause * 2, kIdlePollCeiling);
+  }
+}
+
+void CollectiveEngine::run() {
+  torch::NoGradGuard no_grad;
+  std::uint64_t round = 0;
+  auto pause = std::chrono::microseconds(0);
+  try {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto& entry : incoming_) pending_.push_back(entry);
+        incoming_.clear();
+        if (stopping_) break;
+      }
+      if (pending_.empty()) {
+        pause = std::chrono::microseconds(0);
+        if (!listen_idle(round)) break;
+        continue;  // take what was submitted, or join the peer's round with nothing pending
+      }
+      const std::size_t before = pending_.size();
+      const std::uint64_t completed_before = collective_number_;
+      run_round(round++);
+      const bool progressed = pending_.size() != before || collective_number_ != completed_before;
+      if (progressed) {
+        pause = std::chrono::microseconds(0);
+      } else {
+        // Nothing could run: wait a little (less if something new is submitted) before the next round.
+        pause = std::min(pause * 2 + std::chrono::microseconds(100), std::chrono::microseconds(10000));
+        std::unique_lock<std::mutex> lock(mutex_);
+        submitted_.wait_for(lock, pause, [&] { return stopping_ || !incoming_.empty(); });
+      }
+    }
+  } catch (const CommError&) {
+    fail_everything(std::current_exception());
+  } catch (...) {
+    fail_everything(std::current_exception());
+  }
+  // Stopped: what is still pending fails.
+  const auto stopped = std::make_exception_ptr(UsageError("collective: the worker shut down before it ran"));
+  std::vector<std::shared_ptr<Pending>> left = std::move(pending_);
+  pending_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& entry : incoming_) left.push_back(entry);
+    incoming_.clear();
+  }
+  for (auto& entry : left) fail(*entry, stopped);
+  for (Request& request : round_receives_) request = Request();
+}
+
+void CollectiveEngine::run_round(std::uint64_t round) {
+  const int me = workers_.rank();
+  const int size = workers_.size();
+  post_round_receives(round);
+  // This rank's message: the header and a row per listed collective.
+  const std::size_t listed = std::min<std::size_t>(pending_.size(), kRoundCapacity);
+  std::vector<std::int64_t> own(static_cast<std::size_t>((listed + 1) * kWords), 0);
+  bool joined = false;
+  std::uint64_t phase = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    joined = joined_;
+    phase = phase_;
+  }
+  own[0] = kMagic;
+  own[1] = static_cast<std::int64_t>(listed);
+  own[2] = static_cast<std::int64_t>(phase);
+  own[3] = joined ? 1 : 0;
+  const auto now = Clock::now();
+  for (std::size_t i = 0; i < listed; ++i) {
+    Row row = pending_[i]->row;
+    row[kAge] = std::chrono::duration_cast<std::chrono::milliseconds>(now - pending_[i]->submitted).count();
+    std::copy(row.begin(), row.end(), own.begin() + static_cast<std::ptrdiff_t>((i + 1) * kWords));
+  }
+  const Tag tag = step_tag(collective_tag(Channel::kNegotiation, round), 0, 0);
+  std::vector<Request> requests;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer != me) requests.push_back(workers_.send(peer, tag, std::as_bytes(std::span(own)), "negotiation round"));
+  }
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer != me) requests.push_back(std::move(round_receives_[static_cast<std::size_t>(peer)]));
+  }
+  posted_round_ = ~std::uint64_t{0};
+  wait_polling(requests, timeout_, "negotiation round", stopping_, mutex_);
+
+  // The table every rank reads identically.
+  std::vector<const std::int64_t*> messages(static_cast<std::size_t>(size));
+  for (int rank = 0; rank < size; ++rank) {
+    messages[static_cast<std::size_t>(rank)] =
+        rank == me ? own.data() : round_buffers_[static_cast<std::size_t>(rank)].data();
+    if (messages[static_cast<std::size_t>(rank)][0] != kMagic) {
+      throw CommError(concat("negotiation round ", round, ": rank ", rank, "'s message is not a negotiation round"));
+    }
+  }
+  std::vector<std::unordered_map<std::int64_t, const Row*>> lists(static_cast<std::size_t>(size));
+  std::vector<std::vector<const Row*>> rows(static_cast<std::size_t>(size));
+  std::vector<bool> rank_joined(static_cast<std::size_t>(size));
+  std::int64_t latest_phase = 0;
+  for (int rank = 0; rank < size; ++rank) {
+    const std::int64_t* message = messages[static_cast<std::size_t>(rank)];
+    rank_joined[static_cast<std::size_t>(rank)] = message[3] != 0;
+    latest_phase = std::max(latest_phase, message[2]);
+    if (rank_joined[static_cast<std::size_t>(rank)] && join_round_[static_cast<std::size_t>(rank)] < 0) {
+      join_round_[static_cast<std::size_t>(rank)] = static_cast<std::int64_t>(round);
+    }
+    for (std::int64_t i = 0; i < message[1]; ++i) {
+      const Row* row = reinterpret_cast<const Row*>(message + (i + 1) * kWords);
+      rows[static_cast<std::size_t>(rank)].push_back(row);
+      lists[static_cast<std::size_t>(rank)].emplace((*row)[0], row);
+    }
+  }
+  std::unordered_map<std::int64_t, std::shared_ptr<Pending>> mine;
+  for (std::size_t i = 0; i < listed; ++i) mine.emplace(pending_[i]->row[0], pending_[i]);
+  const auto remove = [&](const std::shared_ptr<Pending>& entry) {
+    pending_.erase(std::find(pending_.begin(), pending_.end(), entry));
+  };
+
+  std::set<std::int64_t> ready;
+  bool progressed = false;
+  for (int lister = 0; lister < size; ++lister) {
+    for (const Row* row : rows[static_cast<std::size_t>(lister)]) {
+      const std::int64_t key = (*row)[0];
+      const auto kind = static_cast<CollectiveKind>((*row)[1]);
+      if (kind == CollectiveKind::kJoin || ready.count(key)) continue;
+      const std::vector<int> members = members_of(static_cast<int>((*row)[kSet]));
+      if (members.empty()) continue;  // cannot happen: sets change in the same order everywhere
+      bool all = true;
+      std::vector<const Row*> listers;
+      std::vector<int> absent_joined;
+      for (const int member : members) {
+        const auto found = lists[static_cast<std::size_t>(member)].find(key);
+        if (found != lists[static_cast<std::size_t>(member)].end()) {
+          listers.push_back(found->second);
+        } else if (rank_joined[static_cast<std::size_t>(member)] && kind != CollectiveKind::kAddProcessSet &&
+                   kind != CollectiveKind::kRemoveProcessSet) {
+          absent_joined.push_back(member);
+        } else {
+          all = false;
+        }
+      }
+      if (!all) continue;
+      ready.insert(key);
+      progressed = true;
+      const std::uint64_t number = collective_number_++;
+      if (!std::count(members.begin(), members.end(), me)) continue;
+      std::shared_ptr<Pending> entry;
+      if (const auto found = mine.find(key); found != mine.end()) entry = found->second;
+      if (!entry && (*row)[kUnnamed] >= 0 && (*row)[kPhase] == static_cast<std::int64_t>(phase)) {
+        // Joined here: count the unnamed collective this rank stood in for, so that its unnamed
+        // collectives stay in step with its peers' once it goes on.
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::uint64_t& count = unnamed_counts_[static_cast<int>((*row)[kSet])];
+        count = std::max<std::uint64_t>(count, static_cast<std::uint64_t>((*row)[kUnnamed]) + 1);
+      }
+      const std::string mismatch = mismatch_message(listers);
+      if (entry) remove(entry);
+      if (!mismatch.empty()) {
+        if (entry) {
+          fail(*entry, std::make_exception_ptr(CollectiveMismatchError(concat(mismatch, " (collective '", entry->name, "')"))));
+        }
+        continue;
+      }
+      const auto op = static_cast<ReduceOp>((*row)[2]);
+      const bool joined_may_take_part =
+          kind == CollectiveKind::kBarrier ||
+          (kind == CollectiveKind::kAllreduce && (op == ReduceOp::kSum || op == ReduceOp::kAverage));
+      if (!absent_joined.empty() && !joined_may_take_part) {
+        if (entry) {
+          fail(*entry, std::make_exception_ptr(CollectiveMismatchError(concat(
+                           collective_kind_name(kind), " '", entry->name, "': rank ", absent_joined.front(),
+                           " has joined (hvd.join) and cannot take part in a ", collective_kind_name(kind),
+                           reduce_op_name(op) == std::string("Sum") || kind != CollectiveKind::kAllreduce
+                               ? ""
+                               : concat(" with ", reduce_op_name(op)),
+                           ": only allreduce with Sum or Average and barrier go on while ranks have joined"))));
+        }
+        continue;
+      }
+      try {
+        if (entry) {
+          execute(*entry, number, members, false);
+        } else {
+          // This rank has joined: it takes part with zeros (an allreduce) or nothing (a barrier).
+          Pending stand_in;
+          stand_in.call.kind = kind;
+          stand_in.call.op = op;
+          stand_in.call.process_set = static_cast<int>((*row)[kSet]);
+          if (kind == CollectiveKind::kAllreduce) {
+            stand_in.call.input = torch::zeros({(*row)[kElements]}, torch::TensorOptions().dtype(
+                                                  scalar_type_of(static_cast<ElementType>((*row)[3]))));
+          }
+          stand_in.state = std::make_shared<Work::State>();
+          execute(stand_in, number, members, true);
+        }
+      } catch (const CommError&) {
+        if (entry) fail(*entry, std::current_exception());
+        throw;
+      }
+    }
+  }
+  // Join: complete once every worker has joined; the result is the last to join.
+  if (std::all_of(rank_joined.begin(), rank_joined.end(), [](bool j) { return j; })) {
+    int last = 0;
+    for (int rank = 0; rank < size; ++rank) {
+      if (join_round_[static_cast<std::size_t>(rank)] >= join_round_[static_cast<std::size_t>(last)]) last = rank;
+    }
+    std::fill(join_round_.begin(), join_round_.end(), -1);
+    for (std::size_t i = 0; i < pending_.size(); ++i) {
+      if (pending_[i]->call.kind != CollectiveKind::kJoin) continue;
+      std::shared_ptr<Pending> entry = pending_[i];
+      remove(entry);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        joined_ = false;
+      }
+      complete(*entry, {torch::tensor(static_cast<std::int64_t>(last))});
+      break;
+    }
+    progressed = true;
+  }
+  if (progressed) return;
+
+  // Nothing could run. What a rank lists while a member does not fails on it if it is of an earlier
+  // phase than some rank's, if it waited longer than the timeout, or, once every rank has listed
+  // such a collective for longer than the stall limit (every rank computes the same), all of it.
+  const auto stall_ms = static_cast<std::int64_t>(stall_.count());
+  bool deadlocked = true;
+  for (int rank = 0; rank < size && deadlocked; ++rank) {
+    bool waiting = false;
+    for (const Row* row : rows[static_cast<std::size_t>(rank)]) {
+      if (static_cast<CollectiveKind>((*row)[1]) != CollectiveKind::kJoin && (*row)[kAge] > stall_ms) waiting = true;
+    }
+    deadlocked = waiting;
+  }
+  std::map<int, std::set<std::uint64_t>> given_back;
+  std::vector<std::shared_ptr<Pending>> listed_entries(pending_.begin(),
+                                                       pending_.begin() + static_cast<std::ptrdiff_t>(listed));
+  for (const std::shared_ptr<Pending>& entry : listed_entries) {
+    if (entry->call.kind == CollectiveKind::kJoin) continue;
+    const std::int64_t age_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - entry->submitted).count();
+    const bool earlier_phase = static_cast<std::int64_t>(entry->phase) < latest_phase;
+    const bool too_old = age_ms > timeout_.count();
+    if (!deadlocked && !earlier_phase && !too_old) continue;
+    std::vector<int> missing;
+    for (const int member : members_of(entry->call.process_set)) {
+      if (!lists[static_cast<std::size_t>(member)].count(entry->row[0])) missing.push_back(member);
+    }
+    std::string ranks_text;
+    for (std::size_t k = 0; k < missing.size(); ++k) ranks_text += (k ? ", " : "") + std::to_string(missing[k]);
+    const std::string subject = concat("Mismatched collectives: '", entry->name, "' (",
+                                       collective_kind_name(entry->call.kind), ") was not submitted by rank",
+                                       missing.size() > 1 ? "s " : " ", ranks_text);
+    std::exception_ptr error;
+    if (earlier_phase) {
+      error = std::make_exception_ptr(CollectiveMismatchError(concat(
+          subject, " before ", missing.size() == 1 ? "it" : "they",
+          " called init() again (a new phase) (the ranks issued different collectives)")));
+    } else if (deadlocked) {
+      error = std::make_exception_ptr(CollectiveMismatchError(concat(
+          subject, " within ", stall_.count() / 1000.0, " s (the ranks issued different collectives)")));
+    } else {
+      error = std::make_exception_ptr(CommTimeoutError(concat(subject, " within ", timeout_.count() / 1000.0,
+                                                              " s (timeout)"),
+                                                       missing.empty() ? -1 : missing.front()));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (entry->unnamed && entry->phase == phase_) given_back[entry->call.process_set].insert(*entry->unnamed);
+    }
+    remove(entry);
+    fail(*entry, error);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [set, numbers] : given_back) {
+    std::uint64_t& count = unnamed_counts_[set];
+    while (count > 0 && numbers.count(count - 1)) --count;
+  }
+}
+
+void CollectiveEngine::execute(Pending& entry, std::uint64_t number, const std::vector<int>& members, bool joined_here) {
+  const Collective& call = entry.call;
+  if (call.kind == CollectiveKind::kAddProcessSet) {
+    const int id = next_process_set_++;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      process_sets_[id] = call.ranks;
+    }
+    complete(entry, {torch::tensor(static_cast<std::int64_t>(id))});
+    return;
+  }
+  if (call.kind == CollectiveKind::kRemoveProcessSet) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      process_sets_.erase(call.process_set);
+    }
+    complete(entry, {});
+    return;
+  }
+  RankGroupTransport group(workers_, members);
+  std::vector<torch::Tensor> results;
+  try {
+    results = run_collective(call, group, members, number, timeout_);
+  } catch (const CommError&) {
+    throw;
+  } catch (...) {
+    if (!joined_here) fail(entry, std::current_exception());
+    return;
+  }
+  if (!joined_here) complete(entry, std::move(results));
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,102 @@
+#pragma once
+// CollectiveEngine: a Worker's communication thread for the negotiated collectives of
+// include/pipesgd/collectives.h (the contract is there; this is how it is kept).
+//
+// Negotiation rounds: round n is one exchange among every worker (Channel::kNegotiation, sequence
+// n): each sends every peer one message, a header and a row per collective it has pending (at most
+// kRoundCapacity), and receives theirs. Every worker reads the same table and so takes the same
+// decisions: which collectives are ready (every member of the set listed it, or has joined), in
+// which order they run (rank 0's rows first, then rank 1's, ...; the k-th one read in the whole
+// run is collective number k, Channel::kCollectives sequence k), which fail (a mismatch, a joined
+// member, a phase left behind, a deadlock), when every worker has joined. A worker starts a round
+// when it has something pending; an idle one listens for a peer's round and takes part in it
+// (polling its posted receives with a back-off of up to kIdlePollCeiling), so a collective of a
+// process set never waits for the Python thread of a worker outside it.
+//
+// Execution: the engine thread runs the ready collectives one at a time over the set's ranks (a
+// RankGroupTransport), with LibTorch for the element-wise scaling and pipesgd's collective layer
+// (ring allreduce for float32 Sum/Average; collective/typed_collectives.h for the rest) for the
+// messages. A communication error (a peer failed, a timeout) fails that collective and every later
+// one: the world is broken.
+//
+// Threads: submit(), new_phase() and process_set_ranks() from the Worker's thread; the engine's
+// own thread does everything else. The transport is the Worker's and outlives the engine.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pipesgd/collectives.h"
+#include "pipesgd/comm/transport.h"
+
+namespace pipesgd {
+
+inline constexpr int kRoundCapacity = 64;  // collectives a worker lists per round
+inline constexpr std::chrono::milliseconds kIdlePollCeiling{10};
+
+class CollectiveEngine {
+ public:
+  // `workers`: ranks 0..M-1 of the world (this worker among them). `stall`: how long every worker
+  // may wait on collectives no peer submitted before they fail.
+  CollectiveEngine(Transport& workers, Timeout timeout, std::chrono::milliseconds stall);
+  // Stops the thread; collectives still pending fail with "the worker shut down".
+  ~CollectiveEngine();
+  CollectiveEngine(const CollectiveEngine&) = delete;
+  CollectiveEngine& operator=(const CollectiveEngine&) = delete;
+
+  // Checks what this rank alone can check (UsageError: a tensor that is not on the CPU, an
+  // unsupported dtype, Adasum, a root outside the set, a set this rank is not in, a name pending
+  // twice) and queues the collective.
+  std::shared_ptr<Work> submit(Collective call);
+  void new_phase();
+  // The workers of process set `id` (0: all). UsageError for an unknown id.
+  std::vector<int> process_set_ranks(int id) const;
+
+  struct Pending;
+
+ private:
+  void run();
+  void run_round(std::uint64_t round);
+  bool listen_idle(std::uint64_t round);
+  void post_round_receives(std::uint64_t round);
+  void execute(Pending& entry, std::uint64_t number, const std::vector<int>& members, bool joined_here);
+  void complete(Pending& entry, std::vector<torch::Tensor> results);
+  void fail(Pending& entry, std::exception_ptr error);
+  void fail_everything(std::exception_ptr error);
+  std::vector<int> members_of(int set) const;
+
+  Transport& workers_;
+  const Timeout timeout_;
+  const std::chrono::milliseconds stall_;
+
+  mutable std::mutex mutex_;  // guards the fields up to `stopping_`
+  std::condition_variable submitted_;
+  std::deque<std::shared_ptr<Pending>> incoming_;  // submitted, not yet seen by the engine thread
+  std::map<std::string, int> pending_names_;       // set:name of what is submitted and not completed
+  std::map<int, std::vector<int>> process_sets_;   // id -> ranks; 0 = every worker
+  std::map<int, std::uint64_t> unnamed_counts_;    // per set, this phase
+  std::uint64_t phase_ = 0;
+  std::uint64_t joins_ = 0;  // join() calls of this worker
+  bool joined_ = false;
+  bool stopping_ = false;
+  std::exception_ptr broken_;                      // the communication error that broke the world
+
+  // The engine thread's own.
+  std::vector<std::shared_ptr<Pending>> pending_;  // in submission order
+  std::vector<std::vector<std::int64_t>> round_buffers_;
+  std::vector<Request> round_receives_;
+  std::uint64_t posted_round_ = ~std::uint64_t{0};
+  std::uint64_t collective_number_ = 0;
+  std::vector<std::int64_t> join_round_;           // per rank: the round its join was first listed, -1
+  int next_process_set_ = 1;
+  std::thread thread_;
+};
+
+}  // namespace pipesgd
