@@ -130,22 +130,25 @@ std::string mismatch_message(const std::vector<const Row*>& rows) {
   return "";
 }
 
-// Waits for every request, polling (so that a stop is seen), each within `timeout` of the start.
-void wait_polling(std::vector<Request>& requests, Timeout timeout, const char* what, const bool& stopping,
-                  std::mutex& mutex) {
+// Waits for every request, polling (so that a stop is seen), within `timeout` in all; `peers[i]` is
+// the rank requests[i] exchanges with (for the error).
+void wait_polling(std::vector<Request>& requests, const std::vector<int>& peers, Timeout timeout, const std::string& what,
+                  const bool& stopping, std::mutex& mutex) {
   const auto deadline = Clock::now() + timeout;
   auto pause = std::chrono::microseconds(0);
   for (;;) {
-    bool all = true;
-    for (Request& request : requests) {
-      if (request.valid() && !request.test()) all = false;
-    }
-    if (all) break;
-    if (Clock::now() > deadline) {
-      // The wait itself names the peer: wait() on the first incomplete one throws its timeout.
-      for (Request& request : requests) {
-        if (request.valid() && !request.test()) request.wait(Timeout(1));
+    std::size_t waiting = requests.size();
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      if (requests[i].valid() && !requests[i].test()) {
+        waiting = i;
+        break;
       }
+    }
+    if (waiting == requests.size()) break;
+    if (Clock::now() > deadline) {
+      throw CommTimeoutError(concat(what, ": rank ", peers[waiting], " did not take part within ",
+                                    timeout.count() / 1000.0, " s"),
+                             peers[waiting]);
     }
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -160,7 +163,7 @@ void wait_polling(std::vector<Request>& requests, Timeout timeout, const char* w
     }
   }
   for (Request& request : requests) {
-    if (request.valid()) request.wait(timeout);
+    if (request.valid()) request.wait(timeout);  // complete: returns at once (or raises a peer's failure)
   }
 }
 
@@ -320,7 +323,7 @@ std::shared_ptr<Work> CollectiveEngine::submit(Collective call) {
       entry->unnamed = unnamed_counts_[set]++;
       name = concat("noname.", *entry->unnamed);
     }
-    const std::string key_text = concat(set, ":", name);
+    const std::string key_text = concat(phase_, ":", set, ":", name);
     if (pending_names_.count(key_text)) {
       if (entry->unnamed) --unnamed_counts_[set];
       throw UsageError(concat("Requested to ", what, " a tensor with the same name as another tensor that is currently "
@@ -334,7 +337,7 @@ std::shared_ptr<Work> CollectiveEngine::submit(Collective call) {
     entry->state->name = name;
     const int listed_set = set;
     entry->call = std::move(call);
-    entry->row = describe(entry->call, hash_text(concat(phase_, ":", key_text)), phase_);
+    entry->row = describe(entry->call, hash_text(key_text), phase_);
     entry->row[kSet] = listed_set;
     entry->row[kUnnamed] = entry->unnamed ? static_cast<std::int64_t>(*entry->unnamed) : -1;
     entry->submitted = Clock::now();
@@ -469,11 +472,13 @@ void CollectiveEngine::run_round(std::uint64_t round) {
   // This rank's message: the header and a row per listed collective.
   const std::size_t listed = std::min<std::size_t>(pending_.size(), kRoundCapacity);
   std::vector<std::int64_t> own(static_cast<std::size_t>((listed + 1) * kWords), 0);
+  // Joined: a join is among what this rank lists (not merely submitted: every rank must see the
+  // join it completes).
   bool joined = false;
+  for (std::size_t i = 0; i < listed; ++i) joined = joined || pending_[i]->call.kind == CollectiveKind::kJoin;
   std::uint64_t phase = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    joined = joined_;
     phase = phase_;
   }
   own[0] = kMagic;
@@ -488,14 +493,19 @@ void CollectiveEngine::run_round(std::uint64_t round) {
   }
   const Tag tag = step_tag(collective_tag(Channel::kNegotiation, round), 0, 0);
   std::vector<Request> requests;
+  std::vector<int> peers;
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != me) requests.push_back(workers_.send(peer, tag, std::as_bytes(std::span(own)), "negotiation round"));
+    if (peer == me) continue;
+    requests.push_back(workers_.send(peer, tag, std::as_bytes(std::span(own)), "negotiation round"));
+    peers.push_back(peer);
   }
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != me) requests.push_back(std::move(round_receives_[static_cast<std::size_t>(peer)]));
+    if (peer == me) continue;
+    requests.push_back(std::move(round_receives_[static_cast<std::size_t>(peer)]));
+    peers.push_back(peer);
   }
   posted_round_ = ~std::uint64_t{0};
-  wait_polling(requests, timeout_, "negotiation round", stopping_, mutex_);
+  wait_polling(requests, peers, timeout_, concat("negotiation round ", round, " on rank ", me), stopping_, mutex_);
 
   // The table every rank reads identically.
   std::vector<const std::int64_t*> messages(static_cast<std::size_t>(size));
@@ -650,7 +660,16 @@ void CollectiveEngine::run_round(std::uint64_t round) {
   std::vector<std::shared_ptr<Pending>> listed_entries(pending_.begin(),
                                                        pending_.begin() + static_cast<std::ptrdiff_t>(listed));
   for (const std::shared_ptr<Pending>& entry : listed_entries) {
-    if (entry->call.kind == CollectiveKind::kJoin) continue;
+    if (entry->call.kind == CollectiveKind::kJoin) {
+      // A join waits for every worker, however long their data lasts, unless a peer went on to a
+      // later phase without joining.
+      if (static_cast<std::int64_t>(entry->phase) < latest_phase) {
+        remove(entry);
+        fail(*entry, std::make_exception_ptr(CollectiveMismatchError(
+                         "join: a rank called init() again (a new phase) without joining")));
+      }
+      continue;
+    }
     const std::int64_t age_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - entry->submitted).count();
     const bool earlier_phase = static_cast<std::int64_t>(entry->phase) < latest_phase;
