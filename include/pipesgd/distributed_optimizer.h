@@ -154,6 +154,11 @@ struct DistributedOptimizerOptions {
   bool forward_hooks = false;
   // Broadcast worker 0's parameters and buffers at construction (Worker::broadcast_parameters).
   bool broadcast_initial_parameters = true;
+  // The workers that train this model together: a process set (Worker::add_process_set; 0 = every
+  // worker). Only its members construct the optimizer; the method runs over them alone (its
+  // collectives, the initial broadcast from the set's lowest rank, the Sum multiplier), so disjoint
+  // sets train independent replicas at once. Parameter-server methods take the global set only.
+  int process_set = 0;
 };
 
 class DistributedOptimizer {

@@ -72,6 +72,7 @@ pipesgd::DistributedOptimizerOptions optimizer_options(const py::dict& given) {
     else if (key == "sum") options.gradient_reduction = value.cast<bool>() ? pipesgd::ReduceOp::kSum : pipesgd::ReduceOp::kAverage;
     else if (key == "forward_hooks") options.forward_hooks = value.cast<bool>();
     else if (key == "broadcast_initial_parameters") options.broadcast_initial_parameters = value.cast<bool>();
+    else if (key == "process_set") options.process_set = value.cast<int>();
     else throw pipesgd::UsageError(pipesgd::concat("unknown optimizer option '", key, "'"));
   }
   return options;

@@ -1106,7 +1106,7 @@ def _layers(optimizer, named_parameters, model):
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, method, model, method_options, timeout, fused_update):
+                 gradient_predivide_factor, method, model, method_options, timeout, fused_update, process_set_id):
         self._wrapped_class.__init__(self, params)  # shares the wrapped optimizer's param_groups
         worker = _worker()
         if named_parameters is not None:
@@ -1181,7 +1181,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"method '{spec}' needs parameter-server ranks: call hvd.init(servers=S) and launch "
                              f"with S more ranks than workers")
         options.update(flags=flags, backward_passes_per_step=backward_passes_per_step, sum=(op == Sum),
-                       forward_hooks=self._forward_hooks)
+                       forward_hooks=self._forward_hooks, process_set=process_set_id)
         if self._fused:
             options["lr_schedule"] = "external"
         if timeout is not None:
@@ -1238,8 +1238,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._fused
 
     def _apply_gradients(self):
-        """The wrapped optimizer's own step() on the gradients in p.grad."""
-        self._wrapped_class.step(self)
+        """The wrapped optimizer's own step() on the gradients in p.grad. An optimizer that takes
+        sparse gradients only (torch.optim.SparseAdam) gets each as a sparse tensor (the averaged
+        gradient, as Horovod's sparse allreduce gives it); p.grad is the dense view again afterwards."""
+        if not issubclass(self._wrapped_class, torch.optim.SparseAdam):
+            self._wrapped_class.step(self)
+            return
+        dense = [(p, p.grad) for group in self.param_groups for p in group["params"] if p.grad is not None]
+        for p, grad in dense:
+            p.grad = grad.to_sparse()
+        try:
+            self._wrapped_class.step(self)
+        finally:
+            for p, grad in dense:
+                p.grad = grad
 
     def _plain_sgd(self):
         """(lr, weight_decay) when the wrapped optimizer is torch.optim.SGD itself without momentum
@@ -1381,6 +1393,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._pipesgd.load_state(state)
 
 
+class _OutsideProcessSetOptimizer(torch.optim.Optimizer):
+    """DistributedOptimizer on a rank outside its process set: the wrapped optimizer, alone."""
+
+    def __init__(self, params):
+        self._wrapped_class.__init__(self, params)
+
+    def synchronize(self):
+        pass
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set, method=None, model=None,
@@ -1402,9 +1428,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     of hyper-parameters; synchronize() and state_dict() raise). The parameter-server methods are
     always fused (their servers apply the update).
     """
-    if _set_id(process_set, "DistributedOptimizer") != 0:
-        raise NotImplementedError("pipesgd.torch.DistributedOptimizer: process_set= other than the global set is not "
-                                  "supported (pipesgd's methods train over every worker)")
+    process_set_id = _set_id(process_set, "DistributedOptimizer")
+    if process_set_id != 0 and rank() not in _worker().process_set_ranks(process_set_id):
+        # Horovod's rule: a rank outside the optimizer's process set trains alone (no communication).
+        cls = type(optimizer.__class__.__name__, (_OutsideProcessSetOptimizer, optimizer.__class__),
+                   {"_wrapped_class": optimizer.__class__})
+        return cls(optimizer.param_groups)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"DistributedOptimizer: expected a torch.optim.Optimizer, got {type(optimizer)}")
     if isinstance(optimizer, _DistributedOptimizer):
@@ -1413,7 +1442,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__),
                {"_wrapped_class": optimizer.__class__})
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, method, model, method_options, timeout, fused_update)
+               gradient_predivide_factor, method, model, method_options, timeout, fused_update, process_set_id)
 
 
 # --------------------------------------------------------------------------------------------

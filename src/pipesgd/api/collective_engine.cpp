@@ -432,7 +432,11 @@ void CollectiveEngine::run() {
       if (pending_.empty()) {
         pause = std::chrono::microseconds(0);
         if (!listen_idle(round)) break;
-        continue;  // take what was submitted, or join the peer's round with nothing pending
+        // Something was submitted, or a peer started this round: take part in it now (with what is
+        // pending by then, possibly nothing).
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto& entry : incoming_) pending_.push_back(entry);
+        incoming_.clear();
       }
       const std::size_t before = pending_.size();
       const std::uint64_t completed_before = collective_number_;

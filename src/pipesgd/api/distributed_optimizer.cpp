@@ -14,6 +14,7 @@
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/api/server_ranks.h"
 #include "pipesgd/api/worker_impl.h"
+#include "pipesgd/comm/rank_group_transport.h"
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/trace.h"
 #include "pipesgd/optim/gradient_handoff.h"
@@ -164,7 +165,21 @@ struct DistributedOptimizer::Impl final : FlatParameters {
     if (failed) throw UsageError(concat("DistributedOptimizer::", call, ": the optimizer failed earlier; destroy it"));
     if (finished) throw UsageError(concat("DistributedOptimizer::", call, " after finish()"));
   }
-  Transport& method_transport() { return uses_servers ? worker.world : worker.workers; }
+  Transport& method_transport() { return uses_servers ? worker.world : peers(); }
+  // The workers this optimizer trains with: the process set's (options.process_set) or every worker.
+  Transport& peers() { return set_workers ? *set_workers : static_cast<Transport&>(worker.workers); }
+  std::unique_ptr<RankGroupTransport> set_workers;  // options.process_set != 0
+  // Root's (the set's rank 0) `tensor` to every member, through the negotiated collectives.
+  void broadcast_in_set(torch::Tensor& tensor) {
+    Collective call;
+    call.kind = CollectiveKind::kBroadcast;
+    call.input = tensor;
+    call.output = tensor;
+    call.process_set = options.process_set;
+    call.root = set_ranks.front();
+    worker.engine->submit(std::move(call))->wait();
+  }
+  std::vector<int> set_ranks;  // the members' worker ranks
   void first_step();
   void next_step();
   // What must match between a saved state and the optimizer that loads it.
@@ -330,7 +345,7 @@ std::string DistributedOptimizer::Impl::configuration() const {
   const std::string method_options = selection.options->fingerprint();
   return concat("method ", spec, " (", fingerprint(selection.common), method_options.empty() ? "" : ", ",
                 method_options, ", warm-up ", warmup_iterations, " iterations, ", schedule_length.iterations_per_epoch,
-                " iterations per epoch, ", schedule_length.total_iterations, " in all), ", worker.worker_count,
+                " iterations per epoch, ", schedule_length.total_iterations, " in all), ", set_ranks.size(),
                 " workers");
 }
 
@@ -441,12 +456,13 @@ void DistributedOptimizer::Impl::first_step() {
     torch::Tensor roots = order.clone();
     const Tag tag = w.next_collective_tag();
     std::span<std::byte> bytes(static_cast<std::byte*>(roots.data_ptr()), count * sizeof(std::int64_t));
-    if (w.workers.rank() == 0) {
+    Transport& members = peers();
+    if (members.rank() == 0) {
       std::vector<Request> sends;
-      for (int peer = 1; peer < w.workers.size(); ++peer) sends.push_back(w.workers.send(peer, step_tag(tag, 0, 0), bytes, "the readiness order"));
+      for (int peer = 1; peer < members.size(); ++peer) sends.push_back(members.send(peer, step_tag(tag, 0, 0), bytes, "the readiness order"));
       for (Request& send : sends) send.wait(options.timeout);
     } else {
-      w.workers.recv(0, step_tag(tag, 0, 0), bytes, "the readiness order").wait(options.timeout);
+      members.recv(0, step_tag(tag, 0, 0), bytes, "the readiness order").wait(options.timeout);
     }
     order = roots;
   }
@@ -531,7 +547,16 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, torch::nn::Module& mo
     : DistributedOptimizer(worker, layers_of(module), method_spec, without_initial_broadcast(options)) {
   // The module's buffers (batch-norm statistics) too; its parameters are views of the flat buffer now.
   impl_->options.broadcast_initial_parameters = options.broadcast_initial_parameters;
-  if (options.broadcast_initial_parameters) worker.broadcast_parameters(module, 0);
+  if (options.broadcast_initial_parameters) {
+    if (options.process_set == 0) {
+      worker.broadcast_parameters(module, 0);
+    } else {
+      for (torch::Tensor buffer : module.buffers()) {
+        torch::Tensor data = buffer.detach();
+        impl_->broadcast_in_set(data);
+      }
+    }
+  }
 }
 
 DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> layers, const std::string& method_spec,
@@ -595,6 +620,17 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> la
     impl.selection.common.optimizer.name = kExternalOptimizer;
     impl.selection.common.optimizer.handoff = impl.handoff;
   }
+  impl.set_ranks = worker.process_set_ranks(options.process_set);
+  if (options.process_set != 0) {
+    if (impl.uses_servers) {
+      throw UsageError(concat("'", method_spec, "' trains through the world's parameter servers: it takes the global ",
+                              "process set only, not process set ", options.process_set));
+    }
+    if (!std::count(impl.set_ranks.begin(), impl.set_ranks.end(), worker.rank())) {
+      throw UsageError(concat("DistributedOptimizer: rank ", worker.rank(), " is not in process set ", options.process_set));
+    }
+    impl.set_workers = std::make_unique<RankGroupTransport>(worker.impl().workers, impl.set_ranks);
+  }
   if (servers != worker.servers() && impl.uses_servers) {
     throw UsageError(concat("'", method_spec, "' needs ", servers, " parameter-server rank", servers == 1 ? "" : "s",
                             " (--servers ", servers, "); the world has ", worker.servers(),
@@ -615,11 +651,11 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> la
     for (ParameterSegment& segment : segments) {
       for (torch::Tensor& parameter : segment.parameters) {
         if (parameter.scalar_type() != torch::kFloat32 || !parameter.device().is_cpu()) continue;  // the binding names it
-        worker.broadcast(parameter, 0);
+        impl.broadcast_in_set(parameter);
       }
     }
   }
-  if (options.gradient_reduction == ReduceOp::kSum) impl.gradient_multiplier = static_cast<float>(worker.size());
+  if (options.gradient_reduction == ReduceOp::kSum) impl.gradient_multiplier = static_cast<float>(impl.set_ranks.size());
   for (std::size_t k = 0; k < segments.size(); ++k) {
     impl.layer_of_segment.push_back(k);
     impl.segment_of_layer.push_back(k);
