@@ -452,20 +452,7 @@ void DistributedOptimizer::Impl::first_step() {
   const std::vector<std::size_t>& completed = binding->segment_readiness_order();
   for (std::size_t k = 0; k < completed.size(); ++k) order[static_cast<std::int64_t>(k)] = static_cast<std::int64_t>(completed[k]);
   Worker::Impl& w = worker;
-  {
-    torch::Tensor roots = order.clone();
-    const Tag tag = w.next_collective_tag();
-    std::span<std::byte> bytes(static_cast<std::byte*>(roots.data_ptr()), count * sizeof(std::int64_t));
-    Transport& members = peers();
-    if (members.rank() == 0) {
-      std::vector<Request> sends;
-      for (int peer = 1; peer < members.size(); ++peer) sends.push_back(members.send(peer, step_tag(tag, 0, 0), bytes, "the readiness order"));
-      for (Request& send : sends) send.wait(options.timeout);
-    } else {
-      members.recv(0, step_tag(tag, 0, 0), bytes, "the readiness order").wait(options.timeout);
-    }
-    order = roots;
-  }
+  broadcast_in_set(order);  // negotiated among the set's members (no count of this worker's own)
   // Forward order: layers that never completed (registration order), then reverse completion order.
   std::vector<std::size_t> forward;
   std::vector<char> placed(count, 0);
