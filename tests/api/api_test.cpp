@@ -497,14 +497,22 @@ TEST(Errors, BadLrScheduleHasTheCliMessage) {
   EXPECT_EQ(schedule_error("cosine", 5, 0, 10), "(no UsageError)");  // cosine needs no epoch length
 }
 
-TEST(Errors, NonFloatTensorToAllreduce) {
+TEST(Errors, UndefinedOrUnsupportedTensorToAllreduce) {
   const std::string message = error_of([] {
     pipesgd::run_threads(2, [](Worker& w) {
-      torch::Tensor labels = torch::zeros({3}, torch::kInt64);
-      w.allreduce(labels);
+      torch::Tensor undefined;
+      w.allreduce(undefined);
     });
   });
-  EXPECT_EQ(message, "allreduce: expected a float32 CPU tensor, got a Long tensor on cpu");
+  EXPECT_EQ(message, "allreduce: expected a CPU tensor, got an undefined tensor");
+  const std::string complex = error_of([] {
+    pipesgd::run_threads(1, [](Worker& w) {
+      torch::Tensor values = torch::zeros({3}, torch::kComplexFloat);
+      w.allreduce(values);
+    });
+  });
+  EXPECT_EQ(complex, "allreduce: dtype ComplexFloat is not supported (uint8, int8, int16, int32, int64, float16, "
+                     "bfloat16, float32, float64, bool)");
 }
 
 TEST(Errors, ModuleWithoutParameters) {

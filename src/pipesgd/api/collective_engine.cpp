@@ -130,40 +130,14 @@ std::string mismatch_message(const std::vector<const Row*>& rows) {
   return "";
 }
 
-// Waits for every request, polling (so that a stop is seen), within `timeout` in all; `peers[i]` is
-// the rank requests[i] exchanges with (for the error).
-void wait_polling(std::vector<Request>& requests, const std::vector<int>& peers, Timeout timeout, const std::string& what,
-                  const bool& stopping, std::mutex& mutex) {
+// Waits for every request of a round within `timeout` in all. Blocking waits: a peer's failure
+// ends them at once (PeerFailedError), a silent peer after the timeout (naming it and the round).
+void wait_all(std::vector<Request>& requests, Timeout timeout) {
   const auto deadline = Clock::now() + timeout;
-  auto pause = std::chrono::microseconds(0);
-  for (;;) {
-    std::size_t waiting = requests.size();
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      if (requests[i].valid() && !requests[i].test()) {
-        waiting = i;
-        break;
-      }
-    }
-    if (waiting == requests.size()) break;
-    if (Clock::now() > deadline) {
-      throw CommTimeoutError(concat(what, ": rank ", peers[waiting], " did not take part within ",
-                                    timeout.count() / 1000.0, " s"),
-                             peers[waiting]);
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (stopping) throw CommError(concat(what, ": the worker shut down"));
-    }
-    if (pause.count() == 0) {
-      std::this_thread::yield();
-      pause = std::chrono::microseconds(20);
-    } else {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
-    }
-  }
   for (Request& request : requests) {
-    if (request.valid()) request.wait(timeout);  // complete: returns at once (or raises a peer's failure)
+    if (!request.valid()) continue;
+    const auto left = std::chrono::duration_cast<Timeout>(deadline - Clock::now());
+    request.wait(std::max(left, Timeout(1)));
   }
 }
 
@@ -497,19 +471,14 @@ void CollectiveEngine::run_round(std::uint64_t round) {
   }
   const Tag tag = step_tag(collective_tag(Channel::kNegotiation, round), 0, 0);
   std::vector<Request> requests;
-  std::vector<int> peers;
   for (int peer = 0; peer < size; ++peer) {
-    if (peer == me) continue;
-    requests.push_back(workers_.send(peer, tag, std::as_bytes(std::span(own)), "negotiation round"));
-    peers.push_back(peer);
+    if (peer != me) requests.push_back(workers_.send(peer, tag, std::as_bytes(std::span(own)), "negotiation round"));
   }
   for (int peer = 0; peer < size; ++peer) {
-    if (peer == me) continue;
-    requests.push_back(std::move(round_receives_[static_cast<std::size_t>(peer)]));
-    peers.push_back(peer);
+    if (peer != me) requests.push_back(std::move(round_receives_[static_cast<std::size_t>(peer)]));
   }
   posted_round_ = ~std::uint64_t{0};
-  wait_polling(requests, peers, timeout_, concat("negotiation round ", round, " on rank ", me), stopping_, mutex_);
+  wait_all(requests, timeout_);
 
   // The table every rank reads identically.
   std::vector<const std::int64_t*> messages(static_cast<std::size_t>(size));
