@@ -6,6 +6,8 @@ expected result is a closed form of the ranks 0..size-1.
 import math
 import os
 
+import time
+
 import pytest
 import torch
 
@@ -92,7 +94,10 @@ def test_async_handles_synchronized_in_order():
     h4 = hvd.broadcast_async(d, root_rank=N - 1)
     h5 = hvd.allreduce_async(mine(), op=hvd.Average)
     assert len({h1, h2, h3, h4, h5}) == 5
-    assert hvd.poll(h2) is True
+    deadline = time.monotonic() + 60
+    while not hvd.poll(h2):  # the communication thread completes it; poll never blocks
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     assert torch.equal(b, 2 * BASE * SUM_OF_FACTORS), "allreduce_async_ works in place"
     assert torch.equal(hvd.synchronize(h1), BASE * SUM_OF_FACTORS)
     assert torch.equal(a, mine()), "allreduce_async leaves its input"
@@ -253,3 +258,80 @@ def test_broadcast_parameters_named_parameters_from_last_rank():
     means = gathered_rows(hvd, net.bn.running_mean)
     for r in range(N):
         assert torch.equal(means[r], _rank_net(r).bn.running_mean)
+
+
+def test_allreduce_async_completes_while_python_computes():
+    """Real asynchrony: the communication thread runs the collective while this thread computes
+    (no synchronize, no blocking call): poll() turns True in the middle of the computation."""
+    tensor = torch.full((1 << 16,), float(R + 1))
+    handle = hvd.allreduce_async(tensor, op=hvd.Sum, name="overlap")
+    x = torch.randn(64, 64)
+    deadline = time.monotonic() + 60
+    while not hvd.poll(handle):
+        x = torch.tanh(x @ x)  # Python-side work meanwhile
+        assert time.monotonic() < deadline, "the collective did not complete on its own"
+    assert torch.equal(hvd.synchronize(handle), torch.full((1 << 16,), N * (N + 1) / 2))
+
+
+def test_every_dtype_and_op_against_closed_forms():
+    ops = {hvd.Sum: lambda s: s.sum(0), hvd.Min: lambda s: s.min(0).values, hvd.Max: lambda s: s.max(0).values,
+           hvd.Product: lambda s: s.prod(0)}
+    for dtype in [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                  torch.float32, torch.float64]:
+        rows = torch.stack([torch.arange(5).add(r).remainder(3).add(1) for r in range(N)])  # 1..3, exact
+        for op, oracle in ops.items():
+            got = hvd.allreduce(rows[R].to(dtype), op=op)
+            assert torch.equal(got, oracle(rows).to(dtype)), (dtype, op, got)
+        average = hvd.allreduce(rows[R].to(dtype), op=hvd.Average)
+        expected = rows.sum(0).div(N, rounding_mode="trunc") if not dtype.is_floating_point else rows.sum(0) / N
+        assert torch.equal(average, expected.to(dtype)), (dtype, average)
+
+
+def test_autograd_through_collectives_against_finite_differences():
+    """d/dx of sum(w * collective(x)) summed over the ranks, by central differences of the same
+    objective (every rank perturbs the same element of its own x in turn)."""
+    torch.manual_seed(7)
+    weights = torch.randn(2 * N, 3, dtype=torch.float64)
+
+    def objective(x, kind):
+        if kind == "allreduce":
+            y = hvd.allreduce(x, op=hvd.Sum)
+            w = weights[:2]
+        elif kind == "allgather":
+            y = hvd.allgather(x)
+            w = weights
+        elif kind == "broadcast":
+            y = hvd.broadcast(x, root_rank=0)
+            w = weights[:2]
+        elif kind == "alltoall":
+            y = hvd.alltoall(x)
+            w = weights[:N]
+        else:
+            y = hvd.reducescatter(x, op=hvd.Sum)
+            w = weights[:y.shape[0]]
+        return (w * y).sum()
+
+    for kind in ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter"]:
+        rows = N if kind in ("alltoall", "reducescatter") else 2
+        base = torch.arange(rows * 3, dtype=torch.float64).reshape(rows, 3).add(R)
+        x = base.clone().requires_grad_()
+        objective(x, kind).backward()
+        assert x.grad is not None, kind
+        # Horovod's gradients: the allreduce of the upstream gradients (Sum), averaged for
+        # allgather and broadcast (root only), allgathered (times the set size for Sum) for
+        # reducescatter, sent back for alltoall: compare with the finite differences of the
+        # objective summed over the ranks, scaled as Horovod scales them.
+        scale = {"allreduce": 1.0, "allgather": 1.0 / N, "broadcast": 1.0 / N, "alltoall": 1.0,
+                 "reducescatter": float(N)}[kind]
+        eps = 1e-3
+        for index in [(0, 0), (rows - 1, 2)]:
+            totals = []
+            for sign in (1, -1):
+                probe = base.clone()
+                probe[index] += sign * eps
+                totals.append(hvd.allreduce(objective(probe, kind).detach().reshape(1), op=hvd.Sum).item())
+            numeric = (totals[0] - totals[1]) / (2 * eps)
+            # Every rank perturbs its own element at once: the global objective moves by the sum of the
+            # ranks' partial derivatives; each rank's gradient is its own share of it.
+            shares = hvd.allgather(x.grad[index].reshape(1)).sum().item()
+            assert abs(shares / scale - numeric) < 1e-6 * max(1.0, abs(numeric)), (kind, index, shares, numeric)

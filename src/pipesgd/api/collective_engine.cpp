@@ -630,6 +630,7 @@ void CollectiveEngine::run_round(std::uint64_t round) {
     deadlocked = waiting;
   }
   std::map<int, std::set<std::uint64_t>> given_back;
+  std::vector<std::pair<std::shared_ptr<Pending>, std::exception_ptr>> failing;
   std::vector<std::shared_ptr<Pending>> listed_entries(pending_.begin(),
                                                        pending_.begin() + static_cast<std::ptrdiff_t>(listed));
   for (const std::shared_ptr<Pending>& entry : listed_entries) {
@@ -675,13 +676,17 @@ void CollectiveEngine::run_round(std::uint64_t round) {
       if (entry->unnamed && entry->phase == phase_) given_back[entry->call.process_set].insert(*entry->unnamed);
     }
     remove(entry);
-    fail(*entry, error);
+    failing.emplace_back(entry, error);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [set, numbers] : given_back) {
-    std::uint64_t& count = unnamed_counts_[set];
-    while (count > 0 && numbers.count(count - 1)) --count;
+  {
+    // Numbers go back before the callers learn of the failure (they may submit again at once).
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [set, numbers] : given_back) {
+      std::uint64_t& count = unnamed_counts_[set];
+      while (count > 0 && numbers.count(count - 1)) --count;
+    }
   }
+  for (auto& [entry, error] : failing) fail(*entry, error);
 }
 
 void CollectiveEngine::execute(Pending& entry, std::uint64_t number, const std::vector<int>& members, bool joined_here) {

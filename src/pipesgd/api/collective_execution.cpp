@@ -180,10 +180,6 @@ void check_collective(Collective& call, int rank, int size) {
     if (boolean && (call.op == ReduceOp::kAverage || call.prescale != 1.0 || call.postscale != 1.0)) {
       throw UsageError(concat(what, ": a bool tensor takes Sum, Min, Max or Product without scale factors"));
     }
-    if ((call.op == ReduceOp::kMin || call.op == ReduceOp::kMax || call.op == ReduceOp::kProduct) &&
-        (call.prescale != 1.0 || call.postscale != 1.0)) {
-      throw UsageError(concat(what, ": scale factors apply to Sum and Average only, not ", reduce_op_name(call.op)));
-    }
   }
   if (call.kind == CollectiveKind::kReducescatter && call.input.dim() == 0) {
     throw UsageError("reducescatter: a scalar (0-dimensional) tensor cannot be scattered");
