@@ -335,3 +335,58 @@ def test_autograd_through_collectives_against_finite_differences():
             # ranks' partial derivatives; each rank's gradient is its own share of it.
             shares = hvd.allgather(x.grad[index].reshape(1)).sum().item()
             assert abs(shares / scale - numeric) < 1e-6 * max(1.0, abs(numeric)), (kind, index, shares, numeric)
+
+
+def test_sync_batch_norm_equals_batch_norm_over_the_whole_batch():
+    torch.manual_seed(3)
+    whole = torch.randn(4 * N, 3, 5, dtype=torch.float64)
+    mine_rows = whole[4 * R:4 * (R + 1)].clone().requires_grad_()
+    sync = hvd.SyncBatchNorm(3).double()
+    reference = torch.nn.BatchNorm1d(3).double()
+    out = sync(mine_rows)
+    expected = reference(whole)
+    torch.testing.assert_close(out, expected[4 * R:4 * (R + 1)])
+    torch.testing.assert_close(sync.running_mean, reference.running_mean)
+    torch.testing.assert_close(sync.running_var, reference.running_var)
+    # Gradients: each rank's share of d(sum of squares over the whole batch).
+    (out ** 2).sum().backward()
+    whole_leaf = whole.clone().requires_grad_()
+    (torch.nn.BatchNorm1d(3).double()(whole_leaf) ** 2).sum().backward()
+    torch.testing.assert_close(mine_rows.grad, whole_leaf.grad[4 * R:4 * (R + 1)])
+
+
+def test_process_sets_and_a_rank_in_none():
+    if N < 2:
+        pytest.skip("needs 2 ranks")
+    first = hvd.add_process_set([0])
+    last = hvd.add_process_set([N - 1])
+    assert first.ranks == [0] and first.size() == 1
+    if R == 0:
+        assert hvd.allreduce(torch.ones(3), op=hvd.Sum, process_set=first).tolist() == [1.0] * 3
+        assert first.included() and first.rank() == 0
+    elif R == N - 1:
+        assert hvd.allgather(torch.full((2,), 5.0), process_set=last).tolist() == [5.0, 5.0]
+    # (N == 3: rank 1 is in neither set and took no part)
+    with pytest.raises(ValueError):
+        hvd.add_process_set([0])  # registered already
+    assert hvd.remove_process_set(first) and hvd.remove_process_set(last)
+    assert not hvd.remove_process_set(hvd.global_process_set)
+    hvd.barrier()
+
+
+def test_join_with_uneven_batches_returns_the_last_rank():
+    for batch in range(R + 1):  # rank r has r + 1 batches
+        active = hvd.allreduce(torch.ones(2, dtype=torch.int64), op=hvd.Sum, name=f"batch.{batch}")
+        assert active.tolist() == [N - batch] * 2
+    assert hvd.join() == N - 1
+
+
+def test_what_differs_from_horovod_raises_clearly():
+    with pytest.raises(ValueError, match="init\\(trace="):
+        hvd.start_timeline("/tmp/timeline.json")
+    with pytest.raises(NotImplementedError, match="PartialDistributedOptimizer"):
+        hvd.PartialDistributedOptimizer(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1))
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(hvd.HorovodInternalError):
+        hvd.reducescatter(torch.tensor(1.0))

@@ -13,18 +13,22 @@ Launch with ``pipesgdrun -np 4 /usr/bin/python3 train.py`` (or mpirun); without 
 script runs as one worker. Every method of pipesgd is the C++ library's (pipesgd._C); nothing of
 a method is implemented here. See docs/user-guide.md, "From PyTorch (Horovod-compatible)".
 
-Differences from Horovod, all deliberate and documented:
-  * Collectives run in the order they are issued; ``name=`` is accepted and not used to match
-    tensors across ranks. ``*_async`` calls return a handle and run at ``synchronize``/``poll``.
-  * ``DistributedOptimizer.step()``: the method's step writes the gradient to apply into ``p.grad``
-    (this step's average; for a pipelined method an earlier step's) and the wrapped optimizer's own
-    ``step()`` applies it, as in Horovod: any torch.optim optimizer, param groups and scheduler.
-    ``synchronize()`` leaves those gradients readable and editable (clipping) until ``step()``;
-    ``state_dict()`` is the wrapped optimizer's plus the method's state (key "pipesgd").
-    ``fused_update=True`` (SGD/Adam only; no synchronize()/state_dict()) lets the method update
-    with its own fused SGD/Adam; the parameter-server methods always do.
-  * ``Adasum``, process sets other than the global one, ``join`` and the GPU builds raise
-    ``NotImplementedError``.
+Collectives (allreduce, allgather, broadcast, alltoall, reducescatter, their grouped and async
+forms, barrier, join, process sets) are the C++ library's negotiated collectives
+(include/pipesgd/collectives.h): each worker's communication thread agrees with its peers and runs
+them while Python goes on; this module keeps Horovod's argument conventions, handles, compression
+and autograd.
+
+``DistributedOptimizer.step()``: the method's step writes the gradient to apply into ``p.grad``
+(this step's average; for a pipelined method an earlier step's) and the wrapped optimizer's own
+``step()`` applies it, as in Horovod: any torch.optim optimizer, param groups and scheduler.
+``synchronize()`` leaves those gradients readable and editable (clipping) until ``step()``;
+``state_dict()`` is the wrapped optimizer's plus the method's state (key "pipesgd").
+``fused_update=True`` (SGD/Adam only; no synchronize()/state_dict()) lets the method update with its
+own fused SGD/Adam; the parameter-server methods always do.
+
+What differs from Horovod (Adasum, GPU builds, timelines, PartialDistributedOptimizer, ...) is in
+docs/user-guide.md, "What differs from Horovod", each with its reason.
 """
 
 import atexit
