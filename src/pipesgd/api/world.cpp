@@ -100,21 +100,26 @@ std::chrono::milliseconds Worker::timeout() const { return impl_->timeout; }
 
 std::shared_ptr<Work> Worker::submit(Collective call) { return impl_->engine->submit(std::move(call)); }
 
-void Worker::allreduce(torch::Tensor& tensor, ReduceOp op) {
+namespace {
+// An unnamed in-place collective of `tensor` among every worker.
+Collective in_place(CollectiveKind kind, torch::Tensor& tensor) {
   Collective call;
-  call.kind = CollectiveKind::kAllreduce;
+  call.kind = kind;
   call.input = tensor;
   call.output = tensor;
+  return call;
+}
+}  // namespace
+
+void Worker::allreduce(torch::Tensor& tensor, ReduceOp op) {
+  Collective call = in_place(CollectiveKind::kAllreduce, tensor);
   call.op = op;
   submit(std::move(call))->wait();
 }
 
 void Worker::broadcast(torch::Tensor& tensor, int root) {
   check_root(root, size(), "broadcast");
-  Collective call;
-  call.kind = CollectiveKind::kBroadcast;
-  call.input = tensor;
-  call.output = tensor;
+  Collective call = in_place(CollectiveKind::kBroadcast, tensor);
   call.root = root;
   submit(std::move(call))->wait();
 }

@@ -281,6 +281,20 @@ struct Ring {
   const char* operation;
 };
 
+// The requests of a ring's pipelined steps, [step parity][segment], sized for the largest block's
+// segments; withdrawn on unwinding.
+struct ParityRequests {
+  ParityRequests(const Blocks& blocks, std::size_t unit) {
+    std::size_t most_segments = 1;
+    for (std::size_t bytes : blocks.size) most_segments = std::max(most_segments, Segments(bytes, unit, 1).count);
+    for (int parity = 0; parity < 2; ++parity) {
+      receives[parity].resize(most_segments);
+      sends[parity].resize(most_segments);
+    }
+  }
+  std::vector<Request> receives[2], sends[2];
+};
+
 // The reduce-scatter half of the ring (steps 0..p-2). At step s rank r sends the partial reduction
 // of block r-1-s to its right (at s = 0 its own block from `source`) and combines what its left
 // sends, block r-2-s, with its own block of `source`: target(s, block) = message <reduction> own.
@@ -294,13 +308,9 @@ void ring_reduce_scatter(const Ring& ring, std::span<const std::byte> source, co
   const int p = ring.p;
   std::vector<std::byte> receive_buffers[2];  // steps alternate: step s+1's posted while step s's are read
   for (auto& buffer : receive_buffers) buffer.resize(blocks.largest);
-  std::size_t most_segments = 1;
-  for (std::size_t bytes : blocks.size) most_segments = std::max(most_segments, Segments(bytes, unit, 1).count);
-  std::vector<Request> receives[2], sends[2];  // [step parity][segment]; withdrawn on unwinding
-  for (int parity = 0; parity < 2; ++parity) {
-    receives[parity].resize(most_segments);
-    sends[parity].resize(most_segments);
-  }
+  ParityRequests requests(blocks, unit);
+  auto& receives = requests.receives;
+  auto& sends = requests.sends;
   auto post_receives = [&](int s) {
     const int block = ring.wrap(ring.rank - 2 - s);
     const Segments segments(blocks.size[static_cast<std::size_t>(block)], unit, 1);
@@ -350,13 +360,9 @@ void ring_reduce_scatter(const Ring& ring, std::span<const std::byte> source, co
 void ring_allgather(const Ring& ring, std::span<std::byte> vector, const Blocks& blocks, std::size_t unit,
                     int first_step) {
   const int p = ring.p;
-  std::size_t most_segments = 1;
-  for (std::size_t bytes : blocks.size) most_segments = std::max(most_segments, Segments(bytes, unit, 1).count);
-  std::vector<Request> receives[2], sends[2];  // [step parity][segment]; withdrawn on unwinding
-  for (int parity = 0; parity < 2; ++parity) {
-    receives[parity].resize(most_segments);
-    sends[parity].resize(most_segments);
-  }
+  ParityRequests requests(blocks, unit);
+  auto& receives = requests.receives;
+  auto& sends = requests.sends;
   auto post_receives = [&](int t) {
     const int block = ring.wrap(ring.rank - 1 - t);
     const Segments segments(blocks.size[static_cast<std::size_t>(block)], unit, 1);
