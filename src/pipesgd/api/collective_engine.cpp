@@ -12,6 +12,7 @@
 #include "pipesgd/api/collective_execution.h"
 #include "pipesgd/comm/rank_group_transport.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/thread_priority.h"
 
 namespace pipesgd {
 namespace {
@@ -190,6 +191,10 @@ bool Work::is_completed() const {
 }
 
 const std::vector<torch::Tensor>& Work::wait() {
+  // A short collective completes within microseconds: yield for a moment before sleeping (a futex
+  // wake-up costs more than the collective).
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+  while (!is_completed() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
   std::unique_lock<std::mutex> lock(state_->mutex);
   if (!state_->finished.wait_for(lock, state_->patience, [&] { return state_->done; })) {
     throw CommTimeoutError(concat("collective '", state_->name, "': no result within ",
@@ -374,9 +379,11 @@ void CollectiveEngine::post_round_receives(std::uint64_t round) {
   posted_round_ = round;
 }
 
-bool CollectiveEngine::listen_idle(std::uint64_t round) {
+bool CollectiveEngine::await_activity(std::uint64_t round, Clock::duration limit) {
   post_round_receives(round);
-  auto pause = std::chrono::microseconds(50);
+  const auto start = Clock::now();
+  const auto until = limit == Clock::duration::max() ? Clock::time_point::max() : start + limit;
+  auto pause = std::chrono::microseconds(10);
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -385,9 +392,15 @@ bool CollectiveEngine::listen_idle(std::uint64_t round) {
     for (Request& request : round_receives_) {
       if (request.valid() && request.test()) return true;
     }
+    const auto now = Clock::now();
+    if (now >= until) return true;
     std::unique_lock<std::mutex> lock(mutex_);
-    submitted_.wait_for(lock, pause, [&] { return stopping_ || !incoming_.empty(); });
-    pause = std::min<std::chrono::microseconds>(pause * 2, kIdlePollCeiling);
+    submitted_.wait_for(lock, std::min<Clock::duration>(pause, until - now),
+                        [&] { return stopping_ || !incoming_.empty(); });
+    // Promptly while collectives come in quick succession (a peer's round is likely soon), rarely
+    // once idle for a while (the worker's compute threads own the cores).
+    const bool recently_active = now - start < kIdleAfter;
+    pause = std::min<std::chrono::microseconds>(pause * 2, recently_active ? kBusyPollCeiling : kIdlePollCeiling);
   }
 }
 
@@ -405,7 +418,7 @@ void CollectiveEngine::run() {
       }
       if (pending_.empty()) {
         pause = std::chrono::microseconds(0);
-        if (!listen_idle(round)) break;
+        if (!await_activity(round, Clock::duration::max())) break;
         // Something was submitted, or a peer started this round: take part in it now (with what is
         // pending by then, possibly nothing).
         std::lock_guard<std::mutex> lock(mutex_);
@@ -419,10 +432,10 @@ void CollectiveEngine::run() {
       if (progressed) {
         pause = std::chrono::microseconds(0);
       } else {
-        // Nothing could run: wait a little (less if something new is submitted) before the next round.
+        // Nothing could run: the next round starts when this rank submits, when a peer starts it (it
+        // submitted what was missing), or after a growing pause.
         pause = std::min(pause * 2 + std::chrono::microseconds(100), std::chrono::microseconds(10000));
-        std::unique_lock<std::mutex> lock(mutex_);
-        submitted_.wait_for(lock, pause, [&] { return stopping_ || !incoming_.empty(); });
+        if (!await_activity(round, pause)) break;
       }
     }
   } catch (const CommError&) {

@@ -10,7 +10,7 @@
 // run is collective number k, Channel::kCollectives sequence k), which fail (a mismatch, a joined
 // member, a phase left behind, a deadlock), when every worker has joined. A worker starts a round
 // when it has something pending; an idle one listens for a peer's round and takes part in it
-// (polling its posted receives with a back-off of up to kIdlePollCeiling), so a collective of a
+// (polling its posted receives with a back-off, see kBusyPollCeiling), so a collective of a
 // process set never waits for the Python thread of a worker outside it.
 //
 // Execution: the engine thread runs the ready collectives one at a time over the set's ranks (a
@@ -39,6 +39,10 @@
 namespace pipesgd {
 
 inline constexpr int kRoundCapacity = 64;  // collectives a worker lists per round
+// An engine with nothing pending polls for a peer's round every kBusyPollCeiling at most during its
+// first kIdleAfter of idleness, every kIdlePollCeiling after that.
+inline constexpr std::chrono::microseconds kBusyPollCeiling{1000};
+inline constexpr std::chrono::milliseconds kIdleAfter{50};
 inline constexpr std::chrono::milliseconds kIdlePollCeiling{10};
 
 class CollectiveEngine {
@@ -64,7 +68,11 @@ class CollectiveEngine {
  private:
   void run();
   void run_round(std::uint64_t round);
-  bool listen_idle(std::uint64_t round);
+  using Clock = std::chrono::steady_clock;
+  // Waits until something is submitted, a peer's message of round `round` arrived (it started the
+  // round), or `limit` passed, polling the round's posted receives with a back-off of up to
+  // kIdlePollCeiling. False once stopping.
+  bool await_activity(std::uint64_t round, Clock::duration limit);
   void post_round_receives(std::uint64_t round);
   void execute(Pending& entry, std::uint64_t number, const std::vector<int>& members, bool joined_here);
   void complete(Pending& entry, std::vector<torch::Tensor> results);
