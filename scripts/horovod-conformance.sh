@@ -10,26 +10,29 @@
 # nothing: give the build directory that holds python/ (the pipesgd.torch package).
 #
 #   bash scripts/horovod-conformance.sh [--ranks N[,N...]] [--mode whole|each|both] [--each]
-#        [--timeout S] [--test-timeout S] [--total-timeout S] [--min-pass-rate P] [--build DIR]
-#        [--out DIR] [-k EXPR] [--suite-file PATH | --suite DIR] [--if-present]
+#        [--each-ranks N[,N...]] [--timeout S] [--test-timeout S] [--total-timeout S]
+#        [--min-pass-rate P [--min-pass-rate-ranks N[,N...]]] [--build DIR] [--out DIR] [-k EXPR]
+#        [--suite-file PATH | --suite DIR] [--if-present]
 #
 # Whole file (--mode whole, the default): one launch,
 #   mpirun -np N --oversubscribe --bind-to none /usr/bin/python3 -m pytest -p no:cacheprovider -v -rA
 #          --color=no --junitxml=OUT/rank-R.xml test_torch.py
 # every rank running the whole file, its output in OUT/rank-R.log (R: OMPI_COMM_WORLD_RANK), mpirun's
 # own in OUT/mpirun.log. The launch is stopped after --timeout seconds (default 1500); a rank stopped
-# that way writes no XML, and its results are read from its -v log (the test it was running shows as
-# `stopped`, the ones after it as `not reached`).
+# that way writes no XML, and its results are read from what it streamed (the test it was running
+# shows as `stopped`, the ones after it as `not reached`).
 # Each test alone (--mode each, or --each): one launch per test (node id
 #   test_torch.py::TorchTests::NAME), each stopped after --test-timeout seconds (default 120), all of
 #   them within --timeout seconds (the tests left when it runs out show as `not run`); logs in
 #   OUT/each/NAME/. A collective that a rank never joins fails there alone instead of putting the
 #   ranks out of step for the rest of the file.
-# --mode both: the whole file, then each test alone, at every rank count; each mode gets its own
-#   --timeout, and each has its own summary.
+# --mode both: the whole file at every rank count, then each test alone at every rank count (the
+#   whole-file runs first: --min-pass-rate judges them); each run gets its own --timeout and its own
+#   summary. --each-ranks N[,N...]: with --mode both, each test alone only at these of the --ranks
+#   (default: all of them); the whole file still runs at every one.
 # --ranks N: ranks (default 2). A comma list (--ranks 1,2,3) runs each rank count in turn, in the
 #   order given; then each rank count's logs go to OUT/ranks-N/ (laid out as OUT is for one rank
-#   count) and its summary is headed "N ranks".
+#   count) and every summary is headed by its rank count and mode ("2 ranks, whole file").
 # --total-timeout S: every launch of the run (all rank counts and modes) within S seconds (default: no
 #   bound but the others); what is left when it runs out shows as `not run`. A caller with its own
 #   limit (ctest's TIMEOUT) gives this a minute or two less, so that the summary is still printed.
@@ -44,12 +47,16 @@
 # --min-pass-rate P (0 to 1, e.g. 0.9): after the summaries, for every rank count run whole file,
 #   print one line per rank: passed / the tests that did not skip (failed, errors, stopped, not
 #   reached and not run all count against it), and exit 1 if any rank of any rank count is below P.
-#   Needs --mode whole or both.
+#   Needs --mode whole or both. --min-pass-rate-ranks N[,N...]: judge only these of the --ranks
+#   (default: all of them); the others' lines are printed, marked not judged.
 # Environment of every rank: PYTHONPATH=BUILD/python plus the copy's utils/, OMP_NUM_THREADS=1, and
 # PIPESGD_TIMEOUT=30 (seconds a wait on a peer may take; an environment value is kept) so that a
 # collective one rank never joins fails in 30 s instead of pipesgd.torch's default 120. A rank whose
 # pytest ends with status 1 (tests ran, some failed) exits 0, so that mpirun neither spends a second
-# aborting the job nor ends the ranks still running; any other status reaches mpirun as it is.
+# aborting the job nor ends the ranks still running; any other status reaches mpirun as it is. Once
+# every rank's pytest has finished (its results written), a launch whose ranks have not all exited 5 s
+# later (a rank's pipesgd.torch shutdown waiting PIPESGD_TIMEOUT for a peer that has left) is ended
+# there; the summary names those launches.
 # Needs /usr/bin/python3 with torch, pytest, mock and cloudpickle (python3-mock, python3-cloudpickle:
 # bash scripts/install-deps.sh) and mpirun (openmpi-bin). As root, mpirun gets --allow-run-as-root.
 #
@@ -65,6 +72,8 @@ set -euo pipefail
 {
 repo=$(cd "$(dirname "$0")/.." && pwd)
 ranks_list=2
+each_ranks_list=
+judged_ranks_list=
 mode=whole
 timeout_s=1500
 test_timeout_s=120
@@ -80,16 +89,19 @@ python=/usr/bin/python3
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "horovod-conformance: $*" >&2; exit 2; }
 whole_number() { if ! [[ $2 =~ ^[0-9]+$ ]] || (($2 < 1)); then die "$1 must be a whole number >= 1, got '$2'"; fi; }
+rank_counts() {
+  local n list
+  [[ $2 =~ ^[0-9]+(,[0-9]+)*$ ]] || die "$1 must be a whole number or a comma list of them (1,2,3), got '$2'"
+  IFS=, read -r -a list <<<"$2"
+  for n in "${list[@]}"; do whole_number "$1" "$n"; done
+  [ "$(printf '%s\n' "${list[@]}" | sort -u | wc -l)" -eq "${#list[@]}" ] || die "$1 lists a rank count twice: '$2'"
+}
 
 while (($#)); do
   case $1 in
-    --ranks)
-      [[ ${2-} =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--ranks must be a whole number or a comma list of them (1,2,3), got '${2-}'"
-      IFS=, read -r -a ranks_check <<<"$2"
-      for n in "${ranks_check[@]}"; do whole_number --ranks "$n"; done
-      [ "$(printf '%s\n' "${ranks_check[@]}" | sort -u | wc -l)" -eq "${#ranks_check[@]}" ] ||
-        die "--ranks lists a rank count twice: '$2'"
-      ranks_list=$2; shift 2 ;;
+    --ranks) rank_counts --ranks "${2-}"; ranks_list=$2; shift 2 ;;
+    --each-ranks) rank_counts --each-ranks "${2-}"; each_ranks_list=$2; shift 2 ;;
+    --min-pass-rate-ranks) rank_counts --min-pass-rate-ranks "${2-}"; judged_ranks_list=$2; shift 2 ;;
     --mode)
       case ${2-} in whole|each|both) mode=$2 ;; *) die "--mode must be whole, each or both, got '${2-}'" ;; esac
       shift 2 ;;
@@ -111,8 +123,24 @@ while (($#)); do
   esac
 done
 IFS=, read -r -a ranks_all <<<"$ranks_list"
+if [ -n "$each_ranks_list" ]; then
+  [ "$mode" = both ] || die "--each-ranks applies to --mode both"
+  for n in ${each_ranks_list//,/ }; do
+    [[ ,$ranks_list, == *",$n,"* ]] || die "--each-ranks $each_ranks_list: $n is not one of --ranks $ranks_list"
+  done
+else
+  each_ranks_list=$ranks_list
+fi
 if [ -n "$min_pass_rate" ] && [ "$mode" = each ]; then
   die "--min-pass-rate is judged on the whole-file runs: give --mode whole or --mode both"
+fi
+if [ -n "$judged_ranks_list" ]; then
+  [ -n "$min_pass_rate" ] || die "--min-pass-rate-ranks needs --min-pass-rate"
+  for n in ${judged_ranks_list//,/ }; do
+    [[ ,$ranks_list, == *",$n,"* ]] || die "--min-pass-rate-ranks $judged_ranks_list: $n is not one of --ranks $ranks_list"
+  done
+else
+  judged_ranks_list=$ranks_list
 fi
 
 # --- Prerequisites.
@@ -165,7 +193,14 @@ stop_leftover_ranks() {
   : >"$pids_file"
 }
 # shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() { stop_leftover_ranks; rm -rf "$work"; }
+cleanup() {
+  local pid
+  for pid in "${watcher_pid:-}" "${launcher_pid:-}"; do
+    if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; fi
+  done
+  stop_leftover_ranks
+  rm -rf "$work"
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -279,18 +314,45 @@ seconds_left() {
   echo "$left"
 }
 
-# launch DIR SECONDS PYTEST_ARGS...: one mpirun; DIR gets rank-R.{log,xml}, mpirun.log, rc, seconds.
+# launch DIR SECONDS PYTEST_ARGS...: one mpirun of $ranks ranks; DIR gets rank-R.{log,xml,jsonl},
+# mpirun.log, rc, seconds, and `cut` when the launch was ended after its sessions (see below).
+# Once every rank's pytest session has finished (its results written), the ranks get $exit_grace_s s to
+# exit; a launch still running then (a rank's pipesgd.torch shutdown waiting PIPESGD_TIMEOUT for a peer
+# that has left) is ended there instead of after the wait: no result is lost, and the summary says so.
+exit_grace_s=5
+launcher_pid=
+watcher_pid=
 launch() {
   local dir=$1 seconds=$2 start rc
   shift 2
   mkdir -p "$dir"
   start=$(date +%s.%N)
-  set +e
   (cd "$work/parallel" &&
-    timeout -k 15 "$seconds" mpirun "${mpirun_flags[@]}" bash -c "$rank_wrapper" rank-wrapper "$dir/rank" \
-      "$pids_file" "$python" -m pytest "${pytest_flags[@]}" "$@") >"$dir/mpirun.log" 2>&1
+    exec timeout -k 15 "$seconds" mpirun "${mpirun_flags[@]}" bash -c "$rank_wrapper" rank-wrapper "$dir/rank" \
+      "$pids_file" "$python" -m pytest "${pytest_flags[@]}" "$@") >"$dir/mpirun.log" 2>&1 &
+  launcher_pid=$!
+  (
+    finished=0
+    while sleep 0.5; do
+      for ((r = 0; r < ranks; r++)); do
+        grep -qs '"sessionfinish"' "$dir/rank-$r.jsonl" || continue 2
+      done
+      finished=$((finished + 1))
+      if ((finished * 5 >= exit_grace_s * 10)); then
+        echo "every rank's pytest had finished and a rank had not exited $exit_grace_s s later (e.g. pipesgd.torch's shutdown waiting on a peer that had left): ended there, no result lost" >"$dir/cut"
+        kill -TERM "$launcher_pid" 2>/dev/null
+        exit 0
+      fi
+    done
+  ) &
+  watcher_pid=$!
+  set +e
+  wait "$launcher_pid"
   rc=$?
+  kill "$watcher_pid" 2>/dev/null
+  wait "$watcher_pid" 2>/dev/null
   set -e
+  launcher_pid='' watcher_pid=''
   stop_leftover_ranks
   echo "$rc" >"$dir/rc"
   awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", e - s }' >"$dir/seconds"
@@ -449,6 +511,11 @@ for r in range(ranks):
         shown = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
         print(f"\nrank {r}: {len(names)} tests {o} ({why}): {shown}")
 
+cut = [run for run in runs if os.path.exists(os.path.join(run, "cut"))]
+if cut:
+    names = ", ".join(os.path.basename(run) if each else "the whole file" for run in cut)
+    print(f"\n{len(cut)} launch(es) where {read(os.path.join(cut[0], 'cut'))}: {names}")
+
 skips = collections.Counter(why for o, why in per_rank[0].values() if o == "skipped") if ranks else {}
 if skips:
     print("\nskipped on rank 0, by reason:")
@@ -459,8 +526,9 @@ EOF
 # --- The overview of every rank count and mode, and the gate of --min-pass-rate.
 cat >"$work/overview.py" <<'EOF'
 import json, sys
-overview, min_rate, files = sys.argv[1] == "1", sys.argv[2], sys.argv[3:]
+overview, min_rate, judged, files = sys.argv[1] == "1", sys.argv[2], sys.argv[3].split(","), sys.argv[4:]
 ORDER = ["passed", "failed", "skipped", "error", "stopped", "not reached", "not run"]
+ranks_text = lambda n: f"{n} rank" + ("s" if n > 1 else "")
 runs = [json.load(open(path)) for path in files]
 if overview:
     print("\noverview (per rank count, mode and rank):")
@@ -479,14 +547,16 @@ if min_rate:
             ran = sum(counts.values()) - counts["skipped"]
             rate = counts["passed"] / ran if ran else 0.0
             verdict = "ok" if ran and rate >= threshold else "BELOW"
-            if verdict != "ok":
-                below.append(f"{run['ranks']} ranks rank {r}")
+            if str(run["ranks"]) not in judged:
+                verdict = f"(not judged: --min-pass-rate-ranks {','.join(judged)})"
+            elif verdict != "ok":
+                below.append(f"{ranks_text(run['ranks'])} rank {r}")
             shown = f"{rate:.3f}" if ran else "none (no test that did not skip)"
-            print(f"  {run['ranks']} ranks, rank {r}: {counts['passed']} / {ran} = {shown}  {verdict}")
+            print(f"  {ranks_text(run['ranks'])}, rank {r}: {counts['passed']} / {ran} = {shown}  {verdict}")
     if below:
         print(f"horovod-conformance: pass rate below {min_rate} on {len(below)} rank(s): {', '.join(below)}")
         sys.exit(1)
-    print(f"horovod-conformance: every rank of every rank count passes at least {min_rate} of the tests that did not skip")
+    print(f"horovod-conformance: every rank at {','.join(judged)} ranks passes at least {min_rate} of the tests that did not skip")
 EOF
 
 mkdir -p "$out"
@@ -497,79 +567,89 @@ multi=0
 if ((${#ranks_all[@]} > 1)); then multi=1; fi
 {
   echo "suite: $suite_file ($(wc -l <"$work/tests") tests${select:+, ${#tests[@]} chosen by -k}), utils/ from $suite_utils, copied to $work"
-  echo "pipesgd.torch: $build/python; ranks ${ranks_list//,/, }; mode $mode; PIPESGD_TIMEOUT=$PIPESGD_TIMEOUT OMP_NUM_THREADS=1"
+  echo "pipesgd.torch: $build/python; ranks ${ranks_list//,/, }; mode $mode$([ "$mode" = both ] && [ "$each_ranks_list" != "$ranks_list" ] && echo " (each test alone at ranks ${each_ranks_list//,/, } only)"); PIPESGD_TIMEOUT=$PIPESGD_TIMEOUT OMP_NUM_THREADS=1"
   if ((multi)); then echo "logs: $out/ranks-N for each rank count N, summary.txt of all in $out"; else echo "logs: $out"; fi
 } | tee "$out/summary.txt"
 
 counts_files=()
-for ranks in "${ranks_all[@]}"; do
+# The runs, (mode, rank count) in turn: with --mode both every whole-file run first (the ones
+# --min-pass-rate judges, so that each test alone cannot use up --total-timeout before them).
+plan=()
+for this_mode in whole each; do
+  if [ "$mode" != both ] && [ "$mode" != "$this_mode" ]; then continue; fi
+  for ranks in "${ranks_all[@]}"; do
+    if [ "$this_mode" = each ] && [[ ,$each_ranks_list, != *",$ranks,"* ]]; then continue; fi
+    plan+=("$this_mode:$ranks")
+  done
+done
+for step in "${plan[@]}"; do
+  this_mode=${step%%:*} ranks=${step#*:}
+  ranks_text="$ranks ranks"
+  if ((ranks == 1)); then ranks_text="1 rank"; fi
   if ((multi)); then dir=$out/ranks-$ranks; else dir=$out; fi
   mkdir -p "$dir"
   summaries=("$out/summary.txt")
-  if [ "$dir" != "$out" ]; then summaries+=("$dir/summary.txt"); : >"$dir/summary.txt"; fi
+  if [ "$dir" != "$out" ]; then summaries+=("$dir/summary.txt"); fi
   mpirun_flags=(-np "$ranks" --oversubscribe --bind-to none -x PYTHONPATH -x OMP_NUM_THREADS -x PIPESGD_TIMEOUT)
   if [ "$(id -u)" -eq 0 ]; then mpirun_flags+=(--allow-run-as-root); fi
-  modes=("$mode")
-  if [ "$mode" = both ]; then modes=(whole each); fi
-  for this_mode in "${modes[@]}"; do
-    if [ "$this_mode" = whole ]; then
-      title="$ranks ranks, whole file"
-      echo
-      echo "== $title: one pytest per rank (timeout ${timeout_s} s): mpirun -np $ranks ... pytest ${pytest_flags[*]} test_torch.py"
-      rm -f "$dir/not-run"
-      left=$(seconds_left "$timeout_s")
-      if ((left < 10)); then
-        echo "the --total-timeout of $total_timeout_s s ran out" >"$dir/not-run"
-        echo "not run: the --total-timeout of $total_timeout_s s ran out"
-      else
-        launch "$dir" "$left" test_torch.py
-        echo "mpirun exit status $(cat "$dir/rc") after $(cat "$dir/seconds") s"
-      fi
-      runs=("$dir")
+  if [ "$this_mode" = whole ]; then
+    title="$ranks_text, whole file"
+    echo
+    echo "== $title: one pytest per rank (timeout ${timeout_s} s): mpirun -np $ranks ... pytest ${pytest_flags[*]} test_torch.py"
+    rm -f "$dir/not-run" "$dir/cut"
+    left=$(seconds_left "$timeout_s")
+    if ((left < 10)); then
+      echo "the --total-timeout of $total_timeout_s s ran out" >"$dir/not-run"
+      echo "not run: the --total-timeout of $total_timeout_s s ran out"
     else
-      title="$ranks ranks, each test alone"
-      deadline=$(($(date +%s) + timeout_s))
-      echo
-      echo "== $title: ${#tests[@]} launches of mpirun -np $ranks (each within ${test_timeout_s} s, all within ${timeout_s} s)"
-      runs=()
-      i=0
-      for name in "${tests[@]}"; do
-        i=$((i + 1))
-        test_dir=$dir/each/$name
-        left=$(seconds_left $((deadline - $(date +%s))))
-        if ((left < 10)); then
-          mkdir -p "$test_dir"
-          if [ -n "$total_deadline" ] && ((total_deadline - $(date +%s) < 10)); then
-            echo "the --total-timeout of $total_timeout_s s ran out" >"$test_dir/not-run"
-          else
-            echo "the --timeout of $timeout_s s ran out" >"$test_dir/not-run"
-          fi
-          runs+=("$test_dir")
-          continue
-        fi
-        launch "$test_dir" "$((left < test_timeout_s ? left : test_timeout_s))" "test_torch.py::TorchTests::$name"
-        runs+=("$test_dir")
-        outcomes=$(for ((r = 0; r < ranks; r++)); do
-          o=$(sed -n "s/^test_torch\.py::TorchTests::$name \(PASSED\|FAILED\|SKIPPED\|ERROR\|XFAIL\|XPASS\).*/\1/p" \
-            "$test_dir/rank-$r.log" 2>/dev/null | head -1)
-          printf ' r%d %s' "$r" "${o:-none}"
-        done)
-        printf '[%d/%d] %s:%s (%s s, exit %s)\n' "$i" "${#tests[@]}" "$name" "$outcomes" "$(cat "$test_dir/seconds")" \
-          "$(cat "$test_dir/rc")"
-      done
+      launch "$dir" "$left" test_torch.py
+      echo "mpirun exit status $(cat "$dir/rc") after $(cat "$dir/seconds") s$([ -f "$dir/cut" ] && echo ", ended ${exit_grace_s} s after the sessions")"
     fi
-    counts_file=$dir/counts-$this_mode.json
-    { echo; echo "== $title: summary"; } | tee -a "${summaries[@]}"
-    "$python" "$work/summary.py" "$ranks" "$([ "$this_mode" = each ] && echo 1 || echo 0)" "$work/tests" \
-      "$work/selected" "$counts_file" "${runs[@]}" | tee -a "${summaries[@]}"
-    counts_files+=("$counts_file")
-  done
+    runs=("$dir")
+  else
+    title="$ranks_text, each test alone"
+    deadline=$(($(date +%s) + timeout_s))
+    echo
+    echo "== $title: ${#tests[@]} launches of mpirun -np $ranks (each within ${test_timeout_s} s, all within ${timeout_s} s)"
+    runs=()
+    i=0
+    for name in "${tests[@]}"; do
+      i=$((i + 1))
+      test_dir=$dir/each/$name
+      left=$(seconds_left $((deadline - $(date +%s))))
+      if ((left < 10)); then
+        mkdir -p "$test_dir"
+        if [ -n "$total_deadline" ] && ((total_deadline - $(date +%s) < 10)); then
+          echo "the --total-timeout of $total_timeout_s s ran out" >"$test_dir/not-run"
+        else
+          echo "the --timeout of $timeout_s s ran out" >"$test_dir/not-run"
+        fi
+        runs+=("$test_dir")
+        continue
+      fi
+      launch "$test_dir" "$((left < test_timeout_s ? left : test_timeout_s))" "test_torch.py::TorchTests::$name"
+      runs+=("$test_dir")
+      outcomes=$(for ((r = 0; r < ranks; r++)); do
+        o=$(sed -n "s/^test_torch\.py::TorchTests::$name \(PASSED\|FAILED\|SKIPPED\|ERROR\|XFAIL\|XPASS\).*/\1/p" \
+          "$test_dir/rank-$r.log" 2>/dev/null | head -1)
+        printf ' r%d %s' "$r" "${o:-none}"
+      done)
+      printf '[%d/%d] %s:%s (%s s, exit %s%s)\n' "$i" "${#tests[@]}" "$name" "$outcomes" "$(cat "$test_dir/seconds")" \
+        "$(cat "$test_dir/rc")" "$([ -f "$test_dir/cut" ] && echo ", ended ${exit_grace_s} s after the sessions")"
+    done
+  fi
+  counts_file=$dir/counts-$this_mode.json
+  { echo; echo "== $title: summary"; } | tee -a "${summaries[@]}"
+  "$python" "$work/summary.py" "$ranks" "$([ "$this_mode" = each ] && echo 1 || echo 0)" "$work/tests" \
+    "$work/selected" "$counts_file" "${runs[@]}" | tee -a "${summaries[@]}"
+  counts_files+=("$counts_file")
 done
 
 overview=0
 if ((${#counts_files[@]} > 1)); then overview=1; fi
 set +e
-"$python" "$work/overview.py" "$overview" "$min_pass_rate" "${counts_files[@]}" | tee -a "$out/summary.txt"
+"$python" "$work/overview.py" "$overview" "$min_pass_rate" "$judged_ranks_list" "${counts_files[@]}" |
+  tee -a "$out/summary.txt"
 gate=${PIPESTATUS[0]}
 set -e
 echo "full logs and summary.txt in $out (took $(($(date +%s) - started)) s)"
