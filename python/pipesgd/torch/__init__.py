@@ -919,7 +919,7 @@ def add_process_set(process_set):
         raise ValueError(f"add_process_set: {process_set!r} is registered already")
     ranks = sorted(int(r) for r in process_set.ranks)
     for existing in _state.process_sets.values():
-        if existing.ranks == ranks:
+        if existing is not global_process_set and existing.ranks == ranks:
             raise ValueError(f"add_process_set: a process set with ranks {ranks} exists already")
     process_set.process_set_id = int(_now("add_process_set", ranks=ranks, finish=_first).item())
     process_set.ranks = ranks

@@ -533,7 +533,7 @@ void CollectiveEngine::run_round(std::uint64_t round) {
       const auto kind = static_cast<CollectiveKind>((*row)[1]);
       if (kind == CollectiveKind::kJoin || ready.count(key)) continue;
       const std::vector<int> members = members_of(static_cast<int>((*row)[kSet]));
-      if (members.empty()) continue;  // cannot happen: sets change in the same order everywhere
+      if (members.empty()) continue;  // an empty set: no worker can submit on it
       bool all = true;
       std::vector<const Row*> listers;
       std::vector<int> absent_joined;

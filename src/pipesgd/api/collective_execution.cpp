@@ -199,12 +199,11 @@ void check_collective(Collective& call, int rank, int size) {
     }
   }
   if (call.kind == CollectiveKind::kAddProcessSet) {
-    std::sort(call.ranks.begin(), call.ranks.end());
-    if (call.ranks.empty()) throw UsageError("add_process_set: a process set needs at least one rank");
+    std::sort(call.ranks.begin(), call.ranks.end());  // empty: a set no collective can use (Horovod allows it)
     if (std::adjacent_find(call.ranks.begin(), call.ranks.end()) != call.ranks.end()) {
       throw UsageError("add_process_set: a rank is listed twice");
     }
-    if (call.ranks.front() < 0 || call.ranks.back() >= size) {
+    if (!call.ranks.empty() && (call.ranks.front() < 0 || call.ranks.back() >= size)) {
       throw UsageError(concat("add_process_set: ranks must be in 0..", size - 1));
     }
   }
