@@ -394,6 +394,12 @@ bool CollectiveEngine::await_activity(std::uint64_t round, Clock::duration limit
     }
     const auto now = Clock::now();
     if (now >= until) return true;
+    if (now - start < kYieldFirst) {
+      // Right after a collective the next (or the peer's round) often follows within microseconds:
+      // yield the core instead of sleeping, so that neither needs a futex wake-up.
+      std::this_thread::yield();
+      continue;
+    }
     std::unique_lock<std::mutex> lock(mutex_);
     submitted_.wait_for(lock, std::min<Clock::duration>(pause, until - now),
                         [&] { return stopping_ || !incoming_.empty(); });

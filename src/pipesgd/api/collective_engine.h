@@ -42,6 +42,7 @@ inline constexpr int kRoundCapacity = 64;  // collectives a worker lists per rou
 // An engine with nothing pending polls for a peer's round every kBusyPollCeiling at most during its
 // first kIdleAfter of idleness, every kIdlePollCeiling after that.
 inline constexpr std::chrono::microseconds kBusyPollCeiling{1000};
+inline constexpr std::chrono::microseconds kYieldFirst{100};  // of each wait: yield, then sleep
 inline constexpr std::chrono::milliseconds kIdleAfter{50};
 inline constexpr std::chrono::milliseconds kIdlePollCeiling{10};
 
