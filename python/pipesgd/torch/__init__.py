@@ -516,7 +516,7 @@ def synchronize(handle):
     return finish(work.wait())
 
 
-def _check_root(root_rank, call, process_set=global_process_set):
+def _check_root(root_rank, call):
     if not isinstance(root_rank, int) or not 0 <= root_rank < size():
         raise ValueError(f"{call}: root_rank {root_rank!r} is not a worker rank (0..{size() - 1})")
 
@@ -531,7 +531,6 @@ def _allreduce_async(tensor, output, name, op, compression, prescale_factor, pos
     _check_tensor(tensor, call)
     compressed, ctx = compression.compress(tensor)
     if compressed is not tensor:
-        output_of_compressed = None
         target = output
 
         def finish(results):
@@ -541,7 +540,7 @@ def _allreduce_async(tensor, output, name, op, compression, prescale_factor, pos
                     target.copy_(value)
                 return target
             return value
-        return _submit("allreduce", name, compressed.detach(), output_of_compressed, op, prescale_factor,
+        return _submit("allreduce", name, compressed.detach(), None, op, prescale_factor,
                        postscale_factor, process_set=process_set, finish=finish)
     return _submit("allreduce", name, tensor.detach(), None if output is None else output.detach(), op,
                    prescale_factor, postscale_factor, process_set=process_set,

@@ -261,7 +261,7 @@ void CollectiveEngine::new_phase() {
 
 std::shared_ptr<Work> CollectiveEngine::submit(Collective call) {
   const char* what = collective_kind_name(call.kind);
-  check_collective(call, workers_.rank(), workers_.size());
+  check_collective(call, workers_.size());
   auto entry = std::make_shared<Pending>();
   entry->state = std::make_shared<Work::State>();
   entry->state->patience = timeout_ * 4 + stall_ + std::chrono::seconds(60);

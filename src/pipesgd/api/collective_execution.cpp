@@ -152,7 +152,7 @@ c10::ScalarType scalar_type_of(ElementType type) {
   return torch::kFloat32;
 }
 
-void check_collective(Collective& call, int rank, int size) {
+void check_collective(Collective& call, int size) {
   const char* what = collective_kind_name(call.kind);
   const bool takes_tensor = call.kind == CollectiveKind::kAllreduce || call.kind == CollectiveKind::kAllgather ||
                             call.kind == CollectiveKind::kBroadcast || call.kind == CollectiveKind::kAlltoall ||
@@ -207,7 +207,6 @@ void check_collective(Collective& call, int rank, int size) {
       throw UsageError(concat("add_process_set: ranks must be in 0..", size - 1));
     }
   }
-  (void)rank;
 }
 
 std::vector<torch::Tensor> run_collective(const Collective& call, Transport& group, const std::vector<int>& members,

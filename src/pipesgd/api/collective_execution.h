@@ -22,7 +22,7 @@ c10::ScalarType scalar_type_of(ElementType type);
 // and scale factors not on bool), alltoall's splits (non-negative, summing to dimension 0, or none
 // and dimension 0 divisible by the members: checked with the set's size by the engine), a new set's
 // ranks (distinct, in 0..size-1), reducescatter not on a scalar.
-void check_collective(Collective& call, int rank, int size);
+void check_collective(Collective& call, int size);
 
 // Runs `call` on this member of `group` (the set's ranks renumbered 0..n-1; `members` their world
 // ranks), collective number `number` (its tags: Channel::kCollectives, sequences 4 * number + k).
