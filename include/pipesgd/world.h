@@ -83,9 +83,13 @@ class Worker {
 
   // Collectives among the workers, negotiated and run by the worker's communication thread
   // (collectives.h: the contract, dtypes, reductions, process sets, join).
-  // Asynchronous: returns at once; the Work's wait() gives the results.
-  std::shared_ptr<Work> submit(Collective call);
-  // Blocking forms (submit, then wait) among every worker, unnamed (matched in the order each
+  // Asynchronous: returns at once; the Work's wait() gives the results. `caller_waits`: the caller
+  // waits for it at once (as run() does): the communication thread is not woken for it.
+  std::shared_ptr<Work> submit(Collective call, bool caller_waits = false);
+  // Blocking: submit, then wait; the results of Work::wait. The calling thread runs the collective
+  // itself when the communication thread is not busy with others (no hand-off between threads).
+  std::vector<torch::Tensor> run(Collective call);
+  // Blocking forms (run) among every worker, unnamed (matched in the order each
   // worker calls them). Tensors on the CPU, of any dtype of collectives.h; a mismatch between the
   // workers (dtype, shape, op, root) is a CollectiveMismatchError on each of them.
   // In place: every worker's `tensor` becomes the element-wise reduction over the workers.

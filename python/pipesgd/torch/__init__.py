@@ -33,11 +33,13 @@ docs/user-guide.md, "What differs from Horovod", each with its reason.
 
 import atexit
 import contextlib
+import functools
 import io
 import os
 import pickle
 import socket
 import sys
+import threading
 import warnings
 import weakref
 import zlib
@@ -487,17 +489,37 @@ class _Handles:
 _handles = _Handles()
 
 
-def _submit(kind, name=None, tensor=None, output=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-            root=0, splits=(), process_set=global_process_set, ranks=(), finish=None):
+def _call(method, kind, name=None, tensor=None, output=None, op=Average, prescale_factor=1.0,
+          postscale_factor=1.0, root=0, splits=(), process_set=global_process_set, ranks=()):
+    return method(kind, "" if name is None else str(name), tensor, output, _OP_NAMES[op], float(prescale_factor),
+                  float(postscale_factor), int(root), [int(s) for s in splits], _set_id(process_set, kind),
+                  [int(r) for r in ranks])
+
+
+_this_thread = threading.local()
+
+
+def _submit(*args, finish=None, **kwargs):
     """Queues a collective on the communication thread; returns its handle."""
-    work = _worker().submit(kind, "" if name is None else str(name), tensor, output, _OP_NAMES[op],
-                            float(prescale_factor), float(postscale_factor), int(root), [int(s) for s in splits],
-                            _set_id(process_set, kind), [int(r) for r in ranks])
+    work = _call(functools.partial(_worker().submit, caller_waits=getattr(_this_thread, "caller_waits", False)),
+                 *args, **kwargs)
     return _handles.add(work, finish or (lambda results: results))
 
 
-def _now(*args, **kwargs):
-    return synchronize(_submit(*args, **kwargs))
+def _blocking(start, *args, **kwargs):
+    """start(*args, **kwargs): submits collectives this thread waits for at once (the blocking
+    forms): the communication thread is not woken for them, this thread runs them (Worker.run)."""
+    _this_thread.caller_waits = True
+    try:
+        return start(*args, **kwargs)
+    finally:
+        _this_thread.caller_waits = False
+
+
+def _now(*args, finish=None, **kwargs):
+    """A blocking collective: run on this thread when the communication thread is idle."""
+    results = _call(_worker().run, *args, **kwargs)
+    return finish(results) if finish else results
 
 
 def poll(handle):
@@ -553,13 +575,13 @@ class _AllreduceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, compression, prescale_factor, postscale_factor, process_set):
         ctx.args = (op, compression, prescale_factor, postscale_factor, process_set)
-        return synchronize(_allreduce_async(tensor, None, name, op, compression, prescale_factor, postscale_factor,
+        return synchronize(_blocking(_allreduce_async, tensor, None, name, op, compression, prescale_factor, postscale_factor,
                                             process_set, "allreduce"))
 
     @staticmethod
     def backward(ctx, grad_output):
         op, compression, prescale_factor, postscale_factor, process_set = ctx.args
-        grad = synchronize(_allreduce_async(grad_output.contiguous(), None, None, op, compression, prescale_factor,
+        grad = synchronize(_blocking(_allreduce_async, grad_output.contiguous(), None, None, op, compression, prescale_factor,
                                             postscale_factor, process_set, "allreduce"))
         return grad, None, None, None, None, None, None
 
@@ -571,7 +593,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     _check_tensor(tensor, "allreduce")
     if tensor.requires_grad and op in (Average, Sum):
         return _AllreduceFunction.apply(tensor, name, op, compression, prescale_factor, postscale_factor, process_set)
-    return synchronize(_allreduce_async(tensor, None, name, op, compression, prescale_factor, postscale_factor,
+    return synchronize(_blocking(_allreduce_async, tensor, None, name, op, compression, prescale_factor, postscale_factor,
                                         process_set, "allreduce"))
 
 
@@ -585,7 +607,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """In place: `tensor` becomes the reduction over the members. Returns it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    return synchronize(_blocking(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -606,11 +628,11 @@ class _GroupedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, start, backward_start, *tensors):
         ctx.backward_start = backward_start
-        return tuple(synchronize(h) for h in start(tensors))
+        return tuple(synchronize(h) for h in _blocking(start, tensors))
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, None) + tuple(synchronize(h) for h in ctx.backward_start([g.contiguous() for g in grads]))
+        return (None, None) + tuple(synchronize(h) for h in _blocking(ctx.backward_start, [g.contiguous() for g in grads]))
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -625,7 +647,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     if any(t.requires_grad for t in tensors) and op in (Average, Sum):
         return list(_GroupedFunction.apply(start, lambda grads: start(grads, _group_names(None, len(grads))),
                                            *tensors))
-    return [synchronize(h) for h in start(tensors)]
+    return [synchronize(h) for h in _blocking(start, tensors)]
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -638,7 +660,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set):
-    return [synchronize(h) for h in grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+    return [synchronize(h) for h in _blocking(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
                                                              postscale_factor, process_set)]
 
 
@@ -689,14 +711,14 @@ class _AllgatherFunction(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.process_set = process_set
         ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
-        return synchronize(_submit("allgather", name, tensor.detach(), process_set=process_set, finish=_first))
+        return _now("allgather", name, tensor.detach(), process_set=process_set, finish=_first)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(_submit("allreduce", None, grad_output.contiguous(), op=Average,
-                                   process_set=ctx.process_set, finish=_first))
-        rows = synchronize(_submit("allgather", None, torch.tensor([ctx.rows], dtype=torch.int64),
-                                   process_set=ctx.process_set, finish=_first)).tolist()
+        grad = _now("allreduce", None, grad_output.contiguous(), op=Average,
+                                   process_set=ctx.process_set, finish=_first)
+        rows = _now("allgather", None, torch.tensor([ctx.rows], dtype=torch.int64),
+                                   process_set=ctx.process_set, finish=_first).tolist()
         offset = sum(rows[:_members(ctx.process_set).index(rank())])
         return grad.narrow(0, offset, ctx.rows), None, None
 
@@ -707,7 +729,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
     _check_tensor(tensor, "allgather")
     if tensor.requires_grad:
         return _AllgatherFunction.apply(tensor, name, process_set)
-    return synchronize(allgather_async(tensor, name, process_set))
+    return synchronize(_blocking(allgather_async, tensor, name, process_set))
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -720,7 +742,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     names = _group_names(name, len(tensors))
     if any(t.requires_grad for t in tensors):
         return [allgather(t, n, process_set) for t, n in zip(tensors, names)]
-    return [synchronize(h) for h in grouped_allgather_async(tensors, name, process_set)]
+    return [synchronize(h) for h in _blocking(grouped_allgather_async, tensors, name, process_set)]
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -735,12 +757,12 @@ class _BroadcastFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return synchronize(_blocking(broadcast_async, tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(_submit("allreduce", None, grad_output.contiguous(), op=Average,
-                                   process_set=ctx.process_set, finish=_first))
+        grad = _now("allreduce", None, grad_output.contiguous(), op=Average,
+                                   process_set=ctx.process_set, finish=_first)
         if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
@@ -751,12 +773,12 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     _check_tensor(tensor, "broadcast")
     if tensor.requires_grad:
         return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    return synchronize(_blocking(broadcast_async, tensor, root_rank, name, process_set))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In place: every member's `tensor` becomes root_rank's. Returns it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return synchronize(_blocking(broadcast_async_, tensor, root_rank, name, process_set))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -792,14 +814,14 @@ class _AlltoallFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
         ctx.process_set = process_set
-        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        output, received = synchronize(_blocking(alltoall_async, tensor, splits, name, process_set))
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx, grad_output, grad_received):
-        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received, None, ctx.process_set))
+        grad, _ = synchronize(_blocking(alltoall_async, grad_output.contiguous(), ctx.received, None, ctx.process_set))
         return grad, None, None, None
 
 
@@ -811,7 +833,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     if tensor.requires_grad:
         output, received = _AlltoallFunction.apply(tensor, splits, name, process_set)
     else:
-        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        output, received = synchronize(_blocking(alltoall_async, tensor, splits, name, process_set))
     return output if splits is None else (output, received)
 
 
@@ -838,12 +860,12 @@ class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.process_set = op, process_set
-        return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor, process_set))
+        return synchronize(_blocking(reducescatter_async, tensor, name, op, prescale_factor, postscale_factor, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(_submit("allgather", None, grad_output.contiguous(), process_set=ctx.process_set,
-                                   finish=_first))
+        grad = _now("allgather", None, grad_output.contiguous(), process_set=ctx.process_set,
+                                   finish=_first)
         if ctx.op == Sum:
             grad = grad * len(_members(ctx.process_set))
         return grad, None, None, None, None, None
@@ -857,7 +879,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     if tensor.requires_grad and op in (Average, Sum):
         return _ReducescatterFunction.apply(tensor, name, op, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(tensor)
-    result = synchronize(reducescatter_async(compressed, name, op, prescale_factor, postscale_factor, process_set))
+    result = synchronize(_blocking(reducescatter_async, compressed, name, op, prescale_factor, postscale_factor, process_set))
     return compression.decompress(result, ctx)
 
 
@@ -879,8 +901,8 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
         return [reducescatter(t, n, compression, op, prescale_factor, postscale_factor, process_set)
                 for t, n in zip(tensors, names)]
     compressed = [compression.compress(t) for t in tensors]
-    handles = grouped_reducescatter_async([c for c, _ in compressed], name, op, prescale_factor, postscale_factor,
-                                          process_set)
+    handles = _blocking(grouped_reducescatter_async, [c for c, _ in compressed], name, op, prescale_factor,
+                        postscale_factor, process_set)
     return [compression.decompress(synchronize(h), ctx) for h, (_, ctx) in zip(handles, compressed)]
 
 

@@ -174,13 +174,14 @@ const char* reduce_op_name(ReduceOp op) {
 // --- Work ------------------------------------------------------------------------------------
 
 struct Work::State {
-  std::mutex mutex;
+  mutable std::mutex mutex;
   std::condition_variable finished;
   bool done = false;
   std::exception_ptr error;
   std::vector<torch::Tensor> results;
   std::string name;
   std::chrono::milliseconds patience{0};  // how long wait() waits for the engine at most
+  std::shared_ptr<CollectiveEngine::Driver> driver;  // to take the engine's turns while waiting
 };
 
 Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -191,10 +192,16 @@ bool Work::is_completed() const {
 }
 
 const std::vector<torch::Tensor>& Work::wait() {
-  // A short collective completes within microseconds: yield for a moment before sleeping (a futex
-  // wake-up costs more than the collective).
+  // Take the engine's turns while that helps (no hand-off between threads for a collective every
+  // rank submitted); else a short collective completes within microseconds: yield for a moment
+  // before sleeping (a futex wake-up costs more than the collective).
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
-  while (!is_completed() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
+  bool may_drive = state_->driver != nullptr;
+  while (!is_completed() && std::chrono::steady_clock::now() < spin_until) {
+    if (may_drive) may_drive = CollectiveEngine::drive(*state_->driver, *state_);
+    if (!is_completed()) std::this_thread::yield();
+  }
+  if (state_->driver != nullptr && !is_completed()) CollectiveEngine::wake(*state_->driver);
   std::unique_lock<std::mutex> lock(state_->mutex);
   if (!state_->finished.wait_for(lock, state_->patience, [&] { return state_->done; })) {
     throw CommTimeoutError(concat("collective '", state_->name, "': no result within ",
@@ -228,6 +235,8 @@ CollectiveEngine::CollectiveEngine(Transport& workers, Timeout timeout, std::chr
   round_buffers_.assign(static_cast<std::size_t>(workers.size()),
                         std::vector<std::int64_t>(static_cast<std::size_t>((kRoundCapacity + 1) * kWords)));
   round_receives_.resize(static_cast<std::size_t>(workers.size()));
+  driver_ = std::make_shared<Driver>();
+  driver_->engine = this;
   thread_ = std::thread([this] { run(); });
 }
 
@@ -238,6 +247,9 @@ CollectiveEngine::~CollectiveEngine() {
   }
   submitted_.notify_all();
   thread_.join();
+  std::lock_guard<std::mutex> drive(driver_->turns);
+  std::lock_guard<std::mutex> alive(driver_->alive);
+  driver_->engine = nullptr;
 }
 
 std::vector<int> CollectiveEngine::process_set_ranks(int id) const {
@@ -259,12 +271,13 @@ void CollectiveEngine::new_phase() {
   unnamed_counts_.clear();
 }
 
-std::shared_ptr<Work> CollectiveEngine::submit(Collective call) {
+std::shared_ptr<Work> CollectiveEngine::submit(Collective call, bool caller_waits) {
   const char* what = collective_kind_name(call.kind);
   check_collective(call, workers_.size());
   auto entry = std::make_shared<Pending>();
   entry->state = std::make_shared<Work::State>();
   entry->state->patience = timeout_ * 4 + stall_ + std::chrono::seconds(60);
+  entry->state->driver = driver_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_) std::rethrow_exception(broken_);
@@ -324,7 +337,7 @@ std::shared_ptr<Work> CollectiveEngine::submit(Collective call) {
     if (entry->call.kind == CollectiveKind::kJoin) joined_ = true;
     incoming_.push_back(entry);
   }
-  submitted_.notify_all();
+  if (!caller_waits) submitted_.notify_all();
   return std::make_shared<Work>(entry->state);
 }
 
@@ -379,18 +392,98 @@ void CollectiveEngine::post_round_receives(std::uint64_t round) {
   posted_round_ = round;
 }
 
-bool CollectiveEngine::await_activity(std::uint64_t round, Clock::duration limit) {
-  post_round_receives(round);
+bool CollectiveEngine::drive(Driver& driver, const Work::State& state) {
+  std::unique_lock<std::mutex> drive(driver.turns, std::try_to_lock);
+  if (!drive.owns_lock()) return true;  // the engine thread holds the turns: try again
+  if (driver.engine == nullptr) return false;
+  CollectiveEngine& engine = *driver.engine;
+  // The engine thread is at work on collectives of its own (async ones): it goes on with them and
+  // this one (the turns do not change threads between every collective).
+  if (!engine.pending_.empty()) return false;
+  const auto done = [&] {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    return state.done;
+  };
+  // Turns without progress (a peer's engine took part in a round before its caller submitted the
+  // peer's part) are retried at once for a moment: the next round is the one both callers list it
+  // in, and each is gated by the peers anyway.
+  const auto patience = Clock::now() + kCallerPatience;
+  bool helps = true;
+  while (!done()) {
+    const Turn turn = engine.take_turn();
+    if (turn == Turn::kStopped || (turn != Turn::kProgressed && Clock::now() >= patience)) {
+      helps = false;
+      break;
+    }
+  }
+  // What is still pending (async collectives, or this one waiting for a peer) is the engine
+  // thread's again.
+  bool left = !engine.pending_.empty();
+  {
+    std::lock_guard<std::mutex> lock(engine.mutex_);
+    left = left || !engine.incoming_.empty();
+    engine.handed_over_ = engine.handed_over_ || left;
+  }
+  if (left) engine.submitted_.notify_all();
+  return helps && !done();
+}
+
+void CollectiveEngine::wake(Driver& driver) {
+  std::lock_guard<std::mutex> alive(driver.alive);
+  if (driver.engine == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(driver.engine->mutex_);
+    driver.engine->handed_over_ = true;
+  }
+  driver.engine->submitted_.notify_all();
+}
+
+CollectiveEngine::Turn CollectiveEngine::take_turn() {
+  torch::NoGradGuard no_grad;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& entry : incoming_) pending_.push_back(entry);
+    incoming_.clear();
+    if (stopping_ || broken_) return Turn::kStopped;
+  }
+  try {
+    if (pending_.empty()) {
+      // Nothing of this rank's: take part only in a round a peer started.
+      post_round_receives(round_);
+      if (std::none_of(round_receives_.begin(), round_receives_.end(),
+                       [](Request& request) { return request.valid() && request.test(); })) {
+        return Turn::kIdle;
+      }
+    }
+    const std::size_t before = pending_.size();
+    const std::uint64_t completed_before = collective_number_;
+    run_round(round_++);
+    return pending_.size() != before || collective_number_ != completed_before ? Turn::kProgressed : Turn::kStuck;
+  } catch (...) {
+    fail_everything(std::current_exception());
+    return Turn::kStopped;
+  }
+}
+
+bool CollectiveEngine::await_activity(Clock::duration limit) {
   const auto start = Clock::now();
   const auto until = limit == Clock::duration::max() ? Clock::time_point::max() : start + limit;
+  const auto woken = [&] { return stopping_ || !incoming_.empty() || handed_over_; };
   auto pause = std::chrono::microseconds(10);
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (stopping_ || !incoming_.empty()) return !stopping_;
+      if (woken()) return !stopping_;
     }
-    for (Request& request : round_receives_) {
-      if (request.valid() && request.test()) return true;
+    {
+      // A peer started the next round? (A caller holding the turns sees to it otherwise.)
+      std::unique_lock<std::mutex> drive(driver_->turns, std::try_to_lock);
+      if (drive.owns_lock()) {
+        post_round_receives(round_);
+        for (Request& request : round_receives_) {
+          if (request.valid() && request.test()) return true;
+        }
+      }
     }
     const auto now = Clock::now();
     if (now >= until) return true;
@@ -401,8 +494,7 @@ bool CollectiveEngine::await_activity(std::uint64_t round, Clock::duration limit
       continue;
     }
     std::unique_lock<std::mutex> lock(mutex_);
-    submitted_.wait_for(lock, std::min<Clock::duration>(pause, until - now),
-                        [&] { return stopping_ || !incoming_.empty(); });
+    submitted_.wait_for(lock, std::min<Clock::duration>(pause, until - now), woken);
     // Promptly while collectives come in quick succession (a peer's round is likely soon), rarely
     // once idle for a while (the worker's compute threads own the cores).
     const bool recently_active = now - start < kIdleAfter;
@@ -411,45 +503,34 @@ bool CollectiveEngine::await_activity(std::uint64_t round, Clock::duration limit
 }
 
 void CollectiveEngine::run() {
-  torch::NoGradGuard no_grad;
-  std::uint64_t round = 0;
-  auto pause = std::chrono::microseconds(0);
-  try {
-    for (;;) {
+  auto pause = std::chrono::microseconds(0);  // after a turn without progress: the next one's delay
+  for (;;) {
+    Turn turn = Turn::kIdle;
+    {
+      std::lock_guard<std::mutex> drive(driver_->turns);
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        for (auto& entry : incoming_) pending_.push_back(entry);
-        incoming_.clear();
-        if (stopping_) break;
+        handed_over_ = false;
       }
-      if (pending_.empty()) {
-        pause = std::chrono::microseconds(0);
-        if (!await_activity(round, Clock::duration::max())) break;
-        // Something was submitted, or a peer started this round: take part in it now (with what is
-        // pending by then, possibly nothing).
-        std::lock_guard<std::mutex> lock(mutex_);
-        for (auto& entry : incoming_) pending_.push_back(entry);
-        incoming_.clear();
-      }
-      const std::size_t before = pending_.size();
-      const std::uint64_t completed_before = collective_number_;
-      run_round(round++);
-      const bool progressed = pending_.size() != before || collective_number_ != completed_before;
-      if (progressed) {
-        pause = std::chrono::microseconds(0);
-      } else {
-        // Nothing could run: the next round starts when this rank submits, when a peer starts it (it
-        // submitted what was missing), or after a growing pause.
-        pause = std::min(pause * 2 + std::chrono::microseconds(100), std::chrono::microseconds(10000));
-        if (!await_activity(round, pause)) break;
-      }
+      turn = take_turn();
     }
-  } catch (const CommError&) {
-    fail_everything(std::current_exception());
-  } catch (...) {
-    fail_everything(std::current_exception());
+    if (turn == Turn::kStopped) break;
+    if (turn == Turn::kProgressed) {
+      pause = std::chrono::microseconds(0);
+      continue;
+    }
+    if (turn == Turn::kIdle) {
+      pause = std::chrono::microseconds(0);
+      if (!await_activity(Clock::duration::max())) break;
+      continue;
+    }
+    // Nothing could run: the next round starts when this rank submits, when a peer starts it (it
+    // submitted what was missing), or after a growing pause.
+    pause = std::min(pause * 2 + std::chrono::microseconds(100), std::chrono::microseconds(10000));
+    if (!await_activity(pause)) break;
   }
-  // Stopped: what is still pending fails.
+  // Stopped (or the world broke: everything failed already): what is still pending fails.
+  std::lock_guard<std::mutex> drive(driver_->turns);
   const auto stopped = std::make_exception_ptr(UsageError("collective: the worker shut down before it ran"));
   std::vector<std::shared_ptr<Pending>> left = std::move(pending_);
   pending_.clear();

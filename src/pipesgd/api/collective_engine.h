@@ -19,8 +19,13 @@
 // messages. A communication error (a peer failed, a timeout) fails that collective and every later
 // one: the world is broken.
 //
-// Threads: submit(), new_phase() and process_set_ranks() from the Worker's thread; the engine's
-// own thread does everything else. The transport is the Worker's and outlives the engine.
+// Turns: whoever holds the driver's mutex runs the rounds (and the collectives they make ready):
+// the engine's own thread, or a thread that waits for a Work (Work::wait takes the turns itself
+// while they make progress, so a blocking collective that every rank submitted completes on the
+// caller's thread with no hand-off between threads; a turn that makes no progress hands back).
+//
+// Threads: submit(), new_phase() and process_set_ranks() from the Worker's thread; the rounds on
+// the thread holding the driver's mutex. The transport is the Worker's and outlives the engine.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -45,6 +50,9 @@ inline constexpr std::chrono::microseconds kBusyPollCeiling{1000};
 inline constexpr std::chrono::microseconds kYieldFirst{100};  // of each wait: yield, then sleep
 inline constexpr std::chrono::milliseconds kIdleAfter{50};
 inline constexpr std::chrono::milliseconds kIdlePollCeiling{10};
+// A caller taking the turns (Work::wait) retries turns that made no progress for this long before
+// it leaves them to the engine thread.
+inline constexpr std::chrono::microseconds kCallerPatience{1000};
 
 class CollectiveEngine {
  public:
@@ -58,22 +66,41 @@ class CollectiveEngine {
 
   // Checks what this rank alone can check (UsageError: a tensor that is not on the CPU, an
   // unsupported dtype, Adasum, a root outside the set, a set this rank is not in, a name pending
-  // twice) and queues the collective.
-  std::shared_ptr<Work> submit(Collective call);
+  // twice) and queues the collective. `caller_waits`: the caller calls wait() at once and takes the
+  // turns itself (the engine thread is not woken for it; it still sees it at its next turn).
+  std::shared_ptr<Work> submit(Collective call, bool caller_waits = false);
   void new_phase();
   // The workers of process set `id` (0: all). UsageError for an unknown id.
   std::vector<int> process_set_ranks(int id) const;
 
   struct Pending;
+  // What a Work's state holds to take the engine's turns (null engine: the engine is gone).
+  struct Driver {
+    std::mutex turns;  // held by whoever runs rounds
+    std::mutex alive;  // guards `engine` for wake()
+    CollectiveEngine* engine = nullptr;  // null once the engine is gone (set under both mutexes)
+  };
+  // Work::wait's help: if no other thread holds the turns and the engine thread has nothing pending
+  // (it is idle: a blocking collective), takes them until `state` is done or its turns made no
+  // progress for kCallerPatience. False once taking turns cannot help `state` any more (the engine
+  // thread goes on; or the engine is gone).
+  static bool drive(Driver& driver, const Work::State& state);
+  // Work::wait before it sleeps: the engine thread takes the turns (a caller_waits submission did
+  // not wake it).
+  static void wake(Driver& driver);
 
  private:
+  enum class Turn { kIdle, kProgressed, kStuck, kStopped };
   void run();
+  // One turn, with the driver's mutex held: takes what was submitted and runs a round if something
+  // is pending or a peer started one. A communication error fails everything (kStopped).
+  Turn take_turn();
   void run_round(std::uint64_t round);
   using Clock = std::chrono::steady_clock;
-  // Waits until something is submitted, a peer's message of round `round` arrived (it started the
-  // round), or `limit` passed, polling the round's posted receives with a back-off of up to
-  // kIdlePollCeiling. False once stopping.
-  bool await_activity(std::uint64_t round, Clock::duration limit);
+  // The engine thread's wait: until something is submitted, a turn is handed back, a peer's
+  // message of the next round arrived (it started the round), or `limit` passed, polling the
+  // round's posted receives with a back-off of up to kIdlePollCeiling. False once stopping.
+  bool await_activity(Clock::duration limit);
   void post_round_receives(std::uint64_t round);
   void execute(Pending& entry, std::uint64_t number, const std::vector<int>& members, bool joined_here);
   void complete(Pending& entry, std::vector<torch::Tensor> results);
@@ -95,9 +122,12 @@ class CollectiveEngine {
   std::uint64_t joins_ = 0;  // join() calls of this worker
   bool joined_ = false;
   bool stopping_ = false;
+  bool handed_over_ = false;  // a waiting caller left pending collectives to the engine thread
   std::exception_ptr broken_;                      // the communication error that broke the world
 
-  // The engine thread's own.
+  std::shared_ptr<Driver> driver_;
+  // The driver's (guarded by driver_->mutex).
+  std::uint64_t round_ = 0;
   std::vector<std::shared_ptr<Pending>> pending_;  // in submission order
   std::vector<std::vector<std::int64_t>> round_buffers_;
   std::vector<Request> round_receives_;

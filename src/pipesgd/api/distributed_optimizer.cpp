@@ -177,7 +177,7 @@ struct DistributedOptimizer::Impl final : FlatParameters {
     call.output = tensor;
     call.process_set = options.process_set;
     call.root = set_ranks.front();
-    worker.engine->submit(std::move(call))->wait();
+    worker.engine->submit(std::move(call), /*caller_waits=*/true)->wait();
   }
   std::vector<int> set_ranks;  // the members' worker ranks
   void first_step();

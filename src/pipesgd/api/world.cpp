@@ -98,7 +98,11 @@ int Worker::servers() const { return impl_->server_count; }
 bool Worker::is_mpi() const { return impl_->mpi; }
 std::chrono::milliseconds Worker::timeout() const { return impl_->timeout; }
 
-std::shared_ptr<Work> Worker::submit(Collective call) { return impl_->engine->submit(std::move(call)); }
+std::shared_ptr<Work> Worker::submit(Collective call, bool caller_waits) {
+  return impl_->engine->submit(std::move(call), caller_waits);
+}
+
+std::vector<torch::Tensor> Worker::run(Collective call) { return submit(std::move(call), /*caller_waits=*/true)->wait(); }
 
 namespace {
 // An unnamed in-place collective of `tensor` among every worker.
@@ -114,41 +118,41 @@ Collective in_place(CollectiveKind kind, torch::Tensor& tensor) {
 void Worker::allreduce(torch::Tensor& tensor, ReduceOp op) {
   Collective call = in_place(CollectiveKind::kAllreduce, tensor);
   call.op = op;
-  submit(std::move(call))->wait();
+  run(std::move(call));
 }
 
 void Worker::broadcast(torch::Tensor& tensor, int root) {
   check_root(root, size(), "broadcast");
   Collective call = in_place(CollectiveKind::kBroadcast, tensor);
   call.root = root;
-  submit(std::move(call))->wait();
+  run(std::move(call));
 }
 
 torch::Tensor Worker::allgather(const torch::Tensor& tensor) {
   Collective call;
   call.kind = CollectiveKind::kAllgather;
   call.input = tensor;
-  return submit(std::move(call))->wait().at(0);
+  return run(std::move(call)).at(0);
 }
 
 void Worker::barrier() {
   Collective call;
   call.kind = CollectiveKind::kBarrier;
-  submit(std::move(call))->wait();
+  run(std::move(call));
 }
 
 int Worker::add_process_set(std::vector<int> ranks) {
   Collective call;
   call.kind = CollectiveKind::kAddProcessSet;
   call.ranks = std::move(ranks);
-  return static_cast<int>(submit(std::move(call))->wait().at(0).item<std::int64_t>());
+  return static_cast<int>(run(std::move(call)).at(0).item<std::int64_t>());
 }
 
 void Worker::remove_process_set(int id) {
   Collective call;
   call.kind = CollectiveKind::kRemoveProcessSet;
   call.process_set = id;
-  submit(std::move(call))->wait();
+  run(std::move(call));
 }
 
 std::vector<int> Worker::process_set_ranks(int id) const { return impl_->engine->process_set_ranks(id); }
