@@ -110,6 +110,14 @@ class Worker {
   // Begins a new phase of the program (collectives.h: names match within a phase; what a peer left
   // behind in an earlier one fails at once).
   void new_phase();
+  // Horovod's timeline of the collectives (Chrome trace format, as WorldOptions::trace): rank 0
+  // records every collective it takes part in from now on (a track per name: when each rank listed
+  // it, the negotiation, the operation; with `mark_cycles` each negotiation round) and writes
+  // `path` at stop_timeline(). Any worker may call them; only rank 0's calls record. UsageError for
+  // an unwritable path or a second start_timeline before stop_timeline; stop_timeline without a
+  // timeline does nothing.
+  void start_timeline(const std::string& path, bool mark_cycles = false);
+  void stop_timeline();
   // Every parameter and buffer (e.g. batch-norm statistics) of `module` becomes root's, so the
   // replicas start identical. Every worker's module must have the same parameters and buffers in
   // the same order and shapes.

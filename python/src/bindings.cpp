@@ -115,7 +115,7 @@ pipesgd::ReduceOp reduce_op(const std::string& name) {
   throw pipesgd::UsageError(pipesgd::concat("unknown reduction '", name, "'"));
 }
 
-// The Collective of Worker.submit / Worker.run's arguments.
+// The Collective of Worker.submit's arguments.
 pipesgd::Collective make_collective(const std::string& kind, const std::string& name, std::optional<torch::Tensor> input,
                                     std::optional<torch::Tensor> output, const std::string& op, double prescale,
                                     double postscale, int root, std::vector<std::int64_t> splits, int process_set,
@@ -195,22 +195,11 @@ PYBIND11_MODULE(_C, m) {
           py::arg("op") = "Average", py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("root") = 0,
           py::arg("splits") = std::vector<std::int64_t>{}, py::arg("process_set") = 0,
           py::arg("ranks") = std::vector<int>{}, py::arg("caller_waits") = false, "queues a negotiated collective (include/pipesgd/collectives.h)")
-      .def(
-          "run",
-          [](pipesgd::Worker& worker, const std::string& kind, const std::string& name, std::optional<torch::Tensor> input,
-             std::optional<torch::Tensor> output, const std::string& op, double prescale, double postscale, int root,
-             std::vector<std::int64_t> splits, int process_set, std::vector<int> ranks) {
-            pipesgd::Collective call = make_collective(kind, name, std::move(input), std::move(output), op, prescale,
-                                                       postscale, root, std::move(splits), process_set, std::move(ranks));
-            py::gil_scoped_release released;
-            return worker.run(std::move(call));
-          },
-          py::arg("kind"), py::arg("name") = "", py::arg("input") = py::none(), py::arg("output") = py::none(),
-          py::arg("op") = "Average", py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("root") = 0,
-          py::arg("splits") = std::vector<std::int64_t>{}, py::arg("process_set") = 0,
-          py::arg("ranks") = std::vector<int>{}, "submit, then wait (the calling thread runs it when the communication thread is idle)")
       .def("process_set_ranks", &pipesgd::Worker::process_set_ranks, py::arg("id"))
-      .def("new_phase", &pipesgd::Worker::new_phase);
+      .def("new_phase", &pipesgd::Worker::new_phase)
+      .def("start_timeline", &pipesgd::Worker::start_timeline, py::arg("path"), py::arg("mark_cycles") = false,
+           Released())
+      .def("stop_timeline", &pipesgd::Worker::stop_timeline, Released());
 
   // A submitted collective (c10d's Work): is_completed() never blocks; wait() (without the GIL)
   // returns the results as a list of tensors or raises the collective's error.

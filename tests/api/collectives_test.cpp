@@ -1,17 +1,26 @@
 // The negotiated collectives of include/pipesgd/collectives.h through the public API, as threads:
 // every dtype x reduction at 1, 2 and 3 workers against closed forms, alltoall with uneven splits,
 // reducescatter with uneven rows, process sets (a rank in none of them), join with uneven inputs,
-// asynchronous handles completed out of order, and the errors (a mismatch, Adasum, a set not joined).
+// asynchronous handles completed out of order, blocking collectives run by the caller while the
+// communication thread holds asynchronous ones, Horovod's timeline, and the errors (a mismatch,
+// Adasum, a set not joined).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "../core/temp_dir.h"
 #include "pipesgd/pipesgd.h"
 
 namespace {
@@ -256,6 +265,29 @@ TEST(Asynchronous, HandlesCompleteInAnyOrderAndRunWhileTheCallerWaitsOnSomething
   });
 }
 
+// A blocking collective runs on the caller's thread when the communication thread is idle, on that
+// thread when it holds collectives of its own: here rank 0's holds "late" (rank 1 submits it only
+// after the blocking ones) while rank 1's is idle, so each blocking allreduce pairs a caller with
+// a communication thread.
+TEST(Asynchronous, BlockingCollectivesRunWhileAnAsynchronousOneWaitsForItsPeer) {
+  pipesgd::run_threads(2, [](Worker& w) {
+    Collective late;
+    late.kind = CollectiveKind::kAllreduce;
+    late.name = "late";
+    late.op = ReduceOp::kSum;
+    late.input = torch::full({5}, static_cast<float>(w.rank() + 1));
+    std::shared_ptr<pipesgd::Work> pending;
+    if (w.rank() == 0) pending = w.submit(late);
+    for (int k = 0; k < 50; ++k) {
+      torch::Tensor tensor = torch::full({3}, static_cast<float>(k + w.rank()));
+      w.allreduce(tensor, ReduceOp::kSum);
+      EXPECT_TRUE(torch::equal(tensor, torch::full({3}, static_cast<float>(2 * k + 1)))) << "allreduce " << k;
+    }
+    if (w.rank() == 1) pending = w.submit(late);
+    EXPECT_TRUE(torch::equal(pending->wait().at(0), torch::full({5}, 3.0f)));
+  });
+}
+
 TEST(Asynchronous, NamedCollectivesMatchByNameNotOrder) {
   pipesgd::run_threads(2, [](Worker& w) {
     std::vector<std::string> names = {"a", "b", "c"};
@@ -306,6 +338,67 @@ TEST(Errors, AdasumAndUnknownSetsAreUsageErrors) {
     scalar.kind = CollectiveKind::kReducescatter;
     scalar.input = torch::tensor(1.0f);
     EXPECT_THROW(w.submit(scalar), pipesgd::UsageError);
+  });
+}
+
+// Horovod's timeline: rank 0 writes what it took part in (a track per name, every rank's
+// readiness, the negotiation, the operation; CYCLE_START per round with mark_cycles); ranks 1, 2
+// write nothing; a collective of a set without rank 0 is not in it.
+TEST(Timeline, RankZeroWritesHorovodsActivitiesOfItsCollectives) {
+  const pipesgd::TempDir dir;
+  pipesgd::run_threads(3, [&](Worker& w) {
+    const int others = w.add_process_set({1, 2});
+    const std::string path = dir.file("timeline-" + std::to_string(w.rank()) + ".json");
+    w.start_timeline(path, /*mark_cycles=*/true);
+    EXPECT_THROW(w.start_timeline(path), pipesgd::UsageError);
+    Collective grad;
+    grad.kind = CollectiveKind::kAllreduce;
+    grad.name = "grad";
+    grad.input = torch::ones({4});
+    w.run(grad);
+    w.barrier();
+    if (w.rank() > 0) {
+      Collective excluded = grad;
+      excluded.name = "excluded";
+      excluded.process_set = others;
+      w.run(excluded);
+    }
+    w.stop_timeline();
+    w.stop_timeline();  // without a timeline: nothing
+  });
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"timeline-0.json"});
+  std::ifstream in(dir.file("timeline-0.json"));
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<int, std::string> tracks;
+  std::map<std::string, std::vector<const nlohmann::json*>> on_track;
+  std::set<std::int64_t> ready_ranks;
+  int cycles = 0;
+  for (const nlohmann::json& event : trace.at("traceEvents")) {
+    if (event.at("name") == "thread_name") tracks[event.at("tid").get<int>()] = event.at("args").at("name");
+  }
+  for (const nlohmann::json& event : trace.at("traceEvents")) {
+    if (event.at("ph") == "M") continue;
+    const std::string& track = tracks.at(event.at("tid").get<int>());
+    on_track[track].push_back(&event);
+    if (event.at("name") == "CYCLE_START") ++cycles;
+    if (event.at("name") == "RANK_READY" && track == "allreduce.grad") ready_ranks.insert(event.at("args").at("worker").get<std::int64_t>());
+  }
+  EXPECT_GE(cycles, 2);
+  EXPECT_EQ(ready_ranks, (std::set<std::int64_t>{0, 1, 2}));
+  ASSERT_TRUE(on_track.count("allreduce.grad"));
+  ASSERT_TRUE(on_track.count("barrier.noname"));
+  EXPECT_FALSE(on_track.count("allreduce.excluded"));
+  std::vector<std::string> spans;
+  for (const nlohmann::json* event : on_track["allreduce.grad"]) {
+    if (event->at("ph") == "X") spans.push_back(event->at("name"));
+  }
+  EXPECT_EQ(spans, (std::vector<std::string>{"NEGOTIATE_ALLREDUCE", "ALLREDUCE"}));
+}
+
+TEST(Timeline, AnUnwritablePathIsAUsageError) {
+  pipesgd::run_threads(1, [](Worker& w) {
+    EXPECT_THROW(w.start_timeline("/proc/no-such-dir/timeline.json"), pipesgd::UsageError);
+    w.stop_timeline();
   });
 }
 

@@ -110,12 +110,21 @@ def test_named_async_collectives_match_by_name_not_order():
 
 
 def test_duplicate_name_raises_value_error_and_the_pending_one_still_runs():
+    # Each rank in turn submits the name while its peers have not (they do after the barrier), so
+    # the name is surely pending when it submits it again (were both ranks' first submissions in
+    # place, the allreduce could complete, and free the name, before the second).
     tensor = torch.full((3,), R + 1.0)
-    handle = hvd.allreduce_async(tensor, name="duplicate_name", op=hvd.Sum)
-    with pytest.raises(ValueError, match="same name"):
-        hvd.allreduce_async(tensor, name="duplicate_name", op=hvd.Sum)
-    hvd.barrier()  # does not wait for the pending allreduce
-    assert hvd.synchronize(handle).tolist() == [N * (N + 1) / 2] * 3
+    for first in range(N):
+        name = f"duplicate_name.{first}"
+        handle = None
+        if R == first:
+            handle = hvd.allreduce_async(tensor, name=name, op=hvd.Sum)
+            with pytest.raises(ValueError, match="same name"):
+                hvd.allreduce_async(tensor, name=name, op=hvd.Sum)
+        hvd.barrier()  # does not wait for the pending allreduce
+        if R != first:
+            handle = hvd.allreduce_async(tensor, name=name, op=hvd.Sum)
+        assert hvd.synchronize(handle).tolist() == [N * (N + 1) / 2] * 3
     still_in_step()
 
 

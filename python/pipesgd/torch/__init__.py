@@ -489,37 +489,40 @@ class _Handles:
 _handles = _Handles()
 
 
-def _call(method, kind, name=None, tensor=None, output=None, op=Average, prescale_factor=1.0,
-          postscale_factor=1.0, root=0, splits=(), process_set=global_process_set, ranks=()):
-    return method(kind, "" if name is None else str(name), tensor, output, _OP_NAMES[op], float(prescale_factor),
-                  float(postscale_factor), int(root), [int(s) for s in splits], _set_id(process_set, kind),
-                  [int(r) for r in ranks])
-
-
-_this_thread = threading.local()
-
-
-def _submit(*args, finish=None, **kwargs):
+def _submit(kind, name=None, tensor=None, output=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+            root=0, splits=(), process_set=global_process_set, ranks=(), finish=None):
     """Queues a collective on the communication thread; returns its handle."""
-    work = _call(functools.partial(_worker().submit, caller_waits=getattr(_this_thread, "caller_waits", False)),
-                 *args, **kwargs)
-    return _handles.add(work, finish or (lambda results: results))
+    work = _worker().submit(kind, "" if name is None else str(name), tensor, output, _OP_NAMES[op],
+                            float(prescale_factor), float(postscale_factor), int(root), [int(s) for s in splits],
+                            _set_id(process_set, kind), [int(r) for r in ranks], _this_thread.caller_waits)
+    return _handles.add(work, finish or _identity)
+
+
+def _identity(results):
+    return results
+
+
+def _now(*args, **kwargs):
+    """A blocking collective: run on this thread when the communication thread is idle."""
+    return synchronize(_blocking(_submit, *args, **kwargs))
+
+
+class _ThisThread(threading.local):
+    caller_waits = False  # set by _blocking
+
+
+_this_thread = _ThisThread()
 
 
 def _blocking(start, *args, **kwargs):
     """start(*args, **kwargs): submits collectives this thread waits for at once (the blocking
-    forms): the communication thread is not woken for them, this thread runs them (Worker.run)."""
+    forms): the communication thread is not woken for them; this thread runs them when the
+    communication thread is idle (C++ Worker::submit's caller_waits)."""
     _this_thread.caller_waits = True
     try:
         return start(*args, **kwargs)
     finally:
         _this_thread.caller_waits = False
-
-
-def _now(*args, finish=None, **kwargs):
-    """A blocking collective: run on this thread when the communication thread is idle."""
-    results = _call(_worker().run, *args, **kwargs)
-    return finish(results) if finish else results
 
 
 def poll(handle):
@@ -1474,15 +1477,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 # Horovod's remaining surface.
 
 def start_timeline(file_path, mark_cycles=False):
-    """Horovod's timeline: pipesgd records its own (the Chrome trace of init(trace=...)), which is
-    fixed when the world starts. Raises ValueError naming the way to get it."""
-    raise ValueError(f"pipesgd.torch.start_timeline({file_path!r}): the timeline is pipesgd's trace, chosen when the "
-                     f"world starts: call hvd.init(trace={str(file_path)!r}) (optionally trace_iterations='A:B')")
+    """Horovod's timeline: rank 0 records the collectives it takes part in from now on and writes
+    `file_path` (Chrome trace format: open it in https://ui.perfetto.dev) at stop_timeline(). A
+    track per tensor name ("allreduce.NAME") with RANK_READY instants (when each rank submitted
+    it), NEGOTIATE_ALLREDUCE (until every member had) and ALLREDUCE (rank 0 running it);
+    ``mark_cycles=True`` adds a CYCLE_START instant per negotiation round. Any rank may call it;
+    only rank 0's call records (as Horovod's coordinator). ValueError for an unwritable path or
+    while a timeline is being recorded. For a whole run's timeline (optimizer steps, waits,
+    updates, every rank) see ``init(trace=...)``."""
+    _worker().start_timeline(os.fspath(file_path), bool(mark_cycles))
 
 
 def stop_timeline():
-    """See start_timeline: the trace is written at shutdown()."""
-    raise ValueError("pipesgd.torch.stop_timeline: the trace of hvd.init(trace=...) is written at hvd.shutdown()")
+    """Stops the timeline of start_timeline() and writes its file (rank 0); nothing without one."""
+    _worker().stop_timeline()
 
 
 def PartialDistributedOptimizer(*args, **kwargs):  # noqa: N802 (Horovod's name)

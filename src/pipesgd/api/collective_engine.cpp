@@ -271,6 +271,32 @@ void CollectiveEngine::new_phase() {
   unnamed_counts_.clear();
 }
 
+void CollectiveEngine::start_timeline(const std::string& path, bool mark_cycles) {
+  auto timeline = std::make_unique<CollectiveTimeline>(path, mark_cycles);  // checks the path
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (timeline_started_) throw UsageError("start_timeline: a timeline is being recorded: call stop_timeline() first");
+    timeline_started_ = true;
+  }
+  if (workers_.rank() != 0) return;
+  std::lock_guard<std::mutex> drive(driver_->turns);
+  timeline_ = std::move(timeline);
+}
+
+void CollectiveEngine::stop_timeline() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!timeline_started_) return;
+    timeline_started_ = false;
+  }
+  std::unique_ptr<CollectiveTimeline> timeline;
+  {
+    std::lock_guard<std::mutex> drive(driver_->turns);
+    timeline = std::move(timeline_);
+  }
+  if (timeline) timeline->write();
+}
+
 std::shared_ptr<Work> CollectiveEngine::submit(Collective call, bool caller_waits) {
   const char* what = collective_kind_name(call.kind);
   check_collective(call, workers_.size());
@@ -547,6 +573,7 @@ void CollectiveEngine::run_round(std::uint64_t round) {
   const int me = workers_.rank();
   const int size = workers_.size();
   post_round_receives(round);
+  if (timeline_) timeline_->round_started();
   // This rank's message: the header and a row per listed collective.
   const std::size_t listed = std::min<std::size_t>(pending_.size(), kRoundCapacity);
   std::vector<std::int64_t> own(static_cast<std::size_t>((listed + 1) * kWords), 0);
@@ -579,6 +606,7 @@ void CollectiveEngine::run_round(std::uint64_t round) {
   }
   posted_round_ = ~std::uint64_t{0};
   wait_all(requests, timeout_);
+  const auto round_ended = Clock::now();
 
   // The table every rank reads identically.
   std::vector<const std::int64_t*> messages(static_cast<std::size_t>(size));
@@ -604,7 +632,15 @@ void CollectiveEngine::run_round(std::uint64_t round) {
       const Row* row = reinterpret_cast<const Row*>(message + (i + 1) * kWords);
       rows[static_cast<std::size_t>(rank)].push_back(row);
       lists[static_cast<std::size_t>(rank)].emplace((*row)[0], row);
+      if (timeline_) timeline_->listed((*row)[0], rank, round_ended);
     }
+  }
+  if (timeline_) {
+    std::set<std::int64_t> listed_now;
+    for (const auto& list : lists) {
+      for (const auto& [key, row] : list) listed_now.insert(key);
+    }
+    timeline_->keep_only(listed_now);
   }
   std::unordered_map<std::int64_t, std::shared_ptr<Pending>> mine;
   for (std::size_t i = 0; i < listed; ++i) mine.emplace(pending_[i]->row[0], pending_[i]);
@@ -675,6 +711,7 @@ void CollectiveEngine::run_round(std::uint64_t round) {
       }
       try {
         if (entry) {
+          if (timeline_) timeline_->decided(key, kind, entry->name, entry->submitted, round_ended);
           execute(*entry, number, members, false);
         } else {
           // This rank has joined: it takes part with zeros (an allreduce) or nothing (a barrier).
@@ -811,7 +848,12 @@ void CollectiveEngine::execute(Pending& entry, std::uint64_t number, const std::
   RankGroupTransport group(workers_, members);
   std::vector<torch::Tensor> results;
   try {
+    const auto start = Clock::now();
     results = run_collective(call, group, members, number, timeout_);
+    if (timeline_ && !joined_here) {
+      const std::uint64_t bytes = call.input.defined() ? call.input.nbytes() : 0;
+      timeline_->ran(call.kind, entry.name, number, bytes, start, Clock::now());
+    }
   } catch (const CommError&) {
     throw;
   } catch (...) {

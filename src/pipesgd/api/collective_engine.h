@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "pipesgd/api/collective_timeline.h"
 #include "pipesgd/collectives.h"
 #include "pipesgd/comm/transport.h"
 
@@ -70,6 +71,12 @@ class CollectiveEngine {
   // turns itself (the engine thread is not woken for it; it still sees it at its next turn).
   std::shared_ptr<Work> submit(Collective call, bool caller_waits = false);
   void new_phase();
+  // Horovod's timeline (api/collective_timeline.h): recorded on rank 0 from the next round on and
+  // written to `path` by stop_timeline(); on other ranks only `path` is checked. UsageError for a
+  // path that cannot be written, or while one is being recorded. stop_timeline() without one
+  // does nothing; a failure to write is the error of core/atomic_file.h.
+  void start_timeline(const std::string& path, bool mark_cycles);
+  void stop_timeline();
   // The workers of process set `id` (0: all). UsageError for an unknown id.
   std::vector<int> process_set_ranks(int id) const;
 
@@ -121,6 +128,7 @@ class CollectiveEngine {
   std::uint64_t phase_ = 0;
   std::uint64_t joins_ = 0;  // join() calls of this worker
   bool joined_ = false;
+  bool timeline_started_ = false;  // between start_timeline and stop_timeline (every rank)
   bool stopping_ = false;
   bool handed_over_ = false;  // a waiting caller left pending collectives to the engine thread
   std::exception_ptr broken_;                      // the communication error that broke the world
@@ -134,6 +142,7 @@ class CollectiveEngine {
   std::uint64_t posted_round_ = ~std::uint64_t{0};
   std::uint64_t collective_number_ = 0;
   std::vector<std::int64_t> join_round_;           // per rank: the round its join was first listed, -1
+  std::unique_ptr<CollectiveTimeline> timeline_;   // rank 0, between start_timeline and stop_timeline
   int next_process_set_ = 1;
   std::thread thread_;
 };

@@ -159,6 +159,12 @@ std::vector<int> Worker::process_set_ranks(int id) const { return impl_->engine-
 
 void Worker::new_phase() { impl_->engine->new_phase(); }
 
+void Worker::start_timeline(const std::string& path, bool mark_cycles) {
+  impl_->engine->start_timeline(path, mark_cycles);
+}
+
+void Worker::stop_timeline() { impl_->engine->stop_timeline(); }
+
 void Worker::broadcast_parameters(torch::nn::Module& module, int root) {
   check_root(root, size(), "broadcast_parameters");
   std::vector<torch::Tensor> tensors = module.parameters();

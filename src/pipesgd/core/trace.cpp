@@ -76,6 +76,10 @@ void ThreadTrace::instant(const char* name, const char* category, const TraceArg
   add({name, category, TracePhase::kInstant, since_origin(TraceClock::now()), 0, 0, args});
 }
 
+void ThreadTrace::instant(const char* name, const char* category, TraceClock::time_point at, const TraceArgs& args) {
+  add({name, category, TracePhase::kInstant, since_origin(at), 0, 0, args});
+}
+
 void ThreadTrace::flow_start(std::uint64_t id, TraceClock::time_point at) {
   add({"gradient", "flow", TracePhase::kFlowStart, since_origin(at), 0, id, {}});
 }

@@ -96,6 +96,7 @@ class ThreadTrace {
   void span(const char* name, const char* category, TraceClock::time_point start, TraceClock::time_point end,
             const TraceArgs& args = {});
   void instant(const char* name, const char* category, const TraceArgs& args = {});
+  void instant(const char* name, const char* category, TraceClock::time_point at, const TraceArgs& args = {});
   // An arrow from the span enclosing `at` on this thread (flow_start) to the span enclosing `at`
   // on the thread that records flow_end with the same id.
   void flow_start(std::uint64_t id, TraceClock::time_point at);
