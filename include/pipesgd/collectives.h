@@ -84,11 +84,16 @@ struct Collective {
   std::vector<int> ranks;     // kAddProcessSet: the new set's workers (distinct, sorted on entry)
 };
 
-// The handle of a submitted collective (c10d's Work).
+// The handle of a submitted collective (c10d's Work). Its name stays taken (a second collective of
+// that name is a UsageError) until the collective finished and its holder is done with it: wait()
+// returned or threw, or the Work was destroyed.
 class Work {
  public:
   struct State;
   explicit Work(std::shared_ptr<State> state);
+  ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
   // Non-blocking: true once the collective completed or failed.
   bool is_completed() const;
   // Blocks until the collective completed (every wait inside it has the world's timeout) and

@@ -16,6 +16,7 @@
 #include <ostream>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -285,6 +286,25 @@ TEST(Asynchronous, BlockingCollectivesRunWhileAnAsynchronousOneWaitsForItsPeer) 
     }
     if (w.rank() == 1) pending = w.submit(late);
     EXPECT_TRUE(torch::equal(pending->wait().at(0), torch::full({5}, 3.0f)));
+  });
+}
+
+// A name is taken until its collective finished and was waited for (or its Work dropped), so that a
+// second submission of it fails the same way whether the first is still in flight or not.
+TEST(Asynchronous, ANameIsTakenUntilItsWorkIsWaitedForOrDropped) {
+  pipesgd::run_threads(2, [](Worker& w) {
+    Collective call;
+    call.kind = CollectiveKind::kAllreduce;
+    call.name = "reused";
+    call.input = torch::ones({2});
+    std::shared_ptr<pipesgd::Work> first = w.submit(call);
+    while (!first->is_completed()) std::this_thread::yield();
+    EXPECT_THROW(w.submit(call), pipesgd::UsageError);  // finished, not waited for
+    first->wait();
+    std::shared_ptr<pipesgd::Work> second = w.submit(call);
+    while (!second->is_completed()) std::this_thread::yield();
+    second.reset();  // dropped: free
+    EXPECT_TRUE(torch::equal(w.run(call).at(0), torch::ones({2})));
   });
 }
 

@@ -441,7 +441,7 @@ class HorovodInternalError(RuntimeError):
 def _check_tensor(tensor, call):
     if not torch.is_tensor(tensor):
         raise TypeError(f"{call}: expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise ValueError(f"pipesgd.torch: tensors must be on the CPU, got one on {tensor.device}")
 
 
@@ -567,8 +567,9 @@ def _allreduce_async(tensor, output, name, op, compression, prescale_factor, pos
             return value
         return _submit("allreduce", name, compressed.detach(), None, op, prescale_factor,
                        postscale_factor, process_set=process_set, finish=finish)
-    return _submit("allreduce", name, tensor.detach(), None if output is None else output.detach(), op,
-                   prescale_factor, postscale_factor, process_set=process_set,
+    # The C++ side runs without autograd (no detach needed); an in-place call passes the same tensor
+    # as input and output, so the ring reduces it where it is.
+    return _submit("allreduce", name, tensor, output, op, prescale_factor, postscale_factor, process_set=process_set,
                    finish=(lambda results: output) if output is not None else _first)
 
 

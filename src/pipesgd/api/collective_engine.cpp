@@ -182,9 +182,30 @@ struct Work::State {
   std::string name;
   std::chrono::milliseconds patience{0};  // how long wait() waits for the engine at most
   std::shared_ptr<CollectiveEngine::Driver> driver;  // to take the engine's turns while waiting
+  std::string key_text;       // the engine's key of the name
+  bool held = true;           // the Work has not been waited for or destroyed
+  bool name_released = false;
+  // Under `mutex`: true for the one caller that frees the name (finished and no longer held).
+  bool take_name_release() {
+    if (!done || held || name_released) return false;
+    name_released = true;
+    return true;
+  }
+  // The holder is done with it (wait() ended, or the Work is destroyed).
+  void let_go() noexcept {
+    bool release = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      held = false;
+      release = take_name_release();
+    }
+    if (release && driver != nullptr) CollectiveEngine::release_name(*driver, key_text);
+  }
 };
 
 Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+Work::~Work() { state_->let_go(); }
 
 bool Work::is_completed() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
@@ -202,11 +223,14 @@ const std::vector<torch::Tensor>& Work::wait() {
     if (!is_completed()) std::this_thread::yield();
   }
   if (state_->driver != nullptr && !is_completed()) CollectiveEngine::wake(*state_->driver);
-  std::unique_lock<std::mutex> lock(state_->mutex);
-  if (!state_->finished.wait_for(lock, state_->patience, [&] { return state_->done; })) {
-    throw CommTimeoutError(concat("collective '", state_->name, "': no result within ",
-                                  state_->patience.count() / 1000, " s"));
+  {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    if (!state_->finished.wait_for(lock, state_->patience, [&] { return state_->done; })) {
+      throw CommTimeoutError(concat("collective '", state_->name, "': no result within ",
+                                    state_->patience.count() / 1000, " s"));
+    }
   }
+  state_->let_go();
   if (state_->error) std::rethrow_exception(state_->error);
   return state_->results;
 }
@@ -304,6 +328,7 @@ std::shared_ptr<Work> CollectiveEngine::submit(Collective call, bool caller_wait
   entry->state = std::make_shared<Work::State>();
   entry->state->patience = timeout_ * 4 + stall_ + std::chrono::seconds(60);
   entry->state->driver = driver_;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_) std::rethrow_exception(broken_);
@@ -346,13 +371,14 @@ std::shared_ptr<Work> CollectiveEngine::submit(Collective call, bool caller_wait
       if (entry->unnamed) --unnamed_counts_[set];
       throw UsageError(concat("Requested to ", what, " a tensor with the same name as another tensor that is currently "
                               "being processed. If you want to request another tensor, use a different tensor name. "
-                              "(name '", name, "')"));
+                              "(name '", name, "': free again once the earlier one is synchronized)"));
     }
     call.process_set = call.kind == CollectiveKind::kRemoveProcessSet ? call.process_set : set;
     entry->name = name;
     entry->key_text = key_text;
     entry->phase = phase_;
     entry->state->name = name;
+    entry->state->key_text = key_text;
     const int listed_set = set;
     entry->call = std::move(call);
     entry->row = describe(entry->call, hash_text(key_text), phase_);
@@ -361,37 +387,53 @@ std::shared_ptr<Work> CollectiveEngine::submit(Collective call, bool caller_wait
     entry->submitted = Clock::now();
     pending_names_[key_text] = 1;
     if (entry->call.kind == CollectiveKind::kJoin) joined_ = true;
+    // The first of a burst wakes the engine thread; it collects the rest (collect_burst).
+    wake = !caller_waits && incoming_.empty();
     incoming_.push_back(entry);
   }
-  if (!caller_waits) submitted_.notify_all();
+  if (wake) submitted_.notify_all();
   return std::make_shared<Work>(entry->state);
 }
 
+void CollectiveEngine::release_name(Driver& driver, const std::string& key_text) {
+  std::lock_guard<std::mutex> alive(driver.alive);
+  if (driver.engine == nullptr) return;
+  std::lock_guard<std::mutex> lock(driver.engine->mutex_);
+  driver.engine->pending_names_.erase(key_text);
+}
+
 void CollectiveEngine::complete(Pending& entry, std::vector<torch::Tensor> results) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    pending_names_.erase(entry.key_text);
-  }
+  bool release = false;
   {
     std::lock_guard<std::mutex> lock(entry.state->mutex);
     entry.state->results = std::move(results);
     entry.state->done = true;
+    release = entry.state->take_name_release();
   }
   entry.state->finished.notify_all();
+  if (release) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_names_.erase(entry.key_text);
+  }
 }
 
 void CollectiveEngine::fail(Pending& entry, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_names_.erase(entry.key_text);
     if (entry.call.kind == CollectiveKind::kJoin) joined_ = false;
   }
+  bool release = false;
   {
     std::lock_guard<std::mutex> lock(entry.state->mutex);
     entry.state->error = std::move(error);
     entry.state->done = true;
+    release = entry.state->take_name_release();
   }
   entry.state->finished.notify_all();
+  if (release) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_names_.erase(entry.key_text);
+  }
 }
 
 void CollectiveEngine::fail_everything(std::exception_ptr error) {
@@ -423,9 +465,6 @@ bool CollectiveEngine::drive(Driver& driver, const Work::State& state) {
   if (!drive.owns_lock()) return true;  // the engine thread holds the turns: try again
   if (driver.engine == nullptr) return false;
   CollectiveEngine& engine = *driver.engine;
-  // The engine thread is at work on collectives of its own (async ones): it goes on with them and
-  // this one (the turns do not change threads between every collective).
-  if (!engine.pending_.empty()) return false;
   const auto done = [&] {
     std::lock_guard<std::mutex> lock(state.mutex);
     return state.done;
@@ -528,6 +567,38 @@ bool CollectiveEngine::await_activity(Clock::duration limit) {
   }
 }
 
+bool CollectiveEngine::collect_burst() {
+  const auto start = Clock::now();
+  auto last_change = start;
+  std::size_t last_count = 0;
+  for (;;) {
+    const auto now = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return false;
+      if (handed_over_ || incoming_.empty()) return true;
+      if (incoming_.size() != last_count) {
+        last_count = incoming_.size();
+        last_change = now;
+      }
+    }
+    if (now - last_change >= kBurstGap || now - start >= kBurstLimit) return true;
+    {
+      std::unique_lock<std::mutex> drive(driver_->turns, std::try_to_lock);
+      if (drive.owns_lock()) {
+        post_round_receives(round_);
+        for (Request& request : round_receives_) {
+          if (request.valid() && request.test()) return true;
+        }
+      }
+    }
+    // Sleep, not spin: the submitting thread needs the core (later submissions of a burst do not
+    // notify, see submit()).
+    std::unique_lock<std::mutex> lock(mutex_);
+    submitted_.wait_for(lock, kBurstGap, [&] { return stopping_ || handed_over_; });
+  }
+}
+
 void CollectiveEngine::run() {
   auto pause = std::chrono::microseconds(0);  // after a turn without progress: the next one's delay
   for (;;) {
@@ -547,7 +618,7 @@ void CollectiveEngine::run() {
     }
     if (turn == Turn::kIdle) {
       pause = std::chrono::microseconds(0);
-      if (!await_activity(Clock::duration::max())) break;
+      if (!await_activity(Clock::duration::max()) || !collect_burst()) break;
       continue;
     }
     // Nothing could run: the next round starts when this rank submits, when a peer starts it (it
@@ -842,14 +913,16 @@ void CollectiveEngine::execute(Pending& entry, std::uint64_t number, const std::
       std::lock_guard<std::mutex> lock(mutex_);
       process_sets_.erase(call.process_set);
     }
+    set_channels_.erase(call.process_set);
     complete(entry, {});
     return;
   }
-  RankGroupTransport group(workers_, members);
+  SetChannel& channel = set_channels_[call.process_set];
+  if (!channel.group) channel.group = std::make_unique<RankGroupTransport>(workers_, members);
   std::vector<torch::Tensor> results;
   try {
     const auto start = Clock::now();
-    results = run_collective(call, group, members, number, timeout_);
+    results = run_collective(call, *channel.group, members, number, timeout_, channel.resources);
     if (timeline_ && !joined_here) {
       const std::uint64_t bytes = call.input.defined() ? call.input.nbytes() : 0;
       timeline_->ran(call.kind, entry.name, number, bytes, start, Clock::now());

@@ -38,7 +38,9 @@
 #include <thread>
 #include <vector>
 
+#include "pipesgd/api/collective_execution.h"
 #include "pipesgd/api/collective_timeline.h"
+#include "pipesgd/comm/rank_group_transport.h"
 #include "pipesgd/collectives.h"
 #include "pipesgd/comm/transport.h"
 
@@ -48,9 +50,14 @@ inline constexpr int kRoundCapacity = 64;  // collectives a worker lists per rou
 // An engine with nothing pending polls for a peer's round every kBusyPollCeiling at most during its
 // first kIdleAfter of idleness, every kIdlePollCeiling after that.
 inline constexpr std::chrono::microseconds kBusyPollCeiling{1000};
-inline constexpr std::chrono::microseconds kYieldFirst{100};  // of each wait: yield, then sleep
+inline constexpr std::chrono::microseconds kYieldFirst{20};  // of each wait: yield, then sleep
 inline constexpr std::chrono::milliseconds kIdleAfter{50};
 inline constexpr std::chrono::milliseconds kIdlePollCeiling{10};
+// After a wake-up by a submission, the engine thread waits while submissions keep coming (each
+// within kBurstGap of the last, kBurstLimit at most), so that a burst of asynchronous collectives
+// goes into one round (or to a caller that waits for them) instead of a round each.
+inline constexpr std::chrono::microseconds kBurstGap{30};
+inline constexpr std::chrono::microseconds kBurstLimit{300};
 // A caller taking the turns (Work::wait) retries turns that made no progress for this long before
 // it leaves them to the engine thread.
 inline constexpr std::chrono::microseconds kCallerPatience{1000};
@@ -95,6 +102,9 @@ class CollectiveEngine {
   // Work::wait before it sleeps: the engine thread takes the turns (a caller_waits submission did
   // not wake it).
   static void wake(Driver& driver);
+  // A finished collective's name whose holder is done with it (include/pipesgd/collectives.h, Work)
+  // is free again.
+  static void release_name(Driver& driver, const std::string& key_text);
 
  private:
   enum class Turn { kIdle, kProgressed, kStuck, kStopped };
@@ -108,6 +118,10 @@ class CollectiveEngine {
   // message of the next round arrived (it started the round), or `limit` passed, polling the
   // round's posted receives with a back-off of up to kIdlePollCeiling. False once stopping.
   bool await_activity(Clock::duration limit);
+  // The engine thread, after await_activity: waits out a burst of submissions (kBurstGap). Returns
+  // at once if a peer started a round, a turn was handed back, or a caller took the submissions.
+  // False once stopping.
+  bool collect_burst();
   void post_round_receives(std::uint64_t round);
   void execute(Pending& entry, std::uint64_t number, const std::vector<int>& members, bool joined_here);
   void complete(Pending& entry, std::vector<torch::Tensor> results);
@@ -143,6 +157,11 @@ class CollectiveEngine {
   std::uint64_t collective_number_ = 0;
   std::vector<std::int64_t> join_round_;           // per rank: the round its join was first listed, -1
   std::unique_ptr<CollectiveTimeline> timeline_;   // rank 0, between start_timeline and stop_timeline
+  struct SetChannel {
+    std::unique_ptr<RankGroupTransport> group;  // the set's ranks, over workers_
+    SetResources resources;
+  };
+  std::map<int, SetChannel> set_channels_;        // by process set, made at its first collective
   int next_process_set_ = 1;
   std::thread thread_;
 };

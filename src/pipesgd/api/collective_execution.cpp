@@ -80,15 +80,25 @@ torch::Tensor working_copy(const Collective& call) {
 }
 
 // Reduces `work` in place over the group (Sum before Average, or Min, Max, Product).
-void reduce_in_place(torch::Tensor& work, ReduceOp op, Transport& group, std::uint64_t number, Timeout timeout) {
+void reduce_in_place(torch::Tensor& work, ReduceOp op, Transport& group, std::uint64_t number, Timeout timeout,
+                     SetResources& resources) {
   if (group.size() == 1 || work.numel() == 0) return;
   const c10::ScalarType type = work.scalar_type();
   if (type == torch::kFloat32 && (op == ReduceOp::kSum || op == ReduceOp::kAverage)) {
-    const std::unique_ptr<Codec> codec = make_codec("none");
+    const std::span<float> data(work.data_ptr<float>(), static_cast<std::size_t>(work.numel()));
+    if (!resources.codec) resources.codec = make_codec("none");
     AllreduceOptions options;
     options.timeout = timeout;
-    const std::span<float> data(work.data_ptr<float>(), static_cast<std::size_t>(work.numel()));
-    make_allreduce("ring", group, data.size(), *codec, options)->run(data, part_tag(number, 0));
+    if (data.size() > SetResources::kCachedRingElements) {
+      make_allreduce("ring", group, data.size(), *resources.codec, options)->run(data, part_tag(number, 0));
+      return;
+    }
+    if (!resources.ring || resources.ring_count < data.size()) {
+      resources.ring.reset();  // its buffers go before the larger one's come
+      resources.ring = make_allreduce("ring", group, data.size(), *resources.codec, options);
+      resources.ring_count = data.size();
+    }
+    resources.ring->run(data, part_tag(number, 0));
     return;
   }
   reduce_all(group, bytes_of(work), element_type_of(type, "allreduce"), elementwise(op), part_tag(number, 0), timeout);
@@ -210,7 +220,7 @@ void check_collective(Collective& call, int size) {
 }
 
 std::vector<torch::Tensor> run_collective(const Collective& call, Transport& group, const std::vector<int>& members,
-                                          std::uint64_t number, Timeout timeout) {
+                                          std::uint64_t number, Timeout timeout, SetResources& resources) {
   const std::size_t n = members.size();
   const int me = group.rank();
   switch (call.kind) {
@@ -222,7 +232,7 @@ std::vector<torch::Tensor> run_collective(const Collective& call, Transport& gro
     case CollectiveKind::kAllreduce: {
       torch::Tensor work = working_copy(call);
       scale(work, call.prescale);
-      reduce_in_place(work, call.op, group, number, timeout);
+      reduce_in_place(work, call.op, group, number, timeout, resources);
       finish_reduction(work, call.op, call.postscale, n);
       return {into_output(call, work)};
     }
