@@ -87,7 +87,7 @@ class Worker {
   // waits for it at once (as run() does): the communication thread is not woken for it.
   std::shared_ptr<Work> submit(Collective call, bool caller_waits = false);
   // Blocking: submit, then wait; the results of Work::wait. The calling thread runs the collective
-  // itself when the communication thread is not busy with others (no hand-off between threads).
+  // itself unless the communication thread is running rounds (no hand-off between threads).
   std::vector<torch::Tensor> run(Collective call);
   // Blocking forms (run) among every worker, unnamed (matched in the order each
   // worker calls them). Tensors on the CPU, of any dtype of collectives.h; a mismatch between the

@@ -503,7 +503,7 @@ def _identity(results):
 
 
 def _now(*args, **kwargs):
-    """A blocking collective: run on this thread when the communication thread is idle."""
+    """A blocking collective: run on this thread unless the communication thread is running rounds."""
     return synchronize(_blocking(_submit, *args, **kwargs))
 
 
@@ -517,7 +517,7 @@ _this_thread = _ThisThread()
 def _blocking(start, *args, **kwargs):
     """start(*args, **kwargs): submits collectives this thread waits for at once (the blocking
     forms): the communication thread is not woken for them; this thread runs them when the
-    communication thread is idle (C++ Worker::submit's caller_waits)."""
+    communication thread is not running rounds (C++ Worker::submit's caller_waits)."""
     _this_thread.caller_waits = True
     try:
         return start(*args, **kwargs)

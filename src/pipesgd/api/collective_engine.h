@@ -94,10 +94,9 @@ class CollectiveEngine {
     std::mutex alive;  // guards `engine` for wake()
     CollectiveEngine* engine = nullptr;  // null once the engine is gone (set under both mutexes)
   };
-  // Work::wait's help: if no other thread holds the turns and the engine thread has nothing pending
-  // (it is idle: a blocking collective), takes them until `state` is done or its turns made no
-  // progress for kCallerPatience. False once taking turns cannot help `state` any more (the engine
-  // thread goes on; or the engine is gone).
+  // Work::wait's help: if no other thread holds the turns, takes them (with whatever else is
+  // pending) until `state` is done or its turns made no progress for kCallerPatience. False once
+  // taking turns cannot help `state` any more (the engine thread goes on; or the engine is gone).
   static bool drive(Driver& driver, const Work::State& state);
   // Work::wait before it sleeps: the engine thread takes the turns (a caller_waits submission did
   // not wake it).
