@@ -1,6 +1,7 @@
 #include "pipesgd/api/collective_timeline.h"
 
 #include <algorithm>
+#include <cctype>
 #include <iostream>
 #include <optional>
 #include <utility>
@@ -14,37 +15,6 @@ namespace pipesgd {
 namespace {
 
 constexpr const char* kCategory = "collective";
-
-// Horovod's activity names.
-const char* operation_event(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllreduce: return "ALLREDUCE";
-    case CollectiveKind::kAllgather: return "ALLGATHER";
-    case CollectiveKind::kBroadcast: return "BROADCAST";
-    case CollectiveKind::kAlltoall: return "ALLTOALL";
-    case CollectiveKind::kReducescatter: return "REDUCESCATTER";
-    case CollectiveKind::kBarrier: return "BARRIER";
-    case CollectiveKind::kJoin: return "JOIN";
-    case CollectiveKind::kAddProcessSet: return "ADD_PROCESS_SET";
-    case CollectiveKind::kRemoveProcessSet: return "REMOVE_PROCESS_SET";
-  }
-  return "COLLECTIVE";
-}
-
-const char* negotiate_event(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllreduce: return "NEGOTIATE_ALLREDUCE";
-    case CollectiveKind::kAllgather: return "NEGOTIATE_ALLGATHER";
-    case CollectiveKind::kBroadcast: return "NEGOTIATE_BROADCAST";
-    case CollectiveKind::kAlltoall: return "NEGOTIATE_ALLTOALL";
-    case CollectiveKind::kReducescatter: return "NEGOTIATE_REDUCESCATTER";
-    case CollectiveKind::kBarrier: return "NEGOTIATE_BARRIER";
-    case CollectiveKind::kJoin: return "NEGOTIATE_JOIN";
-    case CollectiveKind::kAddProcessSet: return "NEGOTIATE_ADD_PROCESS_SET";
-    case CollectiveKind::kRemoveProcessSet: return "NEGOTIATE_REMOVE_PROCESS_SET";
-  }
-  return "NEGOTIATE";
-}
 
 }  // namespace
 
@@ -84,6 +54,17 @@ void CollectiveTimeline::span(Track& track, const char* event, Clock::time_point
   track.last_end = end;
 }
 
+const char* CollectiveTimeline::event_name(CollectiveKind kind, bool negotiation) {
+  auto [found, added] = event_names_.try_emplace(kind);
+  if (added) {
+    // Horovod's activity names: ALLREDUCE, NEGOTIATE_ALLREDUCE, ADD_PROCESS_SET, ...
+    std::string upper = collective_kind_name(kind);
+    std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return std::toupper(c); });
+    found->second = {recorder_->intern(upper), recorder_->intern("NEGOTIATE_" + upper)};
+  }
+  return negotiation ? found->second.second : found->second.first;
+}
+
 void CollectiveTimeline::decided(std::int64_t key, CollectiveKind kind, const std::string& name,
                                  Clock::time_point submitted, Clock::time_point at) {
   Track& line = track(kind, name);
@@ -96,7 +77,7 @@ void CollectiveTimeline::decided(std::int64_t key, CollectiveKind kind, const st
     ready.worker = rank;
     line.trace->instant("RANK_READY", kCategory, when, ready);
   }
-  span(line, negotiate_event(kind), found->second.first, at, {});
+  span(line, event_name(kind, /*negotiation=*/true), found->second.first, at, {});
   negotiations_.erase(found);
 }
 
@@ -106,7 +87,7 @@ void CollectiveTimeline::ran(CollectiveKind kind, const std::string& name, std::
   TraceArgs args;
   args.iteration = static_cast<std::int64_t>(number);
   args.bytes = bytes;
-  span(line, operation_event(kind), start, end, args);
+  span(line, event_name(kind, /*negotiation=*/false), start, end, args);
 }
 
 void CollectiveTimeline::keep_only(const std::set<std::int64_t>& listed) {

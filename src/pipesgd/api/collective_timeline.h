@@ -21,6 +21,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "pipesgd/collectives.h"
 #include "pipesgd/core/trace.h"
@@ -65,6 +66,8 @@ class CollectiveTimeline {
     std::map<int, Clock::time_point> ranks;  // when each rank first listed it
   };
   Track& track(CollectiveKind kind, const std::string& name);
+  // The operation's event name (ALLREDUCE), or its negotiation's (NEGOTIATE_ALLREDUCE).
+  const char* event_name(CollectiveKind kind, bool negotiation);
   // A span on `track`, moved to start no earlier than its last one ended.
   void span(Track& track, const char* event, Clock::time_point start, Clock::time_point end, const TraceArgs& args);
 
@@ -74,6 +77,7 @@ class CollectiveTimeline {
   ThreadTrace* negotiation_ = nullptr;
   std::map<std::string, Track> tracks_;
   std::map<std::int64_t, Negotiation> negotiations_;
+  std::map<CollectiveKind, std::pair<const char*, const char*>> event_names_;  // interned
 };
 
 }  // namespace pipesgd
