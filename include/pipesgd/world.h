@@ -114,8 +114,8 @@ class Worker {
   // records every collective it takes part in from now on (a track per name: when each rank listed
   // it, the negotiation, the operation; with `mark_cycles` each negotiation round) and writes
   // `path` at stop_timeline(). Any worker may call them; only rank 0's calls record. UsageError for
-  // an unwritable path or a second start_timeline before stop_timeline; stop_timeline without a
-  // timeline does nothing.
+  // an unwritable path, or start_timeline with another path before stop_timeline (with the same
+  // path it goes on); stop_timeline without a timeline does nothing.
   void start_timeline(const std::string& path, bool mark_cycles = false);
   void stop_timeline();
   // Every parameter and buffer (e.g. batch-norm statistics) of `module` becomes root's, so the

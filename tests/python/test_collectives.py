@@ -388,6 +388,7 @@ def test_timeline_as_horovods_test_expects(tmp_path):
     path = hvd.broadcast_object(str(tmp_path / "timeline.json"))
     for mark_cycles in (True, False):
         hvd.start_timeline(path, mark_cycles=mark_cycles)
+        hvd.start_timeline(path, mark_cycles=mark_cycles)  # the same file again: goes on
         hvd.allreduce(torch.tensor([1, 2, 3], dtype=torch.float32), name="test_allreduce")
         hvd.stop_timeline()
         hvd.barrier()
@@ -395,7 +396,8 @@ def test_timeline_as_horovods_test_expects(tmp_path):
             with open(path) as f:
                 text = f.read()
             events = json.loads(text)["traceEvents"]
-            for word in ("allreduce.test_allreduce", "NEGOTIATE_ALLREDUCE", "ALLREDUCE"):
+            for word in ("allreduce.test_allreduce", "start_time_since_epoch_in_micros", "NEGOTIATE_ALLREDUCE",
+                         "ALLREDUCE"):
                 assert word in text
             assert ("CYCLE_START" in text) == mark_cycles
             ready = {e["args"]["worker"] for e in events if e["name"] == "RANK_READY"}

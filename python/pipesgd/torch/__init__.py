@@ -1484,7 +1484,7 @@ def start_timeline(file_path, mark_cycles=False):
     it), NEGOTIATE_ALLREDUCE (until every member had) and ALLREDUCE (rank 0 running it);
     ``mark_cycles=True`` adds a CYCLE_START instant per negotiation round. Any rank may call it;
     only rank 0's call records (as Horovod's coordinator). ValueError for an unwritable path or
-    while a timeline is being recorded. For a whole run's timeline (optimizer steps, waits,
+    another path while a timeline is being recorded (the same path: it goes on). For a whole run's timeline (optimizer steps, waits,
     updates, every rank) see ``init(trace=...)``."""
     _worker().start_timeline(os.fspath(file_path), bool(mark_cycles))
 

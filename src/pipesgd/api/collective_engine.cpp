@@ -296,11 +296,19 @@ void CollectiveEngine::new_phase() {
 }
 
 void CollectiveEngine::start_timeline(const std::string& path, bool mark_cycles) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (timeline_started_ && path == timeline_path_) return;  // as Horovod: it goes on
+    if (timeline_started_) {
+      throw UsageError(concat("start_timeline: a timeline is being recorded to '", timeline_path_,
+                              "': call stop_timeline() first"));
+    }
+  }
   auto timeline = std::make_unique<CollectiveTimeline>(path, mark_cycles);  // checks the path
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (timeline_started_) throw UsageError("start_timeline: a timeline is being recorded: call stop_timeline() first");
     timeline_started_ = true;
+    timeline_path_ = path;
   }
   if (workers_.rank() != 0) return;
   std::lock_guard<std::mutex> drive(driver_->turns);

@@ -80,8 +80,9 @@ class CollectiveEngine {
   void new_phase();
   // Horovod's timeline (api/collective_timeline.h): recorded on rank 0 from the next round on and
   // written to `path` by stop_timeline(); on other ranks only `path` is checked. UsageError for a
-  // path that cannot be written, or while one is being recorded. stop_timeline() without one
-  // does nothing; a failure to write is the error of core/atomic_file.h.
+  // path that cannot be written, or another path while one is being recorded (the same path: it
+  // goes on). stop_timeline() without one does nothing; a failure to write is the error of
+  // core/atomic_file.h.
   void start_timeline(const std::string& path, bool mark_cycles);
   void stop_timeline();
   // The workers of process set `id` (0: all). UsageError for an unknown id.
@@ -142,6 +143,7 @@ class CollectiveEngine {
   std::uint64_t joins_ = 0;  // join() calls of this worker
   bool joined_ = false;
   bool timeline_started_ = false;  // between start_timeline and stop_timeline (every rank)
+  std::string timeline_path_;
   bool stopping_ = false;
   bool handed_over_ = false;  // a waiting caller left pending collectives to the engine thread
   std::exception_ptr broken_;                      // the communication error that broke the world

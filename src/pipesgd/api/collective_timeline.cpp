@@ -96,7 +96,12 @@ void CollectiveTimeline::keep_only(const std::set<std::int64_t>& listed) {
 
 void CollectiveTimeline::write() const {
   const std::size_t dropped = recorder_->dropped();
-  write_trace_file(path_, recorder_->events_json(), dropped);
+  // The wall-clock time of the recorder's origin (ts 0).
+  const auto since_origin = TraceClock::now() - recorder_->origin();
+  const auto origin = std::chrono::system_clock::now() - std::chrono::duration_cast<std::chrono::system_clock::duration>(since_origin);
+  const std::int64_t origin_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(origin.time_since_epoch()).count();
+  write_trace_file(path_, recorder_->events_json(), dropped, "", origin_us);
   if (dropped > 0) {
     std::cerr << "pipesgd: warning: " << dropped << " timeline events did not fit the buffers (" << path_ << ")\n";
   }

@@ -10,6 +10,7 @@
 //                        that brought its row),
 //   ALLREDUCE            while rank 0 ran it (args: bytes; iteration = the collective's number),
 // and with mark_cycles a CYCLE_START instant per negotiation round on the "negotiation" track.
+// otherData.start_time_since_epoch_in_micros: the wall-clock time of ts 0 (as Horovod's).
 // Only collectives rank 0 takes part in appear (it knows their names). Past kNamedTracks distinct
 // names, further ones share the track "other collectives".
 //

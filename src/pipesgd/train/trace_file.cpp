@@ -159,9 +159,11 @@ std::string write_trace_after_failure(const std::string& path, const TraceRecord
   }
 }
 
-void write_trace_file(const std::string& path, nlohmann::json events, std::size_t dropped, const std::string& failure) {
+void write_trace_file(const std::string& path, nlohmann::json events, std::size_t dropped, const std::string& failure,
+                      std::int64_t origin_since_epoch_us) {
   nlohmann::json other = {{"dropped_events", dropped}};
   if (!failure.empty()) other["failure"] = failure;
+  if (origin_since_epoch_us >= 0) other["start_time_since_epoch_in_micros"] = origin_since_epoch_us;
   write_json_file(path, {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}},
                   "trace file");
 }

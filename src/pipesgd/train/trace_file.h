@@ -2,6 +2,7 @@
 // --trace's file: a run's recorder (core/trace.h) written in the Chrome trace event format. Where
 // every rank is a thread of this process, the recorder holds them all; under MPI each rank
 // records its own, and write_trace gathers them at rank 0 on rank 0's clock.
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,8 +45,10 @@ std::string write_trace_after_failure(const std::string& path, const TraceRecord
                                       const std::string& failure) noexcept;
 
 // {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {...}} written atomically to
-// `path`; otherData says how many events full buffers dropped (`dropped`) and, for a failed run, why.
+// `path`; otherData says how many events full buffers dropped (`dropped`), for a failed run why, and
+// with `origin_since_epoch_us` >= 0 the wall-clock time of ts 0 (start_time_since_epoch_in_micros,
+// as Horovod's timeline).
 void write_trace_file(const std::string& path, nlohmann::json events, std::size_t dropped,
-                      const std::string& failure = "");
+                      const std::string& failure = "", std::int64_t origin_since_epoch_us = -1);
 
 }  // namespace pipesgd
