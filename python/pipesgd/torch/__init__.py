@@ -33,7 +33,6 @@ docs/user-guide.md, "What differs from Horovod", each with its reason.
 
 import atexit
 import contextlib
-import functools
 import io
 import os
 import pickle
@@ -504,7 +503,7 @@ def _identity(results):
 
 def _now(*args, **kwargs):
     """A blocking collective: run on this thread unless the communication thread is running rounds."""
-    return synchronize(_blocking(_submit, *args, **kwargs))
+    return _run(_submit, *args, **kwargs)
 
 
 class _ThisThread(threading.local):
@@ -523,6 +522,11 @@ def _blocking(start, *args, **kwargs):
         return start(*args, **kwargs)
     finally:
         _this_thread.caller_waits = False
+
+
+def _run(start, *args, **kwargs):
+    """The result of the one collective start(*args, **kwargs) submits, run as a blocking one."""
+    return synchronize(_blocking(start, *args, **kwargs))
 
 
 def poll(handle):
@@ -579,14 +583,14 @@ class _AllreduceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, compression, prescale_factor, postscale_factor, process_set):
         ctx.args = (op, compression, prescale_factor, postscale_factor, process_set)
-        return synchronize(_blocking(_allreduce_async, tensor, None, name, op, compression, prescale_factor, postscale_factor,
-                                            process_set, "allreduce"))
+        return _run(_allreduce_async, tensor, None, name, op, compression, prescale_factor, postscale_factor,
+                    process_set, "allreduce")
 
     @staticmethod
     def backward(ctx, grad_output):
         op, compression, prescale_factor, postscale_factor, process_set = ctx.args
-        grad = synchronize(_blocking(_allreduce_async, grad_output.contiguous(), None, None, op, compression, prescale_factor,
-                                            postscale_factor, process_set, "allreduce"))
+        grad = _run(_allreduce_async, grad_output.contiguous(), None, None, op, compression, prescale_factor,
+                    postscale_factor, process_set, "allreduce")
         return grad, None, None, None, None, None, None
 
 
@@ -597,8 +601,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     _check_tensor(tensor, "allreduce")
     if tensor.requires_grad and op in (Average, Sum):
         return _AllreduceFunction.apply(tensor, name, op, compression, prescale_factor, postscale_factor, process_set)
-    return synchronize(_blocking(_allreduce_async, tensor, None, name, op, compression, prescale_factor, postscale_factor,
-                                        process_set, "allreduce"))
+    return _run(_allreduce_async, tensor, None, name, op, compression, prescale_factor, postscale_factor,
+                process_set, "allreduce")
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -611,7 +615,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """In place: `tensor` becomes the reduction over the members. Returns it."""
-    return synchronize(_blocking(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    return _run(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -636,7 +640,8 @@ class _GroupedFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, None) + tuple(synchronize(h) for h in _blocking(ctx.backward_start, [g.contiguous() for g in grads]))
+        grads = [g.contiguous() for g in grads]
+        return (None, None) + tuple(synchronize(h) for h in _blocking(ctx.backward_start, grads))
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -720,9 +725,9 @@ class _AllgatherFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad = _now("allreduce", None, grad_output.contiguous(), op=Average,
-                                   process_set=ctx.process_set, finish=_first)
+                    process_set=ctx.process_set, finish=_first)
         rows = _now("allgather", None, torch.tensor([ctx.rows], dtype=torch.int64),
-                                   process_set=ctx.process_set, finish=_first).tolist()
+                    process_set=ctx.process_set, finish=_first).tolist()
         offset = sum(rows[:_members(ctx.process_set).index(rank())])
         return grad.narrow(0, offset, ctx.rows), None, None
 
@@ -733,7 +738,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
     _check_tensor(tensor, "allgather")
     if tensor.requires_grad:
         return _AllgatherFunction.apply(tensor, name, process_set)
-    return synchronize(_blocking(allgather_async, tensor, name, process_set))
+    return _run(allgather_async, tensor, name, process_set)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -761,12 +766,12 @@ class _BroadcastFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(_blocking(broadcast_async, tensor, root_rank, name, process_set))
+        return _run(broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = _now("allreduce", None, grad_output.contiguous(), op=Average,
-                                   process_set=ctx.process_set, finish=_first)
+                    process_set=ctx.process_set, finish=_first)
         if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
@@ -777,12 +782,12 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     _check_tensor(tensor, "broadcast")
     if tensor.requires_grad:
         return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
-    return synchronize(_blocking(broadcast_async, tensor, root_rank, name, process_set))
+    return _run(broadcast_async, tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In place: every member's `tensor` becomes root_rank's. Returns it."""
-    return synchronize(_blocking(broadcast_async_, tensor, root_rank, name, process_set))
+    return _run(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -818,14 +823,14 @@ class _AlltoallFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
         ctx.process_set = process_set
-        output, received = synchronize(_blocking(alltoall_async, tensor, splits, name, process_set))
+        output, received = _run(alltoall_async, tensor, splits, name, process_set)
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx, grad_output, grad_received):
-        grad, _ = synchronize(_blocking(alltoall_async, grad_output.contiguous(), ctx.received, None, ctx.process_set))
+        grad, _ = _run(alltoall_async, grad_output.contiguous(), ctx.received, None, ctx.process_set)
         return grad, None, None, None
 
 
@@ -837,7 +842,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     if tensor.requires_grad:
         output, received = _AlltoallFunction.apply(tensor, splits, name, process_set)
     else:
-        output, received = synchronize(_blocking(alltoall_async, tensor, splits, name, process_set))
+        output, received = _run(alltoall_async, tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
@@ -864,12 +869,12 @@ class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.process_set = op, process_set
-        return synchronize(_blocking(reducescatter_async, tensor, name, op, prescale_factor, postscale_factor, process_set))
+        return _run(reducescatter_async, tensor, name, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = _now("allgather", None, grad_output.contiguous(), process_set=ctx.process_set,
-                                   finish=_first)
+                    finish=_first)
         if ctx.op == Sum:
             grad = grad * len(_members(ctx.process_set))
         return grad, None, None, None, None, None
@@ -883,7 +888,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     if tensor.requires_grad and op in (Average, Sum):
         return _ReducescatterFunction.apply(tensor, name, op, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(tensor)
-    result = synchronize(_blocking(reducescatter_async, compressed, name, op, prescale_factor, postscale_factor, process_set))
+    result = _run(reducescatter_async, compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(result, ctx)
 
 
@@ -1484,8 +1489,8 @@ def start_timeline(file_path, mark_cycles=False):
     it), NEGOTIATE_ALLREDUCE (until every member had) and ALLREDUCE (rank 0 running it);
     ``mark_cycles=True`` adds a CYCLE_START instant per negotiation round. Any rank may call it;
     only rank 0's call records (as Horovod's coordinator). ValueError for an unwritable path or
-    another path while a timeline is being recorded (the same path: it goes on). For a whole run's timeline (optimizer steps, waits,
-    updates, every rank) see ``init(trace=...)``."""
+    another path while a timeline is being recorded (the same path: it goes on). For a whole
+    run's timeline (optimizer steps, waits, updates, every rank) see ``init(trace=...)``."""
     _worker().start_timeline(os.fspath(file_path), bool(mark_cycles))
 
 

@@ -411,28 +411,22 @@ void CollectiveEngine::release_name(Driver& driver, const std::string& key_text)
 }
 
 void CollectiveEngine::complete(Pending& entry, std::vector<torch::Tensor> results) {
+  settle(entry, std::move(results), nullptr);
+}
+
+void CollectiveEngine::fail(Pending& entry, std::exception_ptr error) {
+  if (entry.call.kind == CollectiveKind::kJoin) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    joined_ = false;
+  }
+  settle(entry, {}, std::move(error));
+}
+
+void CollectiveEngine::settle(Pending& entry, std::vector<torch::Tensor> results, std::exception_ptr error) {
   bool release = false;
   {
     std::lock_guard<std::mutex> lock(entry.state->mutex);
     entry.state->results = std::move(results);
-    entry.state->done = true;
-    release = entry.state->take_name_release();
-  }
-  entry.state->finished.notify_all();
-  if (release) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    pending_names_.erase(entry.key_text);
-  }
-}
-
-void CollectiveEngine::fail(Pending& entry, std::exception_ptr error) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (entry.call.kind == CollectiveKind::kJoin) joined_ = false;
-  }
-  bool release = false;
-  {
-    std::lock_guard<std::mutex> lock(entry.state->mutex);
     entry.state->error = std::move(error);
     entry.state->done = true;
     release = entry.state->take_name_release();
@@ -495,20 +489,33 @@ bool CollectiveEngine::drive(Driver& driver, const Work::State& state) {
   {
     std::lock_guard<std::mutex> lock(engine.mutex_);
     left = left || !engine.incoming_.empty();
-    engine.handed_over_ = engine.handed_over_ || left;
   }
-  if (left) engine.submitted_.notify_all();
+  if (left) engine.hand_over();
   return helps && !done();
 }
 
 void CollectiveEngine::wake(Driver& driver) {
   std::lock_guard<std::mutex> alive(driver.alive);
-  if (driver.engine == nullptr) return;
+  if (driver.engine != nullptr) driver.engine->hand_over();
+}
+
+void CollectiveEngine::hand_over() {
   {
-    std::lock_guard<std::mutex> lock(driver.engine->mutex_);
-    driver.engine->handed_over_ = true;
+    std::lock_guard<std::mutex> lock(mutex_);
+    handed_over_ = true;
   }
-  driver.engine->submitted_.notify_all();
+  submitted_.notify_all();
+}
+
+bool CollectiveEngine::peer_started_round() {
+  post_round_receives(round_);
+  return std::any_of(round_receives_.begin(), round_receives_.end(),
+                     [](Request& request) { return request.valid() && request.test(); });
+}
+
+bool CollectiveEngine::peer_started_round_unless_driven() {
+  std::unique_lock<std::mutex> drive(driver_->turns, std::try_to_lock);
+  return drive.owns_lock() && peer_started_round();
 }
 
 CollectiveEngine::Turn CollectiveEngine::take_turn() {
@@ -522,11 +529,7 @@ CollectiveEngine::Turn CollectiveEngine::take_turn() {
   try {
     if (pending_.empty()) {
       // Nothing of this rank's: take part only in a round a peer started.
-      post_round_receives(round_);
-      if (std::none_of(round_receives_.begin(), round_receives_.end(),
-                       [](Request& request) { return request.valid() && request.test(); })) {
-        return Turn::kIdle;
-      }
+      if (!peer_started_round()) return Turn::kIdle;
     }
     const std::size_t before = pending_.size();
     const std::uint64_t completed_before = collective_number_;
@@ -548,16 +551,7 @@ bool CollectiveEngine::await_activity(Clock::duration limit) {
       std::unique_lock<std::mutex> lock(mutex_);
       if (woken()) return !stopping_;
     }
-    {
-      // A peer started the next round? (A caller holding the turns sees to it otherwise.)
-      std::unique_lock<std::mutex> drive(driver_->turns, std::try_to_lock);
-      if (drive.owns_lock()) {
-        post_round_receives(round_);
-        for (Request& request : round_receives_) {
-          if (request.valid() && request.test()) return true;
-        }
-      }
-    }
+    if (peer_started_round_unless_driven()) return true;
     const auto now = Clock::now();
     if (now >= until) return true;
     if (now - start < kYieldFirst) {
@@ -591,15 +585,7 @@ bool CollectiveEngine::collect_burst() {
       }
     }
     if (now - last_change >= kBurstGap || now - start >= kBurstLimit) return true;
-    {
-      std::unique_lock<std::mutex> drive(driver_->turns, std::try_to_lock);
-      if (drive.owns_lock()) {
-        post_round_receives(round_);
-        for (Request& request : round_receives_) {
-          if (request.valid() && request.test()) return true;
-        }
-      }
-    }
+    if (peer_started_round_unless_driven()) return true;
     // Sleep, not spin: the submitting thread needs the core (later submissions of a burst do not
     // notify, see submit()).
     std::unique_lock<std::mutex> lock(mutex_);

@@ -126,6 +126,14 @@ class CollectiveEngine {
   void execute(Pending& entry, std::uint64_t number, const std::vector<int>& members, bool joined_here);
   void complete(Pending& entry, std::vector<torch::Tensor> results);
   void fail(Pending& entry, std::exception_ptr error);
+  // Either of them: the Work is done; its name is freed if its holder is done with it too.
+  void settle(Pending& entry, std::vector<torch::Tensor> results, std::exception_ptr error);
+  // The engine thread takes the turns from here (woken if it sleeps).
+  void hand_over();
+  // With the turns held: did a peer start the next round (its message arrived)?
+  bool peer_started_round();
+  // The same, if no other thread holds the turns (one that does sees to the round); false otherwise.
+  bool peer_started_round_unless_driven();
   void fail_everything(std::exception_ptr error);
   std::vector<int> members_of(int set) const;
 
