@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# The results page, regenerated: runs the measurements of docs/results.md, keeps their figures in
+# docs/results/*.json and writes the page and its plots (docs/results.md, docs/images/results-*.svg)
+# with scripts/results_page.py. Builds nothing: give a build directory that has pipesgd and python/.
+#
+#   bash scripts/results.sh [--only SECTION[,SECTION...]] [--rounds N] [--quick] [BUILD_DIR=build]
+#
+# Sections, in the page's order (each one's command is printed on the page beside its figures):
+#   ddp       PyTorch DDP (gloo) against pipesgd: the CLI and pipesgd.torch, 4 ranks, mlp and cnn,
+#             dsync and pipe (scripts/python-bench.sh, alternated; the figure is the median of the
+#             per-round ratios)                                             ~10 min
+#   pipe      Pipe-SGD against D-Sync, 2 workers (one per core), emulated 10GbE, mlp and cnn
+#             (pipesgd compare, the methods' order rotated from round to round)   ~3 min
+#   accuracy  test accuracy after 3 epochs, mlp, 2 workers, plain SGD and momentum 0.9 (deterministic) ~3 min
+#   simulate  the same methods at 2 to 256 simulated nodes (SimGrid), ResNet-50 on a device 10x a K80 ~2 min
+#   horovod   Horovod's own test_torch.py against pipesgd.torch at 1, 2 and 3 ranks  ~2 min
+# --only LIST: run these sections; the others keep their stored figures (docs/results/*.json), and
+#   the page is written from all of them. With no section run (--only none) the page is only redrawn.
+# --rounds N: alternated rounds of the timed sections (default 5; ddp 3).
+# --quick: one short round of everything into /tmp/pipesgd-results-quick/ (the figures mean nothing;
+#   it checks the harness). docs/ is not touched.
+# Run it on an idle machine: other work skews the timed figures (the machine has 2 cores).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build=$repo/build
+only=ddp,pipe,accuracy,simulate,horovod
+rounds=5
+quick=0
+die() { echo "results: $*" >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --only) [[ $# -ge 2 ]] || die "--only needs a list"; only=$2; shift 2 ;;
+    --rounds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || die "--rounds needs a positive count"; rounds=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown option '$1' (expected --only LIST, --rounds N, --quick)" ;;
+    *) build=$(cd "$1" && pwd); shift ;;
+  esac
+done
+[[ -x $build/pipesgd ]] || die "no $build/pipesgd: build first (bash scripts/build.sh)"
+for section in ${only//,/ }; do
+  case $section in ddp|pipe|accuracy|simulate|horovod|none) ;; *) die "unknown section '$section'" ;; esac
+done
+selected() { [[ ",$only," == *",$1,"* ]]; }
+
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+python=/usr/bin/python3
+pipesgd=$build/pipesgd
+work=$(mktemp -d /tmp/pipesgd-results.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+if ((quick)); then
+  quick_dir=${TMPDIR:-/tmp}/pipesgd-results-quick
+  rm -rf "$quick_dir"; data=$quick_dir/data; page=$quick_dir/results.md; images=$quick_dir/images; rounds=1
+else data=$repo/docs/results; page=$repo/docs/results.md; images=$repo/docs/images; fi
+mkdir -p "$data" "$images"
+machine="$(nproc --all) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))"
+today=$(date -u +%Y-%m-%d)
+log() { echo "== results: $*" >&2; }
+
+# Writes DATA/NAME.json from a JSON document on stdin, adding the date, the machine and the command.
+store() {  # NAME COMMAND
+  "$python" -c 'import json, sys
+d = json.load(sys.stdin); d.update(date=sys.argv[2], machine=sys.argv[3], command=sys.argv[4])
+json.dump(d, open(sys.argv[1], "w"), indent=1, sort_keys=True)' "$data/$1.json" "$today" "$machine" "$2"
+}
+
+if selected ddp; then
+  ddp_rounds=$((quick ? 1 : (rounds > 3 ? 3 : rounds)))
+  iters=$((quick ? 100 : 800))
+  records=$work/ddp.records
+  : >"$records"
+  for model in mlp cnn; do
+    for method in dsync pipe; do
+      log "ddp: $model $method ($ddp_rounds rounds)"
+      bash "$repo/scripts/python-bench.sh" --backends ddp,pipesgd,cli --model "$model" --method "$method" \
+        --rounds "$ddp_rounds" --iters "$iters" --record "$records" "$build" >/dev/null
+    done
+  done
+  "$python" - "$records" <<'EOF' | store ddp "bash scripts/python-bench.sh --backends ddp,pipesgd,cli --model MODEL --method METHOD --rounds $ddp_rounds --iters $iters"
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    f = dict(kv.split("=", 1) for kv in line.split())
+    runs.setdefault((f["model"], f["method"], f["round"]), {})[f["backend"]] = float(f["samples_per_s"])
+rows = {}
+for (model, method, _), by in runs.items():
+    r = rows.setdefault((model, method), {"model": model, "method": method, "ddp": [], "cli": [], "python": [],
+                                          "cli_over_ddp": [], "python_over_ddp": []})
+    r["ddp"].append(by["ddp"]); r["cli"].append(by["cli"]); r["python"].append(by["pipesgd"])
+    r["cli_over_ddp"].append(by["cli"] / by["ddp"]); r["python_over_ddp"].append(by["pipesgd"] / by["ddp"])
+out = []
+for r in rows.values():
+    out.append({k: (statistics.median(v) if isinstance(v, list) else v) for k, v in r.items()}
+               | {"rounds": len(r["ddp"]), "cli_over_ddp_all": r["cli_over_ddp"], "python_over_ddp_all": r["python_over_ddp"]})
+json.dump({"rows": out, "ranks": 4, "batch": 25}, sys.stdout)
+EOF
+fi
+
+if selected pipe; then
+  iters=$((quick ? 100 : 1000))
+  : >"$work/pipe.records"
+  orders=(dsync,pipe,pipe+int8 pipe,pipe+int8,dsync pipe+int8,dsync,pipe)
+  for model in mlp cnn; do
+    for ((round = 0; round < rounds; round++)); do
+      algos=${orders[round % 3]}
+      log "pipe: $model round $((round + 1))/$rounds ($algos)"
+      rm -rf "$work/cmp"
+      "$pipesgd" compare --model "$model" --algos "$algos" --workers 2 --net 10gbe --iters "$iters" --no-eval \
+        --quiet --out "$work/cmp" >/dev/null
+      "$python" -c 'import json, sys
+for r in json.load(open(sys.argv[1])): print(sys.argv[2], sys.argv[3], r["method"], r["throughput_samples_per_s"], r["iteration_s"], r["compute_s"], r["breakdown"]["comm_s"], r["breakdown"]["wait_s"])' \
+        "$work/cmp/compare.json" "$model" "$round" >>"$work/pipe.records"
+    done
+  done
+  "$python" - "$work/pipe.records" <<'EOF' | store pipe "pipesgd compare --model MODEL --algos dsync,pipe,pipe+int8 --workers 2 --net 10gbe --iters $iters --no-eval"
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    model, rnd, method, tput, it, comp, comm, wait = line.split()
+    runs.setdefault((model, rnd), {})[method] = dict(tput=float(tput), iteration_ms=float(it) * 1e3,
+        compute_ms=float(comp) * 1e3, comm_ms=float(comm) * 1e3, wait_ms=float(wait) * 1e3)
+rows = []
+for model in dict.fromkeys(m for m, _ in runs):
+    rounds = [by for (m, _), by in runs.items() if m == model]
+    for method in ("dsync", "pipe", "pipe+int8"):
+        ratios = [by[method]["tput"] / by["dsync"]["tput"] for by in rounds]
+        med = lambda key: statistics.median(by[method][key] for by in rounds)
+        rows.append(dict(model=model, method=method, samples_per_s=med("tput"), iteration_ms=med("iteration_ms"),
+                         compute_ms=med("compute_ms"), comm_ms=med("comm_ms"), exposed_ms=med("wait_ms"),
+                         over_dsync=statistics.median(ratios), over_dsync_all=ratios, rounds=len(rounds)))
+json.dump({"rows": rows, "workers": 2, "net": "10gbe"}, sys.stdout)
+EOF
+fi
+
+if selected accuracy; then
+  epochs=$((quick ? 1 : 3))
+  : >"$work/accuracy.records"
+  for setting in "plain SGD|" "momentum 0.9, lr 0.05|--momentum 0.9 --lr 0.05"; do
+    name=${setting%%|*} flags=${setting#*|}
+    log "accuracy: $name"
+    rm -rf "$work/acc"
+    length=(--epochs "$epochs")
+    ((quick)) && length=(--iters 60)
+    # shellcheck disable=SC2086
+    "$pipesgd" compare --algos dsync,pipe,pipe+int8,sapipe --workers 2 "${length[@]}" $flags \
+      --quiet --out "$work/acc" >/dev/null 2>"$work/acc.err" ||
+      { cat "$work/acc.err" >&2; exit 1; }
+    for dir in "$work"/acc/*/; do
+      "$python" -c 'import json, sys
+s = json.load(open(sys.argv[1] + "summary.json"))
+print(json.dumps(dict(setting=sys.argv[2], flags=sys.argv[3], method=s["method"],
+      test_accuracy=[e.get("test_accuracy") for e in s.get("epochs", [])],
+      final_test_accuracy=s.get("final_test_accuracy"))))' "$dir" "$name" "$flags" >>"$work/accuracy.records"
+    done
+  done
+  "$python" -c 'import json, sys
+json.dump({"rows": [json.loads(l) for l in open(sys.argv[1])], "epochs": int(sys.argv[2]), "workers": 2}, sys.stdout)' \
+    "$work/accuracy.records" "$epochs" |
+    store accuracy "pipesgd compare --algos dsync,pipe,pipe+int8,sapipe --workers 2 --epochs $epochs [--momentum 0.9 --lr 0.05]"
+fi
+
+if selected simulate; then
+  workers=2,4,8,16,32,64,128,256
+  ((quick)) && workers=2,8
+  log "simulate: ResNet-50 at $workers nodes"
+  rm -rf "$work/sim"
+  cmd=(simulate --profile "$repo/profiles/resnet50.json" --compute-scale 0.1 --workers "$workers" --net 10gbe
+       --algos dsync,dsync+optimal,pipe,pipe+int8,sapipe --collectives model --quiet --out "$work/sim")
+  "$pipesgd" "${cmd[@]}" >/dev/null
+  "$python" -c 'import json, sys
+rows = [dict(workers=r["workers"], method=r["method"], iteration_ms=r["iteration_s"] * 1e3,
+             samples_per_s=r["throughput_samples_per_s"], scaling_efficiency=r["scaling_efficiency"],
+             exposed_ms=r["exposed_s"] * 1e3, speedup=r["speedup"]) for r in json.load(open(sys.argv[1]))]
+json.dump({"rows": rows}, sys.stdout)' "$work/sim/simulate.json" |
+    store simulate "pipesgd ${cmd[*]/#$repo\//}"
+fi
+
+if selected horovod; then
+  log "horovod: Horovod's test_torch.py at 1, 2 and 3 ranks"
+  bash "$repo/scripts/horovod-conformance.sh" --ranks 1,2,3 --build "$build" --out "$work/hc" >"$work/hc.txt" 2>&1 || true
+  "$python" - "$work/hc" <<'EOF' | store horovod "bash scripts/horovod-conformance.sh --ranks 1,2,3"
+import glob, json, os, re, sys
+import xml.etree.ElementTree as ET
+rows = []
+for ranks in (1, 2, 3):
+    tests = {}
+    for xml in sorted(glob.glob(os.path.join(sys.argv[1], f"ranks-{ranks}", "rank-*.xml"))):
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            name = case.get("name")
+            outcome = "skipped" if case.find("skipped") is not None else (
+                "failed" if case.find("failure") is not None or case.find("error") is not None else "passed")
+            # A test passes when it passes on every rank.
+            prev = tests.get(name)
+            tests[name] = outcome if prev in (None, outcome) else ("failed" if "failed" in (prev, outcome) else prev)
+    count = lambda o: sum(1 for v in tests.values() if v == o)
+    rows.append(dict(ranks=ranks, passed=count("passed"), failed=count("failed"), skipped=count("skipped"),
+                     failing=sorted(n for n, v in tests.items() if v == "failed")))
+json.dump({"rows": rows}, sys.stdout)
+EOF
+fi
+
+"$python" "$repo/scripts/results_page.py" --data "$data" --images "$images" --out "$page"
+log "wrote $page"

@@ -1,0 +1,205 @@
+#!/usr/bin/python3
+"""Writes docs/results.md and its plots from the figures scripts/results.sh stored (docs/results/*.json).
+
+    /usr/bin/python3 scripts/results_page.py [--data DIR] [--images DIR] [--out FILE] [--check]
+
+--check: write nothing; exit 1 if FILE differs from what the figures give (the page is never edited
+by hand: ctest's results_page runs this). Plots are drawn with gnuplot (SVG); --check skips them.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(data, name):
+    path = os.path.join(data, name + ".json")
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def measured(d):
+    return f"Measured {d['date']} on {d['machine']}:\n\n```\n{d['command']}\n```"
+
+
+def spread(values):
+    return f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+
+def gnuplot(script):
+    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+
+
+def ddp_section(d):
+    rows = [[r["model"], r["method"], f"{r['ddp']:.0f}", f"{r['cli']:.0f}", f"**{r['cli_over_ddp']:.2f}x**",
+             f"{r['python']:.0f}", f"**{r['python_over_ddp']:.2f}x**", spread(r["cli_over_ddp_all"])]
+            for r in d["rows"]]
+    return "\n\n".join([
+        "## Against PyTorch DDP",
+        f"The same training (Fashion-MNIST, batch {d['batch']} per rank, SGD lr 0.01) in {d['ranks']} processes "
+        "under `mpirun`: PyTorch's DistributedDataParallel (gloo) running `bench/python/mlp_train.py`, the same "
+        "script through `pipesgd.torch` (one import changed), and the `pipesgd` CLI on the same model. "
+        "Samples per second, medians over alternated rounds; each ratio is the median of the per-round ratios. "
+        "4 ranks share 2 cores here, so the compute of every side is stretched alike.",
+        table(["model", "method", "DDP", "pipesgd CLI", "CLI / DDP", "pipesgd.torch", "pipesgd.torch / DDP",
+               "CLI / DDP per round"], rows),
+        measured(d)])
+
+
+def pipe_section(d, images, draw):
+    rows = [[r["model"], r["method"], f"{r['samples_per_s']:.0f}", f"{r['iteration_ms']:.2f}", f"{r['compute_ms']:.2f}",
+             f"{r['comm_ms']:.2f}", f"{r['exposed_ms']:.2f}", f"**{r['over_dsync']:.2f}x**", spread(r["over_dsync_all"])]
+            for r in d["rows"]]
+    if draw:
+        with tempfile.TemporaryDirectory() as tmp:
+            dat = os.path.join(tmp, "pipe.dat")
+            with open(dat, "w") as f:
+                for r in d["rows"]:
+                    f.write(f'"{r["model"]} {r["method"]}" {r["compute_ms"]:.4f} {r["exposed_ms"]:.4f}\n')
+            gnuplot(f"""set terminal svg size 720,340 font 'sans,12' background '#ffffff'
+set output '{os.path.join(images, "results-pipe.svg")}'
+set title 'Where an iteration goes: 2 workers, emulated 10GbE (medians)'
+set ylabel 'ms per iteration'
+set style data histograms
+set style histogram rowstacked
+set style fill solid 0.8 border -1
+set boxwidth 0.7
+set key top left
+set xtics rotate by -20
+plot '{dat}' using 2:xtic(1) title 'compute' lc rgb '#4c78a8', '' using 3 title 'exposed communication' lc rgb '#e45756'
+""")
+    return "\n\n".join([
+        "## Pipe-SGD against D-Sync",
+        f"{d['workers']} workers (one per core, threads of one process) over an emulated 10 Gbit/s Ethernet "
+        "(each worker its own NIC, 20 us latency). D-Sync computes, then waits for its whole allreduce; "
+        "Pipe-SGD reduces iteration t's gradient while t + 1 computes, so only what does not fit behind "
+        "the compute is exposed; `+int8` quantizes inside the ring (4x fewer bytes). Times in ms per "
+        "iteration (medians); `x dsync` is the median of the per-round throughput ratios, the methods' "
+        "order rotated from round to round. The limit of pipelining is max(compute, comm) against "
+        "compute + comm: below 2x, less where comm and compute share the 2 cores.",
+        table(["model", "method", "samples/s", "iteration", "compute", "comm", "exposed", "x dsync",
+               "x dsync per round"], rows),
+        "![compute and exposed communication per iteration](images/results-pipe.svg)",
+        measured(d)])
+
+
+def accuracy_section(d):
+    settings = list(dict.fromkeys(r["setting"] for r in d["rows"]))
+    epochs = d["epochs"]
+    out = ["## Accuracy",
+           f"Test accuracy (%) after each of {epochs} epochs, mlp on Fashion-MNIST, {d['workers']} workers. "
+           "Runs are deterministic for a seed: these figures reproduce exactly. A stale method trades "
+           "accuracy for speed; how much depends on the optimizer: with momentum, Pipe-SGD's stale "
+           "gradient acts like extra momentum and overshoots, which is why `train` and "
+           "`DistributedOptimizer` warn about the combination and SAPipe (stale first layers only, "
+           "compensated) is the method to try instead."]
+    for setting in settings:
+        rows = []
+        base = None
+        for r in (r for r in d["rows"] if r["setting"] == setting):
+            acc = [a for a in r["test_accuracy"] if a is not None]
+            final = acc[-1] * 100 if acc else None
+            if r["method"] == "dsync":
+                base = final
+            rows.append([r["method"]] + [f"{a * 100:.2f}" for a in acc] +
+                        [f"{final - base:+.2f}" if base is not None and final is not None else "-"])
+        out.append(f"**{setting}**\n\n" + table(["method"] + [f"epoch {e + 1}" for e in range(epochs)] +
+                                                ["vs dsync (points)"], rows))
+    out.append(measured(d))
+    return "\n\n".join(out)
+
+
+def simulate_section(d, images, draw):
+    methods = list(dict.fromkeys(r["method"] for r in d["rows"]))
+    workers = sorted({r["workers"] for r in d["rows"]})
+    by = {(r["workers"], r["method"]): r for r in d["rows"]}
+    rows = [[w] + [f"{by[w, m]['samples_per_s']:.0f} ({by[w, m]['speedup']:.2f}x)" for m in methods] for w in workers]
+    if draw:
+        with tempfile.TemporaryDirectory() as tmp:
+            plots = []
+            for i, m in enumerate(methods):
+                dat = os.path.join(tmp, f"{i}.dat")
+                with open(dat, "w") as f:
+                    for w in workers:
+                        f.write(f"{w} {by[w, m]['scaling_efficiency']:.4f}\n")
+                plots.append(f"'{dat}' using 1:2 with linespoints lw 2 title '{m}'")
+            gnuplot(f"""set terminal svg size 720,340 font 'sans,12' background '#ffffff'
+set output '{os.path.join(images, "results-simulate.svg")}'
+set title 'Simulated: ResNet-50, 10GbE, a device 10x a K80'
+set xlabel 'nodes'
+set ylabel 'scaling efficiency'
+set logscale x 2
+set yrange [0:1.05]
+set key bottom left
+plot {", ".join(plots)}
+""")
+    return "\n\n".join([
+        "## At scale, simulated",
+        "What this 2-core machine cannot show: `pipesgd simulate` runs each method on SimGrid from 2 to "
+        f"{workers[-1]} nodes of a 10 Gbit/s network (ring allreduce, modelled collectives). The ResNet-50 "
+        "profile shipped in `profiles/` stands for one K80 GPU; `--compute-scale 0.1` makes the device ten "
+        "times faster, where communication matters. Samples per second (speed-up over dsync):",
+        table(["nodes"] + methods, rows),
+        "![scaling efficiency per method](images/results-simulate.svg)",
+        measured(d)])
+
+
+def horovod_section(d):
+    rows = [[r["ranks"], r["passed"], r["failed"], r["skipped"], ", ".join(r["failing"]) or "-"] for r in d["rows"]]
+    return "\n\n".join([
+        "## Horovod's own test suite",
+        "Horovod's PyTorch test file (`test/parallel/test_torch.py`, kept outside this repository) with "
+        "`import horovod.torch as hvd` changed to `import pipesgd.torch as hvd`, one pytest per rank under "
+        "`mpirun`. A test passes when it passes on every rank; GPU-only tests skip.",
+        table(["ranks", "passed", "failed", "skipped (GPU)", "failing"], rows),
+        measured(d)])
+
+
+def page(data, images, draw):
+    parts = ["# Results",
+             "What pipesgd measures on this machine, each figure with the command that produced it. The "
+             "whole page is written by `bash scripts/results.sh` (about 20 minutes on an idle machine; "
+             "`--only SECTION` reruns one section, the others keep their figures in `docs/results/`). "
+             "Earlier measurements and how they led here are in this file's git history.",
+             "The machine has 2 cores and no GPU and is shared: timed figures swing, so every speed "
+             "figure is a ratio of runs alternated side by side, the median of several rounds."]
+    sections = [("ddp", ddp_section), ("pipe", lambda d: pipe_section(d, images, draw)),
+                ("accuracy", accuracy_section), ("simulate", lambda d: simulate_section(d, images, draw)),
+                ("horovod", horovod_section)]
+    for name, render in sections:
+        d = load(data, name)
+        parts.append(render(d) if d else f"## {name}\n\nNot measured yet: `bash scripts/results.sh --only {name}`.")
+    return "\n\n".join(parts) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=os.path.join(REPO, "docs", "results"))
+    ap.add_argument("--images", default=os.path.join(REPO, "docs", "images"))
+    ap.add_argument("--out", default=os.path.join(REPO, "docs", "results.md"))
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    text = page(args.data, args.images, draw=not args.check)
+    if args.check:
+        current = open(args.out).read() if os.path.exists(args.out) else ""
+        if current != text:
+            print(f"{args.out} is not what {args.data} gives: run /usr/bin/python3 scripts/results_page.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    with open(args.out, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
