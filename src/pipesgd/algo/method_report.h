@@ -30,7 +30,7 @@ struct RunFigures {
   double compute = 0;                // the compute thread's busy time per iteration (iteration - wait)
   double throughput = 0;             // samples/s
   double predicted_iteration = 0;    // the iteration time the method's model predicts
-  double final_train_accuracy = 0;   // the last epoch's running training accuracy
+  double final_train_accuracy = -1;  // the last epoch's running training accuracy; -1: none (no epoch ended)
   double final_test_accuracy = -1;   // -1: not evaluated
   std::shared_ptr<const MethodReport> report;  // never null once the run is summarized
 };

@@ -55,6 +55,101 @@ std::string stretch_cell(const RunSummary& run, const std::vector<RunSummary>& s
   return stretch ? format_number("%.2fx", *stretch) : std::string("-");
 }
 
+// A run stopped (by a signal) before its first measured iteration has no timings: its means are
+// zeros that measured nothing, never to be shown or written as figures.
+bool measured(const RunSummary& s) { return s.timing.measured_iterations > 0; }
+
+// A figure of a measured run, null for one that measured nothing.
+nlohmann::json measured_json(const RunSummary& s, const nlohmann::json& value) {
+  return measured(s) ? value : nlohmann::json(nullptr);
+}
+
+// "interrupted by SIGINT after iteration 3 of 100000"
+std::string interruption_phrase(const Interruption& interrupted) {
+  return concat("interrupted by ", signal_name(interrupted.signal), " after iteration ", interrupted.at_iteration,
+                " of ", interrupted.of_iterations);
+}
+
+// The sentence on the method's timing model: which model applies, and whether this run follows it,
+// that is whether the measured iteration is within kModelAgreement of the model's prediction.
+constexpr double kModelAgreement = 0.15;
+
+std::string timing_model_sentence(const RunSummary& s) {
+  const RunFigures& f = s.figures;
+  const RunTiming& timing = s.timing;
+  const std::string model = f.report->timing_model();
+  const bool follows_eq4 = f.predicted_iteration == timing.predicted_pipe_iteration &&
+                           timing.predicted_pipe_iteration != timing.predicted_sync_iteration;
+  const std::string name = !model.empty() ? model : follows_eq4 ? std::string("Eq. 4") : std::string("Eq. 2");
+  std::string sentence = concat("This method's timing model is ", name, "; ");
+  if (!measured(s) || f.predicted_iteration <= 0) return sentence + "no measured iterations to compare with it.";
+  const double ratio = f.mean.iteration / f.predicted_iteration;
+  const std::string tolerance = format_number("%.0f%%", kModelAgreement * 100);
+  if (ratio >= 1 - kModelAgreement && ratio <= 1 + kModelAgreement) {
+    return concat(sentence, "the run follows it: measured ", format_number("%.2f", ratio), "x its prediction (within ",
+                  tolerance, ").");
+  }
+  return concat(sentence, "the run does not follow it: measured ", format_number("%.2f", ratio), "x the ", name,
+                " prediction (more than ", tolerance, " off).");
+}
+
+// The accuracies the run measured: those of its last epoch record (the evaluation at an epoch's
+// end, or at the run's end when --iters ends it inside an epoch), none if no epoch ended.
+std::string accuracy_sentence(const RunSummary& s) {
+  const RunFigures& f = s.figures;
+  if (s.epochs.empty()) {
+    return s.interrupted ? " Accuracy: not measured (interrupted before the first epoch ended)."
+                         : " Accuracy: not measured (no epoch ended).";
+  }
+  const std::string values =
+      concat("train accuracy: ", accuracy(f.final_train_accuracy), ", test accuracy: ", accuracy(f.final_test_accuracy));
+  if (s.interrupted) {
+    return concat(" At the end of epoch ", s.epochs.back().epoch, ", the last before the interrupt, ", values, ".");
+  }
+  return concat(" Final ", values, ".");
+}
+
+// The measured stage times and the Pipe-SGD timing models' predictions from them.
+void print_run_timings(std::ostream& out, const RunSummary& s) {
+  const RunFigures& f = s.figures;
+  const RunTiming& timing = s.timing;
+  const IterationTimes& m = f.mean;
+  std::vector<std::vector<std::string>> rows = {
+      {"per iteration (ms)", "update", "compensation", "data", "forward", "backward", "other", "compute",
+       "exposed wait", "comm thread", "iteration", "samples/s", "comm CPU ns/B"},
+      {"measured", milliseconds(m.update), milliseconds(m.compensation), milliseconds(m.data), milliseconds(m.forward),
+       milliseconds(m.backward), milliseconds(timing.stages.other), milliseconds(timing.stages.compute()),
+       milliseconds(m.wait), milliseconds(m.comm), milliseconds(m.iteration), format_number("%.0f", f.throughput),
+       cpu_per_byte_cell(m)}};
+  print_table(out, rows);
+  out << "compute = the compute thread's busy time (iteration - exposed wait) = update + compensation + "
+         "data + forward + backward + other (hooks, bookkeeping, descheduling); comm CPU ns/B = the gradient "
+         "allreduces' CPU time on the threads that ran them (their CPU clocks) per allreduced fp32 byte\n";
+  out << "\nPipe-SGD timing model from the measured stage times (l_up + l_comp = compute = "
+      << milliseconds(timing.stages.compute()) << " ms, l_comm = comm thread = " << milliseconds(timing.stages.comm)
+      << " ms):\n";
+  auto ratio = [&](double predicted) { return format_number("%.3f", predicted > 0 ? m.iteration / predicted : 0); };
+  std::vector<std::vector<std::string>> model_rows = {
+      {"model", "predicted ms", "measured ms", "measured / predicted"},
+      {"Eq. 2 (D-Sync: up + comp + comm)", milliseconds(timing.predicted_sync_iteration), milliseconds(m.iteration),
+       ratio(timing.predicted_sync_iteration)},
+      {"Eq. 4 (Pipe-SGD: max(up + comp, comm))", milliseconds(timing.predicted_pipe_iteration),
+       milliseconds(m.iteration), ratio(timing.predicted_pipe_iteration)}};
+  if (!timing.link_model_source.empty()) {
+    model_rows.push_back({"Eq. 5 (Pipe-SGD, sequential comm: max(up + comp, Eq. 5 comm))",
+                          milliseconds(timing.predicted_pipe_sequential_iteration), milliseconds(m.iteration),
+                          ratio(timing.predicted_pipe_sequential_iteration)});
+  }
+  print_table(out, model_rows);
+  if (!timing.link_model_source.empty()) {
+    out << "Eq. 5 comm term (alpha " << timing.link_model.alpha * 1e6 << " us, beta " << timing.link_model.beta * 1e9
+        << " ns/byte, gamma " << timing.link_model.gamma * 1e9 << " ns/byte, S = 0; " << timing.link_model_source
+        << "): " << milliseconds(timing.link_model_comm) << " ms per allreduce\n";
+  }
+  out << "Eq. 7 scaling efficiency (up + comp) / max(up + comp, comm) = "
+      << format_number("%.3f", timing.scaling_efficiency) << "\n";
+}
+
 }  // namespace
 
 std::optional<AccuracyTarget> compare_accuracy_target(const std::vector<RunSummary>& summaries,
@@ -84,21 +179,21 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"interrupted", interruption_to_json(s.interrupted)},
                          {"timing_iterations", {s.timing.first_timed, s.timing.iterations}},
                          {"measured_iterations", s.timing.measured_iterations},
-                         {"mean", times_to_json(f.mean)},
-                         {"compute_s", s.timing.stages.compute()},
-                         {"other_compute_thread_s", s.timing.stages.other},
-                         {"throughput_samples_per_s", f.throughput},
-                         {"iteration_s", f.mean.iteration},
+                         {"mean", measured_json(s, times_to_json(f.mean))},
+                         {"compute_s", measured_json(s, s.timing.stages.compute())},
+                         {"other_compute_thread_s", measured_json(s, s.timing.stages.other)},
+                         {"throughput_samples_per_s", measured_json(s, f.throughput)},
+                         {"iteration_s", measured_json(s, f.mean.iteration)},
                          {"train_s", s.timing.train_seconds},
-                         {"predicted_iteration_s", f.predicted_iteration},
-                         {"predicted_dsync_eq2_s", s.timing.predicted_sync_iteration},
-                         {"predicted_pipe_eq4_s", s.timing.predicted_pipe_iteration},
+                         {"predicted_iteration_s", measured_json(s, f.predicted_iteration)},
+                         {"predicted_dsync_eq2_s", measured_json(s, s.timing.predicted_sync_iteration)},
+                         {"predicted_pipe_eq4_s", measured_json(s, s.timing.predicted_pipe_iteration)},
                          {"link_model_comm_eq5_s", s.timing.link_model_comm},
                          {"link_model_gamma_s_per_byte", s.timing.link_model.gamma},
                          {"predicted_pipe_eq5_s", s.timing.predicted_pipe_sequential_iteration},
-                         {"scaling_efficiency_eq7", s.timing.scaling_efficiency},
+                         {"scaling_efficiency_eq7", measured_json(s, s.timing.scaling_efficiency)},
                          {"bytes_sent_per_iteration", s.timing.bytes_sent_per_iteration},
-                         {"comm_cpu_ns_per_byte", cpu_per_byte_json(f.mean)},
+                         {"comm_cpu_ns_per_byte", measured_json(s, cpu_per_byte_json(f.mean))},
                          {"weights_checksum", concat(std::hex, s.weights_checksum)},
                          {"nonfinite_gradients_skipped", s.reliability.nonfinite_skipped},
                          {"consistency_checks_passed", s.reliability.consistency_checks},
@@ -142,47 +237,14 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
   out << ", network " << setup.network << ", " << timing.iterations << " iterations (means over the last "
       << timing.measured_iterations << ")\n\n";
   if (s.unreached_phase) out << "Short run: " << describe_short_run(*s.unreached_phase, timing.iterations) << ".\n\n";
-  const IterationTimes& m = f.mean;
-  std::vector<std::vector<std::string>> rows = {
-      {"per iteration (ms)", "update", "compensation", "data", "forward", "backward", "other", "compute",
-       "exposed wait", "comm thread", "iteration", "samples/s", "comm CPU ns/B"},
-      {"measured", milliseconds(m.update), milliseconds(m.compensation), milliseconds(m.data), milliseconds(m.forward),
-       milliseconds(m.backward), milliseconds(timing.stages.other), milliseconds(timing.stages.compute()),
-       milliseconds(m.wait), milliseconds(m.comm), milliseconds(m.iteration), format_number("%.0f", f.throughput),
-       cpu_per_byte_cell(m)}};
-  print_table(out, rows);
-  out << "compute = the compute thread's busy time (iteration - exposed wait) = update + compensation + "
-         "data + forward + backward + other (hooks, bookkeeping, descheduling); comm CPU ns/B = the gradient "
-         "allreduces' CPU time on the threads that ran them (their CPU clocks) per allreduced fp32 byte\n";
-  out << "\nPipe-SGD timing model from the measured stage times (l_up + l_comp = compute = "
-      << milliseconds(timing.stages.compute()) << " ms, l_comm = comm thread = " << milliseconds(timing.stages.comm)
-      << " ms):\n";
-  auto ratio = [&](double predicted) { return format_number("%.3f", predicted > 0 ? m.iteration / predicted : 0); };
-  std::vector<std::vector<std::string>> model_rows = {
-      {"model", "predicted ms", "measured ms", "measured / predicted"},
-      {"Eq. 2 (D-Sync: up + comp + comm)", milliseconds(timing.predicted_sync_iteration), milliseconds(m.iteration),
-       ratio(timing.predicted_sync_iteration)},
-      {"Eq. 4 (Pipe-SGD: max(up + comp, comm))", milliseconds(timing.predicted_pipe_iteration),
-       milliseconds(m.iteration), ratio(timing.predicted_pipe_iteration)}};
-  if (!timing.link_model_source.empty()) {
-    model_rows.push_back({"Eq. 5 (Pipe-SGD, sequential comm: max(up + comp, Eq. 5 comm))",
-                          milliseconds(timing.predicted_pipe_sequential_iteration), milliseconds(m.iteration),
-                          ratio(timing.predicted_pipe_sequential_iteration)});
+  if (measured(s)) {
+    print_run_timings(out, s);
+  } else {
+    out << "No timings: the run stopped after " << timing.iterations
+        << " iterations, before its first measured iteration (the means leave out the start-up).\n";
   }
-  print_table(out, model_rows);
-  if (!timing.link_model_source.empty()) {
-    out << "Eq. 5 comm term (alpha " << timing.link_model.alpha * 1e6 << " us, beta " << timing.link_model.beta * 1e9
-        << " ns/byte, gamma " << timing.link_model.gamma * 1e9 << " ns/byte, S = 0; " << timing.link_model_source
-        << "): " << milliseconds(timing.link_model_comm) << " ms per allreduce\n";
-  }
-  out << "Eq. 7 scaling efficiency (up + comp) / max(up + comp, comm) = "
-      << format_number("%.3f", timing.scaling_efficiency) << "\n";
   f.report->print(out, f);
-  const std::string model = f.report->timing_model();
-  const bool follows_eq4 = f.predicted_iteration == timing.predicted_pipe_iteration &&
-                           timing.predicted_pipe_iteration != timing.predicted_sync_iteration;
-  out << "This method follows " << (!model.empty() ? model : follows_eq4 ? std::string("Eq. 4") : std::string("Eq. 2"))
-      << ".";
+  out << timing_model_sentence(s);
   if (s.reliability.resumed_from >= 0) out << " Resumed at iteration " << s.reliability.resumed_from << " from its checkpoint.";
   if (s.interrupted) {
     out << " Interrupted by " << signal_name(s.interrupted->signal) << " after iteration " << s.interrupted->at_iteration
@@ -194,12 +256,11 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
   if (s.reliability.nonfinite_skipped > 0) {
     out << " Non-finite gradients skipped (layers zeroed): " << s.reliability.nonfinite_skipped << ".";
   }
-  out << " Final train accuracy: " << accuracy(f.final_train_accuracy)
-      << ", test accuracy: " << accuracy(f.final_test_accuracy) << "\n";
+  out << accuracy_sentence(s) << "\n";
 }
 
 void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries,
-                         std::optional<double> requested_target) {
+                         std::optional<double> requested_target, bool wide) {
   const std::optional<AccuracyTarget> target = compare_accuracy_target(summaries, requested_target);
   std::vector<std::vector<std::string>> rows = {{"method", "samples/s", "iter ms", "update", "comp", "forward",
                                                  "backward", "compute", "stretch", "exposed wait", "comm",
@@ -211,18 +272,43 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
   for (const RunSummary& s : summaries) {
     const RunFigures& f = s.figures;
     const IterationTimes& m = f.mean;
+    if (!measured(s)) {  // stopped before its first measured iteration: no figures, not zeros
+      std::vector<std::string> row(rows.front().size(), "-");
+      row.front() = f.method_spec;
+      row[1] = "interrupted";
+      rows.push_back(row);
+      continue;
+    }
     rows.push_back({f.method_spec, format_number("%.0f", f.throughput), milliseconds(m.iteration),
                     milliseconds(m.update), milliseconds(m.compensation), milliseconds(m.forward),
                     milliseconds(m.backward), milliseconds(s.timing.stages.compute()), stretch_cell(s, summaries),
                     milliseconds(m.wait), milliseconds(m.comm), cpu_per_byte_cell(m), milliseconds(f.predicted_iteration), accuracy(f.final_train_accuracy),
                     accuracy(f.final_test_accuracy), time_to_accuracy_cell(time_to_target(s, target)),
-                    format_number("%.2fx", base > 0 ? f.throughput / base : 0)});
+                    base > 0 ? format_number("%.2fx", f.throughput / base) : std::string("-")});
     runs.push_back(f);
   }
-  print_table(out, rows);
-  out << "stretch = compute over that of nocomm (compute alone) in this compare (\"-\" without it); comm CPU ns/B = "
-         "the gradient allreduces' CPU time on the threads that ran them per allreduced fp32 byte\n";
+  if (wide) {
+    print_table(out, rows);
+    out << "stretch = compute over that of nocomm (compute alone) in this compare (\"-\" without it); comm CPU ns/B = "
+           "the gradient allreduces' CPU time on the threads that ran them per allreduced fp32 byte\n";
+  } else {
+    // The accuracy of the target's kind (test, or train when no run was evaluated).
+    const bool evaluated = std::any_of(summaries.begin(), summaries.end(),
+                                       [](const RunSummary& s) { return s.figures.final_test_accuracy >= 0; });
+    print_table(out, select_columns(rows, {"method", "samples/s", "iter ms", "exposed wait",
+                                           evaluated ? "test acc" : "train acc", rows.front()[rows.front().size() - 2],
+                                           rows.front().back()}));
+    out << "(--wide: the stage times, comm, stretch, comm CPU ns/B, the prediction and both accuracies; every figure in "
+           "compare.json with --out)\n";
+  }
   print_short_runs(out, summaries);
+  for (const RunSummary& s : summaries) {
+    if (!s.interrupted) continue;
+    out << s.setup.method_spec << ": " << interruption_phrase(*s.interrupted)
+        << (measured(s) ? "; its figures cover the iterations it ran"
+                        : ", before its first measured iteration: no figures")
+        << (s.epochs.empty() ? ", no accuracy (no epoch ended)" : "") << ".\n";
+  }
   // The tables of the compared methods' families, each once, in registry order.
   std::set<std::string> printed;
   for (const MethodDescriptor* method : method_registry()) {
@@ -244,18 +330,18 @@ void write_compare_outputs(const std::string& dir, const std::vector<RunSummary>
   for (const RunSummary& s : summaries) {
     const RunFigures& f = s.figures;
     nlohmann::json record = {{"method", f.method_spec},
-                             {"throughput_samples_per_s", f.throughput},
-                             {"iteration_s", f.mean.iteration},
-                             {"breakdown", times_to_json(f.mean)},
-                             {"compute_s", s.timing.stages.compute()},
+                             {"throughput_samples_per_s", measured_json(s, f.throughput)},
+                             {"iteration_s", measured_json(s, f.mean.iteration)},
+                             {"breakdown", measured_json(s, times_to_json(f.mean))},
+                             {"compute_s", measured_json(s, s.timing.stages.compute())},
                              {"compute_stretch", nullptr},
-                             {"comm_cpu_ns_per_byte", cpu_per_byte_json(f.mean)},
-                             {"predicted_iteration_s", f.predicted_iteration},
+                             {"comm_cpu_ns_per_byte", measured_json(s, cpu_per_byte_json(f.mean))},
+                             {"predicted_iteration_s", measured_json(s, f.predicted_iteration)},
                              {"final_train_accuracy", f.final_train_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_train_accuracy)},
                              {"final_test_accuracy", f.final_test_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_test_accuracy)},
                              {"bucket_plan", f.report->bucket_plan()},
                              {"allreduce_calls_per_iteration", f.report->allreduce_calls()},
-                             {"speedup", base > 0 ? f.throughput / base : 0},
+                             {"speedup", base > 0 && measured(s) ? nlohmann::json(f.throughput / base) : nlohmann::json(nullptr)},
                              {"speedup_baseline", summaries.front().figures.method_spec},
                              {"target_accuracy", accuracy_target_to_json(target)},
                              {"time_to_target_accuracy_s", nullptr},

@@ -10,6 +10,7 @@
 #include "pipesgd/collective/allreduce_meter.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/rank_subset_transport.h"
+#include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
@@ -212,7 +213,7 @@ class WorkerLoop {
       const std::int64_t epoch_start = epoch * plan.iterations_per_epoch;
       const std::int64_t count = std::min(plan.iterations_per_epoch, plan.total_iterations - epoch_start);
       sampler_.start_epoch(static_cast<std::size_t>(epoch));
-      progress_.start_epoch(epoch, plan.epochs, count);
+      progress_.start_epoch(epoch, plan.epochs, count, plan.iterations_per_epoch);
       epoch_clock_.restart();
       if (t_ == epoch_start) sums_ = EpochSums{};  // else resumed inside this epoch with its sums
       for (std::int64_t i = t_ - epoch_start; i < count; ++i, ++t_) {
@@ -275,7 +276,7 @@ class WorkerLoop {
       // The checkpoint after an epoch's last iteration precedes that epoch's end: end it now, as
       // the run not interrupted did next (its record, its barrier, its evaluation of these weights).
       const std::int64_t ended = t_ / plan.iterations_per_epoch - 1;
-      progress_.start_epoch(ended, plan.epochs, plan.iterations_per_epoch);
+      progress_.start_epoch(ended, plan.epochs, plan.iterations_per_epoch, plan.iterations_per_epoch);
       end_epoch(ended, plan.iterations_per_epoch);
     }
   }
@@ -406,7 +407,8 @@ class WorkerLoop {
   // in the background.
   void save_checkpoint(const EpochSums& sums) {
     const std::string& dir = config_.reliability.checkpoint_dir;
-    CheckpointWriter part = worker_checkpoint(t_, model_, method_, sums);
+    std::string torchscript;  // rank 0's model, beside the set
+    CheckpointWriter part = worker_checkpoint(run_, t_, model_, method_, sums, leader_ != nullptr ? &torchscript : nullptr);
     add_history(part, WorkerHistory{history_.bytes_sent + transport_.bytes_sent(), record_.nonfinite_skipped,
                                     record_.loss_sum});
     const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(rank_));
@@ -429,7 +431,11 @@ class WorkerLoop {
     }
     const RunHistory history{leader_->consistency_checks, train_seconds_ + epoch_clock_.seconds()};
     files.emplace_back(checkpoint_path(dir, t_ + 1, "shared"), shared_checkpoint(run_, t_, leader_->epochs, history));
-    checkpoints_.submit(std::move(files), [this] { prune_run_checkpoints(run_); });
+    checkpoints_.submit(std::move(files), [this, model_path = checkpoint_model_path(dir, t_ + 1),
+                                           torchscript = std::move(torchscript)] {
+      if (!torchscript.empty()) write_file_atomically(model_path, std::string_view(torchscript), "model");
+      prune_run_checkpoints(run_);
+    });
   }
 
   // Rank 0 tells every other worker `word` as epoch `epoch`'s message `message` (then counts it).
@@ -481,7 +487,7 @@ class WorkerLoop {
     if (!config_.has_accuracy) record.train_accuracy = -1;
     std::string result = concat("train loss ", std::fixed, std::setprecision(4), record.train_loss);
     if (config_.has_accuracy) {
-      result += concat(", train accuracy ", std::setprecision(2), record.train_accuracy * 100, "%");
+      result += concat(", train accuracy ", std::fixed, std::setprecision(2), record.train_accuracy * 100, "%");
     }
     if (config_.evaluate) {
       Clock::time_point last_word = Clock::now();

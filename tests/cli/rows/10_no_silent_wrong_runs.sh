@@ -122,7 +122,7 @@ exact_stderr "short-run/sapipe-warning" "$R/nswr-sapipe.err" "$SAPIPE_WARNING"
 expect_contains "short-run/sapipe-report" "$R/nswr-sapipe.out" \
   "SAPipe partial staleness: never pipelined (it would start at iteration 18): every iteration ran synchronously, the whole gradient in one allreduce after backward, no layer stale (compensation wp3 never applied)." \
   "Synchronous layers: (never pipelined: the whole gradient in one allreduce after backward); 1 allreduce per iteration." \
-  "This method follows Eq. 2."
+  "This method's timing model is Eq. 2;"
 pycheck "short-run/sapipe-summary" "$R/nswr-sapipe/summary.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
