@@ -1,11 +1,15 @@
 // `pipesgd advise`: ranks every method's configurations (the variants its registry entry proposes,
 // times the codecs) by simulated throughput at one world size, marks what each trades in accuracy,
 // and prints the recommendation with the command line that runs it.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/cli/commands.h"
@@ -24,8 +28,49 @@ struct AdviseFlags {
   std::string codecs = "none,bf16,int8";
   std::string methods;  // empty: every method
   int top = 15;
+  std::string min_gain = "5%";
   std::string out_dir;
 };
+
+// "5%" or "0.05" -> 0.05. Throws UsageError naming --min-gain.
+double parse_min_gain(const std::string& text) {
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  const std::string rest(end ? end : "");
+  if (rest == "%") value /= 100;
+  if (end == text.c_str() || (!rest.empty() && rest != "%") || !std::isfinite(value) || value < 0) {
+    throw UsageError(concat("--min-gain '", text, "': expected a fraction >= 0 or a percentage, e.g. 0.05 or 5%"));
+  }
+  return value;
+}
+
+// How the printed command lines start: `pipesgd` if that resolves on PATH to this executable, else
+// this executable's path (as installed or built).
+std::string pipesgd_program() {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error || self.empty()) return "pipesgd";
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  for (std::size_t begin = 0; begin <= dirs.size();) {
+    const std::size_t end = std::min(dirs.find(':', begin), dirs.size());
+    const std::string dir = dirs.substr(begin, end - begin);
+    begin = end + 1;
+    if (dir.empty()) continue;
+    const std::filesystem::path candidate = std::filesystem::path(dir) / "pipesgd";
+    if (::access(candidate.c_str(), X_OK) != 0) continue;
+    // The first pipesgd on PATH is the one a shell runs: plain `pipesgd` only if it is this one.
+    return std::filesystem::equivalent(candidate, self, error) && !error ? "pipesgd" : self.string();
+  }
+  const std::string text = self.string();
+  return text.find_first_of(" \t'\"$`\\") == std::string::npos ? text : concat("'", text, "'");
+}
+
+// The models `train --model` builds (cli_common.h's kModelFlagHelp) and TorchScript files.
+bool trainable_model(const std::string& model) {
+  return model == "mlp" || model == "cnn" || model == "resnet" || model == "softmax" ||
+         (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0);
+}
 
 // What a codec trades (Pipe-SGD Sec. 3.2 and 4; collective/codec.h for the error bounds).
 std::string codec_accuracy_cost(const std::string& codec) {
@@ -50,6 +95,7 @@ struct Candidate {
   std::vector<std::string> costs;  // accuracy trades, with their sources
   std::string command_flags;       // " --staleness-k 3"
   int servers = 0;
+  std::string unbuildable;         // why it cannot run here (its servers do not fit --topology), if so
 };
 
 std::vector<Candidate> candidates(const AdviseFlags& flags, const MethodSimulationOptions& base) {
@@ -81,33 +127,76 @@ std::vector<Candidate> candidates(const AdviseFlags& flags, const MethodSimulati
     }
   }
   if (result.empty()) throw UsageError("--methods: no method to advise on");
-  for (const Candidate& candidate : result) check_fits_topology(candidate.job);
+  // A world that does not fit the topology is the user's to fix; a candidate whose servers make it not
+  // fit is skipped.
+  for (Candidate& candidate : result) {
+    try {
+      check_fits_topology(candidate.job);
+    } catch (const UsageError& error) {
+      if (candidate.servers == 0) throw;
+      candidate.unbuildable = error.what();
+    }
+  }
   return result;
 }
 
-std::string command_line(const Candidate& candidate, int workers) {
-  const int ranks = workers + candidate.servers;
-  return concat("mpirun -np ", ranks, " pipesgd train --transport mpi --model MODEL --algo ", candidate.job.selection.spec,
-                candidate.command_flags, "   (threads on one machine: pipesgd train --workers ", workers,
-                " --algo ", candidate.job.selection.spec, candidate.command_flags, ")");
+// What the printed commands train: the profile's model if `train` builds it, with its batch.
+struct CommandContext {
+  std::string program;      // pipesgd_program()
+  std::string model_flags;  // " --model mlp --batch 25" or " --batch 64"
+};
+
+// The MPI command line (one rank per worker and server).
+std::string mpi_command_line(const Candidate& candidate, int workers, const CommandContext& context) {
+  return concat("mpirun -np ", workers + candidate.servers, " ", context.program, " train --transport mpi",
+                context.model_flags, " --algo ", candidate.job.selection.spec, candidate.command_flags);
+}
+// The same on threads of one machine.
+std::string threads_command_line(const Candidate& candidate, int workers, const CommandContext& context) {
+  return concat(context.program, " train --workers ", workers, context.model_flags, " --algo ", candidate.job.selection.spec,
+                candidate.command_flags);
+}
+std::string command_lines(const Candidate& candidate, int workers, const CommandContext& context) {
+  return concat("  ", mpi_command_line(candidate, workers, context), "\n  threads on one machine: ",
+                threads_command_line(candidate, workers, context), "\n");
 }
 
 int run_advise(const AdviseFlags& flags) {
   const ModelProfile profile = load_simulated_profile(flags.simulation);
   if (flags.workers < 1) throw UsageError(concat("--workers must be at least 1, got ", flags.workers));
   if (flags.top < 1) throw UsageError(concat("--top must be at least 1, got ", flags.top));
+  const double min_gain = parse_min_gain(flags.min_gain);
   const MethodSimulationOptions base = simulation_options(flags.simulation);
   std::vector<Candidate> all = candidates(flags, base);
   std::vector<SimulationJob> jobs;
-  for (const Candidate& candidate : all) jobs.push_back(candidate.job);
+  std::vector<std::size_t> simulated;  // the candidate of each job
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (!all[i].unbuildable.empty()) continue;
+    jobs.push_back(all[i].job);
+    simulated.push_back(i);
+  }
   if (!flags.simulation.quiet) {
     std::cerr << "advising for " << flags.workers << " workers: " << describe_simulation(profile, base) << ", "
               << jobs.size() << " configurations" << std::endl;
   }
-  const std::vector<MethodSimulationResult> results = run_simulation_jobs(jobs, profile, flags.simulation.quiet);
+  // A configuration that cannot be built (e.g. more servers than the model has segments) is skipped.
+  const std::vector<MethodSimulationResult> simulated_results =
+      run_simulation_jobs(jobs, profile, flags.simulation.quiet, /*skip_unbuildable=*/true);
+  std::vector<MethodSimulationResult> results(all.size());
+  for (std::size_t j = 0; j < jobs.size(); ++j) results[simulated[j]] = simulated_results[j];
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (!all[i].unbuildable.empty()) results[i].unbuildable = all[i].unbuildable;
+  }
+  std::vector<std::size_t> order, skipped;
+  for (std::size_t i = 0; i < all.size(); ++i) (results[i].unbuildable.empty() ? order : skipped).push_back(i);
+  if (order.empty()) {
+    throw UsageError(concat("no configuration could be simulated: ", job_label(all.front().job), ": ",
+                            results.front().unbuildable));
+  }
+  const CommandContext context{pipesgd_program(), trainable_model(profile.model)
+                                                      ? concat(" --model ", profile.model, " --batch ", profile.batch)
+                                                      : concat(" --batch ", profile.batch)};
 
-  std::vector<std::size_t> order(all.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   // By throughput; configurations as fast (to a relative 1e-9) keep the one that trades less, then
   // the registry's order (e.g. K = 2 before K = 3).
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -115,9 +204,11 @@ int run_advise(const AdviseFlags& flags) {
     if (std::abs(x - y) > 1e-9 * std::max(x, y)) return x > y;
     return all[a].costs.size() < all[b].costs.size();
   });
-  // The baseline: plain D-Sync, the first candidate of the registry's first method.
-  const double baseline = results.front().samples_per_second;
-  const std::string baseline_label = job_label(all.front().job);
+  // The baseline: plain D-Sync, the first candidate of the registry's first method (the first one
+  // simulated, with --methods).
+  const std::size_t first = *std::min_element(order.begin(), order.end());
+  const double baseline = results[first].samples_per_second;
+  const std::string baseline_label = job_label(all[first].job);
 
   std::vector<std::string> notes;  // the trades shown, numbered in order of appearance
   auto note_numbers = [&](const Candidate& candidate) {
@@ -152,28 +243,62 @@ int run_advise(const AdviseFlags& flags) {
                        {"speedup", baseline > 0 ? r.samples_per_second / baseline : 0},
                        {"speedup_baseline", baseline_label},
                        {"bucket_plan", r.schedule},
+                       {"collectives", r.collectives},
                        {"accuracy_costs", all[i].costs},
-                       {"command", command_line(all[i], flags.workers)}});
+                       {"command", mpi_command_line(all[i], flags.workers, context)},
+                       {"threads_command", threads_command_line(all[i], flags.workers, context)}});
   }
   std::cout << "simulated " << flags.workers << " workers: " << describe_simulation(profile, base) << "\n";
+  std::cout << describe_compute_device(flags.simulation) << "\n";
+  if (const std::string levels = describe_collective_levels(jobs, simulated_results); !levels.empty()) {
+    std::cout << levels << "\n";
+  }
   print_table(std::cout, rows);
   if (static_cast<int>(order.size()) > flags.top) {
     std::cout << "(" << order.size() - static_cast<std::size_t>(flags.top) << " more: --top " << order.size() << ")\n";
   }
+  for (std::size_t i : skipped) std::cout << "skipped " << job_label(all[i].job) << ": " << results[i].unbuildable << "\n";
   std::cout << "\naccuracy trades:\n";
   for (std::size_t n = 0; n < notes.size(); ++n) std::cout << "  " << n + 1 << ". " << notes[n] << "\n";
-  const Candidate& best = all[order.front()];
-  std::cout << "\nrecommended: " << job_label(best.job) << ", "
-            << format_number("%.0f", results[order.front()].samples_per_second) << " samples/s ("
-            << format_number("%.2fx", results[order.front()].samples_per_second / baseline) << " " << baseline_label << ")"
-            << (best.costs.empty() ? ", no accuracy trade" : concat(", trading accuracy (", note_numbers(best), ")")) << "\n  "
-            << command_line(best, flags.workers) << "\n";
+
+  // The fastest configuration, unless it trades accuracy (staleness, asynchrony, a lossy codec: what
+  // the registry's variants declare as their accuracy_cost) for less than --min-gain over the fastest
+  // that trades nothing.
+  const std::size_t fastest = order.front();
   const auto safe = std::find_if(order.begin(), order.end(), [&](std::size_t i) { return all[i].costs.empty(); });
+  std::size_t chosen = fastest;
+  std::string why;
+  if (!all[fastest].costs.empty() && safe != order.end()) {
+    const double gain = results[fastest].samples_per_second / results[*safe].samples_per_second - 1;
+    const std::string versus = concat(job_label(all[fastest].job), " is ", format_number("%.2f%%", 100 * gain),
+                                      " faster than ", job_label(all[*safe].job), "; ");
+    if (gain < min_gain) {
+      chosen = *safe;
+      why = concat(versus, "below the ", format_number("%g%%", 100 * min_gain),
+                   " minimum (--min-gain) to trade accuracy for speed, so recommending ", job_label(all[*safe].job));
+    } else {
+      why = concat(versus, "at least the ", format_number("%g%%", 100 * min_gain),
+                   " minimum (--min-gain) to trade accuracy for speed");
+    }
+  }
+  const Candidate& best = all[chosen];
+  std::cout << "\n";
+  if (!why.empty()) std::cout << why << "\n";
+  std::cout << "recommended: " << job_label(best.job) << ", " << format_number("%.0f", results[chosen].samples_per_second)
+            << " samples/s (" << format_number("%.2fx", results[chosen].samples_per_second / baseline) << " "
+            << baseline_label << ")"
+            << (best.costs.empty() ? ", no accuracy trade" : concat(", trading accuracy (", note_numbers(best), ")")) << "\n"
+            << command_lines(best, flags.workers, context);
   if (!best.costs.empty() && safe != order.end()) {
     std::cout << "fastest without an accuracy trade: " << job_label(all[*safe].job) << ", "
               << format_number("%.0f", results[*safe].samples_per_second) << " samples/s ("
-              << format_number("%.2fx", results[*safe].samples_per_second / baseline) << ")\n  "
-              << command_line(all[*safe], flags.workers) << "\n";
+              << format_number("%.2fx", results[*safe].samples_per_second / baseline) << ")\n"
+              << command_lines(all[*safe], flags.workers, context);
+  }
+  if (!trainable_model(profile.model)) {
+    std::cout << "(these train the default model: give your own as --model PATH.pt, its TorchScript export; `train "
+                 "--model` has no '"
+              << profile.model << "')\n";
   }
   if (!flags.out_dir.empty()) {
     prepare_output_directory(flags.out_dir);
@@ -194,6 +319,10 @@ Subcommand add_advise_command(CLI::App& app) {
   command->add_option("--codecs", flags->codecs, "Codecs to try with the methods that take one")->capture_default_str();
   command->add_option("--methods", flags->methods, "Only these methods (comma-separated names; default: every one)");
   command->add_option("--top", flags->top, "Rows of the ranking to print")->capture_default_str();
+  command->add_option("--min-gain", flags->min_gain,
+                      "Recommend a configuration that trades accuracy (staleness, asynchrony, a lossy codec) only if it "
+                      "is at least this much faster than the fastest that trades none (e.g. 5% or 0.05)")
+      ->capture_default_str();
   command->add_option("--out", flags->out_dir, "Directory to write advise.json to (every configuration, ranked)");
   Subcommand subcommand;
   subcommand.command = command;

@@ -150,6 +150,8 @@ int run_simulate(const SimulateFlags& flags) {
     records.push_back(record);
   }
   std::cout << "simulated " << describe_simulation(profile, base) << ", " << base.iterations << " measured iterations\n";
+  std::cout << describe_compute_device(simulation) << "\n";
+  if (const std::string levels = describe_collective_levels(jobs, results); !levels.empty()) std::cout << levels << "\n";
   print_table(std::cout, rows);
   if (!flags.out_dir.empty()) {
     write_json_file(std::filesystem::path(flags.out_dir) / "simulate.json", records, "simulate");

@@ -4,9 +4,12 @@
 #include <cmath>
 #include <iostream>
 #include <thread>
+#include <unistd.h>
 
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/json_file.h"
+#include "pipesgd/core/text_table.h"
 #include "pipesgd/timing/allreduce_cost_model.h"
 
 namespace pipesgd {
@@ -76,10 +79,12 @@ void add_simulation_flags(CLI::App& command, SimulationFlags& flags, bool calibr
   command.add_option("--collectives", flags.collectives,
                      concat("messages (the runtime's allreduce, message by message), model (the algorithm's rounds, each played "
                             "once on the simulated network) "
-                            "or auto (messages up to ", kMessageLevelWorkers, " workers)"))
+                            "or auto (messages up to ", kMessageLevelWorkers, " workers while the estimated cost, workers x "
+                            "parameters x iterations + ", kElementsPerMessage, " per message, stays within ",
+                            format_number("%.0g", kMessageLevelBudget), "; model otherwise)"))
       ->capture_default_str();
   command.add_option("--seed", flags.seed, "Seed of --compute-jitter")->capture_default_str();
-  command.add_flag("--quiet", flags.quiet, "No progress output");
+  command.add_flag("--quiet", flags.quiet, "No progress output on stderr (by default a line per simulation)");
 }
 
 ModelProfile load_simulated_profile(const SimulationFlags& flags) {
@@ -104,6 +109,27 @@ MethodSimulationOptions simulation_options(const SimulationFlags& flags) {
   return options;
 }
 
+std::string describe_compute_device(const SimulationFlags& flags) {
+  // The profile's "device" field (scripts/make_paper_profiles.py writes it); a profile `pipesgd
+  // profile` measured says so in its "source".
+  std::string device;
+  const nlohmann::json root = read_json_file(flags.profile, concat("profile file '", flags.profile, "'"));
+  if (root.contains("device") && root.at("device").is_string()) device = root.at("device").get<std::string>();
+  const std::string source = root.contains("source") && root.at("source").is_string() ? root.at("source").get<std::string>() : "";
+  const std::string measured = "measured by pipesgd profile on ";
+  if (device.empty() && source.rfind(measured, 0) == 0) {
+    device = concat("the CPU of ", source.substr(measured.size(), source.find(',') - measured.size()), " (pipesgd profile)");
+  }
+  if (device.empty()) device = "an unstated device (the profile has no \"device\" field)";
+  if (flags.compute_scale != 1) {
+    return concat("compute: the profile's times for ", device, " x ", flags.compute_scale,
+                  " (--compute-scale); `pipesgd profile` measures your own model");
+  }
+  return concat("compute: the profile's times are for ", device,
+                "; for another device scale them with --compute-scale X (0.1: 10x as fast) or measure your own model "
+                "with `pipesgd profile`");
+}
+
 std::string describe_simulation(const ModelProfile& profile, const MethodSimulationOptions& options) {
   return concat(profile.model, " (", profile.layers.size(), " layers, ", profile.parameters(), " parameters, batch ",
                 profile.batch, ") on ", describe(options.link), ", ", sim_network_model_name(options.model),
@@ -120,13 +146,45 @@ void check_fits_topology(const SimulationJob& job) {
 }
 
 std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
-                                                        bool quiet) {
+                                                        bool quiet, bool skip_unbuildable) {
   const int parallel = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return simulate_methods(jobs, profile, parallel, [&](std::size_t i) {
-    if (quiet) return;
-    std::cerr << "[" << i + 1 << "/" << jobs.size() << "] " << job_label(jobs[i]);
-    std::cerr << ", " << jobs[i].options.workers << (jobs[i].options.workers == 1 ? " worker" : " workers") << std::endl;
-  });
+  // On a terminal one line that updates; elsewhere (logs, pipes) a line per simulation.
+  const bool terminal = !quiet && ::isatty(STDERR_FILENO) == 1;
+  std::vector<MethodSimulationResult> results = simulate_methods(
+      jobs, profile, parallel,
+      [&](std::size_t i) {
+        if (quiet) return;
+        const CollectiveLevel level = simulated_collective_level(jobs[i].selection, profile, jobs[i].options);
+        const std::string line =
+            concat("[", i + 1, "/", jobs.size(), "] ", job_label(jobs[i]), ", ", jobs[i].options.workers,
+                   jobs[i].options.workers == 1 ? " worker" : " workers",
+                   jobs[i].options.workers > 1 ? (level.messages ? ", message-level collectives" : ", modelled collectives") : "");
+        if (terminal) {
+          std::cerr << "\r\033[K" << line << std::flush;
+        } else {
+          std::cerr << line << std::endl;
+        }
+      },
+      skip_unbuildable);
+  if (terminal) std::cerr << "\r\033[K" << std::flush;
+  return results;
+}
+
+std::string describe_collective_levels(const std::vector<SimulationJob>& jobs,
+                                       const std::vector<MethodSimulationResult>& results) {
+  std::map<std::string, int> reasons;  // the reasons of the simulations with collectives, and how many each
+  std::vector<std::string> order;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].options.workers <= 1 || !results[i].unbuildable.empty()) continue;
+    const std::string text = concat(results[i].collectives == "messages" ? "message-level" : "modelled", " (",
+                                    results[i].collectives_reason, ")");
+    if (reasons[text]++ == 0) order.push_back(text);
+  }
+  std::string line;
+  for (const std::string& text : order) {
+    line += concat(line.empty() ? "collectives: " : "; ", order.size() > 1 ? concat(reasons[text], " simulations ") : "", text);
+  }
+  return line;
 }
 
 }  // namespace pipesgd

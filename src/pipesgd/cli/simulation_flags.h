@@ -38,11 +38,20 @@ MethodSimulationOptions simulation_options(const SimulationFlags& flags);
 // "resnet50 (107 layers, 25557032 parameters, batch 32) on 10 Gbit/s, 20 us latency, simgrid network
 // model, topology flat".
 std::string describe_simulation(const ModelProfile& profile, const MethodSimulationOptions& options);
+// "compute: the profile's times are for <device> ...": the device the profile stands for (its
+// "device" field, or who measured it) and how to change it (--compute-scale, pipesgd profile).
+std::string describe_compute_device(const SimulationFlags& flags);
 // Throws UsageError if the job's workers and servers do not fit its fat-tree (checked before any
 // simulation runs).
 void check_fits_topology(const SimulationJob& job);
-// Runs `jobs` two (the cores) at a time, with a progress line per job on stderr unless quiet.
+// Runs `jobs` two (the cores) at a time, with progress on stderr unless quiet: a line per job, with
+// its collective level (on a terminal, one line that updates). `skip_unbuildable`: see
+// simulate_methods.
 std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
-                                                        bool quiet);
+                                                        bool quiet, bool skip_unbuildable = false);
+// "collectives: message-level (auto: ...)" or, when they differ, how many simulations ran at which
+// level and why ("" if no simulation had collectives).
+std::string describe_collective_levels(const std::vector<SimulationJob>& jobs,
+                                       const std::vector<MethodSimulationResult>& results);
 
 }  // namespace pipesgd

@@ -19,6 +19,7 @@
 #include "pipesgd/collective/allreduce_factory.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/text_table.h"
 #include "pipesgd/sim/collective_rounds.h"
 #include "pipesgd/sim/isolated_run.h"
 #include "pipesgd/sim/sim_transport.h"
@@ -41,6 +42,31 @@ const char* collective_simulation_name(CollectiveSimulation mode) {
     case CollectiveSimulation::kModel: return "model";
   }
   return "?";
+}
+
+double message_level_cost(int workers, std::size_t parameters, std::size_t layers, std::int64_t iterations) {
+  if (workers <= 1) return 0;  // no collective to simulate
+  const double n = workers, per_iteration = n * static_cast<double>(parameters) +
+                                           kElementsPerMessage * n * 2 * (n - 1) * static_cast<double>(std::max<std::size_t>(1, layers));
+  return per_iteration * static_cast<double>(std::max<std::int64_t>(0, iterations));
+}
+
+CollectiveLevel choose_collective_level(CollectiveSimulation requested, int workers, std::size_t parameters,
+                                        std::size_t layers, std::int64_t iterations) {
+  switch (requested) {
+    case CollectiveSimulation::kMessages: return {true, "--collectives messages"};
+    case CollectiveSimulation::kModel: return {false, "--collectives model"};
+    case CollectiveSimulation::kAuto: break;
+  }
+  if (workers > kMessageLevelWorkers) return {false, concat("auto: modelled above ", kMessageLevelWorkers, " workers")};
+  const double cost = message_level_cost(workers, parameters, layers, iterations);
+  if (cost > kMessageLevelBudget) {
+    return {false, concat("auto: message level would cost ", format_number("%.2g", cost), " element operations (", workers,
+                          " workers x ", parameters, " parameters x ", iterations, " iterations), over its budget of ",
+                          format_number("%.0g", kMessageLevelBudget), "; --collectives messages forces it")};
+  }
+  return {true, concat("auto: message level, ", format_number("%.2g", cost), " element operations within its budget of ",
+                       format_number("%.0g", kMessageLevelBudget))};
 }
 
 namespace {
@@ -523,7 +549,7 @@ ModelledAllreduce modelled_allreduce(const std::string& algorithm, const MethodS
 }
 
 CollectivePlan plan_collectives(const MethodSelection& selection, const ModelProfile& profile,
-                                const MethodSimulationOptions& options) {
+                                const MethodSimulationOptions& options, const CollectiveLevel& level) {
   CollectivePlan plan;
   plan.link.alpha = options.link.latency_seconds;
   plan.link.beta = 1.0 / options.link.bytes_per_second();
@@ -534,27 +560,40 @@ CollectivePlan plan_collectives(const MethodSelection& selection, const ModelPro
                        : selection.common.allreduce;
   plan.options = method_allreduce_options(selection.common, selection.options->default_segment_bytes());
   plan.options.timeout = std::chrono::hours(24);  // simulated time: only a broken schedule reaches it
-  plan.messages = options.collectives == CollectiveSimulation::kMessages ||
-                  (options.collectives == CollectiveSimulation::kAuto && options.workers <= kMessageLevelWorkers);
+  plan.messages = level.messages;
   if (!plan.messages && options.workers > 1) plan.modelled = modelled_allreduce(plan.algorithm, options);
   return plan;
 }
 
+// The steady state: a warm-up (at most 2 iterations of it: it is not measured) and the pipeline's
+// fill (staleness + 2 iterations) run before the measured iterations.
+std::int64_t simulated_warmup_iterations(const MethodSelection& selection) {
+  const WarmUp warmup = selection.options->warmup();
+  return std::min<std::int64_t>(2, warmup.iterations + warmup.epochs);
+}
+std::int64_t lead_in_iterations(const MethodSelection& selection) {
+  return simulated_warmup_iterations(selection) + selection.options->staleness() + 2;
+}
+
 }  // namespace
+
+CollectiveLevel simulated_collective_level(const MethodSelection& selection, const ModelProfile& profile,
+                                           const MethodSimulationOptions& options) {
+  return choose_collective_level(options.collectives, options.workers, profile.parameters(), profile.layers.size(),
+                                 lead_in_iterations(selection) + options.iterations);
+}
 
 MethodSimulationResult simulate_method(const MethodSelection& selection, const ModelProfile& profile,
                                        const MethodSimulationOptions& options) {
   validate(selection, profile, options);
-  const CollectivePlan collectives = plan_collectives(selection, profile, options);
-  // The steady state: a warm-up (at most 2 iterations of it: it is not measured) and the pipeline's
-  // fill (staleness + 2 iterations) run before the measured iterations.
-  const WarmUp warmup = selection.options->warmup();
-  const std::int64_t warmup_iterations = std::min<std::int64_t>(2, warmup.iterations + warmup.epochs);
+  const CollectiveLevel level = simulated_collective_level(selection, profile, options);
+  const CollectivePlan collectives = plan_collectives(selection, profile, options, level);
+  const std::int64_t warmup_iterations = simulated_warmup_iterations(selection);
   // A pipeline whose communication and computation nearly balance takes many iterations to reach
   // its steady state: the run is repeated (at most twice) with a longer lead-in until the measured
   // iterations repeat. Some schedules never repeat within 8 iterations (asynchronous servers serve
   // the workers in a rotating order): the last run's mean is taken then, over a longer window.
-  std::int64_t skip = warmup_iterations + selection.options->staleness() + 2;
+  std::int64_t skip = lead_in_iterations(selection);
   MethodSimulationOptions run_options = options;
   nlohmann::json r;
   for (int attempt = 0;; ++attempt) {
@@ -571,6 +610,7 @@ MethodSimulationResult simulate_method(const MethodSelection& selection, const M
   result.schedule = r.at("schedule").get<std::string>();
   result.allreduce = r.at("allreduce").get<std::string>();
   result.collectives = r.at("collectives").get<std::string>();
+  result.collectives_reason = level.reason;
   result.iteration_seconds = r.at("iteration_seconds").get<double>();
   result.compute_seconds = r.at("compute_seconds").get<double>();
   result.exposed_seconds = r.at("exposed_seconds").get<double>();
@@ -588,7 +628,8 @@ MethodSimulationResult simulate_method(const MethodSelection& selection, const M
 }
 
 std::vector<MethodSimulationResult> simulate_methods(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
-                                                     int parallel, const std::function<void(std::size_t)>& progress) {
+                                                     int parallel, const std::function<void(std::size_t)>& progress,
+                                                     bool skip_unbuildable) {
   std::vector<MethodSimulationResult> results(jobs.size());
   std::vector<std::exception_ptr> errors(jobs.size());
   std::vector<std::future<void>> running;
@@ -601,6 +642,12 @@ std::vector<MethodSimulationResult> simulate_methods(const std::vector<Simulatio
     running.push_back(std::async(std::launch::async, [&, i] {
       try {
         results[i] = simulate_method(jobs[i].selection, profile, jobs[i].options);
+      } catch (const UsageError& error) {
+        if (skip_unbuildable) {
+          results[i].unbuildable = error.what();
+        } else {
+          errors[i] = std::current_exception();
+        }
       } catch (...) {
         errors[i] = std::current_exception();
       }

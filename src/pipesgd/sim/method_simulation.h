@@ -14,7 +14,9 @@
 //             distinct round of concurrent flows played once on the whole world's topology and
 //             network model, affine in the bytes) plus the codec's per-byte costs: for large worlds.
 //             On a flat switch with the ideal model that is MG-WFBP Table II exactly.
-//   auto      messages up to kMessageLevelWorkers workers, model above.
+//   auto      messages up to kMessageLevelWorkers workers while their estimated cost
+//             (message_level_cost) stays within kMessageLevelBudget, model otherwise
+//             (choose_collective_level says which and why).
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -29,6 +31,25 @@ namespace pipesgd {
 
 enum class CollectiveSimulation { kAuto, kMessages, kModel };
 inline constexpr int kMessageLevelWorkers = 16;
+// What a message-level simulation costs, in element operations: every simulated iteration, every
+// worker reduces and copies its whole gradient (workers x parameters), and each of its messages
+// costs SimGrid about as much as kElementsPerMessage elements (ring: 2 (workers - 1) per allreduce,
+// at most one allreduce per layer and iteration: an upper bound).
+inline constexpr double kElementsPerMessage = 1000;
+// Above this the auto level simulates the modelled collectives: ~3 s of one core here (AlexNet's
+// 61.1 M parameters at 16 workers cost ~2.4e10, ~80 s; the MNIST MLP's 0.65 M at 16 workers ~2.6e8).
+inline constexpr double kMessageLevelBudget = 1e9;
+double message_level_cost(int workers, std::size_t parameters, std::size_t layers, std::int64_t iterations);
+
+// The level a simulation's collectives run at and why: the choice of `requested` (auto picks by
+// workers and message_level_cost over `iterations`, the simulated ones with the lead-in).
+struct CollectiveLevel {
+  bool messages = true;
+  std::string reason;  // e.g. "auto: message level would cost 2.4e10 element operations (budget 1e9)"
+};
+CollectiveLevel choose_collective_level(CollectiveSimulation requested, int workers, std::size_t parameters,
+                                        std::size_t layers, std::int64_t iterations);
+
 // "auto" | "messages" | "model"; UsageError naming `name` otherwise.
 CollectiveSimulation parse_collective_simulation(const std::string& text, const char* name = "--collectives");
 const char* collective_simulation_name(CollectiveSimulation mode);
@@ -66,6 +87,7 @@ struct MethodSimulationResult {
   std::string schedule;            // the method's describe(): plan, K, ...
   std::string allreduce;           // the algorithm its allreduces ran
   std::string collectives;         // "messages" or "model"
+  std::string collectives_reason;  // why (CollectiveLevel::reason)
   double iteration_seconds = 0;
   double compute_seconds = 0;      // the compute thread's own work (data, forward, backward, update, ...)
   double exposed_seconds = 0;      // iteration - compute: waits and allreduces on the compute thread
@@ -81,6 +103,8 @@ struct MethodSimulationResult {
   // spans of compute (by stage), wait, allreduce (elements, bytes, algorithm, codec, tag) and pull;
   // times in simulated microseconds.
   nlohmann::json trace_events;
+  // simulate_methods with skip_unbuildable: why this configuration could not be simulated ("" if it was).
+  std::string unbuildable;
 };
 
 // Simulates `selection` on `profile` in an isolated simulation process. Throws UsageError if the
@@ -89,9 +113,16 @@ struct MethodSimulationResult {
 MethodSimulationResult simulate_method(const MethodSelection& selection, const ModelProfile& profile,
                                        const MethodSimulationOptions& options);
 
+// The collective level simulate_method will use for `selection` (with the iterations it simulates
+// before measuring: the warm-up and the pipeline's fill).
+CollectiveLevel simulated_collective_level(const MethodSelection& selection, const ModelProfile& profile,
+                                           const MethodSimulationOptions& options);
+
 // Many simulations, `parallel` at a time (each in its own process); results in the jobs' order.
 // `progress` (may be empty) is called from the calling thread as each one starts. The first error
-// is rethrown once the running ones have ended.
+// is rethrown once the running ones have ended; with `skip_unbuildable`, a job whose configuration
+// cannot be built (a UsageError of its own, e.g. more servers than the model has segments) is not an
+// error: its result has `unbuildable` set to the message and the others run on.
 struct SimulationJob {
   MethodSelection selection;
   MethodSimulationOptions options;
@@ -100,6 +131,7 @@ struct SimulationJob {
 inline const std::string& job_label(const SimulationJob& job) { return job.label.empty() ? job.selection.spec : job.label; }
 std::vector<MethodSimulationResult> simulate_methods(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
                                                      int parallel,
-                                                     const std::function<void(std::size_t index)>& progress = {});
+                                                     const std::function<void(std::size_t index)>& progress = {},
+                                                     bool skip_unbuildable = false);
 
 }  // namespace pipesgd
