@@ -10,7 +10,6 @@
 #include "pipesgd/collective/allreduce_meter.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/rank_subset_transport.h"
-#include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
@@ -407,8 +406,7 @@ class WorkerLoop {
   // in the background.
   void save_checkpoint(const EpochSums& sums) {
     const std::string& dir = config_.reliability.checkpoint_dir;
-    std::string torchscript;  // rank 0's model, beside the set
-    CheckpointWriter part = worker_checkpoint(run_, t_, model_, method_, sums, leader_ != nullptr ? &torchscript : nullptr);
+    CheckpointWriter part = worker_checkpoint(t_, model_, method_, sums);
     add_history(part, WorkerHistory{history_.bytes_sent + transport_.bytes_sent(), record_.nonfinite_skipped,
                                     record_.loss_sum});
     const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(rank_));
@@ -431,11 +429,7 @@ class WorkerLoop {
     }
     const RunHistory history{leader_->consistency_checks, train_seconds_ + epoch_clock_.seconds()};
     files.emplace_back(checkpoint_path(dir, t_ + 1, "shared"), shared_checkpoint(run_, t_, leader_->epochs, history));
-    checkpoints_.submit(std::move(files), [this, model_path = checkpoint_model_path(dir, t_ + 1),
-                                           torchscript = std::move(torchscript)] {
-      if (!torchscript.empty()) write_file_atomically(model_path, std::string_view(torchscript), "model");
-      prune_run_checkpoints(run_);
-    });
+    checkpoints_.submit(std::move(files), [this] { prune_run_checkpoints(run_); });
   }
 
   // Rank 0 tells every other worker `word` as epoch `epoch`'s message `message` (then counts it).
