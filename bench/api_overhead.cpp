@@ -1,5 +1,5 @@
 // The C++ API's cost against a bare LibTorch loop and against the CLI (run by
-// scripts/api-overhead-bench.sh, which docs/results.md "C++ API overhead" quotes). Public headers
+// scripts/api-overhead-bench.sh, which git show d620cdd:docs/results.md, "C++ API overhead", quotes). Public headers
 // only, as a user would write it.
 //
 //   pipesgd_api_bench bare [--iters N] [--batch B] [--lr LR]

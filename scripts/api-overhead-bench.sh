@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The C++ API's overhead (docs/results.md "C++ API overhead"). Builds nothing:
+# The C++ API's overhead (git show d620cdd:docs/results.md, "C++ API overhead"). Builds nothing:
 # give the build directory of a RelWithDebInfo (or Release) build that has pipesgd and
 # pipesgd_api_bench (the default build makes both).
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How close Pipe-SGD comes to its limit here (docs/results.md, "Close to the limit"): per model,
+# How close Pipe-SGD comes to its limit here (git show d620cdd:docs/results.md, "Close to the limit"): per model,
 # 2 workers (one per core), emulated 10GbE, rounds of
 #   compare  pipesgd compare --algos <rotated: nocomm,dsync,pipe,pipe+int8> --workers 2 --net 10gbe
 #            --model M --iters ITERS --no-eval --out ...

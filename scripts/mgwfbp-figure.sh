@@ -5,7 +5,7 @@
 # network model) and its measured startup 2(N-1)·alpha = 90.52 / 271.56 / 633.64 us for 2 / 4 / 8
 # nodes, i.e. alpha = 45.26 us per message. Two bandwidths: the nominal 10 Gbit/s, and 3 Gbit/s, the
 # effective bandwidth at which SyncEASGD on ResNet-50 has the ~55% scaling efficiency at 64 nodes
-# the paper reports (see docs/results.md for the derivation). Profiles: profiles/googlenet-aux.json
+# the paper reports (see git show d620cdd:docs/results.md for the derivation). Profiles: profiles/googlenet-aux.json
 # (Caffe's GoogLeNet with its auxiliary heads, ~13 M parameters as the paper's) and
 # profiles/resnet50.json, both on one K80 GPU from their FLOPs (profiles/README.md).
 #

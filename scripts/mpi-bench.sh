@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The allreduce family measured over MPI on this machine: for 2 and 4 ranks (4 oversubscribe the 2 cores),
 # calibrate the allreduce cost model, then benchmark every algorithm against MPI_Allreduce with
-# `auto` choosing from that calibration. Outputs go to out/mpi-bench/ (docs/results.md quotes them).
+# `auto` choosing from that calibration. Outputs go to out/mpi-bench/ (git show d620cdd:docs/results.md quotes them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -x build/pipesgd ]] || bash scripts/build.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python front end's speed (docs/results.md, "Python front end"): one PyTorch training script,
+# The Python front end's speed (docs/results.md, "Against PyTorch DDP"; scripts/results.sh runs it): one PyTorch training script,
 # bench/python/mlp_train.py (the MLP, or with --model cnn the LeNet CNN), with 4 ranks through
 # pipesgd.torch against the same script on PyTorch DistributedDataParallel (gloo), and against the C++
 # CLI on the same model. Builds nothing: give the build directory that holds pipesgd (the CLI) and

@@ -73,7 +73,7 @@ set style data histograms
 set style histogram rowstacked
 set style fill solid 0.8 border -1
 set boxwidth 0.7
-set key top left
+set key outside right top
 set xtics rotate by -20
 plot '{dat}' using 2:xtic(1) title 'compute' lc rgb '#4c78a8', '' using 3 title 'exposed communication' lc rgb '#e45756'
 """)
@@ -139,7 +139,7 @@ set xlabel 'nodes'
 set ylabel 'scaling efficiency'
 set logscale x 2
 set yrange [0:1.05]
-set key bottom left
+set key outside right top
 plot {", ".join(plots)}
 """)
     return "\n\n".join([
@@ -159,7 +159,9 @@ def horovod_section(d):
         "## Horovod's own test suite",
         "Horovod's PyTorch test file (`test/parallel/test_torch.py`, kept outside this repository) with "
         "`import horovod.torch as hvd` changed to `import pipesgd.torch as hvd`, one pytest per rank under "
-        "`mpirun`. A test passes when it passes on every rank; GPU-only tests skip.",
+        "`mpirun`. A test passes when it passes on every rank; GPU-only tests skip. Why a test fails (e.g. "
+        "float16 sums at 3 ranks, which float16 cannot hold as Horovod's test expects): the table of "
+        "differences in the [user guide](user-guide.md#python-pipesgdtorch).",
         table(["ranks", "passed", "failed", "skipped (GPU)", "failing"], rows),
         measured(d)])
 

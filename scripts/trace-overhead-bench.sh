@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cost of --trace (docs/results.md "Trace overhead"). Builds nothing:
+# The cost of --trace (git show d620cdd:docs/results.md, "Trace overhead"). Builds nothing:
 # give the build directory that has pipesgd.
 #
 #   bash scripts/trace-overhead-bench.sh [--smoke] [--runs N] [--algo SPEC] [--model M] [BUILD_DIR=build]

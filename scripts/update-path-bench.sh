@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The general update path against the fused one (docs/results.md, "The user's optimizer applies the
+# The general update path against the fused one (git show d620cdd:docs/results.md, "The user's optimizer applies the
 # update"): bench/python/mlp_train.py through pipesgd.torch with plain SGD, once with the default
 # general path (the method hands its gradient over as p.grad, torch.optim.SGD's step applies it) and
 # once with fused_update=True (the method's own fused SGD), 2 ranks (one per core), alternated.

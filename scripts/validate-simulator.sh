@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The simulator against real runs here (docs/results.md, "Validation against real runs here"): for
+# The simulator against real runs here (git show d620cdd:docs/results.md, "Validation against real runs here"): for
 # each model, its profile measured here (`pipesgd profile`), then per method the iteration time of a real run with emulated
 # links (`pipesgd compare`, worker threads, --net) beside the simulated one (`pipesgd simulate` on
 # that profile, the same --net with the ideal network model: the emulation's alpha-beta links).

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""What agreeing on collectives costs (docs/results.md, "Agreed collectives"): hvd.allreduce (one
+"""What agreeing on collectives costs (git show d620cdd:docs/results.md, "Agreed collectives"): hvd.allreduce (one
 negotiation round, then the ring allreduce) against the worker's allreduce alone (no round), and a
 grouped_allreduce of 32 tensors (one round for all) against 32 allreduces alone, per size.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Where an iteration's time goes on the general update path against the fused one
-(docs/results.md, "The user's optimizer applies the update"): the MLP 784-500-500-10 with plain SGD,
+(git show d620cdd:docs/results.md, "The user's optimizer applies the update"): the MLP 784-500-500-10 with plain SGD,
 batch 25 per rank, each call of the loop timed separately.
 
     mpirun -np 2 /usr/bin/python3 bench/python/update_path_breakdown.py [--fused] [--iters N]

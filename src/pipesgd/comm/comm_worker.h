@@ -26,7 +26,7 @@
 // Spinning: with a `spin` bound, wait() first polls the job's completion, yielding the processor at
 // every turn, for up to that long, and blocks only then. A core whose compute thread blocks for a
 // fraction of a millisecond goes idle, and the compute after it runs measurably slower here (see
-// docs/results.md, "Close to the limit"); the comm thread, at raised priority, still preempts the
+// git show d620cdd:docs/results.md, "Close to the limit"); the comm thread, at raised priority, still preempts the
 // spinning thread at once. Only where every worker has a core of its own (the trainer decides:
 // CommonOptions::wait_spin), else the spin would take processor time from another worker.
 #include <atomic>

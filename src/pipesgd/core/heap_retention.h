@@ -7,7 +7,7 @@
 // unmapped, and a thread arena's free top is given back to the kernel, every iteration: each
 // iteration then pays fresh page faults on memory it used a moment ago. Measured here, 4 thread
 // workers of the LeNet through the C++ API took 70-280 minor page faults per worker and iteration
-// and 5-15% longer iterations (scripts/api-overhead-bench.sh, docs/results.md).
+// and 5-15% longer iterations (scripts/api-overhead-bench.sh, git show d620cdd:docs/results.md).
 //
 // keep_freed_memory_in_heap() sets M_MMAP_THRESHOLD to 32 MiB and M_TRIM_THRESHOLD to 1 GiB, for
 // the whole process (mallopt; this also ends glibc's dynamic adjustment). Blocks below 32 MiB come

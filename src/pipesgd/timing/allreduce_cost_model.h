@@ -79,7 +79,7 @@ AllreduceCoefficients allreduce_coefficients(std::string_view algorithm, int wor
 LinearCost allreduce_cost(std::string_view algorithm, int world_size, const LinkParameters& link);
 
 // Defaults when no calibration file is given, of the order measured on LocalTransport without link
-// emulation (4 ranks sharing 2 cores, docs/results.md): α = 20 us (a message hand-off and the
+// emulation (4 ranks sharing 2 cores, git show d620cdd:docs/results.md): α = 20 us (a message hand-off and the
 // receiving thread's wake-up on a busy machine), β = 0.4 ns/byte (2.5 GB/s per copy), γ = 0.25
 // ns/byte (4 GB/s fp32 summation). Ring over 4 ranks: about 0.12 ms for 4 KiB, 13 ms for 16 MiB.
 LinkParameters default_link_parameters();

@@ -36,7 +36,7 @@ const char* final_gradients_name(FinalGradients final_gradients);  // "apply" | 
 FinalGradients parse_final_gradients(const std::string& text);
 
 // Pipe-SGD's `auto` allreduce segment: measured on the MLP (2 workers, emulated 10GbE, its 1.3 MB
-// ring chunks in two segments), 2.18 ms per iteration against 2.31 ms unsegmented (docs/results.md).
+// ring chunks in two segments), 2.18 ms per iteration against 2.31 ms unsegmented (git show d620cdd:docs/results.md).
 inline constexpr std::size_t kPipeSegmentBytes = 640 * 1024;
 
 // Pipe-SGD's options: the iteration dependency K, the warm-up and the end of training.
