@@ -1,7 +1,7 @@
 #pragma once
 // The subcommands of `pipesgd`, one file each: train_command.cpp, compare_command.cpp,
 // bench_command.cpp (bench allreduce and calibrate), plan_command.cpp, profile_command.cpp,
-// simulate_command.cpp, advise_command.cpp, report_command.cpp. Each
+// simulate_command.cpp, advise_command.cpp, report_command.cpp, export_command.cpp. Each
 // registers its flags and says how to run; main.cpp parses, starts MPI when asked, runs and reports
 // errors.
 #include <CLI/CLI.hpp>
@@ -34,5 +34,7 @@ Subcommand add_simulate_command(CLI::App& app);
 Subcommand add_advise_command(CLI::App& app);
 // `report DIR`: a train or compare --out directory as an HTML page.
 Subcommand add_report_command(CLI::App& app);
+// `export CHECKPOINT --out model.pt`: a checkpoint's model as TorchScript.
+Subcommand add_export_command(CLI::App& app);
 
 }  // namespace pipesgd

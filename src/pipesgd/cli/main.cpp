@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_simulate_command(app));
   commands.push_back(add_advise_command(app));
   commands.push_back(add_report_command(app));
+  commands.push_back(add_export_command(app));
 
   const auto known = [&](const std::string& name) {
     for (const CLI::App* command : app.get_subcommands({})) {

@@ -59,7 +59,10 @@ int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSessio
               << std::endl;
     return interrupted_exit(interrupted.signal, session);
   }
-  if (!config.out_dir.empty()) std::cout << "wrote " << config.out_dir << "/{metrics.jsonl,summary.json}\n";
+  if (!config.out_dir.empty()) {
+    std::cout << "wrote " << config.out_dir << "/{metrics.jsonl,summary.json" << (summary.model_file.empty() ? "" : ",model.pt")
+              << "}\n";
+  }
   return 0;
 }
 

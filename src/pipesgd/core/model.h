@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "pipesgd/core/layout.h"
 
@@ -95,6 +96,18 @@ class Model : public FlatParameters {
 
   // Loss and accuracy of the current parameters on `batch`; no gradients.
   virtual Evaluation evaluate(const Batch& batch) = 0;
+
+  // The state training changes beside the parameters (BatchNorm's running statistics): per
+  // replica, never communicated; checkpoints carry it. Its bytes are the buffers' values in a fixed
+  // order; load_buffers takes bytes that buffers() gave for the same model (the size must match).
+  // Default: none.
+  virtual std::vector<std::byte> buffers() { return {}; }
+  virtual void load_buffers(std::span<const std::byte> bytes) { (void)bytes; }
+
+  // The model at its current parameters and buffers as a TorchScript module file (the bytes
+  // torch.jit.save writes; torch.jit.load reads them), in eval mode; empty if the model cannot be
+  // written as TorchScript (the default). The LibTorch models implement it (src/pipesgd/torch).
+  virtual std::string torchscript() { return {}; }
 };
 
 // Builds one replica. Every call with the same seed must give bit-identical initial parameters.

@@ -13,13 +13,16 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/models/softmax_regression.h"
 #include "pipesgd/torch/parameter_binding.h"
+#include "pipesgd/torch/torchscript_export.h"
 
 namespace pipesgd {
 namespace {
@@ -350,11 +353,31 @@ class TorchModel final : public Model {
   std::size_t gradient_copy_count() const { return binding_.gradient_copy_count(); }
   void set_out_of_place_accumulation(bool enabled) { out_of_place_accumulation_ = enabled; }
 
+  // resnet's BatchNorm statistics (mlp and cnn have no buffers).
+  std::vector<std::byte> buffers() override { return buffer_bytes(module_->buffers()); }
+  void load_buffers(std::span<const std::byte> bytes) override { load_buffer_bytes(module_->buffers(), bytes); }
+  // The scripted twin of this network (torchscript_export.h), built once, given the current
+  // parameters and buffers.
+  std::string torchscript() override {
+    if (!scripted_) scripted_ = builtin_torchscript_module(name_);
+    copy_flat_parameters(*scripted_, binding_.parameters());
+    std::map<std::string, torch::Tensor> scripted_buffers;
+    for (const torch::jit::NameTensor& buffer : scripted_->named_buffers()) scripted_buffers[buffer.name] = buffer.value;
+    torch::NoGradGuard no_grad;
+    for (const auto& buffer : module_->named_buffers()) {
+      const auto found = scripted_buffers.find(buffer.key());
+      PIPESGD_ASSERT(found != scripted_buffers.end());
+      found->second.copy_(buffer.value());
+    }
+    return saved_torchscript(*scripted_);
+  }
+
  private:
   void validate(const Batch& batch, bool allow_empty) const;
 
   std::string name_;
   std::shared_ptr<torch::nn::Module> module_;
+  std::optional<torch::jit::Module> scripted_;
   ForwardFn forward_;
   SegmentsNeededFn forward_hook_;  // empty: none
   ParameterBinding binding_;
@@ -442,6 +465,17 @@ Evaluation TorchModel::evaluate(const Batch& batch) {
   return evaluation;
 }
 
+// SoftmaxRegression (pure C++) with its TorchScript twin: the CLI's "softmax".
+class ExportableSoftmax final : public SoftmaxRegression {
+ public:
+  using SoftmaxRegression::SoftmaxRegression;
+  std::string torchscript() override {
+    torch::jit::Module scripted = builtin_torchscript_module("softmax");
+    copy_flat_parameters(scripted, parameters());
+    return saved_torchscript(scripted);
+  }
+};
+
 const char* const not_a_torch_model =
     "not a LibTorch model (expected one built by torch_model_factory(\"mlp\", \"cnn\" or "
     "\"resnet\"))";
@@ -467,7 +501,11 @@ void init_torch_runtime(int threads) {
 std::vector<std::string> torch_model_names() { return {"mlp", "cnn", "resnet", "softmax"}; }
 
 ModelFactory torch_model_factory(const std::string& name) {
-  if (name == "softmax") return softmax_regression_factory(image_features, class_count);
+  if (name == "softmax") {
+    return [](std::uint64_t seed) -> std::unique_ptr<Model> {
+      return std::make_unique<ExportableSoftmax>(image_features, class_count, seed);
+    };
+  }
   Architecture (*build)() = nullptr;
   if (name == "mlp") {
     build = build_mlp;

@@ -16,6 +16,7 @@
 
 #include "pipesgd/core/error.h"
 #include "pipesgd/torch/parameter_binding.h"
+#include "pipesgd/torch/torchscript_export.h"
 #include "pipesgd/torch/torchscript_load.h"
 #include "pipesgd/torch/torch_models.h"
 
@@ -143,6 +144,18 @@ class TorchScriptModel final : public Model {
     return output;
   }
 
+  // The module's buffers (e.g. BatchNorm's running statistics), recursively, in named_buffers order.
+  std::vector<std::byte> buffers() override { return buffer_bytes(buffer_tensors()); }
+  void load_buffers(std::span<const std::byte> bytes) override { load_buffer_bytes(buffer_tensors(), bytes); }
+  // The loaded module itself: its trainable parameters are the flat buffer's views.
+  std::string torchscript() override {
+    try {
+      return saved_torchscript(module_);
+    } catch (...) {
+      rethrow_as_usage_error(concat("model file '", file_, "': saving as TorchScript failed"));
+    }
+  }
+
   ParameterBinding& binding() { return binding_; }
   torch::jit::Module& module() { return module_; }
 
@@ -159,6 +172,12 @@ class TorchScriptModel final : public Model {
   }
 
  private:
+  std::vector<torch::Tensor> buffer_tensors() const {
+    std::vector<torch::Tensor> tensors;
+    for (const torch::Tensor& buffer : module_.buffers(/*recurse=*/true)) tensors.push_back(buffer);
+    return tensors;
+  }
+
   torch::Tensor run(const torch::Tensor& input) {
     const c10::IValue value = module_.forward({input});
     if (!value.isTensor()) {
@@ -371,6 +390,28 @@ ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const
     std::lock_guard<std::mutex> lock(load_mutex);
     return std::make_unique<TorchScriptModel>(path, load_torchscript(*bytes, path), loss, shape, order);
   };
+}
+
+std::unique_ptr<Model> torchscript_model_for_export(const std::string& path, const std::vector<std::string>& layers) {
+  apply_torch_thread_setting();
+  const std::string bytes = read_model_file(path);
+  std::lock_guard<std::mutex> lock(load_mutex);
+  torch::jit::Module module = load_torchscript(bytes, path);
+  std::vector<std::string> own;
+  for (const ParameterSegment& segment : module_segments(module)) own.push_back(segment.name);
+  std::vector<std::string> sorted_own = own, sorted_layers = layers;
+  std::sort(sorted_own.begin(), sorted_own.end());
+  std::sort(sorted_layers.begin(), sorted_layers.end());
+  if (sorted_own != sorted_layers) {
+    const auto list = [](const std::vector<std::string>& names) {
+      std::string text;
+      for (std::size_t i = 0; i < names.size() && i < 4; ++i) text += concat(i == 0 ? "" : ", ", names[i]);
+      return names.size() > 4 ? concat(text, ", ... (", names.size(), ")") : text;
+    };
+    throw UsageError(concat("model file '", path, "' has the layers ", list(own), "; the checkpoint's model has ",
+                            list(layers)));
+  }
+  return std::make_unique<TorchScriptModel>(path, std::move(module), Loss::kCrossEntropy, DataShape{}, layers);
 }
 
 }  // namespace pipesgd

@@ -19,6 +19,7 @@
 // the next forward starts (SAPipe's synchronous layers included).
 // Every replica loads the same bytes, so initial weights are identical and do not depend on the seed.
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,13 @@ bool names_torchscript_file(const std::string& model);
 // not fit the loss and data (naming the file, the output shape and what the loss needs). The returned
 // factory ignores its seed; it may be called from several threads at once.
 ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const Dataset& train);
+
+// The TorchScript module at `path` as a model whose layout holds its trainable layers in the order
+// `layers` (a checkpoint's record of the layout, train/checkpointing.h), for `pipesgd export`: no data,
+// no probe, and only parameters(), layout(), buffers(), load_buffers() and torchscript() are for
+// use. Throws DataError for a missing or unreadable file or bytes that are not TorchScript, and
+// UsageError if its trainable layers are not those of `layers`.
+std::unique_ptr<Model> torchscript_model_for_export(const std::string& path, const std::vector<std::string>& layers);
 
 // Loads a TorchScript module from `bytes` and discards it; any failure becomes a DataError naming
 // `name` (the load path of torchscript_model_factory, for the fuzzer).

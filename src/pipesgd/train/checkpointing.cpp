@@ -1,7 +1,12 @@
 #include "pipesgd/train/checkpointing.h"
 
+#include <algorithm>
+#include <charconv>
+#include <optional>
 #include <iostream>
+#include <system_error>
 
+#include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -77,11 +82,19 @@ std::string run_fingerprint(const TrainConfig& config, const RunPlan& plan) {
                 " workers, batch ", config.batch, ", seed ", config.seed, ", ", plan.total_iterations, " iterations");
 }
 
-CheckpointWriter worker_checkpoint(std::int64_t t, FlatParameters& model, TrainingMethod& method,
-                                   const EpochSums& sums) {
+CheckpointWriter worker_checkpoint(const RunContext& run, std::int64_t t, Model& model, TrainingMethod& method,
+                                   const EpochSums& sums, std::string* torchscript) {
   CheckpointWriter part;
   part.add_int("next_iteration", t + 1);
   part.add("model.parameters", std::span<const float>(model.parameters()));
+  part.add_string("model.name", run.config.model);
+  std::error_code no_directory;
+  part.add_string("model.directory", std::filesystem::current_path(no_directory).string());
+  std::string layers;
+  for (const Segment& segment : model.layout().segments()) layers += concat(layers.empty() ? "" : "\n", segment.name);
+  part.add_string("model.layers", std::move(layers));
+  part.add("model.buffers", std::span<const std::byte>(model.buffers()));
+  if (torchscript != nullptr) *torchscript = model.torchscript();
   part.add_double("epoch.loss_sum", sums.loss);
   part.add_double("epoch.correct", sums.correct);
   method.save_state(part);
@@ -94,7 +107,7 @@ void add_history(CheckpointWriter& part, const WorkerHistory& history) {
   part.add_double("history.loss_sum", history.loss_sum);
 }
 
-RestoredWorker restore_worker(const RunContext& run, int rank, FlatParameters& model, TrainingMethod& method) {
+RestoredWorker restore_worker(const RunContext& run, int rank, Model& model, TrainingMethod& method) {
   const CheckpointReader part = CheckpointReader::read_file(run.resume_from->parts.at(worker_part(rank)));
   const std::int64_t next = part.integer("next_iteration");
   if (next != run.resume_from->iteration) {
@@ -107,6 +120,15 @@ RestoredWorker restore_worker(const RunContext& run, int rank, FlatParameters& m
                            model.parameters().size()));
   }
   std::copy(weights.begin(), weights.end(), model.parameters().begin());
+  if (part.has("model.buffers")) {
+    const std::span<const std::byte> buffers = part.bytes("model.buffers");
+    const std::size_t expected = model.buffers().size();
+    if (buffers.size() != expected) {
+      throw DataError(concat("checkpoint '", part.origin(), "': ", buffers.size(), " bytes of model buffers for a model of ",
+                             expected));
+    }
+    model.load_buffers(buffers);
+  }
   method.load_state(part, next);
   return RestoredWorker{next, EpochSums{part.real("epoch.loss_sum"), part.real("epoch.correct")}, read_history(part)};
 }
@@ -163,8 +185,73 @@ void find_resume_point(RunContext& run, bool leader) {
   run.resumed_history = read_run_history(shared_part);
 }
 
+CheckpointModel read_checkpoint_model(const CheckpointReader& part) {
+  CheckpointModel model;
+  model.parameters = part.floats("model.parameters");
+  if (part.has("model.name")) model.name = std::string(part.string("model.name"));
+  if (part.has("model.directory")) model.directory = std::string(part.string("model.directory"));
+  if (part.has("model.layers")) {
+    const std::string_view text = part.string("model.layers");
+    for (std::size_t start = 0; start <= text.size();) {
+      const std::size_t end = std::min(text.find('\n', start), text.size());
+      model.layers.emplace_back(text.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  model.has_buffers = part.has("model.buffers");
+  if (model.has_buffers) model.buffers = part.bytes("model.buffers");
+  return model;
+}
+
+std::filesystem::path checkpoint_model_path(const std::filesystem::path& dir, std::int64_t iteration) {
+  return checkpoint_path(dir, iteration, "model").replace_extension(".pt");
+}
+
+bool write_model_file(const std::filesystem::path& path, Model& model) {
+  const std::string bytes = model.torchscript();
+  if (bytes.empty()) return false;
+  write_file_atomically(path, std::string_view(bytes), "model");
+  return true;
+}
+
+namespace {
+
+// The iteration of "checkpoint-<12 digits>-<anything>" followed by `suffix`.
+std::optional<std::int64_t> checkpoint_name_iteration(const std::string& name, std::string_view suffix) {
+  constexpr std::string_view prefix = "checkpoint-";
+  constexpr std::size_t digits = 12;
+  if (name.size() < prefix.size() + digits + 1 + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+      name[prefix.size() + digits] != '-' || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return std::nullopt;
+  }
+  std::int64_t iteration = 0;
+  const char* first = name.data() + prefix.size();
+  const auto [end, error] = std::from_chars(first, first + digits, iteration);
+  if (error != std::errc() || end != first + digits) return std::nullopt;
+  return iteration;
+}
+
+// Deletes checkpoint-<i>-model.pt for every i older than the oldest checkpoint set left in `dir`.
+void prune_model_files(const std::filesystem::path& dir) {
+  std::error_code error;
+  std::optional<std::int64_t> oldest;
+  std::vector<std::pair<std::int64_t, std::filesystem::path>> models;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (const auto set = checkpoint_name_iteration(name, ".psgd")) oldest = std::min(oldest.value_or(*set), *set);
+    if (const auto model = checkpoint_name_iteration(name, "-model.pt")) models.emplace_back(*model, entry.path());
+  }
+  if (error || !oldest) return;
+  for (const auto& [iteration, path] : models) {
+    if (iteration < *oldest) std::filesystem::remove(path, error);  // already gone: another pruner's
+  }
+}
+
+}  // namespace
+
 void prune_run_checkpoints(const RunContext& run) {
   prune_checkpoints(run.config.reliability.checkpoint_dir, 2, run.checkpoint_parts);
+  prune_model_files(run.config.reliability.checkpoint_dir);
 }
 
 std::function<void(const ParameterServerShard&, std::int64_t)> server_checkpoints(const RunContext& run,

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,10 +49,12 @@ struct WorkerHistory {
   double loss_sum = 0;                 // its losses of the iterations [RunPlan::loss_from, next), in order
 };
 
-// This worker's part after iteration t: the weights, the method's state and the epoch sums; then
-// add_history (taken once save_state waited for the communication in flight, whose bytes count).
-CheckpointWriter worker_checkpoint(std::int64_t t, FlatParameters& model, TrainingMethod& method,
-                                   const EpochSums& sums);
+// This worker's part after iteration t: the weights, the model's record (below) and buffers, the
+// method's state and the epoch sums; then add_history (taken once save_state waited for the
+// communication in flight, whose bytes count). With `torchscript`, also the model as TorchScript
+// (Model::torchscript) at the weights and buffers the part holds.
+CheckpointWriter worker_checkpoint(const RunContext& run, std::int64_t t, Model& model, TrainingMethod& method,
+                                   const EpochSums& sums, std::string* torchscript = nullptr);
 void add_history(CheckpointWriter& part, const WorkerHistory& history);
 // What add_history wrote. DataError naming the file and section if one is missing or invalid.
 WorkerHistory read_history(const CheckpointReader& part);
@@ -60,9 +63,32 @@ struct RestoredWorker {
   EpochSums sums;
   WorkerHistory history;
 };
-// Restores this worker's part of the set being resumed into `model` and `method`. DataError naming
-// the file for anything wrong.
-RestoredWorker restore_worker(const RunContext& run, int rank, FlatParameters& model, TrainingMethod& method);
+// Restores this worker's part of the set being resumed into `model` (weights and, if the part has
+// them, buffers) and `method`. DataError naming the file for anything wrong.
+RestoredWorker restore_worker(const RunContext& run, int rank, Model& model, TrainingMethod& method);
+
+// What a worker's part records of its model, for `pipesgd export` (sections "model.name",
+// "model.directory", "model.layers", "model.parameters", "model.buffers"). A part written before
+// pipesgd recorded the model has only the parameters: name and directory are then empty, layers
+// empty and has_buffers false. DataError naming the file for a malformed section.
+struct CheckpointModel {
+  std::string name;                 // the run's --model (a built-in name or a TorchScript file's path)
+  std::string directory;            // the run's working directory (where a relative path starts)
+  std::vector<std::string> layers;  // the layout's segment names, in layout order
+  std::span<const float> parameters;  // the flat weights (views into the reader)
+  bool has_buffers = false;
+  std::span<const std::byte> buffers;
+};
+CheckpointModel read_checkpoint_model(const CheckpointReader& part);
+
+// The model as TorchScript (Model::torchscript): the run's <out>/model.pt and, at each checkpoint,
+// rank 0's next to the set: checkpoint-<iteration, 12 digits>-model.pt in --checkpoint-dir (pruned
+// with its set).
+inline constexpr const char* kModelFileName = "model.pt";
+std::filesystem::path checkpoint_model_path(const std::filesystem::path& dir, std::int64_t iteration);
+// Writes model.torchscript() to `path` atomically; false (nothing written) if the model has no
+// TorchScript form.
+bool write_model_file(const std::filesystem::path& path, Model& model);
 
 // Rank 0's shared part after iteration t: the fingerprint, the epoch records so far and the history.
 CheckpointWriter shared_checkpoint(const RunContext& run, std::int64_t t, const std::vector<EpochRecord>& epochs,
@@ -75,7 +101,7 @@ RunHistory read_run_history(const CheckpointReader& shared);
 // was written by a version of pipesgd whose checkpoints lack the history.
 void find_resume_point(RunContext& run, bool leader);
 
-// Keeps the 2 newest complete sets.
+// Keeps the 2 newest complete sets (and the model files of the sets kept).
 void prune_run_checkpoints(const RunContext& run);
 
 // What a checkpoint must match to be resumed by this run: everything that changes the math of the

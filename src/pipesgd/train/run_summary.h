@@ -97,6 +97,7 @@ struct RunSummary {
   std::vector<EpochRecord> epochs;
   std::uint64_t weights_checksum = 0;                // FNV-1a of rank 0's final parameters
   std::vector<std::vector<float>> final_parameters;  // per rank, if TrainConfig::keep_parameters
+  std::string model_file;  // the TorchScript model written to --out ("": none; train/checkpointing.h)
 };
 
 }  // namespace pipesgd

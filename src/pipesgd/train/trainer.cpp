@@ -132,6 +132,14 @@ void gather_at_leader(Transport& workers, const RunContext& run, std::vector<Wor
   }
 }
 
+// With --out, a completed run's model as TorchScript: rank 0's replica, the one its final evaluation
+// used (an interrupted run writes none).
+void write_final_model(const TrainConfig& config, RunSummary& summary, Model& model) {
+  if (config.out_dir.empty() || summary.interrupted) return;
+  const std::filesystem::path path = std::filesystem::path(config.out_dir) / kModelFileName;
+  if (write_model_file(path, model)) summary.model_file = path.string();
+}
+
 }  // namespace
 
 RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, const DataSplits& data) {
@@ -191,6 +199,7 @@ RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, 
   RunSummary summary = summarize(run, records, leader, *models[0]);
   summary.interrupted = interruption(run, summary.timing.iterations, stop.signal(), config.workers);
   if (!config.out_dir.empty()) write_summary_file(config.out_dir, summary);
+  write_final_model(config, summary, *models[0]);
   return summary;
 }
 
@@ -259,6 +268,7 @@ RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& fact
   // The stream held rank 0's times; the file gets every rank's means.
   if (all) write_metrics_file(config.out_dir, metrics_lines(run, records), run.start_iteration(), summary.timing.iterations, summary.epochs);
   write_summary_file(config.out_dir, summary);
+  write_final_model(config, summary, *model);
   return summary;
 }
 

@@ -10,6 +10,7 @@
 #include "pipesgd/collective/allreduce_meter.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/rank_subset_transport.h"
+#include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
@@ -406,7 +407,8 @@ class WorkerLoop {
   // in the background.
   void save_checkpoint(const EpochSums& sums) {
     const std::string& dir = config_.reliability.checkpoint_dir;
-    CheckpointWriter part = worker_checkpoint(t_, model_, method_, sums);
+    std::string torchscript;  // rank 0's model, beside the set
+    CheckpointWriter part = worker_checkpoint(run_, t_, model_, method_, sums, leader_ != nullptr ? &torchscript : nullptr);
     add_history(part, WorkerHistory{history_.bytes_sent + transport_.bytes_sent(), record_.nonfinite_skipped,
                                     record_.loss_sum});
     const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(rank_));
@@ -429,7 +431,11 @@ class WorkerLoop {
     }
     const RunHistory history{leader_->consistency_checks, train_seconds_ + epoch_clock_.seconds()};
     files.emplace_back(checkpoint_path(dir, t_ + 1, "shared"), shared_checkpoint(run_, t_, leader_->epochs, history));
-    checkpoints_.submit(std::move(files), [this] { prune_run_checkpoints(run_); });
+    checkpoints_.submit(std::move(files), [this, model_path = checkpoint_model_path(dir, t_ + 1),
+                                           torchscript = std::move(torchscript)] {
+      if (!torchscript.empty()) write_file_atomically(model_path, std::string_view(torchscript), "model");
+      prune_run_checkpoints(run_);
+    });
   }
 
   // Rank 0 tells every other worker `word` as epoch `epoch`'s message `message` (then counts it).
