@@ -180,6 +180,8 @@ def make_profile(spec):
         "version": 1,
         "model": model_name,
         "source": source,
+        # The device the times stand for: `pipesgd simulate` and `advise` print it (and --compute-scale).
+        "device": f"{device['name']} (estimated from FLOPs at {100 * EFFICIENCY:.1f}% of its fp32 peak)",
         "batch": batch,
         "data_seconds": 0.0,
         "update_seconds": significant(SGD_BYTES_PER_PARAMETER * parameters / device["peak_bytes_per_second"]),
