@@ -216,7 +216,7 @@ bool write_model_file(const std::filesystem::path& path, Model& model) {
 
 namespace {
 
-// The iteration of "checkpoint-<12 digits>-<anything>" followed by `suffix`.
+// The iteration of a name "checkpoint-<12 digits>-<rest>" whose rest ends in `suffix`.
 std::optional<std::int64_t> checkpoint_name_iteration(const std::string& name, std::string_view suffix) {
   constexpr std::string_view prefix = "checkpoint-";
   constexpr std::size_t digits = 12;
@@ -239,7 +239,7 @@ void prune_model_files(const std::filesystem::path& dir) {
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
     if (const auto set = checkpoint_name_iteration(name, ".psgd")) oldest = std::min(oldest.value_or(*set), *set);
-    if (const auto model = checkpoint_name_iteration(name, "-model.pt")) models.emplace_back(*model, entry.path());
+    if (const auto model = checkpoint_name_iteration(name, "model.pt")) models.emplace_back(*model, entry.path());
   }
   if (error || !oldest) return;
   for (const auto& [iteration, path] : models) {

@@ -46,6 +46,18 @@ run train --model resnet --iters 8 "${EXD[@]}" --out "$R/export-resnet" --checkp
   --checkpoint-dir "$R/export-resnet-ck" >"$R/export-resnet.out" 2>"$R/export-resnet.err"
 expect_success "export/train-resnet" $? "$R/export-resnet.out" "$R/export-resnet.err"
 
+# softmax (pure C++, written as TorchScript too); its checkpoint models are pruned with their sets (the 2
+# newest sets are kept: 6 and 8).
+run train --model softmax --iters 10 "${EXD[@]}" --out "$R/export-softmax" --checkpoint-every 2 \
+  --checkpoint-dir "$R/export-softmax-ck" >"$R/export-softmax.out" 2>"$R/export-softmax.err"
+expect_success "export/train-softmax" $? "$R/export-softmax.out" "$R/export-softmax.err"
+models=$(cd "$R/export-softmax-ck" 2>/dev/null && echo checkpoint-*-model.pt)
+if [ "$models" = "checkpoint-000000000006-model.pt checkpoint-000000000008-model.pt" ]; then
+  pass "export/checkpoint-models-pruned-with-their-sets"
+else
+  fail "export/checkpoint-models-pruned-with-their-sets" "models left: $models"
+fi
+
 TS_CK=$R/export-ts-ck/checkpoint-000000000003
 RN_CK=$R/export-resnet-ck/checkpoint-000000000004
 run export "$TS_CK-rank0.psgd" --out "$R/export-ts-3.pt" >"$R/export-ts-3.out" 2>"$R/export-ts-3.err"
@@ -106,15 +118,19 @@ def final_model(name, out, shape, earlier):
     unchanged = [k for k, v in state.items() if not k.endswith("num_batches_tracked") and torch.equal(v, before[k])]
     report(f"{name}-model-pt-trained", not unchanged, f"equal to {earlier_name[name]}: {unchanged}")
     counts = {k: int(v) for k, v in state.items() if k.endswith("num_batches_tracked")}
-    report(f"{name}-model-pt-batchnorm-of-rank-0", counts and set(counts.values()) == {s["iterations"]},
-           f"num_batches_tracked {counts}, the run had {s['iterations']} iterations")
+    if name != "softmax":
+        report(f"{name}-model-pt-batchnorm-of-rank-0", counts and set(counts.values()) == {s["iterations"]},
+               f"num_batches_tracked {counts}, the run had {s['iterations']} iterations")
 
-earlier_name = {"torchscript": f"{ex}/bn.pt", "resnet": "checkpoint-000000000004-model.pt"}
+earlier_name = {"torchscript": f"{ex}/bn.pt", "resnet": "checkpoint-000000000004-model.pt",
+                "softmax": "checkpoint-000000000006-model.pt"}
 try:
     ts_ck = torch.jit.load(f"{r}/export-ts-ck/checkpoint-000000000003-model.pt")
     rn_ck = torch.jit.load(f"{r}/export-resnet-ck/checkpoint-000000000004-model.pt")
     final_model("torchscript", "export-ts", (-1, 1, 28, 28), torch.jit.load(f"{ex}/bn.pt"))
     final_model("resnet", "export-resnet", (-1, 784), rn_ck)
+    final_model("softmax", "export-softmax", (-1, 784),
+                torch.jit.load(f"{r}/export-softmax-ck/checkpoint-000000000006-model.pt"))
     # pipesgd export of a checkpoint: the model written at that checkpoint, parameters and buffers bit for bit.
     report("export-equals-checkpoint-model-torchscript", same_state(torch.jit.load(f"{r}/export-ts-3.pt"), ts_ck),
            "export-ts-3.pt differs from checkpoint-000000000003-model.pt")
