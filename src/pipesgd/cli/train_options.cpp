@@ -1,5 +1,6 @@
 #include "pipesgd/cli/train_options.h"
 
+#include <filesystem>
 #include <thread>
 
 #include "pipesgd/comm/network_spec.h"
@@ -217,6 +218,7 @@ void prepare_run_record(TrainConfig& config, const TrainFlags& flags, const Data
   provenance.data_source = described.source;
   provenance.train_examples = data.train.size;
   provenance.test_examples = data.test.size;
+  if (!flags.trace_path.empty()) provenance.trace_file = std::filesystem::absolute(flags.trace_path).lexically_normal().string();
   provenance.versions = {{"pipesgd", pipesgd_version()}, {"libtorch", torch_version()}};
   if (session != nullptr) provenance.versions.emplace_back("mpi", session->runtime.library_version());
   install_interrupt_handlers();
