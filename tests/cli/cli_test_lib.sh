@@ -23,6 +23,9 @@ cli_test_setup() {
     exit 1
   fi
   command -v python3 >/dev/null || { echo "FAIL setup: python3 not found"; echo "0 passed, 1 failed"; exit 1; }
+  # Help and compare's prose unwrapped (the checks look for phrases in them); the rows on the
+  # terminal's width (45_terminal.sh) set COLUMNS themselves.
+  export COLUMNS=10000
   TMP=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX")
   trap cli_test_on_exit EXIT
   mkdir -p "$TMP/rows"

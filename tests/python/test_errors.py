@@ -169,3 +169,50 @@ def test_torchrun_style_launch_is_refused_naming_the_variables():
     env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
     result = run([PYTHON, "-c", "import pipesgd.torch as hvd; hvd.init(); print(hvd.size())"], timeout=60, env=env)
     assert result.returncode == 0 and result.stdout.strip() == "1", result.stderr
+
+
+_OPTION_ERRORS = textwrap.dedent("""
+    import json, sys
+    import torch
+    import pipesgd.torch as hvd
+    hvd.init()
+    model = torch.nn.Linear(4, 2)
+    cases = json.loads(sys.argv[1])
+    for keywords, fused in cases:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        try:
+            hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), fused_update=fused,
+                                     **keywords)
+        except ValueError as error:
+            print("ValueError:", error)
+        else:
+            print("accepted:", keywords)
+""")
+
+
+def test_option_errors_name_the_python_keywords_not_cli_flags():
+    """A method option refused by the C++ checks (which serve the CLI too) is named as the Python
+    caller wrote it: staleness=, warmup_iters=, allreduce=, timeout=, never --staleness-k & co."""
+    import json
+    cases = [
+        ({"method": "pipe", "staleness": 0}, None, ["staleness="]),
+        ({"method": "pipe", "k": 0}, None, ["k="]),
+        ({"method": "dsync", "warmup_iters": 5}, None, ["warmup_iters="]),
+        ({"method": "dsync", "allreduce": "butterfly"}, None, ["allreduce="]),
+        ({"method": "dsync", "calibration": "c.json"}, None, ["calibration=", "allreduce= auto"]),
+        ({"method": "sapipe", "stale_layers": -1}, None, ["stale_layers="]),
+        ({"method": "sapipe", "compensation": "zz"}, None, ["compensation="]),
+        ({"method": "nocomm", "codec": "int8"}, None, ["codec="]),
+        ({"method": "pipe", "warmup_epochs": 1}, None, ["warmup_epochs=", "warmup_iters="]),
+        ({"method": "dsync", "timeout": -1}, True, ["timeout"]),
+    ]
+    result = run([PYTHON, "-c", _OPTION_ERRORS, json.dumps([[keywords, fused] for keywords, fused, _ in cases])],
+                 timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(cases), result.stdout
+    for (keywords, _, names), line in zip(cases, lines):
+        assert line.startswith("ValueError: "), (keywords, line)
+        assert "--" not in line, f"{keywords}: a CLI flag in the Python error: {line}"
+        for name in names:
+            assert name in line, f"{keywords}: {name!r} not in {line!r}"

@@ -36,6 +36,7 @@ import contextlib
 import io
 import os
 import pickle
+import re
 import socket
 import sys
 import threading
@@ -1075,6 +1076,23 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
 # --name-with-underscores.
 _FLAG_ALIASES = {"staleness": "--staleness-k", "k": "--staleness-k"}
 _DEFAULT_METHOD = "dsync"
+# The C++ options that Python sets from elsewhere than a method keyword: the wrapped optimizer's
+# hyper-parameters (fused_update=True), DistributedOptimizer's timeout=, init's servers=.
+_KEYWORDS_OF_FLAGS = {"--lr": "lr", "--momentum": "momentum", "--weight-decay": "weight_decay",
+                      "--adam-beta1": "betas", "--adam-beta2": "betas", "--adam-eps": "eps",
+                      "--comm-timeout": "timeout", "--servers": "servers"}
+_FLAG_PATTERN = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
+def _python_names(message, keyword_of_flag):
+    """A message of the C++ option checks (which name the CLI's flags) in the names a Python user
+    wrote: --staleness-k -> staleness=, --warmup-iters -> warmup_iters=, --comm-timeout -> timeout=.
+    `keyword_of_flag`: flag -> the keyword the user gave for it (aliases included)."""
+    def keyword(match):
+        flag = match.group(0)
+        name = keyword_of_flag.get(flag) or _KEYWORDS_OF_FLAGS.get(flag) or match.group(1).replace("-", "_")
+        return name + "="
+    return _FLAG_PATTERN.sub(keyword, message)
 
 
 def _hyper_parameters(optimizer):
@@ -1174,6 +1192,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
         spec = _DEFAULT_METHOD if method is None else str(method)
+        if method_options.get("warmup_epochs", 0) not in (0, "0"):
+            raise ValueError("warmup_epochs= needs the iterations of one epoch, which pipesgd.torch does not know: "
+                             "give warmup_iters= (iterations) instead")
         flags = {}
         for key, value in method_options.items():
             flag = _FLAG_ALIASES.get(key, "--" + key.replace("_", "-"))
@@ -1226,7 +1247,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"DistributedOptimizer: the learning rate is {options['learning_rate']}; pipesgd "
                                  "needs a positive rate at construction (set it later with a scheduler)")
             options["learning_rate"] = float(initial)
-        self._pipesgd = _C.DistributedOptimizer(worker, [(name, params) for name, params, _ in layers], spec, options)
+        try:
+            self._pipesgd = _C.DistributedOptimizer(worker, [(name, params) for name, params, _ in layers], spec,
+                                                    options)
+        except ValueError as error:  # the option checks name the CLI's flags: say the keywords instead
+            keyword_of_flag = {_FLAG_ALIASES.get(key, "--" + key.replace("_", "-")): key for key in method_options}
+            raise type(error)(_python_names(str(error), keyword_of_flag)) from None
         if not self._fused:
             # finish() applies the updates still in flight one after another, each by the wrapped step().
             myself = weakref.ref(self)

@@ -1,11 +1,13 @@
 #include "pipesgd/cli/cli_common.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 #include <string_view>
 
 #include "pipesgd/algo/planning.h"
 #include "pipesgd/algo/registry.h"
+#include "pipesgd/comm/launch_environment.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/torch/torch_models.h"
@@ -54,7 +56,7 @@ const char* const kModelFlagHelp =
     "the same file, so its initial weights do not depend on --seed; see docs/user-guide.md)";
 const char* const kDataFlagHelp =
     "Data set: fashion-mnist (MNIST-format files, see --data-dir), synthetic, or npy:DIR (DIR/train_x.npy, "
-    "train_y.npy, test_x.npy, test_y.npy: inputs [N, ...] float32 or uint8 (scaled by 1/255); y int64/int32 "
+    "train_y.npy, test_x.npy, test_y.npy: inputs [N, ...] float32, float64 (converted to float32) or uint8 (scaled by 1/255); y int64/int32 "
     "labels [N] or float32/float64 regression targets [N] or [N, k])";
 
 std::string data_dir_flag_help() {
@@ -88,7 +90,14 @@ DataSplits load_data_set(const std::string& data, const std::string& dir, std::i
     if (!dir.empty()) {
       throw UsageError(concat("--data-dir cannot be combined with --data ", data, " (the directory is part of --data)"));
     }
-    return load_npy_dir(npy_dir);
+    DataSplits splits = load_npy_dir(npy_dir);
+    // Once per command, from one process of an MPI launch (rank 0, or the only one).
+    if (!splits.converted_from_float64.empty() && launch_environment().rank <= 0) {
+      std::fprintf(stderr, "pipesgd: note: %s hold%s float64 inputs: converted to float32\n",
+                   join(splits.converted_from_float64, " and ").c_str(),
+                   splits.converted_from_float64.size() == 1 ? "s" : "");
+    }
+    return splits;
   }
   if (data == "synthetic") {
     if (!dir.empty()) throw UsageError("--data-dir cannot be combined with --data synthetic");

@@ -4,11 +4,14 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "pipesgd/cli/command_trace.h"
 #include "pipesgd/cli/commands.h"
+#include "pipesgd/cli/help_format.h"
 #include "pipesgd/cli/train_options.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/text_table.h"
 #include "pipesgd/torch/torch_models.h"
 #include "pipesgd/train/accuracy_target.h"
 #include "pipesgd/train/report.h"
@@ -17,8 +20,13 @@
 namespace pipesgd {
 namespace {
 
+// The width compare's prose lines wrap to: the terminal's (COLUMNS, else the terminal's own), 100
+// when stdout is not a terminal.
+constexpr std::size_t kCompareWidth = 100;
+
 int run_compare(const TrainFlags& flags, const std::string& algorithms, std::optional<double> target_accuracy,
-                MpiSession* session) {
+                bool wide, MpiSession* session) {
+  const std::size_t width = terminal_width(kCompareWidth);
   if (target_accuracy) check_target_accuracy(*target_accuracy);
   const std::vector<std::string> specs = split_list(algorithms);
   std::vector<TrainConfig> configs;  // every entry checked before any training
@@ -55,8 +63,10 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, std::opt
     for (const TrainConfig& config : configs) {
       if (server_ranks(config) > server_ranks(*widest)) widest = &config;
     }
-    std::cout << "pipesgd compare: " << algorithms << " on " << flags.model << " (" << data.train.name << "), "
-              << describe_workers(*widest, session) << std::endl;
+    std::cout << wrap_prose_lines(concat("pipesgd compare: ", algorithms, " on ", flags.model, " (", data.train.name,
+                                         "), ", describe_workers(*widest, session), "\n"),
+                                  width)
+              << std::flush;
   }
   std::vector<RunSummary> summaries;
   for (std::size_t i = 0; i < configs.size(); ++i) {
@@ -81,7 +91,9 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, std::opt
   const std::optional<Interruption> interrupted = summaries.back().interrupted;
   if (!leader) return interrupted ? interrupted_exit(interrupted->signal, session) : 0;
   std::cout << "\n";
-  print_compare_table(std::cout, summaries, target_accuracy);
+  std::ostringstream table;
+  print_compare_table(table, summaries, target_accuracy, wide);
+  std::cout << (wide ? table.str() : wrap_prose_lines(table.str(), width));
   if (!flags.out_dir.empty()) {
     write_compare_outputs(flags.out_dir, summaries, target_accuracy);
     if (!interrupted) std::cout << "wrote " << flags.out_dir << "/compare.json\n";
@@ -108,6 +120,7 @@ Subcommand add_compare_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   auto methods = std::make_shared<std::string>(default_compare_list());
   auto target_accuracy = std::make_shared<std::optional<double>>();
+  auto wide = std::make_shared<bool>(false);
   Subcommand compare;
   compare.command = app.add_subcommand("compare", "Train several methods one after another; one table");
   compare.command
@@ -121,10 +134,14 @@ Subcommand add_compare_command(CLI::App& app) {
                               "The accuracy whose time to reach the table shows per method (\"time to X%\"), as a fraction "
                               "in (0, 1], e.g. 0.85: test accuracy, or train accuracy with --no-eval. Default: the best "
                               "accuracy every method reached");
+  compare.command->add_flag("--wide", *wide,
+                            "Every column of the table (the stage times, comm, stretch, comm CPU ns/B, the prediction, "
+                            "both accuracies) and lines unwrapped; the default table fits 100 characters (compare.json "
+                            "with --out has every figure)");
   add_train_flags(*compare.command, *flags);
   compare.transport = [flags] { return flags->transport; };
-  compare.run = [flags, methods, target_accuracy](MpiSession* session) {
-    return run_compare(*flags, *methods, *target_accuracy, session);
+  compare.run = [flags, methods, target_accuracy, wide](MpiSession* session) {
+    return run_compare(*flags, *methods, *target_accuracy, *wide, session);
   };
   compare.command_line = [flags](const std::vector<std::string>& argv) { flags->command_line = argv; };
   return compare;

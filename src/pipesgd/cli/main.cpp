@@ -11,7 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include "pipesgd/cli/cli_common.h"
 #include "pipesgd/cli/commands.h"
+#include "pipesgd/cli/help_format.h"
 #include "pipesgd/cli/train_options.h"
 #include "pipesgd/comm/launch_environment.h"
 #include "pipesgd/core/error.h"
@@ -80,6 +82,9 @@ int main(int argc, char** argv) {
       "workers as threads or MPI ranks)."};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");
+  app.set_version_flag("--version", [] { return concat("pipesgd ", pipesgd_version()); }, "Print the version and exit");
+  // Help wrapped to the terminal (80 columns when stdout is not one); subcommands inherit it.
+  app.formatter(std::make_shared<WrappingFormatter>(terminal_width(80)));
   std::vector<Subcommand> commands = {add_train_command(app), add_compare_command(app)};
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
@@ -99,9 +104,13 @@ int main(int argc, char** argv) {
     return false;
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
-    std::fprintf(stderr,
-                 "pipesgd: error: unknown command '%s' (expected train, compare, bench, calibrate, plan, profile, simulate, advise or report; see --help)\n",
-                 argv[1]);
+    std::vector<std::string> names;
+    for (const CLI::App* command : app.get_subcommands({})) names.push_back(command->get_name());
+    const std::string meant = closest_name(argv[1], names);
+    const std::string last = names.back();
+    names.pop_back();
+    std::fprintf(stderr, "pipesgd: error: unknown command '%s'%s (expected %s or %s; see --help)\n", argv[1],
+                 meant.empty() ? "" : concat("; did you mean ", meant, "?").c_str(), join(names).c_str(), last.c_str());
     return 2;
   }
   try {
@@ -110,8 +119,15 @@ int main(int argc, char** argv) {
     return app.exit(help);
   } catch (const CLI::CallForAllHelp& help) {
     return app.exit(help);
+  } catch (const CLI::CallForVersion& version) {
+    return app.exit(version);
   } catch (const CLI::ParseError& error) {
-    std::fprintf(stderr, "pipesgd: error: %s (see --help)\n", error.what());
+    const std::string unknown = unknown_argument_message(app, error);
+    if (!unknown.empty()) {
+      std::fprintf(stderr, "pipesgd: error: %s\n", unknown.c_str());
+    } else {
+      std::fprintf(stderr, "pipesgd: error: %s (see --help)\n", error.what());
+    }
     return 2;
   }
   const Subcommand* chosen = nullptr;

@@ -137,9 +137,11 @@ std::string npy_file(const std::string& dir, const char* name) {
   return path;
 }
 
-Dataset load_npy_split(const std::string& inputs_path, const std::string& targets_path, std::string name) {
+Dataset load_npy_split(const std::string& inputs_path, const std::string& targets_path, std::string name,
+                       std::vector<std::string>& converted_from_float64) {
   NpyTargets targets = decode_npy_targets(read_npy(targets_path), targets_path);
   NpyInputs inputs = decode_npy_inputs(read_npy(inputs_path), inputs_path);
+  if (inputs.converted_from_float64) converted_from_float64.push_back(inputs_path);
   if (inputs.count != targets.count) {
     throw DataError(concat("x/y count mismatch: ", inputs_path, " has ", inputs.count, " examples but ", targets_path,
                            " has ", targets.count, targets.regression() ? " targets" : " labels"));
@@ -183,8 +185,8 @@ DataSplits load_npy_dir(const std::string& dir) {
 
   const std::string label = directory_label(dir);
   DataSplits splits;
-  splits.train = load_npy_split(train_x, train_y, label + "/train");
-  splits.test = load_npy_split(test_x, test_y, label + "/test");
+  splits.train = load_npy_split(train_x, train_y, label + "/train", splits.converted_from_float64);
+  splits.test = load_npy_split(test_x, test_y, label + "/test", splits.converted_from_float64);
   const Dataset& train = splits.train;
   const Dataset& test = splits.test;
   if (train.example_shape != test.example_shape) {

@@ -34,6 +34,8 @@ struct Dataset {
 struct DataSplits {
   Dataset train;
   Dataset test;
+  // The .npy files of float64 inputs read (converted to float32), for the caller to say so once.
+  std::vector<std::string> converted_from_float64;
 };
 
 // Loads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and

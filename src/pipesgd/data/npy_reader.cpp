@@ -188,6 +188,15 @@ T load_element(const std::uint8_t* data, std::size_t index) {
   return value;
 }
 
+// A float64 value rounded to float32; beyond float's range the conversion is undefined: such
+// values become +-infinity.
+float to_float(double value) {
+  constexpr double kLargest = std::numeric_limits<float>::max();
+  return value > kLargest    ? std::numeric_limits<float>::infinity()
+         : value < -kLargest ? -std::numeric_limits<float>::infinity()
+                             : static_cast<float>(value);
+}
+
 }  // namespace
 
 std::string npy_shape_text(const std::vector<std::size_t>& shape) {
@@ -227,10 +236,12 @@ NpyArray read_npy(const std::string& path) {
 
 NpyInputs decode_npy_inputs(const NpyArray& array, const std::string& source_name) {
   const bool float32 = is_dtype(array.dtype, 'f', 4);
+  const bool float64 = is_dtype(array.dtype, 'f', 8);
   const bool uint8 = is_dtype(array.dtype, 'u', 1);
-  if (!float32 && !uint8) {
+  if (!float32 && !float64 && !uint8) {
     fail(source_name, concat("inputs of dtype ", dtype_name(array.dtype),
-                             " are not accepted; expected float32 (<f4) or uint8 (|u1, scaled by 1/255)"));
+                             " are not accepted; expected float32 (<f4), float64 (<f8, converted to float32) or uint8 "
+                             "(|u1, scaled by 1/255)"));
   }
   if (array.shape.size() < 2) {
     fail(source_name, concat("inputs of shape ", npy_shape_text(array.shape),
@@ -251,6 +262,11 @@ NpyInputs decode_npy_inputs(const NpyArray& array, const std::string& source_nam
   inputs.values.resize(count);
   if (float32) {
     std::memcpy(inputs.values.data(), array.data.data(), count * sizeof(float));
+  } else if (float64) {
+    inputs.converted_from_float64 = true;
+    for (std::size_t index = 0; index < count; ++index) {
+      inputs.values[index] = to_float(load_element<double>(array.data.data(), index));
+    }
   } else {
     std::array<float, 256> byte_to_float{};
     for (std::size_t value = 0; value < byte_to_float.size(); ++value) {
@@ -304,12 +320,7 @@ NpyTargets decode_npy_targets(const NpyArray& array, const std::string& source_n
     std::memcpy(result.targets.data(), array.data.data(), count * sizeof(float));
   } else {
     for (std::size_t index = 0; index < count; ++index) {
-      const double value = load_element<double>(array.data.data(), index);
-      // Beyond float's range the conversion is undefined: such values become +-infinity.
-      constexpr double kLargest = std::numeric_limits<float>::max();
-      result.targets[index] = value > kLargest    ? std::numeric_limits<float>::infinity()
-                              : value < -kLargest ? -std::numeric_limits<float>::infinity()
-                                                  : static_cast<float>(value);
+      result.targets[index] = to_float(load_element<double>(array.data.data(), index));
     }
   }
   return result;

@@ -33,13 +33,15 @@ NpyArray read_npy(const std::string& path);
 NpyArray parse_npy(std::span<const std::uint8_t> bytes, const std::string& source_name);
 
 // The inputs of a data set from an array of shape [N, d1, d2, ...] (at least 2 dimensions, N >= 1,
-// every d >= 1): float32 values as stored, uint8 values scaled by 1/255 (as the IDX path scales
-// pixels). Throws DataError naming `source_name` for another dtype or shape.
+// every d >= 1): float32 values as stored, float64 (NumPy's default) rounded to float32, uint8 values
+// scaled by 1/255 (as the IDX path scales pixels). Throws DataError naming `source_name` for another
+// dtype or shape.
 struct NpyInputs {
   std::size_t count = 0;
   std::vector<std::int64_t> example_shape;  // {d1, d2, ...}
   std::size_t features = 0;                 // product of example_shape
   std::vector<float> values;                // count * features, row-major
+  bool converted_from_float64 = false;      // the file held float64
 };
 NpyInputs decode_npy_inputs(const NpyArray& array, const std::string& source_name);
 

@@ -260,7 +260,7 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
 }
 
 void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries,
-                         std::optional<double> requested_target) {
+                         std::optional<double> requested_target, bool wide) {
   const std::optional<AccuracyTarget> target = compare_accuracy_target(summaries, requested_target);
   std::vector<std::vector<std::string>> rows = {{"method", "samples/s", "iter ms", "update", "comp", "forward",
                                                  "backward", "compute", "stretch", "exposed wait", "comm",
@@ -287,9 +287,19 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
                     base > 0 ? format_number("%.2fx", f.throughput / base) : std::string("-")});
     runs.push_back(f);
   }
-  print_table(out, rows);
-  out << "stretch = compute over that of nocomm (compute alone) in this compare (\"-\" without it); comm CPU ns/B = "
-         "the gradient allreduces' CPU time on the threads that ran them per allreduced fp32 byte\n";
+  if (wide) {
+    print_table(out, rows);
+    out << "stretch = compute over that of nocomm (compute alone) in this compare (\"-\" without it); comm CPU ns/B = "
+           "the gradient allreduces' CPU time on the threads that ran them per allreduced fp32 byte\n";
+  } else {
+    // The accuracy of the target's kind (test, or train when no run was evaluated).
+    const bool evaluated = std::any_of(summaries.begin(), summaries.end(),
+                                       [](const RunSummary& s) { return s.figures.final_test_accuracy >= 0; });
+    print_table(out, select_columns(rows, {"method", "samples/s", "iter ms", "exposed wait",
+                                           evaluated ? "test acc" : "train acc", rows.front()[rows.front().size() - 2],
+                                           rows.front().back()}));
+    out << "(more columns with --wide: stage times, comm, stretch, comm CPU ns/B, prediction, both accuracies)\n";
+  }
   print_short_runs(out, summaries);
   for (const RunSummary& s : summaries) {
     if (!s.interrupted) continue;

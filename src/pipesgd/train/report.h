@@ -34,9 +34,11 @@ std::optional<AccuracyTarget> compare_accuracy_target(const std::vector<RunSumma
 // One row per method, with the time each took to reach compare_accuracy_target(summaries,
 // requested_target) and speedup relative to the first (the column says "speedup vs <first>"), a
 // line per run that ended before its method's deferred phase; then the tables of the compared
-// methods' families (registry order).
+// methods' families (registry order). Not `wide`: the columns that fit 100 characters (method,
+// samples/s, iter ms, exposed wait, the accuracy, the time to the target, the speedup); `wide`: every
+// column (the stage times, comm, stretch, comm CPU ns/B, the prediction, both accuracies).
 void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summaries,
-                         std::optional<double> requested_target = std::nullopt);
+                         std::optional<double> requested_target = std::nullopt, bool wide = false);
 
 // Writes DIR/compare.json (atomically); each record has the accuracy target as print_compare_table
 // chooses it ("target_accuracy", accuracy_target_to_json) and "time_to_target_accuracy_s" (null if

@@ -48,6 +48,7 @@ struct RunProvenance {
   std::string data_source;                // the directory read, or how the data was made
   std::size_t train_examples = 0;
   std::size_t test_examples = 0;
+  std::string trace_file;                 // --trace FILE as an absolute path ("": none); `report` finds it
   // What the run was built with, name -> version (pipesgd, LibTorch, the MPI library).
   std::vector<std::pair<std::string, std::string>> versions;
 };

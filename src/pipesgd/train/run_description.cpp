@@ -102,6 +102,7 @@ nlohmann::json describe_configuration(const RunContext& run, const FlatParameter
       {"optimizer", describe_optimizer(config.method.common.optimizer)},
       {"method", describe_method(run, model)},
       {"transport", provenance.transport},
+      {"trace", provenance.trace_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(provenance.trace_file)},
       {"network",
        {{"spec", config.network.name},
         {"bits_per_second", config.network.bits_per_second},

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The communication path's measures (sourced by run_cli_tests.sh; uses $R, run, row, pycheck, pass,
 # fail, expect_success, expect_contains):
-#  - compare: the table's "stretch" and "comm CPU ns/B" columns; compare.json's compute_s,
+#  - compare --wide: the table's "stretch" and "comm CPU ns/B" columns; compare.json's compute_s,
 #    compute_stretch (compute over nocomm's: 1 for nocomm itself, null without nocomm) and
 #    comm_cpu_ns_per_byte (null for nocomm, which allreduces nothing; positive for dsync and pipe);
 #  - train --out: summary.json comm_cpu_ns_per_byte, metrics.jsonl comm_cpu_s and comm_bytes (dsync
@@ -18,7 +18,7 @@ d=$R/comm-path
 mkdir -p "$d"
 
 # compare with nocomm: the stretch is each method's compute over nocomm's.
-run compare --algos nocomm,dsync,pipe --workers 2 --iters 30 --out "$d/cmp" "${CQ[@]}" >"$d/cmp.out" 2>"$d/cmp.err"
+run compare --wide --algos nocomm,dsync,pipe --workers 2 --iters 30 --out "$d/cmp" "${CQ[@]}" >"$d/cmp.out" 2>"$d/cmp.err"
 expect_success "comm-path/compare-exit-0" $? "$d/cmp.out" "$d/cmp.err"
 pycheck "comm-path/compare-table-columns" "$d/cmp.out" <<'PYEOF'
 import re, sys
