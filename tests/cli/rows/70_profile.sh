@@ -27,7 +27,7 @@ help_lists_flags profile --model --loss --data --data-dir --batch --seed --iters
 run --help >"$R/profile-top-help.out" 2>&1
 expect_contains "profile/top-level-help" "$R/profile-top-help.out" "profile"
 run frob >"$R/profile-unknown-command.out" 2>&1
-expect_contains "profile/unknown-command-lists-it" "$R/profile-unknown-command.out" "plan, profile, simulate, advise or report"
+expect_contains "profile/unknown-command-lists-it" "$R/profile-unknown-command.out" "plan, profile, simulate, advise"
 
 # The built-in mlp (on the small fixture, batch 5, when Fashion-MNIST is not installed).
 run profile --model mlp --iters 3 "${DATA_ARGS[@]}" --out "$R/profile-mlp.json" \
