@@ -7,6 +7,8 @@
   "boom" well within init(timeout=20), and the whole run must end (no hang).
 * An uncaught exception in an interactive interpreter (python -i, the REPL: sys.excepthook runs and
   the process goes on) must not leave pipesgd.torch crashing (SIGSEGV) on the next call.
+* A method option the C++ checks refuse is named as the Python caller wrote it (staleness=,
+  warmup_iters=, ...), never as the CLI's flag (--staleness-k).
 """
 import re
 import subprocess
