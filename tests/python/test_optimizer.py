@@ -340,3 +340,30 @@ def test_changing_momentum_after_construction_raises_on_the_fused_path():
         opt.load_state_dict({})
     with pytest.raises(ValueError, match="fused_update=False"):
         opt.synchronize()
+
+
+def test_pipe_with_momentum_warns_once_and_only_where_accuracy_is_at_stake(monkeypatch):
+    # Pipe-SGD's stale gradient under momentum >= 0.5 costs accuracy: one warning per process, saying
+    # what to use instead; none for dsync, sapipe or pipe with a small momentum.
+    monkeypatch.setattr(hvd, "_stale_momentum_warned", False)
+
+    def build(method, momentum):
+        model = fresh_model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum),
+                                       named_parameters=model.named_parameters(), method=method)
+        x, y = next(global_batches(1))
+        F.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
+        opt.step()
+        opt.finish()
+
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build("dsync", 0.9)
+        build("pipe", 0.3)
+        build("pipe+int8", 0.9)
+        build("pipe", 0.9)  # once per process
+    messages = [str(w.message) for w in caught if "stale" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "method 'pipe+int8'" in messages[0] and "momentum 0.9" in messages[0], messages[0]
+    assert "sapipe" in messages[0] and "momentum <= 0.3" in messages[0] and "dsync" in messages[0], messages[0]

@@ -1076,6 +1076,29 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
 # --name-with-underscores.
 _FLAG_ALIASES = {"staleness": "--staleness-k", "k": "--staleness-k"}
 _DEFAULT_METHOD = "dsync"
+# Pipe-SGD's gradients are K-1 steps stale and momentum amplifies a stale gradient: from momentum
+# 0.5 on the accuracy loss against dsync passes 1 point (6.5 at 0.9; the CLI's train/compare warn
+# alike, docs/user-guide.md "Momentum with a stale method"). Warned once per process.
+_STALE_MOMENTUM_WARNING = 0.5
+_STALE_MOMENTUM_ADVICE = 0.3
+_stale_momentum_warned = False
+
+
+def _warn_stale_momentum(spec, flags, param_groups):
+    global _stale_momentum_warned
+    momentum = max(float(group.get("momentum", 0) or 0) for group in param_groups)
+    try:
+        k = int(flags.get("--staleness-k", 2))
+    except ValueError:
+        return  # the method's own check says what is wrong
+    if _stale_momentum_warned or spec.split("+")[0] != "pipe" or k < 2 or momentum < _STALE_MOMENTUM_WARNING:
+        return
+    _stale_momentum_warned = True
+    steps = "step" if k == 2 else "steps"
+    warnings.warn(f"pipesgd.torch: method '{spec}' applies gradients {k - 1} {steps} stale (K = {k}) and momentum "
+                  f"{momentum:g} amplifies them: expect lower accuracy (momentum 0.9 cost pipe+int8 6.5 points "
+                  f"against dsync); use method='sapipe', momentum <= {_STALE_MOMENTUM_ADVICE:g}, or 'dsync'",
+                  stacklevel=4)
 # The C++ options that Python sets from elsewhere than a method keyword: the wrapped optimizer's
 # hyper-parameters (fused_update=True), DistributedOptimizer's timeout=, init's servers=.
 _KEYWORDS_OF_FLAGS = {"--lr": "lr", "--momentum": "momentum", "--weight-decay": "weight_decay",
@@ -1228,6 +1251,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             options = {"optimizer": "external"}
         self._forward_hooks = model is not None and self._fused
+        _warn_stale_momentum(spec, flags, self.param_groups)
         if base == "sapipe" and model is None and self._fused:
             warnings.warn("pipesgd.torch: method 'sapipe' applies its synchronous layers' updates just before each "
                           "layer's forward through module forward pre-hooks: pass model=your_module to "

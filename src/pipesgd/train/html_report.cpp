@@ -281,8 +281,6 @@ std::string method_tics(const ReportInput& input, double first, double spacing) 
   return concat("set xtics (", join(tics), ") scale 0", input.runs.size() > 5 ? " rotate by -25" : "");
 }
 
-double computation(const IterationTimes& mean) { return mean.forward + mean.backward + mean.update + mean.compensation; }
-
 Section time_section(const ReportInput& input, PlotScript& script) {
   Section section{"Where an iteration's time goes", "", {}};
   const std::size_t methods = input.runs.size();
@@ -333,22 +331,23 @@ Section time_section(const ReportInput& input, PlotScript& script) {
        "iteration its timing model predicts and the measured one. The stack leaves out data loading and the compute "
        "thread's other time (hooks, bookkeeping), so it may fall a little short of the measured bar."});
 
-  // Communication against computation: computation at 3i, communication at 3i + 1.
+  // Communication against compute: compute at 3i, communication at 3i + 1.
   std::string compute_rows, comm_rows;
   for (std::size_t i = 0; i < methods; ++i) {
-    compute_rows += box_row(3.0 * static_cast<double>(i), 0, computation(input.runs[i].mean) * 1e3);
+    compute_rows += box_row(3.0 * static_cast<double>(i), 0, input.runs[i].compute * 1e3);
     comm_rows += box_row(3.0 * static_cast<double>(i) + 1, 0, input.runs[i].mean.comm * 1e3);
   }
   script.begin("comm-compute", "", "ms per iteration");
   script.set(method_tics(input, 0.5, 3));
   script.set(concat("set xrange [-1:", 3 * methods - 1, "]"));
   script.set("set yrange [0:*]");
-  script.plot({concat(script.data("computation.dat", compute_rows), " ", box_style("#4e79a7", "computation")),
+  script.plot({concat(script.data("compute.dat", compute_rows), " ", box_style("#4e79a7", "compute")),
                concat(script.data("communication.dat", comm_rows), " ", box_style("#f28e2b", "communication"))});
   section.figures.push_back(
       {"comm-compute",
        "Communication (comm_s: the allreduce, or the pushes and pulls, on the thread that ran them) against "
-       "computation (forward + backward + update + compensation), per iteration. A method that overlaps them "
+       "compute (the compute thread's busy time: iteration - exposed wait, the \"compute\" train and compare print), "
+       "per iteration. A method that overlaps them "
        "exposes less wait than its communication takes."});
   return section;
 }
@@ -462,7 +461,7 @@ std::string accuracy_cell(const std::optional<double>& fraction) {
 }
 
 std::string summary_section(const ReportInput& input, const std::optional<AccuracyTarget>& target) {
-  std::vector<std::string> header = {"method", "samples/s", "iteration ms", "predicted ms", "computation ms",
+  std::vector<std::string> header = {"method", "samples/s", "iteration ms", "predicted ms", "compute ms",
                                      "comm ms", "exposed wait ms"};
   if (input.compare) header.push_back(concat("speedup vs ", input.speedup_baseline));
   header.insert(header.end(), {"train acc", "test acc", time_to_accuracy_heading(target)});
@@ -472,17 +471,18 @@ std::string summary_section(const ReportInput& input, const std::optional<Accura
                                     format_number("%.0f", run.throughput),
                                     milliseconds(run.mean.iteration),
                                     milliseconds(run.predicted_iteration),
-                                    milliseconds(computation(run.mean)),
+                                    milliseconds(run.compute),
                                     milliseconds(run.mean.comm),
                                     milliseconds(run.mean.wait)};
-    if (input.compare) row.push_back(format_number("%.2fx", run.speedup.value_or(0)));
+    if (input.compare) row.push_back(run.speedup ? format_number("%.2fx", *run.speedup) : std::string("-"));
     const std::optional<double> reached = target ? time_to_accuracy(run.metrics.epochs, *target) : std::nullopt;
     row.insert(row.end(), {accuracy_cell(run.final_train_accuracy), accuracy_cell(run.final_test_accuracy),
                            time_to_accuracy_cell(reached)});
     rows.push_back(std::move(row));
   }
   std::string html = "<h2>Summary</h2>\n" + html_table(rows);
-  html += "<p>Times are means per iteration over the workers and the measured iterations; throughput is samples per "
+  html += "<p>Times are means per iteration over the workers and the measured iterations; compute is the compute "
+          "thread's busy time (iteration - exposed wait), as train and compare print it; throughput is samples per "
           "second over all workers";
   if (input.compare) html += concat("; speedup is throughput relative to ", html_escape(input.speedup_baseline));
   html += ". ";

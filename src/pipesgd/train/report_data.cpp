@@ -77,10 +77,26 @@ IterationTimes iteration_times(const json& object, const std::string& source) {
 
 std::string quoted(const std::filesystem::path& path) { return concat("'", path.string(), "'"); }
 
+// The compute thread's busy time per iteration ("compute_s", as train and compare print "compute");
+// a file written before it had the field: iteration - exposed wait, its definition.
+double compute_seconds(const json& object, const IterationTimes& mean, const std::string& source) {
+  return optional_number(object, "compute_s", source).value_or(mean.iteration - mean.wait);
+}
+
+// A run stopped before its first measured iteration has no figures (null in its files).
+bool unmeasured(const json& object, const char* means_key) {
+  const auto found = object.find(means_key);
+  return found != object.end() && found->is_null();
+}
+
 // The figures summary.json gives every run.
 void read_summary_figures(const json& summary, const std::string& source, MethodRun& run) {
   run.method = text(summary, "method", source);
+  if (unmeasured(summary, "mean")) {
+    malformed(source, "the run was interrupted before its first measured iteration: no figures to report");
+  }
   run.mean = iteration_times(field(summary, "mean", source), source + " \"mean\"");
+  run.compute = compute_seconds(summary, run.mean, source);
   run.throughput = number(summary, "throughput_samples_per_s", source);
   run.predicted_iteration = number(summary, "predicted_iteration_s", source);
   run.final_train_accuracy = optional_number(summary, "final_train_accuracy", source);
@@ -107,13 +123,15 @@ ReportInput read_compare_directory(const std::filesystem::path& dir) {
     MethodRun run;
     run.method = text(record, "method", record_source);
     run.directory = dir / concat(i + 1, "-", run.method);
+    if (unmeasured(record, "breakdown")) continue;  // interrupted before its first measured iteration
     run.mean = iteration_times(field(record, "breakdown", record_source), record_source + " \"breakdown\"");
+    run.compute = compute_seconds(record, run.mean, record_source);
     run.throughput = number(record, "throughput_samples_per_s", record_source);
     run.predicted_iteration = number(record, "predicted_iteration_s", record_source);
-    run.speedup = number(record, "speedup", record_source);
+    run.speedup = optional_number(record, "speedup", record_source);  // null: no baseline measured
     run.final_train_accuracy = optional_number(record, "final_train_accuracy", record_source);
     run.final_test_accuracy = optional_number(record, "final_test_accuracy", record_source);
-    if (i == 0) {
+    if (input.runs.empty()) {
       input.speedup_baseline = text(record, "speedup_baseline", record_source);
       if (const auto target = record.find("target_accuracy"); target != record.end()) {
         input.recorded_target = accuracy_target_from_json(*target, record_source);
@@ -124,6 +142,9 @@ ReportInput read_compare_directory(const std::filesystem::path& dir) {
     }
     run.metrics = read_metrics_file(run.directory / "metrics.jsonl");
     input.runs.push_back(std::move(run));
+  }
+  if (input.runs.empty()) {
+    malformed(source, "every method was interrupted before its first measured iteration: no figures to report");
   }
   return input;
 }

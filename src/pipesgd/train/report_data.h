@@ -40,6 +40,7 @@ struct MethodRun {
   std::string method;
   std::filesystem::path directory;  // where its metrics.jsonl and summary.json are
   IterationTimes mean;              // means per iteration (summary.json "mean", compare.json "breakdown")
+  double compute = 0;               // "compute_s": the compute thread's busy time per iteration (iteration - exposed wait)
   double throughput = 0;            // samples per second
   double predicted_iteration = 0;   // the method's timing model, seconds
   std::optional<double> speedup;    // compare only: throughput relative to the first method
