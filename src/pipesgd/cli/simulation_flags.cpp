@@ -172,17 +172,27 @@ std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<Simula
 
 std::string describe_collective_levels(const std::vector<SimulationJob>& jobs,
                                        const std::vector<MethodSimulationResult>& results) {
-  std::map<std::string, int> reasons;  // the reasons of the simulations with collectives, and how many each
-  std::vector<std::string> order;
+  // Per level, in order of appearance: how many simulations, the first one's reason, whether all
+  // had that reason.
+  struct Level {
+    std::string name;
+    int count = 0;
+    std::string reason;
+    bool same = true;
+  };
+  std::vector<Level> levels;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     if (jobs[i].options.workers <= 1 || !results[i].unbuildable.empty()) continue;
-    const std::string text = concat(results[i].collectives == "messages" ? "message-level" : "modelled", " (",
-                                    results[i].collectives_reason, ")");
-    if (reasons[text]++ == 0) order.push_back(text);
+    const std::string name = results[i].collectives == "messages" ? "message-level" : "modelled";
+    auto level = std::find_if(levels.begin(), levels.end(), [&](const Level& l) { return l.name == name; });
+    if (level == levels.end()) level = levels.insert(levels.end(), Level{name, 0, results[i].collectives_reason, true});
+    ++level->count;
+    level->same = level->same && level->reason == results[i].collectives_reason;
   }
   std::string line;
-  for (const std::string& text : order) {
-    line += concat(line.empty() ? "collectives: " : "; ", order.size() > 1 ? concat(reasons[text], " simulations ") : "", text);
+  for (const Level& level : levels) {
+    line += concat(line.empty() ? "collectives: " : "; ", level.name, " for ", level.count,
+                   level.count == 1 ? " simulation (" : " simulations (", level.same ? "" : "e.g. ", level.reason, ")");
   }
   return line;
 }

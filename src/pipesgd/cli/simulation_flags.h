@@ -49,8 +49,8 @@ void check_fits_topology(const SimulationJob& job);
 // simulate_methods.
 std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
                                                         bool quiet, bool skip_unbuildable = false);
-// "collectives: message-level (auto: ...)" or, when they differ, how many simulations ran at which
-// level and why ("" if no simulation had collectives).
+// "collectives: modelled for 46 simulations (auto: ...)": how many simulations ran at each level
+// and why (the first one's reason, "e.g." if the others' differ); "" if none had collectives.
 std::string describe_collective_levels(const std::vector<SimulationJob>& jobs,
                                        const std::vector<MethodSimulationResult>& results);
 
