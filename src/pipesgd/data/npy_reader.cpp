@@ -240,8 +240,8 @@ NpyInputs decode_npy_inputs(const NpyArray& array, const std::string& source_nam
   const bool uint8 = is_dtype(array.dtype, 'u', 1);
   if (!float32 && !float64 && !uint8) {
     fail(source_name, concat("inputs of dtype ", dtype_name(array.dtype),
-                             " are not accepted; expected float32 (<f4), float64 (<f8, converted to float32) or uint8 "
-                             "(|u1, scaled by 1/255)"));
+                             " are not accepted; expected float32 (<f4) or uint8 (|u1, scaled by 1/255), or float64 "
+                             "(<f8, converted to float32)"));
   }
   if (array.shape.size() < 2) {
     fail(source_name, concat("inputs of shape ", npy_shape_text(array.shape),
