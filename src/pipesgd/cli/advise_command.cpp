@@ -66,10 +66,15 @@ std::string pipesgd_program() {
   return text.find_first_of(" \t'\"$`\\") == std::string::npos ? text : concat("'", text, "'");
 }
 
-// The models `train --model` builds (cli_common.h's kModelFlagHelp) and TorchScript files.
-bool trainable_model(const std::string& model) {
-  return model == "mlp" || model == "cnn" || model == "resnet" || model == "softmax" ||
-         (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0);
+// The `train --model` value of a profile's model: the ones train builds (cli_common.h's
+// kModelFlagHelp), TorchScript files, and profiles/mnist-mlp.json's MNIST-MLP (784-500-500-10, the
+// built-in mlp); "" for any other.
+std::string train_model(const std::string& model) {
+  if (model == "mlp" || model == "cnn" || model == "resnet" || model == "softmax" ||
+      (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0)) {
+    return model;
+  }
+  return model == "MNIST-MLP" ? "mlp" : "";
 }
 
 // What a codec trades (Pipe-SGD Sec. 3.2 and 4; collective/codec.h for the error bounds).
@@ -193,9 +198,9 @@ int run_advise(const AdviseFlags& flags) {
     throw UsageError(concat("no configuration could be simulated: ", job_label(all.front().job), ": ",
                             results.front().unbuildable));
   }
-  const CommandContext context{pipesgd_program(), trainable_model(profile.model)
-                                                      ? concat(" --model ", profile.model, " --batch ", profile.batch)
-                                                      : concat(" --batch ", profile.batch)};
+  const std::string model = train_model(profile.model);
+  const CommandContext context{pipesgd_program(), model.empty() ? concat(" --batch ", profile.batch)
+                                                                : concat(" --model ", model, " --batch ", profile.batch)};
 
   // By throughput; configurations as fast (to a relative 1e-9) keep the one that trades less, then
   // the registry's order (e.g. K = 2 before K = 3).
@@ -295,7 +300,7 @@ int run_advise(const AdviseFlags& flags) {
               << format_number("%.2fx", results[*safe].samples_per_second / baseline) << ")\n"
               << command_lines(all[*safe], flags.workers, context);
   }
-  if (!trainable_model(profile.model)) {
+  if (model.empty()) {
     std::cout << "(these train the default model: give your own as --model PATH.pt, its TorchScript export; `train "
                  "--model` has no '"
               << profile.model << "')\n";
