@@ -8,11 +8,7 @@ The pipesgd-specific addition is --method: a pipesgd method spec (e.g. pipe+int8
 it the optimizer runs pipesgd's default method, the same synchronous averaging Horovod does.
 
     PYTHONPATH=build/python pipesgdrun -np 2 /usr/bin/python3 examples/python/pytorch_mnist.py
-    PYTHONPATH=build/python pipesgdrun -np 2 /usr/bin/python3 examples/python/pytorch_mnist.py --method pipe+int8 --momentum 0.3
-
-Pipe-SGD (pipe, pipe+int8) updates with gradients one step stale, which momentum amplifies: with this
-script's default momentum 0.9 it loses accuracy (pipesgd.torch warns from momentum 0.5 on), so give it
---momentum 0.3, or use --method sapipe, or the default synchronous method.
+    PYTHONPATH=build/python pipesgdrun -np 2 /usr/bin/python3 examples/python/pytorch_mnist.py --method pipe+int8
 
 Rank 0 ends with one line "test accuracy: NN.NN%".
 """
@@ -63,8 +59,7 @@ parser.add_argument('--data-source', default=fashion_mnist_data.DEFAULT_SOURCE,
                     help='local directory of the gzipped IDX files (default: %(default)s)')
 # The one pipesgd-specific option.
 parser.add_argument('--method', default=None,
-                    help='pipesgd method spec for hvd.DistributedOptimizer, e.g. pipe+int8 with --momentum 0.3 '
-                         '(its stale gradients lose accuracy under momentum 0.9) '
+                    help='pipesgd method spec for hvd.DistributedOptimizer, e.g. pipe+int8 '
                          '(default: none given, the optimizer\'s default)')
 
 
