@@ -265,6 +265,7 @@ int run_advise(const AdviseFlags& flags) {
   for (std::size_t i : skipped) std::cout << "skipped " << job_label(all[i].job) << ": " << results[i].unbuildable << "\n";
   std::cout << "\naccuracy trades:\n";
   for (std::size_t n = 0; n < notes.size(); ++n) std::cout << "  " << n + 1 << ". " << notes[n] << "\n";
+  if (notes.empty()) std::cout << "  (none)\n";
 
   // The fastest configuration, unless it trades accuracy (staleness, asynchrony, a lossy codec: what
   // the registry's variants declare as their accuracy_cost) for less than --min-gain over the fastest

@@ -155,10 +155,11 @@ std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<Simula
       [&](std::size_t i) {
         if (quiet) return;
         const CollectiveLevel level = simulated_collective_level(jobs[i].selection, profile, jobs[i].options);
+        const bool collectives = jobs[i].options.workers > 1 && jobs[i].selection.options->servers() == 0;
         const std::string line =
             concat("[", i + 1, "/", jobs.size(), "] ", job_label(jobs[i]), ", ", jobs[i].options.workers,
                    jobs[i].options.workers == 1 ? " worker" : " workers",
-                   jobs[i].options.workers > 1 ? (level.messages ? ", message-level collectives" : ", modelled collectives") : "");
+                   collectives ? (level.messages ? ", message-level collectives" : ", modelled collectives") : "");
         if (terminal) {
           std::cerr << "\r\033[K" << line << std::flush;
         } else {
@@ -182,7 +183,10 @@ std::string describe_collective_levels(const std::vector<SimulationJob>& jobs,
   };
   std::vector<Level> levels;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    if (jobs[i].options.workers <= 1 || !results[i].unbuildable.empty()) continue;
+    // Parameter-server traffic is always simulated message by message: no collective level.
+    if (jobs[i].options.workers <= 1 || !results[i].unbuildable.empty() || jobs[i].selection.options->servers() > 0) {
+      continue;
+    }
     const std::string name = results[i].collectives == "messages" ? "message-level" : "modelled";
     auto level = std::find_if(levels.begin(), levels.end(), [&](const Level& l) { return l.name == name; });
     if (level == levels.end()) level = levels.insert(levels.end(), Level{name, 0, results[i].collectives_reason, true});

@@ -26,7 +26,7 @@ expect_contains "advise-fixes/unbuildable-skipped" "$R/adv-mlp64.out" \
 run advise --profile "$PROFILES/alexnet.json" --workers 16 >"$R/adv-alex16.out" 2>"$R/adv-alex16.err"
 expect_success "advise-fixes/alexnet-16-completes" $? "$R/adv-alex16.out" "$R/adv-alex16.err"
 expect_contains "advise-fixes/alexnet-16-level" "$R/adv-alex16.out" \
-  "collectives: modelled for 46 simulations (e.g. auto: message level would cost" \
+  "collectives: modelled for 30 simulations (e.g. auto: message level would cost" \
   "over its budget of 1e+09; --collectives messages forces it"
 expect_contains "advise-fixes/alexnet-16-progress" "$R/adv-alex16.err" \
   "advising for 16 workers: AlexNet" "[1/46] dsync, 16 workers, modelled collectives" "[46/46] "
