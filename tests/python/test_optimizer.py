@@ -214,13 +214,15 @@ def test_fused_update_refuses_what_its_sgd_and_adam_cannot_do():
                                  fused_update=True)
 
 
-@pytest.mark.parametrize("cli_arguments,method,options", [
-    (["--algo", "nosuch"], "nosuch", {}),
-    (["--algo", "dsync", "--staleness-k", "3"], "dsync", {"staleness": 3}),
-    (["--algo", "pipe", "--warmup-iters", "-1"], "pipe", {"warmup_iters": -1}),
+@pytest.mark.parametrize("cli_arguments,method,options,keywords", [
+    (["--algo", "nosuch"], "nosuch", {}, {}),
+    (["--algo", "dsync", "--staleness-k", "3"], "dsync", {"staleness": 3}, {"--staleness-k": "staleness="}),
+    (["--algo", "pipe", "--warmup-iters", "-1"], "pipe", {"warmup_iters": -1},
+     {"--warmup-epochs": "warmup_epochs=", "--warmup-iters": "warmup_iters="}),
 ], ids=["unknown-method", "option-of-another-method", "bad-option-value"])
-def test_bad_method_spec_raises_the_cli_message(cli_arguments, method, options):
-    """The ValueError's message is the CLI's one-line message (without its 'pipesgd: error: ')."""
+def test_bad_method_spec_raises_the_cli_message(cli_arguments, method, options, keywords):
+    """The ValueError's message is the CLI's one-line message (without its 'pipesgd: error: '), with
+    the CLI's flags named by the Python keywords the user wrote (`keywords`: flag -> keyword)."""
     cli = subprocess.run([CLI, "train", "--iters", "1"] + cli_arguments, capture_output=True, text=True,
                          timeout=60, env=clean_env())
     assert cli.returncode != 0
@@ -228,6 +230,9 @@ def test_bad_method_spec_raises_the_cli_message(cli_arguments, method, options):
     lines = [line for line in cli.stderr.splitlines() if line.startswith(prefix)]
     assert len(lines) == 1, cli.stderr
     cli_message = lines[0][len(prefix):]
+    for flag, keyword in keywords.items():
+        assert flag in cli_message, cli_message
+        cli_message = cli_message.replace(flag, keyword)
     model = fresh_model()
     with pytest.raises(ValueError) as raised:
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
