@@ -627,7 +627,7 @@ run compare --algos dsync,wfbp,mgwfbp --model cnn --data synthetic --iters 12 --
 rc=$?
 expect_success "compare/layer-wise-exit-0" $rc "$R/layer-compare.out" "$R/layer-compare.err"
 expect_contains "compare/layer-wise-table" "$R/layer-compare.out" "Layer-wise communication (MG-WFBP paper" \
-  "allreduces/iter" "(one allreduce after backward)" "wfbp: 5 buckets"
+  "allreduces/iter" "plan of dsync: one allreduce after backward" "plan of wfbp: wfbp: 5 buckets"
 
 # 3d. Emulated networks: the runs work and the link is taken into account.
 net_run() {  # NAME SPEC DESCRIPTION

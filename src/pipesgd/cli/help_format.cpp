@@ -127,6 +127,13 @@ std::string WrappingFormatter::make_subcommand(const CLI::App* command) const {
   return name_and_description(command->get_display_name(true), command->get_description());
 }
 
+std::string WrappingFormatter::make_expanded(const CLI::App* command) const {
+  constexpr std::size_t kIndent = 2;  // CLI::Formatter::make_expanded indents all but the name line
+  WrappingFormatter inner(*this);
+  if (width_ > 20 + kIndent) inner.width_ = width_ - kIndent;
+  return inner.CLI::Formatter::make_expanded(command);
+}
+
 std::string WrappingFormatter::make_description(const CLI::App* app) const {
   const std::string description = CLI::Formatter::make_description(app);
   return description.empty() ? description : wrapped(description, width_);

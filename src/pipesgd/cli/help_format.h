@@ -25,6 +25,8 @@ class WrappingFormatter : public CLI::Formatter {
   std::string make_description(const CLI::App* app) const override;
   std::string make_usage(const CLI::App* app, std::string name) const override;
   std::string make_footer(const CLI::App* app) const override;
+  // --help-all: a subcommand's help indented by 2 under its name, so laid out 2 narrower.
+  std::string make_expanded(const CLI::App* command) const override;
 
  private:
   // "  name   description..." wrapped: the description in the column after column_width_.

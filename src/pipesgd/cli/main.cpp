@@ -76,9 +76,9 @@ int main(int argc, char** argv) {
   const std::vector<std::string> command_line(argv, argv + argc);  // as typed (MPI_Init may edit argv)
   CLI::App app{
       "pipesgd: data-parallel training that hides gradient communication behind computation\n"
-      "(D-Sync and Pipe-SGD over ring, recursive-doubling, halving-doubling, tree or direct allreduce\n"
-      "with in-message compression; layer-wise bucketed allreduce (WFBP, MG-WFBP, optimal plans);\n"
-      "parameter-server methods (PS-Sync, ASGD, DC-ASGD, OD-SGD); SAPipe's partial staleness;\n"
+      "(D-Sync and Pipe-SGD over ring, recursive-doubling, halving-doubling, tree or direct allreduce "
+      "with in-message compression; layer-wise bucketed allreduce (WFBP, MG-WFBP, optimal plans); "
+      "parameter-server methods (PS-Sync, ASGD, DC-ASGD, OD-SGD); SAPipe's partial staleness; "
       "workers as threads or MPI ranks)."};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");

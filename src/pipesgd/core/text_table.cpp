@@ -95,7 +95,9 @@ std::string wrap_prose_lines(const std::string& text, std::size_t width, std::si
   std::string line;
   while (std::getline(input, line)) {
     const std::size_t start = line.find_first_not_of(' ');
-    const bool table = start != std::string::npos && line.find("  ", start) != std::string::npos;
+    // A table's row (columns apart by two or more spaces) or rule (dashes) is never wrapped.
+    const bool table = start != std::string::npos && (line.find("  ", start) != std::string::npos ||
+                                                      line.find_first_not_of('-', start) == std::string::npos);
     if (line.size() <= width || table || width <= indent + 10) {
       out << line << '\n';
       continue;

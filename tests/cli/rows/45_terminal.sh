@@ -43,6 +43,11 @@ for command in "" $commands "bench allreduce"; do
   COLUMNS= run $command --help >"$R/term-help-$name-default.out" 2>&1
   expect_width "terminal/help-$name-fits-80-when-not-a-terminal" "$R/term-help-$name-default.out" 80
 done
+# --help-all: the subcommands' help indented under their names, still within the width.
+for width in 60 100; do
+  COLUMNS=$width run --help-all >"$R/term-help-all-$width.out" 2>&1
+  expect_width "terminal/help-all-fits-$width" "$R/term-help-all-$width.out" "$width"
+done
 # Wrapping loses nothing: the train help at 60 columns holds the text of the unwrapped one (a word
 # longer than a line is cut).
 COLUMNS=10000 run train --help >"$R/term-help-train-wide.out" 2>&1
@@ -85,6 +90,18 @@ if grep '^method ' "$R/term-compare.out" | grep -qE "predicted ms|comm CPU ns/B|
   fail "terminal/compare-default-leaves-wide-columns" "$(grep -m1 '^method' "$R/term-compare.out")"
 else
   pass "terminal/compare-default-leaves-wide-columns"
+fi
+# Every method family's own table too (layer-wise plans, SAPipe, OD-SGD, parameter servers).
+COLUMNS= run compare --algos dsync,wfbp,mgwfbp,sapipe,pssync,odsgd --servers 1 --model cnn --data synthetic \
+  --iters 30 --workers 2 --profile-iters 2 --quiet --no-eval >"$R/term-families.out" 2>"$R/term-families.err"
+expect_success "terminal/compare-families-exit-0" $? "$R/term-families.out" "$R/term-families.err"
+expect_width "terminal/compare-families-fit-100" "$R/term-families.out" 100
+expect_contains "terminal/compare-families-tables" "$R/term-families.out" "Layer-wise communication" \
+  "plan of wfbp: wfbp: 5 buckets" "OD-SGD paper's Table 1" "SAPipe paper's Table 2"
+if grep -qE '^(pssync|odsgd) +0 ' "$R/term-families.out"; then
+  fail "terminal/layer-wise-table-leaves-out-servers" "$(grep -E '^(pssync|odsgd) +0 ' "$R/term-families.out" | head -1)"
+else
+  pass "terminal/layer-wise-table-leaves-out-servers"
 fi
 COLUMNS= run compare "${TC[@]}" --wide >"$R/term-compare-wide.out" 2>"$R/term-compare-wide.err"
 expect_success "terminal/compare-wide-exit-0" $? "$R/term-compare-wide.out" "$R/term-compare-wide.err"

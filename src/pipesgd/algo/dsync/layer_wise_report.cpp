@@ -46,20 +46,24 @@ ComparisonTable layer_wise_table() {
     out << "\nLayer-wise communication (MG-WFBP paper; predicted = the plan's timeline + update from the "
            "run's profile):\n";
     std::vector<std::vector<std::string>> rows = {{"method", "allreduces/iter", "iter ms", "predicted ms",
-                                                   "measured/predicted", "t_c^no ms", "predicted t_c^no", "plan"}};
+                                                   "measured/predicted", "t_c^no ms", "predicted t_c^no"}};
+    std::vector<std::string> plans;  // under the table: a plan's bucket list is long
     for (const RunFigures& run : runs) {
       const auto* layer_wise = dynamic_cast<const LayerWiseReport*>(run.report.get());
       // Runs with buckets of another kind (sapipe's synchronous layers) have tables of their own.
-      if (layer_wise == nullptr && !run.report->bucket_plan().empty()) continue;
+      // Parameter-server runs allreduce nothing.
+      if (layer_wise == nullptr && (!run.report->bucket_plan().empty() || run.report->allreduce_calls() == 0)) continue;
       const double ratio = run.predicted_iteration > 0 ? run.mean.iteration / run.predicted_iteration : 0;
       rows.push_back({run.method_spec, concat(run.report->allreduce_calls()), milliseconds(run.mean.iteration),
                       milliseconds(run.predicted_iteration), format_number("%.3f", ratio),
                       layer_wise ? milliseconds(run.mean.wait) : std::string("-"),
                       layer_wise && layer_wise->planned ? milliseconds(layer_wise->predicted_non_overlapped)
-                                                        : std::string("-"),
-                      layer_wise ? layer_wise->plan_text() : std::string("(one allreduce after backward)")});
+                                                        : std::string("-")});
+      plans.push_back(concat("plan of ", run.method_spec, ": ",
+                             layer_wise ? layer_wise->plan_text() : std::string("one allreduce after backward")));
     }
     print_table(out, rows);
+    for (const std::string& plan : plans) out << plan << '\n';
   };
   return table;
 }
