@@ -32,8 +32,8 @@ else
   bad "readme-commands" "$(grep -E '^FAIL' readme.log | head -3 | tr '\n' '|')"
 fi
 
-# 2. My own model and my own data.
-if "$python" - <<'EOF' >own-model.log 2>&1; then
+# 2. My own model and my own data (torch.jit.script reads the class's source: a file, not stdin).
+cat >net.py <<'EOF'
 import os, numpy as np, torch
 class Net(torch.nn.Module):
     def __init__(self):
@@ -50,9 +50,11 @@ os.makedirs("data", exist_ok=True)
 centers = rng.random((10, 28, 28))          # ten classes, each a noisy copy of its own image
 for split, n in (("train", 400), ("test", 100)):
     y = rng.integers(0, 10, n)
-    np.save(f"data/{split}_x.npy", centers[y] + 0.3 * rng.random((n, 28, 28)))   # float64, numpy's default
+    x = centers[y] + 4.0 * rng.random((n, 28, 28))                    # float64, numpy's default
+    np.save(f"data/{split}_x.npy", x.reshape(n, 1, 28, 28))           # one channel, as the model takes
     np.save(f"data/{split}_y.npy", y)
 EOF
+if "$python" net.py >own-model.log 2>&1; then
   ok "own-model-saved-from-python"
 else
   bad "own-model-saved-from-python" "$(tail -c 300 own-model.log)"
@@ -66,7 +68,7 @@ if "$python" - mine <<'EOF' >load.log 2>&1; then
 import json, sys, numpy as np, torch
 out = sys.argv[1]
 model = torch.jit.load(f"{out}/model.pt").eval()
-x = torch.from_numpy(np.load("data/test_x.npy")).float().unsqueeze(1)
+x = torch.from_numpy(np.load("data/test_x.npy")).float()
 y = torch.from_numpy(np.load("data/test_y.npy"))
 with torch.no_grad():
     accuracy = (model(x).argmax(1) == y).double().mean().item()
