@@ -8,12 +8,12 @@
 # Sections, in the page's order (each one's command is printed on the page beside its figures):
 #   ddp       PyTorch DDP (gloo) against pipesgd: the CLI and pipesgd.torch, 4 ranks, mlp and cnn,
 #             dsync and pipe (scripts/python-bench.sh, alternated; the figure is the median of the
-#             per-round ratios)                                             ~10 min
+#             per-round ratios)                                             ~6 min
 #   pipe      Pipe-SGD against D-Sync, 2 workers (one per core), emulated 10GbE, mlp and cnn
-#             (pipesgd compare, the methods' order rotated from round to round)   ~3 min
-#   accuracy  test accuracy after 3 epochs, mlp, 2 workers, plain SGD and momentum 0.9 (deterministic) ~3 min
-#   simulate  the same methods at 2 to 256 simulated nodes (SimGrid), ResNet-50 on a device 10x a K80 ~2 min
-#   horovod   Horovod's own test_torch.py against pipesgd.torch at 1, 2 and 3 ranks  ~2 min
+#             (pipesgd compare, the methods' order rotated from round to round)   ~2 min
+#   accuracy  test accuracy after 3 epochs, mlp, 2 workers, plain SGD and momentum 0.9 (deterministic) ~1 min
+#   simulate  the same methods at 2 to 256 simulated nodes (SimGrid), ResNet-50 on a device 10x a K80 ~10 s
+#   horovod   Horovod's own test_torch.py against pipesgd.torch at 1, 2 and 3 ranks  ~1 min
 # --only LIST: run these sections; the others keep their stored figures (docs/results/*.json), and
 #   the page is written from all of them. With no section run (--only none) the page is only redrawn.
 # --rounds N: alternated rounds of the timed sections (default 5; ddp 3).
@@ -165,15 +165,15 @@ if selected simulate; then
   ((quick)) && workers=2,8
   log "simulate: ResNet-50 at $workers nodes"
   rm -rf "$work/sim"
-  cmd=(simulate --profile "$repo/profiles/resnet50.json" --compute-scale 0.1 --workers "$workers" --net 10gbe
-       --algos dsync,dsync+optimal,pipe,pipe+int8,sapipe --collectives model --quiet --out "$work/sim")
-  "$pipesgd" "${cmd[@]}" >/dev/null
+  cmd=(simulate --profile profiles/resnet50.json --compute-scale 0.1 --workers "$workers" --net 10gbe
+       --algos dsync,dsync+optimal,pipe,pipe+int8,sapipe --collectives model)
+  (cd "$repo" && "$pipesgd" "${cmd[@]}" --quiet --out "$work/sim" >/dev/null)
   "$python" -c 'import json, sys
 rows = [dict(workers=r["workers"], method=r["method"], iteration_ms=r["iteration_s"] * 1e3,
              samples_per_s=r["throughput_samples_per_s"], scaling_efficiency=r["scaling_efficiency"],
              exposed_ms=r["exposed_s"] * 1e3, speedup=r["speedup"]) for r in json.load(open(sys.argv[1]))]
 json.dump({"rows": rows}, sys.stdout)' "$work/sim/simulate.json" |
-    store simulate "pipesgd ${cmd[*]/#$repo\//}"
+    store simulate "pipesgd ${cmd[*]}"
 fi
 
 if selected horovod; then

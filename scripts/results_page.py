@@ -169,7 +169,7 @@ def horovod_section(d):
 def page(data, images, draw):
     parts = ["# Results",
              "What pipesgd measures on this machine, each figure with the command that produced it. The "
-             "whole page is written by `bash scripts/results.sh` (about 20 minutes on an idle machine; "
+             "whole page is written by `bash scripts/results.sh` (about 10 minutes on an idle machine; "
              "`--only SECTION` reruns one section, the others keep their figures in `docs/results/`). "
              "Earlier measurements and how they led here are in this file's git history.",
              "The machine has 2 cores and no GPU and is shared: timed figures swing, so every speed "

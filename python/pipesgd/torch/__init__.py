@@ -1096,8 +1096,8 @@ def _warn_stale_momentum(spec, flags, param_groups):
     _stale_momentum_warned = True
     steps = "step" if k == 2 else "steps"
     warnings.warn(f"pipesgd.torch: method '{spec}' applies gradients {k - 1} {steps} stale (K = {k}) and momentum "
-                  f"{momentum:g} amplifies them: expect lower accuracy (momentum 0.9 cost pipe+int8 6.5 points "
-                  f"against dsync); use method='sapipe' (with model=your_module, fused_update=True; or 'sapipe+dc' "
+                  f"{momentum:g} amplifies them: expect lower accuracy (at momentum 0.9, 4 to 10 points below dsync: "
+                  f"docs/results.md); use method='sapipe' (with model=your_module, fused_update=True; or 'sapipe+dc' "
                   f"with your optimizer), momentum <= {_STALE_MOMENTUM_ADVICE:g}, or 'dsync'",
                   stacklevel=4)
 # The C++ options that Python sets from elsewhere than a method keyword: the wrapped optimizer's

@@ -218,7 +218,7 @@ std::string stale_momentum_warning(const TrainConfig& config) {
   }
   return concat("pipesgd: warning: ", method.spec, " applies gradients ", k - 1, (k == 2 ? " step" : " steps"),
                 " stale (K = ", k, ") and momentum ", optimizer.sgd.momentum,
-                " amplifies them: expect lower accuracy (momentum 0.9 cost pipe+int8 6.5 points against dsync); use "
+                " amplifies them: expect lower accuracy (at momentum 0.9, 4 to 10 points below dsync: docs/results.md); use "
                 "sapipe, momentum <= ", kStaleMomentumAdvice, ", or dsync");
 }
 
