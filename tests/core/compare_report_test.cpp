@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ RunSummary compared(const std::string& spec, double throughput) {
   summary.figures.method_spec = spec;
   summary.figures.throughput = throughput;
   summary.figures.report = std::make_shared<AllreduceCallsReport>(1);
+  summary.timing.measured_iterations = 100;  // a run that measured its figures
   return summary;
 }
 
@@ -95,9 +97,10 @@ std::vector<std::string> cells_of(const std::string& line) {
   return cells;
 }
 
+// A cell of the --wide table (the stretch and comm CPU columns are not in the default one).
 std::string table_cell(const std::vector<RunSummary>& summaries, const std::string& method, const std::string& heading) {
   std::ostringstream table;
-  print_compare_table(table, summaries);
+  print_compare_table(table, summaries, std::nullopt, /*wide=*/true);
   std::istringstream lines(table.str());
   std::string line;
   std::getline(lines, line);
@@ -146,6 +149,23 @@ TEST(CompareCommPath, WithoutNocommTheStretchIsNull) {
   EXPECT_EQ(table_cell(summaries, "dsync", "stretch"), "-");
   EXPECT_EQ(table_cell(summaries, "pipe", "stretch"), "-");
   EXPECT_EQ(table_cell(summaries, "pipe", "comm CPU ns/B"), "0.25");
+}
+
+TEST(CompareUnmeasured, ARunWithoutMeasuredIterationsShowsNoFiguresAndSaysWhy) {
+  std::vector<RunSummary> summaries = {compared("dsync", 100), compared("pipe", 0), compared("sapipe", 0)};
+  summaries[1].timing.measured_iterations = 0;
+  summaries[1].interrupted = Interruption{2, 3, 100, 2};
+  summaries[2].timing.measured_iterations = 0;
+  std::ostringstream table;
+  print_compare_table(table, summaries);
+  const std::string text = table.str();
+  EXPECT_EQ(table_cell(summaries, "pipe", "samples/s"), "interrupted") << text;
+  EXPECT_EQ(table_cell(summaries, "sapipe", "samples/s"), "not measured") << text;
+  EXPECT_EQ(table_cell(summaries, "pipe", "speedup vs dsync"), "-") << text;
+  EXPECT_EQ(text.find("0.00x"), std::string::npos) << text;
+  const nlohmann::json records = compare_json(summaries);
+  EXPECT_TRUE(records[1]["speedup"].is_null()) << records[1];
+  EXPECT_TRUE(records[2]["throughput_samples_per_s"].is_null()) << records[2];
 }
 
 }  // namespace

@@ -275,7 +275,7 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
     if (!measured(s)) {  // stopped before its first measured iteration: no figures, not zeros
       std::vector<std::string> row(rows.front().size(), "-");
       row.front() = f.method_spec;
-      row[1] = "interrupted";
+      row[1] = s.interrupted ? "interrupted" : "not measured";
       rows.push_back(row);
       continue;
     }
