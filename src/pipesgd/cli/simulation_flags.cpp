@@ -145,6 +145,14 @@ void check_fits_topology(const SimulationJob& job) {
   }
 }
 
+// Whether a job's workers allreduce, so that it has a collective level (messages or modelled):
+// one worker communicates nothing, and parameter-server traffic is always message by message.
+namespace {
+bool simulates_collectives(const SimulationJob& job) {
+  return job.options.workers > 1 && job.selection.options->servers() == 0;
+}
+}  // namespace
+
 std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
                                                         bool quiet, bool skip_unbuildable) {
   const int parallel = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -154,12 +162,15 @@ std::vector<MethodSimulationResult> run_simulation_jobs(const std::vector<Simula
       jobs, profile, parallel,
       [&](std::size_t i) {
         if (quiet) return;
-        const CollectiveLevel level = simulated_collective_level(jobs[i].selection, profile, jobs[i].options);
-        const bool collectives = jobs[i].options.workers > 1 && jobs[i].selection.options->servers() == 0;
-        const std::string line =
-            concat("[", i + 1, "/", jobs.size(), "] ", job_label(jobs[i]), ", ", jobs[i].options.workers,
-                   jobs[i].options.workers == 1 ? " worker" : " workers",
-                   collectives ? (level.messages ? ", message-level collectives" : ", modelled collectives") : "");
+        std::string level;
+        if (simulates_collectives(jobs[i])) {
+          level = simulated_collective_level(jobs[i].selection, profile, jobs[i].options).messages
+                      ? ", message-level collectives"
+                      : ", modelled collectives";
+        }
+        const std::string line = concat("[", i + 1, "/", jobs.size(), "] ", job_label(jobs[i]), ", ",
+                                        jobs[i].options.workers, jobs[i].options.workers == 1 ? " worker" : " workers",
+                                        level);
         if (terminal) {
           std::cerr << "\r\033[K" << line << std::flush;
         } else {
@@ -183,10 +194,7 @@ std::string describe_collective_levels(const std::vector<SimulationJob>& jobs,
   };
   std::vector<Level> levels;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    // Parameter-server traffic is always simulated message by message: no collective level.
-    if (jobs[i].options.workers <= 1 || !results[i].unbuildable.empty() || jobs[i].selection.options->servers() > 0) {
-      continue;
-    }
+    if (!simulates_collectives(jobs[i]) || !results[i].unbuildable.empty()) continue;
     const std::string name = results[i].collectives == "messages" ? "message-level" : "modelled";
     auto level = std::find_if(levels.begin(), levels.end(), [&](const Level& l) { return l.name == name; });
     if (level == levels.end()) level = levels.insert(levels.end(), Level{name, 0, results[i].collectives_reason, true});
