@@ -32,6 +32,7 @@
 # Exit status: 0 when every run succeeded (whether or not the targets are met: it measures, the
 # reader judges), 1 if a run failed, 2 for bad arguments.
 set -euo pipefail
+ab_lib=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib  # ab_stats.py: the A/B statistics every benchmark prints
 
 runs=7
 iters_one=3000   # (a): ~5 ms a step: ~15 s a run
@@ -99,29 +100,17 @@ compare() {
 # A's KEY_A to B's KEY_B (DIRECTION "A/B", or its inverse "B/A"), and the median against TARGET
 # (SENSE "<=" or ">="; TARGET "-": none).
 summarize() {
-  "$python" - "$work" "$@" <<'EOF'
-import statistics, sys
+  PYTHONPATH="$ab_lib" "$python" - "$work" "$@" <<'EOF'
+import sys
+import ab_stats
 work, label, name, key_a, key_b, direction, target, sense = sys.argv[1:9]
-def lines(side):
-    rows = []
-    for line in open(f"{work}/{label}.{side}"):
-        rows.append({k: v for k, v in (f.split("=", 1) for f in line.split())})
-    return rows
-a, b = lines("A"), lines("B")
+a, b = ab_stats.read_records(f"{work}/{label}.A"), ab_stats.read_records(f"{work}/{label}.B")
 def scale(key):  # the CLI's iteration_s against the benchmark's milliseconds
     return 1e3 if key == "iteration_s" else 1.0
-ratios = []
-for ra, rb in zip(a, b):
-    va, vb = float(ra[key_a]) * scale(key_a), float(rb[key_b]) * scale(key_b)
-    ratios.append(va / vb if direction == "A/B" else vb / va)
-median = statistics.median(ratios)
-print(f"  {name}: per-pair ratios " + " ".join(f"{r:.3f}" for r in ratios))
-print(f"  {name}: min {min(ratios):.3f}  median {median:.3f}  max {max(ratios):.3f}", end="")
-if target != "-":
-    met = median <= float(target) if sense == "<=" else median >= float(target)
-    print(f"   target {sense} {target}: {'met' if met else 'NOT met'}")
-else:
-    print("   (for information)")
+values_a = [float(r[key_a]) * scale(key_a) for r in a]
+values_b = [float(r[key_b]) * scale(key_b) for r in b]
+ratios = ab_stats.pair_ratios(values_a, values_b) if direction == "A/B" else ab_stats.pair_ratios(values_b, values_a)
+print(ab_stats.summary(name, ratios, None if target == "-" else float(target), sense))
 EOF
 }
 

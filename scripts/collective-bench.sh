@@ -14,6 +14,7 @@
 #   bash scripts/collective-bench.sh /tmp/old/build build
 # Environment: SIZE (bytes of the CLI allreduce, default 2592040 = the MLP's gradients), REPEATS (20).
 set -euo pipefail
+ab_lib=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib  # ab_stats.py: the A/B statistics every benchmark prints
 export OMP_NUM_THREADS=1
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 SIZE=${SIZE:-2592040}
@@ -99,8 +100,9 @@ for kind in mpi threads python; do
     one "$new" "$kind" | sed "s/^/new $i /" >>"$log"
   done
 done
-/usr/bin/python3 - "$log" <<'EOF'
+PYTHONPATH="$ab_lib" /usr/bin/python3 - "$log" <<'EOF'
 import statistics, sys
+import ab_stats
 runs = {}
 for line in open(sys.argv[1]):
     which, i, _, name, us = line.split()
@@ -108,7 +110,7 @@ for line in open(sys.argv[1]):
 print(f"{'figure':24} {'old us (median)':>16} {'new us (median)':>16} {'median new/old':>15}  ratios run by run")
 for name, by_run in runs.items():
     pairs = [r for r in by_run.values() if "old" in r and "new" in r]
-    ratios = [r["new"] / r["old"] for r in pairs]
+    ratios = ab_stats.pair_ratios([r["new"] for r in pairs], [r["old"] for r in pairs])
     print(f"{name:24} {statistics.median(r['old'] for r in pairs):16.1f} "
           f"{statistics.median(r['new'] for r in pairs):16.1f} {statistics.median(ratios):15.2f}  "
           + " ".join(f"{x:.2f}" for x in ratios))

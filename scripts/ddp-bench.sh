@@ -34,6 +34,7 @@
 # judges), 1 if a run failed (the other pairs still run), 2 for bad arguments or missing
 # prerequisites.
 set -euo pipefail
+ab_lib=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib  # ab_stats.py: the A/B statistics every benchmark prints
 
 rounds=3
 smoke=0
@@ -123,11 +124,12 @@ echo "   on $(nproc --all) cores), batch 25 per rank; $rounds round(s), median o
 echo "   timed iterations per run:$(for m in "${model_list[@]}"; do printf " %s %s" "$m" "${iters[$m]}"; done)"
 echo "   ($((SECONDS - start)) s; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg))"
 ((smoke == 0)) || echo "   SMOKE RUN: the figures below only show the harness works"
-"$python" - "$record" "$target" "$models" "$methods" <<'EOF'
+PYTHONPATH="$ab_lib" "$python" - "$record" "$target" "$models" "$methods" <<'EOF'
 import statistics, sys
+import ab_stats
 record, target = sys.argv[1], float(sys.argv[2])
 models, methods = sys.argv[3].split(","), sys.argv[4].split(",")
-rows = [dict(f.split("=", 1) for f in line.split()) for line in open(record) if line.strip()]
+rows = ab_stats.read_records(record)
 print(f"  {'model':<6} {'method':<12} {'DDP samples/s':>13} {'CLI samples/s':>13}  "
       f"{'CLI/DDP per round':<24} {'median':>7}  target >= {target:g}")
 for model in models:
@@ -139,12 +141,12 @@ for model in models:
         if not both:
             print(f"  {model:<6} {method:<12} {'-':>13} {'-':>13}  {'(no complete round)':<24} {'-':>7}  FAILED")
             continue
-        ratios = [runs["cli"][r] / runs["ddp"][r] for r in both]
+        ratios = ab_stats.pair_ratios([runs["cli"][r] for r in both], [runs["ddp"][r] for r in both])
         median = statistics.median(ratios)
         print(f"  {model:<6} {method:<12} {statistics.median(runs['ddp'][r] for r in both):>13.0f} "
               f"{statistics.median(runs['cli'][r] for r in both):>13.0f}  "
               f"{' '.join(f'{x:.2f}' for x in ratios):<24} {median:>7.2f}  "
-              f"{'met' if median >= target else 'NOT met'}")
+              f"{'met' if ab_stats.target_met(median, target, '>=') else 'NOT met'}")
 EOF
 if ((${#failed[@]})); then
   echo "ddp-bench: failed: ${failed[*]}" >&2

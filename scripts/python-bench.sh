@@ -47,6 +47,7 @@
 # Exit status: 0 when every run succeeded (whether or not the targets are met: it measures, the reader
 # judges), 1 if a run failed, 2 for bad arguments or missing prerequisites.
 set -euo pipefail
+ab_lib=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib  # ab_stats.py: the A/B statistics every benchmark prints
 
 rounds=5
 iters=1500  # ~5-8 ms an iteration for the CLI, ~15-20 ms for DDP on 2 cores (mlp or cnn): 7-30 s a run
@@ -177,12 +178,13 @@ case $model in
 esac
 echo "4 ranks (mpirun --oversubscribe on $(nproc --all) cores), $model_text, batch 25 per rank, SGD lr 0.01,"
 echo "$iters timed iterations;$(has pipesgd && echo " pipesgd.torch method: ${method:-default};")$(has cli && echo " CLI --algo ${method:-dsync};") load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$python" - "$work" "$method" "${selected[@]}" <<'EOF'
+PYTHONPATH="$ab_lib" "$python" - "$work" "$method" "${selected[@]}" <<'EOF'
 import statistics, sys
+import ab_stats
 work, method, backends = sys.argv[1], sys.argv[2], sys.argv[3:]
 runs = {}
 for b in backends:
-    rows = [dict(f.split("=", 1) for f in line.split()) for line in open(f"{work}/{b}")]
+    rows = ab_stats.read_records(f"{work}/{b}")
     runs[b] = [r for r in rows if r["round"] != "0"]  # round 0: the warm-up round
 names = {"ddp": "DDP (gloo)", "pipesgd": "pipesgd.torch", "cli": "C++ CLI"}
 for b in backends:
@@ -193,13 +195,6 @@ for b in backends:
 for num, den, target in (("pipesgd", "ddp", 1.8), ("pipesgd", "cli", 0.9), ("cli", "ddp", None)):
     if num not in runs or den not in runs:
         continue
-    ratios = [float(a["samples_per_s"]) / float(b["samples_per_s"]) for a, b in zip(runs[num], runs[den])]
-    median = statistics.median(ratios)
-    print(f"  {names[num]} / {names[den]} samples/s: per-round " + " ".join(f"{r:.3f}" for r in ratios))
-    print(f"  {names[num]} / {names[den]} samples/s: min {min(ratios):.3f}  median {median:.3f}  "
-          f"max {max(ratios):.3f}", end="")
-    if target is None:
-        print("   (for information)")
-    else:
-        print(f"   target >= {target}: {'met' if median >= target else 'NOT met'}")
+    ratios = ab_stats.pair_ratios([a["samples_per_s"] for a in runs[num]], [b["samples_per_s"] for b in runs[den]])
+    print(ab_stats.summary(f"{names[num]} / {names[den]} samples/s", ratios, target, ">=", per="per-round"))
 EOF

@@ -12,6 +12,7 @@
 # records every iteration (no --trace-iters), its worst case. Writing the file is timed apart.
 # --smoke: a few iterations and 2 pairs, to check the harness (its figures mean nothing).
 set -euo pipefail
+ab_lib=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib  # ab_stats.py: the A/B statistics every benchmark prints
 
 runs=7
 iters=1500
@@ -49,15 +50,10 @@ ratios=()
 for ((r = 1; r <= runs; r++)); do
   traced=$(run traced --trace "$work/t.json")
   plain=$(run plain)
-  ratio=$(/usr/bin/python3 -c "import sys; print(f'{float(sys.argv[2]) / float(sys.argv[1]) - 1:+.4f}')" "$traced" "$plain")
+  ratio=$(PYTHONPATH="$ab_lib" /usr/bin/python3 -c "import sys, ab_stats; print(f'{ab_stats.pair_ratios([sys.argv[2]], [sys.argv[1]])[0] - 1:+.4f}')" "$traced" "$plain")
   ratios+=("$ratio")
   printf 'pair %d: traced %.0f samples/s, untraced %.0f samples/s, loss of throughput %s\n' "$r" "$traced" "$plain" "$ratio"
 done
 size=$(stat -c %s "$work/t.json")
-/usr/bin/python3 - "${ratios[@]}" <<'PY'
-import statistics, sys
-values = sorted(float(v) for v in sys.argv[1:])
-print(f"loss of throughput with --trace: min {values[0]*100:+.2f}%, median {statistics.median(values)*100:+.2f}%, "
-      f"max {values[-1]*100:+.2f}% over {len(values)} pairs")
-PY
+/usr/bin/python3 "$ab_lib/ab_stats.py" --change "loss of throughput with --trace" -- "${ratios[@]}"
 echo "trace file: $((size / 1024)) KiB for $iters iterations"

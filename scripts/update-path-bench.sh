@@ -12,6 +12,7 @@
 # Exit status 0 when every run succeeded (it measures; the reader judges), 1 if a run failed, 2 for
 # bad arguments.
 set -euo pipefail
+ab_lib=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib  # ab_stats.py: the A/B statistics every benchmark prints
 rounds=7
 iters=1500
 method=
@@ -50,12 +51,8 @@ ratios=()
 for ((r = 0; r < rounds; ++r)); do
   if ((r % 2 == 0)); then general=$(run general) || exit 1; fused=$(run fused) || exit 1
   else fused=$(run fused) || exit 1; general=$(run general) || exit 1; fi
-  ratio=$(/usr/bin/python3 -c "print(f'{$general / $fused:.3f}')")
+  ratio=$(PYTHONPATH="$ab_lib" /usr/bin/python3 -c "import ab_stats; print(f'{ab_stats.pair_ratios([$general], [$fused])[0]:.3f}')")
   ratios+=("$ratio")
   echo "round $((r + 1)): general ${general} samples/s, fused ${fused} samples/s, general/fused ${ratio}"
 done
-/usr/bin/python3 -c "
-import statistics, sys
-r = sorted(float(x) for x in sys.argv[1:])
-print(f'general/fused samples/s over {len(r)} rounds: median {statistics.median(r):.3f} (min {r[0]:.3f}, max {r[-1]:.3f})')
-" "${ratios[@]}"
+/usr/bin/python3 "$ab_lib/ab_stats.py" "general/fused samples/s" -- "${ratios[@]}"
