@@ -7,6 +7,7 @@ import math
 import os
 
 import time
+import types
 
 import pytest
 import torch
@@ -50,6 +51,37 @@ def test_nccl_and_gpu_builds_are_false():
     assert hvd.nccl_built() is False
     assert hvd.cuda_built() is False and hvd.rocm_built() is False
     assert hvd.mpi_built() is True
+
+
+# pipesgd.torch's public names (not modules) as they were when it was one module (issue 36 split it
+# into Horovod's layout): `import pipesgd.torch as hvd` offers exactly these.
+PUBLIC_NAMES = [
+    "Adasum", "Average", "CollectiveMismatchError", "CommError", "CommTimeoutError", "Compression", "Compressor",
+    "DataError", "DistributedOptimizer", "FP16Compressor", "HorovodInternalError", "Max", "Min", "NoneCompressor",
+    "PartialDistributedOptimizer", "PeerFailedError", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
+    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "available_methods", "barrier", "broadcast",
+    "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
+    "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set",
+    "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
+    "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "is_worker", "join", "local_rank",
+    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
+    "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async",
+    "start_timeline", "stop_timeline", "synchronize",
+]
+# Its modules, as Horovod's horovod/torch (the standard library's modules it once imported at its top
+# level, os, sys, torch, ..., were names of it by accident and are not any more).
+PUBLIC_MODULES = ["basics", "compression", "functions", "mpi_ops", "optimizer", "process_sets", "sync_batch_norm"]
+
+
+def test_public_names_are_those_of_the_single_module():
+    public = {name: getattr(hvd, name) for name in dir(hvd) if not name.startswith("_")}
+    assert sorted(n for n, value in public.items() if not isinstance(value, types.ModuleType)) == PUBLIC_NAMES
+    assert sorted(n for n, value in public.items() if isinstance(value, types.ModuleType)) == PUBLIC_MODULES
+    assert set(hvd.__all__) <= set(PUBLIC_NAMES)
+    for name in PUBLIC_MODULES:  # each says what it holds
+        assert getattr(hvd, name).__doc__
 
 
 def test_allreduce_average_closed_form():

@@ -350,7 +350,7 @@ def test_changing_momentum_after_construction_raises_on_the_fused_path():
 def test_pipe_with_momentum_warns_once_and_only_where_accuracy_is_at_stake(monkeypatch):
     # Pipe-SGD's stale gradient under momentum >= 0.5 costs accuracy: one warning per process, saying
     # what to use instead; none for dsync, sapipe or pipe with a small momentum.
-    monkeypatch.setattr(hvd, "_stale_momentum_warned", False)
+    monkeypatch.setattr(hvd.optimizer, "_stale_momentum_warned", False)
 
     def build(method, momentum):
         model = fresh_model()
