@@ -267,8 +267,17 @@ struct MethodInfo {
   std::string summary;              // the CLI's one line
   bool uses_servers = false;        // needs WorldOptions::servers >= 1 (--servers, default 1)
   bool replicas_identical = false;  // every worker holds the same weights between steps
+  // Communicates nothing ("nocomm"): the compute-alone baseline, not data-parallel training.
+  bool compute_alone = false;
+  // Applies gradients K-1 steps stale with nothing compensating ("pipe"): momentum amplifies them.
+  bool stale_without_compensation = false;
+  // Applies its synchronous layers' updates just before each layer's forward ("sapipe"): the caller
+  // calls DistributedOptimizer::before_layer_forward before each layer's forward.
+  bool needs_forward_hooks = false;
 };
 std::vector<MethodInfo> available_methods();
+// The method spec used when none is given (the CLI's default --algo).
+std::string default_method();
 
 // Same as worker.broadcast_parameters(module, root).
 void broadcast_parameters(Worker& worker, torch::nn::Module& module, int root = 0);

@@ -297,8 +297,12 @@ PYBIND11_MODULE(_C, m) {
       method["summary"] = info.summary;
       method["uses_servers"] = info.uses_servers;
       method["replicas_identical"] = info.replicas_identical;
+      method["compute_alone"] = info.compute_alone;
+      method["stale_without_compensation"] = info.stale_without_compensation;
+      method["needs_forward_hooks"] = info.needs_forward_hooks;
       methods.append(method);
     }
     return methods;
   });
+  m.def("default_method", &pipesgd::default_method);
 }

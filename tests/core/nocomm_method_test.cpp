@@ -63,7 +63,7 @@ class NocommMethod : public ::testing::TestWithParam<NocommCase> {};
 TEST_P(NocommMethod, EveryWorkerStepsOnItsOwnGradientAndSendsNothing) {
   const NocommCase c = GetParam();
   const Batches data = make_batches(c.ranks, c.iterations);
-  const MethodSelection selection = select_for_test(kComputeAloneMethod, {}, c.sgd);
+  const MethodSelection selection = select_for_test("nocomm", {}, c.sgd);
   ASSERT_EQ(selection.spec, "nocomm");
   std::vector<std::vector<float>> final_weights(static_cast<std::size_t>(c.ranks));
   std::vector<std::uint64_t> sent(static_cast<std::size_t>(c.ranks), 1);

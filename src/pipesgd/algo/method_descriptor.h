@@ -49,6 +49,15 @@ struct MethodTraits {
   // Workers push to and pull from parameter servers (MethodOptions::servers() ranks) instead of
   // allreducing: --inject-fault at=push applies, at=allreduce does not.
   bool uses_servers = false;
+  // Communicates nothing (nocomm): the compute-alone baseline compare measures each method's
+  // compute stretch against.
+  bool compute_alone = false;
+  // Applies gradients K-1 steps stale with nothing compensating the staleness (pipe): momentum
+  // amplifies them, so train warns at high momentum.
+  bool stale_without_compensation = false;
+  // Applies its synchronous layers' updates just before each layer's forward (sapipe): a caller that
+  // runs forward itself (the Python API) must report each layer's forward (before_layer_forward).
+  bool needs_forward_hooks = false;
 };
 
 // A configuration of a method worth simulating for `pipesgd advise`, and what it trades.

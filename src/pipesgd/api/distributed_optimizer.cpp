@@ -841,10 +841,14 @@ std::vector<MethodInfo> available_methods() {
   std::vector<MethodInfo> methods;
   for (const MethodDescriptor* descriptor : method_registry()) {
     const bool servers = descriptor->traits.uses_servers || descriptor->parse(OptionValues{})->servers() > 0;
-    methods.push_back({descriptor->name, descriptor->summary, servers, descriptor->traits.replicas_identical});
+    const MethodTraits& traits = descriptor->traits;
+    methods.push_back({descriptor->name, descriptor->summary, servers, traits.replicas_identical,
+                       traits.compute_alone, traits.stale_without_compensation, traits.needs_forward_hooks});
   }
   return methods;
 }
+
+std::string default_method() { return default_method_spec(); }
 
 std::int64_t DistributedOptimizer::iteration() const { return impl_->t; }
 const std::string& DistributedOptimizer::method_spec() const { return impl_->spec; }

@@ -213,7 +213,8 @@ std::string stale_momentum_warning(const TrainConfig& config) {
   const MethodSelection& method = config.method;
   const OptimizerOptions& optimizer = method.common.optimizer;
   const int k = method.options->staleness();
-  if (method.name() != "pipe" || k < 2 || optimizer.name != "sgd" || optimizer.sgd.momentum < kStaleMomentumWarning) {
+  if (!method.traits().stale_without_compensation || k < 2 || optimizer.name != "sgd" ||
+      optimizer.sgd.momentum < kStaleMomentumWarning) {
     return "";
   }
   return concat("pipesgd: warning: ", method.spec, " applies gradients ", k - 1, (k == 2 ? " step" : " steps"),

@@ -59,7 +59,8 @@ class SimulatedNoCommunication final : public SimulatedMethod {
 
 MethodDescriptor nocomm_method() {
   MethodDescriptor method;
-  method.name = kComputeAloneMethod;
+  method.name = "nocomm";
+  method.traits.compute_alone = true;
   method.summary =
       "compute alone: every worker steps on its own gradient and nothing is communicated (not data-parallel "
       "training: the reference compare's compute stretch is measured against)";

@@ -12,6 +12,7 @@ MethodDescriptor pipe_method() {
   method.summary = "Pipe-SGD (the paper's Alg. 1): the update at t uses the aggregated gradient of t-K while the "
                    "allreduce of t runs on the comm thread";
   method.traits.replicas_identical = true;
+  method.traits.stale_without_compensation = true;
   method.options = allreduce_method_declarations(CalibrationUse::kWithAllreduceAuto);
   OptionDeclaration staleness("--staleness-k", "Pipe-SGD iteration dependency K: the update at t uses the gradient of t-K (K = 1 is D-Sync)", "2");
   method.options.push_back(staleness);

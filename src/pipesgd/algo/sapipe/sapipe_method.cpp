@@ -58,6 +58,7 @@ MethodDescriptor sapipe_method(const std::string& baseline) {
                    "wp3, weight prediction option 3; +none, +dc, +wp1, +wp2), the rest synchronous in buckets applied "
                    "before each layer's forward";
   method.traits.replicas_identical = true;
+  method.traits.needs_forward_hooks = true;
   method.options = allreduce_method_declarations(CalibrationUse::kAlways);
   // "+none" names the compensation (sapipe+none: vanilla SAPipe), not the codec (none by default).
   for (OptionDeclaration& option : method.options) {
