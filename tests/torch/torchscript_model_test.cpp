@@ -81,7 +81,7 @@ TrainConfig short_config(const std::string& spec, int workers, std::int64_t iter
 // The TorchScript mlp given the built-in mlp's initial weights for the seed: both lay out fc1, fc2,
 // fc3, weight then bias, so the flat buffers are copied as they are.
 ModelFactory scripted_mlp_with_builtin_weights() {
-  const ModelFactory scripted = torchscript_model_factory(model_file("mlp.pt"), Loss::kCrossEntropy, images().train);
+  const ModelFactory scripted = torchscript_model_factory(model_file("mlp.pt"), Loss::kCrossEntropy, images().train.shape());
   const ModelFactory builtin = torch_model_factory("mlp");
   return [scripted, builtin](std::uint64_t seed) {
     std::unique_ptr<Model> model = scripted(seed);
@@ -93,7 +93,7 @@ ModelFactory scripted_mlp_with_builtin_weights() {
 }
 
 TEST(TorchScriptModelTest, SegmentsAreTheLayersInBackwardReadinessOrder) {
-  const auto factory = torchscript_model_factory(model_file("mlp.pt"), Loss::kCrossEntropy, images().train);
+  const auto factory = torchscript_model_factory(model_file("mlp.pt"), Loss::kCrossEntropy, images().train.shape());
   const auto model = factory(1);
   const Layout& layout = model->layout();
   ASSERT_EQ(layout.segment_count(), 3u);
@@ -107,7 +107,7 @@ TEST(TorchScriptModelTest, SegmentsAreTheLayersInBackwardReadinessOrder) {
 }
 
 TEST(TorchScriptModelTest, BackwardReportsEverySegmentOnceLastFirst) {
-  const auto model = torchscript_model_factory(model_file("transformer.pt"), Loss::kCrossEntropy, images().train)(1);
+  const auto model = torchscript_model_factory(model_file("transformer.pt"), Loss::kCrossEntropy, images().train.shape())(1);
   const Dataset& train = images().train;
   Batch batch = labelled_batch(std::span(train.inputs).first(8 * 784), std::span(train.labels).first(8), 8, 784);
   batch.example_shape = train.example_shape;
@@ -164,7 +164,7 @@ class EveryMethodOnTorchScript : public ::testing::TestWithParam<std::string> {}
 
 TEST_P(EveryMethodOnTorchScript, TrainsAFewIterations) {
   const ModelFactory factory =
-      torchscript_model_factory(model_file("transformer.pt"), Loss::kCrossEntropy, images().train);
+      torchscript_model_factory(model_file("transformer.pt"), Loss::kCrossEntropy, images().train.shape());
   const TrainConfig config = short_config(GetParam(), 2, 8);
   const RunSummary summary = run_training(config, factory, images());
   ASSERT_FALSE(summary.final_parameters.empty());
@@ -183,7 +183,7 @@ INSTANTIATE_TEST_SUITE_P(Registry, EveryMethodOnTorchScript, ::testing::ValuesIn
 
 TEST(TorchScriptModelTest, MseRegressionLearnsAndHasNoAccuracy) {
   const DataSplits data = regression_data();
-  const ModelFactory factory = torchscript_model_factory(model_file("regression.pt"), Loss::kMse, data.train);
+  const ModelFactory factory = torchscript_model_factory(model_file("regression.pt"), Loss::kMse, data.train.shape());
   Batch all;
   all.inputs = data.test.inputs;
   all.size = data.test.size;
@@ -241,7 +241,7 @@ TEST(TorchScriptModelTest, BadInputIsOneLine) {
   const Dataset& labelled = images().train;
   const DataSplits targets = regression_data();
   const auto load = [](const std::string& file, Loss loss, const Dataset& data) {
-    return [=] { (void)torchscript_model_factory(file, loss, data); };
+    return [=, shape = data.shape()] { (void)torchscript_model_factory(file, loss, shape); };
   };
   expect_one_line_error<DataError>(load(model_file("missing.pt"), Loss::kCrossEntropy, labelled), "missing.pt");
   expect_one_line_error<DataError>(load(model_file("state_dict.pt"), Loss::kCrossEntropy, labelled),
@@ -281,7 +281,7 @@ TEST(TorchScriptModelTest, BadInputIsOneLine) {
 }
 
 TEST(TorchScriptModelTest, NllWithLogSoftmaxOutputs) {
-  const auto factory = torchscript_model_factory(model_file("mlp_logsoftmax.pt"), Loss::kNll, images().train);
+  const auto factory = torchscript_model_factory(model_file("mlp_logsoftmax.pt"), Loss::kNll, images().train.shape());
   const RunSummary summary = run_training(short_config("dsync", 2, 4), factory, images());
   EXPECT_TRUE(std::isfinite(summary.epochs.back().train_loss));
   EXPECT_GT(summary.epochs.back().train_loss, 0.0);

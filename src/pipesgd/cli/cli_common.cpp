@@ -79,7 +79,7 @@ void check_model_flags(const std::string& model, const std::string& loss) {
 
 ModelFactory make_model_factory(const std::string& model, const std::string& loss, const Dataset& train) {
   check_model_flags(model, loss);
-  if (names_torchscript_file(model)) return torchscript_model_factory(model, parse_loss(loss), train);
+  if (names_torchscript_file(model)) return torchscript_model_factory(model, parse_loss(loss), train.shape());
   return torch_model_factory(model);
 }
 

@@ -28,6 +28,19 @@ struct Batch {
   std::size_t target_features = 0;
 };
 
+// What a model is checked against of its data (data/dataset.h's Dataset::shape gives it): one
+// example's shape (product: features; empty where only the flat rows are known), the number of
+// classes of a labelled data set, or the floats per regression target (0: labelled).
+struct DataShape {
+  std::size_t features = 0;
+  std::vector<std::int64_t> example_shape;
+  std::size_t classes = 0;
+  std::size_t target_features = 0;
+  std::string name;  // for messages, e.g. "fashion-mnist/train"
+
+  bool regression() const { return target_features > 0; }
+};
+
 // A labelled batch of flat rows (no example shape, no targets).
 inline Batch labelled_batch(std::span<const float> inputs, std::span<const std::int32_t> labels, std::size_t size,
                             std::size_t features) {

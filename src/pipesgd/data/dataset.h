@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "pipesgd/core/model.h"
+
 namespace pipesgd {
 
 // Where the Debian package dataset-fashion-mnist installs Fashion-MNIST.
@@ -29,6 +31,8 @@ struct Dataset {
   std::string name;                  // for logs, e.g. "fashion-mnist/train"
 
   bool regression() const { return target_features > 0; }
+  // Its shape without its arrays: what a model is checked against (core/model.h).
+  DataShape shape() const { return {features, example_shape, classes, target_features, name}; }
 };
 
 struct DataSplits {

@@ -65,14 +65,6 @@ std::vector<ParameterSegment> module_segments(const torch::jit::Module& module) 
   return segments;
 }
 
-// What the data gives the model: its inputs' shape and its labels or targets.
-struct DataShape {
-  std::vector<std::int64_t> example_shape;
-  std::size_t classes = 0;
-  std::size_t target_features = 0;
-  std::string name;
-};
-
 // A TorchScript module whose trainable parameters are views into its binding's flat buffer, with
 // the segments in `order` (names). Used by one thread at a time (the Model contract).
 class TorchScriptModel final : public Model {
@@ -290,7 +282,7 @@ struct ProbeBatch {
   Batch batch;
 };
 
-ProbeBatch probe_batch(const Dataset& train, Loss loss) {
+ProbeBatch probe_batch(const DataShape& train, Loss loss) {
   ProbeBatch probe;
   probe.inputs.assign(probe_rows * train.features, 0.0f);
   Batch& batch = probe.batch;
@@ -309,14 +301,10 @@ ProbeBatch probe_batch(const Dataset& train, Loss loss) {
   return probe;
 }
 
-// The module's example shape: the data's, or its flat rows.
-DataShape data_shape(const Dataset& train) {
-  DataShape shape;
-  shape.example_shape = train.example_shape;
+// The data's shape as the module sees it: its example shape is the data's, or its flat rows.
+DataShape module_data_shape(const DataShape& train) {
+  DataShape shape = train;
   if (shape.example_shape.empty()) shape.example_shape = {static_cast<std::int64_t>(train.features)};
-  shape.classes = train.classes;
-  shape.target_features = train.target_features;
-  shape.name = train.name;
   return shape;
 }
 
@@ -347,7 +335,7 @@ bool names_torchscript_file(const std::string& model) {
          (model.size() > 3 && model.compare(model.size() - 3, 3, ".pt") == 0);
 }
 
-ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const Dataset& train) {
+ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const DataShape& train) {
   apply_torch_thread_setting();
   if (loss == Loss::kMse && !train.regression()) {
     throw UsageError(concat("--loss mse needs regression targets; ", train.name,
@@ -358,7 +346,7 @@ ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const
                             " has regression targets (use --loss mse)"));
   }
   auto bytes = std::make_shared<const std::string>(read_model_file(path));
-  const DataShape shape = data_shape(train);
+  const DataShape shape = module_data_shape(train);
   std::vector<std::string> order;
   {
     std::lock_guard<std::mutex> lock(load_mutex);

@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "pipesgd/core/model.h"
-#include "pipesgd/data/dataset.h"
 
 namespace pipesgd {
 
@@ -45,13 +44,14 @@ bool loss_has_accuracy(Loss loss);
 // True if --model names a file (ends in ".pt" or contains a '/') rather than a built-in model.
 bool names_torchscript_file(const std::string& model);
 
-// Loads the TorchScript module at `path` and checks it against `train` (its example shape, labels or
-// targets) and `loss` with a probe forward; learns the segment order (above). Throws DataError for a
+// Loads the TorchScript module at `path` and checks it against `train` (the training data's shape,
+// Dataset::shape: its example shape, classes or targets) and `loss` with a probe forward; learns the
+// segment order (above). Throws DataError for a
 // missing or unreadable file or bytes that are not a TorchScript module, and UsageError for a module
 // with no trainable parameters, a forward that fails on [2, example_shape...], or an output that does
 // not fit the loss and data (naming the file, the output shape and what the loss needs). The returned
 // factory ignores its seed; it may be called from several threads at once.
-ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const Dataset& train);
+ModelFactory torchscript_model_factory(const std::string& path, Loss loss, const DataShape& train);
 
 // The TorchScript module at `path` as a model whose layout holds its trainable layers in the order
 // `layers` (a checkpoint's record of the layout, train/checkpointing.h), for `pipesgd export`: no data,
