@@ -38,13 +38,9 @@ CheckpointReader worker_part(const std::string& checkpoint) {
   }
   CheckpointReader part = CheckpointReader::read_file(checkpoint);
   if (part.has("model.parameters")) return part;
-  const std::string name = fs::path(checkpoint).filename().string();
-  const std::string shared_suffix = "-shared.psgd";
-  if (part.has("run") && name.size() > shared_suffix.size() &&
-      name.compare(name.size() - shared_suffix.size(), shared_suffix.size(), shared_suffix) == 0) {
-    const fs::path rank0 =
-        fs::path(checkpoint).parent_path() / concat(name.substr(0, name.size() - shared_suffix.size()), "-rank0.psgd");
-    return CheckpointReader::read_file(rank0);
+  const auto name = parse_checkpoint_name(fs::path(checkpoint).filename().string());
+  if (part.has("run") && name && name->part == "shared") {
+    return CheckpointReader::read_file(checkpoint_path(fs::path(checkpoint).parent_path(), name->iteration, "rank0"));
   }
   throw DataError(concat("checkpoint '", checkpoint,
                          "' holds no model weights (a parameter server's shard?); export a worker's part, "

@@ -114,16 +114,12 @@ void check_part(const std::string& part) {
   }
 }
 
-struct ParsedName {
-  std::int64_t iteration;
-  std::string part;
-};
+using ParsedName = CheckpointName;
 
-// "checkpoint-<12 digits>-<part>.psgd", exactly.
-std::optional<ParsedName> parse_checkpoint_name(std::string_view name) {
-  if (name.size() < kNamePrefix.size() + 12 + 1 + 1 + kNameSuffix.size()) return std::nullopt;
+// "checkpoint-<12 digits>-<rest>": the iteration and the rest (which may be empty).
+std::optional<std::pair<std::int64_t, std::string_view>> split_checkpoint_name(std::string_view name) {
+  if (name.size() < kNamePrefix.size() + 12 + 1) return std::nullopt;
   if (name.substr(0, kNamePrefix.size()) != kNamePrefix) return std::nullopt;
-  if (name.substr(name.size() - kNameSuffix.size()) != kNameSuffix) return std::nullopt;
   std::int64_t iteration = 0;
   for (std::size_t i = 0; i < 12; ++i) {
     const char c = name[kNamePrefix.size() + i];
@@ -131,10 +127,7 @@ std::optional<ParsedName> parse_checkpoint_name(std::string_view name) {
     iteration = iteration * 10 + (c - '0');
   }
   if (name[kNamePrefix.size() + 12] != '-') return std::nullopt;
-  const std::size_t part_begin = kNamePrefix.size() + 13;
-  std::string_view part = name.substr(part_begin, name.size() - kNameSuffix.size() - part_begin);
-  if (!valid_part(part)) return std::nullopt;
-  return ParsedName{iteration, std::string(part)};
+  return std::pair{iteration, name.substr(kNamePrefix.size() + 13)};
 }
 
 // ".<checkpoint name>.tmp.<anything>": a temporary file of write_atomically (core/atomic_file.h).
@@ -149,9 +142,10 @@ struct Listing {
   // iteration -> part -> path, newest first
   std::map<std::int64_t, std::map<std::string, fs::path>, std::greater<>> checkpoints;
   std::map<std::int64_t, std::vector<fs::path>> temporaries;
+  std::map<std::int64_t, std::vector<fs::path>> companions;  // of the names asked for
 };
 
-Listing list_directory(const fs::path& dir) {
+Listing list_directory(const fs::path& dir, const std::vector<std::string>& companions = {}) {
   Listing listing;
   std::error_code error;
   const fs::file_status status = fs::status(dir, error);
@@ -167,6 +161,9 @@ Listing list_directory(const fs::path& dir) {
       listing.checkpoints[parsed->iteration][parsed->part] = it->path();
     } else if (auto temp = parse_temp_name(name)) {
       listing.temporaries[temp->iteration].push_back(it->path());
+    } else if (auto split = split_checkpoint_name(name);
+               split && std::find(companions.begin(), companions.end(), split->second) != companions.end()) {
+      listing.companions[split->first].push_back(it->path());
     }
   }
   if (error) {
@@ -219,6 +216,18 @@ bool valid_set(const fs::path& dir, std::int64_t iteration,
 }
 
 }  // namespace
+
+std::optional<CheckpointName> parse_checkpoint_name(std::string_view name) {
+  const auto split = split_checkpoint_name(name);
+  if (!split) return std::nullopt;
+  const std::string_view rest = split->second;
+  if (rest.size() < 1 + kNameSuffix.size() || rest.substr(rest.size() - kNameSuffix.size()) != kNameSuffix) {
+    return std::nullopt;
+  }
+  const std::string_view part = rest.substr(0, rest.size() - kNameSuffix.size());
+  if (!valid_part(part)) return std::nullopt;
+  return CheckpointName{split->first, std::string(part)};
+}
 
 const char* checkpoint_kind_name(CheckpointKind kind) {
   switch (kind) {
@@ -614,6 +623,15 @@ fs::path checkpoint_path(const fs::path& dir, std::int64_t iteration, const std:
   return dir / name.str();
 }
 
+fs::path checkpoint_companion_path(const fs::path& dir, std::int64_t iteration, std::string_view companion) {
+  if (iteration < 0 || iteration > kMaxIteration) {
+    throw UsageError(concat("checkpoint iteration ", iteration, " is outside [0, ", kMaxIteration, "]"));
+  }
+  std::ostringstream name;
+  name << kNamePrefix << std::setw(12) << std::setfill('0') << iteration << '-' << companion;
+  return dir / name.str();
+}
+
 std::optional<CheckpointSet> find_newest_valid_checkpoint(
     const fs::path& dir, const std::vector<std::string>& required_parts,
     const std::function<void(const std::string&)>& warn) {
@@ -628,10 +646,11 @@ std::optional<CheckpointSet> find_newest_valid_checkpoint(
 }
 
 std::vector<fs::path> prune_checkpoints(const fs::path& dir, std::size_t keep,
-                                        const std::vector<std::string>& required_parts) {
+                                        const std::vector<std::string>& required_parts,
+                                        const std::vector<std::string>& companions) {
   if (keep == 0) throw UsageError("prune_checkpoints: keep must be at least 1");
   for (const std::string& part : required_parts) check_part(part);
-  const Listing listing = list_directory(dir);
+  const Listing listing = list_directory(dir, companions);
 
   std::optional<std::int64_t> oldest_kept;
   std::size_t kept = 0;
@@ -665,6 +684,10 @@ std::vector<fs::path> prune_checkpoints(const fs::path& dir, std::size_t keep,
     for (const auto& [part, path] : files) remove(path);
   }
   for (const auto& [iteration, paths] : listing.temporaries) {
+    if (iteration >= *oldest_kept) continue;
+    for (const fs::path& path : paths) remove(path);
+  }
+  for (const auto& [iteration, paths] : listing.companions) {
     if (iteration >= *oldest_kept) continue;
     for (const fs::path& path : paths) remove(path);
   }

@@ -162,6 +162,19 @@ class CheckpointReader {
 std::filesystem::path checkpoint_path(const std::filesystem::path& dir, std::int64_t iteration,
                                       const std::string& part);
 
+// A checkpoint file's name split: "checkpoint-000000000042-rank3.psgd" -> {42, "rank3"}; nullopt for
+// any other name (a temporary file's included).
+struct CheckpointName {
+  std::int64_t iteration = 0;
+  std::string part;
+};
+std::optional<CheckpointName> parse_checkpoint_name(std::string_view file_name);
+
+// A set's companion file: dir / "checkpoint-000000000042-<name>" (e.g. name "model.pt"), not a
+// part (never required, never validated), deleted with its iteration by prune_checkpoints.
+std::filesystem::path checkpoint_companion_path(const std::filesystem::path& dir, std::int64_t iteration,
+                                                std::string_view name);
+
 struct CheckpointSet {
   std::int64_t iteration = 0;
   std::map<std::string, std::filesystem::path> parts;  // every part file found for the iteration
@@ -184,10 +197,12 @@ std::optional<CheckpointSet> find_newest_valid_checkpoint(
 // always the newest valid one (validated as find_newest_valid_checkpoint does, so a corrupt newest
 // checkpoint never causes the last good one to be deleted). Deleted: every checkpoint file, and every
 // leftover temporary file, of an iteration older than the oldest kept one; iterations newer than it
-// (for example one other ranks are still writing) are never touched. Returns the deleted paths.
+// (for example one other ranks are still writing) are never touched; nor is any other file, except
+// the `companions` (checkpoint_companion_path) of the iterations deleted. Returns the deleted paths.
 // Throws UsageError for keep == 0, DataError if a file cannot be deleted or the directory listed.
 std::vector<std::filesystem::path> prune_checkpoints(const std::filesystem::path& dir,
                                                      std::size_t keep,
-                                                     const std::vector<std::string>& required_parts);
+                                                     const std::vector<std::string>& required_parts,
+                                                     const std::vector<std::string>& companions = {});
 
 }  // namespace pipesgd

@@ -1,7 +1,6 @@
 #include "pipesgd/train/checkpointing.h"
 
 #include <algorithm>
-#include <charconv>
 #include <optional>
 #include <iostream>
 #include <system_error>
@@ -11,6 +10,9 @@
 
 namespace pipesgd {
 namespace {
+
+// Rank 0's model beside each set: checkpoint-<iteration>-model.pt, a companion of the set.
+constexpr const char* kModelCompanion = "model.pt";
 
 // The epoch records, one section per field (each a vector over the epochs).
 struct EpochField {
@@ -204,7 +206,7 @@ CheckpointModel read_checkpoint_model(const CheckpointReader& part) {
 }
 
 std::filesystem::path checkpoint_model_path(const std::filesystem::path& dir, std::int64_t iteration) {
-  return checkpoint_path(dir, iteration, "model").replace_extension(".pt");
+  return checkpoint_companion_path(dir, iteration, kModelCompanion);
 }
 
 bool write_model_file(const std::filesystem::path& path, Model& model) {
@@ -214,44 +216,8 @@ bool write_model_file(const std::filesystem::path& path, Model& model) {
   return true;
 }
 
-namespace {
-
-// The iteration of a name "checkpoint-<12 digits>-<rest>" whose rest ends in `suffix`.
-std::optional<std::int64_t> checkpoint_name_iteration(const std::string& name, std::string_view suffix) {
-  constexpr std::string_view prefix = "checkpoint-";
-  constexpr std::size_t digits = 12;
-  if (name.size() < prefix.size() + digits + 1 + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
-      name[prefix.size() + digits] != '-' || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-    return std::nullopt;
-  }
-  std::int64_t iteration = 0;
-  const char* first = name.data() + prefix.size();
-  const auto [end, error] = std::from_chars(first, first + digits, iteration);
-  if (error != std::errc() || end != first + digits) return std::nullopt;
-  return iteration;
-}
-
-// Deletes checkpoint-<i>-model.pt for every i older than the oldest checkpoint set left in `dir`.
-void prune_model_files(const std::filesystem::path& dir) {
-  std::error_code error;
-  std::optional<std::int64_t> oldest;
-  std::vector<std::pair<std::int64_t, std::filesystem::path>> models;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    if (const auto set = checkpoint_name_iteration(name, ".psgd")) oldest = std::min(oldest.value_or(*set), *set);
-    if (const auto model = checkpoint_name_iteration(name, "model.pt")) models.emplace_back(*model, entry.path());
-  }
-  if (error || !oldest) return;
-  for (const auto& [iteration, path] : models) {
-    if (iteration < *oldest) std::filesystem::remove(path, error);  // already gone: another pruner's
-  }
-}
-
-}  // namespace
-
 void prune_run_checkpoints(const RunContext& run) {
-  prune_checkpoints(run.config.reliability.checkpoint_dir, 2, run.checkpoint_parts);
-  prune_model_files(run.config.reliability.checkpoint_dir);
+  prune_checkpoints(run.config.reliability.checkpoint_dir, 2, run.checkpoint_parts, {kModelCompanion});
 }
 
 std::function<void(const ParameterServerShard&, std::int64_t)> server_checkpoints(const RunContext& run,

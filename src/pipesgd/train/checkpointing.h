@@ -101,7 +101,8 @@ RunHistory read_run_history(const CheckpointReader& shared);
 // was written by a version of pipesgd whose checkpoints lack the history.
 void find_resume_point(RunContext& run, bool leader);
 
-// Keeps the 2 newest complete sets (and the model files of the sets kept).
+// Keeps the 2 newest complete sets and the model files of the sets kept (a set's companions,
+// core/checkpoint.h).
 void prune_run_checkpoints(const RunContext& run);
 
 // What a checkpoint must match to be resumed by this run: everything that changes the math of the

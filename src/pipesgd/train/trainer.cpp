@@ -1,10 +1,13 @@
-// The launchers: every rank of a run as a thread of this process, or this process's MPI rank. Both
-// prepare the run the same way (prepare_run), run the same worker and server functions, and
-// summarize the same records.
+// The launchers: every rank of a run as a thread of this process, or this process's MPI rank. One
+// launch (launch) prepares the run, runs the same worker and server functions and summarizes the
+// same records; a RankHost says what differs (the hosted ranks, their transports, how they run and
+// fail, how the records reach rank 0).
 #include "pipesgd/train/trainer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -18,8 +21,8 @@
 #include "pipesgd/ps/shard_plan.h"
 #include "pipesgd/train/checkpointing.h"
 #include "pipesgd/train/early_stop.h"
-#include "pipesgd/train/metrics_file.h"
-#include "pipesgd/train/report.h"
+#include "pipesgd/report/metrics_file.h"
+#include "pipesgd/report/report.h"
 #include "pipesgd/train/summary.h"
 #include "pipesgd/train/worker.h"
 
@@ -140,136 +143,229 @@ void write_final_model(const TrainConfig& config, RunSummary& summary, Model& mo
   if (write_model_file(path, model)) summary.model_file = path.string();
 }
 
-}  // namespace
+// Which workers' records a process holds once its ranks ran.
+enum class RecordsHeld {
+  kHosted,        // its own workers' only
+  kEveryStreamed, // every worker's, all hosted here (the metrics stream had them all)
+  kEveryGathered, // every worker's, gathered at rank 0 after the metrics stream closed
+};
 
-RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, const DataSplits& data) {
-  const RunContext run = prepare_run(config, data.train, /*leader=*/true);
-  std::vector<std::unique_ptr<Model>> models;
-  for (int rank = 0; rank < config.workers; ++rank) models.push_back(build_model(factory, config.seed));
-  // Parameter-server methods: S server ranks after the M workers, each serving one shard of the
-  // plan, from the replicas' common initial weights. The plan is built here so that a bad --servers
-  // fails before any thread starts.
-  std::unique_ptr<ShardPlan> shard_plan;
-  if (run.servers > 0) shard_plan = std::make_unique<ShardPlan>(plan_shards(models[0]->layout(), run.servers));
-  std::vector<float> initial_weights;
-  if (run.servers > 0) initial_weights.assign(models[0]->parameters().begin(), models[0]->parameters().end());
-  const int ranks = config.workers + run.servers;
+// What differs between the launchers: which of the run's ranks this process hosts (workers, then
+// servers), how their transports are made, how they run and fail, and whether rank 0 then holds
+// every worker's record. The rest of a launch is written once (launch, below).
+class RankHost {
+ public:
+  virtual ~RankHost() = default;
 
-  LocalFabric fabric(ranks, config.network);
-  std::vector<WorkerRecord> records(static_cast<std::size_t>(config.workers));
-  LeaderRecord leader;
-  std::vector<std::exception_ptr> failures(static_cast<std::size_t>(ranks));
-  std::atomic<bool> worker_failed{false};          // stops the servers at once (ServeOptions::stop)
-  std::atomic<bool> injected_fault_ended{false};   // a worker ended by --inject-fault
-  const FaultControl faults{&worker_failed, /*rank_is_process=*/false, config.method.common.timeout};
-  EarlyStop stop(config.workers, config.interrupt, config.method.common.timeout);
-  const std::unique_ptr<MetricsStream> metrics = open_metrics_stream(run, /*leader=*/true, records, stop);
+  // Before the run is prepared: throws UsageError if this host cannot hold the run's ranks.
+  virtual void check_ranks(const TrainConfig& config) const = 0;
+  // The run's ranks this process hosts: [first_rank(), end_rank(ranks)) of `ranks`.
+  virtual int first_rank() const = 0;
+  virtual int end_rank(int ranks) const = 0;
+  // Makes the hosted ranks' transports, for a run of `ranks` ranks.
+  virtual void connect(const TrainConfig& config, int ranks) = 0;
+  virtual Transport& transport(int rank) = 0;
+  // How a worker's failure and --inject-fault reach the others (FaultControl), and the servers' stop.
+  virtual FaultControl fault_control(Timeout timeout) const = 0;
+  virtual const std::atomic<bool>* servers_stop() const = 0;
+  // Runs `run_rank` for every hosted rank; returns once all ended, or throws the run's failure.
+  virtual void run_ranks(const TrainConfig& config, const std::function<void(int rank)>& run_rank) = 0;
+  // After the workers ran: brings every worker's record (`records`, by rank) to rank 0 where they
+  // are elsewhere; says which this process then holds.
+  virtual RecordsHeld gather(const RunContext& run, std::vector<WorkerRecord>& records) = 0;
+};
 
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < ranks; ++rank) {
-    threads.emplace_back([&, rank] {
-      Transport& transport = fabric.endpoint(rank);
-      try {
-        if (rank < config.workers) {
-          run_worker(run, rank, *models[static_cast<std::size_t>(rank)], transport, data, faults, stop,
-                     records[static_cast<std::size_t>(rank)], rank == 0 ? &leader : nullptr,
-                     rank == 0 ? metrics.get() : nullptr);
-        } else {
-          serve_shard(run, *shard_plan, initial_weights, transport, &worker_failed);
+// Every rank a thread of this process, over a LocalFabric.
+class ThreadRanks final : public RankHost {
+ public:
+  void check_ranks(const TrainConfig&) const override {}  // prepare_run validates the rest
+  int first_rank() const override { return 0; }
+  int end_rank(int ranks) const override { return ranks; }
+  void connect(const TrainConfig& config, int ranks) override { fabric_.emplace(ranks, config.network); }
+  Transport& transport(int rank) override { return fabric_->endpoint(rank); }
+  FaultControl fault_control(Timeout timeout) const override {
+    return FaultControl{&worker_failed_, /*rank_is_process=*/false, timeout};
+  }
+  const std::atomic<bool>* servers_stop() const override { return &worker_failed_; }
+
+  void run_ranks(const TrainConfig& config, const std::function<void(int rank)>& run_rank) override {
+    const int ranks = fabric_->size();
+    std::vector<std::exception_ptr> failures(static_cast<std::size_t>(ranks));
+    std::atomic<bool> injected_fault_ended{false};  // a worker ended by --inject-fault
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < ranks; ++rank) {
+      threads.emplace_back([&, rank] {
+        try {
+          run_rank(rank);
+        } catch (const InjectedFault&) {
+          // --inject-fault: this worker "died" without a word; the others find out by their timeouts.
+          injected_fault_ended.store(true, std::memory_order_release);
+        } catch (const std::exception& error) {
+          failures[static_cast<std::size_t>(rank)] = std::current_exception();
+          transport(rank).report_failure(error.what());
+          if (rank < config.workers) worker_failed_.store(true, std::memory_order_release);
         }
-      } catch (const InjectedFault&) {
-        // --inject-fault: this worker "died" without a word; the others find out by their timeouts.
-        injected_fault_ended.store(true, std::memory_order_release);
-      } catch (const std::exception& error) {
-        failures[static_cast<std::size_t>(rank)] = std::current_exception();
-        transport.report_failure(error.what());
-        if (rank < config.workers) worker_failed.store(true, std::memory_order_release);
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  rethrow_root_cause(failures);
-  if (injected_fault_ended.load(std::memory_order_acquire)) {
-    // No other worker was there to notice (a single worker): the run did not complete.
-    const FaultInjection& fault = config.reliability.fault;
-    throw CommError(concat("worker ", fault.rank, " was stopped by --inject-fault at iteration ", fault.iteration,
-                           " and no other worker was left to report it"));
-  }
-  if (metrics) metrics->close();
-  RunSummary summary = summarize(run, records, leader, *models[0]);
-  summary.interrupted = interruption(run, summary.timing.iterations, stop.signal(), config.workers);
-  if (!config.out_dir.empty()) write_summary_file(config.out_dir, summary);
-  write_final_model(config, summary, *models[0]);
-  return summary;
-}
-
-RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& factory, const DataSplits& data,
-                             Transport& transport) {
-  const int rank = transport.rank();
-  validate_train_config(config);
-  const int servers = server_ranks(config);
-  if (config.workers + servers != transport.size()) {
-    throw UsageError(concat("--workers ", config.workers, servers > 0 ? concat(" + --servers ", servers) : std::string(),
-                            " does not match the ", transport.size(), " ranks of ", transport.describe()));
-  }
-  // Every rank reads the same directories (a shared file system across hosts).
-  const RunContext run = prepare_run(config, data.train, /*leader=*/rank == 0);
-  std::unique_ptr<Model> model = build_model(factory, config.seed);
-  if (run.servers > 0) {
-    // Every rank builds the plan, so a bad --servers is the same usage error on every rank.
-    const ShardPlan shard_plan = plan_shards(model->layout(), run.servers);
-    if (rank >= config.workers) {
-      // A server rank: serves its shard from the replicas' common initial weights (every rank built
-      // the model from the seed), then returns a summary of the set-up only (rank 0's is printed).
-      try {
-        serve_shard(run, shard_plan, model->parameters(), transport, nullptr);
-      } catch (const std::exception& error) {
-        transport.report_failure(error.what());
-        throw;
-      }
-      RunSummary summary;
-      summary.setup.method_spec = config.method.spec;
-      summary.setup.workers = config.workers;
-      summary.setup.servers = run.servers;
-      return summary;
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    rethrow_root_cause(failures);
+    if (injected_fault_ended.load(std::memory_order_acquire)) {
+      // No other worker was there to notice (a single worker): the run did not complete.
+      const FaultInjection& fault = config.reliability.fault;
+      throw CommError(concat("worker ", fault.rank, " was stopped by --inject-fault at iteration ", fault.iteration,
+                             " and no other worker was left to report it"));
     }
   }
-  std::vector<WorkerRecord> records(static_cast<std::size_t>(config.workers));
-  WorkerRecord& own = records[static_cast<std::size_t>(rank)];
-  LeaderRecord leader;
-  const FaultControl faults{nullptr, /*rank_is_process=*/true, config.method.common.timeout};
-  EarlyStop stop(1, config.interrupt, config.method.common.timeout);  // this process's one worker
-  const std::unique_ptr<MetricsStream> metrics = open_metrics_stream(run, rank == 0, std::span(&own, 1), stop);
-  run_worker(run, rank, *model, transport, data, faults, stop, own, rank == 0 ? &leader : nullptr,
-             metrics.get());  // reports its own failure
-  if (metrics) metrics->close();
-  const bool interrupted = own.completed < run.plan.total_iterations;
-  if (!interrupted) {
+
+  RecordsHeld gather(const RunContext&, std::vector<WorkerRecord>&) override { return RecordsHeld::kEveryStreamed; }
+
+ private:
+  std::optional<LocalFabric> fabric_;
+  std::atomic<bool> worker_failed_{false};  // stops the servers at once (ServeOptions::stop)
+};
+
+// This process is one rank of `transport` (MpiTransport), one rank per process.
+class ProcessRank final : public RankHost {
+ public:
+  explicit ProcessRank(Transport& transport) : transport_(transport) {}
+
+  void check_ranks(const TrainConfig& config) const override {
+    validate_train_config(config);
+    const int servers = server_ranks(config);
+    if (config.workers + servers != transport_.size()) {
+      throw UsageError(concat("--workers ", config.workers, servers > 0 ? concat(" + --servers ", servers) : std::string(),
+                              " does not match the ", transport_.size(), " ranks of ", transport_.describe()));
+    }
+  }
+  int first_rank() const override { return transport_.rank(); }
+  int end_rank(int) const override { return transport_.rank() + 1; }
+  void connect(const TrainConfig&, int) override {}
+  Transport& transport(int) override { return transport_; }
+  FaultControl fault_control(Timeout timeout) const override {
+    return FaultControl{nullptr, /*rank_is_process=*/true, timeout};
+  }
+  // A server rank notices a failed worker only by --comm-timeout (ps/parameter_server.h).
+  const std::atomic<bool>* servers_stop() const override { return nullptr; }
+  // A worker reports its own failure (run_worker), a server its own (launch).
+  void run_ranks(const TrainConfig&, const std::function<void(int rank)>& run_rank) override {
+    run_rank(transport_.rank());
+  }
+
+  // A run stopped early gathers nothing (the ranks stopped separately, each told the others through
+  // the failure notice); else the workers send their records to rank 0.
+  RecordsHeld gather(const RunContext& run, std::vector<WorkerRecord>& records) override {
+    const int rank = transport_.rank();
+    const bool interrupted = records[static_cast<std::size_t>(rank)].completed < run.plan.total_iterations;
+    if (interrupted) return RecordsHeld::kHosted;
     try {
       // The timings are gathered among the workers only.
-      RankSubsetTransport workers = first_ranks(transport, config.workers);
+      RankSubsetTransport workers = first_ranks(transport_, run.config.workers);
       gather_at_leader(workers, run, records);
+    } catch (const std::exception& error) {
+      transport_.report_failure(error.what());
+      throw;
+    }
+    return rank == 0 ? RecordsHeld::kEveryGathered : RecordsHeld::kHosted;
+  }
+
+ private:
+  Transport& transport_;
+};
+
+// The launch of every run: prepares it, builds this process's replicas (and the servers' shard
+// plan), runs the hosted ranks and summarizes what this process holds; rank 0 writes --out.
+RunSummary launch(const TrainConfig& config, const ModelFactory& factory, const DataSplits& data, RankHost& host) {
+  host.check_ranks(config);
+  const int first = host.first_rank();
+  // Every process reads the same directories (a shared file system across hosts).
+  const RunContext run = prepare_run(config, data.train, /*leader=*/first == 0);
+  const int ranks = config.workers + run.servers;
+  const int end = host.end_rank(ranks);
+  const int hosted_workers = std::max(0, std::min(end, config.workers) - first);
+  // One replica per hosted worker; a process of a server only builds one for the initial weights.
+  std::vector<std::unique_ptr<Model>> models;
+  for (int w = 0; w < std::max(1, hosted_workers); ++w) models.push_back(build_model(factory, config.seed));
+  // Parameter-server methods: S server ranks after the M workers, each serving one shard of the
+  // plan, from the replicas' common initial weights (every process builds them from the seed). Every
+  // process builds the plan, so that a bad --servers fails at once and the same everywhere.
+  std::optional<ShardPlan> shard_plan;
+  std::vector<float> initial_weights;
+  if (run.servers > 0) {
+    shard_plan.emplace(plan_shards(models[0]->layout(), run.servers));
+    if (end > config.workers) initial_weights.assign(models[0]->parameters().begin(), models[0]->parameters().end());
+  }
+  host.connect(config, ranks);
+
+  std::vector<WorkerRecord> records(static_cast<std::size_t>(config.workers));
+  const std::span<WorkerRecord> hosted_records = std::span(records).subspan(
+      static_cast<std::size_t>(std::min(first, config.workers)), static_cast<std::size_t>(hosted_workers));
+  LeaderRecord leader;
+  const FaultControl faults = host.fault_control(config.method.common.timeout);
+  std::optional<EarlyStop> stop;  // slots: the hosted workers
+  if (hosted_workers > 0) stop.emplace(hosted_workers, config.interrupt, config.method.common.timeout);
+  const std::unique_ptr<MetricsStream> metrics =
+      hosted_workers > 0 ? open_metrics_stream(run, first == 0, hosted_records, *stop) : nullptr;
+
+  host.run_ranks(config, [&](int rank) {
+    Transport& transport = host.transport(rank);
+    if (rank < config.workers) {
+      const WorkerRun shared{run, data, faults, *stop};
+      run_worker(shared, rank, *models[static_cast<std::size_t>(rank - first)], transport,
+                 WorkerSinks{records[static_cast<std::size_t>(rank)], rank == 0 ? &leader : nullptr,
+                             rank == 0 ? metrics.get() : nullptr});  // reports its own failure
+      return;
+    }
+    try {
+      serve_shard(run, *shard_plan, initial_weights, transport, host.servers_stop());
     } catch (const std::exception& error) {
       transport.report_failure(error.what());
       throw;
     }
+  });
+  if (hosted_workers == 0) {
+    // A process of a server: a summary of the set-up only (rank 0's is printed).
+    RunSummary summary;
+    summary.setup.method_spec = config.method.spec;
+    summary.setup.workers = config.workers;
+    summary.setup.servers = run.servers;
+    return summary;
   }
-  // Another rank, and rank 0 of a run stopped early (the ranks stopped separately, each told the
-  // others through the failure notice: nothing more can be gathered), summarize their own view.
-  const bool all = rank == 0 && !interrupted;
-  RunSummary summary = summarize(run, all ? std::span(records) : std::span(&own, 1), leader, *model);
-  if (!all && config.keep_parameters) {  // in its own place, as in a summary of every rank
+  if (metrics) metrics->close();
+  const RecordsHeld held = host.gather(run, records);
+  const bool all = held != RecordsHeld::kHosted;
+  // Without every worker's records, a process summarizes its own workers' view.
+  RunSummary summary = summarize(run, all ? std::span(records) : hosted_records, leader, *models[0]);
+  if (!all && config.keep_parameters) {  // in their own places, as in a summary of every rank
     std::vector<std::vector<float>> placed(static_cast<std::size_t>(config.workers));
-    placed[static_cast<std::size_t>(rank)] = std::move(summary.final_parameters.front());
+    for (std::size_t w = 0; w < hosted_records.size(); ++w) {
+      placed[static_cast<std::size_t>(first) + w] = std::move(summary.final_parameters[w]);
+    }
     summary.final_parameters = std::move(placed);
   }
-  summary.interrupted = interruption(run, own.completed, own.stop_signal, 1);
-  if (rank != 0 || config.out_dir.empty()) return summary;
-  // The stream held rank 0's times; the file gets every rank's means.
-  if (all) write_metrics_file(config.out_dir, metrics_lines(run, records), run.start_iteration(), summary.timing.iterations, summary.epochs);
+  summary.interrupted =
+      interruption(run, summary.timing.iterations, hosted_records.front().stop_signal, hosted_workers);
+  if (first != 0 || config.out_dir.empty()) return summary;
+  // The stream held this process's workers' times; with every worker's gathered, the file gets their means.
+  if (held == RecordsHeld::kEveryGathered) {
+    write_metrics_file(config.out_dir, metrics_lines(run, records), run.start_iteration(), summary.timing.iterations,
+                       summary.epochs);
+  }
   write_summary_file(config.out_dir, summary);
-  write_final_model(config, summary, *model);
+  write_final_model(config, summary, *models[0]);
   return summary;
+}
+
+}  // namespace
+
+RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, const DataSplits& data) {
+  ThreadRanks threads;
+  return launch(config, factory, data, threads);
+}
+
+RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& factory, const DataSplits& data,
+                             Transport& transport) {
+  ProcessRank process(transport);
+  return launch(config, factory, data, process);
 }
 
 }  // namespace pipesgd

@@ -18,7 +18,7 @@
 #include "pipesgd/data/sampler.h"
 #include "pipesgd/train/checkpointing.h"
 #include "pipesgd/train/progress.h"
-#include "pipesgd/train/short_run.h"
+#include "pipesgd/report/short_run.h"
 
 namespace pipesgd {
 namespace {
@@ -157,92 +157,229 @@ Evaluation evaluate(Model& model, const Dataset& test, const std::function<void(
   return total;
 }
 
+// This worker's share of the training set, epoch by epoch (its compute thread only).
+class BatchFeed {
+ public:
+  BatchFeed(const Dataset& train, const TrainConfig& config, int rank)
+      : sampler_(train.size, config.workers, rank, config.batch, config.seed), assembler_(train, config.batch) {}
+
+  void start_epoch(std::int64_t epoch) { sampler_.start_epoch(static_cast<std::size_t>(epoch)); }
+  // Batch i of the epoch; it points into the feed until the next call.
+  Batch batch(std::int64_t i) { return assembler_.assemble(sampler_.batch_indices(static_cast<std::size_t>(i))); }
+
+ private:
+  ShardedSampler sampler_;
+  BatchAssembler assembler_;
+};
+
+// The trainer's own messages among the workers, never the server ranks (its compute thread only):
+// the epoch ends' sums, rank 0's words while it evaluates, the barrier before the last pruning.
+class WorkerControl {
+ public:
+  WorkerControl(Transport& transport, int workers, Timeout timeout)
+      : workers_(first_ranks(transport, workers)),
+        codec_(make_codec("none")),
+        allreduce_(workers_, 3, *codec_, AllreduceOptions{timeout, kAutoSegmentBytes}),
+        timeout_(timeout) {}
+
+  // The workers' transport (its rank r is worker r).
+  Transport& workers() { return workers_; }
+
+  // Sums `values` (at most 3) over the workers under `tag`; also a barrier.
+  void sum(std::span<float> values, Tag tag) { allreduce_.run(values, tag); }
+
+  // Every worker is here: a sum on the consistency channel, whose sequence 0 no check uses.
+  void barrier() {
+    float token[1] = {0};
+    allreduce_.run(token, collective_tag(Channel::kConsistency, 0));
+  }
+
+  // Rank 0 tells every other worker `word` as epoch `epoch`'s message `message` (then counts it).
+  void tell_workers(std::int64_t epoch, int& message, std::byte word) {
+    const Tag tag = step_tag(control_tag(2 * epoch + 1), message++, 0);
+    std::vector<Request> sends;
+    for (int peer = 1; peer < workers_.size(); ++peer) {
+      sends.push_back(workers_.send(peer, tag, std::span<const std::byte>(&word, 1), kEvaluationWait));
+    }
+    for (Request& send : sends) send.wait(timeout_);
+  }
+
+  // The other workers: wait until rank 0 says its evaluation is done. Each wait has the comm
+  // timeout; rank 0 says it is still evaluating often enough (WorkerLoop::end_epoch).
+  void wait_for_evaluation(std::int64_t epoch) {
+    for (int message = 0;; ++message) {
+      std::byte word{};
+      workers_
+          .recv(0, step_tag(control_tag(2 * epoch + 1), message, 0), std::span<std::byte>(&word, 1), kEvaluationWait)
+          .wait(timeout_);
+      if (word == kEvaluationDone) return;
+      if (message == kLastEvaluationMessage) {
+        throw CommError(concat(kEvaluationWait, ": rank 0 sent ", message + 1, " messages without finishing"));
+      }
+    }
+  }
+
+ private:
+  RankSubsetTransport workers_;
+  std::unique_ptr<Codec> codec_;
+  RingAllreduce allreduce_;
+  Timeout timeout_;
+};
+
+// --trace: a step's spans on the compute thread's trace (none installed: nothing recorded): forward,
+// backward and one per layer's backward. The compute thread only.
+class StepTrace {
+ public:
+  // Interns "backward <layer>" for each segment of `layout`.
+  explicit StepTrace(const Layout& layout) : trace_(current_thread_trace()) {
+    if (trace_ == nullptr) return;
+    for (std::size_t s = 0; s < layout.segment_count(); ++s) {
+      layer_names_.push_back(trace_->recorder().intern(concat("backward ", layout.segment(s).name)));
+    }
+  }
+
+  void start_iteration(std::int64_t t) {
+    if (trace_ != nullptr) trace_->set_iteration(t);
+    layers_traced_ = 0;
+  }
+
+  // Layer `segment`'s backward in iteration t, which took `seconds` up to now; clipped so that the
+  // layers' spans never overlap (the model's clock reads and this one differ by nanoseconds).
+  void layer(std::size_t segment, double seconds, std::int64_t t) {
+    if (trace_ == nullptr || !trace_->recording() || segment >= layer_names_.size()) return;
+    const TraceClock::time_point now = TraceClock::now();
+    TraceClock::time_point start = now - std::chrono::duration_cast<TraceClock::duration>(Seconds(seconds));
+    if (layers_traced_ > 0 && start < last_layer_end_) start = last_layer_end_;
+    if (layers_traced_ == 0) first_layer_start_ = start;
+    TraceArgs args;
+    args.iteration = t;
+    args.layer = static_cast<std::int64_t>(segment);
+    trace_->span(layer_names_[segment], kTraceCompute, start, now, args);
+    last_layer_end_ = now;
+    ++layers_traced_;
+  }
+
+  // The forward and backward spans of iteration t's step that ended at `end`, after data loading
+  // ended at `data_end`: backward is the model's backward time before `end` (or from the first
+  // layer's span, if earlier), forward what came before it (including a method's forward hooks).
+  void step(TraceClock::time_point data_end, TraceClock::time_point end, const StepResult& step, std::int64_t t) {
+    if (trace_ == nullptr || !trace_->recording()) return;
+    TraceClock::time_point backward_start =
+        end - std::chrono::duration_cast<TraceClock::duration>(Seconds(step.backward_seconds));
+    if (layers_traced_ > 0 && first_layer_start_ < backward_start) backward_start = first_layer_start_;
+    if (backward_start < data_end) backward_start = data_end;
+    TraceArgs args;
+    args.iteration = t;
+    trace_->span("forward", kTraceCompute, data_end, backward_start, args);
+    trace_->span("backward", kTraceCompute, backward_start, end, args);
+  }
+
+ private:
+  ThreadTrace* const trace_;
+  std::vector<const char*> layer_names_;  // by segment
+  // Where the current iteration's layer spans are.
+  std::size_t layers_traced_ = 0;
+  TraceClock::time_point first_layer_start_{};
+  TraceClock::time_point last_layer_end_{};
+};
+
+// The method's allreduces that finished since the last reading: their CPU time and bytes
+// (collective/allreduce_meter.h, the meter installed on this thread, if any), on whichever thread
+// ran them.
+class AllreduceCostReader {
+ public:
+  AllreduceCostReader() : meter_(current_allreduce_meter()) {}
+
+  void record(IterationTimes& times) {
+    if (meter_ == nullptr) return;
+    const std::uint64_t cpu = meter_->cpu_nanoseconds.load(std::memory_order_relaxed);
+    const std::uint64_t bytes = meter_->bytes.load(std::memory_order_relaxed);
+    times.comm_cpu = 1e-9 * static_cast<double>(cpu - read_cpu_nanoseconds_);
+    times.comm_bytes = static_cast<double>(bytes - read_bytes_);
+    read_cpu_nanoseconds_ = cpu;
+    read_bytes_ = bytes;
+  }
+
+ private:
+  const AllreduceMeter* const meter_;
+  std::uint64_t read_cpu_nanoseconds_ = 0, read_bytes_ = 0;  // its totals at the last reading
+};
+
+// What one worker owns for the run (built by run_worker).
+struct WorkerReplica {
+  int rank;
+  Model& model;
+  Transport& transport;  // the run's, or its fault-injecting decorator
+  TrainingMethod& method;
+  FaultInjectingTransport* mid_operation_fault;  // --inject-fault at=allreduce|push on this worker
+};
+
 // One worker's epochs.
 class WorkerLoop {
  public:
-  WorkerLoop(const RunContext& run, int rank, Model& model, Transport& transport, TrainingMethod& method,
-             const DataSplits& data, const FaultControl& faults, FaultInjectingTransport* mid_operation_fault,
-             EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader, MetricsStream* metrics)
-      : run_(run),
-        config_(run.config),
-        rank_(rank),
-        model_(model),
-        transport_(transport),
-        method_(method),
-        data_(data),
-        faults_(faults),
-        mid_operation_fault_(mid_operation_fault),
-        stop_(stop),
-        stop_slot_(faults.rank_is_process ? 0 : rank),
-        record_(record),
-        leader_(leader),
-        metrics_(metrics),
-        sampler_(data.train.size, config_.workers, rank, config_.batch, config_.seed),
-        assembler_(data.train, config_.batch),
-        worker_ranks_(first_ranks(transport, config_.workers)),  // the workers, never the server ranks
-        control_codec_(make_codec("none")),
-        control_(worker_ranks_, 3, *control_codec_, AllreduceOptions{config_.method.common.timeout, kAutoSegmentBytes}),
-        progress_(leader != nullptr && config_.progress, config_.method.spec),
-        nonfinite_(rank, model.layout(), config_.reliability.on_nonfinite == "skip", record.nonfinite_skipped) {
+  WorkerLoop(const WorkerRun& shared, const WorkerReplica& own, const WorkerSinks& sinks)
+      : shared_(shared),
+        own_(own),
+        sinks_(sinks),
+        stop_slot_(shared.faults.rank_is_process ? 0 : own.rank),
+        batches_(shared.data.train, shared.run.config, own.rank),
+        control_(own.transport, shared.run.config.workers, shared.run.config.method.common.timeout),
+        progress_(sinks.leader != nullptr && shared.run.config.progress, shared.run.config.method.spec),
+        nonfinite_(own.rank, own.model.layout(), shared.run.config.reliability.on_nonfinite == "skip",
+                   sinks.record.nonfinite_skipped),
+        step_trace_(own.model.layout()) {
     static const SegmentReadyFn no_reports;
-    const SegmentReadyFn* ready = method.segment_ready();
+    const SegmentReadyFn* ready = own.method.segment_ready();
     method_ready_ = ready != nullptr ? ready : &no_reports;
     on_ready_ = [this](std::size_t segment, double seconds) {
-      trace_layer(segment, seconds);
+      step_trace_.layer(segment, seconds, t_);
       if (nonfinite_.check(segment) && *method_ready_) (*method_ready_)(segment, seconds);
     };
-    meter_ = current_allreduce_meter();
-    if (ThreadTrace* trace = current_thread_trace()) {
-      trace_ = trace;
-      const Layout& layout = model.layout();
-      for (std::size_t s = 0; s < layout.segment_count(); ++s) {
-        layer_names_.push_back(trace->recorder().intern(concat("backward ", layout.segment(s).name)));
-      }
+    if (config().reliability.check_consistency > 0) {
+      consistency_.emplace(control_.workers(), config().method.common.timeout);
     }
-    if (config_.reliability.check_consistency > 0) consistency_.emplace(worker_ranks_, config_.method.common.timeout);
   }
 
   // The iteration the compute thread is in (for failure messages).
   std::int64_t iteration() const { return t_; }
 
   void run() {
-    const RunPlan& plan = run_.plan;
-    if (run_.resume_from) resume();
+    const RunPlan& plan = shared_.run.plan;
+    if (shared_.run.resume_from) resume();
     bool stopped = false;
     for (std::int64_t epoch = t_ / plan.iterations_per_epoch; epoch < plan.epochs && !stopped; ++epoch) {
       const std::int64_t epoch_start = epoch * plan.iterations_per_epoch;
       const std::int64_t count = std::min(plan.iterations_per_epoch, plan.total_iterations - epoch_start);
-      sampler_.start_epoch(static_cast<std::size_t>(epoch));
+      batches_.start_epoch(epoch);
       progress_.start_epoch(epoch, plan.epochs, count, plan.iterations_per_epoch);
       epoch_clock_.restart();
       if (t_ == epoch_start) sums_ = EpochSums{};  // else resumed inside this epoch with its sums
       for (std::int64_t i = t_ - epoch_start; i < count; ++i, ++t_) {
-        if (stop_.stop_before(stop_slot_, t_)) {
+        if (shared_.stop.stop_before(stop_slot_, t_)) {
           stopped = true;
           break;
         }
         iterate(i);
-        if (leader_ != nullptr) {
+        if (sinks_.leader != nullptr) {
           progress_.update(i + 1, sums_.loss / static_cast<double>(i + 1),
                            samples_per_iteration() * static_cast<double>(i + 1) / epoch_clock_.seconds());
         }
       }
       if (t_ == plan.total_iterations) {
         IterationTimes drain;
-        method_.finish(drain);  // apply what is still in flight before the final evaluation
+        own_.method.finish(drain);  // apply what is still in flight before the final evaluation
       }
       train_seconds_ += epoch_clock_.seconds();
       if (!stopped) end_epoch(epoch, count);  // an epoch cut short has no record
     }
-    stop_.publish(stop_slot_, t_);
+    shared_.stop.publish(stop_slot_, t_);
     if (stopped) stop_early();
     checkpoints_.finish();  // the last checkpoint is on disk before the run reports success
-    if (config_.reliability.checkpoint_every > 0 && !(stopped && faults_.rank_is_process)) {
+    if (config().reliability.checkpoint_every > 0 && !(stopped && shared_.faults.rank_is_process)) {
       // Every worker's writes are done (a barrier on the consistency channel, whose sequence 0 no
       // check uses): now the newest sets are complete and pruning leaves exactly the 2 newest.
-      float token[1] = {0};
-      control_.run(token, collective_tag(Channel::kConsistency, 0));
-      if (leader_ != nullptr) prune_run_checkpoints(run_);
+      control_.barrier();
+      if (sinks_.leader != nullptr) prune_run_checkpoints(shared_.run);
     }
     finish_record();
   }
@@ -250,28 +387,28 @@ class WorkerLoop {
   // Where each rank is a process: another rank stopped early, by `signal`, and told this one in a
   // wait of iteration t_; the iterations before are what it completed.
   void stopped_by_peer(int signal) {
-    stop_.publish(stop_slot_, t_);
+    shared_.stop.publish(stop_slot_, t_);
     progress_.interrupt();
-    record_.stop_signal = signal;
+    sinks_.record.stop_signal = signal;
     finish_record();
   }
 
  private:
-  double samples_per_iteration() const { return static_cast<double>(config_.workers * config_.batch); }
+  double samples_per_iteration() const { return static_cast<double>(config().workers * config().batch); }
 
   void resume() {
-    const RestoredWorker restored = restore_worker(run_, rank_, model_, method_);
+    const RestoredWorker restored = restore_worker(shared_.run, own_.rank, own_.model, own_.method);
     t_ = restored.next;
     sums_ = restored.sums;
     history_ = restored.history;
-    record_.nonfinite_skipped = history_.nonfinite_skipped;
-    record_.loss_sum = history_.loss_sum;
-    train_seconds_ = run_.resumed_history.train_seconds;
-    if (leader_ != nullptr) {
-      leader_->epochs = run_.resumed_epochs;
-      leader_->consistency_checks = run_.resumed_history.consistency_checks;
+    sinks_.record.nonfinite_skipped = history_.nonfinite_skipped;
+    sinks_.record.loss_sum = history_.loss_sum;
+    train_seconds_ = shared_.run.resumed_history.train_seconds;
+    if (sinks_.leader != nullptr) {
+      sinks_.leader->epochs = shared_.run.resumed_epochs;
+      sinks_.leader->consistency_checks = shared_.run.resumed_history.consistency_checks;
     }
-    const RunPlan& plan = run_.plan;
+    const RunPlan& plan = shared_.run.plan;
     if (t_ % plan.iterations_per_epoch == 0 && t_ > 0) {
       // The checkpoint after an epoch's last iteration precedes that epoch's end: end it now, as
       // the run not interrupted did next (its record, its barrier, its evaluation of these weights).
@@ -286,115 +423,71 @@ class WorkerLoop {
   // other ranks, which may be waiting for this one.
   void stop_early() {
     progress_.interrupt();
-    record_.stop_signal = stop_.signal();
-    if (faults_.rank_is_process) {
-      transport_.report_failure(interruption_notice(stop_.signal()));
+    sinks_.record.stop_signal = shared_.stop.signal();
+    if (shared_.faults.rank_is_process) {
+      own_.transport.report_failure(interruption_notice(shared_.stop.signal()));
       return;
     }
     IterationTimes drain;
-    method_.finish(drain);
+    own_.method.finish(drain);
   }
 
   void finish_record() {
-    record_.completed = t_;
-    record_.bytes_sent = history_.bytes_sent + transport_.bytes_sent();
-    if (leader_ != nullptr) leader_->train_seconds = train_seconds_;
-    if (config_.keep_parameters) {
-      const std::span<const float> parameters = model_.parameters();
-      record_.final_parameters.assign(parameters.begin(), parameters.end());
+    sinks_.record.completed = t_;
+    sinks_.record.bytes_sent = history_.bytes_sent + own_.transport.bytes_sent();
+    if (sinks_.leader != nullptr) sinks_.leader->train_seconds = train_seconds_;
+    if (config().keep_parameters) {
+      const std::span<const float> parameters = own_.model.parameters();
+      sinks_.record.final_parameters.assign(parameters.begin(), parameters.end());
     }
-  }
-
-  // --trace: layer `segment`'s backward, which took `seconds` up to now; clipped so that the layers'
-  // spans never overlap (the model's clock reads and this one differ by nanoseconds).
-  void trace_layer(std::size_t segment, double seconds) {
-    if (trace_ == nullptr || !trace_->recording() || segment >= layer_names_.size()) return;
-    const TraceClock::time_point now = TraceClock::now();
-    TraceClock::time_point start = now - std::chrono::duration_cast<TraceClock::duration>(Seconds(seconds));
-    if (layers_traced_ > 0 && start < last_layer_end_) start = last_layer_end_;
-    if (layers_traced_ == 0) first_layer_start_ = start;
-    TraceArgs args;
-    args.iteration = t_;
-    args.layer = static_cast<std::int64_t>(segment);
-    trace_->span(layer_names_[segment], kTraceCompute, start, now, args);
-    last_layer_end_ = now;
-    ++layers_traced_;
-  }
-
-  // --trace: the forward and backward spans of a step that ended at `end`, after data loading ended
-  // at `data_end`: backward is the model's backward time before `end` (or from the first layer's
-  // span, if earlier), forward what came before it (including a method's forward hooks).
-  void trace_step(TraceClock::time_point data_end, TraceClock::time_point end, const StepResult& step) {
-    if (trace_ == nullptr || !trace_->recording()) return;
-    TraceClock::time_point backward_start =
-        end - std::chrono::duration_cast<TraceClock::duration>(Seconds(step.backward_seconds));
-    if (layers_traced_ > 0 && first_layer_start_ < backward_start) backward_start = first_layer_start_;
-    if (backward_start < data_end) backward_start = data_end;
-    TraceArgs args;
-    args.iteration = t_;
-    trace_->span("forward", kTraceCompute, data_end, backward_start, args);
-    trace_->span("backward", kTraceCompute, backward_start, end, args);
   }
 
   // Iteration t_, the i-th of its epoch.
   void iterate(std::int64_t i) {
-    const FaultInjection& fault = config_.reliability.fault;
-    IterationTimes& times = record_.times[static_cast<std::size_t>(t_)];
-    if (trace_ != nullptr) trace_->set_iteration(t_);
-    layers_traced_ = 0;
-    if (fault.active() && fault.at_iteration_start() && fault.rank == rank_ && fault.iteration == t_) {
+    const FaultInjection& fault = config().reliability.fault;
+    IterationTimes& times = sinks_.record.times[static_cast<std::size_t>(t_)];
+    step_trace_.start_iteration(t_);
+    if (fault.active() && fault.at_iteration_start() && fault.rank == own_.rank && fault.iteration == t_) {
       trace_instant("injected fault", kTraceRun, iteration_args());
-      inject_fault(fault, faults_);
+      inject_fault(fault, shared_.faults);
     }
-    if (mid_operation_fault_ != nullptr && fault.iteration == t_) {
+    if (own_.mid_operation_fault != nullptr && fault.iteration == t_) {
       // at=allreduce|push: count the operations of iteration N on, where the method's tags tell
       // them (else any operation after N started, possibly an earlier one still in flight).
-      mid_operation_fault_->arm(method_.first_message_sequence(t_).value_or(0));
+      own_.mid_operation_fault->arm(own_.method.first_message_sequence(t_).value_or(0));
     }
     Stopwatch iteration;
-    const std::span<float> gradients = method_.begin_iteration(t_, times);
+    const std::span<float> gradients = own_.method.begin_iteration(t_, times);
     nonfinite_.start(t_, gradients);
     TracedStopwatch loading("data");
-    const Batch batch = assembler_.assemble(sampler_.batch_indices(static_cast<std::size_t>(i)));
+    const Batch batch = batches_.batch(i);
     times.data = loading.stop();
     const TraceClock::time_point data_end = TraceClock::now();
-    const StepResult step = model_.forward_backward(batch, gradients, on_ready_);
-    trace_step(data_end, TraceClock::now(), step);
+    const StepResult step = own_.model.forward_backward(batch, gradients, on_ready_);
+    step_trace_.step(data_end, TraceClock::now(), step, t_);
     times.forward = step.forward_seconds;
     times.backward = step.backward_seconds;
     times.loss = step.loss;
     nonfinite_.finish(step.loss);  // before end_iteration sends what the model did not report
-    if (t_ >= run_.plan.loss_from) record_.loss_sum += step.loss;
-    method_.end_iteration(t_, times);
-    record_allreduce_cost(times);
-    const ReliabilityOptions& reliability = config_.reliability;
+    if (t_ >= shared_.run.plan.loss_from) sinks_.record.loss_sum += step.loss;
+    own_.method.end_iteration(t_, times);
+    allreduce_cost_.record(times);
+    const ReliabilityOptions& reliability = config().reliability;
     if (consistency_ && (t_ + 1) % reliability.check_consistency == 0) {
       const TraceSpan span("consistency check", kTraceRun, iteration_args());
-      consistency_->run(method_.replica_checksum(model_), t_,
+      consistency_->run(own_.method.replica_checksum(own_.model), t_,
                         static_cast<std::uint64_t>((t_ + 1) / reliability.check_consistency));
-      if (leader_ != nullptr) ++leader_->consistency_checks;
+      if (sinks_.leader != nullptr) ++sinks_.leader->consistency_checks;
     }
     const EpochSums sums{sums_.loss + step.loss, sums_.correct + static_cast<double>(step.correct)};
     if (reliability.checkpoint_every > 0 && (t_ + 1) % reliability.checkpoint_every == 0 &&
-        t_ + 1 < run_.plan.total_iterations) {
+        t_ + 1 < shared_.run.plan.total_iterations) {
       TracedStopwatch writing("checkpoint", kTraceRun, iteration_args());
       save_checkpoint(sums);
       times.checkpoint = writing.stop();
     }
     times.iteration = iteration.seconds();
     sums_ = sums;
-  }
-
-  // The method's allreduces that finished since the last iteration's: their CPU time and bytes
-  // (collective/allreduce_meter.h), on whichever thread ran them.
-  void record_allreduce_cost(IterationTimes& times) {
-    if (meter_ == nullptr) return;
-    const std::uint64_t cpu = meter_->cpu_nanoseconds.load(std::memory_order_relaxed);
-    const std::uint64_t bytes = meter_->bytes.load(std::memory_order_relaxed);
-    times.comm_cpu = 1e-9 * static_cast<double>(cpu - metered_cpu_nanoseconds_);
-    times.comm_bytes = static_cast<double>(bytes - metered_bytes_);
-    metered_cpu_nanoseconds_ = cpu;
-    metered_bytes_ = bytes;
   }
 
   TraceArgs iteration_args() const {
@@ -406,14 +499,15 @@ class WorkerLoop {
   // This worker's part of the checkpoint after iteration t_ (and rank 0 the shared part), written
   // in the background.
   void save_checkpoint(const EpochSums& sums) {
-    const std::string& dir = config_.reliability.checkpoint_dir;
+    const std::string& dir = config().reliability.checkpoint_dir;
     std::string torchscript;  // rank 0's model, beside the set
-    CheckpointWriter part = worker_checkpoint(run_, t_, model_, method_, sums, leader_ != nullptr ? &torchscript : nullptr);
-    add_history(part, WorkerHistory{history_.bytes_sent + transport_.bytes_sent(), record_.nonfinite_skipped,
-                                    record_.loss_sum});
-    const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(rank_));
-    const FaultInjection& fault = config_.reliability.fault;
-    if (fault.active() && fault.during_checkpoint() && fault.rank == rank_ && fault.iteration == t_) {
+    CheckpointWriter part = worker_checkpoint(shared_.run, t_, own_.model, own_.method, sums,
+                                              sinks_.leader != nullptr ? &torchscript : nullptr);
+    add_history(part, WorkerHistory{history_.bytes_sent + own_.transport.bytes_sent(), sinks_.record.nonfinite_skipped,
+                                    sinks_.record.loss_sum});
+    const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(own_.rank));
+    const FaultInjection& fault = config().reliability.fault;
+    if (fault.active() && fault.during_checkpoint() && fault.rank == own_.rank && fault.iteration == t_) {
       // --inject-fault at=checkpoint: die halfway through the write. The atomic write would leave
       // exactly this: a partial temporary file, never a torn file under the final name.
       const std::vector<std::byte> bytes = part.serialize();
@@ -421,45 +515,22 @@ class WorkerLoop {
       torn.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size() / 2));
       torn.close();
       trace_instant("injected fault", kTraceRun, iteration_args());
-      inject_fault(fault, faults_);
+      inject_fault(fault, shared_.faults);
     }
     BackgroundCheckpointWriter::Files files;
     files.emplace_back(path, std::move(part));
-    if (leader_ == nullptr) {
+    if (sinks_.leader == nullptr) {
       checkpoints_.submit(std::move(files), {});
       return;
     }
-    const RunHistory history{leader_->consistency_checks, train_seconds_ + epoch_clock_.seconds()};
-    files.emplace_back(checkpoint_path(dir, t_ + 1, "shared"), shared_checkpoint(run_, t_, leader_->epochs, history));
+    const RunHistory history{sinks_.leader->consistency_checks, train_seconds_ + epoch_clock_.seconds()};
+    files.emplace_back(checkpoint_path(dir, t_ + 1, "shared"),
+                       shared_checkpoint(shared_.run, t_, sinks_.leader->epochs, history));
     checkpoints_.submit(std::move(files), [this, model_path = checkpoint_model_path(dir, t_ + 1),
                                            torchscript = std::move(torchscript)] {
       if (!torchscript.empty()) write_file_atomically(model_path, std::string_view(torchscript), "model");
-      prune_run_checkpoints(run_);
+      prune_run_checkpoints(shared_.run);
     });
-  }
-
-  // Rank 0 tells every other worker `word` as epoch `epoch`'s message `message` (then counts it).
-  void tell_workers(std::int64_t epoch, int& message, std::byte word) {
-    const Tag tag = step_tag(control_tag(2 * epoch + 1), message++, 0);
-    std::vector<Request> sends;
-    for (int peer = 1; peer < worker_ranks_.size(); ++peer) {
-      sends.push_back(worker_ranks_.send(peer, tag, std::span<const std::byte>(&word, 1), kEvaluationWait));
-    }
-    for (Request& send : sends) send.wait(config_.method.common.timeout);
-  }
-
-  // The other workers: wait until rank 0 says its evaluation is done. Each wait has the comm
-  // timeout; rank 0 says it is still evaluating often enough (see end_epoch).
-  void wait_for_evaluation(std::int64_t epoch) {
-    for (int message = 0;; ++message) {
-      std::byte word{};
-      worker_ranks_.recv(0, step_tag(control_tag(2 * epoch + 1), message, 0), std::span<std::byte>(&word, 1), kEvaluationWait)
-          .wait(config_.method.common.timeout);
-      if (word == kEvaluationDone) return;
-      if (message == kLastEvaluationMessage) {
-        throw CommError(concat(kEvaluationWait, ": rank 0 sent ", message + 1, " messages without finishing"));
-      }
-    }
   }
 
   // Epoch end: mean training loss over all workers (this reduction is also a barrier), then rank 0
@@ -472,9 +543,9 @@ class WorkerLoop {
   void end_epoch(std::int64_t epoch, std::int64_t count) {
     const TraceSpan span("epoch end", kTraceRun, iteration_args());  // the loss reduction and evaluation
     float reduced[3] = {static_cast<float>(sums_.loss), static_cast<float>(count), static_cast<float>(sums_.correct)};
-    control_.run(reduced, control_tag(2 * epoch));
-    if (leader_ == nullptr) {
-      wait_for_evaluation(epoch);
+    control_.sum(reduced, control_tag(2 * epoch));
+    if (sinks_.leader == nullptr) {
+      control_.wait_for_evaluation(epoch);
       return;
     }
     int message = 0;
@@ -482,75 +553,61 @@ class WorkerLoop {
     record.epoch = epoch + 1;
     record.iterations = t_;
     record.train_loss = reduced[1] > 0 ? reduced[0] / reduced[1] : 0;
-    record.train_accuracy = reduced[1] > 0 ? reduced[2] / (reduced[1] * static_cast<double>(config_.batch)) : 0;
+    record.train_accuracy = reduced[1] > 0 ? reduced[2] / (reduced[1] * static_cast<double>(config().batch)) : 0;
     record.elapsed_seconds = train_seconds_;
-    if (!config_.has_accuracy) record.train_accuracy = -1;
+    if (!config().has_accuracy) record.train_accuracy = -1;
     std::string result = concat("train loss ", std::fixed, std::setprecision(4), record.train_loss);
-    if (config_.has_accuracy) {
+    if (config().has_accuracy) {
       result += concat(", train accuracy ", std::fixed, std::setprecision(2), record.train_accuracy * 100, "%");
     }
-    if (config_.evaluate) {
+    if (config().evaluate) {
       Clock::time_point last_word = Clock::now();
-      const auto word_interval = config_.method.common.timeout / 4;
-      const Evaluation evaluation = evaluate(model_, data_.test, [&] {
+      const auto word_interval = config().method.common.timeout / 4;
+      const Evaluation evaluation = evaluate(own_.model, shared_.data.test, [&] {
         if (Clock::now() - last_word < word_interval || message == kLastEvaluationMessage) return;
-        tell_workers(epoch, message, kStillEvaluating);
+        control_.tell_workers(epoch, message, kStillEvaluating);
         last_word = Clock::now();
       });
-      record.test_accuracy = evaluation.count && config_.has_accuracy ? double(evaluation.correct) / evaluation.count
-                                                                      : (config_.has_accuracy ? 0 : -1);
+      record.test_accuracy = evaluation.count && config().has_accuracy ? double(evaluation.correct) / evaluation.count
+                                                                      : (config().has_accuracy ? 0 : -1);
       record.test_loss = evaluation.count ? evaluation.loss_sum / evaluation.count : 0;
-      if (config_.has_accuracy) {
+      if (config().has_accuracy) {
         result += concat(", test accuracy ", std::fixed, std::setprecision(2), record.test_accuracy * 100, "%");
       } else {
         result += concat(", test loss ", std::fixed, std::setprecision(4), record.test_loss);
       }
     }
     progress_.end_epoch(result);
-    leader_->epochs.push_back(record);
-    if (metrics_ != nullptr) metrics_->add_epoch(record);
-    tell_workers(epoch, message, kEvaluationDone);
+    sinks_.leader->epochs.push_back(record);
+    if (sinks_.metrics != nullptr) sinks_.metrics->add_epoch(record);
+    control_.tell_workers(epoch, message, kEvaluationDone);
   }
 
-  const RunContext& run_;
-  const TrainConfig& config_;
-  const int rank_;
-  Model& model_;
-  Transport& transport_;
-  TrainingMethod& method_;
-  const DataSplits& data_;
-  const FaultControl& faults_;
-  FaultInjectingTransport* mid_operation_fault_;
-  EarlyStop& stop_;
-  const int stop_slot_;
-  WorkerRecord& record_;
-  LeaderRecord* leader_;
-  MetricsStream* metrics_;
-  ShardedSampler sampler_;
-  BatchAssembler assembler_;
-  RankSubsetTransport worker_ranks_;
-  std::unique_ptr<Codec> control_codec_;
-  RingAllreduce control_;
+  const TrainConfig& config() const { return shared_.run.config; }
+
+  // What the run gives every worker of this process, what this worker owns, where its results go.
+  const WorkerRun shared_;
+  const WorkerReplica own_;
+  const WorkerSinks sinks_;
+  const int stop_slot_;  // its slot in shared_.stop
+  // Its parts, built for the run (its compute thread only).
+  BatchFeed batches_;
+  WorkerControl control_;
   ProgressReporter progress_;
   NonfiniteGuard nonfinite_;
-  std::optional<ConsistencyCheck> consistency_;
-  const SegmentReadyFn* method_ready_ = nullptr;
-  SegmentReadyFn on_ready_;
+  std::optional<ConsistencyCheck> consistency_;  // --check-consistency
+  const SegmentReadyFn* method_ready_ = nullptr;  // the method's, or one that does nothing
+  SegmentReadyFn on_ready_;                       // what the model calls as a segment's gradient is final
   BackgroundCheckpointWriter checkpoints_;
+  // Where it is.
   std::int64_t t_ = 0;
   EpochSums sums_;
   WorkerHistory history_;  // what the checkpoint resumed from carried (zeros if none)
   Stopwatch epoch_clock_;
   double train_seconds_ = 0;
-  // --trace (nullptr: not recorded): this compute thread's trace, "backward <layer>" by segment,
-  // and where the current iteration's layer spans are.
-  ThreadTrace* trace_ = nullptr;
-  std::vector<const char*> layer_names_;
-  std::size_t layers_traced_ = 0;
-  TraceClock::time_point first_layer_start_{};
-  TraceClock::time_point last_layer_end_{};
-  const AllreduceMeter* meter_ = nullptr;  // the method's allreduces' (run_worker's), if installed
-  std::uint64_t metered_cpu_nanoseconds_ = 0, metered_bytes_ = 0;  // its totals at the last iteration's end
+  // What it measures besides the model's times.
+  StepTrace step_trace_;
+  AllreduceCostReader allreduce_cost_;  // the method's allreduces' (run_worker's meter), if installed
 };
 
 }  // namespace
@@ -565,11 +622,10 @@ std::size_t trace_events_per_thread(const TraceWindow& window, std::int64_t tota
   return std::min(kMaxEvents, iterations * (4 * layers + 16));
 }
 
-void run_worker(const RunContext& run, int rank, Model& model, Transport& run_transport, const DataSplits& data,
-                const FaultControl& faults, EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader,
-                MetricsStream* metrics) {
+void run_worker(const WorkerRun& shared, int rank, Model& model, Transport& run_transport, const WorkerSinks& sinks) {
+  const RunContext& run = shared.run;
   const TrainConfig& config = run.config;
-  record.times.assign(static_cast<std::size_t>(run.plan.total_iterations), IterationTimes{});
+  sinks.record.times.assign(static_cast<std::size_t>(run.plan.total_iterations), IterationTimes{});
   // --inject-fault at=allreduce|push: the faulty worker's sends go through a decorator that fails
   // on the targeted send of iteration N (armed when iteration N starts). It outlives the method.
   const FaultInjection& fault = config.reliability.fault;
@@ -581,7 +637,7 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
     const int fire_on = push && run.servers < 2 ? 1 : 2;
     faulty.emplace(run_transport, fault.point, fire_on, [&] {
       trace_instant("injected fault", kTraceRun);
-      inject_fault(fault, faults);
+      inject_fault(fault, shared.faults);
     });
   }
   Transport& transport = faulty ? static_cast<Transport&>(*faulty) : run_transport;
@@ -600,7 +656,7 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
   std::unique_ptr<TrainingMethod> method =
       make_method(config.method, transport, model, run.plan.warmup_iterations, config.network, schedule_length(run.plan));
   // Once the method is built (its usage errors come first): a run too short for its steady state.
-  if (leader != nullptr && config.warn_short_run && run.plan.unreached_phase) {
+  if (sinks.leader != nullptr && config.warn_short_run && run.plan.unreached_phase) {
     std::cerr << short_run_warning(*run.plan.unreached_phase, run.plan.total_iterations) << std::flush;
   }
   // Workers outnumber cores here, unlike on a cluster where a node's NIC never waits for its CPU:
@@ -608,19 +664,18 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
   if (config.deprioritize_compute && transport.waits_sleep() && !realtime_priority_permitted()) {
     lower_compute_thread_priority();
   }
-  WorkerLoop loop(run, rank, model, transport, *method, data, faults, faulty ? &*faulty : nullptr, stop, record, leader,
-                  metrics);
+  WorkerLoop loop(shared, WorkerReplica{rank, model, transport, *method, faulty ? &*faulty : nullptr}, sinks);
   try {
     loop.run();
-    if (leader != nullptr) leader->method_report = method->report();
+    if (sinks.leader != nullptr) sinks.leader->method_report = method->report();
   } catch (const PeerFailedError& error) {
     const std::optional<int> signal = peer_interruption(error);
-    if (!faults.rank_is_process || !signal) {
+    if (!shared.faults.rank_is_process || !signal) {
       transport.report_failure(error.what());
       throw;
     }
     loop.stopped_by_peer(*signal);
-    if (leader != nullptr) leader->method_report = method->report();
+    if (sinks.leader != nullptr) sinks.leader->method_report = method->report();
   } catch (const CommTimeoutError& error) {
     // The one line names the peer, the operation and the tag; add where this worker was.
     transport.report_failure(error.what());
@@ -631,5 +686,6 @@ void run_worker(const RunContext& run, int rank, Model& model, Transport& run_tr
     throw;
   }
 }
+
 
 }  // namespace pipesgd

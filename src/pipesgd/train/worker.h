@@ -14,7 +14,7 @@
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/train/early_stop.h"
 #include "pipesgd/train/fault_injection.h"
-#include "pipesgd/train/metrics_file.h"
+#include "pipesgd/report/metrics_file.h"
 #include "pipesgd/train/run_context.h"
 
 namespace pipesgd {
@@ -40,21 +40,35 @@ struct LeaderRecord {
   std::shared_ptr<MethodReport> method_report;  // its method's
 };
 
-// Runs worker `rank` of `run` to the end, or until `stop` stops it early (its slot: the rank among
-// threads, 0 where each rank is a process). `transport` is the run's whole transport (servers
-// included, if any); `leader` is non-null on rank 0, `metrics` on rank 0 of a run with --out. A
-// failure is reported to the other ranks before the method unwinds, and rethrown; a
-// CommTimeoutError then names this worker's iteration.
-// Stopping early: among threads every worker stops at the agreed iteration and applies what is in
-// flight (as at the run's end). Where each rank is a process, a rank stops at its own boundary and
-// tells the others through the failure notice (interruption_notice); a rank that learns of it in a
-// wait stops there, having completed the iterations before.
+// What the run gives each worker of this process: shared by them, outliving them.
+struct WorkerRun {
+  const RunContext& run;
+  const DataSplits& data;
+  const FaultControl& faults;
+  // Its slots: the workers of this process (slot = the rank among threads, 0 where each rank is a
+  // process).
+  EarlyStop& stop;
+};
+
+// Where a worker's results go; written by its compute thread only.
+struct WorkerSinks {
+  WorkerRecord& record;
+  LeaderRecord* leader = nullptr;    // rank 0's
+  MetricsStream* metrics = nullptr;  // rank 0's in a run with --out
+};
+
 // --trace: the events each thread of a run of `total_iterations` iterations over `layers` layers
 // records in `window` (a bound: a full buffer drops the rest and the file says how many).
 std::size_t trace_events_per_thread(const TraceWindow& window, std::int64_t total_iterations, std::size_t layers);
 
-void run_worker(const RunContext& run, int rank, Model& model, Transport& transport, const DataSplits& data,
-                const FaultControl& faults, EarlyStop& stop, WorkerRecord& record, LeaderRecord* leader,
-                MetricsStream* metrics);
+// Runs worker `rank` of `shared.run` with its replica `model` to the end, or until `shared.stop`
+// stops it early. `transport` is the run's whole transport (servers included, if any). A failure
+// is reported to the other ranks before the method unwinds, and rethrown; a CommTimeoutError then
+// names this worker's iteration.
+// Stopping early: among threads every worker stops at the agreed iteration and applies what is in
+// flight (as at the run's end). Where each rank is a process, a rank stops at its own boundary and
+// tells the others through the failure notice (interruption_notice); a rank that learns of it in a
+// wait stops there, having completed the iterations before.
+void run_worker(const WorkerRun& shared, int rank, Model& model, Transport& transport, const WorkerSinks& sinks);
 
 }  // namespace pipesgd
