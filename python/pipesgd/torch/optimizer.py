@@ -26,23 +26,25 @@ from pipesgd.torch.process_sets import _set_id, global_process_set
 # Keyword arguments that name a CLI flag differently; the rest map name_with_underscores ->
 # --name-with-underscores.
 _FLAG_ALIASES = {"staleness": "--staleness-k", "k": "--staleness-k"}
-_DEFAULT_METHOD = "dsync"
-# Pipe-SGD's gradients are K-1 steps stale and momentum amplifies a stale gradient: from momentum
-# 0.5 on the accuracy loss against dsync passes 1 point (6.5 at 0.9; the CLI's train/compare warn
-# alike, docs/user-guide.md "Momentum with a stale method"). Warned once per process.
+# A method whose gradients are K-1 steps stale with nothing compensating (the registry's trait
+# stale_without_compensation: Pipe-SGD) under momentum: momentum amplifies a stale gradient, and from
+# momentum 0.5 on the accuracy loss against synchronous training passes 1 point (6.5 at 0.9; the
+# CLI's train/compare warn alike, docs/user-guide.md "Momentum with a stale method"). Warned once per
+# process.
 _STALE_MOMENTUM_WARNING = 0.5
 _STALE_MOMENTUM_ADVICE = 0.3
 _stale_momentum_warned = False
 
 
-def _warn_stale_momentum(spec, flags, param_groups):
+def _warn_stale_momentum(spec, traits, flags, param_groups):
     global _stale_momentum_warned
     momentum = max(float(group.get("momentum", 0) or 0) for group in param_groups)
     try:
         k = int(flags.get("--staleness-k", 2))
     except ValueError:
         return  # the method's own check says what is wrong
-    if _stale_momentum_warned or spec.split("+")[0] != "pipe" or k < 2 or momentum < _STALE_MOMENTUM_WARNING:
+    if _stale_momentum_warned or not traits.get("stale_without_compensation") or k < 2 \
+            or momentum < _STALE_MOMENTUM_WARNING:
         return
     _stale_momentum_warned = True
     steps = "step" if k == 2 else "steps"
@@ -166,7 +168,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}")
-        spec = _DEFAULT_METHOD if method is None else str(method)
+        spec = _C.default_method() if method is None else str(method)  # the CLI's default --algo
         if method_options.get("warmup_epochs", 0) not in (0, "0"):
             raise ValueError("warmup_epochs= needs the iterations of one epoch, which pipesgd.torch does not know: "
                              "give warmup_iters= (iterations) instead")
@@ -185,9 +187,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         layers = _layers(self, named_parameters, model)
         if not layers:
             raise ValueError("DistributedOptimizer: no parameter that requires grad")
-        methods = {m["name"]: m for m in _C.available_methods()}
+        # What the method's registry entry states about it (algo/method_descriptor.h, MethodTraits); nothing
+        # for a name the registry does not know (the C++ optimizer says what is wrong with it).
         base = spec.split("+")[0]
-        servers_update = base in methods and methods[base]["uses_servers"]
+        traits = {m["name"]: m for m in _C.available_methods()}.get(base, {})
+        servers_update = bool(traits.get("uses_servers"))
         if fused_update is None:
             fused_update = servers_update
         elif not fused_update and servers_update:
@@ -203,12 +207,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             options = {"optimizer": "external"}
         self._forward_hooks = model is not None and self._fused
-        _warn_stale_momentum(spec, flags, self.param_groups)
-        if base == "sapipe" and model is None and self._fused:
-            warnings.warn("pipesgd.torch: method 'sapipe' applies its synchronous layers' updates just before each "
+        _warn_stale_momentum(spec, traits, flags, self.param_groups)
+        if traits.get("needs_forward_hooks") and model is None and self._fused:
+            warnings.warn(f"pipesgd.torch: method '{base}' applies its synchronous layers' updates just before each "
                           "layer's forward through module forward pre-hooks: pass model=your_module to "
                           "DistributedOptimizer; without it they are applied at step()", stacklevel=3)
-        if base in methods and methods[base]["uses_servers"] and _state.servers == 0:
+        if servers_update and _state.servers == 0:
             raise ValueError(f"method '{spec}' needs parameter-server ranks: call hvd.init(servers=S) and launch "
                              f"with S more ranks than workers")
         options.update(flags=flags, backward_passes_per_step=backward_passes_per_step, sum=(op == Sum),
