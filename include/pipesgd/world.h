@@ -11,7 +11,7 @@
 // method to send them its layout and initial weights, serve it until every worker finished it, and
 // stop when worker 0's fn returned.
 //
-// Errors: every failure is a C++ exception of pipesgd's checked types (pipesgd/core/error.h):
+// Errors: every failure is a C++ exception of pipesgd's checked types (pipesgd/errors.h):
 // UsageError / DataError with the same one-line message the CLI prints, CommError (CommTimeoutError,
 // PeerFailedError) for a peer. A worker whose fn throws tells every other rank, whose waits then
 // throw PeerFailedError; run_threads/run_mpi rethrow the root cause. Every wait has a timeout.
@@ -29,7 +29,7 @@
 #include <torch/torch.h>
 
 #include "pipesgd/collectives.h"
-#include "pipesgd/core/error.h"
+#include "pipesgd/errors.h"
 
 namespace pipesgd {
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The installed package works from its prefix alone: `cmake --install BUILD --prefix P` into a
-# temporary P, then P/bin/pipesgd (--version, --help, a short train run of 2 workers) and
+# temporary P, then the installed headers (no internal helper; pipesgd/errors.h compiles alone), then
+# P/bin/pipesgd (--version, --help, a short train run of 2 workers) and
 # P/bin/pipesgdrun (2 ranks import pipesgd.torch from P), with no PYTHONPATH and nothing of the build
 # tree on any path.
 #
@@ -43,6 +44,30 @@ fi
 for file in bin/pipesgd bin/pipesgdrun; do
   if [ -x "$P/$file" ]; then pass "installed/$file"; else fail "installed/$file" "not an executable in $P"; fi
 done
+
+# The installed headers are the API and its exception classes, no internal helper (core/error.h's
+# message builders and assertion macro). Word-bounded: the API's own join collective and
+# "concatenated" are not helpers.
+leaks=$(grep -rEn '\bconcat\b|\bjoin_and\b|\bjoin\(|PIPESGD_ASSERT|assertion_failed|pipesgd/core/error\.h' "$P/include" 2>&1)
+if [ -z "$leaks" ] && [ ! -e "$P/include/pipesgd/core/error.h" ]; then
+  pass installed-headers-no-internal-helpers
+else
+  fail installed-headers-no-internal-helpers "$(printf '%s' "$leaks" | head -c 400 | tr '\n' '|')"
+fi
+# pipesgd/errors.h alone (no LibTorch): the exception classes, catchable by their base.
+cat >"$TMP/errors_consumer.cpp" <<'CPP'
+#include <pipesgd/errors.h>
+int main() {
+  try {
+    throw pipesgd::CommTimeoutError("rank 1 timed out", 1);
+  } catch (const pipesgd::CommError& error) {
+    return dynamic_cast<const pipesgd::CommTimeoutError&>(error).peer() == 1 ? 0 : 1;
+  }
+  return 2;
+}
+CPP
+check errors-header-consumer c++ -std=c++17 -I"$P/include" "$TMP/errors_consumer.cpp" -o "$TMP/errors_consumer" &&
+  check errors-header-consumer-runs "$TMP/errors_consumer"
 
 check pipesgd-version clean "$P/bin/pipesgd" --version && grep -q "pipesgd" "$TMP/pipesgd-version.out" ||
   fail pipesgd-version-says-pipesgd "stdout: $(excerpt "$TMP/pipesgd-version.out")"

@@ -1,77 +1,18 @@
 #pragma once
 // Two error tiers.
-//  * Checked errors (classes below): anything a user, a data file or a peer can cause. They carry a
-//    one-line message that names the problem; the CLI prints it and exits non-zero.
+//  * Checked errors (the classes of core/exceptions.h, included here): anything a user, a data file
+//    or a peer can cause. They carry a one-line message that names the problem; the CLI prints it
+//    and exits non-zero.
 //  * PIPESGD_ASSERT: our own invariants. A failure is a bug in pipesgd; it prints file:line and aborts.
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "pipesgd/core/exceptions.h"
+
 namespace pipesgd {
-
-// Base of every checked error.
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A flag, flag combination or configuration the user gave is invalid.
-class UsageError : public Error {
- public:
-  using Error::Error;
-};
-
-// A data, calibration or checkpoint file is missing, truncated or malformed.
-class DataError : public Error {
- public:
-  using Error::Error;
-};
-
-// Communication failed: a peer, a link or the transport itself.
-class CommError : public Error {
- public:
-  using Error::Error;
-};
-
-// A wait on a peer did not complete within its timeout.
-class CommTimeoutError : public CommError {
- public:
-  // `peer`: the rank whose message was waited for, or -1 when the wait was not on one peer (e.g. a
-  // compute thread waiting for its own comm thread).
-  explicit CommTimeoutError(const std::string& message, int peer = -1) : CommError(message), peer_(peer) {}
-  int peer() const { return peer_; }
-
- private:
-  int peer_;
-};
-
-// Another worker of the same run failed; this worker stops because of it.
-class PeerFailedError : public CommError {
- public:
-  using CommError::CommError;
-};
-
-// The workers disagree on a collective they submitted under one name (its kind, dtype, shape,
-// reduction, root, scale factors or process set), or it needs a worker that has joined.
-class CollectiveMismatchError : public Error {
- public:
-  using Error::Error;
-};
-
-// A gradient is not finite (NaN or Inf) and --on-nonfinite stop is in effect.
-class NumericalError : public Error {
- public:
-  using Error::Error;
-};
-
-// Replicas that must hold identical weights do not (--check-consistency).
-class ReplicaDivergenceError : public Error {
- public:
-  using Error::Error;
-};
 
 // Builds a message from any streamable parts: concat("rank ", 3, " timed out"). Constrained to
 // streamable parts, so that argument-dependent lookup from other libraries' own concat (pybind11's,
