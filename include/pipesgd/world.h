@@ -36,8 +36,8 @@ namespace pipesgd {
 struct WorldOptions {
   int workers = 1;  // run_threads only (run_mpi: the ranks mpirun started, minus `servers`)
   int servers = 0;  // parameter-server ranks after the workers (pssync, asgd, dcasgd need >= 1)
-  // Every wait of a collective on a peer, and a server's wait while serving (the optimizer has its
-  // own, DistributedOptimizerOptions::timeout).
+  // Every wait of a collective on a peer, and a server's wait for a set-up's messages (while serving
+  // a DistributedOptimizer, its own DistributedOptimizerOptions::timeout bounds servers and workers).
   std::chrono::milliseconds timeout{120000};
   // Keep freed memory in the heap (glibc malloc: mmap threshold 32 MiB, trim threshold 1 GiB, for
   // the whole process, as the CLI does), so that the temporaries LibTorch allocates and frees every

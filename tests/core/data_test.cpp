@@ -764,7 +764,6 @@ TEST(ShardedSampler, ShardsAreDisjointAndTileTheGlobalSlice) {
           permutation.begin() + static_cast<std::ptrdiff_t>(iteration * 20),
           permutation.begin() + static_cast<std::ptrdiff_t>((iteration + 1) * 20));
       EXPECT_EQ(concatenated, slice);
-      EXPECT_EQ(to_vector(samplers[1].global_batch_indices(iteration)), slice);
     }
     EXPECT_EQ(seen_this_epoch.size(), 100u);  // 3 examples dropped
   }
@@ -807,7 +806,6 @@ TEST(ShardedSampler, EpochsDifferAndSeedsMatter) {
   EXPECT_EQ(to_vector(same_seed.permutation()), epoch1);
   first.start_epoch(0);
   EXPECT_EQ(to_vector(first.permutation()), epoch0);
-  EXPECT_EQ(first.current_epoch(), 0u);
 }
 
 TEST(ShardedSampler, BatchViewDoesNotMoveAcrossEpochs) {

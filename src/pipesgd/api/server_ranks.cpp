@@ -50,8 +50,11 @@ void wait_idle(Request& request, const std::atomic<bool>* stop) {
   }
 }
 
+// Serves one DistributedOptimizer's set-up. Every wait while serving is bounded by the optimizer's own
+// timeout (the description's timeout_ms, through the method's ServeOptions), the bound its workers'
+// pushes and pulls have too; the world's timeout bounds only the set-up's own messages.
 void serve_setup(Transport& world, int workers, const std::string& text, std::span<const float> weights,
-                 Timeout timeout, const std::atomic<bool>* stop) {
+                 const std::atomic<bool>* stop) {
   const nlohmann::json description = nlohmann::json::parse(text);
   OptionValues flags;
   for (const auto& [flag, value] : description.at("flags").items()) flags.set(flag, value.get<std::string>());
@@ -79,7 +82,6 @@ void serve_setup(Transport& world, int workers, const std::string& text, std::sp
   ServeOptions options = method.descriptor->serve(*method.options, method.common, workers);
   options.stop = stop;
   options.learning_rate_schedule = LrSchedule(method.common.lr_schedule, length);
-  (void)timeout;
   shard.serve(options);
 }
 
@@ -119,7 +121,7 @@ void run_server_rank(Transport& world, int workers, Timeout timeout, const std::
     const nlohmann::json parsed = nlohmann::json::parse(description);
     std::vector<float> weights(parsed.at("total").get<std::size_t>());
     world.recv(0, step_tag(tag, 2, 0), std::as_writable_bytes(std::span(weights)), kOperation).wait(timeout);
-    serve_setup(world, workers, description, weights, timeout, stop);
+    serve_setup(world, workers, description, weights, stop);
   }
 }
 

@@ -32,7 +32,9 @@ void send_server_setup(Transport& world, int workers, std::uint64_t& sequence, c
 void send_server_shutdown(Transport& world, int workers, std::uint64_t& sequence, Timeout timeout);
 
 // A server rank: serves set-ups until the end of the world. Waits for the next message without a
-// deadline, but throws PeerFailedError as soon as a rank reports a failure (or *stop is set).
+// deadline, but throws PeerFailedError as soon as a rank reports a failure (or *stop is set); the
+// rest of a set-up's messages within `timeout`, and while serving, within the set-up's own timeout
+// (the DistributedOptimizer's, which its workers' pushes and pulls have too).
 void run_server_rank(Transport& world, int workers, Timeout timeout, const std::atomic<bool>* stop);
 
 }  // namespace pipesgd

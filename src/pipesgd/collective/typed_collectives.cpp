@@ -42,12 +42,6 @@ const char* element_type_name(ElementType type) {
   return names[static_cast<int>(type)];
 }
 
-const char* reduction_name(ElementwiseReduction reduction) {
-  check_reduction(reduction);
-  constexpr const char* names[kElementwiseReductionCount] = {"sum", "min", "max", "product"};
-  return names[static_cast<int>(reduction)];
-}
-
 float float16_to_float(std::uint16_t bits) {
   const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
   const std::uint32_t exponent = (bits >> 10) & 0x1fu;

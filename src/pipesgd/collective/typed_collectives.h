@@ -54,9 +54,6 @@ const char* element_type_name(ElementType type);
 enum class ElementwiseReduction : std::uint8_t { kSum, kMin, kMax, kProduct };
 inline constexpr int kElementwiseReductionCount = 4;
 
-// "sum", "min", "max", "product".
-const char* reduction_name(ElementwiseReduction reduction);
-
 // Half-precision conversions (the collectives' own; exposed for callers and tests).
 // float16: IEEE binary16 with subnormals, infinities and NaN (a NaN stays a NaN, quiet, sign kept);
 // float -> half rounds to nearest, ties to even, and overflows to infinity.

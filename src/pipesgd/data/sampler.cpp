@@ -51,7 +51,6 @@ ShardedSampler::ShardedSampler(std::size_t dataset_size, std::size_t workers, st
 }
 
 void ShardedSampler::start_epoch(std::size_t epoch) {
-  epoch_ = epoch;
   std::iota(permutation_.begin(), permutation_.end(), std::uint32_t{0});
   Random random(seed_ ^ kShuffleSeedDomain, epoch);
   for (std::size_t last = dataset_size_; last > 1; --last) {
@@ -72,13 +71,6 @@ std::span<const std::uint32_t> ShardedSampler::batch_indices(std::size_t iterati
   const std::size_t first = (iteration * workers_ + rank_) * batch_per_worker_;
   PIPESGD_ASSERT(first + batch_per_worker_ <= permutation_.size());
   return std::span<const std::uint32_t>(permutation_).subspan(first, batch_per_worker_);
-}
-
-std::span<const std::uint32_t> ShardedSampler::global_batch_indices(std::size_t iteration) const {
-  check_iteration(iteration);
-  const std::size_t first = iteration * global_batch_;
-  PIPESGD_ASSERT(first + global_batch_ <= permutation_.size());
-  return std::span<const std::uint32_t>(permutation_).subspan(first, global_batch_);
 }
 
 BatchAssembler::BatchAssembler(const Dataset& dataset, std::size_t capacity)

@@ -38,14 +38,10 @@ class ShardedSampler {
   // valid until the next start_epoch. Throws UsageError if iteration >= iterations_per_epoch().
   std::span<const std::uint32_t> batch_indices(std::size_t iteration) const;
 
-  // The indices of all workers together at `iteration` (the union of their batch_indices).
-  std::span<const std::uint32_t> global_batch_indices(std::size_t iteration) const;
-
   // The current epoch's whole permutation of [0, dataset_size).
   std::span<const std::uint32_t> permutation() const { return permutation_; }
 
   std::size_t iterations_per_epoch() const { return dataset_size_ / global_batch_; }
-  std::size_t current_epoch() const { return epoch_; }
   std::size_t dataset_size() const { return dataset_size_; }
   std::size_t workers() const { return workers_; }
   std::size_t rank() const { return rank_; }
@@ -61,7 +57,6 @@ class ShardedSampler {
   std::size_t batch_per_worker_;
   std::size_t global_batch_;
   std::uint64_t seed_;
-  std::size_t epoch_ = 0;
   std::vector<std::uint32_t> permutation_;  // dataset_size entries, allocated once
 };
 

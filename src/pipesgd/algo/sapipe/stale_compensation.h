@@ -52,8 +52,6 @@ class StaleCompensation {
 
   Compensation kind() const { return kind_; }
   bool predicts() const { return pipesgd::predicts(kind_); }
-  bool keeps_last_step() const { return !last_step_.empty(); }
-  bool keeps_local_gradients() const { return !local_[0].empty(); }
   std::int64_t bounded_compensations() const { return bounded_compensations_; }
 
   // The stale range is now the first `count` elements; between iterations, with nothing in flight,
