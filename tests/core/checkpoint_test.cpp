@@ -658,6 +658,43 @@ TEST(CheckpointPrune, NeverTouchesNewerIncompleteIterations) {
                                "checkpoint-000000000030-rank0.psgd"}));
 }
 
+TEST(CheckpointPrune, DeletesTheCompanionsOfTheIterationsItDeletes) {
+  TempDir dir;
+  for (std::int64_t iteration : {10, 20, 30}) {
+    write_set(dir.path(), iteration);
+    write_all(checkpoint_companion_path(dir.path(), iteration, "model.pt"), bytes_of("model"));
+  }
+  write_all(checkpoint_companion_path(dir.path(), 5, "model.pt"), bytes_of("set already gone"));
+  write_all(checkpoint_companion_path(dir.path(), 40, "model.pt"), bytes_of("set still being written"));
+  write_all(checkpoint_companion_path(dir.path(), 10, "other.bin"), bytes_of("not a companion asked for"));
+  const auto deleted = prune_checkpoints(dir.path(), 2, kParts, {"model.pt"});
+  EXPECT_EQ(deleted.size(), 3u + 2u);  // iteration 10's three parts and its model; iteration 5's model
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{
+                               "checkpoint-000000000010-other.bin", "checkpoint-000000000020-model.pt",
+                               "checkpoint-000000000020-rank0.psgd", "checkpoint-000000000020-rank1.psgd",
+                               "checkpoint-000000000020-shared.psgd", "checkpoint-000000000030-model.pt",
+                               "checkpoint-000000000030-rank0.psgd", "checkpoint-000000000030-rank1.psgd",
+                               "checkpoint-000000000030-shared.psgd", "checkpoint-000000000040-model.pt"}));
+  // Without companions asked for, prune_checkpoints touches no file but the parts and their temporaries.
+  for (std::int64_t iteration : {40, 50}) write_set(dir.path(), iteration);
+  prune_checkpoints(dir.path(), 1, kParts);
+  EXPECT_TRUE(fs::exists(checkpoint_companion_path(dir.path(), 20, "model.pt")));
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir.path(), 40, "shared")));
+}
+
+TEST(CheckpointName, ParsesWhatCheckpointPathWrites) {
+  const auto name = parse_checkpoint_name(checkpoint_path("dir", 42, "rank3").filename().string());
+  ASSERT_TRUE(name.has_value());
+  EXPECT_EQ(name->iteration, 42);
+  EXPECT_EQ(name->part, "rank3");
+  EXPECT_EQ(checkpoint_companion_path("dir", 42, "model.pt"), fs::path("dir") / "checkpoint-000000000042-model.pt");
+  for (const char* other : {"checkpoint-000000000042-model.pt", "checkpoint-00000000004x-rank0.psgd",
+                            "checkpoint-000000000042-.psgd", "checkpoint-000000000042_rank0.psgd",
+                            ".checkpoint-000000000042-rank0.psgd.tmp.1", "checkpoint-000000000042-bad/part.psgd"}) {
+    EXPECT_FALSE(parse_checkpoint_name(other).has_value()) << other;
+  }
+}
+
 TEST(CheckpointPrune, NeverDeletesTheNewestValidCheckpoint) {
   TempDir dir;
   for (std::int64_t iteration : {10, 20, 30}) write_set(dir.path(), iteration);
