@@ -252,7 +252,8 @@ def rocm_built():
 
 
 def available_methods():
-    """The methods a DistributedOptimizer's method= takes: dicts with name, summary, uses_servers."""
+    """The methods a DistributedOptimizer's method= takes: dicts with name, summary and the registry's traits
+    (uses_servers, replicas_identical, compute_alone, stale_without_compensation, needs_forward_hooks)."""
     return _C.available_methods()
 
 
