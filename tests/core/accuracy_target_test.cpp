@@ -1,4 +1,4 @@
-// Time to accuracy (train/accuracy_target.h) and its column in compare's table and compare.json:
+// Time to accuracy (report/accuracy_target.h) and its column in compare's table and compare.json:
 // reached at the first epoch at or above the target, never reached, the default target (the best
 // accuracy every run reached), train accuracy when a run has no test accuracy, --target-accuracy's
 // validation.
@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "pipesgd/core/error.h"
-#include "pipesgd/train/accuracy_target.h"
-#include "pipesgd/train/report.h"
+#include "pipesgd/report/accuracy_target.h"
+#include "pipesgd/report/report.h"
 #include "temp_dir.h"
 
 namespace pipesgd {

@@ -1,6 +1,6 @@
-// Tests of the allreduce benchmark's timing (train/allreduce_benchmark.h): a row measures its own
+// Tests of the allreduce benchmark's timing (tools/allreduce_benchmark.h): a row measures its own
 // algorithm from a common start, whatever ran before it, and a failing rank stops the others.
-#include "pipesgd/train/allreduce_benchmark.h"
+#include "pipesgd/tools/allreduce_benchmark.h"
 
 #include <gtest/gtest.h>
 

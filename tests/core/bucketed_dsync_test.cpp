@@ -16,7 +16,7 @@
 #include "pipesgd/algo/dsync/layer_wise_report.h"
 #include "pipesgd/algo/planning.h"
 #include "pipesgd/core/error.h"
-#include "pipesgd/train/report.h"
+#include "pipesgd/report/report.h"
 #include "pipesgd/train/trainer.h"
 #include "pipesgd/algo/registry.h"
 #include "resegmented_model.h"

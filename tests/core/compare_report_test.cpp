@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipesgd/train/report.h"
+#include "pipesgd/report/report.h"
 #include "temp_dir.h"
 
 namespace pipesgd {

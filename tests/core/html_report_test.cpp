@@ -1,4 +1,4 @@
-// `pipesgd report`'s parts (train/report_data.h, train/html_report.h): the moving average, reading
+// `pipesgd report`'s parts (report/report_data.h, report/html_report.h): the moving average, reading
 // train and compare --out directories (and the one-line errors naming the file), the accuracy
 // target a report uses, and the page gnuplot draws (needs gnuplot, as the build does:
 // scripts/install-deps.sh).
@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "pipesgd/core/error.h"
-#include "pipesgd/train/html_report.h"
-#include "pipesgd/train/report_data.h"
+#include "pipesgd/report/html_report.h"
+#include "pipesgd/report/report_data.h"
 #include "temp_dir.h"
 
 namespace pipesgd {

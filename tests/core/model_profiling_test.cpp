@@ -1,4 +1,4 @@
-// `pipesgd profile`'s measurement (train/model_profiling.h) on the pure-C++ softmax model: per-layer
+// `pipesgd profile`'s measurement (tools/model_profiling.h) on the pure-C++ softmax model: per-layer
 // figures from the model's reports, the fallbacks for a model that reports nothing, codec costs,
 // the source line, and the profile file's round trip.
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/data/sampler.h"
 #include "pipesgd/models/softmax_regression.h"
-#include "pipesgd/train/model_profiling.h"
+#include "pipesgd/tools/model_profiling.h"
 #include "tiny_run.h"
 
 namespace pipesgd {

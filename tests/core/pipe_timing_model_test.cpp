@@ -7,7 +7,7 @@
 
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/timing/allreduce_cost_model.h"
-#include "pipesgd/train/report.h"
+#include "pipesgd/report/report.h"
 #include "temp_dir.h"
 #include "tiny_run.h"
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "pipesgd/core/trace.h"
-#include "pipesgd/train/trace_file.h"
-#include "pipesgd/train/trace_timeline.h"
+#include "pipesgd/report/trace_file.h"
+#include "pipesgd/report/trace_timeline.h"
 #include "pipesgd/train/worker.h"
 #include "temp_dir.h"
 #include "tiny_run.h"

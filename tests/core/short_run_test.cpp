@@ -1,4 +1,4 @@
-// Runs shorter than their method's planning, profiling or warm-up (train/short_run.h): each
+// Runs shorter than their method's planning, profiling or warm-up (report/short_run.h): each
 // method's deferred phase starts where its schedule says (worked out by hand from the options),
 // the warning and report texts say so, and the reports of such runs say what ran instead of a plan
 // that never took effect.
@@ -16,8 +16,8 @@
 #include "pipesgd/algo/dsync/layer_wise_report.h"
 #include "pipesgd/algo/planning.h"
 #include "pipesgd/algo/sapipe/sapipe_report.h"
-#include "pipesgd/train/report.h"
-#include "pipesgd/train/short_run.h"
+#include "pipesgd/report/report.h"
+#include "pipesgd/report/short_run.h"
 #include "resegmented_model.h"
 #include "tiny_run.h"
 

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "pipesgd/core/error.h"
-#include "pipesgd/train/trace_file.h"
+#include "pipesgd/report/trace_file.h"
 #include "temp_dir.h"
 
 namespace pipesgd {

@@ -16,7 +16,7 @@
 #include "pipesgd/core/random.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/models/softmax_regression.h"
-#include "pipesgd/train/report.h"
+#include "pipesgd/report/report.h"
 #include "pipesgd/train/trainer.h"
 #include "softmax_batches.h"
 #include "test_world.h"

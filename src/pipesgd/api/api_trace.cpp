@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "pipesgd/core/error.h"
-#include "pipesgd/train/trace_file.h"
+#include "pipesgd/report/trace_file.h"
 #include "pipesgd/train/worker.h"
 
 namespace pipesgd {

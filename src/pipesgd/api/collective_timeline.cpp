@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipesgd/core/error.h"
-#include "pipesgd/train/trace_file.h"
+#include "pipesgd/report/trace_file.h"
 
 namespace pipesgd {
 namespace {

@@ -1,6 +1,6 @@
 #pragma once
 // Horovod's timeline (hvd.start_timeline / Worker::start_timeline) for the negotiated collectives of
-// api/collective_engine.h, in pipesgd's trace format (core/trace.h, written by train/trace_file.h;
+// api/collective_engine.h, in pipesgd's trace format (core/trace.h, written by report/trace_file.h;
 // open it in https://ui.perfetto.dev). Rank 0's view, as Horovod's coordinator's: it reads every
 // rank's rows in each negotiation round. Process "worker 0"; per collective a track named as
 // Horovod names it ("allreduce.NAME"; unnamed ones share "allreduce.noname") with

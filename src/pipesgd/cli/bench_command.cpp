@@ -19,7 +19,7 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/mpi/mpi_library_allreduce.h"
 #include "pipesgd/timing/allreduce_cost_model.h"
-#include "pipesgd/train/allreduce_benchmark.h"
+#include "pipesgd/tools/allreduce_benchmark.h"
 #include "pipesgd/train/run_config.h"
 
 namespace pipesgd {

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipesgd/train/trace_file.h"
+#include "pipesgd/report/trace_file.h"
 
 namespace pipesgd {
 namespace {

@@ -13,8 +13,8 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
 #include "pipesgd/torch/torch_models.h"
-#include "pipesgd/train/accuracy_target.h"
-#include "pipesgd/train/report.h"
+#include "pipesgd/report/accuracy_target.h"
+#include "pipesgd/report/report.h"
 #include "pipesgd/train/trainer.h"
 
 namespace pipesgd {

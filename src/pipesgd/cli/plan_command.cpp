@@ -17,9 +17,8 @@
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
-#include "pipesgd/timing/pipe_timing_model.h"
+#include "pipesgd/tools/plan_prediction.h"
 #include "pipesgd/torch/torch_models.h"
-#include "pipesgd/train/trainer.h"
 
 namespace pipesgd {
 namespace {
@@ -72,7 +71,7 @@ std::string plan_equation(const std::string& name) {
   return "Eq. 19-21";
 }
 
-// Runs on threads of this process (plan has no --transport).
+// Runs on threads of this process (plan has no --transport). The computation is tools/plan_prediction.h's.
 int run_plan(const PlanFlags& flags) {
   const std::vector<std::string> plans = split_list(flags.plans);
   for (const std::string& plan : plans) check_bucket_plan_name(plan);
@@ -86,35 +85,28 @@ int run_plan(const PlanFlags& flags) {
                                   parse_network_spec(flags.network, "--net"));
   prepare_output_directory(flags.out);
   const NetworkSpec& network = config.network;
-  const CommonOptions& common = config.method.common;
   check_model_flags(flags.model, flags.loss);
   const DataSplits data = load_data_set(flags.data, flags.data_dir, flags.seed);
   check_data_fits_builtin_model(flags.model, data, flags.data);
   const ModelFactory factory = make_model_factory(flags.model, flags.loss, data.train);
-  const double bytes_per_element = pipesgd::bytes_per_element(*make_codec(flags.codec));
   if (!flags.quiet) {
     std::cerr << "profiling " << flags.model << ": " << flags.workers << " workers (threads), " << kProfileWarmupIterations
               << " + " << flags.profile_iterations << " iterations of batch " << flags.batch << " over network "
               << describe(network) << std::endl;
   }
-  const RunSummary run = run_training(config, factory, data);
-  const PlanningInputs* planned_from = run.figures.report->planning_inputs();
-  PIPESGD_ASSERT(planned_from != nullptr);  // the profiling method plans within its iterations
-  const LayerProfile& profile = planned_from->profile;
-  const double update_seconds = planned_from->update_seconds;
-  const LinearCost cost = planned_from->cost;
-  double gradient_bytes = 0, backward = 0;
-  for (double b : profile.bytes) gradient_bytes += b;
-  for (double b : profile.backward_seconds) backward += b;
-  const double fp32_bytes = gradient_bytes / bytes_per_element * sizeof(float);
-  const std::string algorithm = resolve_allreduce_algorithm(common, flags.workers, fp32_bytes);
+  const PlanPredictions predicted = predict_plans(measure_planning_inputs(config, factory, data), plans,
+                                                  config.method.common, network, flags.workers);
+  const LayerProfile& profile = predicted.inputs.profile;
+  const double update_seconds = predicted.inputs.update_seconds;
+  const LinearCost& cost = predicted.inputs.cost;
+  const double gradient_bytes = predicted.gradient_bytes;
+  const double backward = predicted.backward_seconds;
 
   std::cout << "pipesgd plan: " << flags.model << " (" << profile.bytes.size() << " layers, " << std::fixed
             << std::setprecision(0) << gradient_bytes << " gradient bytes with codec " << flags.codec << "), "
             << flags.workers << " workers, network " << describe(network) << "\n";
-  std::cout << std::setprecision(3) << "allreduce " << algorithm << ": T(M) = a + b*M, a = " << cost.a * 1e3
-            << " ms, b = " << cost.b * 1e9 << " ns/byte (from " << planning_cost_source(common, network, flags.workers)
-            << ")\n";
+  std::cout << std::setprecision(3) << "allreduce " << predicted.algorithm << ": T(M) = a + b*M, a = " << cost.a * 1e3
+            << " ms, b = " << cost.b * 1e9 << " ns/byte (from " << predicted.cost_source << ")\n";
   std::cout << "profile: t_f (data + forward) = " << profile.forward_seconds * 1e3 << " ms, t_b (backward) = "
             << backward * 1e3 << " ms, update = " << update_seconds * 1e3
             << " ms per iteration; each allreduce launched during backward slows it by kappa = "
@@ -122,18 +114,17 @@ int run_plan(const PlanFlags& flags) {
   nlohmann::json records = nlohmann::json::array();
   std::vector<std::vector<std::string>> rows = {{"plan", "buckets", "predicted iter ms", "t_c^no ms", "comm ms", "model"}};
   std::vector<std::string> details;
-  std::vector<BucketPlan> made;
-  for (const std::string& name : plans) {
-    const BucketPlan& plan = made.emplace_back(make_bucket_plan(name, profile, cost));
-    const PlanTimeline timeline = simulate_plan(profile, cost, plan);
-    const double iteration = timeline.iteration + update_seconds;
-    rows.push_back({name, concat(plan.buckets.size()), milliseconds(iteration), milliseconds(timeline.non_overlapped),
-                    milliseconds(timeline.communication), plan_equation(plan.name)});
-    details.push_back(concat(name, ": ", describe_plan(plan)));
-    records.push_back({{"plan", name},
+  for (const PlanPrediction& prediction : predicted.plans) {
+    const BucketPlan& plan = prediction.plan;
+    const PlanTimeline& timeline = prediction.timeline;
+    rows.push_back({prediction.name, concat(plan.buckets.size()), milliseconds(prediction.iteration),
+                    milliseconds(timeline.non_overlapped), milliseconds(timeline.communication),
+                    plan_equation(plan.name)});
+    details.push_back(concat(prediction.name, ": ", describe_plan(plan)));
+    records.push_back({{"plan", prediction.name},
                        {"buckets", plan.buckets.size()},
                        {"description", describe_plan(plan)},
-                       {"predicted_iteration_s", iteration},
+                       {"predicted_iteration_s", prediction.iteration},
                        {"predicted_non_overlapped_s", timeline.non_overlapped},
                        {"communication_s", timeline.communication}});
   }
@@ -142,7 +133,7 @@ int run_plan(const PlanFlags& flags) {
                "allreduces launched as their layers are ready, one at a time) + update; t_c^no = the part "
                "of the communication not hidden behind backward.\n";
   std::cout << "(one allreduce after backward, without buckets, is the single plan.)\n";
-  const WfbpCase wfbp = classify_wfbp(profile, cost);
+  const WfbpCase& wfbp = predicted.wfbp;
   std::cout << "WFBP is case " << wfbp.number << " of MG-WFBP paper Sec. III-A: ";
   if (wfbp.number == 3) {
     std::cout << "communication-bound from layer " << wfbp.communication_bound_layer
@@ -156,50 +147,37 @@ int run_plan(const PlanFlags& flags) {
 
   // Pipe-SGD (K >= 2) over the same profile: Eq. 5 sends the whole gradient after backward, Eq. 6
   // sends each plan's buckets as L segments as they are ready; Eq. 7 is the scaling efficiency.
-  const LinkParameters link = planning_link(common, network);
-  const RingCostParameters ring{link.alpha, link.beta, link.gamma, 0.0};
-  const double compute = profile.forward_seconds + backward + update_seconds;
-  const double sequential_comm = ring_allreduce_time(flags.workers, gradient_bytes, ring);
-  const double sequential = predict_pipe_sequential_iteration(compute, sequential_comm);
-  const double efficiency = pipe_scaling_efficiency(compute, sequential_comm);
-  std::cout << "\nPipe-SGD (the paper's Eq. 5-7, K >= 2, ring allreduce, S = 0) from " << planning_link_source(common, network)
+  const LinkParameters& link = predicted.link;
+  const double compute = predicted.compute;
+  std::cout << "\nPipe-SGD (the paper's Eq. 5-7, K >= 2, ring allreduce, S = 0) from " << predicted.link_source
             << ": alpha = " << link.alpha * 1e6 << " us, beta = " << link.beta * 1e9 << " ns/byte, gamma = "
             << link.gamma * 1e9 << " ns/byte; up + comp = t_f + t_b + update = " << compute * 1e3 << " ms\n";
   std::vector<std::vector<std::string>> pipe_rows = {
       {"communication", "segments L", "l_b ms", "comm ms", "predicted iter ms", "model"},
-      {"sequential", "1", milliseconds(backward), milliseconds(sequential_comm), milliseconds(sequential), "Eq. 5"}};
+      {"sequential", "1", milliseconds(backward), milliseconds(predicted.sequential_comm),
+       milliseconds(predicted.sequential_iteration), "Eq. 5"}};
   nlohmann::json pipelined_records = nlohmann::json::array();
-  for (const BucketPlan& plan : made) {
-    const int segments = static_cast<int>(plan.buckets.size());
-    if (segments == 0) continue;
-    double first_backward = 0;
-    for (std::size_t l = plan.buckets.front().begin; l < plan.buckets.front().end; ++l) {
-      first_backward += profile.backward_seconds[l];
-    }
-    const double comm = ring_allreduce_time(flags.workers, gradient_bytes, ring, segments);
-    // The paper's Eq. 6 charges the compute thread only up + forward + the first segment's backward
-    // (l_b), but that thread runs the whole backward every iteration: no iteration is shorter than
-    // up + comp, so the prediction is max(Eq. 6, up + comp) = max(up + comp, comm_L).
-    const double iteration = std::max(compute, predict_pipe_pipelined_iteration(compute, backward, first_backward, comm));
-    pipe_rows.push_back({concat("pipelined, plan ", plan.name), concat(segments), milliseconds(first_backward),
-                         milliseconds(comm), milliseconds(iteration), "Eq. 6*"});
-    pipelined_records.push_back({{"plan", plan.name},
-                                 {"segments", segments},
-                                 {"first_segment_backward_s", first_backward},
-                                 {"comm_s", comm},
-                                 {"predicted_iteration_s", iteration}});
+  for (const PipelinedPrediction& pipelined : predicted.pipelined) {
+    pipe_rows.push_back({concat("pipelined, plan ", pipelined.plan), concat(pipelined.segments),
+                         milliseconds(pipelined.first_segment_backward), milliseconds(pipelined.comm),
+                         milliseconds(pipelined.iteration), "Eq. 6*"});
+    pipelined_records.push_back({{"plan", pipelined.plan},
+                                 {"segments", pipelined.segments},
+                                 {"first_segment_backward_s", pipelined.first_segment_backward},
+                                 {"comm_s", pipelined.comm},
+                                 {"predicted_iteration_s", pipelined.iteration}});
   }
   print_table(std::cout, pipe_rows);
   std::cout << "* Eq. 6 with the whole compute: max(up + comp, comm_L). The paper's compute term up + t_f + l_b "
                "leaves out all of backward but the first segment's, yet one compute thread runs all of it every "
                "iteration: no iteration is shorter than up + comp.\n";
   std::cout << std::setprecision(3) << "Eq. 7 scaling efficiency with sequential communication: SE = (up + comp) / "
-            << "max(up + comp, comm) = " << efficiency << "\n";
+            << "max(up + comp, comm) = " << predicted.scaling_efficiency << "\n";
   if (!flags.out.empty()) {
     const nlohmann::json document = {{"model", flags.model},
                                      {"workers", flags.workers},
                                      {"network", network.name},
-                                     {"allreduce", algorithm},
+                                     {"allreduce", predicted.algorithm},
                                      {"a_s", cost.a},
                                      {"b_s_per_byte", cost.b},
                                      {"forward_s", profile.forward_seconds},
@@ -213,9 +191,9 @@ int run_plan(const PlanFlags& flags) {
                                        {"beta_s_per_byte", link.beta},
                                        {"gamma_s_per_byte", link.gamma},
                                        {"compute_s", compute},
-                                       {"sequential_comm_eq5_s", sequential_comm},
-                                       {"sequential_iteration_eq5_s", sequential},
-                                       {"scaling_efficiency_eq7", efficiency},
+                                       {"sequential_comm_eq5_s", predicted.sequential_comm},
+                                       {"sequential_iteration_eq5_s", predicted.sequential_iteration},
+                                       {"scaling_efficiency_eq7", predicted.scaling_efficiency},
                                        {"pipelined_eq6", pipelined_records}}}};
     write_json_file(std::filesystem::path(flags.out) / "plan.json", document, "plan");
     std::cout << "wrote " << flags.out << "/plan.json\n";

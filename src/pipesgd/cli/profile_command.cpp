@@ -1,10 +1,6 @@
 // `pipesgd profile`: measures a model's profile on this machine (per-layer forward and backward
-// times, parameter counts, data and update times, the codecs' per-byte costs; train/model_profiling.h)
+// times, parameter counts, data and update times, the codecs' per-byte costs; tools/model_profiling.h)
 // and writes it as the JSON file `pipesgd simulate` reads (timing/model_profile.h).
-#include <unistd.h>
-
-#include <climits>
-#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -16,11 +12,8 @@
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
-#include "pipesgd/algo/planning.h"
 #include "pipesgd/comm/network_spec.h"
-#include "pipesgd/train/model_profiling.h"
-#include "pipesgd/train/run_config.h"
-#include "pipesgd/train/trainer.h"
+#include "pipesgd/tools/model_profiling.h"
 
 namespace pipesgd {
 namespace {
@@ -71,21 +64,6 @@ void add_profile_flags(CLI::App& command, ProfileFlags& flags) {
   command.add_flag("--quiet", flags.quiet, "No progress output");
 }
 
-std::string host_name() {
-  char name[HOST_NAME_MAX + 1] = {};
-  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "an unnamed host";
-  return name;
-}
-
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  char text[16] = {};
-  std::strftime(text, sizeof text, "%Y-%m-%d", &local);
-  return text;
-}
-
 // --out names a file: its directory is created if needed and must be writable, before any work.
 void prepare_output_file(const std::string& out) {
   const std::filesystem::path path(out);
@@ -111,11 +89,12 @@ int run_profile(const ProfileFlags& flags) {
   }
   if (flags.seed < 0) throw UsageError(concat("--seed must be >= 0, got ", flags.seed));
   if (flags.workers < 1 || flags.workers > 256) throw UsageError(concat("--workers must be in [1, 256], got ", flags.workers));
-  std::optional<TrainConfig> run_config;
+  std::optional<InRunProfiling> in_run;
   if (flags.in_run) {
     if (flags.workers < 2) throw UsageError("--in-run needs --workers >= 2 (a run of one worker does not communicate)");
-    run_config = layer_wise_profiling_config({}, flags.iterations, flags.workers, flags.model, flags.batch, flags.seed,
-                                             parse_network_spec(flags.network, "--net"));
+    in_run = InRunProfiling{layer_wise_profiling_config({}, flags.iterations, flags.workers, flags.model, flags.batch,
+                                                        flags.seed, parse_network_spec(flags.network, "--net")),
+                            {}};
   } else if (flags.network != "none") {
     throw UsageError("--net is --in-run's network; add --in-run");
   }
@@ -128,6 +107,7 @@ int run_profile(const ProfileFlags& flags) {
                             " examples of --data ", flags.data, ")"));
   }
   const ModelFactory factory = make_model_factory(flags.model, flags.loss, data.train);
+  if (in_run) in_run->factory = factory;
   std::vector<std::unique_ptr<Model>> replicas;
   std::vector<Model*> models;
   for (int r = 0; r < flags.workers; ++r) {
@@ -151,6 +131,12 @@ int run_profile(const ProfileFlags& flags) {
               << ", then "
               << join(codec_names()) << " and the methods' own work (SAPipe's compensations)" << std::endl;
     options.progress = [&](const std::string& phase, std::int64_t done, std::int64_t total) {
+      if (phase == "run") {
+        std::cerr << "profile: running " << flags.workers << " workers of D-Sync over network "
+                  << describe(in_run->config.network) << " for " << total << " iterations ("
+                  << format_number("%.1f", elapsed.seconds()) << " s)" << std::endl;
+        return;
+      }
       if (elapsed.seconds() < next_line) return;
       next_line = elapsed.seconds() + kProgressIntervalSeconds;
       if (phase == "codecs") {
@@ -161,27 +147,14 @@ int run_profile(const ProfileFlags& flags) {
       }
     };
   }
-  MeasuredProfile measured = measure_concurrent_profile(models, data.train, options);
-  if (run_config) {
-    if (!flags.quiet) {
-      std::cerr << "profile: running " << flags.workers << " workers of D-Sync over network "
-                << describe(run_config->network) << " for " << run_config->iterations << " iterations ("
-                << format_number("%.1f", elapsed.seconds()) << " s)" << std::endl;
-    }
-    const RunSummary run = run_training(*run_config, factory, data);
-    const PlanningInputs* planned = run.figures.report->planning_inputs();
-    PIPESGD_ASSERT(planned != nullptr);  // the profiling method plans within its iterations
-    adopt_run_compute(measured, RunCompute{planned->profile, planned->update_seconds, planned->backward_tail_seconds,
-                                           flags.workers, describe(run_config->network)});
-  }
-  ModelProfile& profile = measured.profile;
-  profile.source = measured_profile_source(measured, host_name(), today(), flags.iterations);
+  const MeasuredProfile measured = profile_model(models, data, options, in_run);
+  const ModelProfile& profile = measured.profile;
   save_model_profile(profile, flags.out);
 
   std::cout << "pipesgd profile: " << flags.model << ", batch " << profile.batch << ", medians of " << flags.iterations
             << " iterations (" << (flags.workers == 1 ? std::string("1 thread") : concat(flags.workers, " replicas at once, their mean"))
-            << ")" << (run_config ? concat("; backward, forward and update: means of a ", flags.workers, "-worker D-Sync run")
-                                  : std::string())
+            << ")" << (in_run ? concat("; backward, forward and update: means of a ", flags.workers, "-worker D-Sync run")
+                              : std::string())
             << "\n";
   print_table(std::cout, {{"layers", "parameters", "forward ms", "backward ms", "update ms", "data ms"},
                           {concat(profile.layers.size()), concat(profile.parameters()),

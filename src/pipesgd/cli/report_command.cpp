@@ -1,5 +1,5 @@
 // `pipesgd report DIR`: a train or compare --out directory as one self-contained HTML page
-// (train/html_report.h), DIR/report.html unless --out names another file.
+// (report/html_report.h), DIR/report.html unless --out names another file.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "pipesgd/cli/commands.h"
-#include "pipesgd/train/accuracy_target.h"
-#include "pipesgd/train/html_report.h"
+#include "pipesgd/report/accuracy_target.h"
+#include "pipesgd/report/html_report.h"
 
 namespace pipesgd {
 namespace {

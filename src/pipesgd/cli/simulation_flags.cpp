@@ -136,15 +136,6 @@ std::string describe_simulation(const ModelProfile& profile, const MethodSimulat
                 " network model, topology ", options.topology.text);
 }
 
-void check_fits_topology(const SimulationJob& job) {
-  const SimTopology& topology = job.options.topology;
-  const std::size_t hosts = static_cast<std::size_t>(job.options.workers + job.selection.options->servers());
-  if (topology.fat_tree && topology.leaves() < hosts) {
-    throw UsageError(concat("--topology ", topology.text, " holds ", topology.leaves(), " hosts, fewer than the ", hosts,
-                            " of ", job_label(job), " at ", job.options.workers, " workers"));
-  }
-}
-
 // Whether a job's workers allreduce, so that it has a collective level (messages or modelled):
 // one worker communicates nothing, and parameter-server traffic is always message by message.
 namespace {

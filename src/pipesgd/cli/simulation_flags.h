@@ -41,9 +41,6 @@ std::string describe_simulation(const ModelProfile& profile, const MethodSimulat
 // "compute: the profile's times are for <device> ...": the device the profile stands for (its
 // "device" field, or who measured it) and how to change it (--compute-scale, pipesgd profile).
 std::string describe_compute_device(const SimulationFlags& flags);
-// Throws UsageError if the job's workers and servers do not fit its fat-tree (checked before any
-// simulation runs).
-void check_fits_topology(const SimulationJob& job);
 // Runs `jobs` two (the cores) at a time, with progress on stderr unless quiet: a line per job, with
 // its collective level (on a terminal, one line that updates). `skip_unbuildable`: see
 // simulate_methods.

@@ -7,7 +7,7 @@
 #include "pipesgd/cli/train_options.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/torch/torch_models.h"
-#include "pipesgd/train/report.h"
+#include "pipesgd/report/report.h"
 #include "pipesgd/train/trainer.h"
 
 namespace pipesgd {

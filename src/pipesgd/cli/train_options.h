@@ -14,7 +14,7 @@
 #include "pipesgd/cli/cli_common.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/train/run_config.h"
-#include "pipesgd/train/run_summary.h"
+#include "pipesgd/report/run_summary.h"
 
 namespace pipesgd {
 
@@ -75,7 +75,8 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
 
 DataSplits load_data(const TrainFlags& flags);
 
-// Pipe-SGD's gradients are K-1 steps stale, and SGD momentum amplifies a stale gradient: measured
+// Pipe-SGD's gradients are K-1 steps stale with nothing compensating (its registry trait,
+// MethodTraits::stale_without_compensation), and SGD momentum amplifies a stale gradient: measured
 // (docs/user-guide.md, "Momentum with a stale method"), dsync vs pipe+int8 on Fashion-MNIST lose
 // 0.2 points at momentum 0, 0.4 at 0.3, 1.0-1.2 at 0.5 and 6.2-6.5 at 0.9. From momentum
 // kStaleMomentumWarning (where the loss passes 1 point) on, train and compare warn at start-up: the

@@ -6,7 +6,7 @@
 // Threads: TraceRecorder::add_thread is for set-up (it takes a lock); a ThreadTrace is written by
 // its own thread only, with no allocation, lock or I/O (a full buffer drops further events and
 // counts them); events_json normally runs once every recording thread has stopped
-// (train/trace_file.h writes the file), and may run while some still record (after a failure:
+// (report/trace_file.h writes the file), and may run while some still record (after a failure:
 // what each had published by then). A thread records into
 // the trace installed for it by a ScopedThreadTrace; code below (collectives, optimizers, comm
 // threads) records through current_thread_trace() and does nothing where none is installed.

@@ -661,4 +661,13 @@ std::vector<MethodSimulationResult> simulate_methods(const std::vector<Simulatio
   return results;
 }
 
+void check_fits_topology(const SimulationJob& job) {
+  const SimTopology& topology = job.options.topology;
+  const std::size_t hosts = static_cast<std::size_t>(job.options.workers + job.selection.options->servers());
+  if (topology.fat_tree && topology.leaves() < hosts) {
+    throw UsageError(concat("--topology ", topology.text, " holds ", topology.leaves(), " hosts, fewer than the ", hosts,
+                            " of ", job_label(job), " at ", job.options.workers, " workers"));
+  }
+}
+
 }  // namespace pipesgd

@@ -75,7 +75,7 @@ struct MethodSimulationOptions {
 };
 
 // The compute thread's time per iteration by stage, as the trainer's IterationTimes names them
-// (train/metrics_file.cpp times_to_json): data, forward, backward, update (local updates too),
+// (report/metrics_file.cpp times_to_json): data, forward, backward, update (local updates too),
 // compensation, wait (the rest of the iteration: waits and communication on the compute thread),
 // comm (time inside allreduces and server round trips, on any thread).
 struct SimulatedStages {
@@ -129,6 +129,9 @@ struct SimulationJob {
   std::string label;  // how reports name it (e.g. "pipe --staleness-k 3"); empty: the spec
 };
 inline const std::string& job_label(const SimulationJob& job) { return job.label.empty() ? job.selection.spec : job.label; }
+// Throws UsageError (naming --topology) if the job's workers and servers do not fit its fat-tree
+// (checked before any simulation runs).
+void check_fits_topology(const SimulationJob& job);
 std::vector<MethodSimulationResult> simulate_methods(const std::vector<SimulationJob>& jobs, const ModelProfile& profile,
                                                      int parallel,
                                                      const std::function<void(std::size_t index)>& progress = {},

@@ -11,7 +11,8 @@
 // one worker and stops at its own boundary; the trainer then tells the other ranks.
 //
 // The published counts double as progress: a reader that loads completed(w) sees worker w's
-// records of those iterations (release / acquire), which the metrics stream relies on.
+// records of those iterations (release / acquire), which the metrics stream relies on (it reads
+// them as a WorkerProgress, report/worker_progress.h).
 #include <atomic>
 #include <cstdint>
 #include <limits>
@@ -21,6 +22,7 @@
 
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/report/worker_progress.h"
 
 namespace pipesgd {
 
@@ -31,7 +33,7 @@ std::string interruption_notice(int signal);
 // a failure as "rank R failed: <reason>"); nullopt for any other failure.
 std::optional<int> peer_interruption(const PeerFailedError& error);
 
-class EarlyStop {
+class EarlyStop final : public WorkerProgress {
  public:
   static constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
 
@@ -48,7 +50,7 @@ class EarlyStop {
 
   // The iterations worker `worker` has published as completed; its records of them are visible to
   // the caller.
-  std::int64_t completed(int worker) const;
+  std::int64_t completed(int worker) const override;
   // S once decided, else kNever.
   std::int64_t stop_iteration() const;
   // The flag's signal when S was decided (0 if it never was).

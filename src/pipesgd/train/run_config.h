@@ -79,7 +79,7 @@ struct TrainConfig {
   bool has_accuracy = true;
   bool keep_parameters = false;  // return every rank's final parameters (tests)
   bool deprioritize_compute = true;  // core/thread_priority.h: comm threads preempt compute
-  // Rank 0 warns on stderr when the run ends before its method's deferred phase (train/short_run.h;
+  // Rank 0 warns on stderr when the run ends before its method's deferred phase (report/short_run.h;
   // off for runs meant to end there, such as `pipesgd plan`'s profiling).
   bool warn_short_run = true;
   ReliabilityOptions reliability;

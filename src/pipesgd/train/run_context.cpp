@@ -5,7 +5,7 @@
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/train/checkpointing.h"
-#include "pipesgd/train/short_run.h"
+#include "pipesgd/report/short_run.h"
 
 namespace pipesgd {
 namespace {

@@ -10,7 +10,7 @@
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/train/run_config.h"
-#include "pipesgd/train/run_summary.h"
+#include "pipesgd/report/run_summary.h"
 
 namespace pipesgd {
 
@@ -20,7 +20,7 @@ struct RunPlan {
   std::int64_t epochs = 0;
   std::int64_t warmup_iterations = 0;  // the method's warm-up in iterations
   std::int64_t first_measured = 0;     // iterations before this are excluded from the means
-  // The method's deferred phase if the run ends before it (train/short_run.h).
+  // The method's deferred phase if the run ends before it (report/short_run.h).
   std::optional<DeferredPhase> unreached_phase;
   // The first iteration of the mean loss: first_measured of the run not resumed (a resumed run's
   // timing means start later; its mean loss must not).

@@ -4,7 +4,7 @@
 
 #include "pipesgd/core/model.h"
 #include "pipesgd/train/run_context.h"
-#include "pipesgd/train/run_summary.h"
+#include "pipesgd/report/run_summary.h"
 #include "pipesgd/train/worker.h"
 
 namespace pipesgd {

@@ -14,7 +14,7 @@
 #include "pipesgd/core/model.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/train/run_config.h"
-#include "pipesgd/train/run_summary.h"
+#include "pipesgd/report/run_summary.h"
 
 namespace pipesgd {
 

@@ -1,4 +1,4 @@
-#include "pipesgd/train/trace_timeline.h"
+#include "pipesgd/report/trace_timeline.h"
 
 #include <algorithm>
 #include <fstream>

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "pipesgd/algo/iteration_times.h"
-#include "pipesgd/train/accuracy_target.h"
-#include "pipesgd/train/run_summary.h"
-#include "pipesgd/train/trace_timeline.h"
+#include "pipesgd/report/accuracy_target.h"
+#include "pipesgd/report/run_summary.h"
+#include "pipesgd/report/trace_timeline.h"
 
 namespace pipesgd {
 
@@ -61,7 +61,7 @@ struct ReportInput {
   // The accuracy target compare.json records (compare --target-accuracy or its default); nullopt
   // for a train directory and a compare.json without one.
   std::optional<AccuracyTarget> recorded_target;
-  // A few iterations of the runs' --trace file, if the report was given one (train/trace_timeline.h).
+  // A few iterations of the runs' --trace file, if the report was given one (report/trace_timeline.h).
   std::vector<Timeline> timelines;
 };
 

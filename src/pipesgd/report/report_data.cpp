@@ -1,4 +1,4 @@
-#include "pipesgd/train/report_data.h"
+#include "pipesgd/report/report_data.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -59,7 +59,7 @@ double accuracy_or_minus_one(const json& object, const char* key, const std::str
   return value && *value >= 0 ? *value : -1;
 }
 
-// The inverse of times_to_json (train/metrics_file.h) for the stages the report draws.
+// The inverse of times_to_json (report/metrics_file.h) for the stages the report draws.
 IterationTimes iteration_times(const json& object, const std::string& source) {
   IterationTimes times;
   times.update = number(object, "update_s", source);

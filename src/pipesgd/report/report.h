@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipesgd/train/accuracy_target.h"
-#include "pipesgd/train/run_summary.h"
+#include "pipesgd/report/accuracy_target.h"
+#include "pipesgd/report/run_summary.h"
 
 namespace pipesgd {
 
@@ -19,14 +19,14 @@ nlohmann::json summary_to_json(const RunSummary& summary);
 nlohmann::json interruption_to_json(const std::optional<Interruption>& interrupted);
 
 // Writes DIR/summary.json atomically, durably unless the run was interrupted (metrics.jsonl:
-// train/metrics_file.h). Throws UsageError / DataError naming the file.
+// report/metrics_file.h). Throws UsageError / DataError naming the file.
 void write_summary_file(const std::string& dir, const RunSummary& summary);
 
 // The end-of-run table: timing breakdown, throughput and the timing models' predictions, then the
 // method's own paragraph.
 void print_run_report(std::ostream& out, const RunSummary& summary);
 
-// compare's accuracy target (train/accuracy_target.h): `requested` (--target-accuracy) or the
+// compare's accuracy target (report/accuracy_target.h): `requested` (--target-accuracy) or the
 // default, the best accuracy every method reached; nullopt if the runs share no measured accuracy.
 std::optional<AccuracyTarget> compare_accuracy_target(const std::vector<RunSummary>& summaries,
                                                       std::optional<double> requested);

@@ -1,4 +1,4 @@
-#include "pipesgd/train/metrics_file.h"
+#include "pipesgd/report/metrics_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
@@ -77,7 +78,7 @@ void write_metrics_file(const std::string& dir, const MetricsLines& lines, std::
   write_file_atomically(std::filesystem::path(dir) / "metrics.jsonl", text, "metrics");
 }
 
-MetricsStream::MetricsStream(const std::string& dir, MetricsLines lines, const EarlyStop& progress,
+MetricsStream::MetricsStream(const std::string& dir, MetricsLines lines, const WorkerProgress& progress,
                              std::int64_t start, std::chrono::milliseconds interval)
     : path_(std::filesystem::path(dir) / "metrics.jsonl"),
       lines_(std::move(lines)),
@@ -114,7 +115,7 @@ void MetricsStream::run() {
 }
 
 std::string MetricsStream::take_due() {
-  std::int64_t end = EarlyStop::kNever;
+  std::int64_t end = std::numeric_limits<std::int64_t>::max();
   for (int w = 0; w < static_cast<int>(lines_.workers()); ++w) end = std::min(end, progress_.completed(w));
   std::vector<EpochRecord> epochs;
   {

@@ -1,4 +1,4 @@
-#include "pipesgd/train/html_report.h"
+#include "pipesgd/report/html_report.h"
 
 #include <stdlib.h>
 

@@ -1,4 +1,4 @@
-#include "pipesgd/train/short_run.h"
+#include "pipesgd/report/short_run.h"
 
 #include <ostream>
 

@@ -1,5 +1,5 @@
 #pragma once
-// `pipesgd report`: the runs of a train or compare --out directory (train/report_data.h) as one
+// `pipesgd report`: the runs of a train or compare --out directory (report/report_data.h) as one
 // self-contained HTML page: a table of the figures (throughput, speedup, time to an accuracy), and
 // plots that gnuplot draws as SVG, inlined (no scripts, no other files): loss and accuracy against
 // wall-clock time and iterations, each method's iteration breakdown beside its predicted and
@@ -10,8 +10,8 @@
 #include <optional>
 #include <string>
 
-#include "pipesgd/train/accuracy_target.h"
-#include "pipesgd/train/report_data.h"
+#include "pipesgd/report/accuracy_target.h"
+#include "pipesgd/report/report_data.h"
 
 namespace pipesgd {
 

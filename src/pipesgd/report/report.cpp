@@ -1,18 +1,17 @@
-#include "pipesgd/train/report.h"
+#include "pipesgd/report/report.h"
 
 #include <algorithm>
 #include <ostream>
 #include <set>
 
-#include "pipesgd/algo/nocomm/nocomm_method.h"
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/core/json_file.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/interrupt.h"
 #include "pipesgd/core/text_table.h"
-#include "pipesgd/train/short_run.h"
-#include "pipesgd/train/metrics_file.h"
+#include "pipesgd/report/short_run.h"
+#include "pipesgd/report/metrics_file.h"
 
 namespace pipesgd {
 namespace {
@@ -34,11 +33,21 @@ nlohmann::json cpu_per_byte_json(const IterationTimes& mean) {
   return mean.comm_cpu_per_byte() * 1e9;
 }
 
-// The compute thread's busy time of `run` over that of the compare's compute-alone run (nocomm), if
-// it has one: how much communication running beside it stretched the compute.
+// The name of the compute-alone method (MethodTraits::compute_alone: nocomm), for the table's note.
+std::string compute_alone_method_name() {
+  for (const MethodDescriptor* method : method_registry()) {
+    if (method->traits.compute_alone) return method->name;
+  }
+  PIPESGD_ASSERT(false && "the registry has a compute-alone method");
+  return "";
+}
+
+// The compute thread's busy time of `run` over that of the compare's compute-alone run
+// (MethodTraits::compute_alone), if it has one: how much communication running beside it stretched
+// the compute.
 std::optional<double> compute_stretch(const RunSummary& run, const std::vector<RunSummary>& summaries) {
   for (const RunSummary& other : summaries) {
-    if (method_of_spec(other.setup.method_spec)->name != kComputeAloneMethod) continue;
+    if (!method_of_spec(other.setup.method_spec)->traits.compute_alone) continue;
     const double alone = other.timing.stages.compute();
     if (alone > 0) return run.timing.stages.compute() / alone;
   }
@@ -289,7 +298,8 @@ void print_compare_table(std::ostream& out, const std::vector<RunSummary>& summa
   }
   if (wide) {
     print_table(out, rows);
-    out << "stretch = compute over that of nocomm (compute alone) in this compare (\"-\" without it); comm CPU ns/B = "
+    out << "stretch = compute over that of " << compute_alone_method_name()
+        << " (compute alone) in this compare (\"-\" without it); comm CPU ns/B = "
            "the gradient allreduces' CPU time on the threads that ran them per allreduced fp32 byte\n";
   } else {
     // The accuracy of the target's kind (test, or train when no run was evaluated).

@@ -1,4 +1,4 @@
-#include "pipesgd/train/allreduce_benchmark.h"
+#include "pipesgd/tools/allreduce_benchmark.h"
 
 #include <algorithm>
 #include <cmath>

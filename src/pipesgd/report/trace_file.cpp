@@ -1,4 +1,4 @@
-#include "pipesgd/train/trace_file.h"
+#include "pipesgd/report/trace_file.h"
 
 #include <chrono>
 #include <cstdint>

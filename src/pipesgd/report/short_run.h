@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipesgd/algo/method_options.h"
-#include "pipesgd/train/run_summary.h"
+#include "pipesgd/report/run_summary.h"
 
 namespace pipesgd {
 

@@ -28,14 +28,17 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "pipesgd/core/model.h"
 #include "pipesgd/data/dataset.h"
 #include "pipesgd/optim/sgd.h"
 #include "pipesgd/timing/bucket_plan.h"
 #include "pipesgd/timing/model_profile.h"
+#include "pipesgd/train/run_config.h"
 
 namespace pipesgd {
 
@@ -52,7 +55,8 @@ struct ProfilingOptions {
   SgdOptions sgd;                                               // the update timed (train's defaults)
   int codec_repetitions = kCodecTimingRepetitions;              // >= 1
   // Called after every iteration (warm-up ones included: done of total = warm-up + measured) and
-  // once more with phase "codecs" before the codecs are timed; may be empty.
+  // once more with phase "codecs" before the codecs are timed; profile_model adds phase "run" (0 of
+  // the run's iterations) before its run starts. May be empty.
   std::function<void(const std::string& phase, std::int64_t done, std::int64_t total)> progress;
 };
 
@@ -100,6 +104,20 @@ struct RunCompute {
 // update and kappa (bucket_launch_seconds: run.layers.per_bucket_compute_seconds) are the run's. Data time and codec and method costs stay the profile's. UsageError if the
 // run's layers are not the profile's, or if the model did not report every layer's backward.
 void adopt_run_compute(MeasuredProfile& measured, const RunCompute& run);
+
+// A run whose compute the profile carries (profile --in-run): the layer-wise methods' profiling method
+// (cli_common.h's layer_wise_profiling_config) on config.workers threads over config.network.
+struct InRunProfiling {
+  TrainConfig config;
+  ModelFactory factory;  // the profiled model's
+};
+
+// `pipesgd profile`'s measurement: `models` (replicas of one model, seeded alike) measured at once on
+// batches of data.train (measure_concurrent_profile), then, with `in_run`, that run (run_training, on
+// `data`) and its compute adopted (adopt_run_compute); the profile's `source` names this host, today's
+// date and options.iterations (measured_profile_source). Throws as those do.
+MeasuredProfile profile_model(const std::vector<Model*>& models, const DataSplits& data, const ProfilingOptions& options,
+                              const std::optional<InRunProfiling>& in_run);
 
 // CPU seconds per fp32 byte of encode, decode and decode_add of every codec (codec_names()) on a
 // buffer holding `values`: the median of `repetitions` timed runs after one untimed one.

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipesgd/train/run_summary.h"
+#include "pipesgd/report/run_summary.h"
 
 namespace pipesgd {
 

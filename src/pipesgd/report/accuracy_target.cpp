@@ -1,4 +1,4 @@
-#include "pipesgd/train/accuracy_target.h"
+#include "pipesgd/report/accuracy_target.h"
 
 #include <algorithm>
 

@@ -23,8 +23,8 @@
 
 #include "pipesgd/algo/iteration_times.h"
 #include "pipesgd/optim/lr_schedule.h"
-#include "pipesgd/train/early_stop.h"
-#include "pipesgd/train/run_summary.h"
+#include "pipesgd/report/run_summary.h"
+#include "pipesgd/report/worker_progress.h"
 
 namespace pipesgd {
 
@@ -62,14 +62,15 @@ void write_metrics_file(const std::string& dir, const MetricsLines& lines, std::
 
 // metrics.jsonl written as the run goes, so that a run that is killed keeps what was written: a
 // thread of the leader process appends the records of the iterations that every worker in `lines`
-// has completed (EarlyStop::completed of the workers 0..n-1 of `progress`, in the order of `lines`)
+// has completed (WorkerProgress::completed of the workers 0..n-1 of `progress`, in the order of
+// `lines`: the trainer's EarlyStop)
 // and the epoch records, every `interval` and at close(). The compute threads never wait for it:
 // they only publish their progress, and rank 0's hands over each epoch record at the epoch's end.
 class MetricsStream {
  public:
   // Creates or truncates DIR/metrics.jsonl; the iterations start at `start` (a resumed run's R).
   // Throws UsageError / DataError naming the file.
-  MetricsStream(const std::string& dir, MetricsLines lines, const EarlyStop& progress, std::int64_t start,
+  MetricsStream(const std::string& dir, MetricsLines lines, const WorkerProgress& progress, std::int64_t start,
                 std::chrono::milliseconds interval = std::chrono::seconds(1));
   // Writes what is due (as close() does, ignoring write failures: a run that failed keeps the
   // iterations every worker completed) and stops the thread, unless close() did.
@@ -95,7 +96,7 @@ class MetricsStream {
 
   std::filesystem::path path_;
   MetricsLines lines_;
-  const EarlyStop& progress_;
+  const WorkerProgress& progress_;
   std::chrono::milliseconds interval_;
   int fd_ = -1;
   std::int64_t written_;  // the iterations before this are in the file

@@ -92,7 +92,7 @@ struct RunSummary {
   RunFigures figures;
   RunTiming timing;
   ReliabilityCounts reliability;
-  // The method's deferred phase if the run ended before it (train/short_run.h).
+  // The method's deferred phase if the run ended before it (report/short_run.h).
   std::optional<DeferredPhase> unreached_phase;
   std::vector<EpochRecord> epochs;
   std::uint64_t weights_checksum = 0;                // FNV-1a of rank 0's final parameters

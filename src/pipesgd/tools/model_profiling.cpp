@@ -1,19 +1,41 @@
-#include "pipesgd/train/model_profiling.h"
+#include "pipesgd/tools/model_profiling.h"
+
+#include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <ctime>
 #include <exception>
 #include <thread>
 #include <vector>
 
 #include "pipesgd/algo/method_descriptor.h"
+#include "pipesgd/algo/planning.h"
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/comm/network_spec.h"
 #include "pipesgd/data/sampler.h"
+#include "pipesgd/train/trainer.h"
 
 namespace pipesgd {
 namespace {
+
+std::string host_name() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "an unnamed host";
+  return name;
+}
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char text[16] = {};
+  std::strftime(text, sizeof text, "%Y-%m-%d", &local);
+  return text;
+}
 
 double median(std::vector<double> values) {
   PIPESGD_ASSERT(!values.empty());
@@ -305,6 +327,21 @@ MeasuredProfile measure_concurrent_profile(const std::vector<Model*>& models, co
     for (auto& [name, cost] : mean.profile.method_costs) cost += one.profile.method_costs.at(name) / n;
   }
   return mean;
+}
+
+MeasuredProfile profile_model(const std::vector<Model*>& models, const DataSplits& data, const ProfilingOptions& options,
+                              const std::optional<InRunProfiling>& in_run) {
+  MeasuredProfile measured = measure_concurrent_profile(models, data.train, options);
+  if (in_run) {
+    if (options.progress) options.progress("run", 0, in_run->config.iterations);
+    const RunSummary run = run_training(in_run->config, in_run->factory, data);
+    const PlanningInputs* planned = run.figures.report->planning_inputs();
+    PIPESGD_ASSERT(planned != nullptr);  // the profiling method plans within its iterations
+    adopt_run_compute(measured, RunCompute{planned->profile, planned->update_seconds, planned->backward_tail_seconds,
+                                           in_run->config.workers, describe(in_run->config.network)});
+  }
+  measured.profile.source = measured_profile_source(measured, host_name(), today(), options.iterations);
+  return measured;
 }
 
 std::string measured_profile_source(const MeasuredProfile& measured, const std::string& host, const std::string& date,
