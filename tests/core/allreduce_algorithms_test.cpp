@@ -1,7 +1,8 @@
 // Tests of every allreduce algorithm of make_allreduce (ring, recursive doubling, halving-doubling,
 // tree, direct) over LocalFabric: exact sums with `none`, derived error bounds with the lossy codecs,
 // bit-identical results on every rank, for any world size (powers of two or not) and any count;
-// reuse, segmenting (tree), the factory, and error handling.
+// reuse, segmenting (tree), the factory, every entry of the list (allreduce_algorithms.h), and error
+// handling.
 #include "pipesgd/collective/allreduce_factory.h"
 
 #include <gtest/gtest.h>
@@ -11,13 +12,17 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "allreduce_test_support.h"
+#include "pipesgd/collective/allreduce_algorithms.h"
+#include "pipesgd/collective/allreduce_rounds.h"
 #include "pipesgd/collective/codec.h"
 #include "pipesgd/collective/halving_doubling_allreduce.h"
 #include "pipesgd/collective/recursive_doubling_allreduce.h"
@@ -25,6 +30,7 @@
 #include "pipesgd/collective/tree_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/timing/allreduce_cost_model.h"
 #include "test_world.h"
 
 namespace pipesgd {
@@ -454,6 +460,61 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, AllreduceAlgorithmConcurrency, ::testing::V
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return identifier_of(info.param);
                          });
+
+// ---------------------------------------------------------------------------------------------
+// The list (allreduce_algorithms.h): every entry, with no test code of its own.
+
+// Each entry's make builds an allreduce of its name whose result is the closed-form sum on every
+// rank, bit-identical, at world sizes 1, 2, 3, 5 and counts 0, 1, one fewer than the ranks, one more
+// and 1000; its rounds and cost coefficients exist and are what allreduce_rounds and
+// allreduce_coefficients answer for its name.
+TEST(AllreduceAlgorithmList, EveryEntryMakesAnExactAllreduceAndHasItsModel) {
+  ASSERT_FALSE(allreduce_algorithms().empty());
+  const std::unique_ptr<Codec> codec = make_codec("none");
+  std::set<std::string_view> names;
+  for (const AllreduceAlgorithm& entry : allreduce_algorithms()) {
+    SCOPED_TRACE(std::string(entry.name));
+    EXPECT_TRUE(names.insert(entry.name).second) << "a second entry named " << entry.name;
+    EXPECT_EQ(find_allreduce_algorithm(entry.name), &entry);
+    ASSERT_NE(entry.make, nullptr);
+    ASSERT_NE(entry.rounds, nullptr);
+    ASSERT_NE(entry.coefficients, nullptr);
+    for (const int p : {1, 2, 3, 5}) {
+      const std::size_t ranks = static_cast<std::size_t>(p);
+      for (const std::size_t count : {std::size_t{0}, std::size_t{1}, ranks - 1, ranks + 1, std::size_t{1000}}) {
+        SCOPED_TRACE(concat(p, " ranks, ", count, " elements"));
+        std::vector<std::vector<float>> results(ranks);
+        std::vector<std::string> built(ranks);
+        run_ranks(p, [&](int rank, Transport& transport) {
+          std::vector<float> data = values_of_rank("none", rank, count);
+          const std::unique_ptr<Allreduce> allreduce = entry.make(transport, count, *codec, patient_options);
+          built[static_cast<std::size_t>(rank)] = std::string(allreduce->name());
+          allreduce->run(data, /*tag=*/7);
+          results[static_cast<std::size_t>(rank)] = std::move(data);
+        });
+        for (const std::string& name : built) EXPECT_EQ(name, entry.name);
+        expect_close_to_sum(results[0], expected_sum("none", p, count), 0.0, /*exact=*/true);
+        expect_bit_identical_across_ranks(results);
+      }
+      if (p == 1) {
+        EXPECT_TRUE(allreduce_rounds(entry.name, p).empty());
+        EXPECT_EQ(allreduce_coefficients(entry.name, p).messages, 0);
+        continue;
+      }
+      const std::vector<AllreduceRound> rounds = entry.rounds(p);
+      EXPECT_FALSE(rounds.empty());
+      EXPECT_EQ(allreduce_rounds(entry.name, p), rounds);
+      const AllreduceCoefficients coefficients = entry.coefficients(p);
+      EXPECT_GT(coefficients.messages, 0);
+      EXPECT_GT(coefficients.transferred, 0);
+      EXPECT_GT(coefficients.reduced, 0);
+      EXPECT_EQ(allreduce_coefficients(entry.name, p).messages, coefficients.messages);
+      EXPECT_EQ(allreduce_coefficients(entry.name, p).transferred, coefficients.transferred);
+      EXPECT_EQ(allreduce_coefficients(entry.name, p).reduced, coefficients.reduced);
+    }
+  }
+  EXPECT_EQ(find_allreduce_algorithm("butterfly"), nullptr);
+}
 
 // ---------------------------------------------------------------------------------------------
 // The factory.

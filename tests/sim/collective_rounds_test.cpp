@@ -12,7 +12,7 @@
 #include <set>
 #include <string>
 
-#include "pipesgd/collective/allreduce_algorithm_names.h"
+#include "pipesgd/collective/allreduce_algorithms.h"
 #include "pipesgd/collective/allreduce_rounds.h"
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/core/error.h"
@@ -41,7 +41,7 @@ std::ostream& operator<<(std::ostream& out, const RoundsCase& c) { return out <<
 
 std::vector<RoundsCase> rounds_cases() {
   std::vector<RoundsCase> cases;
-  for (std::string_view algorithm : kAllreduceAlgorithmNames) {
+  for (const std::string& algorithm : allreduce_algorithm_names()) {
     for (int ranks : {1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 33, 64}) cases.push_back({std::string(algorithm), ranks});
   }
   return cases;

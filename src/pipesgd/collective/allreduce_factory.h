@@ -1,5 +1,5 @@
 #pragma once
-// Builds an allreduce algorithm by name:
+// Builds an allreduce algorithm by name (the list and each entry: allreduce_algorithms.h):
 //  ring                RingAllreduce: bandwidth-optimal, 2(p-1) steps, segmented.
 //  recursive-doubling  RecursiveDoublingAllreduce: log2(p) steps of whole vectors; small vectors.
 //  halving-doubling    HalvingDoublingAllreduce (Rabenseifner): bandwidth-optimal, 2 log2(p) steps.
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pipesgd/collective/allreduce.h"
+#include "pipesgd/collective/allreduce_algorithms.h"
 #include "pipesgd/collective/codec.h"
 
 namespace pipesgd {
@@ -25,7 +26,5 @@ namespace pipesgd {
 std::unique_ptr<Allreduce> make_allreduce(std::string_view algorithm, Transport& transport,
                                           std::size_t max_count, const Codec& codec,
                                           AllreduceOptions options = {});
-// The valid names, in the order listed above.
-std::vector<std::string> allreduce_algorithm_names();
 
 }  // namespace pipesgd

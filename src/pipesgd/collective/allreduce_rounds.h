@@ -5,7 +5,8 @@
 // world keeps its topology's contention (fat-tree oversubscription, a parent's link shared by two
 // children) without simulating every message of every allreduce.
 //
-// The rounds follow the algorithms' headers (collective/*_allreduce.h), with q the largest power of
+// The rounds (AllreduceFlow, AllreduceRound: allreduce_algorithms.h) are each algorithm's entry,
+// beside its class (collective/*_allreduce.cpp), and follow its header, with q the largest power of
 // two <= p, r = p - q, and active index i the rank 2i+1 for i < r, else i + r (allreduce_detail.h):
 //   ring               p-1 reduce-scatter rounds then p-1 allgather rounds: rank i -> i+1 mod p,
 //                      1/p of the vector each; chained (below): a step's data travels on around
@@ -26,30 +27,12 @@
 #include <string_view>
 #include <vector>
 
+#include "pipesgd/collective/allreduce_algorithms.h"
+
 namespace pipesgd {
 
-struct AllreduceFlow {
-  int from = 0;
-  int to = 0;
-  bool operator==(const AllreduceFlow&) const = default;
-  auto operator<=>(const AllreduceFlow&) const = default;
-};
-
-// `repeat` consecutive rounds with the same flows, each message carrying `fraction` of the
-// (encoded) vector; the receiver then reduces `reduced` of the vector (fp32 bytes per byte).
-struct AllreduceRound {
-  std::vector<AllreduceFlow> flows;  // sorted; what the network carries at once
-  double fraction = 0;
-  double reduced = 0;
-  int repeat = 1;
-  // true: a rank's next message waits only for its predecessor's (the ring): the data passes the
-  // flows (in their sorted order, a cycle) one after another, so `repeat` rounds cost the slowest
-  // window of `repeat` consecutive flows; false: a round costs its slowest flow.
-  bool chained = false;
-};
-
-// The rounds of `algorithm` (an allreduce_algorithm_names() entry) on `world_size` ranks; none for
-// 1 rank. Throws UsageError for an unknown algorithm or world_size < 1.
+// The rounds of `algorithm` (an allreduce_algorithm_names() entry) on `world_size` ranks (its
+// entry's rounds); none for 1 rank. Throws UsageError for an unknown algorithm or world_size < 1.
 std::vector<AllreduceRound> allreduce_rounds(std::string_view algorithm, int world_size);
 
 }  // namespace pipesgd

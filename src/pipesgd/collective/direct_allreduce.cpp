@@ -1,6 +1,7 @@
 #include "pipesgd/collective/direct_allreduce.h"
 
 #include "pipesgd/collective/allreduce_detail.h"
+#include "pipesgd/collective/allreduce_model_detail.h"
 
 namespace pipesgd {
 namespace {
@@ -144,6 +145,42 @@ void DirectAllreduce::run_rounds(std::span<float> data, Tag tag) {
     if (!identity) codec_.decode(incoming(peer, bytes), theirs);
   }
   for (int k = 1; k < p; ++k) sends_[(rank + k) % p].wait(timeout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The entry of the algorithm list: rounds (allreduce_rounds.h) and cost coefficients
+// (timing/allreduce_cost_model.h) on p >= 2 ranks.
+
+namespace {
+
+std::vector<AllreduceRound> direct_rounds(int p) {
+  const double share = 1.0 / p;
+  std::vector<AllreduceFlow> flows;
+  for (int i = 0; i < p; ++i) {
+    for (int j = 0; j < p; ++j) {
+      if (i != j) flows.push_back({i, j});
+    }
+  }
+  // A rank sends p-1 blocks of 1/p at once: the round carries (p-1)/p of the vector per rank,
+  // split over p-1 flows, and the owner reduces its block from p-1 peers.
+  return {allreduce_model::round_of(flows, share, (p - 1) * share), allreduce_model::round_of(flows, share, 0.0)};
+}
+
+// As the ring's (timing/allreduce_cost_model.h): the same messages and bytes per rank.
+AllreduceCoefficients direct_coefficients(int world_size) {
+  const double p = world_size;
+  return {2 * (p - 1), 2 * (p - 1) / p, (p - 1) / p};
+}
+
+std::unique_ptr<Allreduce> make_direct(Transport& transport, std::size_t max_count, const Codec& codec,
+                                   const AllreduceOptions& options) {
+  return std::make_unique<DirectAllreduce>(transport, max_count, codec, options);
+}
+
+}  // namespace
+
+AllreduceAlgorithm direct_allreduce_algorithm() {
+  return {"direct", make_direct, direct_rounds, direct_coefficients};
 }
 
 }  // namespace pipesgd

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "pipesgd/collective/allreduce.h"
+#include "pipesgd/collective/allreduce_algorithms.h"
 #include "pipesgd/collective/codec.h"
 
 namespace pipesgd {
@@ -56,5 +57,8 @@ class DirectAllreduce final : public Allreduce {
   std::vector<Request> receives_;        // per peer
   std::vector<Request> sends_;           // per peer
 };
+
+// Its entry of the algorithm list (allreduce_algorithms.h): "direct", its rounds and cost coefficients.
+AllreduceAlgorithm direct_allreduce_algorithm();
 
 }  // namespace pipesgd

@@ -1,8 +1,10 @@
 #include "pipesgd/collective/halving_doubling_allreduce.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "pipesgd/collective/allreduce_detail.h"
+#include "pipesgd/collective/allreduce_model_detail.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -185,6 +187,43 @@ void HalvingDoublingAllreduce::run_steps(std::span<float> data, Tag tag) {
     send_ = transport_.send(fold.partner, step_tag(tag, return_step, 0), result, kOperation);
     send_.wait(timeout);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The entry of the algorithm list: rounds (allreduce_rounds.h) and cost coefficients
+// (timing/allreduce_cost_model.h) on p >= 2 ranks.
+
+namespace {
+
+std::vector<AllreduceRound> halving_doubling_rounds(int p) {
+  const allreduce_model::Fold fold(p);
+  std::vector<AllreduceRound> rounds;
+  double fraction = 0.5;
+  for (int distance = fold.q / 2; distance >= 1; distance /= 2, fraction /= 2) {
+    rounds.push_back(allreduce_model::exchange(fold, distance, fraction, fraction));
+  }
+  fraction = 1.0 / fold.q;
+  for (int distance = 1; distance < fold.q; distance *= 2, fraction *= 2) {
+    rounds.push_back(allreduce_model::exchange(fold, distance, fraction, 0.0));
+  }
+  return allreduce_model::folded(fold, std::move(rounds));
+}
+
+AllreduceCoefficients halving_doubling_coefficients(int world_size) {
+  const int log2_q = allreduce_model::floor_log2(world_size);
+  const double q = static_cast<double>(std::int64_t{1} << log2_q);
+  return allreduce_model::folded(world_size, {2.0 * log2_q, 2 * (q - 1) / q, (q - 1) / q});
+}
+
+std::unique_ptr<Allreduce> make_halving_doubling(Transport& transport, std::size_t max_count, const Codec& codec,
+                                   const AllreduceOptions& options) {
+  return std::make_unique<HalvingDoublingAllreduce>(transport, max_count, codec, options);
+}
+
+}  // namespace
+
+AllreduceAlgorithm halving_doubling_allreduce_algorithm() {
+  return {"halving-doubling", make_halving_doubling, halving_doubling_rounds, halving_doubling_coefficients};
 }
 
 }  // namespace pipesgd

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "pipesgd/collective/allreduce.h"
+#include "pipesgd/collective/allreduce_algorithms.h"
 #include "pipesgd/collective/codec.h"
 
 namespace pipesgd {
@@ -65,5 +66,8 @@ class HalvingDoublingAllreduce final : public Allreduce {
   Request send_;
   Request receive_;
 };
+
+// Its entry of the algorithm list (allreduce_algorithms.h): "halving-doubling", its rounds and cost coefficients.
+AllreduceAlgorithm halving_doubling_allreduce_algorithm();
 
 }  // namespace pipesgd

@@ -1,6 +1,7 @@
 #include "pipesgd/collective/recursive_doubling_allreduce.h"
 
 #include "pipesgd/collective/allreduce_detail.h"
+#include "pipesgd/collective/allreduce_model_detail.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -82,6 +83,37 @@ void RecursiveDoublingAllreduce::run_steps(std::span<float> data, Tag tag) {
                             kOperation);
     send_.wait(timeout);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The entry of the algorithm list: rounds (allreduce_rounds.h) and cost coefficients
+// (timing/allreduce_cost_model.h) on p >= 2 ranks.
+
+namespace {
+
+std::vector<AllreduceRound> recursive_doubling_rounds(int p) {
+  const allreduce_model::Fold fold(p);
+  std::vector<AllreduceRound> rounds;
+  for (int distance = 1; distance < fold.q; distance *= 2) {
+    rounds.push_back(allreduce_model::exchange(fold, distance, 1.0, 1.0));
+  }
+  return allreduce_model::folded(fold, std::move(rounds));
+}
+
+AllreduceCoefficients recursive_doubling_coefficients(int world_size) {
+  const double steps = allreduce_model::floor_log2(world_size);
+  return allreduce_model::folded(world_size, {steps, steps, steps});
+}
+
+std::unique_ptr<Allreduce> make_recursive_doubling(Transport& transport, std::size_t max_count, const Codec& codec,
+                                   const AllreduceOptions& options) {
+  return std::make_unique<RecursiveDoublingAllreduce>(transport, max_count, codec, options);
+}
+
+}  // namespace
+
+AllreduceAlgorithm recursive_doubling_allreduce_algorithm() {
+  return {"recursive-doubling", make_recursive_doubling, recursive_doubling_rounds, recursive_doubling_coefficients};
 }
 
 }  // namespace pipesgd

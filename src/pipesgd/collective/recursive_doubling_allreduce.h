@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "pipesgd/collective/allreduce.h"
+#include "pipesgd/collective/allreduce_algorithms.h"
 #include "pipesgd/collective/codec.h"
 
 namespace pipesgd {
@@ -54,5 +55,8 @@ class RecursiveDoublingAllreduce final : public Allreduce {
   Request send_;
   Request receive_;
 };
+
+// Its entry of the algorithm list (allreduce_algorithms.h): "recursive-doubling", its rounds and cost coefficients.
+AllreduceAlgorithm recursive_doubling_allreduce_algorithm();
 
 }  // namespace pipesgd

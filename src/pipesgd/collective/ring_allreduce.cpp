@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "pipesgd/collective/allreduce_detail.h"
+#include "pipesgd/collective/allreduce_model_detail.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -178,6 +179,36 @@ void RingAllreduce::run_steps(std::span<float> data, Tag tag) {
     const std::size_t sent = segment_count(chunk_count(n, outgoing(s)));
     for (std::size_t j = 0; j < sent; ++j) sends_[s % 2][j].wait(timeout);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The entry of the algorithm list: rounds (allreduce_rounds.h) and cost coefficients
+// (timing/allreduce_cost_model.h) on p >= 2 ranks.
+
+namespace {
+
+std::vector<AllreduceRound> ring_rounds(int p) {
+  const double share = 1.0 / p;
+  std::vector<AllreduceFlow> flows;
+  for (int i = 0; i < p; ++i) flows.push_back({i, (i + 1) % p});
+  return {allreduce_model::round_of(flows, share, share, p - 1, true),
+          allreduce_model::round_of(flows, share, 0.0, p - 1, true)};
+}
+
+AllreduceCoefficients ring_coefficients(int world_size) {
+  const double p = world_size;
+  return {2 * (p - 1), 2 * (p - 1) / p, (p - 1) / p};
+}
+
+std::unique_ptr<Allreduce> make_ring(Transport& transport, std::size_t max_count, const Codec& codec,
+                                   const AllreduceOptions& options) {
+  return std::make_unique<RingAllreduce>(transport, max_count, codec, options);
+}
+
+}  // namespace
+
+AllreduceAlgorithm ring_allreduce_algorithm() {
+  return {"ring", make_ring, ring_rounds, ring_coefficients};
 }
 
 }  // namespace pipesgd

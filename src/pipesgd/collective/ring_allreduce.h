@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pipesgd/collective/allreduce.h"
+#include "pipesgd/collective/allreduce_algorithms.h"
 #include "pipesgd/collective/codec.h"
 
 namespace pipesgd {
@@ -49,5 +50,8 @@ class RingAllreduce final : public Allreduce {
   std::vector<Request> receives_[2];  // [step parity][segment]
   std::vector<Request> sends_[2];
 };
+
+// Its entry of the algorithm list (allreduce_algorithms.h): "ring", its rounds and cost coefficients.
+AllreduceAlgorithm ring_allreduce_algorithm();
 
 }  // namespace pipesgd

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "pipesgd/collective/allreduce_detail.h"
+#include "pipesgd/collective/allreduce_model_detail.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -148,6 +149,54 @@ void TreeAllreduce::run_segments(std::span<float> data, Tag tag) {
   for (auto& requests : down_sends_) {
     for (std::size_t j = 0; j < segments; ++j) requests[j].wait(timeout);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The entry of the algorithm list: rounds (allreduce_rounds.h) and cost coefficients
+// (timing/allreduce_cost_model.h) on p >= 2 ranks.
+
+namespace {
+
+std::vector<AllreduceRound> tree_rounds(int p) {
+  // Heap numbering: rank i's parent (i - 1) / 2; depth of i = floor(log2(i + 1)).
+  auto depth_of = [](int rank) {
+    int depth = 0;
+    while ((2 << depth) <= rank + 1) ++depth;
+    return depth;
+  };
+  const int depth = depth_of(p - 1);
+  std::vector<AllreduceRound> rounds;
+  for (int level = depth; level >= 1; --level) {
+    std::vector<AllreduceFlow> up;
+    for (int i = 0; i < p; ++i) {
+      if (depth_of(i) == level) up.push_back({i, (i - 1) / 2});
+    }
+    rounds.push_back(allreduce_model::round_of(std::move(up), 1.0, 1.0));
+  }
+  for (int level = 1; level <= depth; ++level) {
+    std::vector<AllreduceFlow> down;
+    for (int i = 0; i < p; ++i) {
+      if (depth_of(i) == level) down.push_back({(i - 1) / 2, i});
+    }
+    rounds.push_back(allreduce_model::round_of(std::move(down), 1.0, 0.0));
+  }
+  return rounds;
+}
+
+AllreduceCoefficients tree_coefficients(int world_size) {
+  const double depth = allreduce_model::floor_log2(world_size);  // of the heap; levels up, then down
+  return {2 * depth, 2 * depth, depth};
+}
+
+std::unique_ptr<Allreduce> make_tree(Transport& transport, std::size_t max_count, const Codec& codec,
+                                   const AllreduceOptions& options) {
+  return std::make_unique<TreeAllreduce>(transport, max_count, codec, options);
+}
+
+}  // namespace
+
+AllreduceAlgorithm tree_allreduce_algorithm() {
+  return {"tree", make_tree, tree_rounds, tree_coefficients};
 }
 
 }  // namespace pipesgd

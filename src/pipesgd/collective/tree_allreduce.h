@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "pipesgd/collective/allreduce.h"
+#include "pipesgd/collective/allreduce_algorithms.h"
 #include "pipesgd/collective/codec.h"
 
 namespace pipesgd {
@@ -67,5 +68,8 @@ class TreeAllreduce final : public Allreduce {
   std::vector<Request> down_receives_;
   std::vector<std::vector<Request>> down_sends_;  // [child][segment]
 };
+
+// Its entry of the algorithm list (allreduce_algorithms.h): "tree", its rounds and cost coefficients.
+AllreduceAlgorithm tree_allreduce_algorithm();
 
 }  // namespace pipesgd

@@ -11,7 +11,6 @@
 #include <set>
 #include <system_error>
 
-#include "pipesgd/collective/allreduce_algorithm_names.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/json_file.h"
@@ -22,13 +21,6 @@ namespace {
 using nlohmann::json;
 
 std::string known_algorithms_text() { return join(cost_model_algorithm_names()); }
-
-// floor(log2 p) for p >= 1.
-int floor_log2(int p) {
-  int log = 0;
-  while ((std::int64_t{2} << log) <= p) ++log;
-  return log;
-}
 
 bool finite_nonnegative(double value) { return std::isfinite(value) && value >= 0; }
 
@@ -336,14 +328,9 @@ void check_calibration(const Calibration& calibration, const std::string& source
 // ---------------------------------------------------------------------------------------------
 // Model.
 
-std::vector<std::string> cost_model_algorithm_names() {
-  return {kAllreduceAlgorithmNames.begin(), kAllreduceAlgorithmNames.end()};
-}
+std::vector<std::string> cost_model_algorithm_names() { return allreduce_algorithm_names(); }
 
-bool is_cost_model_algorithm(std::string_view algorithm) {
-  return std::find(kAllreduceAlgorithmNames.begin(), kAllreduceAlgorithmNames.end(), algorithm) !=
-         kAllreduceAlgorithmNames.end();
-}
+bool is_cost_model_algorithm(std::string_view algorithm) { return find_allreduce_algorithm(algorithm) != nullptr; }
 
 AllreduceCoefficients allreduce_coefficients(std::string_view algorithm, int world_size) {
   if (!is_cost_model_algorithm(algorithm)) {
@@ -355,30 +342,7 @@ AllreduceCoefficients allreduce_coefficients(std::string_view algorithm, int wor
                             "': world size must be at least 1, got ", world_size));
   }
   if (world_size == 1) return {};
-  const double p = world_size;
-  if (algorithm == "ring" || algorithm == "direct") {
-    return {2 * (p - 1), 2 * (p - 1) / p, (p - 1) / p};
-  }
-  if (algorithm == "tree") {
-    const double depth = floor_log2(world_size);  // of the heap; levels up, then down
-    return {2 * depth, 2 * depth, depth};
-  }
-  // Recursive doubling and halving-doubling run on q = 2^log2_q ranks; the r = p - q extra ranks
-  // are folded in by a pre-step (whole vector sent and added) and a post-step (result sent back).
-  const int log2_q = floor_log2(world_size);
-  const double q = static_cast<double>(std::int64_t{1} << log2_q);
-  const double folded = world_size > q ? 1.0 : 0.0;
-  const AllreduceCoefficients fold{2 * folded, 2 * folded, folded};
-  AllreduceCoefficients power_of_two;
-  if (algorithm == "recursive-doubling") {
-    const double steps = log2_q;
-    power_of_two = {steps, steps, steps};
-  } else {
-    PIPESGD_ASSERT(algorithm == "halving-doubling");
-    power_of_two = {2.0 * log2_q, 2 * (q - 1) / q, (q - 1) / q};
-  }
-  return {power_of_two.messages + fold.messages, power_of_two.transferred + fold.transferred,
-          power_of_two.reduced + fold.reduced};
+  return find_allreduce_algorithm(algorithm)->coefficients(world_size);
 }
 
 LinearCost allreduce_cost(std::string_view algorithm, int world_size, const LinkParameters& link) {

@@ -6,7 +6,9 @@
 // Every algorithm costs T(M) = a + b·M for a message of M bytes on p ranks (MG-WFBP Eq. 9), and a
 // and b are linear in the link parameters: T(M) = messages·α + transferred·M·β + reduced·M·γ, with
 // the three coefficients of allreduce_coefficients(). The cost functions and the fit both use those
-// coefficients, so they cannot disagree.
+// coefficients, so they cannot disagree. Each algorithm's coefficients are its entry of the list
+// of algorithms (collective/allreduce_algorithms.h, a header without dependencies; the entries are
+// beside their classes, collective/*_allreduce.cpp); the table below is what they compute.
 //
 // Table II assumes p is a power of two. For any p >= 2 (q = the largest power of two <= p,
 // r = p - q, [r>0] = 1 if r > 0 else 0):
@@ -42,6 +44,8 @@
 #include <string_view>
 #include <vector>
 
+#include "pipesgd/collective/allreduce_algorithms.h"
+
 namespace pipesgd {
 
 // Link parameters of the point-to-point model α + β·M (plus γ·M where the bytes are summed).
@@ -58,15 +62,11 @@ struct LinearCost {
   double time(double bytes) const { return a + b * bytes; }
 };
 
-// T(M) = messages·α + transferred·M·β + reduced·M·γ on the critical path of one allreduce.
-struct AllreduceCoefficients {
-  double messages = 0;     // message latencies
-  double transferred = 0;  // bytes sent per byte of the vector
-  double reduced = 0;      // bytes summed per byte of the vector
-};
+// AllreduceCoefficients (collective/allreduce_algorithms.h): T(M) = messages·α + transferred·M·β +
+// reduced·M·γ on the critical path of one allreduce.
 
-// Every allreduce algorithm (collective/allreduce_algorithm_names.h): "ring", "recursive-doubling",
-// "halving-doubling", "tree", "direct", in that order.
+// Every allreduce algorithm (allreduce_algorithm_names(), collective/allreduce_algorithms.h):
+// "ring", "recursive-doubling", "halving-doubling", "tree", "direct", in that order.
 std::vector<std::string> cost_model_algorithm_names();
 bool is_cost_model_algorithm(std::string_view algorithm);
 
