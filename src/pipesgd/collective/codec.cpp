@@ -259,6 +259,10 @@ class Int8Codec final : public Codec {
 
 std::vector<std::string> codec_names() { return {"none", "bf16", "int8"}; }
 
+std::size_t codec_encoded_bytes(std::string_view name, std::size_t count) {
+  return make_codec(name)->encoded_bytes(count);
+}
+
 std::unique_ptr<Codec> make_codec(std::string_view name) {
   if (name == "none") return std::make_unique<NoneCodec>();
   if (name == "bf16") return std::make_unique<Bf16Codec>();

@@ -24,6 +24,8 @@
 #include <string_view>
 #include <vector>
 
+#include "pipesgd/collective/codec_names.h"
+
 namespace pipesgd {
 
 class Codec {
@@ -48,8 +50,8 @@ class Codec {
 // 1000 (int8's per-message scale spread over a thousand values).
 double bytes_per_element(const Codec& codec);
 
-// "none", "bf16" or "int8"; throws UsageError naming the valid codecs otherwise.
+// "none", "bf16" or "int8"; throws UsageError naming the valid codecs otherwise. codec_names()
+// and codec_encoded_bytes(): codec_names.h.
 std::unique_ptr<Codec> make_codec(std::string_view name);
-std::vector<std::string> codec_names();
 
 }  // namespace pipesgd

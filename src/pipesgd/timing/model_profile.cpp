@@ -3,7 +3,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "pipesgd/collective/codec.h"
+#include "pipesgd/collective/codec_names.h"
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/json_file.h"
@@ -212,10 +212,9 @@ ModelProfile scale_compute(const ModelProfile& profile, double scale) {
 }
 
 LayerProfile layer_profile(const ModelProfile& profile, const std::string& codec) {
-  const std::unique_ptr<Codec> encoding = make_codec(codec);
   LayerProfile layers;
   for (const ProfiledLayer& layer : profile.layers) {
-    layers.bytes.push_back(static_cast<double>(encoding->encoded_bytes(layer.parameters)));
+    layers.bytes.push_back(static_cast<double>(codec_encoded_bytes(codec, layer.parameters)));
     layers.backward_seconds.push_back(layer.backward_seconds);
   }
   layers.forward_seconds = profile.data_seconds + profile.update_seconds + profile.forward_seconds();
