@@ -23,6 +23,7 @@
 #include "allreduce_test_support.h"
 #include "forked_world.h"
 #include "int32_bytes.h"
+#include "shared_memory_testing.h"
 
 namespace pipesgd {
 namespace {
@@ -141,7 +142,7 @@ TEST_P(SharedMemoryExchange, EveryPairExchangesByTag) {
     check(transport.bytes_sent() == static_cast<std::uint64_t>(c.ranks) * c.count * sizeof(std::int32_t), "bytes_sent");
     world.signal(1).fetch_add(1);
     world.await(1, c.ranks);  // every rank has read its messages
-    check(transport.busy_staging_slots_for_tests() == 0, "a staging slot was not released");
+    check(SharedMemoryTransportTesting::busy_staging_slots(transport) == 0, "a staging slot was not released");
   }));
 }
 
@@ -319,9 +320,9 @@ TEST(SharedMemoryTransport, InPlaceRecvReadsAStagedMessageWhereItIs) {
       check(value == 100 + i, "lent message " + std::to_string(i));
       out[0] += message.data() != reinterpret_cast<const std::byte*>(posted.data()) ? 1 : 0;  // lent
       out[1] += posted[0] == -1 ? 1 : 0;                                                        // not copied
-      out[2] = std::max(out[2], transport.busy_staging_slots_for_tests());
+      out[2] = std::max(out[2], SharedMemoryTransportTesting::busy_staging_slots(transport));
       receive = Request();
-      out[3] = transport.busy_staging_slots_for_tests();
+      out[3] = SharedMemoryTransportTesting::busy_staging_slots(transport);
       world.signal(0).store(i + 1);
     }
   }));
@@ -364,7 +365,7 @@ TEST(SharedMemoryTransport, PostsBehindABusyMailboxLockAreDeferredInOrder) {
     if (transport.rank() == 1) {
       std::vector<std::vector<std::int32_t>> got(3, std::vector<std::int32_t>(1, -1));
       {
-        const std::shared_ptr<void> held = transport.hold_mailbox_lock_for_tests();
+        const std::shared_ptr<void> held = SharedMemoryTransportTesting::hold_mailbox_lock(transport);
         world.signal(0).store(1);
         world.await(1, 1);  // rank 0 has posted while the lock was held
       }
@@ -448,7 +449,7 @@ TEST_P(SharedMemoryAllreduce, SumsAcrossProcesses) {
     std::memcpy(output.data(), data.data(), c.count * sizeof(float));
     world.signal(0).fetch_add(1);
     world.await(0, c.ranks);
-    check(transport.busy_staging_slots_for_tests() == 0, "a staging slot was not released");
+    check(SharedMemoryTransportTesting::busy_staging_slots(transport) == 0, "a staging slot was not released");
   }));
   std::vector<std::vector<float>> results;
   for (int rank = 0; rank < c.ranks; ++rank) {

@@ -1,7 +1,6 @@
 #include "pipesgd/comm/comm_worker.h"
 
-#include <sched.h>
-
+#include "pipesgd/comm/wait.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/thread_priority.h"
@@ -82,7 +81,10 @@ void CommWorker::run() {
       seconds_[ticket % seconds_.size()] = seconds;
       ++done_;
       done_published_.store(done_, std::memory_order_release);
-      if (failure && !failure_) failure_ = failure;
+      if (failure && !failure_) {
+        failure_ = failure;
+        failed_published_.store(true, std::memory_order_release);
+      }
     }
     job_done_.notify_all();
     if (failure) return;
@@ -107,30 +109,41 @@ void CommWorker::throw_timeout(const std::string& what) const {
                                 Seconds(comm_thread_wait(timeout_)).count(), " s for ", what));
 }
 
+// The compute thread's side of a wait (comm/wait.h): done once `target` jobs are done; a failed job
+// counts as done, and a failure ends every wait. It polls the published counters without the lock
+// and blocks on job_done_ under it.
+struct CommWorker::WaitSite {
+  CommWorker& worker;
+  Ticket target;
+
+  bool ready() const { return worker.done_published_.load(std::memory_order_acquire) >= target; }
+  bool polling_pays() const { return true; }
+  bool failed() const { return worker.failed_published_.load(std::memory_order_acquire); }
+  void block(Clock::time_point, Clock::time_point until) {
+    std::unique_lock lock(worker.mutex_);
+    worker.job_done_.wait_until(lock, until, [this] { return worker.done_ >= target || worker.failure_ != nullptr; });
+  }
+};
+
 double CommWorker::wait(Ticket ticket, const char* what, std::int64_t iteration) {
   // Its slot is reused by the capacity-th job submitted after it: wait before submitting that one.
   PIPESGD_ASSERT(ticket < submitted_ && submitted_ - ticket <= jobs_.size());
-  if (spin_.count() > 0 && done_published_.load(std::memory_order_acquire) <= ticket) {
-    // Poll, yielding, before blocking (see comm_worker.h); a failed job counts as done, so this ends.
-    const Clock::time_point until = Clock::now() + spin_;
-    while (done_published_.load(std::memory_order_acquire) <= ticket && Clock::now() < until) sched_yield();
-  }
-  std::unique_lock lock(mutex_);
-  const bool done = job_done_.wait_for(lock, comm_thread_wait(timeout_), [&] {
-    return done_ > ticket || failure_ != nullptr;
-  });
+  // Polls, yielding, for up to spin_ before it blocks (see comm_worker.h).
+  WaitSite site{*this, ticket + 1};
+  const WaitOutcome outcome =
+      wait_for(WaitPolicy{.yield_for = spin_, .polls_per_check = 1}, comm_thread_wait(timeout_), site);
+  std::lock_guard lock(mutex_);
   if (failure_) std::rethrow_exception(failure_);
-  if (!done) throw_timeout(concat(what, " of iteration ", iteration));
+  if (outcome == WaitOutcome::kTimedOut) throw_timeout(concat(what, " of iteration ", iteration));
   return seconds_[ticket % seconds_.size()];
 }
 
 void CommWorker::drain(const char* what) {
-  std::unique_lock lock(mutex_);
-  const bool drained = job_done_.wait_for(lock, comm_thread_wait(timeout_), [&] {
-    return done_ == submitted_ || failure_ != nullptr;
-  });
+  WaitSite site{*this, submitted_};
+  const WaitOutcome outcome = wait_for(WaitPolicy{}, comm_thread_wait(timeout_), site);
+  std::lock_guard lock(mutex_);
   if (failure_) std::rethrow_exception(failure_);
-  if (!drained) throw_timeout(what);
+  if (outcome == WaitOutcome::kTimedOut) throw_timeout(what);
 }
 
 CommWorker::Ticket CommWorker::completed_ticket() {

@@ -23,8 +23,8 @@
 // job is a "bucket" span (iteration, index) from which a gradient arrow starts.
 // The comm thread runs at raised priority when the transport's waits sleep (core/thread_priority.h;
 // never for a polling transport, whose thread would starve the compute thread).
-// Spinning: with a `spin` bound, wait() first polls the job's completion, yielding the processor at
-// every turn, for up to that long, and blocks only then. A core whose compute thread blocks for a
+// Waits follow comm/wait.h's policy. Spinning: with a `spin` bound, wait() first polls the job's
+// completion, yielding the processor at every turn, for up to that long, and blocks only then. A core whose compute thread blocks for a
 // fraction of a millisecond goes idle, and the compute after it runs measurably slower here (see
 // git show d620cdd:docs/results.md, "Close to the limit"); the comm thread, at raised priority, still preempts the
 // spinning thread at once. Only where every worker has a core of its own (the trainer decides:
@@ -93,6 +93,8 @@ class CommWorker {
   Ticket next_ticket() const { return submitted_; }
 
  private:
+  struct WaitSite;
+
   void run();
   [[noreturn]] void throw_timeout(const std::string& what) const;
 
@@ -110,6 +112,7 @@ class CommWorker {
   std::atomic<Ticket> done_published_{0};  // done_, stored after it changes: what a spinning wait() polls
   bool stopping_ = false;
   std::exception_ptr failure_;
+  std::atomic<bool> failed_published_{false};  // failure_ != nullptr, stored after it is set
   ThreadTrace* trace_ = nullptr;  // --trace: the comm thread's track (set up by the constructing thread)
   std::thread thread_;  // last: started when everything above is ready
 };

@@ -3,21 +3,33 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
-#include <deque>
+#include <mutex>
+#include <optional>
 #include <thread>
 
+#include "pipesgd/comm/message_matching.h"
+#include "pipesgd/comm/operation_pool.h"
+#include "pipesgd/comm/wait.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
 namespace local_detail {
 
-// Messages waiting on one receiving rank: sends addressed to it that found no recv yet, and recvs it
-// posted that found no send yet. Guarded by `mutex`, which also guards every Operation queued here.
+// An unmatched operation in its receiving rank's mailbox. The operation stays alive meanwhile: its
+// Request withdraws it before letting it go (Operation::cancel), and its endpoint's pool owns it.
+struct Entry {
+  int sender;  // the sending rank
+  Tag tag;
+  Operation* operation;
+};
+
+// Messages waiting on one receiving rank (message_matching.h). Guarded by `mutex`, which also guards
+// every Operation queued here.
 struct Mailbox {
   std::mutex mutex;
-  std::vector<std::shared_ptr<Operation>> unmatched_sends;
-  std::vector<std::shared_ptr<Operation>> unmatched_recvs;
+  MatchingMailbox<Entry> unmatched;
 };
 
 // Emulated NIC state of one rank.
@@ -27,7 +39,7 @@ struct Link {
   Clock::time_point ingress_free{};
 };
 
-struct Operation final : RequestState {
+struct Operation final : RequestState, std::enable_shared_from_this<Operation> {
   LocalFabric* fabric = nullptr;
   Mailbox* mailbox = nullptr;  // the receiving rank's mailbox, whose mutex guards the fields below
   bool is_send = false;
@@ -57,19 +69,22 @@ struct Operation final : RequestState {
     return describe_message_wait(operation, is_send, peer, tag, owner);
   }
 
+  // The wait (comm/wait.h): no polling; it sleeps on `completed` under the mailbox's lock.
+  struct WaitSite {
+    Operation& op;
+    std::unique_lock<std::mutex>& lock;
+    bool ready() const { return op.complete; }
+    bool polling_pays() const { return false; }
+    bool failed() const { return op.fabric->failed(); }
+    std::string failure_message() const { return op.fabric->failure_message(); }
+    void block(Clock::time_point, Clock::time_point until) { op.completed.wait_until(lock, until); }
+  };
+
   std::size_t wait(Timeout timeout) override {
-    const auto deadline = Clock::now() + timeout;
     std::unique_lock lock(mailbox->mutex);
-    while (!complete) {
-      if (fabric->failed()) {
-        throw PeerFailedError(concat(describe_wait(), " aborted: ", fabric->failure_message()));
-      }
-      if (completed.wait_until(lock, deadline) == std::cv_status::timeout && !complete &&
-          !fabric->failed()) {
-        throw CommTimeoutError(concat(describe_wait(), " timed out after ",
-                                      std::chrono::duration<double>(timeout).count(), " s"),
-                               peer);
-      }
+    if (!complete) {
+      WaitSite site{*this, lock};
+      wait_or_throw(WaitPolicy{}, timeout, peer, site, [this] { return describe_wait(); });
     }
     const auto ready = ready_at;
     const std::size_t transferred = bytes;
@@ -116,9 +131,7 @@ struct Operation final : RequestState {
       return;
     }
     if (!queued) return;
-    auto& queue = is_send ? mailbox->unmatched_sends : mailbox->unmatched_recvs;
-    queue.erase(std::find_if(queue.begin(), queue.end(),
-                             [this](const auto& op) { return op.get() == this; }));
+    mailbox->unmatched.withdraw(is_send, [this](const Entry& entry) { return entry.operation == this; });
     queued = false;
   }
 };
@@ -126,12 +139,11 @@ struct Operation final : RequestState {
 // Completes a matched pair; the receiving mailbox's mutex is held by the caller. A recv_in_place
 // borrows the send's bytes instead of a copy: the send then completes only when the recv returns
 // them (Operation::cancel).
-void transfer(const std::shared_ptr<Operation>& lending, Operation& recv) {
-  Operation& send = *lending;
+void transfer(Operation& send, Operation& recv) {
   const std::size_t n = send.send_bytes.size();
   const bool lend = recv.in_place && n > 0 && n <= recv.recv_buffer.size();
   if (lend) {
-    recv.lender = lending;
+    recv.lender = send.shared_from_this();
     recv.lent = send.send_bytes;
     send.lent_out = true;
   } else if (n > recv.recv_buffer.size()) {
@@ -177,17 +189,14 @@ class Endpoint final : public Transport {
     Mailbox& box = *op->mailbox;
     {
       std::lock_guard lock(box.mutex);
-      auto match = std::find_if(box.unmatched_recvs.begin(), box.unmatched_recvs.end(),
-                                [&](const auto& recv) { return recv->peer == rank_ && recv->tag == tag; });
-      if (match != box.unmatched_recvs.end()) {
-        std::shared_ptr<Operation> recv = std::move(*match);
-        box.unmatched_recvs.erase(match);
-        recv->ready_at = arrival;
-        transfer(op, *recv);
+      if (const std::optional<Entry> match = box.unmatched.match(true, rank_, tag)) {
+        Operation& recv = *match->operation;
+        recv.ready_at = arrival;
+        transfer(*op, recv);
       } else {
         op->recv_ready_at = arrival;
         op->queued = true;
-        box.unmatched_sends.push_back(op);
+        box.unmatched.queue(true, Entry{rank_, tag, op.get()});
       }
     }
     return Request(std::move(op));
@@ -222,16 +231,13 @@ class Endpoint final : public Transport {
     Mailbox& box = *op->mailbox;
     {
       std::lock_guard lock(box.mutex);
-      auto match = std::find_if(box.unmatched_sends.begin(), box.unmatched_sends.end(),
-                                [&](const auto& send) { return send->owner == peer && send->tag == tag; });
-      if (match != box.unmatched_sends.end()) {
-        std::shared_ptr<Operation> send = std::move(*match);
-        box.unmatched_sends.erase(match);
-        op->ready_at = send->recv_ready_at;
+      if (const std::optional<Entry> match = box.unmatched.match(false, peer, tag)) {
+        Operation& send = *match->operation;
+        op->ready_at = send.recv_ready_at;
         transfer(send, *op);
       } else {
         op->queued = true;
-        box.unmatched_recvs.push_back(op);
+        box.unmatched.queue(false, Entry{peer, tag, op.get()});
       }
     }
     return Request(std::move(op));
@@ -244,21 +250,12 @@ class Endpoint final : public Transport {
     }
   }
 
-  // Reuses a finished Operation (held by nobody else) or makes a new one. After warm-up the pool
-  // covers every operation in flight, so the hot path does not allocate.
+  // Reuses a finished Operation or makes a new one (operation_pool.h): after warm-up the pool covers
+  // every operation in flight, so the hot path does not allocate.
   std::shared_ptr<Operation> acquire() {
-    std::lock_guard lock(pool_mutex_);
-    for (auto& op : pool_) {
-      if (op.use_count() == 1) {
-        // Pairs with the release of the last other owner's reference: its writes happen-before ours.
-        std::atomic_thread_fence(std::memory_order_acquire);
-        reset(*op);
-        return op;
-      }
-    }
-    pool_.push_back(std::make_shared<Operation>());
-    reset(*pool_.back());
-    return pool_.back();
+    std::shared_ptr<Operation> op = pool_.acquire([](std::size_t) { return std::make_shared<Operation>(); });
+    reset(*op);
+    return op;
   }
 
   void reset(Operation& op) {
@@ -297,8 +294,7 @@ class Endpoint final : public Transport {
 
   LocalFabric& fabric_;
   int rank_;
-  std::mutex pool_mutex_;
-  std::vector<std::shared_ptr<Operation>> pool_;
+  OperationPool<Operation> pool_;
   std::atomic<std::uint64_t> bytes_sent_{0};
 };
 
@@ -322,23 +318,14 @@ Transport& LocalFabric::endpoint(int rank) {
   return *endpoints_[rank];
 }
 
-std::string LocalFabric::failure_message() const {
-  std::lock_guard lock(failure_mutex_);
-  return failure_message_;
-}
-
 void LocalFabric::report_failure(int rank, const std::string& reason) {
-  {
-    std::lock_guard lock(failure_mutex_);
-    if (failed_.load()) return;
-    failure_message_ = concat("rank ", rank, " failed: ", reason);
-    failed_.store(true, std::memory_order_release);
-  }
+  if (!failure_.report(rank, reason)) return;
   // Only queued (unmatched) operations can be blocked in wait(); wake each of them.
   for (auto& box : mailboxes_) {
     std::lock_guard lock(box->mutex);
-    for (auto& op : box->unmatched_sends) op->completed.notify_all();
-    for (auto& op : box->unmatched_recvs) op->completed.notify_all();
+    const auto wake = [](const local_detail::Entry& entry) { entry.operation->completed.notify_all(); };
+    box->unmatched.sends.for_each(wake);
+    box->unmatched.recvs.for_each(wake);
   }
 }
 

@@ -17,15 +17,13 @@
 //
 // Thread-safety: all members may be called from any thread; each rank's endpoint may be used by
 // several threads of that rank at once.
-#include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "pipesgd/comm/network_spec.h"
 #include "pipesgd/comm/transport.h"
+#include "pipesgd/comm/wait.h"
 #include "pipesgd/core/clock.h"
 
 namespace pipesgd {
@@ -49,9 +47,9 @@ class LocalFabric {
   Transport& endpoint(int rank);
   const NetworkSpec& network() const { return network_; }
 
-  // True once any rank reported a failure; failure_message() names it.
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  std::string failure_message() const;
+  // True once any rank reported a failure; failure_message() names the first ("rank R failed: ...").
+  bool failed() const { return failure_.failed(); }
+  std::string failure_message() const { return failure_.message(); }
   void report_failure(int rank, const std::string& reason);
 
  private:
@@ -63,9 +61,7 @@ class LocalFabric {
   std::vector<std::unique_ptr<local_detail::Mailbox>> mailboxes_;  // indexed by receiving rank
   std::vector<std::unique_ptr<local_detail::Link>> links_;         // indexed by rank
   std::vector<std::unique_ptr<local_detail::Endpoint>> endpoints_;
-  std::atomic<bool> failed_{false};
-  mutable std::mutex failure_mutex_;
-  std::string failure_message_;
+  FailureState failure_;
 };
 
 }  // namespace pipesgd

@@ -9,8 +9,9 @@
 // leaves each ring step waiting on a time slice. Here a wait sleeps on a futex and the peer that
 // completes the operation wakes it, as a NIC's interrupt would.
 //
-// Waits: a few polls, then (on any thread but a communication thread) up to kPollBeforeSleep of
-// polling that yields the processor, then sleep on the operation's futex in slices of kWaitSlice.
+// Waits (comm/wait.h's policy): a few polls, then (on any thread but a communication thread) up to
+// kPollBeforeSleep of polling that yields the processor, then sleep on the operation's futex in slices
+// of kWaitSlice.
 //
 // Protocol (LocalTransport's rendezvous, across processes): the region holds, per member process, a
 // table of operation slots and a mailbox of unmatched sends addressed to it and unmatched recvs it
@@ -19,7 +20,8 @@
 // buffers (cross-memory attach: process_vm_readv / process_vm_writev; memcpy within a process),
 // then completes both operations; otherwise it leaves itself in the mailbox for its peer to find. So
 // the second of the two to arrive moves the bytes, and a message needs no thread of the other side
-// to be scheduled. Matching is FIFO per (peer, tag), as the Transport interface requires.
+// to be scheduled. Matching is FIFO per (peer, tag), as the Transport interface requires
+// (comm/message_matching.h, with the queues in the region).
 // Eager messages (SharedMemoryStaging): a send of at most `slot_bytes` first claims one of the
 // staging slots its (sender, receiver) pair has in the region, copies its payload there (memcpy,
 // several times faster than cross-memory attach) and completes as soon as it is posted; the receiver
@@ -40,6 +42,12 @@
 //
 // Thread-safety: as Transport (several threads of one process at once); one Request is waited on by
 // one thread.
+//
+// The implementation, by concern (comm/shm/): sync.h (futexes, robust process-shared mutexes),
+// shared_region.h (the mapping), region_layout.h (what the region holds), staging.h (the eager-message
+// slots), mailbox.h (matching in the region), slot.h and operation.h (an operation's state machine,
+// its shared and its process-local half); this file's .cpp ties them together: start-up, posting,
+// copying, failures. Tests reach into it through tests/core/shared_memory_testing.h.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -51,6 +59,9 @@
 #include <string>
 #include <vector>
 
+#include "pipesgd/comm/operation_pool.h"
+#include "pipesgd/comm/shm/shared_region.h"
+#include "pipesgd/comm/shm/staging.h"
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/clock.h"
 
@@ -61,42 +72,6 @@ struct Region;
 struct Match;
 class Operation;
 }  // namespace shm_detail
-
-// A memory region shared by the processes of one host: a POSIX shared-memory object (shm_open,
-// mmap'ed MAP_SHARED) or an anonymous shared mapping inherited across fork() (tests). Unmapped on
-// destruction. Creating functions throw CommError naming the call that failed.
-class SharedRegion {
- public:
-  // Creates the object `name` ("/pipesgd-...", must not exist) of `bytes` zero bytes and maps it.
-  static SharedRegion create(const std::string& name, std::size_t bytes);
-  // Maps the existing object `name`, which must hold at least `bytes` bytes.
-  static SharedRegion open(const std::string& name, std::size_t bytes);
-  // Removes `name` (the mappings stay valid); errors are ignored.
-  static void unlink(const std::string& name);
-  // An anonymous MAP_SHARED mapping of `bytes` zero bytes: shared with children forked afterwards.
-  static SharedRegion anonymous(std::size_t bytes);
-
-  SharedRegion() = default;
-  SharedRegion(SharedRegion&& other) noexcept;
-  SharedRegion& operator=(SharedRegion&& other) noexcept;
-  SharedRegion(const SharedRegion&) = delete;
-  SharedRegion& operator=(const SharedRegion&) = delete;
-  ~SharedRegion();
-
-  std::span<std::byte> bytes() const { return {static_cast<std::byte*>(address_), size_}; }
-  bool mapped() const { return address_ != nullptr; }
-
- private:
-  SharedRegion(void* address, std::size_t size) : address_(address), size_(size) {}
-  void* address_ = nullptr;
-  std::size_t size_ = 0;
-};
-
-// Eager-message staging of a SharedMemoryTransport (see above); slot_bytes 0: none.
-struct SharedMemoryStaging {
-  std::size_t slot_bytes = 0;
-  int slots_per_pair = 0;
-};
 
 class SharedMemoryTransport final : public Transport {
  public:
@@ -155,14 +130,9 @@ class SharedMemoryTransport final : public Transport {
   bool failed() const;
   std::string failure_message() const;
 
-  // Tests only: takes this process's own mailbox lock until the returned handle is destroyed (on
-  // the same thread), so that the other members' posts to this process are deferred meanwhile.
-  std::shared_ptr<void> hold_mailbox_lock_for_tests();
-  // Tests only: the staging slots of pairs (any member, this one) holding a message not yet released.
-  int busy_staging_slots_for_tests() const;
-
  private:
   friend class shm_detail::Operation;
+  friend class SharedMemoryTransportTesting;  // tests/core/shared_memory_testing.h
 
   struct Deferred;
 
@@ -170,17 +140,10 @@ class SharedMemoryTransport final : public Transport {
   std::shared_ptr<shm_detail::Operation> acquire(const char* operation);
   Request post(int peer, Tag tag, std::byte* data, std::size_t bytes, bool is_send, bool in_place,
                const char* operation);
-  // Staging slot k (0-based) of pair (sender, receiver): its position among all slots, its busy flag
-  // and its bytes.
-  std::size_t staging_index(int sender, int receiver, std::uint32_t k) const;
-  std::atomic<std::uint32_t>& staging_busy(int sender, int receiver, std::uint32_t k) const;
-  std::byte* staging_data(int sender, int receiver, std::uint32_t k) const;
-  // Claims a free staging slot of pair (self, receiver): k + 1, or 0 if all are busy.
-  std::uint32_t claim_staging(int receiver) const;
   // Called once `op` is posted (matched or queued, no lock held): a staged send completes then.
   void posted(shm_detail::Operation& op);
   // Under the lock of op's mailbox: removes op's match from it (claiming the match's slot) and
-  // returns the pair, or adds op to it.
+  // returns the pair, or adds op to it (shm/mailbox.h). Throws CommError if op's queue is full.
   std::optional<shm_detail::Match> match_or_queue(shm_detail::Operation& op);
   // Copies the payload of a matched pair and completes both operations (no lock held).
   void transfer(const shm_detail::Match& match);
@@ -189,6 +152,8 @@ class SharedMemoryTransport final : public Transport {
   bool flush(int mailbox, Clock::duration lock_limit);
   // flush() of every mailbox with deferred operations (nothing to do in the common case).
   void flush_all(Clock::duration lock_limit);
+  // Removes `op` from its deferred queue (a cancel before it was posted); false if it was not there.
+  bool withdraw_deferred(shm_detail::Operation& op);
   void wait_for_members(int phase, Timeout timeout);
 
   SharedRegion region_;
@@ -200,14 +165,12 @@ class SharedMemoryTransport final : public Transport {
   int self_ = 0;  // this process's member index
   bool usable_ = false;
   SharedMemoryStaging staging_;
-  std::size_t staging_offset_ = 0;  // of the busy flags; the slots' bytes follow at staging_data_offset_
-  std::size_t staging_data_offset_ = 0;
+  shm_detail::StagingArea staging_area_;
   std::function<void(const std::string&)> external_check_;
   std::atomic<std::uint64_t> bytes_sent_{0};
 
-  std::mutex pool_mutex_;                                   // guards pool_ and cursor_
-  std::vector<std::shared_ptr<shm_detail::Operation>> pool_;  // pool_[i] owns slot i of this member
-  std::size_t cursor_ = 0;
+  // Operation i owns slot i of this member (made on first use, at most kSlots).
+  OperationPool<shm_detail::Operation> pool_{kSlots};
   std::unique_ptr<Deferred[]> deferred_;  // per mailbox (member index)
   std::atomic<int> deferred_count_{0};    // operations in all of deferred_
 };

@@ -13,17 +13,18 @@
 #include <random>
 #include <thread>
 
+#include "pipesgd/comm/operation_pool.h"
 #include "pipesgd/comm/shared_memory_transport.h"
+#include "pipesgd/comm/wait.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr std::size_t kFailureNoticeBytes = 512;
 constexpr int kFailureTag = 1;
-constexpr std::uint64_t kBusyPolls = 32;  // polls before a wait starts yielding the CPU
+constexpr int kBusyPolls = 32;  // polls before a wait starts yielding the CPU
+constexpr int kPollsPerFailureCheck = 64;
 // How long the processes of a host wait for each other while they set up their shared memory.
 constexpr Timeout kSharedMemoryStartup = std::chrono::seconds(120);
 constexpr std::size_t kShmNameBytes = 64;
@@ -76,7 +77,13 @@ class MpiRequest final : public RequestState {
 
 class MpiTransport::Impl {
  public:
-  Impl(MpiRuntime& runtime, MpiTransportOptions options) : options_(options) {
+  Impl(MpiRuntime& runtime, MpiTransportOptions options)
+      : options_(options),
+        wait_policy_{.spin_polls = kBusyPolls,
+                     .yield_for = options.spin_window,
+                     .polls_per_check = kPollsPerFailureCheck,
+                     .block_slice = options.poll_sleep,
+                     .blocks_per_check = kPollsPerFailureCheck} {
     rank_ = runtime.rank();
     size_ = runtime.size();
     void* attribute = nullptr;
@@ -188,7 +195,7 @@ class MpiTransport::Impl {
   ~Impl() {
     // After a failure, peers may be gone: leave MPI state alone (the process exits without
     // MPI_Finalize). Otherwise withdraw the posted failure receive and free the communicators.
-    if (failed_.load()) return;
+    if (failures_.failed()) return;
     {
       std::lock_guard lock(failure_mutex_);
       if (failure_request_ != MPI_REQUEST_NULL) {
@@ -239,34 +246,25 @@ class MpiTransport::Impl {
     return Request(std::move(request));
   }
 
-  // The wait of a request or a barrier: calls `poll` until it returns true. The first kBusyPolls
-  // polls spin (what is about to complete leaves without a syscall), then each poll yields the CPU
-  // until options().spin_window has passed, then sleeps options().poll_sleep. Every 64 polls, and
-  // at the deadline, a failure notice throws PeerFailedError "<describe()> aborted: ..."; at the
-  // deadline otherwise CommTimeoutError "<describe()> timed out after S s" naming `peer` (-1: not
-  // one peer's). `poll` may throw (CommError).
+  // The wait of a request or a barrier (comm/wait.h's policy): calls `poll` until it returns true.
+  // The first kBusyPolls polls spin (what is about to complete leaves without a syscall), then each
+  // poll yields the CPU until options().spin_window has passed, then sleeps options().poll_sleep
+  // between polls (MPI cannot block with a timeout). Every 64 polls, and at the deadline, a failure
+  // notice throws PeerFailedError "<describe()> aborted: ..."; at the deadline otherwise
+  // CommTimeoutError "<describe()> timed out after S s" naming `peer` (-1: not one peer's). `poll`
+  // may throw (CommError).
   template <typename Poll, typename Describe>
   void poll_until(Timeout timeout, int peer, Poll&& poll, Describe&& describe) {
-    const auto start = Clock::now();
-    const auto deadline = start + timeout;
-    const auto spin_until = start + options_.spin_window;
-    for (std::uint64_t polls = 1;; ++polls) {
-      if (poll()) return;
-      if (polls % 64 == 0 && failure_noticed()) throw_peer_failed(describe());
-      if (polls < kBusyPolls) continue;
-      const auto now = Clock::now();
-      if (now >= deadline) {
-        if (failure_noticed()) throw_peer_failed(describe());
-        throw CommTimeoutError(concat(describe(), " timed out after ",
-                                      std::chrono::duration<double>(timeout).count(), " s"),
-                               peer);
-      }
-      if (now < spin_until) {
-        sched_yield();
-      } else {
-        std::this_thread::sleep_for(options_.poll_sleep);
-      }
-    }
+    struct Site {
+      Impl& impl;
+      Poll& poll;
+      bool ready() { return poll(); }
+      bool polling_pays() const { return true; }
+      bool failed() { return impl.failure_noticed(); }
+      std::string failure_message() const { return impl.failures_.message(); }
+      void block(Clock::time_point, Clock::time_point) { std::this_thread::sleep_for(impl.options_.poll_sleep); }
+    } site{*this, poll};
+    wait_or_throw(wait_policy_, timeout, peer, site, describe);
   }
 
   void barrier(Timeout timeout, const char* operation) {
@@ -288,7 +286,7 @@ class MpiTransport::Impl {
 
   void report_failure(const std::string& reason) {
     if (lanes_) lanes_->report_failure(reason);  // wakes this host's waits at once
-    if (failed_.exchange(true)) return;  // we failed already, or learnt of a peer's failure first
+    if (!failures_.report(rank_, reason)) return;  // we failed already, or learnt of a peer's failure first
     std::array<char, kFailureNoticeBytes> notice{};
     std::strncpy(notice.data(), reason.c_str(), notice.size() - 1);
     std::vector<MPI_Request> sends;
@@ -310,8 +308,6 @@ class MpiTransport::Impl {
       }
       if (!done) MPI_Request_free(&request);
     }
-    std::lock_guard lock(failure_mutex_);
-    if (failure_message_.empty()) failure_message_ = concat("rank ", rank_, " failed: ", reason);
   }
 
   std::uint64_t bytes_sent() const {
@@ -326,7 +322,7 @@ class MpiTransport::Impl {
  private:
   // True once a failure notice has arrived (from any thread's poll) or this rank reported one.
   bool failure_noticed() {
-    if (failed_.load(std::memory_order_acquire)) return true;
+    if (failures_.failed()) return true;
     std::unique_lock lock(failure_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || failure_request_ == MPI_REQUEST_NULL) return false;
     int arrived = 0;
@@ -334,36 +330,24 @@ class MpiTransport::Impl {
     MPI_Test(&failure_request_, &arrived, &status);
     if (!arrived) return false;
     notice_[kFailureNoticeBytes - 1] = '\0';
-    failure_message_ = concat("rank ", status.MPI_SOURCE, " failed: ", notice_.data());
-    failed_.store(true, std::memory_order_release);
+    failures_.report(status.MPI_SOURCE, notice_.data());
     return true;
   }
 
-  [[noreturn]] void throw_peer_failed(const std::string& waiter) {
-    std::string message;
-    {
-      std::lock_guard lock(failure_mutex_);
-      message = failure_message_;
-    }
-    throw PeerFailedError(concat(waiter, " aborted: ", message));
-  }
+  [[noreturn]] void throw_peer_failed(const std::string& waiter) { throw_wait_aborted(waiter, failures_.message()); }
 
   void post_failure_receive() {
     MPI_Irecv(notice_.data(), static_cast<int>(notice_.size()), MPI_CHAR, MPI_ANY_SOURCE, kFailureTag,
               failure_communicator_, &failure_request_);
   }
 
-  // Reuses a finished request object (held by nobody else) or makes a new one.
+  // Reuses a finished request object or makes a new one (comm/operation_pool.h).
   std::shared_ptr<MpiRequest> acquire() {
-    std::lock_guard lock(pool_mutex_);
-    for (auto& request : pool_) {
-      if (request.use_count() == 1) return request;
-    }
-    pool_.push_back(std::make_shared<MpiRequest>(*this));
-    return pool_.back();
+    return pool_.acquire([this](std::size_t) { return std::make_shared<MpiRequest>(*this); });
   }
 
   MpiTransportOptions options_;
+  WaitPolicy wait_policy_;
   int rank_ = 0;
   int size_ = 1;
   std::array<MPI_Comm, kChannelCount> channels_{};
@@ -372,15 +356,13 @@ class MpiTransport::Impl {
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::string description_;
 
-  std::mutex pool_mutex_;
-  std::vector<std::shared_ptr<MpiRequest>> pool_;
+  OperationPool<MpiRequest> pool_;
   std::unique_ptr<SharedMemoryTransport> lanes_;  // this host's ranks, if set up
 
-  std::atomic<bool> failed_{false};
-  std::mutex failure_mutex_;  // guards failure_request_, notice_, failure_message_
+  FailureState failures_;     // this rank's own failure, or the first notice of a peer's
+  std::mutex failure_mutex_;  // guards failure_request_ and notice_
   MPI_Request failure_request_ = MPI_REQUEST_NULL;
   std::array<char, kFailureNoticeBytes> notice_{};
-  std::string failure_message_;
 };
 
 std::string MpiRequest::describe_wait() const {

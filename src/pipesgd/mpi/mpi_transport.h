@@ -20,8 +20,8 @@
 // false, when any rank's environment has PIPESGD_MPI_SHARED_MEMORY=0, or where it cannot work (no
 // /dev/shm, cross-memory attach not permitted): describe() says which.
 //
-// Waiting on MPI: MPI has no blocking wait with a timeout, so wait() polls MPI_Test: it spins
-// (yielding the CPU between polls, as OpenMPI does when oversubscribed) for
+// Waiting on MPI (comm/wait.h's policy): MPI has no blocking wait with a timeout, so wait() polls
+// MPI_Test: it spins (yielding the CPU between polls, as OpenMPI does when oversubscribed) for
 // MpiTransportOptions::spin_window, then sleeps briefly between polls so that an idle comm thread
 // leaves the cores to compute. The first few polls of a wait do not even yield: a message about to
 // land costs no system call. When every peer is on this host, no wait polls, and waits_sleep() is

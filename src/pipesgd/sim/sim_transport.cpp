@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "pipesgd/comm/wait.h"
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
@@ -28,15 +29,15 @@ class SimRequest : public RequestState {
   // Posts the recv (after construction: the mailbox writes the payload pointer into this object).
   void post_recv(sg4::Mailbox* mailbox) { comm_ = mailbox->get_async<Payload>(&payload_); }
 
+  // SimGrid's own wait, in simulated time, with the errors of comm/wait.h: a failure reported before
+  // the wait aborts it; a wait that outlasts `timeout` (simulated) times out.
   std::size_t wait(Timeout timeout) override {
     if (!done_) {
-      if (fabric_.failed()) throw PeerFailedError(concat(describe(), " aborted: ", fabric_.failure()));
+      if (fabric_.failed()) throw_wait_aborted(describe(), fabric_.failure());
       try {
         comm_->wait_for(std::chrono::duration<double>(timeout).count());
       } catch (const simgrid::TimeoutException&) {
-        throw CommTimeoutError(concat(describe(), " timed out after ",
-                                      std::chrono::duration<double>(timeout).count(), " s (simulated)"),
-                               peer_);
+        throw_wait_timed_out(describe(), timeout, peer_, " (simulated)");
       }
       finish();
     }
@@ -57,10 +58,7 @@ class SimRequest : public RequestState {
   }
 
  private:
-  std::string describe() const {
-    return concat(operation_, ": ", is_recv_ ? "recv from" : "send to", " rank ", peer_, " (",
-                  describe_tag(tag_), ") on rank ", self_);
-  }
+  std::string describe() const { return describe_message_wait(operation_, !is_recv_, peer_, tag_, self_); }
 
   void finish() {
     done_ = true;
@@ -149,8 +147,6 @@ void SimFabric::set_receiver(int rank, sg4::Actor* actor) { receivers_.at(static
 
 sg4::Actor* SimFabric::receiver(int rank) const { return receivers_.at(static_cast<std::size_t>(rank)); }
 
-void SimFabric::report_failure(int rank, const std::string& reason) {
-  if (failure_.empty()) failure_ = concat("rank ", rank, " failed: ", reason);
-}
+void SimFabric::report_failure(int rank, const std::string& reason) { failure_.report(rank, reason); }
 
 }  // namespace pipesgd

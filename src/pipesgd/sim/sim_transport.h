@@ -9,14 +9,15 @@
 // NICs of LocalTransport), whether or not the recv is posted yet. A send completes when its bytes
 // have arrived; its payload is copied when it is posted, so the sender's buffer is free at once.
 //
-// Only actors of one simulation process call it (SimGrid runs them one at a time): no locks. A
-// wait's timeout is simulated time.
+// Only actors of one simulation process call it (SimGrid runs them one at a time). A wait's timeout
+// is simulated time: a wait is SimGrid's own, with the errors and the failure state of comm/wait.h.
 #include <memory>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
 #include "pipesgd/comm/transport.h"
+#include "pipesgd/comm/wait.h"
 
 namespace simgrid::s4u {
 class Actor;
@@ -38,14 +39,15 @@ class SimFabric {
   // True the first time `mailbox` is seen (its receiver is then set by the caller).
   bool claim_mailbox(const void* mailbox) { return claimed_.insert(mailbox).second; }
 
-  bool failed() const { return !failure_.empty(); }
-  const std::string& failure() const { return failure_; }
+  // The first failure reported ("rank R failed: <reason>", comm/wait.h), "" until then.
+  bool failed() const { return failure_.failed(); }
+  std::string failure() const { return failure_.message(); }
   void report_failure(int rank, const std::string& reason);
 
  private:
   std::vector<simgrid::s4u::Actor*> receivers_;
   std::vector<std::unique_ptr<Transport>> endpoints_;
-  std::string failure_;
+  FailureState failure_;
   std::unordered_set<const void*> claimed_;
 };
 
