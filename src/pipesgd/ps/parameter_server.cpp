@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "pipesgd/comm/wait.h"  // throw_wait_timed_out: the waits' timeout error
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
@@ -242,10 +243,9 @@ void ParameterServerShard::check_idle_workers(const ServeSession& session) const
       const std::string waiting = session.synchronous
                                       ? concat("waiting for the push of version ", version_, ", i.e. at iteration ", version_)
                                       : std::string("waiting for a push, pull or close");
-      throw CommTimeoutError(concat("ps serve: recv from rank ", m, " (", describe_tag(w.receive_tag), ") on rank ",
-                                    transport_.rank(), " timed out after ", Seconds(options.timeout).count(), " s (",
-                                    where(), ", ", waiting, ")"),
-                             m);
+      throw_wait_timed_out(concat("ps serve: recv from rank ", m, " (", describe_tag(w.receive_tag), ") on rank ",
+                                  transport_.rank()),
+                           options.timeout, m, concat(" (", where(), ", ", waiting, ")").c_str());
     }
   }
 }

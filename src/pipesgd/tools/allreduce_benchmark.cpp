@@ -12,6 +12,7 @@
 #include "pipesgd/collective/ring_allreduce.h"  // step_tag
 #include "pipesgd/comm/local_transport.h"
 #include "pipesgd/comm/rank_failures.h"
+#include "pipesgd/comm/wait.h"  // the waits' errors and rank_failure_message
 #include "pipesgd/core/checksum.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
@@ -76,23 +77,22 @@ class ThreadStartBarrier {
     // start_ is still this barrier's: the next one cannot complete before this rank arrives there.
     if (generation_ != generation) return start_;
     throw_if_abandoned(rank);
-    throw CommTimeoutError(concat(kOperation, ": barrier on rank ", rank, " timed out after ",
-                                  Seconds(timeout).count(), " s (", ranks_ - arrived_,
-                                  " of ", ranks_, " ranks did not arrive)"));
+    throw_wait_timed_out(concat(kOperation, ": barrier on rank ", rank), timeout, -1,
+                         concat(" (", ranks_ - arrived_, " of ", ranks_, " ranks did not arrive)").c_str());
   }
 
   // A rank failed: fails every wait, now and later, with PeerFailedError naming it.
   void abandon(int rank, const std::string& reason) {
     std::lock_guard lock(mutex_);
     if (!abandoned_reason_.empty()) return;
-    abandoned_reason_ = concat("rank ", rank, " failed: ", reason);
+    abandoned_reason_ = rank_failure_message(rank, reason);
     all_arrived_.notify_all();
   }
 
  private:
   void throw_if_abandoned(int rank) const {
     if (abandoned_reason_.empty()) return;
-    throw PeerFailedError(concat(kOperation, ": barrier on rank ", rank, " aborted: ", abandoned_reason_));
+    throw_wait_aborted(concat(kOperation, ": barrier on rank ", rank), abandoned_reason_);
   }
 
   const int ranks_;
