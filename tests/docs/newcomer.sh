@@ -92,8 +92,10 @@ if "$pipesgd" train --iter 50 >typo.out 2>typo.err; then bad "typo-suggests" "ex
 elif grep -q -- "--iters" typo.err; then ok "typo-suggests"
 else bad "typo-suggests" "$(head -c 200 typo.err)"; fi
 
-# 3. Ctrl-C.
-"$pipesgd" train --algo pipe+int8 --workers 2 --epochs 3 --out stopped >stop.out 2>stop.err &
+# 3. Ctrl-C, inside the first epoch: over an emulated 1 Gbit link an iteration takes milliseconds,
+# so epoch 1 (1200 iterations) lasts far longer than the wait below, however idle the machine (on
+# local links an idle machine finished epoch 1 before the interrupt landed).
+"$pipesgd" train --algo pipe+int8 --workers 2 --epochs 3 --net 1gbe --out stopped >stop.out 2>stop.err &
 pid=$!
 for _ in $(seq 1 60); do [[ -s stopped/metrics.jsonl ]] && break; sleep 0.5; done
 sleep 1
