@@ -19,6 +19,7 @@ packages=(
   gnuplot-nox                     # pipesgd report: draws its plots as SVG (no X11)
   chromium                        # tests/report: the report page loaded and screenshotted headless
   python3-mock python3-cloudpickle  # scripts/horovod-conformance.sh: Horovod's test utils import them
+  iproute2 util-linux             # scripts/local-cluster.sh: namespaces, veth, bridge, tbf; unshare
 )
 
 missing=()

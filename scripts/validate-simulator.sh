@@ -5,7 +5,14 @@
 # that profile, the same --net with the ideal network model: the emulation's alpha-beta links).
 #
 #   bash scripts/validate-simulator.sh [--models mlp,cnn,resnet] [--workers 2] [--iters N]
-#                                      [--net 10gbe] [--algos LIST] [--repeats R] [BUILD_DIR=build]
+#                                      [--net 10gbe] [--algos LIST] [--repeats R] [--cluster]
+#                                      [BUILD_DIR=build]
+#
+# --cluster: the measured side runs on the local cluster (scripts/local-cluster.sh, which must be up
+# with at least --workers hosts: as root) instead of emulated links: `compare --transport mpi` under
+# mpirun, one rank per host (h1..hW), MPI over real TCP through the hosts' shaped links; --net then
+# describes those links for the profile and the simulation (e.g. bw=1Gbit,lat=40us for `up --rate
+# 1gbit`).
 #
 # The profile is measured with --workers W --in-run --net NET over 200 iterations: each layer's
 # backward, the forward and the update come from W workers of a D-Sync run over the same emulated
@@ -26,6 +33,7 @@ ITERS=300
 NET=10gbe
 ALGOS=dsync,pipe,pipe+int8,wfbp,mgwfbp,dsync+optimal,sapipe,pssync
 REPEATS=1
+CLUSTER=0
 BUILD=build
 while [ $# -gt 0 ]; do
   case $1 in
@@ -35,6 +43,7 @@ while [ $# -gt 0 ]; do
     --net) NET=$2; shift 2 ;;
     --algos) ALGOS=$2; shift 2 ;;
     --repeats) REPEATS=$2; shift 2 ;;
+    --cluster) CLUSTER=1; shift ;;
     -*) echo "validate-simulator: unknown option $1" >&2; exit 2 ;;
     *) BUILD=$1; shift ;;
   esac
@@ -44,7 +53,9 @@ BIN=$BUILD/pipesgd
 CORES=$(nproc)
 OUT=${VALIDATE_OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
-echo "validate-simulator: models $MODELS, $WORKERS workers on $CORES cores (profiled $WORKERS at once), --net $NET," \
+where="--net $NET"
+[ "$CLUSTER" = 0 ] || where="the local cluster's hosts h1..h$WORKERS (simulated as --net $NET)"
+echo "validate-simulator: models $MODELS, $WORKERS workers on $CORES cores (profiled $WORKERS at once), $where," \
      "$ITERS iterations, methods $ALGOS; profiles --in-run; files in $OUT; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 IFS=, read -r -a models <<<"$MODELS"
 for model in "${models[@]}"; do
@@ -52,8 +63,16 @@ for model in "${models[@]}"; do
   "$BIN" profile --model "$model" --workers "$WORKERS" --in-run --net "$NET" --iters 200 --quiet \
     --out "$OUT/$model-profile.json" >/dev/null
   for r in $(seq 1 "$REPEATS"); do
-    "$BIN" compare --model "$model" --workers "$WORKERS" --net "$NET" --algos "$ALGOS" --iters "$ITERS" --no-eval \
-      --quiet --out "$OUT/$model-measured-$r" >"$OUT/$model-measured-$r.txt"
+    if [ "$CLUSTER" = 1 ]; then
+      hosts=$(seq -s, -f 'h%g:1' 1 "$WORKERS")
+      (eval "$(scripts/local-cluster.sh env)"
+       OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$WORKERS" -H "$hosts" "$(readlink -f "$BIN")" \
+         compare --transport mpi --model "$model" --algos "$ALGOS" --iters "$ITERS" --no-eval --quiet \
+         --out "$OUT/$model-measured-$r") >"$OUT/$model-measured-$r.txt"
+    else
+      "$BIN" compare --model "$model" --workers "$WORKERS" --net "$NET" --algos "$ALGOS" --iters "$ITERS" --no-eval \
+        --quiet --out "$OUT/$model-measured-$r" >"$OUT/$model-measured-$r.txt"
+    fi
   done
   "$BIN" simulate --profile "$OUT/$model-profile.json" --workers "$WORKERS" --net "$NET" --network-model ideal \
     --comm-shares-core --algos "$ALGOS" --quiet --out "$OUT/$model-simulated" \

@@ -8,8 +8,10 @@
 
 #include <chrono>
 #include <csignal>
+#include <optional>
 #include <thread>
 
+#include "pipesgd/core/error_line.h"
 #include "pipesgd/core/interrupt.h"
 
 namespace pipesgd {
@@ -84,6 +86,37 @@ TEST(InterruptSignal, Names) {
   EXPECT_EQ(signal_name(SIGINT), "SIGINT");
   EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
   EXPECT_EQ(signal_name(SIGHUP), "signal 1");
+}
+
+TEST(Interruption, ANoticeReadsAsTheSignalAndIsFoundInAFailure) {
+  EXPECT_EQ(interruption_notice(SIGTERM), "interrupted by SIGTERM");
+  EXPECT_EQ(interruption_in("recv from rank 1 (tag ...) on rank 0 aborted: rank 2 failed: interrupted by SIGINT"), SIGINT);
+  EXPECT_EQ(interruption_in("x aborted: rank 2 failed: interrupted by SIGTERM"), SIGTERM);
+  EXPECT_EQ(interruption_in("x aborted: rank 2 failed: recv from rank 1 timed out after 4 s"), std::nullopt);
+  EXPECT_EQ(interruption_in("interrupted by SIGTERM"), std::nullopt);  // not a rank's failure
+}
+
+TEST(InterruptSignalDeathTest, TimeSinceTheFirstRequestCounts) {
+  EXPECT_EXIT(
+      {
+        install_interrupt_handlers();
+        if (time_since_interrupt()) std::_Exit(3);
+        ::kill(::getpid(), SIGTERM);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const auto since = time_since_interrupt();
+        std::_Exit(since && *since >= std::chrono::milliseconds(40) && *since < std::chrono::seconds(30) ? 0 : 4);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(ErrorLineDeathTest, AProcessWritesItsErrorLineOnce) {
+  EXPECT_EXIT(
+      {
+        const bool first = write_error_line("rank 1: the first");
+        const bool second = write_error_line("rank 1: the second");
+        std::_Exit(first && !second ? 0 : 5);
+      },
+      ::testing::ExitedWithCode(0), "^pipesgd: error: rank 1: the first\n$");
 }
 
 }  // namespace

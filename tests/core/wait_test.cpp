@@ -238,5 +238,59 @@ TEST(FailureState, OneOfManyConcurrentReportsWins) {
   }
 }
 
+
+// WaitNoteScope / current_waits: what a thread waits on, read from another thread (mpi/'s
+// LauncherWatch names it when the launcher ends the job).
+TEST(WaitNotes, AThreadsOpenWaitIsListedUntilItCloses) {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int stage = 0;  // 1: the other thread's scope is open; 2: it may close it
+  std::thread waiter([&] {
+    const WaitNoteScope note({"ring allreduce", true, 3, Tag{77}, 1, 1000});
+    std::unique_lock lock(mutex);
+    stage = 1;
+    changed.notify_all();
+    changed.wait(lock, [&] { return stage == 2; });
+  });
+  {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return stage == 1; });
+  }
+  const std::vector<WaitNote> open = current_waits();
+  {
+    std::lock_guard lock(mutex);
+    stage = 2;
+  }
+  changed.notify_all();
+  waiter.join();
+  ASSERT_EQ(open.size(), 1u);
+  EXPECT_STREQ(open[0].operation, "ring allreduce");
+  EXPECT_TRUE(open[0].is_send);
+  EXPECT_EQ(open[0].peer, 3);
+  EXPECT_EQ(open[0].tag, Tag{77});
+  EXPECT_EQ(open[0].rank, 1);
+  EXPECT_EQ(open[0].since_ns, 1000);
+  EXPECT_TRUE(current_waits().empty());
+}
+
+TEST(WaitNotes, OpenWaitsOfSeveralThreadsComeOldestFirst) {
+  const WaitNoteScope mine({"barrier", false, -1, Tag{0}, 0, 500});
+  std::atomic<bool> opened{false}, release{false};
+  std::thread other([&] {
+    const WaitNoteScope note({"recv", false, 2, Tag{5}, 0, 100});
+    opened = true;
+    while (!release) std::this_thread::yield();
+  });
+  while (!opened) std::this_thread::yield();
+  const std::vector<WaitNote> open = current_waits();
+  release = true;
+  other.join();
+  ASSERT_EQ(open.size(), 2u);
+  EXPECT_EQ(open[0].since_ns, 100);
+  EXPECT_EQ(open[1].since_ns, 500);
+  ASSERT_EQ(current_waits().size(), 1u);
+  EXPECT_EQ(current_waits()[0].peer, -1);
+}
+
 }  // namespace
 }  // namespace pipesgd

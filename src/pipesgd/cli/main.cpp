@@ -17,6 +17,7 @@
 #include "pipesgd/cli/train_options.h"
 #include "pipesgd/comm/launch_environment.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/error_line.h"
 #include "pipesgd/core/heap_retention.h"
 #include "pipesgd/core/interrupt.h"
 #include "pipesgd/torch/torch_models.h"
@@ -189,9 +190,7 @@ int main(int argc, char** argv) {
     // for their timeouts), print one line (a usage error once, from rank 0: every rank has the same
     // flags), and leave without MPI_Finalize, which could wait forever on a dead peer.
     if (!usage || session->leader()) {
-      std::fprintf(stderr, "pipesgd: error: %s%s\n", usage ? "" : concat("rank ", session->runtime.rank(), ": ").c_str(),
-                   error.what());
-      std::fflush(stderr);
+      write_error_line(concat(usage ? "" : concat("rank ", session->runtime.rank(), ": "), error.what()));
     }
     session->transport.report_failure(error.what());
     if (usage && !session->leader()) {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/clock.h"
@@ -41,6 +42,10 @@ std::string rank_failure_message(int rank, const std::string& reason);
 
 // Throws CommTimeoutError "<wait> timed out after S s<suffix>" naming `peer` (-1: not one peer's wait).
 [[noreturn]] void throw_wait_timed_out(const std::string& wait, Timeout timeout, int peer, const char* suffix = "");
+
+// The first error either of the two above threw in this process ("" if none), but for an abort by a
+// rank's interruption notice (a clean stop, core/interrupt.h). Thread-safe.
+std::string first_wait_error();
 
 // A run's failure as one process sees it: the first failure recorded wins, later ones are ignored.
 // Thread-safe. (SharedMemoryTransport keeps the same state in memory shared by the processes of a
@@ -61,6 +66,32 @@ class FailureState {
   mutable std::mutex mutex_;  // guards message_
   std::string message_;
 };
+
+// What a thread is waiting on, readable by another thread (a process's last words when its launcher
+// ends it while a wait is stuck: mpi/'s LauncherWatch). One record per thread, written by that
+// thread only (a sequence lock of relaxed atomics: no lock, no allocation after the thread's first
+// wait); the transports open one for a wait that did not complete at its first poll.
+struct WaitNote {
+  const char* operation = "";  // static text
+  bool is_send = false;
+  int peer = -1;  // -1: not a message wait (a barrier)
+  Tag tag = 0;
+  int rank = 0;
+  std::int64_t since_ns = 0;  // steady_clock, when the wait began
+};
+
+// While alive, the calling thread's record says it waits on `note`. Not nested (a thread waits on
+// one thing at a time).
+class WaitNoteScope {
+ public:
+  explicit WaitNoteScope(const WaitNote& note);
+  ~WaitNoteScope();
+  WaitNoteScope(const WaitNoteScope&) = delete;
+  WaitNoteScope& operator=(const WaitNoteScope&) = delete;
+};
+
+// The waits in progress now, on every thread that opened a WaitNoteScope, oldest first. Thread-safe.
+std::vector<WaitNote> current_waits();
 
 struct WaitPolicy {
   int spin_polls = 0;                    // phase 1

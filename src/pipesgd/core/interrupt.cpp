@@ -47,9 +47,26 @@ extern "C" void on_interrupt(int signal) {
 
 const std::atomic<int>& interrupt_signal() { return received; }
 
+std::optional<std::chrono::nanoseconds> time_since_interrupt() {
+  const std::int64_t first = first_at.load(std::memory_order_relaxed);
+  if (first == 0) return std::nullopt;
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec - first);
+}
+
 void install_interrupt_handlers() {
   const bool installed = set_action(SIGINT, on_interrupt) && set_action(SIGTERM, on_interrupt);
   PIPESGD_ASSERT(installed);
+}
+
+std::string interruption_notice(int signal) { return concat("interrupted by ", signal_name(signal)); }
+
+std::optional<int> interruption_in(const std::string& failure_message) {
+  for (const int signal : {SIGINT, SIGTERM}) {
+    if (failure_message.find(concat(" failed: ", interruption_notice(signal))) != std::string::npos) return signal;
+  }
+  return std::nullopt;
 }
 
 std::string signal_name(int signal) {

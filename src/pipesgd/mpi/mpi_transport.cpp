@@ -6,17 +6,24 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdio>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "pipesgd/comm/operation_pool.h"
 #include "pipesgd/comm/shared_memory_transport.h"
 #include "pipesgd/comm/wait.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/error_line.h"
+#include "pipesgd/core/interrupt.h"
 
 namespace pipesgd {
 namespace {
@@ -28,6 +35,11 @@ constexpr int kPollsPerFailureCheck = 64;
 // How long the processes of a host wait for each other while they set up their shared memory.
 constexpr Timeout kSharedMemoryStartup = std::chrono::seconds(120);
 constexpr std::size_t kShmNameBytes = 64;
+// LauncherWatch: how long a wait that began before SIGTERM / SIGINT may still block after it (mpirun
+// sends SIGKILL 1 s after its SIGTERM, odls_base_sigkill_timeout), and how often it looks.
+constexpr std::chrono::milliseconds kLauncherGrace(300);
+constexpr std::chrono::milliseconds kLauncherWatchPeriod(20);
+constexpr std::chrono::seconds kStuckReporting(3);
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -75,6 +87,81 @@ class MpiRequest final : public RequestState {
   const char* operation_ = "";
 };
 
+std::int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// A rank's last words when its launcher ends the job. mpirun ends the whole job when a rank or a
+// host is lost: SIGTERM to every rank, SIGKILL a second later. A survivor is then usually blocked in
+// a wait on the lost peer, or inside OpenMPI itself (its TCP transport, reporting a peer's hang-up,
+// blocks in MPI_Test until the job is gone), or reporting its own failure to peers that are gone,
+// and would die unheard. This thread looks every kLauncherWatchPeriod; kLauncherGrace after the
+// first SIGTERM / SIGINT it writes this rank's one error line (core/error_line.h: unless the main
+// thread wrote it already) and ends the process, exit status 1, if
+//   - this rank is still telling its peers of its failure (the reason, as the CLI would print it),
+//   - a wait of this rank failed (timed out, or aborted by a peer's failure: that error), or
+//   - a wait that began before the signal is still blocked (that wait: operation, peer, tag).
+// A run stopping cleanly at an iteration boundary after a signal has neither: the watch stays silent.
+// Without any signal it ends the process the same way when telling the peers has taken
+// kStuckReporting (normally at most 200 ms; longer only when OpenMPI wedges on a lost peer, which
+// would leave the rank waiting forever, e.g. on the far side of a partition).
+class LauncherWatch {
+ public:
+  // `own_failure`: this rank's failure reason while it is telling its peers (report_failure), else ""
+  // (called from the watch's thread).
+  LauncherWatch(int rank, std::function<std::string()> own_failure)
+      : rank_(rank), own_failure_(std::move(own_failure)), thread_([this] { watch(); }) {}
+  ~LauncherWatch() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  LauncherWatch(const LauncherWatch&) = delete;
+  LauncherWatch& operator=(const LauncherWatch&) = delete;
+
+ private:
+  void watch() {
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, kLauncherWatchPeriod, [this] { return stop_; })) {
+      const std::string reporting = own_failure_();
+      if (!reporting.empty()) {
+        if (reporting_since_ == 0) reporting_since_ = steady_now_ns();
+        if (steady_now_ns() - reporting_since_ >= std::chrono::nanoseconds(kStuckReporting).count()) end_with(reporting);
+      } else {
+        reporting_since_ = 0;
+      }
+      const auto since = time_since_interrupt();
+      if (!since || *since < kLauncherGrace) continue;
+      if (!reporting.empty()) end_with(reporting);
+      if (const std::string error = first_wait_error(); !error.empty()) end_with(error);
+      const std::int64_t signal_ns = steady_now_ns() - since->count();
+      for (const WaitNote& wait : current_waits()) {
+        if (wait.since_ns > signal_ns) continue;
+        const std::string what = wait.peer >= 0 ? describe_message_wait(wait.operation, wait.is_send, wait.peer, wait.tag, wait.rank)
+                                                : concat(wait.operation, ": barrier on rank ", wait.rank);
+        end_with(concat(what, " aborted: the launcher is ending the job (", signal_name(interrupt_signal().load()),
+                        " while this wait was blocked)"));
+      }
+    }
+  }
+
+  [[noreturn]] void end_with(const std::string& reason) {
+    write_error_line(concat("rank ", rank_, ": ", reason));
+    ::_exit(1);
+  }
+
+  const int rank_;
+  const std::function<std::string()> own_failure_;
+  std::int64_t reporting_since_ = 0;  // steady ns when the watch first saw report_failure in progress
+  std::mutex mutex_;  // guards stop_
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
 class MpiTransport::Impl {
  public:
   Impl(MpiRuntime& runtime, MpiTransportOptions options)
@@ -104,8 +191,83 @@ class MpiTransport::Impl {
     MPI_Comm_set_errhandler(barrier_communicator_, MPI_ERRORS_RETURN);
     post_failure_receive();
     const std::string same_host = set_up_shared_memory();
+    launcher_watch_ = std::make_unique<LauncherWatch>(rank_, [this] {
+      std::lock_guard lock(own_failure_mutex_);
+      return reporting_ > 0 ? own_failure_ : std::string();
+    });
+    const std::string routes = describe_routes(host_names());
     description_ = concat("mpi (", size_, " ranks, MPI_THREAD_MULTIPLE, ", runtime.library_version(), "; ",
-                          same_host, ")");
+                          same_host, routes.empty() ? "" : "; ", routes, ")");
+  }
+
+  // Collective: every rank's host name (MPI_Get_processor_name; "simulated host H" with
+  // simulated_hosts), indexed by rank.
+  std::vector<std::string> host_names() const {
+    std::array<char, MPI_MAX_PROCESSOR_NAME + 1> mine{};
+    if (options_.simulated_hosts > 0) {
+      std::snprintf(mine.data(), mine.size(), "simulated host %d", rank_ % options_.simulated_hosts);
+    } else {
+      int length = 0;
+      MPI_Get_processor_name(mine.data(), &length);
+    }
+    std::vector<char> all(mine.size() * static_cast<std::size_t>(size_));
+    MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(), static_cast<int>(mine.size()),
+                  MPI_CHAR, MPI_COMM_WORLD);
+    std::vector<std::string> names;
+    for (int rank = 0; rank < size_; ++rank) names.emplace_back(all.data() + mine.size() * static_cast<std::size_t>(rank));
+    return names;
+  }
+
+  // Where the ranks are on more than one host: this rank's route to each peer, runs of consecutive
+  // peers on one host by one route grouped, e.g. "2 hosts; rank 0 on h1 reaches rank 1 on h1 through
+  // shared memory, ranks 2-3 on h2 through MPI over TCP". Empty when every rank is on this host.
+  std::string describe_routes(const std::vector<std::string>& hosts) const {
+    std::vector<std::string> distinct = hosts;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    if (distinct.size() <= 1) return {};
+    const std::string between_hosts = inter_host_route();
+    auto route_to = [&](int peer) {
+      if (lanes_ && lanes_->reaches(peer)) return std::string("through shared memory");
+      return hosts[static_cast<std::size_t>(peer)] == hosts[static_cast<std::size_t>(rank_)] ? std::string("through MPI")
+                                                                                              : between_hosts;
+    };
+    std::string text = concat(distinct.size(), " hosts; rank ", rank_, " on ", hosts[static_cast<std::size_t>(rank_)],
+                              " reaches ");
+    bool first = true;
+    for (int peer = 0; peer < size_;) {
+      if (peer == rank_) {
+        ++peer;
+        continue;
+      }
+      int last = peer;
+      while (last + 1 < size_ && last + 1 != rank_ && hosts[static_cast<std::size_t>(last + 1)] == hosts[static_cast<std::size_t>(peer)] &&
+             route_to(last + 1) == route_to(peer)) {
+        ++last;
+      }
+      text += concat(first ? "" : ", ", last == peer ? concat("rank ", peer) : concat("ranks ", peer, "-", last), " on ",
+                     hosts[static_cast<std::size_t>(peer)], " ", route_to(peer));
+      first = false;
+      peer = last + 1;
+    }
+    return text;
+  }
+
+  // How MPI reaches other hosts, as far as OpenMPI's btl setting tells: "through MPI over TCP" when
+  // TCP is the only network transport it may use.
+  static std::string inter_host_route() {
+    const char* setting = std::getenv("OMPI_MCA_btl");
+    if (setting == nullptr || *setting == '\0' || *setting == '^') return "through MPI";
+    std::vector<std::string> network;
+    std::string list = setting;
+    for (std::size_t start = 0; start <= list.size();) {
+      const std::size_t end = std::min(list.find(',', start), list.size());
+      const std::string name = list.substr(start, end - start);
+      if (!name.empty() && name != "self" && name != "vader" && name != "sm" && name != "smcuda") network.push_back(name);
+      start = end + 1;
+    }
+    if (network.size() == 1 && network[0] == "tcp") return "through MPI over TCP";
+    return concat("through MPI (btl ", setting, ")");
   }
 
   // Collective: every rank of the world calls it at construction. Builds lanes_ for the ranks of this
@@ -274,6 +436,7 @@ class MpiTransport::Impl {
     if (code != MPI_SUCCESS) {
       throw CommError(concat(describe_barrier(), ": MPI_Ibarrier failed: ", mpi_error_text(code)));
     }
+    const WaitNoteScope note({operation, false, -1, 0, rank_, steady_now_ns()});
     poll_until(timeout, /*peer=*/-1, [&] {
       int complete = 0;
       const int test_code = MPI_Test(&request, &complete, MPI_STATUS_IGNORE);
@@ -285,6 +448,18 @@ class MpiTransport::Impl {
   }
 
   void report_failure(const std::string& reason) {
+    {
+      std::lock_guard lock(own_failure_mutex_);
+      if (own_failure_.empty()) own_failure_ = reason;
+      ++reporting_;
+    }
+    struct Reported {
+      Impl& impl;
+      ~Reported() {
+        std::lock_guard lock(impl.own_failure_mutex_);
+        --impl.reporting_;
+      }
+    } reported{*this};
     if (lanes_) lanes_->report_failure(reason);  // wakes this host's waits at once
     if (!failures_.report(rank_, reason)) return;  // we failed already, or learnt of a peer's failure first
     std::array<char, kFailureNoticeBytes> notice{};
@@ -358,6 +533,10 @@ class MpiTransport::Impl {
 
   OperationPool<MpiRequest> pool_;
   std::unique_ptr<SharedMemoryTransport> lanes_;  // this host's ranks, if set up
+  std::mutex own_failure_mutex_;  // guards own_failure_
+  std::string own_failure_;      // the reason of this rank's first report_failure, or ""
+  int reporting_ = 0;            // report_failure calls in progress (telling the peers)
+  std::unique_ptr<LauncherWatch> launcher_watch_;  // last: destroyed first (its thread reads the above)
 
   FailureState failures_;     // this rank's own failure, or the first notice of a peer's
   std::mutex failure_mutex_;  // guards failure_request_ and notice_
@@ -389,7 +568,10 @@ bool MpiRequest::poll() {
 }
 
 std::size_t MpiRequest::wait(Timeout timeout) {
-  if (!poll()) owner_.poll_until(timeout, peer_, [this] { return poll(); }, [this] { return describe_wait(); });
+  if (!poll()) {
+    const WaitNoteScope note({operation_, is_send_, peer_, tag_, owner_.rank(), steady_now_ns()});
+    owner_.poll_until(timeout, peer_, [this] { return poll(); }, [this] { return describe_wait(); });
+  }
   return bytes_;
 }
 

@@ -18,15 +18,7 @@ namespace pipesgd {
 // >= S, and each stops at its first boundary >= S, which is S. (Store-load ordering across two
 // variables, as here, needs seq_cst; acquire / release would let W and R, or D1 and D2, swap.)
 
-std::string interruption_notice(int signal) { return concat("interrupted by ", signal_name(signal)); }
-
-std::optional<int> peer_interruption(const PeerFailedError& error) {
-  const std::string message = error.what();
-  for (const int signal : {SIGINT, SIGTERM}) {
-    if (message.find(concat(" failed: ", interruption_notice(signal))) != std::string::npos) return signal;
-  }
-  return std::nullopt;
-}
+std::optional<int> peer_interruption(const PeerFailedError& error) { return interruption_in(error.what()); }
 
 EarlyStop::EarlyStop(int workers, const std::atomic<int>* flag, Timeout timeout)
     : workers_(workers), slots_(std::make_unique<Slot[]>(static_cast<std::size_t>(workers))), flag_(flag),

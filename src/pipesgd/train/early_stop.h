@@ -22,13 +22,13 @@
 
 #include "pipesgd/comm/transport.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/core/interrupt.h"
 #include "pipesgd/report/worker_progress.h"
 
 namespace pipesgd {
 
-// Where each rank is a process, a rank that stopped early tells the others with this reason
-// (Transport::report_failure): "interrupted by SIGTERM".
-std::string interruption_notice(int signal);
+// Where each rank is a process, a rank that stopped early tells the others with
+// interruption_notice(signal) (core/interrupt.h).
 // The signal of a PeerFailedError that carries a peer's interruption_notice (the transports report
 // a failure as "rank R failed: <reason>"); nullopt for any other failure.
 std::optional<int> peer_interruption(const PeerFailedError& error);

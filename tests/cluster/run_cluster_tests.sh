@@ -1,0 +1,323 @@
+#!/usr/bin/env bash
+# End-to-end tests on a real small cluster on this machine (scripts/local-cluster.sh): hosts as
+# network namespaces with their own host names and shaped links, ranks started by mpirun through the
+# cluster's remote agent, MPI over real TCP between hosts.
+#
+#   tests/cluster/run_cluster_tests.sh path/to/pipesgd
+#
+# Prints one line per check (`ok <name>` or `FAIL <name>: why`) and, last, one summary line
+# `N passed, M failed`; exits 0 only if nothing failed. Where this machine cannot host the cluster
+# (not root, no network namespaces, no mpirun) it prints `skipped: <reason>` and exits 77 (ctest:
+# skipped). It brings the cluster up (3 hosts, 1gbit) and takes it down at the end, whatever happens;
+# ctest runs it alone (RESOURCE_LOCK local_cluster).
+set -u
+
+# shellcheck source=../cli/cli_test_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../cli/cli_test_lib.sh"
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CLUSTER=$ROOT/scripts/local-cluster.sh
+
+skip() {
+  echo "skipped: $1"
+  exit 77
+}
+[ "$(id -u)" -eq 0 ] || skip "not root: the local cluster needs root (network namespaces, links)"
+command -v ip >/dev/null && command -v tc >/dev/null || skip "iproute2 (ip, tc) not installed"
+command -v mpirun >/dev/null || skip "mpirun not found"
+unshare --net true 2>/dev/null || skip "network namespaces are not permitted here (unshare --net failed)"
+
+cli_test_setup pipesgd-cluster-tests "$@"
+PIPESGDRUN=$(dirname "$BIN")/python/bin/pipesgdrun  # the build tree's launcher (its package has the extension)
+R=$TMP/runs
+mkdir -p "$R"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cli_test_cleanup() {
+  "$CLUSTER" down >/dev/null 2>&1
+}
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------------------------------------------
+# 1. The cluster itself: bad arguments are one line (exit 2); up is idempotent; down leaves nothing.
+
+# one_line_error NAME EXPECTED ARGS...: local-cluster.sh ARGS fails (exit 2) with exactly one stderr line
+# containing EXPECTED and nothing on stdout.
+one_line_error() {
+  local name=$1 expected=$2
+  shift 2
+  "$CLUSTER" "$@" >"$R/$name.out" 2>"$R/$name.err"
+  local rc=$? lines
+  lines=$(wc -l <"$R/$name.err")
+  if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && [ ! -s "$R/$name.out" ] && grep -qF -- "$expected" "$R/$name.err"; then
+    pass "cluster/bad-arguments/$name"
+  else
+    fail "cluster/bad-arguments/$name" "exit $rc, $lines stderr line(s): $(head -c 300 "$R/$name.err")"
+  fi
+}
+one_line_error zero-hosts "--hosts must be a whole number from 1 to 32, not '0'" up --hosts 0
+one_line_error many-hosts "--hosts must be a whole number from 1 to 32, not '99'" up --hosts 99
+one_line_error bad-rate "--rate must be a tc rate such as 1gbit, 10gbit or 500mbit, not 'fast'" up --rate fast
+one_line_error unknown-command "unknown command 'start'" start
+one_line_error unknown-option "up: unknown argument '--size'" up --size 3
+one_line_error no-such-host "no host 'h9' in the local cluster" link h9 down
+
+# What exists of the cluster: namespaces, links, bridge, /etc/hosts lines (one word per thing).
+cluster_things() {
+  {
+    ip netns list | awk '{ print "netns:" $1 }' | grep '^netns:pipesgd-'
+    ip -o link show | awk -F': ' '{ print "link:" $2 }' | sed 's/@.*//' | grep '^link:pipesgd-'
+    grep -c 'pipesgd local-cluster\|^10\.88\.0\.' /etc/hosts | sed 's/^/hosts-lines:/'
+  } | sort
+}
+"$CLUSTER" down >/dev/null 2>&1  # a cluster left by an interrupted run
+before=$(cluster_things)
+"$CLUSTER" up --hosts 3 --rate 1gbit >"$R/up1.out" 2>&1
+rc1=$?
+first=$(cluster_things)
+"$CLUSTER" up --hosts 3 --rate 1gbit >"$R/up2.out" 2>&1
+rc2=$?
+second=$(cluster_things)
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ "$first" = "$second" ] && grep -q "(0 made, 3 kept, 0 removed)" "$R/up2.out" &&
+   [ "$(grep -c '^10\.88\.0\.1[1-3] h[1-3]$' /etc/hosts)" -eq 3 ] &&
+   [ "$(grep -c '^netns:' <<<"$first")" -eq 3 ]; then
+  pass "cluster/up-twice-is-one-cluster"
+else
+  fail "cluster/up-twice-is-one-cluster" "exit $rc1/$rc2 [$(tr '\n' ' ' <<<"$first")] vs [$(tr '\n' ' ' <<<"$second")] $(tail -1 "$R/up2.out")"
+fi
+"$CLUSTER" up --hosts 2 >"$R/up-shrink.out" 2>&1 && "$CLUSTER" up --hosts 3 >"$R/up-grow.out" 2>&1
+if grep -q "(0 made, 2 kept, 1 removed)" "$R/up-shrink.out" && grep -q "(1 made, 2 kept, 0 removed)" "$R/up-grow.out" &&
+   [ "$(cluster_things)" = "$first" ]; then
+  pass "cluster/up-resizes"
+else
+  fail "cluster/up-resizes" "$(tail -1 "$R/up-shrink.out") | $(tail -1 "$R/up-grow.out")"
+fi
+"$CLUSTER" exec h2 hostname >"$R/hostname.out" 2>&1
+"$CLUSTER" exec h2 ip -4 -o addr show dev eth0 >"$R/address.out" 2>&1
+"$CLUSTER" exec h3 ip route >"$R/route.out" 2>&1
+if [ "$(cat "$R/hostname.out")" = h2 ] && grep -q "inet 10.88.0.12/24" "$R/address.out" &&
+   [ "$(grep -c . "$R/route.out")" -eq 1 ] && grep -q "^10.88.0.0/24 dev eth0" "$R/route.out"; then
+  pass "cluster/a-host-has-its-name-address-and-only-the-bridge-route"
+else
+  fail "cluster/a-host-has-its-name-address-and-only-the-bridge-route" \
+    "$(cat "$R/hostname.out") | $(cat "$R/address.out") | $(tr '\n' ';' <"$R/route.out")"
+fi
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Training across hosts: the start-up line names each peer's route, and the weights are those of
+# the same run as threads.
+eval "$("$CLUSTER" env)"
+# cluster_run NAME TIMEOUT HOSTS -- pipesgd ARGS: mpirun of one rank per listed slot into the cluster.
+cluster_run() {
+  local name=$1 limit=$2 hosts=$3
+  shift 4
+  local np
+  np=$(tr ',' '\n' <<<"$hosts" | awk -F: '{ n += $2 } END { print n }')
+  timeout -k 5 "$limit" mpirun -np "$np" -H "$hosts" "$BIN" "$@" >"$R/$name.out" 2>"$R/$name.err"
+}
+
+cluster_run route 60 h1:2,h2:1 -- train --transport mpi --algo dsync --iters 3 --data synthetic --no-eval
+expect_success "route/exit-0" $? "$R/route.out" "$R/route.err"
+expect_contains "route/start-up-line-names-each-peer" "$R/route.out" \
+  "the 2 ranks of this host through shared memory; 2 hosts; rank 0 on h1 reaches rank 1 on h1 through shared memory, rank 2 on h2 through MPI over TCP)"
+
+E=(--iters 30 --quiet --no-eval)  # Fashion-MNIST (the default data)
+checksum_equal() {  # NAME DIR_A DIR_B
+  pycheck "$1" "$2/summary.json" "$3/summary.json" <<'EOF'
+import json, sys
+a, b = (json.load(open(path)) for path in sys.argv[1:3])
+ca, cb = a.get("weights_checksum"), b.get("weights_checksum")
+assert ca and cb, f"weights_checksum missing: {ca!r}, {cb!r}"
+assert ca == cb, f"weights_checksum {ca} (threads) != {cb} (hosts)"
+assert a.get("iterations") == b.get("iterations") == 30, f"iterations {a.get('iterations')}, {b.get('iterations')}"
+EOF
+}
+# across_hosts NAME HOSTS WORKERS [--servers S] METHOD ARGS: threads vs one rank per host.
+across_hosts() {
+  local name=$1 hosts=$2 workers=$3
+  shift 3
+  local servers=()
+  if [ "$1" = --servers ]; then
+    servers=(--servers "$2")
+    shift 2
+  fi
+  run train --workers "$workers" "${servers[@]}" "$@" "${E[@]}" --out "$R/threads-$name" \
+    >"$R/threads-$name.out" 2>"$R/threads-$name.err"
+  expect_success "weights/$name-threads-exit-0" $? "$R/threads-$name.out" "$R/threads-$name.err"
+  cluster_run "hosts-$name" 120 "$hosts" -- train --transport mpi "${servers[@]}" "$@" "${E[@]}" --out "$R/hosts-$name"
+  expect_success "weights/$name-hosts-exit-0" $? "$R/hosts-$name.out" "$R/hosts-$name.err"
+  checksum_equal "weights/$name-across-hosts-equals-threads" "$R/threads-$name" "$R/hosts-$name"
+}
+# MG-WFBP plans from measured times, which differ between runs, and with 3 ranks another plan sums
+# in another order: its allreduce cost comes from a calibration file instead, one whose start-up
+# cost (0.5 s) makes Algorithm 1 merge every layer whatever backward measures. (It still profiles,
+# plans and probes over the run's transport.)
+for n in 2 3; do
+  printf '{"format": "pipesgd-allreduce-calibration/1", "transport": "local none", "world_size": %d, "link": {"alpha": 0.5, "beta": 1e-9, "gamma": 0.0}, "measured": {"ring": {"a": 0.5, "b": 1e-9}}}\n' \
+    "$n" >"$R/startup-cost-$n.json"
+done
+for method in "dsync" "pipe" "pipe+int8" "mgwfbp --profile-iters 4 --calibration $R/startup-cost-N.json" \
+              "sapipe+wp3 --stale-layers 2 --buckets wfbp"; do
+  read -r algo options <<<"$method"
+  # shellcheck disable=SC2086  # options are words
+  across_hosts "$algo-2-hosts" h1:1,h2:1 2 --algo "$algo" ${options//-N.json/-2.json}
+  # shellcheck disable=SC2086
+  across_hosts "$algo-3-hosts" h1:1,h2:1,h3:1 3 --algo "$algo" ${options//-N.json/-3.json}
+done
+pycheck "weights/mgwfbp-3-hosts-plan" "$R/hosts-mgwfbp-3-hosts/summary.json" <<'EOF'
+import json, sys
+plan = json.load(open(sys.argv[1])).get("bucket_plan")
+assert plan == "mgwfbp: 1 bucket: [2..0]", f"bucket_plan {plan!r}"
+EOF
+# OD-SGD with its server on a host of its own (the last rank serves: h3).
+across_hosts odsgd-server-own-host h1:1,h2:1,h3:1 2 --servers 1 --algo odsgd --warmup-iters 10 --local-updater dcasgd-c
+expect_contains "weights/odsgd-server-own-host-route" "$R/hosts-odsgd-server-own-host.out" \
+  "3 hosts; rank 0 on h1 reaches rank 1 on h2 through MPI over TCP, rank 2 on h3 through MPI over TCP"
+
+# pipesgdrun across hosts, unchanged: each rank on its own host, local rank 0 on each.
+timeout -k 5 120 "$PIPESGDRUN" -np 2 -H h1:1,h2:1 /usr/bin/python3 -c '
+import socket, pipesgd.torch as hvd
+hvd.init()
+print(f"rank {hvd.rank()} of {hvd.size()} on {socket.gethostname()} local {hvd.local_rank()}/{hvd.local_size()}", flush=True)
+' >"$R/pipesgdrun.out" 2>"$R/pipesgdrun.err"
+rc=$?
+if [ $rc -eq 0 ] && grep -qx "rank 0 of 2 on h1 local 0/1" "$R/pipesgdrun.out" && grep -qx "rank 1 of 2 on h2 local 0/1" "$R/pipesgdrun.out"; then
+  pass "pipesgdrun/across-hosts"
+else
+  fail "pipesgdrun/across-hosts" "exit $rc: $(head -c 300 "$R/pipesgdrun.out") $(head -c 300 "$R/pipesgdrun.err")"
+fi
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Faults a real network has, on 3 hosts of one rank each (rank R on host h(R+1)), D-Sync training
+# with checkpoints every 20 iterations and --comm-timeout T. Each run ends, every survivor with one
+# error line naming what it waited for, and the newest complete checkpoint set resumes.
+T=4
+FAULT_ITERS=1000  # far beyond iteration 40, where the fault comes; a resumed run finishes them
+# fault_run NAME FAULT...: starts training, and once rank 0 has written the checkpoint set of
+# iteration 40 applies `local-cluster.sh FAULT h2 ...` to h2 (rank 1). Records the fault's time
+# (DIR/fault), mpirun's exit status and end, what is left running in the hosts 1 s later (DIR/left),
+# and each rank's stderr in DIR/rankR.err (written by the rank: OpenMPI forwards nothing of a rank it
+# is killing).
+# shellcheck disable=SC2016  # expanded by each rank's sh
+RANK_STDERR='d=$1; shift; exec "$@" 2>"$d/rank$OMPI_COMM_WORLD_RANK.err"'
+fault_run() {
+  local name=$1
+  shift
+  local d=$R/$name
+  mkdir -p "$d"
+  timeout -k 5 120 mpirun -np 3 -H h1:1,h2:1,h3:1 sh -c "$RANK_STDERR" sh "$d" \
+    "$BIN" train --transport mpi --algo dsync --iters "$FAULT_ITERS" --comm-timeout "$T" --data synthetic --no-eval \
+    --checkpoint-dir "$d/ck" --checkpoint-every 20 >"$d/mpirun.out" 2>"$d/mpirun.err" &
+  local mpirun_pid=$! i=0
+  until [ -f "$d/ck/checkpoint-000000000040-rank0.psgd" ] || [ $i -ge 600 ] || ! kill -0 $mpirun_pid 2>/dev/null; do
+    i=$((i + 1))
+    sleep 0.1
+  done
+  date +%s.%N >"$d/fault"
+  "$CLUSTER" "$1" h2 "${@:2}" >"$d/fault.out" 2>&1
+  wait $mpirun_pid
+  echo $? >"$d/mpirun.rc"
+  date +%s.%N >"$d/end"
+  # Every process of the hosts ends by itself (a partitioned rank at its own --comm-timeout): wait
+  # for that up to T + 15 s after the fault, then record what is left.
+  local limit
+  limit=$(awk -v f="$(cat "$d/fault")" -v t="$T" 'BEGIN { printf "%.3f", f + t + 15 }')
+  while [ -n "$(for host in h1 h2 h3; do ip netns pids "pipesgd-$host"; done)" ] &&
+        awk -v now="$(date +%s.%N)" -v l="$limit" 'BEGIN { exit !(now < l) }'; do
+    sleep 0.2
+  done
+  for host in h1 h2 h3; do ip netns pids "pipesgd-$host"; done >"$d/left"
+}
+
+# check_fault NAME DEAD_RANK LOWER_BOUND: the checks of a fault run.
+check_fault() {
+  local name=$1 dead=$2 lower=$3
+  local d=$R/$name
+  pycheck "$name/ends-without-leftovers" "$d" "$lower" <<'EOF'
+import sys
+d, lower = sys.argv[1], float(sys.argv[2])
+rc = int(open(d + "/mpirun.rc").read())
+took = float(open(d + "/end").read()) - float(open(d + "/fault").read())
+left = open(d + "/left").read().split()
+problems = []
+if rc in (0, 124, 137):
+    problems.append(f"mpirun exit {rc} (expected the job to fail, not to pass or be stopped by the test)")
+if took < lower:
+    problems.append(f"ended {took:.1f} s after the fault, before {lower:g} s")
+if left:
+    problems.append(f"processes left in the hosts' namespaces: {left}")
+assert not problems, "; ".join(problems)
+EOF
+  pycheck "$name/error-lines-name-the-lost-rank" "$d" "$dead" "$T" "$CRASH_PATTERN" <<'EOF'
+import re, sys
+d, dead, t, crash = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+wait = r"ring allreduce: (?:send to|recv from) rank (?P<peer>\d) \(tag gradients:\d+ step \d+ segment \d+\) on rank (?P<me>\d) "
+ends = (rf"timed out after {t} s(?: \(worker \d at iteration \d+\))?",
+        r"aborted: the launcher is ending the job \(SIGTERM while this wait was blocked\)")
+def parse(text, rank):
+    """The waits a line names, its own first: [(me, peer), ...], or None if it is no documented line."""
+    m = re.fullmatch(wait + r"(?P<how>.*)", text)
+    if not m or int(m["me"]) != rank:
+        return None
+    how = m["how"]
+    if any(re.fullmatch(e, how) for e in ends):
+        return [(rank, int(m["peer"]))]
+    f = re.fullmatch(r"aborted: rank (?P<other>\d) failed: (?P<reason>.*)", how)
+    if f:
+        inner = parse(f["reason"], int(f["other"]))
+        return None if inner is None else [(rank, int(m["peer"]))] + inner
+    return None
+problems, named = [], set()
+survivors = [r for r in (0, 1, 2) if r != dead] if dead >= 0 else [0, 1, 2]
+for rank in survivors:
+    text = open(f"{d}/rank{rank}.err").read()
+    if re.search(crash, text):
+        problems.append(f"rank {rank}: crash or stack trace")
+    lines = [l for l in text.splitlines() if l.startswith("pipesgd: error:")]
+    if len(lines) != 1:
+        problems.append(f"rank {rank}: {len(lines)} error lines, expected 1: {lines[:3]}")
+        continue
+    m = re.fullmatch(rf"pipesgd: error: rank {rank}: (?P<rest>.*)", lines[0])
+    waits = parse(m["rest"], rank) if m else None
+    if waits is None:
+        problems.append(f"rank {rank}: not a documented line: {lines[0]!r}")
+        continue
+    named |= {peer for _, peer in waits}
+target = dead if dead >= 0 else 1
+if not problems and target not in named:
+    problems.append(f"no line names a wait on rank {target} (named: {sorted(named)})")
+assert not problems, " | ".join(problems)
+EOF
+  # The newest complete checkpoint set (all three ranks' parts) resumes and the run finishes.
+  cluster_run "$name-resume" 120 h1:1,h2:1,h3:1 -- train --transport mpi --algo dsync --iters "$FAULT_ITERS" \
+    --comm-timeout "$T" --data synthetic --no-eval --quiet --checkpoint-dir "$d/ck" --checkpoint-every 20 --resume
+  expect_success "$name/newest-checkpoint-resumes" $? "$R/$name-resume.out" "$R/$name-resume.err"
+}
+# A partition: h2's link goes down. The cluster's agent (ssh's part) gives up on h2 after 2 s, mpirun
+# ends the job, and the survivors, blocked on rank 1, say so before they go; h2's rank ends at its own
+# timeout.
+fault_run partition link down
+"$CLUSTER" link h2 up >/dev/null
+check_fault partition 1 0
+expect_contains "partition/the-agent-names-the-host" "$R/partition/mpirun.err" "local-cluster-agent: lost host h2"
+# A straggler: h2's link shaped to a crawl (200 kbit/s: one gradient message takes seconds). Nothing
+# fails at first: the run waits the full timeout before giving up, so it ends no earlier than T s
+# after the slowdown; rank 1 is alive and reports too.
+fault_run straggler rate 200kbit
+"$CLUSTER" rate h2 1gbit >/dev/null
+check_fault straggler -1 $((T - 1))
+# A host killed: every process of h2 (its rank and OpenMPI's daemon) SIGKILLed at once. mpirun ends
+# the job at once ("ORTE has lost communication with a remote daemon ... on node h2"); the survivors,
+# blocked on the lost rank, say so before they go.
+fault_run host-kill kill
+check_fault host-kill 1 0
+expect_contains "host-kill/mpirun-names-the-host" "$R/host-kill/mpirun.err" "on node h2"
+# ---------------------------------------------------------------------------------------------------
+"$CLUSTER" down >"$R/down.out" 2>&1
+rc=$?
+after=$(cluster_things)
+if [ $rc -eq 0 ] && [ "$after" = "$before" ] && ! grep -q "pipesgd local-cluster" /etc/hosts; then
+  pass "cluster/down-leaves-nothing"
+else
+  fail "cluster/down-leaves-nothing" "exit $rc; left: $(tr '\n' ' ' <<<"$after")"
+fi
+cli_test_finish
