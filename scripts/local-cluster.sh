@@ -51,7 +51,10 @@ current_hosts() {
 
 valid_rate() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]]; }
 
-# tbf's bucket: at least one timer tick of traffic at the rate (10 ms), and at least 64 KiB.
+# tbf's bucket: 10 ms of traffic at the rate, at least 64 KiB. Sustained transfers then run at the
+# rate (a 1 ms bucket, or a peak rate, halved the ring allreduce's throughput here: 42 ms an mlp
+# D-Sync iteration at 1gbit instead of 23), but after an idle spell up to one bucket (1.25 MB at
+# 1gbit) leaves at the stack's speed, faster than a real link would carry it.
 burst_for() {
   local rate=$1 number unit bits
   number=$(sed 's/[a-z]*$//' <<<"$rate")

@@ -14,6 +14,10 @@
 #   accuracy  test accuracy after 3 epochs, mlp, 2 workers, plain SGD and momentum 0.9 (deterministic) ~1 min
 #   simulate  the same methods at 2 to 256 simulated nodes (SimGrid), ResNet-50 on a device 10x a K80 ~10 s
 #   horovod   Horovod's own test_torch.py against pipesgd.torch at 1, 2 and 3 ranks  ~1 min
+#   cluster   the local cluster (scripts/local-cluster.sh: hosts as network namespaces, real TCP, links
+#             at 1 Gbit/s; root only): ring allreduce against MPI_Allreduce at 2 and 4 hosts, the
+#             simulator against measured runs at 2 and 4 hosts (mlp, cnn; dsync, pipe), and partition
+#             and host-kill runs repeated 20 times (tests/cluster)           ~15 min
 # --only LIST: run these sections; the others keep their stored figures (docs/results/*.json), and
 #   the page is written from all of them. With no section run (--only none) the page is only redrawn.
 # --rounds N: alternated rounds of the timed sections (default 5; ddp 3).
@@ -24,7 +28,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build=$repo/build
-only=ddp,pipe,accuracy,simulate,horovod
+only=ddp,pipe,accuracy,simulate,horovod,cluster
 rounds=5
 quick=0
 die() { echo "results: $*" >&2; exit 2; }
@@ -33,14 +37,14 @@ while [[ $# -gt 0 ]]; do
     --only) [[ $# -ge 2 ]] || die "--only needs a list"; only=$2; shift 2 ;;
     --rounds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || die "--rounds needs a positive count"; rounds=$2; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1' (expected --only LIST, --rounds N, --quick)" ;;
     *) build=$(cd "$1" && pwd); shift ;;
   esac
 done
 [[ -x $build/pipesgd ]] || die "no $build/pipesgd: build first (bash scripts/build.sh)"
 for section in ${only//,/ }; do
-  case $section in ddp|pipe|accuracy|simulate|horovod|none) ;; *) die "unknown section '$section'" ;; esac
+  case $section in ddp|pipe|accuracy|simulate|horovod|cluster|none) ;; *) die "unknown section '$section'" ;; esac
 done
 selected() { [[ ",$only," == *",$1,"* ]]; }
 
@@ -197,6 +201,76 @@ for ranks in (1, 2, 3):
     rows.append(dict(ranks=ranks, passed=count("passed"), failed=count("failed"), skipped=count("skipped"),
                      failing=sorted(n for n, v in tests.items() if v == "failed")))
 json.dump({"rows": rows}, sys.stdout)
+EOF
+fi
+
+if selected cluster && [[ $(id -u) -ne 0 ]]; then
+  log "cluster: skipped: the local cluster needs root (its stored figures stay)"
+elif selected cluster; then
+  cluster=$repo/scripts/local-cluster.sh
+  repeats=$((quick ? 1 : 3)) fault_repeats=$((quick ? 2 : 20)) iters=$((quick ? 60 : 300))
+  "$cluster" up --hosts 4 --rate 1gbit >/dev/null
+  for hosts in 2 4; do
+    log "cluster: allreduce at $hosts hosts"
+    (eval "$("$cluster" env)"
+     mpirun -np "$hosts" -H "$(seq -s, -f 'h%g:1' 1 "$hosts")" "$pipesgd" bench allreduce --transport mpi --algos ring \
+       --codecs none --sizes 1M,4M,16M --repeats $((quick ? 2 : 20)) --quiet --out "$work/bench-$hosts" >/dev/null)
+    log "cluster: simulator against $hosts hosts ($repeats runs per model)"
+    (cd "$repo" && VALIDATE_OUT=$work/sim-$hosts bash scripts/validate-simulator.sh --cluster --workers "$hosts" \
+       --models mlp,cnn --algos dsync,pipe --net bw=1Gbit,lat=40us --iters "$iters" --repeats "$repeats" "$build" \
+       >"$work/sim-$hosts.txt")
+  done
+  log "cluster: partition and host kill, $fault_repeats runs each"
+  mkdir -p "$work/faults-tmp"
+  TMPDIR=$work/faults-tmp KEEP_TMP=1 FAULT_REPEATS=$fault_repeats CLUSTER_TESTS=faults \
+    bash "$repo/tests/cluster/run_cluster_tests.sh" "$pipesgd" >"$work/faults.txt" 2>&1 || true
+  "$cluster" down >/dev/null
+  commands=$(printf '%s\n' \
+    "scripts/local-cluster.sh up --hosts 4 --rate 1gbit; eval \"\$(scripts/local-cluster.sh env)\"" \
+    "mpirun -np HOSTS -H h1:1,...,hHOSTS pipesgd bench allreduce --transport mpi --algos ring --codecs none --sizes 1M,4M,16M --repeats 20" \
+    "bash scripts/validate-simulator.sh --cluster --workers HOSTS --models mlp,cnn --algos dsync,pipe --net bw=1Gbit,lat=40us --iters $iters --repeats $repeats" \
+    "FAULT_REPEATS=$fault_repeats CLUSTER_TESTS=faults tests/cluster/run_cluster_tests.sh build/pipesgd")
+  "$python" - "$work" <<'EOF' | store cluster "$commands"
+import glob, json, os, re, sys
+work = sys.argv[1]
+allreduce = []
+for hosts in (2, 4):
+    rows = json.load(open(f"{work}/bench-{hosts}/allreduce.json"))
+    mpi = {r["bytes"]: r for r in rows if r["algorithm"] == "MPI_Allreduce"}
+    for r in rows:
+        if r["algorithm"] == "ring" and r["codec"] == "none":
+            allreduce.append(dict(hosts=hosts, bytes=r["bytes"], ring_ms=r["time_s"] * 1e3,
+                                  mpi_ms=mpi[r["bytes"]]["time_s"] * 1e3, busbw_gbit=r["busbw_bytes_per_s"] * 8e-9,
+                                  over_mpi=mpi[r["bytes"]]["time_s"] / r["time_s"]))
+simulator = []
+for hosts in (2, 4):
+    d = f"{work}/sim-{hosts}"
+    for model in ("mlp", "cnn"):
+        runs = [json.load(open(p)) for p in sorted(glob.glob(f"{d}/{model}-measured-*/compare.json"))]
+        sim = {r["method"]: r for r in json.load(open(f"{d}/{model}-simulated/simulate.json")) if r["workers"] == hosts}
+        for method in ("dsync", "pipe"):
+            measured = sorted(row["iteration_s"] for run in runs for row in run if row["method"] == method)
+            m = measured[len(measured) // 2]
+            simulator.append(dict(hosts=hosts, model=model, method=method, measured_ms=m * 1e3,
+                                  measured_all_ms=[x * 1e3 for x in measured],
+                                  simulated_ms=sim[method]["iteration_s"] * 1e3, error=sim[method]["iteration_s"] / m - 1))
+text = open(f"{work}/faults.txt").read()
+kept = glob.glob(f"{work}/faults-tmp/pipesgd-cluster-tests.*/runs")
+faults = []
+for fault in ("partition", "host-kill"):
+    names = sorted({m.group(1) for m in re.finditer(rf"^(?:ok|FAIL) ({fault}(?:-\d+)?)/", text, re.M)})
+    passed = [n for n in names if not re.search(rf"^FAIL {re.escape(n)}/", text, re.M)]
+    seconds = []
+    for n in names:
+        for runs in kept:
+            try:
+                seconds.append(float(open(f"{runs}/{n}/end").read()) - float(open(f"{runs}/{n}/fault").read()))
+            except OSError:
+                pass
+    faults.append(dict(fault=fault, runs=len(names), passed=len(passed), failed=[n for n in names if n not in passed],
+                       seconds_min=min(seconds) if seconds else None, seconds_max=max(seconds) if seconds else None))
+json.dump({"allreduce": allreduce, "simulator": simulator, "faults": faults, "rate": "1 Gbit/s", "comm_timeout_s": 4},
+          sys.stdout)
 EOF
 fi
 

@@ -166,6 +166,38 @@ def horovod_section(d):
         measured(d)])
 
 
+def cluster_section(d):
+    size = lambda b: f"{b // (1 << 20)} MiB"
+    allreduce = [[r["hosts"], size(r["bytes"]), f"{r['ring_ms']:.2f}", f"{r['mpi_ms']:.2f}", f"{r['busbw_gbit']:.2f}",
+                  f"**{r['over_mpi']:.2f}x**"] for r in d["allreduce"]]
+    within = sum(abs(r["error"]) <= 0.15 for r in d["simulator"])
+    simulator = [[r["hosts"], r["model"], r["method"], f"{r['measured_ms']:.2f}", spread(r["measured_all_ms"]),
+                  f"{r['simulated_ms']:.2f}", f"**{r['error']:+.0%}**"] for r in d["simulator"]]
+    faults = [[r["fault"], f"{r['passed']} of {r['runs']}",
+               "-" if r["seconds_min"] is None else f"{r['seconds_min']:.1f}-{r['seconds_max']:.1f}",
+               ", ".join(r["failed"]) or "-"] for r in d["faults"]]
+    return "\n\n".join([
+        "## A real cluster on this machine",
+        "Hosts as network namespaces (`scripts/local-cluster.sh`: own network stack, address and host name; "
+        f"each link shaped both ways to {d['rate']} by `tc tbf`, no added delay), one rank per host, "
+        "`mpirun` starting them through the cluster's agent, MPI over real TCP between hosts. The hosts "
+        "share this machine's 2 cores: past 2 hosts every rank's compute and every TCP stream compete for them.",
+        "Ring allreduce (the one in training) against OpenMPI's `MPI_Allreduce` on the same hosts and "
+        "buffers (`pipesgd bench allreduce --transport mpi`; medians of 20 interleaved runs; busbw = bytes x "
+        "2(p-1)/p / time):",
+        table(["hosts", "size", "ring ms", "MPI_Allreduce ms", "ring busbw Gbit/s", "ring vs MPI"], allreduce),
+        "The simulator against the hosts: `simulate` (ideal network model, the hosts' link rate, 40 us) on "
+        "a profile measured in a D-Sync run of as many workers as hosts on this machine (`profile --in-run`), "
+        "against `compare --transport mpi` on the hosts (median iteration of the runs; their spread beside it). "
+        f"Within 15%: {within} of {len(d['simulator'])}.",
+        table(["hosts", "model", "method", "measured ms", "measured runs", "simulated ms", "error"], simulator),
+        f"Faults (tests/cluster, 3 hosts, D-Sync, `--comm-timeout {d['comm_timeout_s']}`): a run passes when mpirun "
+        "ends the job, every survivor prints one documented error line, one of them naming the lost rank, "
+        "nothing is left running in any host, and (first run of each) the newest checkpoint set resumes.",
+        table(["fault", "passed", "fault to end (s)", "failed runs"], faults),
+        measured(d)])
+
+
 def page(data, images, draw):
     parts = ["# Results",
              "What pipesgd measures on this machine, each figure with the command that produced it. The "
@@ -176,7 +208,7 @@ def page(data, images, draw):
              "figure is a ratio of runs alternated side by side, the median of several rounds."]
     sections = [("ddp", ddp_section), ("pipe", lambda d: pipe_section(d, images, draw)),
                 ("accuracy", accuracy_section), ("simulate", lambda d: simulate_section(d, images, draw)),
-                ("horovod", horovod_section)]
+                ("horovod", horovod_section), ("cluster", cluster_section)]
     for name, render in sections:
         d = load(data, name)
         parts.append(render(d) if d else f"## {name}\n\nNot measured yet: `bash scripts/results.sh --only {name}`.")

@@ -10,6 +10,9 @@
 # (not root, no network namespaces, no mpirun) it prints `skipped: <reason>` and exits 77 (ctest:
 # skipped). It brings the cluster up (3 hosts, 1gbit) and takes it down at the end, whatever happens;
 # ctest runs it alone (RESOURCE_LOCK local_cluster).
+#
+# CLUSTER_TESTS=faults runs only the fault runs, each FAULT_REPEATS times (default 1), for the counts
+# in docs/results.md: FAULT_REPEATS=20 CLUSTER_TESTS=faults tests/cluster/run_cluster_tests.sh build/pipesgd
 set -u
 
 # shellcheck source=../cli/cli_test_lib.sh
@@ -26,6 +29,9 @@ command -v ip >/dev/null && command -v tc >/dev/null || skip "iproute2 (ip, tc) 
 command -v mpirun >/dev/null || skip "mpirun not found"
 unshare --net true 2>/dev/null || skip "network namespaces are not permitted here (unshare --net failed)"
 
+ONLY=${CLUSTER_TESTS:-all}
+REPEATS=${FAULT_REPEATS:-1}
+case $ONLY in all|faults) ;; *) echo "CLUSTER_TESTS must be all or faults, not '$ONLY'" >&2; exit 2 ;; esac
 cli_test_setup pipesgd-cluster-tests "$@"
 PIPESGDRUN=$(dirname "$BIN")/python/bin/pipesgdrun  # the build tree's launcher (its package has the extension)
 R=$TMP/runs
@@ -54,12 +60,14 @@ one_line_error() {
     fail "cluster/bad-arguments/$name" "exit $rc, $lines stderr line(s): $(head -c 300 "$R/$name.err")"
   fi
 }
+if [ "$ONLY" = all ]; then
 one_line_error zero-hosts "--hosts must be a whole number from 1 to 32, not '0'" up --hosts 0
 one_line_error many-hosts "--hosts must be a whole number from 1 to 32, not '99'" up --hosts 99
 one_line_error bad-rate "--rate must be a tc rate such as 1gbit, 10gbit or 500mbit, not 'fast'" up --rate fast
 one_line_error unknown-command "unknown command 'start'" start
 one_line_error unknown-option "up: unknown argument '--size'" up --size 3
 one_line_error no-such-host "no host 'h9' in the local cluster" link h9 down
+fi
 
 # What exists of the cluster: namespaces, links, bridge, /etc/hosts lines (one word per thing).
 cluster_things() {
@@ -74,9 +82,11 @@ before=$(cluster_things)
 "$CLUSTER" up --hosts 3 --rate 1gbit >"$R/up1.out" 2>&1
 rc1=$?
 first=$(cluster_things)
-"$CLUSTER" up --hosts 3 --rate 1gbit >"$R/up2.out" 2>&1
+[ "$ONLY" = all ] && "$CLUSTER" up --hosts 3 --rate 1gbit >"$R/up2.out" 2>&1
 rc2=$?
 second=$(cluster_things)
+[ $rc1 -eq 0 ] || cli_test_abort "local-cluster.sh up failed: $(tail -3 "$R/up1.out")"
+if [ "$ONLY" = all ]; then
 if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ "$first" = "$second" ] && grep -q "(0 made, 3 kept, 0 removed)" "$R/up2.out" &&
    [ "$(grep -c '^10\.88\.0\.1[1-3] h[1-3]$' /etc/hosts)" -eq 3 ] &&
    [ "$(grep -c '^netns:' <<<"$first")" -eq 3 ]; then
@@ -102,6 +112,8 @@ else
     "$(cat "$R/hostname.out") | $(cat "$R/address.out") | $(tr '\n' ';' <"$R/route.out")"
 fi
 
+fi  # ONLY = all
+
 # ---------------------------------------------------------------------------------------------------
 # 2. Training across hosts: the start-up line names each peer's route, and the weights are those of
 # the same run as threads.
@@ -115,6 +127,7 @@ cluster_run() {
   timeout -k 5 "$limit" mpirun -np "$np" -H "$hosts" "$BIN" "$@" >"$R/$name.out" 2>"$R/$name.err"
 }
 
+if [ "$ONLY" = all ]; then
 cluster_run route 60 h1:2,h2:1 -- train --transport mpi --algo dsync --iters 3 --data synthetic --no-eval
 expect_success "route/exit-0" $? "$R/route.out" "$R/route.err"
 expect_contains "route/start-up-line-names-each-peer" "$R/route.out" \
@@ -185,6 +198,8 @@ if [ $rc -eq 0 ] && grep -qx "rank 0 of 2 on h1 local 0/1" "$R/pipesgdrun.out" &
 else
   fail "pipesgdrun/across-hosts" "exit $rc: $(head -c 300 "$R/pipesgdrun.out") $(head -c 300 "$R/pipesgdrun.err")"
 fi
+
+fi  # ONLY = all
 
 # ---------------------------------------------------------------------------------------------------
 # 3. Faults a real network has, on 3 hosts of one rank each (rank R on host h(R+1)), D-Sync training
@@ -287,7 +302,9 @@ if not problems and target not in named:
     problems.append(f"no line names a wait on rank {target} (named: {sorted(named)})")
 assert not problems, " | ".join(problems)
 EOF
-  # The newest complete checkpoint set (all three ranks' parts) resumes and the run finishes.
+  # The newest complete checkpoint set (all three ranks' parts) resumes and the run finishes (once
+  # per kind of fault).
+  [[ $name =~ -[0-9]+$ ]] && return
   cluster_run "$name-resume" 120 h1:1,h2:1,h3:1 -- train --transport mpi --algo dsync --iters "$FAULT_ITERS" \
     --comm-timeout "$T" --data synthetic --no-eval --quiet --checkpoint-dir "$d/ck" --checkpoint-every 20 --resume
   expect_success "$name/newest-checkpoint-resumes" $? "$R/$name-resume.out" "$R/$name-resume.err"
@@ -295,22 +312,22 @@ EOF
 # A partition: h2's link goes down. The cluster's agent (ssh's part) gives up on h2 after 2 s, mpirun
 # ends the job, and the survivors, blocked on rank 1, say so before they go; h2's rank ends at its own
 # timeout.
-fault_run partition link down
-"$CLUSTER" link h2 up >/dev/null
-check_fault partition 1 0
-expect_contains "partition/the-agent-names-the-host" "$R/partition/mpirun.err" "local-cluster-agent: lost host h2"
-# A straggler: h2's link shaped to a crawl (200 kbit/s: one gradient message takes seconds). Nothing
-# fails at first: the run waits the full timeout before giving up, so it ends no earlier than T s
-# after the slowdown; rank 1 is alive and reports too.
-fault_run straggler rate 200kbit
-"$CLUSTER" rate h2 1gbit >/dev/null
-check_fault straggler -1 $((T - 1))
-# A host killed: every process of h2 (its rank and OpenMPI's daemon) SIGKILLed at once. mpirun ends
-# the job at once ("ORTE has lost communication with a remote daemon ... on node h2"); the survivors,
-# blocked on the lost rank, say so before they go.
-fault_run host-kill kill
-check_fault host-kill 1 0
-expect_contains "host-kill/mpirun-names-the-host" "$R/host-kill/mpirun.err" "on node h2"
+for i in $(seq 1 "$REPEATS"); do
+  suffix=$([ "$i" = 1 ] || echo "-$i")
+  fault_run "partition$suffix" link down
+  "$CLUSTER" link h2 up >/dev/null
+  check_fault "partition$suffix" 1 0
+  expect_contains "partition$suffix/the-agent-names-the-host" "$R/partition$suffix/mpirun.err" "local-cluster-agent: lost host h2"
+  if [ "$i" = 1 ]; then
+    fault_run straggler rate 200kbit
+    "$CLUSTER" rate h2 1gbit >/dev/null
+    check_fault straggler -1 $((T - 1))
+  fi
+  fault_run "host-kill$suffix" kill
+  check_fault "host-kill$suffix" 1 0
+  expect_contains "host-kill$suffix/mpirun-names-the-host" "$R/host-kill$suffix/mpirun.err" "on node h2"
+done
+
 # ---------------------------------------------------------------------------------------------------
 "$CLUSTER" down >"$R/down.out" 2>&1
 rc=$?
