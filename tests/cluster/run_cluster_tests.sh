@@ -67,6 +67,23 @@ one_line_error bad-rate "--rate must be a tc rate such as 1gbit, 10gbit or 500mb
 one_line_error unknown-command "unknown command 'start'" start
 one_line_error unknown-option "up: unknown argument '--size'" up --size 3
 one_line_error no-such-host "no host 'h9' in the local cluster" link h9 down
+# Not root: refused in one line (a copy of the script where another user can read it).
+if command -v setpriv >/dev/null; then
+  nobody_dir=$(mktemp -d /tmp/pipesgd-cluster-nobody.XXXXXX)
+  chmod 755 "$nobody_dir"
+  cp "$CLUSTER" "$nobody_dir/local-cluster.sh"
+  chmod 755 "$nobody_dir/local-cluster.sh"
+  setpriv --reuid=65534 --regid=65534 --clear-groups "$nobody_dir/local-cluster.sh" up --hosts 2 \
+    >"$R/not-root.out" 2>"$R/not-root.err"
+  rc=$?
+  rm -rf "$nobody_dir"
+  if [ $rc -eq 2 ] && [ "$(wc -l <"$R/not-root.err")" -eq 1 ] && [ ! -s "$R/not-root.out" ] &&
+     grep -qx "local-cluster: must run as root (it makes network namespaces, links and /etc/hosts entries)" "$R/not-root.err"; then
+    pass "cluster/bad-arguments/not-root"
+  else
+    fail "cluster/bad-arguments/not-root" "exit $rc: $(head -c 300 "$R/not-root.err")"
+  fi
+fi
 fi
 
 # What exists of the cluster: namespaces, links, bridge, /etc/hosts lines (one word per thing).
