@@ -77,7 +77,12 @@ struct WaitNote {
   int peer = -1;  // -1: not a message wait (a barrier)
   Tag tag = 0;
   int rank = 0;
-  std::int64_t since_ns = 0;  // steady_clock, when the wait began
+  std::int64_t since_ns = 0;  // steady_clock, when the wait began (now_ns())
+
+  // Clock::now() in nanoseconds: since_ns of a wait that begins now.
+  static std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  }
 };
 
 // While alive, the calling thread's record says it waits on `note`. Not nested (a thread waits on

@@ -8,14 +8,14 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
-#include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "pipesgd/comm/operation_pool.h"
@@ -87,10 +87,6 @@ class MpiRequest final : public RequestState {
   const char* operation_ = "";
 };
 
-std::int64_t steady_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
-
 // A rank's last words when its launcher ends the job. mpirun ends the whole job when a rank or a
 // host is lost: SIGTERM to every rank, SIGKILL a second later. A survivor is then usually blocked in
 // a wait on the lost peer, or inside OpenMPI itself (its TCP transport, reporting a peer's hang-up,
@@ -128,8 +124,8 @@ class LauncherWatch {
     while (!wake_.wait_for(lock, kLauncherWatchPeriod, [this] { return stop_; })) {
       const std::string reporting = own_failure_();
       if (!reporting.empty()) {
-        if (reporting_since_ == 0) reporting_since_ = steady_now_ns();
-        if (steady_now_ns() - reporting_since_ >= std::chrono::nanoseconds(kStuckReporting).count()) end_with(reporting);
+        if (reporting_since_ == 0) reporting_since_ = WaitNote::now_ns();
+        if (WaitNote::now_ns() - reporting_since_ >= std::chrono::nanoseconds(kStuckReporting).count()) end_with(reporting);
       } else {
         reporting_since_ = 0;
       }
@@ -137,7 +133,7 @@ class LauncherWatch {
       if (!since || *since < kLauncherGrace) continue;
       if (!reporting.empty()) end_with(reporting);
       if (const std::string error = first_wait_error(); !error.empty()) end_with(error);
-      const std::int64_t signal_ns = steady_now_ns() - since->count();
+      const std::int64_t signal_ns = WaitNote::now_ns() - since->count();
       for (const WaitNote& wait : current_waits()) {
         if (wait.since_ns > signal_ns) continue;
         const std::string what = wait.peer >= 0 ? describe_message_wait(wait.operation, wait.is_send, wait.peer, wait.tag, wait.rank)
@@ -436,7 +432,7 @@ class MpiTransport::Impl {
     if (code != MPI_SUCCESS) {
       throw CommError(concat(describe_barrier(), ": MPI_Ibarrier failed: ", mpi_error_text(code)));
     }
-    const WaitNoteScope note({operation, false, -1, 0, rank_, steady_now_ns()});
+    const WaitNoteScope note({operation, false, -1, 0, rank_, WaitNote::now_ns()});
     poll_until(timeout, /*peer=*/-1, [&] {
       int complete = 0;
       const int test_code = MPI_Test(&request, &complete, MPI_STATUS_IGNORE);
@@ -569,7 +565,7 @@ bool MpiRequest::poll() {
 
 std::size_t MpiRequest::wait(Timeout timeout) {
   if (!poll()) {
-    const WaitNoteScope note({operation_, is_send_, peer_, tag_, owner_.rank(), steady_now_ns()});
+    const WaitNoteScope note({operation_, is_send_, peer_, tag_, owner_.rank(), WaitNote::now_ns()});
     owner_.poll_until(timeout, peer_, [this] { return poll(); }, [this] { return describe_wait(); });
   }
   return bytes_;

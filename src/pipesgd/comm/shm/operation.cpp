@@ -125,8 +125,7 @@ void Operation::await_done(Timeout timeout) {
   PIPESGD_ASSERT(!finished_ && !lent_);
   WaitSite site{*this};
   if (site.ready()) return;
-  const WaitNoteScope note({operation_, is_send_, peer_, tag_, transport_.world_rank_,
-                            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count()});
+  const WaitNoteScope note({operation_, is_send_, peer_, tag_, transport_.world_rank_, WaitNote::now_ns()});
   wait_or_throw(is_communication_thread() ? kCommThreadWait : kOtherThreadWait, timeout, peer_, site,
                 [this] { return describe_wait(); });
 }
