@@ -1,4 +1,5 @@
 // `pipesgd train`: one method, the timing breakdown and the timing models' predictions.
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -8,6 +9,7 @@
 #include "pipesgd/core/error.h"
 #include "pipesgd/torch/torch_models.h"
 #include "pipesgd/report/report.h"
+#include "pipesgd/train/elastic.h"
 #include "pipesgd/train/trainer.h"
 
 namespace pipesgd {
@@ -22,6 +24,12 @@ std::string methods_help() {
 
 int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSession* session) {
   TrainConfig config = to_train_config(flags, method_spec, FlagPolicy::kReject, session);
+  RecoveryLog recovery;  // a job pipesgdrun --restarts relaunches: this attempt's place among them
+  if (session != nullptr) {
+    if (const auto restart = launcher_restart([](const char* name) { return std::getenv(name); })) {
+      restart_from_launcher(config, *restart, recovery, session->transport.rank() == 0);
+    }
+  }
   CommandTrace trace(flags.trace_path, flags.trace_iterations);
   config.trace = trace.target(0, "");
   if (prints_results(session)) prepare_output_directory(config.out_dir);  // before the data is read

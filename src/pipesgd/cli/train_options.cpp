@@ -1,5 +1,6 @@
 #include "pipesgd/cli/train_options.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -10,6 +11,7 @@
 #include "pipesgd/core/interrupt.h"
 #include "pipesgd/torch/torch_models.h"
 #include "pipesgd/torch/torchscript_model.h"
+#include "pipesgd/train/elastic.h"
 
 namespace pipesgd {
 namespace {
@@ -104,7 +106,13 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "die (crash) or go silent (hang) at the start of iteration N (at=iteration), mid-write of its "
                      "checkpoint after N (at=checkpoint), mid-way through N's gradient allreduce (at=allreduce, "
                      "allreduce methods) or N's push to the servers (at=push, parameter-server methods); the others "
-                     "must exit within --comm-timeout");
+                     "must exit within --comm-timeout. With --restarts it may be given again: the k-th is armed in "
+                     "the k-th restart");
+  command.add_option("--restarts", flags.restarts,
+                     "When a worker fails, roll back to the newest commit and go on, up to R times: commits every "
+                     "--checkpoint-every iterations (50 if not given), in memory or in --checkpoint-dir; the result "
+                     "is bit-identical to an uninterrupted run. Under MPI: pipesgdrun --restarts R relaunches the job")
+      ->capture_default_str();
   command.add_option("--out", flags.out_dir, "Directory to write metrics.jsonl and summary.json to (compare: compare.json)");
   command.add_option("--trace", flags.trace_path,
                      "Write the run's timeline to FILE in the Chrome trace event format (open it in "
@@ -198,7 +206,23 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
   reliability.checkpoint_dir = flags.checkpoint_dir;
   reliability.checkpoint_every = flags.checkpoint_every;
   reliability.resume = flags.resume;
-  if (!flags.inject_fault.empty()) reliability.fault = parse_fault_injection(flags.inject_fault);
+  reliability.restarts = flags.restarts;
+  if (session != nullptr) {
+    // pipesgdrun --restarts relaunches the job: its count applies (train/elastic.h).
+    if (const auto restart = launcher_restart([](const char* name) { return std::getenv(name); })) {
+      reliability.restarts = restart->restarts;
+    }
+  }
+  const bool every_given = flags.command != nullptr && flags.command->count("--checkpoint-every") > 0;
+  if (reliability.restarts > 0 && !every_given) reliability.checkpoint_every = kDefaultCommitInterval;
+  for (std::size_t k = 0; k < flags.inject_fault.size(); ++k) {
+    const FaultInjection fault = parse_fault_injection(flags.inject_fault[k]);
+    if (k == 0) {
+      reliability.fault = fault;
+    } else {
+      reliability.restart_faults.push_back(fault);
+    }
+  }
   validate_train_config(config);  // before loading any data
   return config;
 }

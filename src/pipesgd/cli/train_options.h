@@ -47,7 +47,8 @@ struct TrainFlags {
   bool resume = false;
   std::string on_nonfinite = "stop";
   std::int64_t check_consistency = 0;
-  std::string inject_fault;
+  std::vector<std::string> inject_fault;  // --inject-fault, each time given (the k-th for attempt k)
+  int restarts = 0;
   bool quiet = false;
   bool no_eval = false;
   std::vector<std::string> command_line;  // argv, for summary.json

@@ -68,8 +68,8 @@ std::string MetricsLines::epoch(const EpochRecord& record) {
 }
 
 void write_metrics_file(const std::string& dir, const MetricsLines& lines, std::int64_t start, std::int64_t end,
-                        std::span<const EpochRecord> epochs) {
-  std::string text = start > 0 ? MetricsLines::resume(start) : std::string();
+                        std::span<const EpochRecord> epochs, const std::string& prefix) {
+  std::string text = !prefix.empty() ? prefix : start > 0 ? MetricsLines::resume(start) : std::string();
   auto epoch = std::find_if(epochs.begin(), epochs.end(), [&](const EpochRecord& e) { return e.iterations > start; });
   for (std::int64_t t = start; t < end; ++t) {
     text += lines.iteration(t);
@@ -79,7 +79,7 @@ void write_metrics_file(const std::string& dir, const MetricsLines& lines, std::
 }
 
 MetricsStream::MetricsStream(const std::string& dir, MetricsLines lines, const WorkerProgress& progress,
-                             std::int64_t start, std::chrono::milliseconds interval)
+                             std::int64_t start, const std::string& prefix, std::chrono::milliseconds interval)
     : path_(std::filesystem::path(dir) / "metrics.jsonl"),
       lines_(std::move(lines)),
       progress_(progress),
@@ -90,7 +90,11 @@ MetricsStream::MetricsStream(const std::string& dir, MetricsLines lines, const W
     const int error_number = errno;
     throw DataError(concat("cannot write metrics '", path_.string(), "': ", std::strerror(error_number)));
   }
-  if (start > 0) append(MetricsLines::resume(start));
+  if (!prefix.empty()) {
+    append(prefix);
+  } else if (start > 0) {
+    append(MetricsLines::resume(start));
+  }
   thread_ = std::thread([this] { run(); });
 }
 

@@ -57,8 +57,10 @@ class MetricsLines {
 // Writes DIR/metrics.jsonl atomically: the iterations [start, end) and `epochs` (each after its last
 // iteration; those that ended before `start` are left out), the resume record first if start > 0.
 // Throws UsageError / DataError naming the file.
+// `prefix` ("": none): lines of earlier attempts (train/elastic.h, --restarts), written first instead
+// of the resume record.
 void write_metrics_file(const std::string& dir, const MetricsLines& lines, std::int64_t start, std::int64_t end,
-                        std::span<const EpochRecord> epochs);
+                        std::span<const EpochRecord> epochs, const std::string& prefix = {});
 
 // metrics.jsonl written as the run goes, so that a run that is killed keeps what was written: a
 // thread of the leader process appends the records of the iterations that every worker in `lines`
@@ -70,8 +72,10 @@ class MetricsStream {
  public:
   // Creates or truncates DIR/metrics.jsonl; the iterations start at `start` (a resumed run's R).
   // Throws UsageError / DataError naming the file.
+  // `prefix` ("": none): the lines an earlier attempt of the run left (--restarts), written first
+  // instead of the resume record.
   MetricsStream(const std::string& dir, MetricsLines lines, const WorkerProgress& progress, std::int64_t start,
-                std::chrono::milliseconds interval = std::chrono::seconds(1));
+                const std::string& prefix = {}, std::chrono::milliseconds interval = std::chrono::seconds(1));
   // Writes what is due (as close() does, ignoring write failures: a run that failed keeps the
   // iterations every worker completed) and stops the thread, unless close() did.
   ~MetricsStream();

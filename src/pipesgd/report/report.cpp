@@ -1,6 +1,7 @@
 #include "pipesgd/report/report.h"
 
 #include <algorithm>
+#include <iomanip>
 #include <ostream>
 #include <set>
 
@@ -168,6 +169,27 @@ std::optional<AccuracyTarget> compare_accuracy_target(const std::vector<RunSumma
   return choose_accuracy_target(runs, requested);
 }
 
+// summary.json's "recoveries" (--restarts): each failure, and the iterations redone and seconds lost.
+nlohmann::json recoveries_to_json(const std::vector<Recovery>& recoveries) {
+  nlohmann::json list = nlohmann::json::array();
+  auto seconds = [](double value) { return value < 0 ? nlohmann::json(nullptr) : nlohmann::json(value); };
+  double lost = 0;
+  std::int64_t redone = 0;
+  for (const Recovery& recovery : recoveries) {
+    list.push_back({{"attempt", recovery.attempt},
+                    {"failure", recovery.failure},
+                    {"reached_iteration", recovery.reached},
+                    {"rolled_back_to", recovery.rolled_back_to},
+                    {"iterations_redone", recovery.iterations_redone()},
+                    {"detection_s", seconds(recovery.detection_seconds)},
+                    {"recovery_s", seconds(recovery.recovery_seconds)},
+                    {"seconds_lost", seconds(recovery.seconds_lost)}});
+    lost += std::max(0.0, recovery.seconds_lost);
+    redone += recovery.iterations_redone();
+  }
+  return {{"count", recoveries.size()}, {"iterations_redone", redone}, {"seconds_lost", lost}, {"failures", list}};
+}
+
 nlohmann::json summary_to_json(const RunSummary& s) {
   nlohmann::json epochs = nlohmann::json::array();
   for (const EpochRecord& e : s.epochs) epochs.push_back(epoch_to_json(e));
@@ -207,6 +229,7 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"nonfinite_gradients_skipped", s.reliability.nonfinite_skipped},
                          {"consistency_checks_passed", s.reliability.consistency_checks},
                          {"resumed_from_iteration", s.reliability.resumed_from},
+                         {"recoveries", recoveries_to_json(s.recoveries)},
                          {"final_train_accuracy", f.final_train_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_train_accuracy)},
                          {"final_test_accuracy", f.final_test_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_test_accuracy)},
                          {"epochs", epochs},
@@ -254,7 +277,19 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
   }
   f.report->print(out, f);
   out << timing_model_sentence(s);
-  if (s.reliability.resumed_from >= 0) out << " Resumed at iteration " << s.reliability.resumed_from << " from its checkpoint.";
+  if (!s.recoveries.empty()) {
+    std::int64_t redone = 0;
+    double lost = 0;
+    for (const Recovery& recovery : s.recoveries) {
+      redone += recovery.iterations_redone();
+      lost += std::max(0.0, recovery.seconds_lost);
+    }
+    out << " Recovered from " << s.recoveries.size() << (s.recoveries.size() == 1 ? " failure" : " failures")
+        << " by rolling back to a commit: " << redone << " iterations redone, " << std::fixed << std::setprecision(1)
+        << lost << " s lost (each iteration is counted once above).";
+  } else if (s.reliability.resumed_from >= 0) {
+    out << " Resumed at iteration " << s.reliability.resumed_from << " from its checkpoint.";
+  }
   if (s.interrupted) {
     out << " Interrupted by " << signal_name(s.interrupted->signal) << " after iteration " << s.interrupted->at_iteration
         << " of " << s.interrupted->of_iterations << ".";

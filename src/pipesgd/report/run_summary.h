@@ -81,6 +81,23 @@ struct Interruption {
   int workers_reported = 0;
 };
 
+// A failure the run recovered from by rolling back to a commit (--restarts, train/elastic.h).
+struct Recovery {
+  int attempt = 0;                  // the restart that followed it (1: the first)
+  std::string failure;              // the failure's one line
+  std::int64_t reached = 0;         // iterations the furthest worker had completed when it failed
+  std::int64_t rolled_back_to = 0;  // the commit the run continued from (0: the start)
+  std::int64_t iterations_redone() const { return reached > rolled_back_to ? reached - rolled_back_to : 0; }
+  // From the failure (an injected fault's firing, else its detection) to the attempt's end; -1
+  // where the moment of the failure is unknown (a process killed from outside).
+  double detection_seconds = -1;
+  // From the failure (or its detection) to the first iteration completed after the rollback.
+  double recovery_seconds = 0;
+  // From the commit rolled back to being taken, to that first iteration: the work redone, the
+  // detection and the restart.
+  double seconds_lost = 0;
+};
+
 struct RunSummary {
   RunSetup setup;
   // The whole configuration as summary.json records it (train/run_description.h).
@@ -98,6 +115,7 @@ struct RunSummary {
   std::uint64_t weights_checksum = 0;                // FNV-1a of rank 0's final parameters
   std::vector<std::vector<float>> final_parameters;  // per rank, if TrainConfig::keep_parameters
   std::string model_file;  // the TorchScript model written to --out ("": none; train/checkpointing.h)
+  std::vector<Recovery> recoveries;  // --restarts: the failures recovered from, in order
 };
 
 }  // namespace pipesgd

@@ -55,6 +55,8 @@ struct FaultControl {
   const std::atomic<bool>* any_worker_failed = nullptr;  // threads only
   bool rank_is_process = false;
   Timeout timeout{120000};  // --comm-timeout
+  // --restarts: where the moment the fault fires is recorded (Unix-epoch ns; train/elastic.h).
+  std::atomic<std::int64_t>* fired_at_ns = nullptr;
 };
 
 // The faulty worker fails as `fault` asks. Never returns.

@@ -15,33 +15,10 @@ std::string methods_where(Predicate&& has) {
   return join_and(names);
 }
 
-void validate_reliability(const TrainConfig& config) {
+// An --inject-fault the run can arm.
+void validate_fault(const TrainConfig& config, const FaultInjection& fault) {
   const ReliabilityOptions& r = config.reliability;
   const MethodSelection& method = config.method;
-  if (r.checkpoint_every < 0 || r.checkpoint_every > kMaxIterations) {
-    throw UsageError(concat("--checkpoint-every must be in [0, ", kMaxIterations, "] (0: never), got ",
-                            r.checkpoint_every));
-  }
-  if ((r.checkpoint_every > 0 || r.resume) && r.checkpoint_dir.empty()) {
-    throw UsageError(concat(r.resume ? "--resume" : "--checkpoint-every", " needs --checkpoint-dir DIR"));
-  }
-  if (!r.checkpoint_dir.empty() && r.checkpoint_every == 0 && !r.resume) {
-    throw UsageError("--checkpoint-dir needs --checkpoint-every N (to write checkpoints) or --resume (to read one)");
-  }
-  if (r.on_nonfinite != "stop" && r.on_nonfinite != "skip") {
-    throw UsageError(concat("--on-nonfinite must be stop or skip, got '", r.on_nonfinite, "'"));
-  }
-  if (r.check_consistency < 0 || r.check_consistency > kMaxIterations) {
-    throw UsageError(concat("--check-consistency must be in [0, ", kMaxIterations, "] (0: never), got ",
-                            r.check_consistency));
-  }
-  if (r.check_consistency > 0 && !method.traits().replicas_identical) {
-    throw UsageError(concat("--check-consistency: the replicas of '", method.name(),
-                            "' differ by design (each worker trains on its own weights); it applies to ",
-                            methods_where([](const MethodTraits& t) { return t.replicas_identical; })));
-  }
-  const FaultInjection& fault = r.fault;
-  if (!fault.active()) return;
   if (fault.during_checkpoint() && (r.checkpoint_every == 0 || (fault.iteration + 1) % r.checkpoint_every != 0)) {
     throw UsageError(concat("--inject-fault at=checkpoint: no checkpoint is written after iteration ", fault.iteration,
                             " (--checkpoint-every ", r.checkpoint_every, ")"));
@@ -59,6 +36,46 @@ void validate_reliability(const TrainConfig& config) {
     throw UsageError(concat("--inject-fault: rank ", fault.rank, " is not a worker (the run has ", config.workers,
                             " workers: ranks 0-", config.workers - 1, ")"));
   }
+}
+
+void validate_reliability(const TrainConfig& config) {
+  const ReliabilityOptions& r = config.reliability;
+  const MethodSelection& method = config.method;
+  if (r.checkpoint_every < 0 || r.checkpoint_every > kMaxIterations) {
+    throw UsageError(concat("--checkpoint-every must be in [0, ", kMaxIterations, "] (0: never), got ",
+                            r.checkpoint_every));
+  }
+  // With --restarts and no --checkpoint-dir the commits are kept in memory (train/elastic.h).
+  if ((r.resume || (r.checkpoint_every > 0 && r.restarts == 0)) && r.checkpoint_dir.empty()) {
+    throw UsageError(concat(r.resume ? "--resume" : "--checkpoint-every", " needs --checkpoint-dir DIR"));
+  }
+  if (!r.checkpoint_dir.empty() && r.checkpoint_every == 0 && !r.resume) {
+    throw UsageError("--checkpoint-dir needs --checkpoint-every N (to write checkpoints) or --resume (to read one)");
+  }
+  if (r.on_nonfinite != "stop" && r.on_nonfinite != "skip") {
+    throw UsageError(concat("--on-nonfinite must be stop or skip, got '", r.on_nonfinite, "'"));
+  }
+  if (r.check_consistency < 0 || r.check_consistency > kMaxIterations) {
+    throw UsageError(concat("--check-consistency must be in [0, ", kMaxIterations, "] (0: never), got ",
+                            r.check_consistency));
+  }
+  if (r.check_consistency > 0 && !method.traits().replicas_identical) {
+    throw UsageError(concat("--check-consistency: the replicas of '", method.name(),
+                            "' differ by design (each worker trains on its own weights); it applies to ",
+                            methods_where([](const MethodTraits& t) { return t.replicas_identical; })));
+  }
+  if (r.restarts < 0 || r.restarts > kMaxRestarts) {
+    throw UsageError(concat("--restarts must be in [0, ", kMaxRestarts, "], got ", r.restarts));
+  }
+  if (r.restarts > 0 && r.checkpoint_every == 0) {
+    throw UsageError("--restarts needs commits to roll back to: --checkpoint-every N (N > 0)");
+  }
+  if (!r.restart_faults.empty() && r.restarts == 0) {
+    throw UsageError(concat("--inject-fault is given ", r.restart_faults.size() + 1,
+                            " times: the faults after the first are armed in the restarts, which need --restarts R"));
+  }
+  if (r.fault.active()) validate_fault(config, r.fault);
+  for (const FaultInjection& fault : r.restart_faults) validate_fault(config, fault);
 }
 
 }  // namespace

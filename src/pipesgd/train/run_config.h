@@ -19,6 +19,7 @@ namespace pipesgd {
 inline constexpr int kMaxWorkers = 1024;
 inline constexpr std::size_t kMaxBatch = std::size_t{1} << 20;
 inline constexpr std::int64_t kMaxIterations = 10'000'000;
+inline constexpr int kMaxRestarts = 1000;
 
 // --on-nonfinite, --check-consistency, checkpoints and --inject-fault.
 struct ReliabilityOptions {
@@ -37,7 +38,12 @@ struct ReliabilityOptions {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;
   bool resume = false;
-  FaultInjection fault;  // train/fault_injection.h
+  FaultInjection fault;  // train/fault_injection.h (this attempt's)
+  // --restarts R: a failed worker rolls the run back to its newest commit, up to R times
+  // (train/elastic.h); needs checkpoint_every > 0 (the commits).
+  int restarts = 0;
+  // --inject-fault given again: the k-th of these is armed in the k-th restart (testing).
+  std::vector<FaultInjection> restart_faults;
 };
 
 // Where a run comes from, for summary.json's configuration (the CLI fills it; tests may leave it).
@@ -61,6 +67,8 @@ struct TraceTarget {
   int first_process = 0;
   std::string label;  // e.g. "pipe+int8: " in a comparison
 };
+
+struct RecoveryLog;  // train/elastic.h
 
 struct TrainConfig {
   MethodSelection method;      // select_method(spec, flags, ...)
@@ -88,6 +96,8 @@ struct TrainConfig {
   // boundary and reports what it completed (train/early_stop.h). nullptr: it never stops early.
   const std::atomic<int>* interrupt = nullptr;
   RunProvenance provenance;
+  // --restarts: shared by the run's attempts (train/elastic.h); nullptr for a run without.
+  RecoveryLog* recovery = nullptr;
 };
 
 // The server ranks the run has (0 for the allreduce methods).

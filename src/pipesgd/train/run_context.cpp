@@ -39,10 +39,13 @@ RunPlan plan_run(const TrainConfig& config, const Dataset& train) {
                                       plan.total_iterations);
   plan.unreached_phase = unreached_phase(*config.method.options, plan.warmup_iterations, plan.total_iterations);
   plan.loss_from = plan.first_measured;
-  const FaultInjection& fault = config.reliability.fault;
-  if (fault.active() && fault.iteration >= plan.total_iterations) {
-    throw UsageError(concat("--inject-fault: iteration ", fault.iteration, " is past the run's last (",
-                            plan.total_iterations - 1, ")"));
+  std::vector<FaultInjection> faults = config.reliability.restart_faults;
+  faults.push_back(config.reliability.fault);
+  for (const FaultInjection& fault : faults) {
+    if (fault.active() && fault.iteration >= plan.total_iterations) {
+      throw UsageError(concat("--inject-fault: iteration ", fault.iteration, " is past the run's last (",
+                              plan.total_iterations - 1, ")"));
+    }
   }
   return plan;
 }

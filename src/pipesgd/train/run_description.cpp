@@ -78,6 +78,8 @@ nlohmann::json describe_configuration(const RunContext& run, const FlatParameter
   const RunProvenance& provenance = config.provenance;
   const RunPlan& plan = run.plan;
   const ReliabilityOptions& reliability = config.reliability;
+  nlohmann::json restart_faults = nlohmann::json::array();
+  for (const FaultInjection& fault : reliability.restart_faults) restart_faults.push_back(describe(fault));
   nlohmann::json versions = nlohmann::json::object();
   for (const auto& [name, version] : provenance.versions) versions[name] = version;
   return {
@@ -115,7 +117,9 @@ nlohmann::json describe_configuration(const RunContext& run, const FlatParameter
         {"resume", reliability.resume},
         {"on_nonfinite", reliability.on_nonfinite},
         {"check_consistency", reliability.check_consistency},
-        {"inject_fault", describe(reliability.fault)}}},
+        {"inject_fault", describe(reliability.fault)},
+        {"restarts", reliability.restarts},
+        {"restart_faults", restart_faults}}},
       {"versions", versions},
   };
 }

@@ -21,6 +21,7 @@
 #include "pipesgd/ps/shard_plan.h"
 #include "pipesgd/train/checkpointing.h"
 #include "pipesgd/train/early_stop.h"
+#include "pipesgd/train/elastic.h"
 #include "pipesgd/report/metrics_file.h"
 #include "pipesgd/report/report.h"
 #include "pipesgd/train/summary.h"
@@ -81,12 +82,18 @@ MetricsLines metrics_lines(const RunContext& run, std::span<const WorkerRecord> 
                       run.config.method.common.optimizer.sgd.learning_rate, run_learning_rate_schedule(run));
 }
 
+// --restarts: what metrics.jsonl keeps of the attempts before this one ("": none).
+std::string metrics_prefix(const TrainConfig& config) {
+  return config.recovery != nullptr ? config.recovery->metrics_prefix : std::string();
+}
+
 // The stream of metrics.jsonl of `workers` (the workers of this process, in the order of their
 // EarlyStop slots) if the run has an --out directory and this is its leader.
 std::unique_ptr<MetricsStream> open_metrics_stream(const RunContext& run, bool leader,
                                                    std::span<const WorkerRecord> workers, const EarlyStop& stop) {
   if (!leader || run.config.out_dir.empty()) return nullptr;
-  return std::make_unique<MetricsStream>(run.config.out_dir, metrics_lines(run, workers), stop, run.start_iteration());
+  return std::make_unique<MetricsStream>(run.config.out_dir, metrics_lines(run, workers), stop, run.start_iteration(),
+                                         metrics_prefix(run.config));
 }
 
 // The interruption of a run whose workers completed `completed` iterations, if that is fewer than
@@ -199,7 +206,15 @@ class ThreadRanks final : public RankHost {
           run_rank(rank);
         } catch (const InjectedFault&) {
           // --inject-fault: this worker "died" without a word; the others find out by their timeouts.
+          // With --restarts this launcher watches its workers, as torchrun's agent or mpirun watches
+          // its processes: a worker that died is reported to the others at once.
           injected_fault_ended.store(true, std::memory_order_release);
+          const FaultInjection& fault = config.reliability.fault;
+          if (config.recovery != nullptr && fault.kind == FaultInjection::Kind::kCrash) {
+            transport(rank).report_failure(concat("worker ", rank, " died (crash injected at iteration ",
+                                                  fault.iteration, ")"));
+            if (rank < config.workers) worker_failed_.store(true, std::memory_order_release);
+          }
         } catch (const std::exception& error) {
           failures[static_cast<std::size_t>(rank)] = std::current_exception();
           transport(rank).report_failure(error.what());
@@ -300,7 +315,8 @@ RunSummary launch(const TrainConfig& config, const ModelFactory& factory, const 
   const std::span<WorkerRecord> hosted_records = std::span(records).subspan(
       static_cast<std::size_t>(std::min(first, config.workers)), static_cast<std::size_t>(hosted_workers));
   LeaderRecord leader;
-  const FaultControl faults = host.fault_control(config.method.common.timeout);
+  FaultControl faults = host.fault_control(config.method.common.timeout);
+  if (config.recovery != nullptr) faults.fired_at_ns = &config.recovery->failed_at_ns;
   std::optional<EarlyStop> stop;  // slots: the hosted workers
   if (hosted_workers > 0) stop.emplace(hosted_workers, config.interrupt, config.method.common.timeout);
   const std::unique_ptr<MetricsStream> metrics =
@@ -344,11 +360,15 @@ RunSummary launch(const TrainConfig& config, const ModelFactory& factory, const 
   }
   summary.interrupted =
       interruption(run, summary.timing.iterations, hosted_records.front().stop_signal, hosted_workers);
+  if (config.recovery != nullptr) {
+    config.recovery->complete_last_recovery();
+    summary.recoveries = config.recovery->recoveries;
+  }
   if (first != 0 || config.out_dir.empty()) return summary;
   // The stream held this process's workers' times; with every worker's gathered, the file gets their means.
   if (held == RecordsHeld::kEveryGathered) {
     write_metrics_file(config.out_dir, metrics_lines(run, records), run.start_iteration(), summary.timing.iterations,
-                       summary.epochs);
+                       summary.epochs, metrics_prefix(config));
   }
   write_summary_file(config.out_dir, summary);
   write_final_model(config, summary, *models[0]);
@@ -358,12 +378,23 @@ RunSummary launch(const TrainConfig& config, const ModelFactory& factory, const 
 }  // namespace
 
 RunSummary run_training(const TrainConfig& config, const ModelFactory& factory, const DataSplits& data) {
-  ThreadRanks threads;
-  return launch(config, factory, data, threads);
+  auto attempt = [&](const TrainConfig& attempt_config) {
+    ThreadRanks threads;
+    return launch(attempt_config, factory, data, threads);
+  };
+  if (config.reliability.restarts > 0 && config.recovery == nullptr) {
+    validate_train_config(config);
+    return run_with_restarts(config, attempt);
+  }
+  return attempt(config);
 }
 
 RunSummary run_training_rank(const TrainConfig& config, const ModelFactory& factory, const DataSplits& data,
                              Transport& transport) {
+  if (config.reliability.restarts > 0 && config.recovery == nullptr) {
+    throw UsageError("--restarts under --transport mpi: launch with pipesgdrun --restarts R (Open MPI ends the whole "
+                     "job when a rank dies; pipesgdrun relaunches it and the ranks resume from the newest commit)");
+  }
   ProcessRank process(transport);
   return launch(config, factory, data, process);
 }

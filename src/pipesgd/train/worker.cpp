@@ -17,6 +17,7 @@
 #include "pipesgd/core/trace.h"
 #include "pipesgd/data/sampler.h"
 #include "pipesgd/train/checkpointing.h"
+#include "pipesgd/train/elastic.h"
 #include "pipesgd/train/progress.h"
 #include "pipesgd/report/short_run.h"
 
@@ -488,6 +489,7 @@ class WorkerLoop {
     }
     times.iteration = iteration.seconds();
     sums_ = sums;
+    if (RecoveryLog* recovery = config().recovery) recovery->note_iteration_done(own_.rank, t_ + 1);
   }
 
   TraceArgs iteration_args() const {
@@ -523,6 +525,7 @@ class WorkerLoop {
       checkpoints_.submit(std::move(files), {});
       return;
     }
+    if (RecoveryLog* recovery = config().recovery) recovery->note_commit(t_ + 1);
     const RunHistory history{sinks_.leader->consistency_checks, train_seconds_ + epoch_clock_.seconds()};
     files.emplace_back(checkpoint_path(dir, t_ + 1, "shared"),
                        shared_checkpoint(shared_.run, t_, sinks_.leader->epochs, history));
