@@ -9,12 +9,24 @@ always with --oversubscribe), running as root allowed when this user is root (CI
 containers), and the environment (PYTHONPATH, PATH, LD_LIBRARY_PATH, OMP_NUM_THREADS, PIPESGD_*)
 exported to every host. Parameter-server methods: -np counts the server ranks too (the script
 calls hvd.init(servers=S); the last S ranks serve).
+
+With --restarts R, a job that fails (a rank killed, a host lost: Open MPI then ends the whole job)
+is launched again, up to R times, on the same hosts. Every rank sees PIPESGD_RESTART (0 on the
+first launch, k on the k-th relaunch), PIPESGD_RESTARTS (R) and PIPESGD_RESTART_FAILURES (a JSON
+list of the failed launches: attempt, exit_code, failed_at_unix_s, seconds). `pipesgd train` then
+resumes from the newest commit in its --checkpoint-dir (docs/user-guide.md, "Surviving failures").
+A job that ends with exit status 2 (a usage error: it would fail again) or that this launcher's user
+interrupted is not relaunched.
 """
 
 import argparse
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 
 _EXPORTED = ("PYTHONPATH", "PATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -29,6 +41,9 @@ def _parser():
     parser.add_argument("--oversubscribe", action="store_true",
                         help="allow more ranks than cores (automatic on one machine when -np exceeds its cores)")
     parser.add_argument("--mpi-args", default="", help="extra arguments for mpirun, one string")
+    parser.add_argument("--restarts", type=int, default=0,
+                        help="relaunch a job that failed up to R times; `pipesgd train` resumes from its newest commit "
+                             "(give it --checkpoint-dir)")
     parser.add_argument("--dry-run", action="store_true", help="print the mpirun command instead of running it")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the mpirun command before running it")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
@@ -57,11 +72,65 @@ def mpirun_command(args, environ=None, cpu_count=None, euid=None):
     return command + args.command
 
 
+_USAGE_ERROR = 2  # pipesgd's exit status for a usage error: a relaunch would fail the same way
+
+
+def restart_environment(attempt, restarts, failures):
+    """The PIPESGD_RESTART* variables of launch `attempt` (pure: for tests)."""
+    return {"PIPESGD_RESTART": str(attempt), "PIPESGD_RESTARTS": str(restarts),
+            "PIPESGD_RESTART_FAILURES": json.dumps(failures, separators=(",", ":"))}
+
+
+def should_relaunch(exit_code, attempt, restarts, interrupted):
+    """Whether a launch that ended with `exit_code` is relaunched (pure: for tests)."""
+    return exit_code != 0 and exit_code != _USAGE_ERROR and not interrupted and attempt < restarts
+
+
+def run_with_restarts(args, environ=None, launch=None, clock=time.time, err=sys.stderr):
+    """Runs the job, relaunching it after a failure up to args.restarts times; returns the exit status.
+    `launch(command, env)` runs one mpirun and returns its exit status (a parameter for tests)."""
+    environ = dict(os.environ if environ is None else environ)
+    interrupted = []
+
+    def on_signal(number, _frame):
+        interrupted.append(number)  # mpirun gets the terminal's signal too and ends the job
+
+    if launch is None:
+        def launch(command, env):
+            return subprocess.run(command, env=env, check=False).returncode
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, on_signal)
+    failures = []
+    attempt = 0
+    while True:
+        environ.update(restart_environment(attempt, args.restarts, failures))
+        command = mpirun_command(args, environ=environ)
+        if args.verbose:
+            print(" ".join(command), flush=True)
+        started = clock()
+        exit_code = launch(command, environ)
+        if exit_code == 0:
+            return 0
+        ended = clock()
+        if not should_relaunch(exit_code, attempt, args.restarts, bool(interrupted)):
+            if exit_code != _USAGE_ERROR and not interrupted and args.restarts > 0:
+                print(f"pipesgdrun: the job failed (exit status {exit_code}) and --restarts {args.restarts} are used "
+                      f"up; the newest commit is still in the job's --checkpoint-dir", file=err, flush=True)
+            return exit_code
+        attempt += 1
+        failures.append({"attempt": attempt, "exit_code": exit_code, "failed_at_unix_s": ended,
+                         "seconds": round(ended - started, 3)})
+        print(f"pipesgdrun: the job failed (exit status {exit_code}) after {ended - started:.1f} s; relaunching it "
+              f"(restart {attempt} of {args.restarts}): it resumes from its newest commit", file=err, flush=True)
+
+
 def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
     if args.np < 1:
         parser.error(f"-np must be >= 1, got {args.np}")
+    if args.restarts < 0:
+        parser.error(f"--restarts must be >= 0, got {args.restarts}")
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:
@@ -74,6 +143,8 @@ def main(argv=None):
     if shutil.which("mpirun") is None:
         print("pipesgdrun: mpirun not found: install openmpi-bin (bash scripts/install-deps.sh)", file=sys.stderr)
         return 127
+    if args.restarts > 0:
+        return run_with_restarts(args)
     os.execvp(command[0], command)
 
 

@@ -179,11 +179,14 @@ nlohmann::json recoveries_to_json(const std::vector<Recovery>& recoveries) {
     list.push_back({{"attempt", recovery.attempt},
                     {"failure", recovery.failure},
                     {"reached_iteration", recovery.reached},
-                    {"rolled_back_to", recovery.rolled_back_to},
+                    {"rolled_back_to", recovery.rolled_back_to < 0 ? nlohmann::json(nullptr)
+                                                                   : nlohmann::json(recovery.rolled_back_to)},
                     {"iterations_redone", recovery.iterations_redone()},
                     {"detection_s", seconds(recovery.detection_seconds)},
                     {"recovery_s", seconds(recovery.recovery_seconds)},
-                    {"seconds_lost", seconds(recovery.seconds_lost)}});
+                    {"seconds_lost", seconds(recovery.seconds_lost)},
+                    {"failed_at_unix_s", recovery.failed_at_unix_s},
+                    {"resumed_at_unix_s", recovery.resumed_at_unix_s}});
     lost += std::max(0.0, recovery.seconds_lost);
     redone += recovery.iterations_redone();
   }

@@ -86,8 +86,11 @@ struct Recovery {
   int attempt = 0;                  // the restart that followed it (1: the first)
   std::string failure;              // the failure's one line
   std::int64_t reached = 0;         // iterations the furthest worker had completed when it failed
-  std::int64_t rolled_back_to = 0;  // the commit the run continued from (0: the start)
-  std::int64_t iterations_redone() const { return reached > rolled_back_to ? reached - rolled_back_to : 0; }
+  // The commit the run continued from (0: the start; -1: unknown, an MPI relaunch before the last).
+  std::int64_t rolled_back_to = 0;
+  std::int64_t iterations_redone() const {
+    return rolled_back_to >= 0 && reached > rolled_back_to ? reached - rolled_back_to : 0;
+  }
   // From the failure (an injected fault's firing, else its detection) to the attempt's end; -1
   // where the moment of the failure is unknown (a process killed from outside).
   double detection_seconds = -1;
@@ -96,6 +99,10 @@ struct Recovery {
   // From the commit rolled back to being taken, to that first iteration: the work redone, the
   // detection and the restart.
   double seconds_lost = 0;
+  // The moments (Unix seconds) of the failure as known (the fault's firing; under MPI, mpirun's
+  // end) and of that first iteration's end (0: it never came).
+  double failed_at_unix_s = 0;
+  double resumed_at_unix_s = 0;
 };
 
 struct RunSummary {

@@ -134,10 +134,12 @@ void RecoveryLog::complete_last_recovery() {
     return;
   }
   recovery.recovery_seconds = seconds_between(pending_failure_ns_, done);
+  recovery.resumed_at_unix_s = static_cast<double>(done) * 1e-9;
   recovery.seconds_lost = seconds_between(pending_commit_ns_, done);
 }
 
 void RecoveryLog::add_recovery(Recovery recovery, std::int64_t failure_ns, std::int64_t commit_ns) {
+  recovery.failed_at_unix_s = static_cast<double>(failure_ns) * 1e-9;
   recoveries.push_back(std::move(recovery));
   pending_ = true;
   pending_failure_ns_ = failure_ns;
@@ -228,7 +230,7 @@ std::optional<LauncherRestart> launcher_restart(const std::function<const char*(
   LauncherRestart restart;
   restart.attempt = number("PIPESGD_RESTART", attempt);
   restart.restarts = number("PIPESGD_RESTARTS", environment("PIPESGD_RESTARTS"));
-  if (const char* log = environment("PIPESGD_RESTART_LOG")) restart.log = log;
+  if (const char* failures = environment("PIPESGD_RESTART_FAILURES")) restart.failures = failures;
   return restart;
 }
 
@@ -247,16 +249,15 @@ void restart_from_launcher(TrainConfig& config, const LauncherRestart& restart, 
   const std::int64_t commit = newest_commit(reliability.checkpoint_dir, config);
   reliability.resume = reliability.resume || commit > 0;
   if (!leader) return;
-  // pipesgdrun's records of the failed attempts (one JSON object per line), oldest first.
-  std::ifstream in(restart.log);
+  // pipesgdrun's records of the failed launches, oldest first.
   std::int64_t last_failure_ns = 0;
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json failures = nlohmann::json::parse(restart.failures, nullptr, /*allow_exceptions=*/false);
+  for (const nlohmann::json& record : failures.is_array() ? failures : nlohmann::json::array()) {
     if (!record.is_object()) continue;
     Recovery recovery;
     recovery.attempt = record.value("attempt", 0);
     recovery.failure = concat("the job ended with mpirun's exit status ", record.value("exit_code", -1));
-    recovery.rolled_back_to = record.value("to_iteration", std::int64_t{-1});
+    recovery.rolled_back_to = -1;  // known for the latest only (below)
     last_failure_ns = static_cast<std::int64_t>(record.value("failed_at_unix_s", 0.0) * 1e9);
     log.recoveries.push_back(std::move(recovery));
   }

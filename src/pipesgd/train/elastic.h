@@ -73,11 +73,14 @@ struct RecoveryLog {
 RunSummary run_with_restarts(const TrainConfig& config, const std::function<RunSummary(const TrainConfig&)>& attempt);
 
 // Under MPI: the attempt pipesgdrun --restarts says this process belongs to (PIPESGD_RESTART,
-// PIPESGD_RESTARTS and PIPESGD_RESTART_LOG in `environment`); nullopt when it was not launched so.
+// PIPESGD_RESTARTS and PIPESGD_RESTART_FAILURES in `environment`); nullopt when it was not launched
+// so.
 struct LauncherRestart {
   int attempt = 0;   // 0: the first launch
   int restarts = 0;  // pipesgdrun's --restarts
-  std::string log;   // the failed attempts, as pipesgdrun records them (JSON lines)
+  // The failed launches as pipesgdrun records them: a JSON list of {attempt, exit_code,
+  // failed_at_unix_s, seconds}, oldest first.
+  std::string failures;
 };
 std::optional<LauncherRestart> launcher_restart(const std::function<const char*(const char*)>& environment);
 
