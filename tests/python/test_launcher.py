@@ -84,3 +84,84 @@ def test_pipesgdrun_launches_two_ranks(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     written = {path.name: path.read_text() for path in tmp_path.iterdir()}
     assert written == {"rank0": "size 2 rank 0", "rank1": "size 2 rank 1"}, (written, result.stdout + result.stderr)
+
+
+# --restarts: the relaunch rule, the environment each launch gets, and a real relaunch of a
+# `pipesgd train` job whose rank is killed: the job resumes from its newest commit and ends with the
+# weights of a run never interrupted.
+class Args:
+    def __init__(self, restarts):
+        self.restarts, self.np, self.hosts, self.hostfile = restarts, 2, None, None
+        self.oversubscribe, self.mpi_args, self.verbose, self.command = False, "", False, ["true"]
+
+
+def test_relaunch_rule():
+    assert launcher.should_relaunch(137, attempt=0, restarts=1, interrupted=False)
+    assert not launcher.should_relaunch(137, attempt=1, restarts=1, interrupted=False)  # used up
+    assert not launcher.should_relaunch(0, attempt=0, restarts=1, interrupted=False)
+    assert not launcher.should_relaunch(2, attempt=0, restarts=3, interrupted=False)  # a usage error
+    assert not launcher.should_relaunch(1, attempt=0, restarts=3, interrupted=True)  # the user stopped it
+
+
+def test_each_launch_is_told_its_attempt_and_the_failures_before():
+    launches = []
+    codes = iter([137, 1, 0])
+    clock = iter([10.0, 12.5, 20.0, 21.0, 30.0, 31.0])
+
+    def launch(command, env):
+        launches.append({k: env[k] for k in env if k.startswith("PIPESGD_RESTART")})
+        assert "PIPESGD_RESTART_FAILURES" in command  # exported with -x to every rank
+        return next(codes)
+
+    import io
+    err = io.StringIO()
+    assert launcher.run_with_restarts(Args(2), environ={}, launch=launch, clock=lambda: next(clock), err=err) == 0
+    assert [entry["PIPESGD_RESTART"] for entry in launches] == ["0", "1", "2"]
+    assert {entry["PIPESGD_RESTARTS"] for entry in launches} == {"2"}
+    import json
+    assert json.loads(launches[0]["PIPESGD_RESTART_FAILURES"]) == []
+    failures = json.loads(launches[2]["PIPESGD_RESTART_FAILURES"])
+    assert [(f["attempt"], f["exit_code"], f["failed_at_unix_s"]) for f in failures] == [(1, 137, 12.5), (2, 1, 21.0)]
+    assert err.getvalue().count("relaunching it") == 2, err.getvalue()
+
+
+def test_restarts_used_up_keeps_the_exit_status():
+    import io
+    err = io.StringIO()
+    status = launcher.run_with_restarts(Args(1), environ={}, launch=lambda command, env: 137, clock=lambda: 0.0, err=err)
+    assert status == 137
+    assert "--restarts 1 are used up" in err.getvalue()
+    assert launcher.run_with_restarts(Args(3), environ={}, launch=lambda command, env: 2, clock=lambda: 0.0,
+                                      err=err) == 2  # a usage error is not relaunched
+
+
+def test_negative_restarts_is_refused():
+    result = run_child([PIPESGDRUN, "--restarts", "-1", "-np", "2", PYTHON, "x.py"], timeout=60)
+    assert result.returncode == 2 and "--restarts must be >= 0" in result.stderr, result.stderr
+
+
+def test_killed_rank_is_relaunched_and_the_job_resumes_exactly(tmp_path):
+    import json
+    from psgd_testlib import CLI
+    common = ["train", "--transport", "mpi", "--algo", "pipe", "--iters", "80", "--data", "synthetic", "--no-eval",
+              "--quiet"]
+    env = clean_env(OMP_NUM_THREADS="1")
+    whole = run_child([PIPESGDRUN, "-np", "2", CLI] + common + ["--out", str(tmp_path / "whole")], timeout=200, env=env)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    killed = run_child([PIPESGDRUN, "--restarts", "1", "-np", "2", CLI] + common +
+                       ["--out", str(tmp_path / "killed"), "--checkpoint-dir", str(tmp_path / "commits"),
+                        "--checkpoint-every", "20", "--inject-fault", "rank=1,iter=50,kind=crash"], timeout=200, env=env)
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert "relaunching it (restart 1 of 1)" in killed.stderr, killed.stderr
+    expected = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert summary["weights_checksum"] == expected["weights_checksum"]
+    recoveries = summary["recoveries"]
+    assert recoveries["count"] == 1, recoveries
+    failure = recoveries["failures"][0]
+    assert failure["rolled_back_to"] == 40 and failure["attempt"] == 1, failure
+    assert "exit status" in failure["failure"], failure
+    assert failure["resumed_at_unix_s"] >= failure["failed_at_unix_s"] > 0, failure
+    lines = [json.loads(line) for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["iteration"] for line in lines if line["type"] == "iteration"] == list(range(80))
+    assert [line["to_iteration"] for line in lines if line["type"] == "rollback"] == [40]
