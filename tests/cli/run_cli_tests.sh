@@ -538,6 +538,11 @@ row resume-empty-dir        2 "--resume: no complete, valid checkpoint" \
   train --resume --checkpoint-dir "$TMP/empty-checkpoints" "${Q[@]}"
 row fault-at-no-checkpoint  2 "no checkpoint is written after iteration 1" \
   train --inject-fault rank=1,iter=1,kind=crash,at=checkpoint "${Q[@]}"
+row restarts-negative       2 "--restarts must be in [0, 1000], got -1" train --restarts -1 "${Q[@]}"
+row restarts-no-commits     2 "--restarts needs commits to roll back to: --checkpoint-every N" \
+  train --restarts 1 --checkpoint-every 0 "${Q[@]}"
+row faults-without-restarts 2 "the faults after the first are armed in the restarts, which need --restarts R" \
+  train --inject-fault rank=1,iter=1,kind=crash --inject-fault rank=0,iter=2,kind=crash "${Q[@]}"
 run train --data synthetic --algo pipe --iters 40 --quiet --no-eval --out "$R/ck-full" >"$R/ck-full.out" 2>"$R/ck-full.err"
 expect_success "checkpoint/full-exit-0" $? "$R/ck-full.out" "$R/ck-full.err"
 run train --data synthetic --algo pipe --iters 40 --quiet --no-eval --checkpoint-dir "$R/ck" --checkpoint-every 10 \
@@ -588,6 +593,38 @@ a, b = (json.load(open(p)) for p in sys.argv[1:3])
 assert a["weights_checksum"] == b["weights_checksum"], (a["weights_checksum"], b["weights_checksum"])
 assert b["resumed_from_iteration"] == 20, b["resumed_from_iteration"]
 PYEOF
+# --restarts (train/elastic.h): a worker killed at 27 and another at 33 roll the run back to its
+# commits (every 10, in memory) and it ends with the uninterrupted run's weights; summary.json and
+# metrics.jsonl record both failures and count every iteration once. With --restarts 1 the second
+# failure is one too many: one line, exit 1, the newest commit left in --checkpoint-dir.
+E=(--data synthetic --algo pipe --iters 40 --quiet --no-eval --checkpoint-every 10)
+run train "${E[@]}" --restarts 2 --inject-fault rank=1,iter=27,kind=crash --inject-fault rank=0,iter=33,kind=crash \
+  --out "$R/restarts" >"$R/restarts.out" 2>"$R/restarts.err"
+expect_success "restarts/exit-0" $? "$R/restarts.out" "$R/restarts.err"
+expect_contains "restarts/says-so" "$R/restarts.err" "pipesgd: restart 1 of 2: " "rolling back to the commit after iteration 20" \
+  "pipesgd: restart 2 of 2: " "rolling back to the commit after iteration 30"
+expect_contains "restarts/report" "$R/restarts.out" "Recovered from 2 failures by rolling back to a commit"
+pycheck "restarts/equals-uninterrupted" "$R/ck-full/summary.json" "$R/restarts/summary.json" "$R/restarts/metrics.jsonl" <<'PYEOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["weights_checksum"] == b["weights_checksum"], (a["weights_checksum"], b["weights_checksum"])
+r = b["recoveries"]
+assert r["count"] == 2 and [f["rolled_back_to"] for f in r["failures"]] == [20, 30], r
+assert all(0 < f["iterations_redone"] <= 10 + 1 for f in r["failures"]), r
+assert all(f["recovery_s"] is not None and f["recovery_s"] >= 0 for f in r["failures"]), r
+lines = [json.loads(line) for line in open(sys.argv[3])]
+assert [l["iteration"] for l in lines if l["type"] == "iteration"] == list(range(40)), lines
+assert [l["to_iteration"] for l in lines if l["type"] == "rollback"] == [20, 30], lines
+PYEOF
+run train "${E[@]}" --restarts 1 --checkpoint-dir "$R/ck-used-up" --inject-fault rank=1,iter=27,kind=crash \
+  --inject-fault rank=0,iter=33,kind=crash >"$R/restarts-used-up.out" 2>"$R/restarts-used-up.err"
+rc=$?
+if [ "$rc" -eq 1 ] && grep -qF -- "--restarts 1 used up (the newest commit, after iteration 30, is in '$R/ck-used-up')" \
+     "$R/restarts-used-up.err" && [ -f "$R/ck-used-up/checkpoint-000000000030-shared.psgd" ]; then
+  pass "restarts/used-up-exits-1-keeps-the-commit"
+else
+  fail "restarts/used-up-exits-1-keeps-the-commit" "exit $rc; $(excerpt "$R/restarts-used-up.err")"
+fi
 
 # 3d''. Layer-wise communication: `pipesgd plan` prints every plan with its prediction, and the
 # optimal one is never predicted slower; a layer-wise run reports its plan, calls and t_c^no.

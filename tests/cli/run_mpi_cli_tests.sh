@@ -302,6 +302,8 @@ mpi_usage_error workers-mismatch 2 "does not match the 2 MPI ranks" train --tran
 mpi_usage_error bench-workers-mismatch 2 "does not match the 2 MPI ranks" \
   bench allreduce --transport mpi --workers 3 --sizes 4K
 mpi_usage_error net-under-mpi 2 "(drop --net)" train --transport mpi --net 10gbe "${S[@]}"
+mpi_usage_error restarts-without-pipesgdrun 2 "--restarts under --transport mpi: launch with pipesgdrun --restarts R" \
+  train --transport mpi --restarts 1 "${S[@]}"
 mpi_usage_error bench-net-under-mpi 2 "drop it under --transport mpi" \
   bench allreduce --transport mpi --net 10gbe --sizes 4K
 mpi_usage_error calibrate-one-rank 1 "calibrate needs at least 2 ranks" calibrate --transport mpi --sizes 4K
