@@ -1,12 +1,15 @@
 // The registry's method traits (algo/method_descriptor.h, MethodTraits): the facts code outside
 // algo/ asks instead of a method's name. Each trait's takers as a closed list, so a trait set on
 // another method, or dropped, shows here.
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "pipesgd/algo/registry.h"
+#include "pipesgd/core/error.h"
 
 namespace pipesgd {
 namespace {
@@ -45,6 +48,18 @@ TEST(MethodTraitsTest, UsesServersIsTheParameterServerFamily) {
 TEST(MethodTraitsTest, DefaultMethodIsARegisteredMethod) {
   EXPECT_EQ(default_method_spec(), "dsync");
   EXPECT_NE(method_of_spec(default_method_spec()), nullptr);
+}
+
+// --restarts: every method states what its commit holds, and the user guide's table says the same.
+TEST(MethodTraitsTest, EveryMethodStatesItsCommitAsTheUserGuideDoes) {
+  std::ifstream guide(std::string(PIPESGD_SOURCE_DIR) + "/docs/user-guide.md");
+  ASSERT_TRUE(guide) << "docs/user-guide.md";
+  const std::string text((std::istreambuf_iterator<char>(guide)), std::istreambuf_iterator<char>());
+  for (const MethodDescriptor* method : method_registry()) {
+    EXPECT_FALSE(method->commit.empty()) << method->name;
+    EXPECT_NE(text.find(concat("| ", method->commit, " |")), std::string::npos)
+        << method->name << "'s commit is not in the user guide's table: " << method->commit;
+  }
 }
 
 }  // namespace

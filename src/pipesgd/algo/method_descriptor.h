@@ -70,6 +70,11 @@ struct AdvisedVariant {
 struct MethodDescriptor {
   std::string name;     // as in a method spec: "pipe"
   std::string summary;  // one line for --help and docs
+  // What a commit (a checkpoint set, train/elastic.h) of this method holds beyond every method's
+  // part (the weights, the model's buffers, the epoch's place and sums, the run's history): the
+  // state from which it goes on exactly as an uninterrupted run. One sentence, for docs and
+  // `pipesgd methods`-style listings.
+  std::string commit;
   MethodTraits traits;
   // The options the method takes, flags and spec parts (algo/method_options.h).
   std::vector<OptionDeclaration> options;

@@ -58,6 +58,7 @@ MethodDescriptor fixed_plan_method(std::string name, std::string plan, std::stri
   MethodDescriptor method;
   method.name = name;
   method.summary = std::move(summary);
+  method.commit = "the optimizer's state (momentum, or Adam's moments and step), and with a bucket plan the plan chosen, the profile it was chosen from and the re-planning cycle; nothing is in flight at a commit (the buckets are waited for)";
   method.traits.replicas_identical = true;
   method.options = allreduce_method_declarations(CalibrationUse::kAlways);
   for (OptionDeclaration& option : planning_declarations(true)) method.options.push_back(std::move(option));
@@ -80,6 +81,7 @@ MethodDescriptor dsync_method() {
   method.name = "dsync";
   method.summary = "D-Sync: compute, allreduce, update (the Pipe-SGD paper's baseline); with a bucket plan (+PLAN or "
                    "--buckets) layer-wise, each bucket allreduced as backward makes it ready";
+  method.commit = "the optimizer's state (momentum, or Adam's moments and step), and with a bucket plan the plan chosen, the profile it was chosen from and the re-planning cycle; nothing is in flight at a commit (the buckets are waited for)";
   method.traits.replicas_identical = true;
   method.options = allreduce_method_declarations(CalibrationUse::kWithAutoOrBuckets);
   OptionDeclaration buckets = buckets_declaration(

@@ -61,6 +61,7 @@ MethodDescriptor nocomm_method() {
   MethodDescriptor method;
   method.name = "nocomm";
   method.traits.compute_alone = true;
+  method.commit = "the optimizer's state (nothing is exchanged)";
   method.summary =
       "compute alone: every worker steps on its own gradient and nothing is communicated (not data-parallel "
       "training: the reference compare's compute stretch is measured against)";

@@ -37,6 +37,9 @@ std::shared_ptr<const MethodOptions> parse_odsgd_options(const OptionValues& giv
 MethodDescriptor odsgd_method() {
   MethodDescriptor method;
   method.name = "odsgd";
+  method.commit = "the global weights of t-1 pulled (the local weights are the part's weights), the local "
+                  "updater's state (its SGD and DC-ASGD compensation), the version; each server's shard, version and "
+                  "DC-ASGD backups (the servers' parts)";
   method.summary = "OD-SGD (the paper's Alg. 1-2): after a synchronous warm-up, train on the global weights of t-1 "
                    "updated locally while the push and pull of t run on the comm thread";
   method.traits.uses_servers = true;

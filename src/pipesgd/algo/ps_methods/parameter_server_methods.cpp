@@ -22,6 +22,8 @@ MethodDescriptor server_method(std::string name, std::string summary, ServerMode
   MethodDescriptor method;
   method.name = std::move(name);
   method.summary = std::move(summary);
+  method.commit = "each worker's last version pulled; each server's shard of the weights, its version and, for "
+                  "dcasgd, its per-worker weight backups (the servers' parts of the set)";
   method.traits.uses_servers = true;
   method.traits.replicas_identical = mode == ServerMode::kSynchronous;
   method.options = parameter_server_declarations();

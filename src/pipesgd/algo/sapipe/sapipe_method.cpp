@@ -54,6 +54,9 @@ std::shared_ptr<const MethodOptions> parse_sapipe_options(const OptionValues& gi
 MethodDescriptor sapipe_method(const std::string& baseline) {
   MethodDescriptor method;
   method.name = "sapipe";
+  method.commit = "the optimizer's state, the stale layers' gradients of the step in flight (its allreduces "
+                  "waited for), where the pipeline is, the profile and partition (k) chosen so far, the stall "
+                  "monitor, and the compensation's state (DC's backups, weight prediction's deferred steps)";
   method.summary = "SAPipe (the SAPipe paper): the first k layers 1-step stale with compensation (by default the paper's "
                    "wp3, weight prediction option 3; +none, +dc, +wp1, +wp2), the rest synchronous in buckets applied "
                    "before each layer's forward";
