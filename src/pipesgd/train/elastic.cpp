@@ -201,7 +201,10 @@ RunSummary run_with_restarts(const TrainConfig& config, const std::function<RunS
       Recovery recovery;
       recovery.attempt = k + 1;
       recovery.failure = error.what();
-      recovery.reached = log.furthest.load(std::memory_order_relaxed);
+      // `furthest` starts at 0 in every attempt and moves only when an iteration completes: an
+      // attempt resumed from a commit that failed before completing one had still reached that
+      // commit (the newest: nothing newer was committed since).
+      recovery.reached = std::max(log.furthest.load(std::memory_order_relaxed), commit);
       recovery.rolled_back_to = commit;
       recovery.detection_seconds = fired > 0 ? seconds_between(fired, detected) : -1;
       if (!config.out_dir.empty()) log.metrics_prefix = metrics_kept_after_rollback(config.out_dir, recovery);
