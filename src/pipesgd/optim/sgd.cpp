@@ -54,12 +54,19 @@ void Sgd::step(std::span<float> parameters, std::span<const float> gradients, fl
   }
 }
 
+// Without momentum the velocity is never used (step and predict leave it at zero): the section is
+// then empty, which keeps every commit of a plain-SGD run a parameter vector smaller.
 void Sgd::save_state(CheckpointWriter& out, const std::string& prefix) const {
-  out.add(prefix + "sgd.velocity", std::span<const float>(velocity_));
+  out.add(prefix + "sgd.velocity",
+          options_.momentum == 0 ? std::span<const float>() : std::span<const float>(velocity_));
 }
 
 void Sgd::load_state(const CheckpointReader& in, const std::string& prefix) {
   const std::span<const float> velocity = in.floats(prefix + "sgd.velocity");
+  if (velocity.empty() && options_.momentum == 0) {
+    std::fill(velocity_.begin(), velocity_.end(), 0.0f);
+    return;
+  }
   if (velocity.size() != velocity_.size()) {
     throw DataError(concat("checkpoint '", in.origin(), "': ", velocity.size(), " SGD momentum values for ",
                            velocity_.size(), " parameters (a checkpoint of another model?)"));

@@ -64,6 +64,42 @@ std::int64_t non_negative(const CheckpointReader& in, std::string_view name) {
 
 }  // namespace
 
+void MemoryCommits::put(std::int64_t iteration, const std::string& part, CheckpointWriter contents) {
+  const std::lock_guard lock(mutex_);
+  sets_[iteration].insert_or_assign(part, std::move(contents));
+  // Keep the 2 newest complete sets and anything newer (sets still being handed over).
+  int complete_seen = 0;
+  for (auto set = sets_.rbegin(); set != sets_.rend(); ++set) {
+    if (set->second.size() < parts_.size()) continue;
+    if (++complete_seen == 2) {
+      sets_.erase(sets_.begin(), sets_.find(set->first));
+      break;
+    }
+  }
+}
+
+std::optional<std::int64_t> MemoryCommits::newest_complete() const {
+  const std::lock_guard lock(mutex_);
+  for (auto set = sets_.rbegin(); set != sets_.rend(); ++set) {
+    if (set->second.size() == parts_.size()) return set->first;
+  }
+  return std::nullopt;
+}
+
+CheckpointReader MemoryCommits::read(std::int64_t iteration, const std::string& part) const {
+  const std::lock_guard lock(mutex_);
+  const auto set = sets_.find(iteration);
+  const std::string origin = concat("<memory>/", checkpoint_path("", iteration, part).string());
+  if (set == sets_.end() || set->second.count(part) == 0) throw DataError(concat("commit '", origin, "' is missing"));
+  return CheckpointReader::parse(set->second.at(part).serialize(), origin);
+}
+
+CheckpointReader read_resumed_part(const RunContext& run, const std::string& part) {
+  PIPESGD_ASSERT(run.resume_from.has_value());
+  if (run.memory_commits != nullptr) return run.memory_commits->read(run.resume_from->iteration, part);
+  return CheckpointReader::read_file(run.resume_from->parts.at(part));
+}
+
 void BackgroundCheckpointWriter::submit(Files files, std::function<void()> after) {
   finish();
   pending_ = std::async(std::launch::async, [files = std::move(files), after = std::move(after)] {
@@ -110,7 +146,7 @@ void add_history(CheckpointWriter& part, const WorkerHistory& history) {
 }
 
 RestoredWorker restore_worker(const RunContext& run, int rank, Model& model, TrainingMethod& method) {
-  const CheckpointReader part = CheckpointReader::read_file(run.resume_from->parts.at(worker_part(rank)));
+  const CheckpointReader part = read_resumed_part(run, worker_part(rank));
   const std::int64_t next = part.integer("next_iteration");
   if (next != run.resume_from->iteration) {
     throw DataError(concat("checkpoint '", part.origin(), "': holds iteration ", next, ", its name says ",
@@ -159,6 +195,15 @@ RunHistory read_run_history(const CheckpointReader& shared) {
 }
 
 void find_resume_point(RunContext& run, bool leader) {
+  if (run.memory_commits != nullptr) {  // a rollback among threads: the commits are this run's
+    const std::optional<std::int64_t> newest = run.memory_commits->newest_complete();
+    if (!newest) throw UsageError("--restarts: no complete commit in memory to roll back to");
+    run.resume_from = CheckpointSet{*newest, {}};
+    const CheckpointReader shared_part = read_resumed_part(run, "shared");
+    run.resumed_epochs = load_epochs(shared_part);
+    run.resumed_history = read_run_history(shared_part);
+    return;
+  }
   const std::string& dir = run.config.reliability.checkpoint_dir;
   auto warn = [&](const std::string& line) {
     if (leader) std::cerr << "pipesgd: warning: " << line << "\n";
@@ -217,16 +262,23 @@ bool write_model_file(const std::filesystem::path& path, Model& model) {
 }
 
 void prune_run_checkpoints(const RunContext& run) {
+  if (run.memory_commits != nullptr) return;  // the store keeps its own 2 newest
   prune_checkpoints(run.config.reliability.checkpoint_dir, 2, run.checkpoint_parts, {kModelCompanion});
 }
 
 std::function<void(const ParameterServerShard&, std::int64_t)> server_checkpoints(const RunContext& run,
                                                                                  ParameterServerShard& shard,
                                                                                  BackgroundCheckpointWriter& writer) {
-  if (run.resume_from) {
-    shard.load_state(CheckpointReader::read_file(run.resume_from->parts.at(server_part(shard.shard_index()))));
-  }
+  if (run.resume_from) shard.load_state(read_resumed_part(run, server_part(shard.shard_index())));
   if (run.config.reliability.checkpoint_every == 0) return {};
+  if (MemoryCommits* commits = run.memory_commits) {
+    return [commits](const ParameterServerShard& served, std::int64_t iteration) {
+      CheckpointWriter part;
+      part.add_int("next_iteration", iteration);
+      served.save_state(part);
+      commits->put(iteration, server_part(served.shard_index()), std::move(part));
+    };
+  }
   return [&run, &writer](const ParameterServerShard& served, std::int64_t iteration) {
     CheckpointWriter part;
     part.add_int("next_iteration", iteration);

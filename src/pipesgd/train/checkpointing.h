@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -33,6 +36,26 @@ class BackgroundCheckpointWriter {
 
  private:
   std::future<void> pending_;  // its destructor waits for a write in flight (never a torn file)
+};
+
+// Commits kept in this process's memory (--restarts among threads without --checkpoint-dir,
+// train/elastic.h): the sets of checkpoint parts as the workers and servers hand them over, no file,
+// no checksum pass; the 2 newest complete sets are kept. A part is serialized and validated only
+// when a rollback reads it. Thread-safe (every worker and server thread puts its parts).
+class MemoryCommits {
+ public:
+  // `parts`: the part names of a complete set (RunContext::checkpoint_parts).
+  explicit MemoryCommits(std::vector<std::string> parts) : parts_(std::move(parts)) {}
+  void put(std::int64_t iteration, const std::string& part, CheckpointWriter contents);
+  // The newest iteration whose set is complete (every part put); nullopt: none.
+  std::optional<std::int64_t> newest_complete() const;
+  // The part of a complete set, validated as a file would be. DataError if it was never put.
+  CheckpointReader read(std::int64_t iteration, const std::string& part) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> parts_;
+  std::map<std::int64_t, std::map<std::string, CheckpointWriter>> sets_;  // by iteration
 };
 
 // A worker's place in its epoch: the sums of the iterations run so far.

@@ -43,33 +43,6 @@ std::int64_t newest_commit(const std::string& dir, const TrainConfig& config) {
   return set ? set->iteration : 0;
 }
 
-// A private directory for in-memory commits: on /dev/shm (memory) where it exists, else the
-// temporary directory; removed with everything in it when the run ends.
-class MemoryCommitDirectory {
- public:
-  MemoryCommitDirectory() {
-    std::error_code error;
-    const std::filesystem::path base =
-        std::filesystem::is_directory("/dev/shm", error) ? std::filesystem::path("/dev/shm")
-                                                         : std::filesystem::temp_directory_path();
-    std::string pattern = (base / "pipesgd-commits-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      throw DataError(concat("--restarts: cannot create a directory for the commits in '", base.string(), "'"));
-    }
-    path_ = pattern;
-  }
-  ~MemoryCommitDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  MemoryCommitDirectory(const MemoryCommitDirectory&) = delete;
-  MemoryCommitDirectory& operator=(const MemoryCommitDirectory&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // The fault armed in attempt `attempt` (0: the run's first).
 FaultInjection fault_of_attempt(const ReliabilityOptions& reliability, int attempt) {
   if (attempt == 0) return reliability.fault;
@@ -173,15 +146,12 @@ std::string metrics_kept_after_rollback(const std::string& out_dir, const Recove
 
 RunSummary run_with_restarts(const TrainConfig& config, const std::function<RunSummary(const TrainConfig&)>& attempt) {
   const ReliabilityOptions& reliability = config.reliability;
-  std::optional<MemoryCommitDirectory> memory;
   TrainConfig attempt_config = config;
-  if (reliability.checkpoint_dir.empty()) {
-    memory.emplace();
-    attempt_config.reliability.checkpoint_dir = memory->path();
-  }
-  const std::string& dir = attempt_config.reliability.checkpoint_dir;
+  const std::string& dir = reliability.checkpoint_dir;
   RecoveryLog log;
+  if (dir.empty()) log.memory_commits = std::make_unique<MemoryCommits>(commit_parts(config));
   attempt_config.recovery = &log;
+  const bool in_memory = log.memory_commits != nullptr;
   for (int k = 0;; ++k) {
     attempt_config.reliability.fault = fault_of_attempt(reliability, k);
     log.begin_attempt();
@@ -190,9 +160,10 @@ RunSummary run_with_restarts(const TrainConfig& config, const std::function<RunS
     } catch (const CommError& error) {
       const std::int64_t detected = unix_now_ns();
       log.complete_last_recovery();
-      const std::int64_t commit = newest_commit(dir, config);
-      const std::string where = memory ? std::string("in memory; give --checkpoint-dir to keep the commits")
-                                       : concat("in '", dir, "'");
+      const std::int64_t commit =
+          in_memory ? log.memory_commits->newest_complete().value_or(0) : newest_commit(dir, config);
+      const std::string where = in_memory ? std::string("in memory: give --checkpoint-dir to keep the commits")
+                                          : concat("in '", dir, "'");
       if (k >= reliability.restarts) {
         throw CommError(concat(error.what(), "; --restarts ", reliability.restarts, " used up (the newest commit, after ",
                                "iteration ", commit, ", is ", where, ")"));

@@ -2,9 +2,9 @@
 // --restarts R: a run that survives failures. A commit is a complete checkpoint set (every worker's
 // part, the shared part, every server's shard: checkpointing.h), the state from which the run
 // continues exactly as an uninterrupted one would; the workers take one every --checkpoint-every
-// iterations (50 with --restarts unless given), in memory (a private directory on /dev/shm, which
-// outlives any worker of the process) or in --checkpoint-dir. When a worker fails, the run's
-// attempt ends (every survivor stops within --comm-timeout, at once for a worker that died), and
+// iterations (50 with --restarts unless given), in this process's memory (MemoryCommits, which
+// outlives any worker of the process: no file, no checksum pass) or in --checkpoint-dir. When a
+// worker fails, the run's attempt ends (every survivor stops within --comm-timeout, at once for a worker that died), and
 // the run rolls back to the newest complete commit and continues, up to R times: the final weights
 // equal an uninterrupted run's, bit for bit, and at most one commit interval of work is redone.
 //
@@ -14,12 +14,14 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "pipesgd/report/run_summary.h"
+#include "pipesgd/train/checkpointing.h"
 #include "pipesgd/train/run_config.h"
 
 namespace pipesgd {
@@ -32,6 +34,8 @@ inline constexpr std::int64_t kDefaultCommitInterval = 50;
 // the workers write the atomics.
 struct RecoveryLog {
   std::vector<Recovery> recoveries;  // the failures recovered from so far, in order
+  // The commits, when they are kept in memory (no --checkpoint-dir; nullptr: in the directory).
+  std::unique_ptr<MemoryCommits> memory_commits;
   // metrics.jsonl's lines kept from the attempts before (their iterations before the commit rolled
   // back to, and a "rollback" record per failure): the next attempt writes them first.
   std::string metrics_prefix;
@@ -67,7 +71,7 @@ struct RecoveryLog {
 // to the newest commit after each failure that a restart can cure (a CommError: a worker died,
 // hung or was cut off), up to config.reliability.restarts times. Attempt k arms the k-th of the
 // run's injected faults (ReliabilityOptions::fault, then restart_faults). Without --checkpoint-dir
-// the commits live in a private memory-backed directory, removed at the end. Throws the failure
+// the commits are kept in memory (MemoryCommits). Throws the failure
 // that exhausted the restarts, with where the newest commit is; a usage, data or numerical error is
 // not retried (it would fail again).
 RunSummary run_with_restarts(const TrainConfig& config, const std::function<RunSummary(const TrainConfig&)>& attempt);

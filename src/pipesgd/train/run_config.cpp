@@ -41,12 +41,17 @@ void validate_fault(const TrainConfig& config, const FaultInjection& fault) {
 void validate_reliability(const TrainConfig& config) {
   const ReliabilityOptions& r = config.reliability;
   const MethodSelection& method = config.method;
+  if (r.restarts < 0 || r.restarts > kMaxRestarts) {
+    throw UsageError(concat("--restarts must be in [0, ", kMaxRestarts, "], got ", r.restarts));
+  }
   if (r.checkpoint_every < 0 || r.checkpoint_every > kMaxIterations) {
     throw UsageError(concat("--checkpoint-every must be in [0, ", kMaxIterations, "] (0: never), got ",
                             r.checkpoint_every));
   }
-  // With --restarts and no --checkpoint-dir the commits are kept in memory (train/elastic.h).
-  if ((r.resume || (r.checkpoint_every > 0 && r.restarts == 0)) && r.checkpoint_dir.empty()) {
+  // With --restarts and no --checkpoint-dir the commits are kept in memory (train/elastic.h), and
+  // a rollback's attempt (config.recovery set) resumes from there.
+  const bool in_memory = r.restarts > 0 && (r.checkpoint_every > 0 || config.recovery != nullptr);
+  if (((r.resume && config.recovery == nullptr) || (r.checkpoint_every > 0 && !in_memory)) && r.checkpoint_dir.empty()) {
     throw UsageError(concat(r.resume ? "--resume" : "--checkpoint-every", " needs --checkpoint-dir DIR"));
   }
   if (!r.checkpoint_dir.empty() && r.checkpoint_every == 0 && !r.resume) {
@@ -63,9 +68,6 @@ void validate_reliability(const TrainConfig& config) {
     throw UsageError(concat("--check-consistency: the replicas of '", method.name(),
                             "' differ by design (each worker trains on its own weights); it applies to ",
                             methods_where([](const MethodTraits& t) { return t.replicas_identical; })));
-  }
-  if (r.restarts < 0 || r.restarts > kMaxRestarts) {
-    throw UsageError(concat("--restarts must be in [0, ", kMaxRestarts, "], got ", r.restarts));
   }
   if (r.restarts > 0 && r.checkpoint_every == 0) {
     throw UsageError("--restarts needs commits to roll back to: --checkpoint-every N (N > 0)");

@@ -1,5 +1,7 @@
 #include "pipesgd/train/run_context.h"
 
+#include "pipesgd/train/elastic.h"
+
 #include <algorithm>
 
 #include "pipesgd/core/atomic_file.h"
@@ -68,7 +70,10 @@ RunContext prepare_run(const TrainConfig& config, const Dataset& train, bool lea
   // Fail before training, not after.
   if (leader && !config.out_dir.empty()) ensure_writable_directory(config.out_dir, "--out");
   const ReliabilityOptions& reliability = config.reliability;
-  if (reliability.checkpoint_every > 0) ensure_writable_directory(reliability.checkpoint_dir, "--checkpoint-dir");
+  if (config.recovery != nullptr) run.memory_commits = config.recovery->memory_commits.get();
+  if (reliability.checkpoint_every > 0 && run.memory_commits == nullptr) {
+    ensure_writable_directory(reliability.checkpoint_dir, "--checkpoint-dir");
+  }
   if (reliability.resume) {
     find_resume_point(run, leader);
     // A resumed run measures its means from 10 iterations after where it resumed.

@@ -33,6 +33,8 @@ struct RunHistory {
   double train_seconds = 0;             // training wall time up to the checkpoint
 };
 
+class MemoryCommits;  // train/checkpointing.h
+
 struct RunContext {
   const TrainConfig& config;
   RunPlan plan{};
@@ -44,8 +46,15 @@ struct RunContext {
   std::vector<EpochRecord> resumed_epochs{};
   RunHistory resumed_history{};
 
+  // --restarts among threads without --checkpoint-dir: the commits are here, not in files
+  // (train/checkpointing.h); nullptr otherwise.
+  MemoryCommits* memory_commits = nullptr;
+
   std::int64_t start_iteration() const { return resume_from ? resume_from->iteration : 0; }
 };
+
+// The part `part` of the set being resumed (from memory or its file). DataError naming it.
+CheckpointReader read_resumed_part(const RunContext& run, const std::string& part);
 
 // Validates `config`, plans the run over `train`, creates the output and checkpoint directories
 // (so that an unwritable one fails before training) and, with --resume, finds the checkpoint to

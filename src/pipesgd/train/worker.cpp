@@ -502,14 +502,30 @@ class WorkerLoop {
   // in the background.
   void save_checkpoint(const EpochSums& sums) {
     const std::string& dir = config().reliability.checkpoint_dir;
-    std::string torchscript;  // rank 0's model, beside the set
+    std::string torchscript;  // rank 0's model, beside a set on disk
+    const bool model_file = sinks_.leader != nullptr && shared_.run.memory_commits == nullptr;
     CheckpointWriter part = worker_checkpoint(shared_.run, t_, own_.model, own_.method, sums,
-                                              sinks_.leader != nullptr ? &torchscript : nullptr);
+                                              model_file ? &torchscript : nullptr);
     add_history(part, WorkerHistory{history_.bytes_sent + own_.transport.bytes_sent(), sinks_.record.nonfinite_skipped,
                                     sinks_.record.loss_sum});
-    const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(own_.rank));
     const FaultInjection& fault = config().reliability.fault;
-    if (fault.active() && fault.during_checkpoint() && fault.rank == own_.rank && fault.iteration == t_) {
+    const bool fault_now = fault.active() && fault.during_checkpoint() && fault.rank == own_.rank && fault.iteration == t_;
+    if (MemoryCommits* commits = shared_.run.memory_commits) {
+      // In memory: the part is handed over whole, or (a fault mid-commit) not at all.
+      if (fault_now) {
+        trace_instant("injected fault", kTraceRun, iteration_args());
+        inject_fault(fault, shared_.faults);
+      }
+      commits->put(t_ + 1, worker_part(own_.rank), std::move(part));
+      if (sinks_.leader != nullptr) {
+        if (RecoveryLog* recovery = config().recovery) recovery->note_commit(t_ + 1);
+        const RunHistory history{sinks_.leader->consistency_checks, train_seconds_ + epoch_clock_.seconds()};
+        commits->put(t_ + 1, "shared", shared_checkpoint(shared_.run, t_, sinks_.leader->epochs, history));
+      }
+      return;
+    }
+    const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(own_.rank));
+    if (fault_now) {
       // --inject-fault at=checkpoint: die halfway through the write. The atomic write would leave
       // exactly this: a partial temporary file, never a torn file under the final name.
       const std::vector<std::byte> bytes = part.serialize();
