@@ -72,7 +72,8 @@ PUBLIC_NAMES = [
 ]
 # Its modules, as Horovod's horovod/torch (the standard library's modules it once imported at its top
 # level, os, sys, torch, ..., were names of it by accident and are not any more).
-PUBLIC_MODULES = ["basics", "compression", "functions", "mpi_ops", "optimizer", "process_sets", "sync_batch_norm"]
+PUBLIC_MODULES = ["basics", "compression", "elastic", "functions", "mpi_ops", "optimizer", "process_sets",
+                  "sync_batch_norm"]
 
 
 def test_public_names_are_those_of_the_single_module():

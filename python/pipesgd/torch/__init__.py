@@ -38,6 +38,8 @@ The package is laid out as Horovod's own horovod/torch; this module only re-expo
   functions.py        broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
   optimizer.py        DistributedOptimizer (PartialDistributedOptimizer)
   sync_batch_norm.py  SyncBatchNorm
+  elastic/            hvd.elastic: run, TorchState, ElasticSampler (relaunch by pipesgdrun --restarts, resume
+                      from the newest commit)
   _runtime.py         the private state they share (the session, this worker's engine, the handles)
 """
 
@@ -61,6 +63,7 @@ from pipesgd.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, M
 from pipesgd.torch.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from pipesgd.torch.process_sets import ProcessSet, global_process_set
 from pipesgd.torch.sync_batch_norm import SyncBatchNorm
+from pipesgd.torch import elastic  # noqa: F401 (hvd.elastic, as Horovod's horovod.torch.elastic)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",

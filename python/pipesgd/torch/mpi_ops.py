@@ -11,6 +11,7 @@ import warnings
 
 import torch
 
+from pipesgd import _C
 from pipesgd.torch._runtime import _handles, _state, _this_thread, _worker
 from pipesgd.torch.compression import Compression
 from pipesgd.torch.process_sets import ProcessSet, _members, _set_id, global_process_set
@@ -27,8 +28,30 @@ _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: 
 
 
 class HorovodInternalError(RuntimeError):
-    """Horovod's error for a collective that failed inside the runtime (pipesgd: a collective a peer
-    did not match, or that needs a rank that has joined)."""
+    """Horovod's error for a collective that failed inside the runtime: a peer failed or timed out
+    (pipesgd.CommError, pipesgd.PeerFailedError and pipesgd.CommTimeoutError are subclasses of it
+    once pipesgd.torch is imported, so Horovod's ``except hvd.HorovodInternalError`` catches them),
+    or a scalar reducescatter."""
+
+    __slots__ = ()  # RuntimeError's own layout: _C's exception classes can take it as their base
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod Elastic's interrupt for hosts added or removed. pipesgd's world never changes in place,
+    so pipesgd never raises it; hvd.elastic.run handles one a script raises as Horovod does (the
+    reset callbacks, a sync unless skip_sync, and the training function again)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__(skip_sync)
+        self.skip_sync = skip_sync
+
+
+# The collectives raise _C.CommError for a failed or timed-out peer (the C++ pipesgd::CommError,
+# bound as a RuntimeError). Horovod raises HorovodInternalError there, and elastic scripts catch
+# that: CommError (and so PeerFailedError, CommTimeoutError) gets it as its base. Layouts agree
+# (__slots__ above), so Python allows the assignment; it is done once, when pipesgd.torch is imported.
+if _C.CommError.__bases__ == (RuntimeError,):
+    _C.CommError.__bases__ = (HorovodInternalError,)
 
 
 def _check_tensor(tensor, call):
