@@ -7,7 +7,7 @@ single-worker checks run in this process, the worlds of 2 ranks are pipesgdrun c
   back to the last commit; a persisted commit loaded by @hvd.elastic.run on a relaunch
   (PIPESGD_RESTART=1) into new objects continues bit for bit as the original, with the reset
   callbacks run and one resume line; a first launch removes a commit this job left; a clean end
-  removes it.
+  removes it; a HostsUpdatedInterrupt the function raises resets and calls it again.
 * ElasticSampler (sizes faked in process): each epoch dealt out without repeats or drops; after a
   reset from 3 workers to 2, the unprocessed examples are dealt out again and no processed one
   comes back.
@@ -194,6 +194,24 @@ def test_relaunch_without_a_commit_starts_from_the_beginning(world_of_one, elast
     state = hvd.elastic.ObjectState(epoch=0)
     hvd.elastic.run(lambda s: None)(state)
     assert "restart 1 of 1: no commit in " in capsys.readouterr().err
+
+
+def test_hosts_updated_interrupt_resets_and_calls_the_function_again(world_of_one, elastic_env):
+    state = hvd.elastic.ObjectState(epoch=0)
+    calls = []
+    state.register_reset_callbacks([lambda: calls.append("reset")])
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(("train", state.epoch))
+        state.epoch += 1
+        state.commit()
+        if len(calls) == 1:  # as Horovod's commit() would after a host change (pipesgd's never does)
+            raise hvd.elastic.HostsUpdatedInterrupt(False)
+        return state.epoch
+
+    assert train(state) == 2
+    assert calls == [("train", 0), "reset", ("train", 1)]
 
 
 def test_check_host_updates_never_raises_and_peer_failures_are_horovod_internal_errors():
