@@ -6,6 +6,7 @@
 //   pipesgd/errors.h                 the exception types (UsageError, DataError, CommError, ...)
 // Link the CMake target pipesgd::pipesgd (find_package(pipesgd)).
 #include "pipesgd/distributed_optimizer.h"
+#include "pipesgd/elastic.h"
 #include "pipesgd/errors.h"
 #include "pipesgd/session.h"
 #include "pipesgd/world.h"
