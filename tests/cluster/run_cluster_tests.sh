@@ -347,6 +347,40 @@ for i in $(seq 1 "$REPEATS"); do
   expect_contains "host-kill$suffix/mpirun-names-the-host" "$R/host-kill$suffix/mpirun.err" "on node h2"
 done
 
+# A whole host killed under pipesgdrun --restarts 1 (train/elastic.h): Open MPI ends the job,
+# pipesgdrun relaunches it on the same hosts (h2's namespace is still there, its processes gone),
+# every rank resumes from the newest commit, and the run ends with the weights of the same run as
+# threads, its summary recording the failed launch.
+PIPESGDRUN=$(dirname "$BIN")/python/bin/pipesgdrun
+K=(train --algo pipe --iters 200 --data synthetic --no-eval --quiet)
+run "${K[@]}" --workers 3 --out "$R/threads-restart" >"$R/threads-restart.out" 2>"$R/threads-restart.err"
+expect_success "host-kill-restart/threads-exit-0" $? "$R/threads-restart.out" "$R/threads-restart.err"
+d=$R/host-kill-restart
+mkdir -p "$d"
+timeout -k 5 300 "$PIPESGDRUN" --restarts 1 -np 3 -H h1:1,h2:1,h3:1 "$BIN" "${K[@]}" --transport mpi \
+  --comm-timeout "$T" --checkpoint-dir "$d/ck" --checkpoint-every 20 --out "$d/out" >"$d/run.out" 2>"$d/run.err" &
+run_pid=$!
+i=0
+until [ -f "$d/ck/checkpoint-000000000060-shared.psgd" ] || [ $i -ge 900 ] || ! kill -0 $run_pid 2>/dev/null; do
+  i=$((i + 1))
+  sleep 0.1
+done
+"$CLUSTER" kill h2 >"$d/kill.out" 2>&1
+wait $run_pid
+rc=$?
+expect_success "host-kill-restart/exit-0" $rc "$d/run.out" "$d/run.err"
+expect_contains "host-kill-restart/relaunched" "$d/run.err" "relaunching it (restart 1 of 1)"
+pycheck "host-kill-restart/resumed-exactly" "$R/threads-restart/summary.json" "$d/out/summary.json" <<'EOF'
+import json, sys
+a, b = (json.load(open(path)) for path in sys.argv[1:3])
+assert a["weights_checksum"] == b["weights_checksum"], (a["weights_checksum"], b["weights_checksum"])
+r = b["recoveries"]
+assert r["count"] == 1, r
+f = r["failures"][0]
+assert f["rolled_back_to"] >= 60 and f["rolled_back_to"] % 20 == 0, f
+assert "exit status" in f["failure"], f
+EOF
+
 # ---------------------------------------------------------------------------------------------------
 "$CLUSTER" down >"$R/down.out" 2>&1
 rc=$?
