@@ -283,11 +283,11 @@ class StateHandler:
         raise NotImplementedError()
 
 
-class ModelStateHandler(StateHandler):
-    """A torch.nn.Module: its state_dict (parameters and buffers), loaded in place."""
+class _StateDictHandler(StateHandler):
+    """An object with state_dict()/load_state_dict(): a deep copy of its state_dict is the commit."""
 
-    def __init__(self, model):
-        super().__init__(model)
+    def __init__(self, value):
+        super().__init__(value)
         self.save()
 
     def save(self):
@@ -295,9 +295,6 @@ class ModelStateHandler(StateHandler):
 
     def restore(self):
         self.value.load_state_dict(self._saved)
-
-    def sync(self):
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
 
     def saved(self):
         return self._saved
@@ -307,7 +304,14 @@ class ModelStateHandler(StateHandler):
         self.restore()
 
 
-class OptimizerStateHandler(StateHandler):
+class ModelStateHandler(_StateDictHandler):
+    """A torch.nn.Module: its state_dict (parameters and buffers), loaded in place."""
+
+    def sync(self):
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class OptimizerStateHandler(_StateDictHandler):
     """A torch.optim optimizer, or hvd.DistributedOptimizer (its state_dict holds the method's state
     under "pipesgd": the method's updates in flight, its step, codec residuals). The method's state
     loads into an optimizer that has not stepped yet (a relaunched process: restored bit for bit);
@@ -321,19 +325,12 @@ class OptimizerStateHandler(StateHandler):
                              "method (fused_update=True or a parameter-server method), which cannot be committed "
                              "between steps; use the default fused_update=False with a worker-only method")
         super().__init__(optimizer)
-        self.save()
-
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self):
         self._load(self._saved, same_world=True)
 
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
-
-    def saved(self):
-        return self._saved
 
     def load_saved(self, saved, same_world):
         self._saved = saved
@@ -351,28 +348,11 @@ class OptimizerStateHandler(StateHandler):
         optimizer.load_state_dict(state)
 
 
-class LRSchedulerStateHandler(StateHandler):
+class LRSchedulerStateHandler(_StateDictHandler):
     """A torch.optim.lr_scheduler scheduler: its state_dict."""
-
-    def __init__(self, scheduler):
-        super().__init__(scheduler)
-        self.save()
-
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(self._saved)
 
     def sync(self):
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))
-
-    def saved(self):
-        return self._saved
-
-    def load_saved(self, saved, same_world):
-        self._saved = saved
-        self.restore()
 
 
 class SamplerStateHandler(StateHandler):
