@@ -90,9 +90,10 @@ def test_pipesgdrun_launches_two_ranks(tmp_path):
 # `pipesgd train` job whose rank is killed: the job resumes from its newest commit and ends with the
 # weights of a run never interrupted.
 class Args:
-    def __init__(self, restarts):
-        self.restarts, self.np, self.hosts, self.hostfile = restarts, 2, None, None
+    def __init__(self, restarts, np_=2, hosts=None, min_np=None, max_np=None):
+        self.restarts, self.np, self.hosts, self.hostfile = restarts, np_, hosts, None
         self.oversubscribe, self.mpi_args, self.verbose, self.command = False, "", False, ["true"]
+        self.min_np, self.max_np = min_np, max_np
 
 
 def test_relaunch_rule():
@@ -165,3 +166,60 @@ def test_killed_rank_is_relaunched_and_the_job_resumes_exactly(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
     assert [line["iteration"] for line in lines if line["type"] == "iteration"] == list(range(80))
     assert [line["to_iteration"] for line in lines if line["type"] == "rollback"] == [40]
+
+
+# --min-np/--max-np: a relaunch goes on with the hosts that still answer, smaller, and says so.
+def test_hosts_parse_and_resize():
+    assert launcher.parse_hosts("h1:2,h2,h3:1") == [("h1", 2), ("h2", 1), ("h3", 1)]
+    for bad in ("h1:0", "h1:x", ":2", "h1,,h2"):
+        try:
+            launcher.parse_hosts(bad)
+            raise AssertionError(f"accepted {bad!r}")
+        except ValueError:
+            pass
+    hosts = [("h1", 1), ("h2", 1), ("h3", 2)]
+    assert launcher.resized_world(hosts, {"h1", "h3"}, min_np=2, max_np=3) == (3, [("h1", 1), ("h3", 2)])
+    assert launcher.resized_world(hosts, {"h1", "h3"}, min_np=2, max_np=2) == (2, [("h1", 1), ("h3", 2)])
+    assert launcher.resized_world(hosts, {"h2"}, min_np=2, max_np=4) is None
+
+
+def test_a_lost_host_is_left_out_of_the_relaunch():
+    import io
+    import json
+    commands, failures = [], []
+    codes = iter([137, 0])
+
+    def launch(command, env):
+        commands.append(command)
+        failures.append(json.loads(env["PIPESGD_RESTART_FAILURES"]))
+        return next(codes)
+
+    err = io.StringIO()
+    args = Args(1, np_=3, hosts="h1:1,h2:1,h3:1", min_np=2, max_np=3)
+    status = launcher.run_with_restarts(args, environ={}, launch=launch, clock=lambda: 1.0, err=err,
+                                        probe=lambda host, environ: host != "h2")
+    assert status == 0, err.getvalue()
+    assert commands[0][commands[0].index("-np") + 1] == "3"
+    assert commands[1][commands[1].index("-np") + 1] == "2"
+    assert commands[1][commands[1].index("-H") + 1] == "h1:1,h3:1"
+    assert "relaunching it on 2 ranks (h1:1,h3:1; lost: h2)" in err.getvalue(), err.getvalue()
+    assert failures[1][0]["np"] == 2 and failures[1][0]["lost_hosts"] == ["h2"], failures
+
+
+def test_too_few_hosts_left_stops_with_one_line():
+    import io
+    err = io.StringIO()
+    args = Args(2, np_=2, hosts="h1:1,h2:1", min_np=2, max_np=2)
+    status = launcher.run_with_restarts(args, environ={}, launch=lambda command, env: 137, clock=lambda: 1.0, err=err,
+                                        probe=lambda host, environ: host == "h1")
+    assert status == 137
+    assert "hold fewer than --min-np 2 ranks" in err.getvalue() and "lost: h2" in err.getvalue(), err.getvalue()
+
+
+def test_min_np_needs_restarts_and_hosts():
+    for argv, message in ((["--min-np", "1", "-np", "2", "x"], "--min-np needs --restarts R and -H"),
+                          (["--max-np", "3", "-np", "2", "x"], "--max-np needs --min-np"),
+                          (["--restarts", "1", "-H", "a:1,b:1", "--min-np", "3", "-np", "2", "x"],
+                           "need 1 <= --min-np <= -np <= --max-np")):
+        result = run_child([PIPESGDRUN] + argv, timeout=60)
+        assert result.returncode == 2 and message in result.stderr, (argv, result.stderr)

@@ -221,6 +221,18 @@ void restart_from_launcher(TrainConfig& config, const LauncherRestart& restart, 
   log.begin_attempt();
   if (restart.attempt == 0) return;
   const std::int64_t commit = newest_commit(reliability.checkpoint_dir, config);
+  if (commit == 0) {
+    // No commit of this world: if there is one of another (pipesgdrun --min-np relaunched fewer
+    // ranks), starting over would silently throw the run's work away.
+    const auto other = find_newest_valid_checkpoint(reliability.checkpoint_dir, {"shared"}, [](const std::string&) {});
+    if (other) {
+      const CheckpointReader shared = CheckpointReader::read_file(other->parts.at("shared"));
+      throw UsageError(concat("the newest commit in '", reliability.checkpoint_dir, "' (after iteration ",
+                              other->iteration, ") is of another world (", shared.string("run"), "); this relaunch has ",
+                              config.workers, " workers: pipesgd train resumes only the world that committed (a ",
+                              "Python hvd.elastic script can change size)"));
+    }
+  }
   reliability.resume = reliability.resume || commit > 0;
   if (!leader) return;
   // pipesgdrun's records of the failed launches, oldest first.
