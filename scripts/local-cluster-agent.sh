@@ -12,7 +12,9 @@
 # ends the job. That must come before any rank's own --comm-timeout ends it: once mpirun is ending a
 # job it ignores its agents, and waits for the silent host's daemon until TCP gives up (many minutes;
 # OpenMPI's keepalives do not fire while it has unacknowledged data for the host).
-# PIPESGD_AGENT_ALIVE_INTERVAL / PIPESGD_AGENT_ALIVE_COUNT override 0.5 and 4.
+# A host whose link is down when the agent is called is refused at once, as ssh's connection would
+# fail (pipesgdrun --min-np probes the hosts so). PIPESGD_AGENT_ALIVE_INTERVAL /
+# PIPESGD_AGENT_ALIVE_COUNT override 0.5 and 4.
 while [ $# -gt 0 ]; do
   case $1 in
     -[1246AaCfGgKkMNnqsTtVvXxYy]*) shift ;;  # ssh's options without a value
@@ -38,6 +40,11 @@ fi
 interval=${PIPESGD_AGENT_ALIVE_INTERVAL:-0.5}
 count=${PIPESGD_AGENT_ALIVE_COUNT:-4}
 link=/sys/class/net/pipesgd-$host/operstate
+# As ssh fails to connect to a host it cannot reach: nothing starts on a host whose link is down.
+if [ "$(cat "$link" 2>/dev/null)" != up ]; then
+  echo "local-cluster-agent: cannot reach host $host (its link is down)" >&2
+  exit 255
+fi
 
 # shellcheck disable=SC2016  # expanded by the inner shell
 # A session of its own (setsid): what COMMAND starts (OpenMPI's daemon, the ranks) can be ended with it.

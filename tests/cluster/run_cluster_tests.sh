@@ -381,6 +381,63 @@ assert f["rolled_back_to"] >= 60 and f["rolled_back_to"] % 20 == 0, f
 assert "exit status" in f["failure"], f
 EOF
 
+# A host lost under pipesgdrun --restarts 1 --min-np 2 with a Python hvd.elastic script: h2's link
+# goes down at step 60; mpirun ends the job, pipesgdrun finds h2 silent and relaunches on h1 and h3,
+# saying so, and the script resumes from its commit at the new size and finishes.
+cat >"$R/elastic_shrink.py" <<'EOF'
+import os, sys, time
+import torch
+import pipesgd.torch as hvd
+hvd.init()
+torch.manual_seed(1)
+model = torch.nn.Linear(8, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, optimizer, step=0)
+marker = sys.argv[1]
+
+@hvd.elastic.run
+def train(state):
+    if hvd.rank() == 0:
+        print(f"WORLD size={hvd.size()} from step {state.step}", flush=True)
+    while state.step < 160:
+        x = torch.randn(16, 8)
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        state.step += 1
+        state.commit()
+        if state.step == 60 and hvd.rank() == 0 and hvd.size() == 3:
+            open(marker, "w").close()
+        time.sleep(0.02)
+
+train(state)
+if hvd.rank() == 0:
+    print(f"DONE size={hvd.size()} step={state.step}", flush=True)
+EOF
+d=$R/min-np
+mkdir -p "$d"
+PIPESGD_ELASTIC_DIR="$d/commits" PIPESGD_TIMEOUT=$T timeout -k 5 300 "$PIPESGDRUN" --restarts 1 --min-np 2 -np 3 \
+  -H h1:1,h2:1,h3:1 /usr/bin/python3 "$R/elastic_shrink.py" "$d/marker" >"$d/run.out" 2>"$d/run.err" &
+run_pid=$!
+i=0
+until [ -f "$d/marker" ] || [ $i -ge 1200 ] || ! kill -0 $run_pid 2>/dev/null; do
+  i=$((i + 1))
+  sleep 0.1
+done
+"$CLUSTER" link h2 down >"$d/link.out" 2>&1
+wait $run_pid
+rc=$?
+"$CLUSTER" link h2 up >/dev/null 2>&1
+expect_success "min-np/exit-0" $rc "$d/run.out" "$d/run.err"
+expect_contains "min-np/relaunched-smaller" "$d/run.err" "relaunching it on 2 ranks (h1:1,h3:1; lost: h2) (restart 1 of 1)"
+expect_contains "min-np/resumed-at-the-new-size" "$d/run.out" "WORLD size=3 from step 0" "DONE size=2 step=160"
+if grep -qE "WORLD size=2 from step ([6-9][0-9]|1[0-5][0-9])" "$d/run.out"; then
+  pass "min-np/resumed-from-the-commit"
+else
+  fail "min-np/resumed-from-the-commit" "$(excerpt "$d/run.out")"
+fi
+
 # ---------------------------------------------------------------------------------------------------
 "$CLUSTER" down >"$R/down.out" 2>&1
 rc=$?

@@ -246,8 +246,9 @@ class ObjectState(State):
         return {"objects": self._saved_state}
 
     def _load_snapshot(self, snapshot, same_world):
+        # Its own values only: a subclass's handlers have loaded theirs (with same_world) already.
         self._saved_state = dict(snapshot["objects"])
-        self.restore()
+        self._set_attrs()
 
     def _describe(self):
         """The committed plain values for the resume line, e.g. 'epoch 3 batch 17'."""
