@@ -231,12 +231,12 @@ TEST(ElasticRestarts, AFailureDuringTheRecoveryIsRecoveredFromToo) {
   EXPECT_EQ(restarted.recoveries[1].iterations_redone(), 0);
 }
 
-// Two crashes on different ranks at different iterations: rank 1 at 13, then rank 0 at 31.
+// Two crashes on different ranks at different iterations: rank 1 at 13, then rank 0 at 32.
 TEST(ElasticRestarts, TwoFailuresInARowOnDifferentRanks) {
   const TrainConfig config = elastic_config("pipe", 3);
   const RunSummary uninterrupted = train(config);
   TrainConfig failing = restarting(config, 2, 1, 13);
-  failing.reliability.restart_faults = {crash(0, 31)};
+  failing.reliability.restart_faults = {crash(0, 32)};
   const RunSummary restarted = train(failing);
   expect_recovered(uninterrupted, restarted, 2);
   if (restarted.recoveries.size() != 2) return;
@@ -244,6 +244,21 @@ TEST(ElasticRestarts, TwoFailuresInARowOnDifferentRanks) {
   EXPECT_EQ(restarted.recoveries[1].rolled_back_to, 30);
   EXPECT_TRUE(Contains(restarted.recoveries[0].failure, "worker 1"));
   EXPECT_TRUE(Contains(restarted.recoveries[1].failure, "worker 0"));
+}
+
+// Pipe's in-memory commit does not drain the pipeline: the commit after iteration 30 (K = 2) takes
+// the gradient of iteration 29 when its allreduce ends on its own, in the wait of iteration 31. A
+// worker that dies at the start of 31 never completed it, so the run rolls back to 20, and still
+// ends bit-identical; one that dies at 32 finds the commit of 30 complete.
+TEST(ElasticRestarts, APipeCommitCompletesWhenItsAllreducesInFlightEnd) {
+  const TrainConfig config = elastic_config("pipe", 2);
+  const RunSummary uninterrupted = train(config);
+  for (const auto& [fault_at, expected] : {std::pair{31, 20}, std::pair{32, 30}}) {
+    const RunSummary restarted = train(restarting(config, 1, 0, fault_at));
+    expect_recovered(uninterrupted, restarted, 1);
+    if (restarted.recoveries.size() != 1) continue;
+    EXPECT_EQ(restarted.recoveries[0].rolled_back_to, expected) << "a crash at " << fault_at;
+  }
 }
 
 // A second failure with --restarts 1: the run fails with the failure, saying the restarts are used

@@ -13,6 +13,7 @@
 // thread does so through a CommWorker (comm/comm_worker.h). Methods are built through the registry
 // (algo/registry.h) from a MethodContext (algo/method_descriptor.h).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -57,6 +58,17 @@ class TrainingMethod {
   // The model's parameters are saved by the trainer. Every method implements both.
   virtual void save_state(CheckpointWriter& out) = 0;
   virtual void load_state(const CheckpointReader& in, std::int64_t next_iteration) = 0;
+  // A commit that need not wait (--restarts' in-memory commits, train/elastic.h): the state
+  // save_state(out) would write, handed to `ready` on the compute thread once complete. By default
+  // at once; a method with communication in flight at the boundary may hand it over later, when
+  // that communication completed on its own (at the latest in finish() or a later save_state; a
+  // method destroyed first drops it: that commit never completes). `bytes_sent`: the transport's
+  // count at the boundary with the boundary's communication done (nullopt: read it now).
+  using CommitReady = std::function<void(CheckpointWriter part, std::optional<std::uint64_t> bytes_sent)>;
+  virtual void save_state_when_ready(CheckpointWriter out, const CommitReady& ready) {
+    save_state(out);
+    ready(std::move(out), std::nullopt);
+  }
 };
 
 }  // namespace pipesgd

@@ -121,7 +121,7 @@ std::string run_fingerprint(const TrainConfig& config, const RunPlan& plan) {
 }
 
 CheckpointWriter worker_checkpoint(const RunContext& run, std::int64_t t, Model& model, TrainingMethod& method,
-                                   const EpochSums& sums, std::string* torchscript) {
+                                   const EpochSums& sums, std::string* torchscript, bool method_state) {
   CheckpointWriter part;
   part.add_int("next_iteration", t + 1);
   part.add("model.parameters", std::span<const float>(model.parameters()));
@@ -135,7 +135,7 @@ CheckpointWriter worker_checkpoint(const RunContext& run, std::int64_t t, Model&
   if (torchscript != nullptr) *torchscript = model.torchscript();
   part.add_double("epoch.loss_sum", sums.loss);
   part.add_double("epoch.correct", sums.correct);
-  method.save_state(part);
+  if (method_state) method.save_state(part);
   return part;
 }
 

@@ -76,8 +76,10 @@ struct WorkerHistory {
 // method's state and the epoch sums; then add_history (taken once save_state waited for the
 // communication in flight, whose bytes count). With `torchscript`, also the model as TorchScript
 // (Model::torchscript) at the weights and buffers the part holds.
+// Without `method_state`, the method's part is left to the caller (TrainingMethod::save_state_when_ready).
 CheckpointWriter worker_checkpoint(const RunContext& run, std::int64_t t, Model& model, TrainingMethod& method,
-                                   const EpochSums& sums, std::string* torchscript = nullptr);
+                                   const EpochSums& sums, std::string* torchscript = nullptr,
+                                   bool method_state = true);
 void add_history(CheckpointWriter& part, const WorkerHistory& history);
 // What add_history wrote. DataError naming the file and section if one is missing or invalid.
 WorkerHistory read_history(const CheckpointReader& part);

@@ -502,28 +502,36 @@ class WorkerLoop {
   // in the background.
   void save_checkpoint(const EpochSums& sums) {
     const std::string& dir = config().reliability.checkpoint_dir;
-    std::string torchscript;  // rank 0's model, beside a set on disk
-    const bool model_file = sinks_.leader != nullptr && shared_.run.memory_commits == nullptr;
-    CheckpointWriter part = worker_checkpoint(shared_.run, t_, own_.model, own_.method, sums,
-                                              model_file ? &torchscript : nullptr);
-    add_history(part, WorkerHistory{history_.bytes_sent + own_.transport.bytes_sent(), sinks_.record.nonfinite_skipped,
-                                    sinks_.record.loss_sum});
     const FaultInjection& fault = config().reliability.fault;
     const bool fault_now = fault.active() && fault.during_checkpoint() && fault.rank == own_.rank && fault.iteration == t_;
     if (MemoryCommits* commits = shared_.run.memory_commits) {
-      // In memory: the part is handed over whole, or (a fault mid-commit) not at all.
+      // In memory: the part is handed over whole, or (a fault mid-commit) not at all; the method
+      // may complete it once the communication in flight at this boundary ended on its own.
       if (fault_now) {
         trace_instant("injected fault", kTraceRun, iteration_args());
         inject_fault(fault, shared_.faults);
       }
-      commits->put(t_ + 1, worker_part(own_.rank), std::move(part));
       if (sinks_.leader != nullptr) {
         if (RecoveryLog* recovery = config().recovery) recovery->note_commit(t_ + 1);
         const RunHistory history{sinks_.leader->consistency_checks, train_seconds_ + epoch_clock_.seconds()};
         commits->put(t_ + 1, "shared", shared_checkpoint(shared_.run, t_, sinks_.leader->epochs, history));
       }
+      CheckpointWriter part = worker_checkpoint(shared_.run, t_, own_.model, own_.method, sums, nullptr,
+                                                /*method_state=*/false);
+      own_.method.save_state_when_ready(
+          std::move(part), [this, commits, iteration = t_ + 1, skipped = sinks_.record.nonfinite_skipped,
+                            loss_sum = sinks_.record.loss_sum](CheckpointWriter ready, std::optional<std::uint64_t> sent) {
+            add_history(ready, WorkerHistory{history_.bytes_sent + sent.value_or(own_.transport.bytes_sent()), skipped,
+                                             loss_sum});
+            commits->put(iteration, worker_part(own_.rank), std::move(ready));
+          });
       return;
     }
+    std::string torchscript;  // rank 0's model, beside the set
+    CheckpointWriter part = worker_checkpoint(shared_.run, t_, own_.model, own_.method, sums,
+                                              sinks_.leader != nullptr ? &torchscript : nullptr);
+    add_history(part, WorkerHistory{history_.bytes_sent + own_.transport.bytes_sent(), sinks_.record.nonfinite_skipped,
+                                    sinks_.record.loss_sum});
     const std::filesystem::path path = checkpoint_path(dir, t_ + 1, worker_part(own_.rank));
     if (fault_now) {
       // --inject-fault at=checkpoint: die halfway through the write. The atomic write would leave

@@ -9,9 +9,10 @@ namespace pipesgd {
 MethodDescriptor pipe_method() {
   MethodDescriptor method;
   method.name = "pipe";
-  method.commit = "the optimizer's state and the K-1 aggregated gradients in flight (their allreduces waited for, "
-                  "not applied: the continuation applies them at t+1..t+K-1 as the uninterrupted run does); the "
-                  "in-ring codecs (bf16, fp16, int8) keep no residual, so none is saved";
+  method.commit = "the optimizer's state and the K-1 aggregated gradients in flight, not applied (the continuation "
+                  "applies them at t+1..t+K-1 as the uninterrupted run does); a commit in memory takes each when its "
+                  "allreduce ends on its own, so it completes K-1 iterations after its boundary (a checkpoint file "
+                  "waits for them); the in-ring codecs (bf16, fp16, int8) keep no residual, so none is saved";
   method.summary = "Pipe-SGD (the paper's Alg. 1): the update at t uses the aggregated gradient of t-K while the "
                    "allreduce of t runs on the comm thread";
   method.traits.replicas_identical = true;

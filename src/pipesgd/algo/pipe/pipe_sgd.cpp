@@ -1,5 +1,7 @@
 #include "pipesgd/algo/pipe/pipe_sgd.h"
 
+#include <algorithm>
+
 #include "pipesgd/algo/synchronous_step.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/trace.h"
@@ -42,6 +44,7 @@ std::optional<DeferredPhase> PipeOptions::deferred_phase(std::int64_t warmup_ite
 
 PipeSgd::PipeSgd(const MethodContext& context)
     : model_(context.model),
+      transport_(context.transport),
       codec_(make_codec(context.common.codec)),
       allreduce_(make_method_allreduce(context.common, context.transport, context.model.layout().total(), *codec_,
                                        context.options.default_segment_bytes())),
@@ -55,6 +58,7 @@ PipeSgd::PipeSgd(const MethodContext& context)
       comm_(context.transport, "pipe-sgd", static_cast<std::size_t>(staleness_), context.common.timeout,
             [this](const CommWorker::Job& job) {
               allreduce_->run(job.data, collective_tag(Channel::kGradients, static_cast<std::uint64_t>(job.iteration)));
+              slots_[static_cast<std::size_t>(job.iteration % staleness_)].bytes_sent_after = transport_.bytes_sent();
             },
             context.common.wait_spin) {
   PIPESGD_ASSERT(staleness_ >= 1 && staleness_ <= kMaxStaleness && warmup_iterations_ >= 0);
@@ -66,6 +70,21 @@ void PipeSgd::wait_reduced(Slot& slot, IterationTimes& times) {
   slot.comm_seconds = comm_.wait(slot.ticket, "the aggregated gradient", slot.iteration);
   times.wait += waiting.stop();
   slot.state = SlotState::reduced;
+  if (pending_commit_) note_reduced(slot);
+}
+
+void PipeSgd::note_reduced(const Slot& slot) {
+  const int k = static_cast<int>(&slot - slots_.data());
+  PendingCommit& pending = *pending_commit_;
+  const auto it = std::find(pending.waiting.begin(), pending.waiting.end(), k);
+  if (it == pending.waiting.end()) return;
+  pending.part.add(concat("method.pipe.slot", k, ".gradient"), std::span<const float>(slot.gradient));
+  pending.bytes_sent = std::max(pending.bytes_sent, slot.bytes_sent_after);
+  pending.waiting.erase(it);
+  if (!pending.waiting.empty()) return;
+  PendingCommit done = std::move(pending);
+  pending_commit_.reset();
+  done.ready(std::move(done.part), done.bytes_sent);
 }
 
 void PipeSgd::consume_slot(std::int64_t t, IterationTimes& times, bool apply) {
@@ -113,14 +132,37 @@ void PipeSgd::save_state(CheckpointWriter& out) {
     if (slot.state == SlotState::queued) wait_reduced(slot, untimed);
   }
   optimizer_->save_state(out, "method.");
+  add_slots(out, nullptr);
+}
+
+void PipeSgd::add_slots(CheckpointWriter& out, std::vector<int>* queued) const {
   out.add_int("method.pipe.slots", staleness_);
   for (int k = 0; k < staleness_; ++k) {
     const Slot& slot = slots_[static_cast<std::size_t>(k)];
     const std::string name = concat("method.pipe.slot", k, ".");
-    out.add_int(name + "reduced", slot.state == SlotState::reduced ? 1 : 0);
+    const bool in_flight = queued != nullptr && slot.state == SlotState::queued;
+    out.add_int(name + "reduced", slot.state == SlotState::reduced || in_flight ? 1 : 0);
     out.add_int(name + "iteration", slot.iteration);
     if (slot.state == SlotState::reduced) out.add(name + "gradient", std::span<const float>(slot.gradient));
+    if (in_flight) queued->push_back(k);
   }
+}
+
+void PipeSgd::save_state_when_ready(CheckpointWriter out, const CommitReady& ready) {
+  if (pending_commit_) {  // an earlier commit still waits: complete it first (its slots' waits)
+    IterationTimes untimed;
+    for (Slot& slot : slots_) {
+      if (slot.state == SlotState::queued) wait_reduced(slot, untimed);
+    }
+  }
+  optimizer_->save_state(out, "method.");
+  std::vector<int> queued;
+  add_slots(out, &queued);
+  if (queued.empty()) {
+    ready(std::move(out), std::nullopt);
+    return;
+  }
+  pending_commit_.emplace(PendingCommit{std::move(out), ready, std::move(queued), 0});
 }
 
 void PipeSgd::load_state(const CheckpointReader& in, std::int64_t next_iteration) {

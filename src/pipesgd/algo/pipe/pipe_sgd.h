@@ -86,6 +86,9 @@ class PipeSgd final : public TrainingMethod {
   // The K slots: their state, iteration and gradient (in-flight allreduces are waited for first).
   void save_state(CheckpointWriter& out) override;
   void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;
+  // Does not drain: the slots still reduced go into the commit when their allreduces end on their
+  // own (their waits in begin_iteration), so a commit costs the copies, not the overlap.
+  void save_state_when_ready(CheckpointWriter out, const CommitReady& ready) override;
   std::shared_ptr<MethodReport> report() const override;
 
  private:
@@ -96,7 +99,20 @@ class PipeSgd final : public TrainingMethod {
     std::int64_t iteration = -1;
     CommWorker::Ticket ticket = 0;  // of its allreduce, while queued
     double comm_seconds = 0;        // its allreduce's time, once reduced
+    std::uint64_t bytes_sent_after = 0;  // the transport's count when its allreduce ended (comm thread)
   };
+  // A commit waiting for the allreduces that were in flight at its boundary (save_state_when_ready).
+  struct PendingCommit {
+    CheckpointWriter part;
+    CommitReady ready;
+    std::vector<int> waiting;  // slots whose gradient is still to add
+    std::uint64_t bytes_sent = 0;
+  };
+  // The slots' part of a commit: their states, and the gradients of those reduced (queued ones
+  // are recorded as reduced; their gradients are added once they are).
+  void add_slots(CheckpointWriter& out, std::vector<int>* queued) const;
+  // A slot's allreduce ended (compute thread, after its wait): a pending commit takes its gradient.
+  void note_reduced(const Slot& slot);
 
   // Waits for slot t % K; if it holds g_sum[t-K], applies it (unless `apply` is false) and empties
   // the slot. Compute thread only.
@@ -106,6 +122,8 @@ class PipeSgd final : public TrainingMethod {
   bool in_warmup(std::int64_t t) const { return t < warmup_iterations_; }
 
   FlatParameters& model_;
+  Transport& transport_;
+  std::optional<PendingCommit> pending_commit_;
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Allreduce> allreduce_;  // the comm thread's after warm-up; the compute thread's during it
   std::unique_ptr<Optimizer> optimizer_;
