@@ -9,6 +9,13 @@ script's name and a hash of the working directory and command line), written by 
 with one torch.save to a temporary file and an os.replace (a reader sees the previous commit or
 this one, never a part), with the world size it was written by.
 
+A TorchState commits the random number generators too (beyond Horovod, whose TorchState does
+not): each rank's torch default (CPU) generator, Python's `random` and, when the script has
+imported numpy, numpy's global generator, gathered from every rank at each commit. restore() and a
+relaunch of the same world size put each rank's own back, so dropout and any other draw go on from
+the commit as in the uninterrupted run; a commit of another world size leaves them as the script
+seeded them.
+
 Testing hook: PIPESGD_ELASTIC_KILL=rank=R,commit=N makes rank R SIGKILL itself at the end of its
 N-th commit of the first launch (PIPESGD_RESTART 0 or unset), as `pipesgd train --inject-fault`:
 every rank reads the variable and waits at that commit (a barrier) until rank 0 has persisted it,
@@ -20,6 +27,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import signal
 import sys
 
@@ -385,6 +393,61 @@ class SamplerStateHandler(StateHandler):
         self.restore()
 
 
+class _RandomStates:
+    """The random number generators of every rank, kept by a TorchState: torch's default (CPU)
+    generator, Python's `random` and, when numpy is imported, numpy's global generator.
+
+    save() reads this rank's (reading draws nothing) and gathers every rank's (one
+    allgather_object, so rank 0 persists the world's); restore() puts this rank's back.
+    load_saved() (rank 0, on a relaunch) keeps the persisted world's for the next sync(), which
+    hands each rank its own (one broadcast_object). sync() does not make the ranks' generators
+    equal: a script may seed each rank differently on purpose."""
+
+    def __init__(self):
+        self._own = self._read()
+        self._world = None  # every rank's, in rank order, as of the last save()
+        self._pending = None  # rank 0 after load_saved(): the persisted world's, until sync()
+
+    @staticmethod
+    def _read():
+        states = {"torch": torch.get_rng_state(), "random": random.getstate()}
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            states["numpy"] = numpy.random.get_state()
+        return states
+
+    @staticmethod
+    def _apply(states):
+        torch.set_rng_state(states["torch"])
+        random.setstate(states["random"])
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and "numpy" in states:
+            numpy.random.set_state(states["numpy"])
+
+    def save(self):
+        self._own = self._read()
+        self._world = allgather_object(self._own)
+
+    def restore(self):
+        self._apply(self._own)
+
+    def sync(self):
+        pending, self._pending = broadcast_object(self._pending), None
+        if pending is not None and rank() < len(pending):
+            self._own = pending[rank()]
+            self._apply(self._own)
+
+    def saved(self):
+        return self._world
+
+    def load_saved(self, saved, same_world):
+        if saved is None or not same_world or len(saved) != size():
+            return  # another world's generators: each rank keeps what its script seeded
+        self._pending = list(saved)
+        self._own = self._pending[rank()]
+        self._apply(self._own)
+
+
 def _scheduler_classes():
     classes = [torch.optim.lr_scheduler._LRScheduler]
     if hasattr(torch.optim.lr_scheduler, "LRScheduler"):
@@ -419,7 +482,8 @@ def _get_handler(value):
 class TorchState(ObjectState):
     """A PyTorch training's state (Horovod's TorchState): `model`, `optimizer` and every keyword
     argument become attributes; models, optimizers, lr schedulers and ElasticSamplers are kept by
-    their handlers (state_dicts), the rest as ObjectState values (state.epoch, state.batch)."""
+    their handlers (state_dicts), the rest as ObjectState values (state.epoch, state.batch). Each
+    rank's random number generators are committed too (see _RandomStates; Horovod's are not)."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         kwargs.update(model=model, optimizer=optimizer)
@@ -431,6 +495,7 @@ class TorchState(ObjectState):
             else:
                 handlers[name] = handler
         self._handlers = handlers
+        self._random_states = _RandomStates()
         for name, handler in handlers.items():
             setattr(self, name, handler.value)
         super().__init__(**objects)
@@ -444,21 +509,25 @@ class TorchState(ObjectState):
     def save(self):
         for handler in self._handlers.values():
             handler.save()
+        self._random_states.save()
         super().save()
 
     def restore(self):
         for handler in self._handlers.values():
             handler.restore()
+        self._random_states.restore()
         super().restore()
 
     def sync(self):
         for handler in self._handlers.values():
             handler.sync()
+        self._random_states.sync()
         super().sync()
 
     def _snapshot(self):
         snapshot = super()._snapshot()
         snapshot["handlers"] = {name: handler.saved() for name, handler in self._handlers.items()}
+        snapshot["random_states"] = self._random_states.saved()
         return snapshot
 
     def _load_snapshot(self, snapshot, same_world):
@@ -469,4 +538,5 @@ class TorchState(ObjectState):
                              f"a state with {', '.join(sorted(saved)) or 'none of them'})")
         for name, handler in self._handlers.items():
             handler.load_saved(saved[name], same_world)
+        self._random_states.load_saved(snapshot.get("random_states"), same_world)  # absent in older commits
         super()._load_snapshot(snapshot, same_world)
