@@ -438,6 +438,49 @@ else
   fail "min-np/resumed-from-the-commit" "$(excerpt "$d/run.out")"
 fi
 
+# A host replaced under pipesgdrun --restarts 1 --min-np 2 --host-discovery-script (Horovod's flag):
+# the script prints the hosts in a file, h1 and h2 at first; once the job has committed iteration 60
+# the file says h1 and h3, then h2 is killed. pipesgdrun runs the script again, finds h1 and h3
+# answering and relaunches on them at the same size, saying so; `pipesgd train` resumes from its
+# newest commit and ends with the weights of the same run as threads.
+run "${K[@]}" --workers 2 --out "$R/threads-replaced" >"$R/threads-replaced.out" 2>"$R/threads-replaced.err"
+expect_success "host-replaced/threads-exit-0" $? "$R/threads-replaced.out" "$R/threads-replaced.err"
+d=$R/host-replaced
+mkdir -p "$d"
+printf 'h1\nh2\n' >"$d/hosts"
+printf '#!/bin/sh\ncat "%s"\n' "$d/hosts" >"$d/discover.sh"
+chmod +x "$d/discover.sh"
+timeout -k 5 300 "$PIPESGDRUN" --restarts 1 --min-np 2 -np 2 --host-discovery-script "$d/discover.sh" "$BIN" \
+  "${K[@]}" --transport mpi --comm-timeout "$T" --checkpoint-dir "$d/ck" --checkpoint-every 20 --out "$d/out" \
+  >"$d/run.out" 2>"$d/run.err" &
+run_pid=$!
+i=0
+until [ -f "$d/ck/checkpoint-000000000060-shared.psgd" ] || [ $i -ge 900 ] || ! kill -0 $run_pid 2>/dev/null; do
+  i=$((i + 1))
+  sleep 0.1
+done
+printf 'h1\nh3\n' >"$d/hosts"
+"$CLUSTER" kill h2 >"$d/kill.out" 2>&1
+wait $run_pid
+rc=$?
+expect_success "host-replaced/exit-0" $rc "$d/run.out" "$d/run.err"
+expect_contains "host-replaced/relaunched-on-the-new-host" "$d/run.err" \
+  "relaunching it on 2 ranks (h1:1,h3:1; lost: h2; added: h3) (restart 1 of 1)"
+# Each launch's start-up line (rank 0's) names where rank 1 ran.
+expect_contains "host-replaced/rank-1-on-h2-then-h3" "$d/run.out" \
+  "rank 0 on h1 reaches rank 1 on h2 through MPI over TCP" "rank 0 on h1 reaches rank 1 on h3 through MPI over TCP"
+pycheck "host-replaced/resumed-exactly" "$R/threads-replaced/summary.json" "$d/out/summary.json" <<'EOF'
+import json, sys
+a, b = (json.load(open(path)) for path in sys.argv[1:3])
+assert a["weights_checksum"] == b["weights_checksum"], (a["weights_checksum"], b["weights_checksum"])
+assert b["iterations"] == a["iterations"] == 200, (a["iterations"], b["iterations"])
+r = b["recoveries"]
+assert r["count"] == 1, r
+f = r["failures"][0]
+assert f["rolled_back_to"] >= 60 and f["rolled_back_to"] % 20 == 0, f
+assert "exit status" in f["failure"], f
+EOF
+
 # ---------------------------------------------------------------------------------------------------
 "$CLUSTER" down >"$R/down.out" 2>&1
 rc=$?

@@ -90,10 +90,11 @@ def test_pipesgdrun_launches_two_ranks(tmp_path):
 # `pipesgd train` job whose rank is killed: the job resumes from its newest commit and ends with the
 # weights of a run never interrupted.
 class Args:
-    def __init__(self, restarts, np_=2, hosts=None, min_np=None, max_np=None):
+    def __init__(self, restarts, np_=2, hosts=None, min_np=None, max_np=None, script=None, slots=None):
         self.restarts, self.np, self.hosts, self.hostfile = restarts, np_, hosts, None
         self.oversubscribe, self.mpi_args, self.verbose, self.command = False, "", False, ["true"]
         self.min_np, self.max_np = min_np, max_np
+        self.host_discovery_script, self.slots = script, slots
 
 
 def test_relaunch_rule():
@@ -202,8 +203,9 @@ def test_a_lost_host_is_left_out_of_the_relaunch():
     assert commands[0][commands[0].index("-np") + 1] == "3"
     assert commands[1][commands[1].index("-np") + 1] == "2"
     assert commands[1][commands[1].index("-H") + 1] == "h1:1,h3:1"
-    assert "relaunching it on 2 ranks (h1:1,h3:1; lost: h2)" in err.getvalue(), err.getvalue()
+    assert "relaunching it on 2 ranks (h1:1,h3:1; lost: h2) (restart 1 of 1)" in err.getvalue(), err.getvalue()
     assert failures[1][0]["np"] == 2 and failures[1][0]["lost_hosts"] == ["h2"], failures
+    assert failures[1][0]["added_hosts"] == [], failures  # -H brings no host in
 
 
 def test_too_few_hosts_left_stops_with_one_line():
@@ -217,9 +219,201 @@ def test_too_few_hosts_left_stops_with_one_line():
 
 
 def test_min_np_needs_restarts_and_hosts():
-    for argv, message in ((["--min-np", "1", "-np", "2", "x"], "--min-np needs --restarts R and -H"),
+    for argv, message in ((["--min-np", "1", "-np", "2", "x"],
+                           "--min-np needs --restarts R and -H or --host-discovery-script"),
                           (["--max-np", "3", "-np", "2", "x"], "--max-np needs --min-np"),
                           (["--restarts", "1", "-H", "a:1,b:1", "--min-np", "3", "-np", "2", "x"],
                            "need 1 <= --min-np <= -np <= --max-np")):
         result = run_child([PIPESGDRUN] + argv, timeout=60)
         assert result.returncode == 2 and message in result.stderr, (argv, result.stderr)
+
+
+# --host-discovery-script: Horovod's contract (an executable printing HOST or HOST:SLOTS a line), run
+# before the first launch and each relaunch; a host it prints in place of a lost one replaces it.
+def test_discovered_hosts_parse():
+    parse = launcher.parse_discovered_hosts
+    assert parse("h1:2\nh2\n\n  h3:1 \nh1:2\n") == [("h1", 2), ("h2", 1), ("h3", 1)]  # a repeat counts once
+    assert parse("h1\nh2:3\n", default_slots=4) == [("h1", 4), ("h2", 3)]  # --slots-per-host
+    for text, line in (("h1\nh1:0\n", "line 2 'h1:0'"), ("h1:x", "line 1 'h1:x'"), (":2", "line 1 ':2'"),
+                       ("h1 h2", "line 1 'h1 h2'"), ("h1,h2", "line 1 'h1,h2'"), ("h1:2\nh1:3", "line 2 'h1:3'"),
+                       ("Traceback (most recent call last):", "line 1 'Traceback"), ("\n \n", "printed no host")):
+        try:
+            launcher.parse_discovered_hosts(text)
+            raise AssertionError(f"accepted {text!r}")
+        except ValueError as error:
+            assert line in str(error), (text, str(error))
+
+
+def test_discovered_world_keeps_the_old_hosts_first_and_names_only_the_hosts_filled():
+    world = launcher.discovered_world
+    printed = [("h4", 2), ("h1", 1), ("h3", 1)]
+    everyone = {"h1", "h3", "h4"}
+    # The first launch: the script's order, cut to -np (mpirun --map-by slot fills h4 first).
+    assert world(printed, everyone, [], want=3, min_np=2) == (3, [("h4", 2), ("h1", 1)])
+    assert world(printed, everyone, [], want=2, min_np=2) == (2, [("h4", 2)])
+    # A relaunch: the survivors keep their place (rank 0 stays on h1), the new hosts follow.
+    assert world(printed, everyone, [("h1", 1), ("h2", 1)], want=2, min_np=2) == (2, [("h1", 1), ("h4", 1)])
+    assert world(printed, everyone, [("h1", 1), ("h2", 1)], want=9, min_np=2) == (4, [("h1", 1), ("h4", 2),
+                                                                                     ("h3", 1)])
+    # Printed but silent: left out; too few slots: None.
+    assert world(printed, {"h1", "h3"}, [("h1", 1)], want=4, min_np=2) == (2, [("h1", 1), ("h3", 1)])
+    assert world(printed, {"h1"}, [("h1", 1)], want=4, min_np=2) is None
+    assert launcher.host_changes([("h1", 1), ("h2", 1)], [("h1", 2), ("h3", 1)]) == (["h2"], ["h3"])
+    assert launcher.host_changes([("h1", 1)], [("h1", 1)]) == ([], [])
+
+
+def discovery_script(tmp_path, *outputs, then="exit 0"):
+    """An executable printing outputs[k] on its k-th run (counted in a file), then running `then`
+    past the last one; returns (path, a function giving how many times it ran)."""
+    counter = tmp_path / "runs"
+    counter.write_text("0")
+    cases = "".join(f"  {k}) printf '{text}' ;;\n" for k, text in enumerate(outputs))
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\nk=$(cat '{counter}')\necho $((k + 1)) >'{counter}'\n"
+                      f"case $k in\n{cases}  *) {then} ;;\nesac\n")
+    script.chmod(0o755)
+    return str(script), lambda: int(counter.read_text())
+
+
+def relaunches(args, codes, probe=lambda host, environ: True, on_launch=lambda: None):
+    """run_with_restarts with a fake mpirun exiting with `codes` in turn (calling on_launch first):
+    (status, the -np and -H of each launch, the failure records each launch saw, stderr)."""
+    import io
+    import json
+    launches, records = [], []
+    codes = iter(codes)
+
+    def launch(command, env):
+        launches.append((command[command.index("-np") + 1], command[command.index("-H") + 1]))
+        records.append(json.loads(env["PIPESGD_RESTART_FAILURES"]))
+        on_launch()
+        return next(codes)
+
+    err = io.StringIO()
+    status = launcher.run_with_restarts(args, environ={}, launch=launch, clock=lambda: 1.0, err=err, probe=probe)
+    return status, launches, records, err.getvalue()
+
+
+def test_a_host_the_script_prints_replaces_a_lost_one(tmp_path):
+    script, runs = discovery_script(tmp_path, "h1\\nh2\\n", "h1\\nh3\\n", "h1\\nh3\\nh4\\n")
+    args = Args(2, np_=2, min_np=2, max_np=2, script=script)
+    status, launches, records, err = relaunches(args, [137, 0])
+    assert status == 0, err
+    assert launches == [("2", "h1:1,h2:1"), ("2", "h1:1,h3:1")], launches
+    assert "relaunching it on 2 ranks (h1:1,h3:1; lost: h2; added: h3) (restart 1 of 2)" in err, err
+    assert records[0] == [] and records[1][0]["lost_hosts"] == ["h2"] and records[1][0]["added_hosts"] == ["h3"]
+    assert records[1][0]["np"] == 2, records
+    assert runs() == 2, "the script runs once per launch"
+
+
+def test_a_printed_host_that_does_not_answer_is_left_out(tmp_path):
+    # h2 dies during the first launch and the script still prints it: h3, new, takes its place; a
+    # second failure grows the job to --max-np 3 with h4, which the script prints by then.
+    script, runs = discovery_script(tmp_path, "h1\\nh2\\n", "h1\\nh2\\nh3\\n", "h1\\nh3\\nh4\\n")
+    silent = set()
+    args = Args(2, np_=2, min_np=2, max_np=3, script=script)
+    status, launches, records, err = relaunches(args, [137, 1, 0], probe=lambda host, environ: host not in silent,
+                                                on_launch=lambda: silent.add("h2"))
+    assert status == 0, err
+    assert launches == [("2", "h1:1,h2:1"), ("2", "h1:1,h3:1"), ("3", "h1:1,h3:1,h4:1")], launches
+    assert "relaunching it on 2 ranks (h1:1,h3:1; lost: h2; added: h3; not answering: h2) (restart 1 of 2)" in err
+    assert "relaunching it on 3 ranks (h1:1,h3:1,h4:1; added: h4) (restart 2 of 2)" in err, err
+    assert [(r["lost_hosts"], r["added_hosts"]) for r in records[2]] == [(["h2"], ["h3"]), ([], ["h4"])], records
+    assert runs() == 3
+
+
+def test_the_first_launch_uses_the_printed_hosts_that_answer(tmp_path):
+    script, runs = discovery_script(tmp_path, "h1:2\\nh2\\nh3\\n")
+    args = Args(1, np_=4, min_np=2, max_np=4, script=script)
+    status, launches, _, err = relaunches(args, [0], probe=lambda host, environ: host != "h2")
+    assert status == 0 and launches == [("3", "h1:2,h3:1")] and runs() == 1, (launches, err)
+    assert err.strip() == "pipesgdrun: launching on 3 ranks (h1:2,h3:1; not answering: h2), not -np 4: all the " \
+                          "slots of the hosts that answer", err
+
+
+def test_a_failing_script_stops_the_job_with_one_line(tmp_path):
+    for n, (then, expected) in enumerate((("echo 'no inventory' >&2; exit 3", "exit status 3 (no inventory)"),
+                                          ("echo 'h1 slots=2'", "line 1 'h1 slots=2' is not HOST or HOST:SLOTS"),
+                                          ("true", "printed no host"))):
+        directory = tmp_path / str(n)
+        directory.mkdir()
+        script, runs = discovery_script(directory, "h1\\nh2\\n", then=then)
+        status, launches, _, err = relaunches(Args(3, np_=2, min_np=1, script=script), [137, 0])
+        assert status == 137 and len(launches) == 1 and runs() == 2, (then, status, launches, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and f"--host-discovery-script {script}: {expected}" in lines[0], (then, err)
+        assert "the job failed (exit status 137) and is not relaunched" in lines[0], err
+    # Before the first launch: nothing is launched, exit status 1.
+    script, _ = discovery_script(tmp_path, then="exit 4")
+    status, launches, _, err = relaunches(Args(1, np_=2, min_np=1, script=script), [0])
+    assert status == 1 and launches == [] and f"--host-discovery-script {script}: exit status 4" in err, err
+
+
+def test_too_few_answering_hosts_stop_the_job(tmp_path):
+    # Before the first launch: the hosts are asked too; too few that answer launch nothing.
+    script, _ = discovery_script(tmp_path, "h1\\nh2\\n")
+    status, launches, _, err = relaunches(Args(2, np_=2, min_np=2, script=script), [0],
+                                          probe=lambda host, environ: host == "h1")
+    assert status == 1 and launches == [], (launches, err)
+    assert f"the hosts --host-discovery-script {script} printed that answer (h1:1; not answering: h2) hold fewer " \
+           "than --min-np 2 ranks" in err, err
+    # At a relaunch: the job stops with mpirun's exit status.
+    script, _ = discovery_script(tmp_path, "h1\\nh2\\n", "h1\\n")
+    status, launches, _, err = relaunches(Args(2, np_=2, min_np=2, script=script), [137, 0])
+    assert status == 137 and len(launches) == 1, (launches, err)
+    assert "the job failed (exit status 137) and the hosts --host-discovery-script" in err, err
+    assert "(h1:1) hold fewer than --min-np 2 ranks" in err, err
+
+
+def test_a_script_past_its_timeout_is_killed(tmp_path):
+    script = tmp_path / "slow.sh"
+    script.write_text("#!/bin/sh\necho h1\nsleep 60\necho h2\n")  # sleep, a child, holds stdout open
+    script.chmod(0o755)
+    try:
+        launcher.discover_hosts(str(script), 1, {"PATH": os.environ["PATH"]}, timeout=0.5)
+        raise AssertionError("a script past its timeout was accepted")
+    except launcher.DiscoveryError as error:
+        assert str(error) == f"--host-discovery-script {script}: still running after 0.5 s (killed)", str(error)
+
+
+def test_host_discovery_script_parser_errors(tmp_path, capsys):
+    script, _ = discovery_script(tmp_path, "h1\\n")
+    plain = tmp_path / "plain.sh"
+    plain.write_text("echo h1\n")  # not executable
+    for argv, message in (
+            (["-H", "a:1,b:1"], "--host-discovery-script and -H are mutually exclusive"),
+            (["--hostfile", "hosts.txt"], "--host-discovery-script and --hostfile are mutually exclusive"),
+            (["--restarts", "0"], "--host-discovery-script needs --restarts R and --min-np N"),
+            (["--min-np", None], "--host-discovery-script needs --restarts R and --min-np N"),
+            (["--host-discovery-script", str(plain)], f"--host-discovery-script: '{plain}' is not an executable file"),
+            (["--slots-per-host", "0"], "--slots-per-host must be >= 1, got 0"),
+            (["--min-np", "3"], "need 1 <= --min-np <= -np <= --max-np, got 3, 2, 2")):
+        options = {"--restarts": "1", "--min-np": "1", "--host-discovery-script": script}
+        extra = []
+        for name, value in zip(argv[::2], argv[1::2]):
+            if name in options:
+                options[name] = value
+            else:
+                extra += [name, value]
+        full = [word for name, value in options.items() if value is not None for word in (name, value)]
+        try:
+            launcher.main(full + extra + ["-np", "2", "x"])
+            raise AssertionError(f"accepted {argv}")
+        except SystemExit as exit_:
+            assert exit_.code == 2, argv
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines[-1].startswith(f"pipesgdrun: error: {message}"), (argv, lines)
+    try:
+        launcher.main(["--slots", "2", "-np", "2", "x"])
+        raise AssertionError("accepted --slots without a script")
+    except SystemExit as exit_:
+        assert exit_.code == 2
+    assert "--slots-per-host needs --host-discovery-script" in capsys.readouterr().err
+
+
+def test_dry_run_shows_the_discovered_hosts(tmp_path, capsys):
+    script, _ = discovery_script(tmp_path, "h1:2\\nh2\\nh3:4\\n")
+    assert launcher.main(["--dry-run", "--restarts", "1", "--min-np", "2", "-np", "3", "--host-discovery-script",
+                          script, "x"]) == 0
+    words = capsys.readouterr().out.split()
+    assert words[words.index("-np") + 1] == "3" and words[words.index("-H") + 1] == "h1:2,h2:1", words
