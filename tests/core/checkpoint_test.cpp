@@ -710,5 +710,18 @@ TEST(CheckpointPrune, NeverDeletesTheNewestValidCheckpoint) {
   EXPECT_FALSE(fs::exists(checkpoint_path(dir.path(), 10, "shared")));
 }
 
+// The writer of a set vouches for it (written_here): it is not read back, so only it is kept.
+TEST(CheckpointPrune, TrustsTheSetItsCallerWrote) {
+  TempDir dir;
+  for (std::int64_t iteration : {10, 20, 30}) write_set(dir.path(), iteration);
+  const fs::path altered = checkpoint_path(dir.path(), 30, "rank1");
+  Bytes bytes = read_all(altered);
+  bytes[60] ^= std::byte{0x80};  // what a read-back would see as corrupt
+  write_all(altered, bytes);
+  prune_checkpoints(dir.path(), 1, kParts, {}, /*written_here=*/30);
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir.path(), 20, "shared")));
+  EXPECT_TRUE(fs::exists(checkpoint_path(dir.path(), 30, "shared")));
+}
+
 }  // namespace
 }  // namespace pipesgd

@@ -58,7 +58,7 @@ class FileStore final : public CommitStore {
   }
   void put(std::int64_t step, int rank, CheckpointWriter part) override {
     part.write_atomically(checkpoint_path(dir_, step, worker_part(rank)));
-    prune_checkpoints(dir_, 2, parts_, {});
+    prune_checkpoints(dir_, 2, parts_, {}, step);  // this run's set: no need to read it back
   }
   std::optional<std::int64_t> newest_complete() const override {
     const auto set = find_newest_valid_checkpoint(dir_, parts_, [](const std::string& line) {

@@ -30,8 +30,9 @@ int run_compare(const TrainFlags& flags, const std::string& algorithms, std::opt
   if (target_accuracy) check_target_accuracy(*target_accuracy);
   const std::vector<std::string> specs = split_list(algorithms);
   std::vector<TrainConfig> configs;  // every entry checked before any training
+  const std::optional<LauncherRestart> relaunch = launcher_restart_of(session);
   for (const std::string& spec : specs) {
-    configs.push_back(to_train_config(flags, spec, FlagPolicy::kApplyWhereItFits, session));
+    configs.push_back(to_train_config(flags, spec, FlagPolicy::kApplyWhereItFits, session, relaunch));
   }
   // A method option goes to the methods of the list that take it; one that none takes is a mistake.
   const OptionValues given = given_method_options(flags);

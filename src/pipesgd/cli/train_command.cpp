@@ -23,13 +23,10 @@ std::string methods_help() {
 }
 
 int run_train(const TrainFlags& flags, const std::string& method_spec, MpiSession* session) {
-  TrainConfig config = to_train_config(flags, method_spec, FlagPolicy::kReject, session);
+  const std::optional<LauncherRestart> relaunch = launcher_restart_of(session);
+  TrainConfig config = to_train_config(flags, method_spec, FlagPolicy::kReject, session, relaunch);
   RecoveryLog recovery;  // a job pipesgdrun --restarts relaunches: this attempt's place among them
-  if (session != nullptr) {
-    if (const auto restart = launcher_restart([](const char* name) { return std::getenv(name); })) {
-      restart_from_launcher(config, *restart, recovery, session->transport.rank() == 0);
-    }
-  }
+  if (relaunch) restart_from_launcher(config, *relaunch, recovery, session->transport.rank() == 0);
   CommandTrace trace(flags.trace_path, flags.trace_iterations);
   config.trace = trace.target(0, "");
   if (prints_results(session)) prepare_output_directory(config.out_dir);  // before the data is read

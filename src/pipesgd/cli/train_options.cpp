@@ -144,8 +144,13 @@ OptionValues given_method_options(const TrainFlags& flags) {
   return given_method_options(*flags.command, flags.method_values);
 }
 
+std::optional<LauncherRestart> launcher_restart_of(const MpiSession* session) {
+  if (session == nullptr) return std::nullopt;
+  return launcher_restart([](const char* name) { return std::getenv(name); });
+}
+
 TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_spec, FlagPolicy policy,
-                            const MpiSession* session) {
+                            const MpiSession* session, const std::optional<LauncherRestart>& relaunch) {
   CommonOptions base;
   base.optimizer.sgd = SgdOptions{flags.learning_rate, flags.momentum, flags.weight_decay};
   base.timeout = timeout_from_seconds(flags.comm_timeout_seconds, "--comm-timeout");
@@ -207,12 +212,8 @@ TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_s
   reliability.checkpoint_every = flags.checkpoint_every;
   reliability.resume = flags.resume;
   reliability.restarts = flags.restarts;
-  if (session != nullptr) {
-    // pipesgdrun --restarts relaunches the job: its count applies (train/elastic.h).
-    if (const auto restart = launcher_restart([](const char* name) { return std::getenv(name); })) {
-      reliability.restarts = restart->restarts;
-    }
-  }
+  // pipesgdrun --restarts relaunches the job: its count applies (train/elastic.h).
+  if (relaunch) reliability.restarts = relaunch->restarts;
   const bool every_given = flags.command != nullptr && flags.command->count("--checkpoint-every") > 0;
   if (reliability.restarts > 0 && !every_given) reliability.checkpoint_every = kDefaultCommitInterval;
   for (std::size_t k = 0; k < flags.inject_fault.size(); ++k) {

@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "pipesgd/algo/registry.h"
 #include "pipesgd/cli/cli_common.h"
 #include "pipesgd/data/dataset.h"
+#include "pipesgd/train/elastic.h"
 #include "pipesgd/train/run_config.h"
 #include "pipesgd/report/run_summary.h"
 
@@ -70,9 +72,14 @@ OptionValues given_method_options(const CLI::App& command, const std::map<std::s
 
 // The run of `method_spec` with `flags` (policy: train rejects a flag its method does not take,
 // compare applies each flag to the methods of its list that take it). Checks everything that does
-// not need the data. Under MPI (`session`) the workers are mpirun's ranks, less the servers.
+// not need the data. Under MPI (`session`) the workers are mpirun's ranks, less the servers, and
+// `relaunch` (launcher_restart_of) is pipesgdrun --restarts's word on this launch, if any.
 TrainConfig to_train_config(const TrainFlags& flags, const std::string& method_spec, FlagPolicy policy,
-                            const MpiSession* session);
+                            const MpiSession* session, const std::optional<LauncherRestart>& relaunch);
+
+// Under MPI (`session`), the launch pipesgdrun --restarts says this process belongs to (its
+// PIPESGD_RESTART* environment, train/elastic.h); nullopt otherwise. UsageError if malformed.
+std::optional<LauncherRestart> launcher_restart_of(const MpiSession* session);
 
 DataSplits load_data(const TrainFlags& flags);
 

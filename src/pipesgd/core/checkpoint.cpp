@@ -647,7 +647,8 @@ std::optional<CheckpointSet> find_newest_valid_checkpoint(
 
 std::vector<fs::path> prune_checkpoints(const fs::path& dir, std::size_t keep,
                                         const std::vector<std::string>& required_parts,
-                                        const std::vector<std::string>& companions) {
+                                        const std::vector<std::string>& companions,
+                                        std::optional<std::int64_t> written_here) {
   if (keep == 0) throw UsageError("prune_checkpoints: keep must be at least 1");
   for (const std::string& part : required_parts) check_part(part);
   const Listing listing = list_directory(dir, companions);
@@ -663,7 +664,7 @@ std::vector<fs::path> prune_checkpoints(const fs::path& dir, std::size_t keep,
   // The newest valid checkpoint stays, however old: a newer complete one may be corrupt.
   for (const auto& [iteration, files] : listing.checkpoints) {
     if (!complete(files, required_parts)) continue;
-    if (valid_set(dir, iteration, files, required_parts, nullptr)) {
+    if (iteration == written_here || valid_set(dir, iteration, files, required_parts, nullptr)) {
       if (oldest_kept && iteration < *oldest_kept) oldest_kept = iteration;
       break;
     }

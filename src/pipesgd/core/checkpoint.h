@@ -199,10 +199,13 @@ std::optional<CheckpointSet> find_newest_valid_checkpoint(
 // leftover temporary file, of an iteration older than the oldest kept one; iterations newer than it
 // (for example one other ranks are still writing) are never touched; nor is any other file, except
 // the `companions` (checkpoint_companion_path) of the iterations deleted. Returns the deleted paths.
+// `written_here`: an iteration whose parts this run wrote itself, each atomically (renamed into
+// place whole), so its complete set counts as valid without being read again.
 // Throws UsageError for keep == 0, DataError if a file cannot be deleted or the directory listed.
 std::vector<std::filesystem::path> prune_checkpoints(const std::filesystem::path& dir,
                                                      std::size_t keep,
                                                      const std::vector<std::string>& required_parts,
-                                                     const std::vector<std::string>& companions = {});
+                                                     const std::vector<std::string>& companions = {},
+                                                     std::optional<std::int64_t> written_here = std::nullopt);
 
 }  // namespace pipesgd

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <vector>
 
 namespace pipesgd {
@@ -12,6 +13,13 @@ using Seconds = std::chrono::duration<double>;
 
 inline double seconds_since(Clock::time_point start) {
   return Seconds(Clock::now() - start).count();
+}
+
+// Wall-clock nanoseconds since the Unix epoch: comparable across processes and hosts (a relaunched
+// world's records, pipesgdrun's), unlike Clock.
+inline std::int64_t unix_time_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // CPU time the calling thread has used so far (its CLOCK_THREAD_CPUTIME_ID), in seconds: the

@@ -13,33 +13,19 @@
 #include <nlohmann/json.hpp>
 
 #include "pipesgd/core/checkpoint.h"
+#include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/train/run_context.h"
 
 namespace pipesgd {
 namespace {
 
-// Wall-clock nanoseconds since the Unix epoch: comparable across the processes of a relaunched
-// world and pipesgdrun's records.
-std::int64_t unix_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 double seconds_between(std::int64_t from_ns, std::int64_t to_ns) { return static_cast<double>(to_ns - from_ns) * 1e-9; }
-
-// Every part of a complete commit of `config`'s run (RunContext::checkpoint_parts).
-std::vector<std::string> commit_parts(const TrainConfig& config) {
-  std::vector<std::string> parts{"shared"};
-  for (int r = 0; r < config.workers; ++r) parts.push_back(worker_part(r));
-  for (int s = 0; s < server_ranks(config); ++s) parts.push_back(server_part(s));
-  return parts;
-}
 
 // The iteration of the newest complete, valid commit in `dir` (0: none). Torn sets are skipped
 // quietly: the rollback says which commit it takes.
 std::int64_t newest_commit(const std::string& dir, const TrainConfig& config) {
-  const auto set = find_newest_valid_checkpoint(dir, commit_parts(config), [](const std::string&) {});
+  const auto set = find_newest_valid_checkpoint(dir, checkpoint_part_names(config), [](const std::string&) {});
   return set ? set->iteration : 0;
 }
 
@@ -66,7 +52,7 @@ nlohmann::json rollback_record(const Recovery& recovery) {
 
 void RecoveryLog::note_commit(std::int64_t iteration) {
   const std::lock_guard lock(commits_mutex_);
-  commits_.emplace_back(iteration, unix_now_ns());
+  commits_.emplace_back(iteration, unix_time_ns());
   if (commits_.size() > 4) commits_.erase(commits_.begin());
 }
 
@@ -82,7 +68,7 @@ void RecoveryLog::begin_attempt() {
   furthest.store(0, std::memory_order_relaxed);
   failed_at_ns.store(0, std::memory_order_relaxed);
   first_done_ns.store(0, std::memory_order_relaxed);
-  attempt_start_ns.store(unix_now_ns(), std::memory_order_relaxed);
+  attempt_start_ns.store(unix_time_ns(), std::memory_order_relaxed);
   const std::lock_guard lock(commits_mutex_);
   commits_.clear();
 }
@@ -92,7 +78,7 @@ void RecoveryLog::note_iteration_done(int rank, std::int64_t completed) {
   while (seen < completed && !furthest.compare_exchange_weak(seen, completed, std::memory_order_relaxed)) {
   }
   if (rank == 0 && first_done_ns.load(std::memory_order_relaxed) == 0) {
-    first_done_ns.store(unix_now_ns(), std::memory_order_relaxed);
+    first_done_ns.store(unix_time_ns(), std::memory_order_relaxed);
   }
 }
 
@@ -149,7 +135,7 @@ RunSummary run_with_restarts(const TrainConfig& config, const std::function<RunS
   TrainConfig attempt_config = config;
   const std::string& dir = reliability.checkpoint_dir;
   RecoveryLog log;
-  if (dir.empty()) log.memory_commits = std::make_unique<MemoryCommits>(commit_parts(config));
+  if (dir.empty()) log.memory_commits = std::make_unique<MemoryCommits>(checkpoint_part_names(config));
   attempt_config.recovery = &log;
   const bool in_memory = log.memory_commits != nullptr;
   for (int k = 0;; ++k) {
@@ -158,7 +144,7 @@ RunSummary run_with_restarts(const TrainConfig& config, const std::function<RunS
     try {
       return attempt(attempt_config);
     } catch (const CommError& error) {
-      const std::int64_t detected = unix_now_ns();
+      const std::int64_t detected = unix_time_ns();
       log.complete_last_recovery();
       const std::int64_t commit =
           in_memory ? log.memory_commits->newest_complete().value_or(0) : newest_commit(dir, config);
@@ -270,7 +256,7 @@ void restart_from_launcher(TrainConfig& config, const LauncherRestart& restart, 
   }
   Recovery pending = std::move(log.recoveries.back());
   log.recoveries.pop_back();
-  log.add_recovery(std::move(pending), last_failure_ns > 0 ? last_failure_ns : unix_now_ns(), commit_ns);
+  log.add_recovery(std::move(pending), last_failure_ns > 0 ? last_failure_ns : unix_time_ns(), commit_ns);
 }
 
 }  // namespace pipesgd

@@ -27,10 +27,7 @@ Integer parse_integer(const std::string& key, const std::string& value, Integer 
 
 void inject_fault(const FaultInjection& fault, const FaultControl& control) {
   if (control.fired_at_ns != nullptr) {
-    control.fired_at_ns->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count(),
-                               std::memory_order_relaxed);
+    control.fired_at_ns->store(unix_time_ns(), std::memory_order_relaxed);
   }
   if (fault.kind == FaultInjection::Kind::kCrash) {
     if (control.rank_is_process) std::raise(SIGKILL);

@@ -58,15 +58,20 @@ std::string worker_part(int rank) { return concat("rank", rank); }
 
 std::string server_part(int shard) { return concat("server", shard); }
 
+std::vector<std::string> checkpoint_part_names(const TrainConfig& config) {
+  std::vector<std::string> parts{"shared"};
+  for (int r = 0; r < config.workers; ++r) parts.push_back(worker_part(r));
+  for (int s = 0; s < server_ranks(config); ++s) parts.push_back(server_part(s));
+  return parts;
+}
+
 RunContext prepare_run(const TrainConfig& config, const Dataset& train, bool leader) {
   validate_train_config(config);
   RunContext run{config};
   run.plan = plan_run(config, train);
   run.servers = server_ranks(config);
   run.fingerprint = run_fingerprint(config, run.plan);
-  run.checkpoint_parts = {"shared"};
-  for (int r = 0; r < config.workers; ++r) run.checkpoint_parts.push_back(worker_part(r));
-  for (int s = 0; s < run.servers; ++s) run.checkpoint_parts.push_back(server_part(s));
+  run.checkpoint_parts = checkpoint_part_names(config);
   // Fail before training, not after.
   if (leader && !config.out_dir.empty()) ensure_writable_directory(config.out_dir, "--out");
   const ReliabilityOptions& reliability = config.reliability;

@@ -71,6 +71,8 @@ inline LrScheduleLength schedule_length(const RunPlan& plan) {
 
 // Part names of a checkpoint set.
 std::string worker_part(int rank);
+// Every part of a complete set of `config`'s run: "shared", "rank0", ..., "server0", ...
+std::vector<std::string> checkpoint_part_names(const TrainConfig& config);
 std::string server_part(int shard);
 
 }  // namespace pipesgd
