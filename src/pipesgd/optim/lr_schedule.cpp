@@ -167,6 +167,7 @@ double ExternalLearningRates::factor(std::int64_t t) const {
 double LrSchedule::factor(std::int64_t t) const {
   PIPESGD_ASSERT(t >= 0);
   if (spec_.kind == LrScheduleKind::kExternal) return length_.external_factors->factor(t);
+  t = std::max<std::int64_t>(0, t - length_.first_iteration);
   double decay = 1.0;
   switch (spec_.kind) {
     case LrScheduleKind::kExternal:
@@ -193,6 +194,7 @@ double LrSchedule::factor(std::int64_t t) const {
   if (t < spec_.warmup_iterations) {
     decay *= static_cast<double>(t + 1) / static_cast<double>(spec_.warmup_iterations);
   }
+  if (length_.world_scale != 1.0) decay *= length_.world_scale;
   return decay;
 }
 

@@ -106,6 +106,12 @@ struct LrScheduleLength {
   std::int64_t iterations_per_epoch = 0;
   std::int64_t total_iterations = 0;
   std::shared_ptr<const ExternalLearningRates> external_factors{};
+  // A run that continues the commit of another world (train/elastic.h): iteration t is position
+  // max(0, t - first_iteration) of these epochs and total_iterations, and every factor is multiplied
+  // by world_scale (the linear scaling rule: the workers now over the workers that started the run).
+  // 0 and 1 otherwise (every factor as above, bit for bit).
+  std::int64_t first_iteration = 0;
+  double world_scale = 1.0;
 };
 
 // base * factor, rounded once to float: every learning rate a schedule scales.

@@ -55,7 +55,7 @@ std::string MetricsLines::iteration(std::int64_t t) const {
   nlohmann::json record = times_to_json(mean);
   record["type"] = "iteration";
   record["iteration"] = t;
-  record["epoch"] = t / iterations_per_epoch_ + 1;
+  record["epoch"] = std::max<std::int64_t>(0, t - schedule_.length().first_iteration) / iterations_per_epoch_ + 1;
   record["pipelined"] = (*times_.front())[index].pipelined;
   record["lr"] = shortest_decimal(schedule_.learning_rate(base_learning_rate_, t));
   return record.dump() + "\n";

@@ -232,6 +232,10 @@ nlohmann::json summary_to_json(const RunSummary& s) {
                          {"nonfinite_gradients_skipped", s.reliability.nonfinite_skipped},
                          {"consistency_checks_passed", s.reliability.consistency_checks},
                          {"resumed_from_iteration", s.reliability.resumed_from},
+                         {"resumed_from_workers", s.reliability.resumed_from_workers > 0
+                                                      ? nlohmann::json(s.reliability.resumed_from_workers)
+                                                      : nlohmann::json(nullptr)},
+                         {"learning_rate_scale", s.reliability.learning_rate_scale},
                          {"recoveries", recoveries_to_json(s.recoveries)},
                          {"final_train_accuracy", f.final_train_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_train_accuracy)},
                          {"final_test_accuracy", f.final_test_accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(f.final_test_accuracy)},
@@ -292,6 +296,11 @@ void print_run_report(std::ostream& out, const RunSummary& s) {
         << lost << " s lost (each iteration is counted once above).";
   } else if (s.reliability.resumed_from >= 0) {
     out << " Resumed at iteration " << s.reliability.resumed_from << " from its checkpoint.";
+  }
+  if (s.reliability.resumed_from_workers > 0) {
+    out << concat(" Continued a commit of ", s.reliability.resumed_from_workers, " workers with ", s.setup.workers,
+                  "; the learning rate is x", std::setprecision(4), s.reliability.learning_rate_scale,
+                  " of the configured (it follows the global batch).");
   }
   if (s.interrupted) {
     out << " Interrupted by " << signal_name(s.interrupted->signal) << " after iteration " << s.interrupted->at_iteration

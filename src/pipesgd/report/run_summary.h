@@ -69,6 +69,10 @@ struct ReliabilityCounts {
   std::int64_t nonfinite_skipped = 0;   // --on-nonfinite skip: layers zeroed, all workers
   std::int64_t consistency_checks = 0;  // --check-consistency: checks passed
   std::int64_t resumed_from = -1;       // --resume: the iteration the run continued from
+  // A run that continued the commit of another world (RunPlan::shift): that world's workers (0: none)
+  // and the factor every learning rate carries (the workers now over the workers that started the run).
+  int resumed_from_workers = 0;
+  double learning_rate_scale = 1.0;
 };
 
 // A run stopped early by a signal (core/interrupt.h) after `at_iteration` of `of_iterations`.

@@ -120,6 +120,73 @@ std::string run_fingerprint(const TrainConfig& config, const RunPlan& plan) {
                 " workers, batch ", config.batch, ", seed ", config.seed, ", ", plan.total_iterations, " iterations");
 }
 
+std::string run_fingerprint_of_any_world(const TrainConfig& config) {
+  const MethodSelection& method = config.method;
+  const std::string options = method.options->fingerprint();
+  return concat("method ", method.spec, " (", fingerprint(method.common), options.empty() ? "" : ", ", options,
+                "), model ", config.model, ", batch ", config.batch, ", seed ", config.seed, ", ",
+                config.iterations > 0 ? concat(config.iterations, " iterations") : concat(config.epochs, " epochs"));
+}
+
+namespace {
+
+// What the shared part of the set says of its world; nullopt for a part written before pipesgd
+// recorded it.
+std::optional<CommittedWorld> world_of(const CheckpointSet& set, const CheckpointReader& shared) {
+  if (!shared.has("world.workers")) return std::nullopt;
+  CommittedWorld world{set, static_cast<int>(shared.integer("world.workers")),
+                       static_cast<int>(shared.integer("world.base_workers")), shared.integer("world.shift"),
+                       std::string(shared.string("world.run"))};
+  if (world.workers < 1 || world.base_workers < 1 || world.shift > set.iteration) {
+    throw DataError(concat("checkpoint '", shared.origin(), "': its world (", world.workers, " workers, started with ",
+                           world.base_workers, ", shift ", world.shift, ") is not one a run can have"));
+  }
+  return world;
+}
+
+}  // namespace
+
+std::optional<CommittedWorld> find_committed_world(const TrainConfig& config) {
+  const std::string& dir = config.reliability.checkpoint_dir;
+  auto quiet = [](const std::string&) {};
+  const auto newest_shared = find_newest_valid_checkpoint(dir, {"shared"}, quiet);
+  if (!newest_shared) return std::nullopt;
+  const auto newest = world_of(*newest_shared, CheckpointReader::read_file(newest_shared->parts.at("shared")));
+  if (!newest) return std::nullopt;  // an older pipesgd's: find_resume_point says what it is
+  // The newest complete set of the newest commit's world, this run's or the run's first (a world
+  // that failed before completing a commit of its own).
+  std::optional<CheckpointSet> best;
+  for (const int workers : {newest->workers, config.workers, newest->base_workers}) {
+    TrainConfig world_config = config;
+    world_config.workers = workers;
+    const auto set = find_newest_valid_checkpoint(dir, checkpoint_part_names(world_config), quiet);
+    if (set && (!best || set->iteration > best->iteration)) best = set;
+  }
+  if (!best) return std::nullopt;
+  const CheckpointReader shared = CheckpointReader::read_file(best->parts.at("shared"));
+  std::optional<CommittedWorld> world = world_of(*best, shared);
+  if (!world) return std::nullopt;
+  if (world->workers == config.workers && world->base_workers == config.workers && world->shift == 0) {
+    return std::nullopt;  // this run's own world: an ordinary resume
+  }
+  const std::string this_run = run_fingerprint_of_any_world(config);
+  if (world->run != this_run) {
+    throw UsageError(concat("--resume: the checkpoint in '", dir, "' is of another run (", world->run, "; this run: ",
+                            this_run, ")"));
+  }
+  const MethodTraits& traits = config.method.traits();
+  if (world->workers != config.workers && !continues_another_world(traits)) {
+    throw UsageError(concat("the newest commit in '", dir, "' (after iteration ", best->iteration, ") is of ",
+                            world->workers, " workers and this run has ", config.workers, ": ", config.method.name(),
+                            " continues only the world that committed (", traits.uses_servers
+                                ? "its servers' shards are of that world"
+                                : "each worker trains weights of its own",
+                            "): relaunch it with ", world->workers, " workers; ", methods_where(continues_another_world),
+                            " continue with another number"));
+  }
+  return world;
+}
+
 CheckpointWriter worker_checkpoint(const RunContext& run, std::int64_t t, Model& model, TrainingMethod& method,
                                    const EpochSums& sums, std::string* torchscript, bool method_state) {
   CheckpointWriter part;
@@ -135,6 +202,7 @@ CheckpointWriter worker_checkpoint(const RunContext& run, std::int64_t t, Model&
   if (torchscript != nullptr) *torchscript = model.torchscript();
   part.add_double("epoch.loss_sum", sums.loss);
   part.add_double("epoch.correct", sums.correct);
+  part.add_double("epoch.iterations", sums.iterations);
   if (method_state) method.save_state(part);
   return part;
 }
@@ -146,7 +214,9 @@ void add_history(CheckpointWriter& part, const WorkerHistory& history) {
 }
 
 RestoredWorker restore_worker(const RunContext& run, int rank, Model& model, TrainingMethod& method) {
-  const CheckpointReader part = read_resumed_part(run, worker_part(rank));
+  const int workers = run.config.workers;
+  const int committed_workers = run.resumed_world ? run.resumed_world->workers : workers;
+  const CheckpointReader part = read_resumed_part(run, worker_part(rank % committed_workers));
   const std::int64_t next = part.integer("next_iteration");
   if (next != run.resume_from->iteration) {
     throw DataError(concat("checkpoint '", part.origin(), "': holds iteration ", next, ", its name says ",
@@ -168,7 +238,37 @@ RestoredWorker restore_worker(const RunContext& run, int rank, Model& model, Tra
     model.load_buffers(buffers);
   }
   method.load_state(part, next);
-  return RestoredWorker{next, EpochSums{part.real("epoch.loss_sum"), part.real("epoch.correct")}, read_history(part)};
+  // A part written before pipesgd counted the epoch's iterations: this worker ran every one so far
+  // (the same world; after an epoch's last iteration, that epoch's end is still to come).
+  auto sums_of = [&](const CheckpointReader& worker) {
+    EpochSums sums{worker.real("epoch.loss_sum"), worker.real("epoch.correct")};
+    if (worker.has("epoch.iterations")) {
+      sums.iterations = worker.real("epoch.iterations");
+    } else {
+      const RunPlan& plan = run.plan;
+      const std::int64_t position = next - plan.shift;
+      const std::int64_t into = position % plan.iterations_per_epoch;
+      sums.iterations = static_cast<double>(into == 0 && position > 0 ? plan.iterations_per_epoch : into);
+    }
+    return sums;
+  };
+  RestoredWorker restored{next, sums_of(part), read_history(part)};
+  if (committed_workers != workers) {
+    restored.sums = EpochSums{};
+    restored.history = WorkerHistory{};
+    for (int r = rank; r < committed_workers; r += workers) {
+      const CheckpointReader other = read_resumed_part(run, worker_part(r));
+      const EpochSums sums = sums_of(other);
+      const WorkerHistory history = read_history(other);
+      restored.sums.loss += sums.loss;
+      restored.sums.correct += sums.correct;
+      restored.sums.iterations += sums.iterations;
+      restored.history.bytes_sent += history.bytes_sent;
+      restored.history.nonfinite_skipped += history.nonfinite_skipped;
+      restored.history.loss_sum += history.loss_sum;
+    }
+  }
+  return restored;
 }
 
 WorkerHistory read_history(const CheckpointReader& part) {
@@ -186,6 +286,10 @@ CheckpointWriter shared_checkpoint(const RunContext& run, std::int64_t t, const 
   common.add_int("next_iteration", t + 1);
   save_epochs(common, epochs);
   common.add_int("history.consistency_checks", history.consistency_checks);
+  common.add_int("world.workers", run.config.workers);
+  common.add_int("world.base_workers", run.plan.base_workers);
+  common.add_int("world.shift", run.plan.shift);
+  common.add_string("world.run", run_fingerprint_of_any_world(run.config));
   common.add_double("history.train_seconds", history.train_seconds);
   return common;
 }
@@ -215,6 +319,14 @@ void find_resume_point(RunContext& run, bool leader) {
                               "; this run: ", run.fingerprint, ")"));
     }
   };
+  if (run.resumed_world) {  // another world's commit, or one continuing another (find_committed_world)
+    run.resume_from = run.resumed_world->set;
+    const CheckpointReader shared_part = CheckpointReader::read_file(run.resume_from->parts.at("shared"));
+    if (run.resumed_world->workers == run.config.workers) check_fingerprint(shared_part);
+    run.resumed_epochs = load_epochs(shared_part);
+    run.resumed_history = read_run_history(shared_part);
+    return;
+  }
   run.resume_from = find_newest_valid_checkpoint(dir, run.checkpoint_parts, warn);
   if (!run.resume_from) {
     // Say so if the directory holds another run's checkpoints (e.g. of another worker count).

@@ -61,7 +61,8 @@ class MemoryCommits {
 // A worker's place in its epoch: the sums of the iterations run so far.
 struct EpochSums {
   double loss = 0;
-  double correct = 0;  // training examples predicted right (before their update)
+  double correct = 0;     // training examples predicted right (before their update)
+  double iterations = 0;  // the iterations they sum (of this worker; of several when its world changed)
 };
 
 // What a worker's part carries of the run so far beside its state, so that a resumed run reports
@@ -89,7 +90,11 @@ struct RestoredWorker {
   WorkerHistory history;
 };
 // Restores this worker's part of the set being resumed into `model` (weights and, if the part has
-// them, buffers) and `method`. DataError naming the file for anything wrong.
+// them, buffers) and `method`. DataError naming the file for anything wrong. A set of another world
+// (RunContext::resumed_world) of W workers: worker r takes the weights and method state of its
+// worker r mod W (the same on every worker of the methods that may change world), and the epoch
+// sums and history of its workers r, r + N, r + 2N, ... (none when the world grew), so that the
+// workers together carry the committed world's.
 RestoredWorker restore_worker(const RunContext& run, int rank, Model& model, TrainingMethod& method);
 
 // What a worker's part records of its model, for `pipesgd export` (sections "model.name",
@@ -133,6 +138,16 @@ void prune_run_checkpoints(const RunContext& run);
 // What a checkpoint must match to be resumed by this run: everything that changes the math of the
 // continuation.
 std::string run_fingerprint(const TrainConfig& config, const RunPlan& plan);
+// The same without the world: what a commit of another number of workers must match to be
+// continued by this run (the method and its options, the model, the per-worker batch, the seed and
+// the length asked for).
+std::string run_fingerprint_of_any_world(const TrainConfig& config);
+
+// With --resume from --checkpoint-dir: the world of the newest complete commit when this run
+// continues it as another world (another number of workers, or a world that itself continued
+// another; RunPlan::shift); nullopt for an ordinary resume (or none: find_resume_point says so).
+// UsageError with one line if the commit is another run's or this method cannot change its world.
+std::optional<CommittedWorld> find_committed_world(const TrainConfig& config);
 
 // Checkpoints of a server rank: restores its shard from the set being resumed, if any, and returns
 // ServeOptions::on_checkpoint writing the shard's part in the background with `writer` (which

@@ -15,6 +15,7 @@
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
+#include "pipesgd/train/checkpointing.h"
 #include "pipesgd/train/run_context.h"
 
 namespace pipesgd {
@@ -206,19 +207,10 @@ void restart_from_launcher(TrainConfig& config, const LauncherRestart& restart, 
   config.recovery = &log;
   log.begin_attempt();
   if (restart.attempt == 0) return;
-  const std::int64_t commit = newest_commit(reliability.checkpoint_dir, config);
-  if (commit == 0) {
-    // No commit of this world: if there is one of another (pipesgdrun --min-np relaunched fewer
-    // ranks), starting over would silently throw the run's work away.
-    const auto other = find_newest_valid_checkpoint(reliability.checkpoint_dir, {"shared"}, [](const std::string&) {});
-    if (other) {
-      const CheckpointReader shared = CheckpointReader::read_file(other->parts.at("shared"));
-      throw UsageError(concat("the newest commit in '", reliability.checkpoint_dir, "' (after iteration ",
-                              other->iteration, ") is of another world (", shared.string("run"), "); this relaunch has ",
-                              config.workers, " workers: pipesgd train resumes only the world that committed (a ",
-                              "Python hvd.elastic script can change size)"));
-    }
-  }
+  // The newest commit, of this world or of another (pipesgdrun --min-np relaunched another number
+  // of ranks: the run continues it if its method can, else says why in one line).
+  const std::optional<CommittedWorld> world = find_committed_world(config);
+  const std::int64_t commit = world ? world->set.iteration : newest_commit(reliability.checkpoint_dir, config);
   reliability.resume = reliability.resume || commit > 0;
   if (!leader) return;
   // pipesgdrun's records of the failed launches, oldest first.

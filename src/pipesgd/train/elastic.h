@@ -91,7 +91,8 @@ std::optional<LauncherRestart> launcher_restart(const std::function<const char*(
 // Prepares `config` for its attempt of a world pipesgdrun relaunches: commits every
 // --checkpoint-every (50 if not given) in --checkpoint-dir (required: the next attempt's ranks read
 // it), the attempt's injected fault, and --resume from the newest complete commit when there is
-// one. The leader (rank 0) also fills `log` with the failed attempts (pipesgdrun's records, each
+// one, of this world or of another (pipesgdrun --min-np relaunched fewer ranks: the run continues it,
+// train/run_context.h's RunPlan::shift). The leader (rank 0) also fills `log` with the failed attempts (pipesgdrun's records, each
 // rolled back to the commit resumed) and metrics.jsonl's lines kept, and the config points at it.
 // Throws UsageError for a config that cannot restart so.
 void restart_from_launcher(TrainConfig& config, const LauncherRestart& restart, RecoveryLog& log, bool leader);

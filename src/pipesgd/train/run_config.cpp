@@ -3,17 +3,17 @@
 #include "pipesgd/core/error.h"
 
 namespace pipesgd {
-namespace {
 
-// "a, b and c" of the methods whose traits satisfy `has`.
-template <typename Predicate>
-std::string methods_where(Predicate&& has) {
+std::string methods_where(const std::function<bool(const MethodTraits&)>& has) {
   std::vector<std::string> names;
   for (const MethodDescriptor* method : method_registry()) {
     if (has(method->traits)) names.push_back(method->name);
   }
   return join_and(names);
 }
+
+namespace {
+
 
 // An --inject-fault the run can arm.
 void validate_fault(const TrainConfig& config, const FaultInjection& fault) {

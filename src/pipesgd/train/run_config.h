@@ -4,6 +4,7 @@
 // and reliability options.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,6 +100,15 @@ struct TrainConfig {
   // --restarts: shared by the run's attempts (train/elastic.h); nullptr for a run without.
   RecoveryLog* recovery = nullptr;
 };
+
+// "a, b and c" of the registered methods whose traits satisfy `has` (for messages).
+std::string methods_where(const std::function<bool(const MethodTraits&)>& has);
+
+// Whether a run of this method may continue the commit of another number of workers (every
+// replica holds the same weights and method state, and there are no servers' shards).
+inline bool continues_another_world(const MethodTraits& traits) {
+  return traits.replicas_identical && !traits.uses_servers;
+}
 
 // The server ranks the run has (0 for the allreduce methods).
 inline int server_ranks(const TrainConfig& config) { return config.method.options->servers(); }

@@ -2,6 +2,7 @@
 // What every rank of a run knows before it starts, decided once (prepare_run) and read-only after:
 // the configuration, the iteration plan (epochs, warm-up, measured range), the servers, the
 // checkpoint fingerprint and parts, and the checkpoint being resumed.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +26,28 @@ struct RunPlan {
   // The first iteration of the mean loss: first_measured of the run not resumed (a resumed run's
   // timing means start later; its mean loss must not).
   std::int64_t loss_from = 0;
+  // A run that continues the commit of another world size (train/elastic.h, "another world"):
+  // iteration t is position t - shift of this world's epochs (each iterations_per_epoch long, epoch
+  // e from shift + e * iterations_per_epoch), and its learning rates are world_scale times the
+  // configured ones (the workers now over base_workers, the workers that started the run).
+  std::int64_t shift = 0;
+  int base_workers = 0;
+  double world_scale = 1.0;
+
+  // The epoch iteration t belongs to, and the first iteration of epoch e.
+  std::int64_t epoch_of(std::int64_t t) const { return std::max<std::int64_t>(0, t - shift) / iterations_per_epoch; }
+  std::int64_t epoch_start(std::int64_t e) const { return shift + e * iterations_per_epoch; }
+};
+
+// The world whose commit a resumed run continues (the newest complete set in --checkpoint-dir),
+// when it is not simply this run's own: another worker count, or a world that itself continued
+// another. Read from the shared part's "world.*" sections.
+struct CommittedWorld {
+  CheckpointSet set;
+  int workers = 0;            // of the world that committed
+  int base_workers = 0;       // of the world that started the run
+  std::int64_t shift = 0;     // that world's RunPlan::shift
+  std::string run;            // run_fingerprint_of_any_world of the run that committed
 };
 
 // What the shared part of a checkpoint carries of the run so far, beside the epoch records.
@@ -43,6 +66,8 @@ struct RunContext {
   std::vector<std::string> checkpoint_parts{};  // "shared", "rank0", ..., "server0", ...
   // --resume: the checkpoint set the ranks continue from and its epoch records.
   std::optional<CheckpointSet> resume_from{};
+  // Set when resume_from is the commit of another world (or one continuing another): its world.
+  std::optional<CommittedWorld> resumed_world{};
   std::vector<EpochRecord> resumed_epochs{};
   RunHistory resumed_history{};
 
@@ -66,7 +91,12 @@ RunContext prepare_run(const TrainConfig& config, const Dataset& train, bool lea
 LrSchedule run_learning_rate_schedule(const RunContext& run);
 // The plan's length as a schedule needs it.
 inline LrScheduleLength schedule_length(const RunPlan& plan) {
-  return {plan.iterations_per_epoch, plan.total_iterations};
+  LrScheduleLength length;
+  length.iterations_per_epoch = plan.iterations_per_epoch;
+  length.total_iterations = plan.total_iterations - plan.shift;
+  length.first_iteration = plan.shift;
+  length.world_scale = plan.world_scale;
+  return length;
 }
 
 // Part names of a checkpoint set.

@@ -127,6 +127,10 @@ RunSummary summarize(const RunContext& run, std::span<WorkerRecord> workers, con
   for (const WorkerRecord& worker : workers) summary.reliability.nonfinite_skipped += worker.nonfinite_skipped;
   summary.reliability.consistency_checks = leader.consistency_checks;
   summary.reliability.resumed_from = run.resume_from ? run.resume_from->iteration : -1;
+  if (run.resumed_world && run.resumed_world->workers != run.config.workers) {
+    summary.reliability.resumed_from_workers = run.resumed_world->workers;
+  }
+  summary.reliability.learning_rate_scale = run.plan.world_scale;
   summary.unreached_phase = plan.unreached_phase;
   if (config.keep_parameters) {
     for (WorkerRecord& worker : workers) summary.final_parameters.push_back(std::move(worker.final_parameters));

@@ -348,8 +348,8 @@ class WorkerLoop {
     const RunPlan& plan = shared_.run.plan;
     if (shared_.run.resume_from) resume();
     bool stopped = false;
-    for (std::int64_t epoch = t_ / plan.iterations_per_epoch; epoch < plan.epochs && !stopped; ++epoch) {
-      const std::int64_t epoch_start = epoch * plan.iterations_per_epoch;
+    for (std::int64_t epoch = plan.epoch_of(t_); epoch < plan.epochs && !stopped; ++epoch) {
+      const std::int64_t epoch_start = plan.epoch_start(epoch);
       const std::int64_t count = std::min(plan.iterations_per_epoch, plan.total_iterations - epoch_start);
       batches_.start_epoch(epoch);
       progress_.start_epoch(epoch, plan.epochs, count, plan.iterations_per_epoch);
@@ -362,7 +362,7 @@ class WorkerLoop {
         }
         iterate(i);
         if (sinks_.leader != nullptr) {
-          progress_.update(i + 1, sums_.loss / static_cast<double>(i + 1),
+          progress_.update(i + 1, sums_.loss / std::max(1.0, sums_.iterations),
                            samples_per_iteration() * static_cast<double>(i + 1) / epoch_clock_.seconds());
         }
       }
@@ -371,7 +371,7 @@ class WorkerLoop {
         own_.method.finish(drain);  // apply what is still in flight before the final evaluation
       }
       train_seconds_ += epoch_clock_.seconds();
-      if (!stopped) end_epoch(epoch, count);  // an epoch cut short has no record
+      if (!stopped) end_epoch(epoch);  // an epoch cut short has no record
     }
     shared_.stop.publish(stop_slot_, t_);
     if (stopped) stop_early();
@@ -410,12 +410,12 @@ class WorkerLoop {
       sinks_.leader->consistency_checks = shared_.run.resumed_history.consistency_checks;
     }
     const RunPlan& plan = shared_.run.plan;
-    if (t_ % plan.iterations_per_epoch == 0 && t_ > 0) {
+    if ((t_ - plan.shift) % plan.iterations_per_epoch == 0 && t_ > plan.shift) {
       // The checkpoint after an epoch's last iteration precedes that epoch's end: end it now, as
       // the run not interrupted did next (its record, its barrier, its evaluation of these weights).
-      const std::int64_t ended = t_ / plan.iterations_per_epoch - 1;
+      const std::int64_t ended = plan.epoch_of(t_) - 1;
       progress_.start_epoch(ended, plan.epochs, plan.iterations_per_epoch, plan.iterations_per_epoch);
-      end_epoch(ended, plan.iterations_per_epoch);
+      end_epoch(ended);
     }
   }
 
@@ -480,7 +480,8 @@ class WorkerLoop {
                         static_cast<std::uint64_t>((t_ + 1) / reliability.check_consistency));
       if (sinks_.leader != nullptr) ++sinks_.leader->consistency_checks;
     }
-    const EpochSums sums{sums_.loss + step.loss, sums_.correct + static_cast<double>(step.correct)};
+    const EpochSums sums{sums_.loss + step.loss, sums_.correct + static_cast<double>(step.correct),
+                         sums_.iterations + 1};
     if (reliability.checkpoint_every > 0 && (t_ + 1) % reliability.checkpoint_every == 0 &&
         t_ + 1 < shared_.run.plan.total_iterations) {
       TracedStopwatch writing("checkpoint", kTraceRun, iteration_args());
@@ -567,9 +568,11 @@ class WorkerLoop {
   // others it is still evaluating, so a long evaluation never looks like a dead peer (a single
   // 1000-example chunk must still take less than the timeout).
   // (Counts up to 2^24 are exact in fp32: an epoch of this run has at most that many examples.)
-  void end_epoch(std::int64_t epoch, std::int64_t count) {
+  void end_epoch(std::int64_t epoch) {
     const TraceSpan span("epoch end", kTraceRun, iteration_args());  // the loss reduction and evaluation
-    float reduced[3] = {static_cast<float>(sums_.loss), static_cast<float>(count), static_cast<float>(sums_.correct)};
+    // Every worker's iterations of the epoch (count each, unless the epoch began in another world).
+    float reduced[3] = {static_cast<float>(sums_.loss), static_cast<float>(sums_.iterations),
+                        static_cast<float>(sums_.correct)};
     control_.sum(reduced, control_tag(2 * epoch));
     if (sinks_.leader == nullptr) {
       control_.wait_for_evaluation(epoch);
