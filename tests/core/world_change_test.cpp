@@ -173,6 +173,22 @@ TEST(WorldChange, TheContinuedEpochsRecordCoversBothWorlds) {
   EXPECT_LE(continued.epochs[1].train_accuracy, 1.0);
 }
 
+// A warm-up of whole epochs ends where the committed world's did (at its epoch 1: iteration 40 of
+// 3 workers, which 2 workers' plan maps to -25 + 60 = 35), so the gradients pipe had in flight
+// after it (of iterations 48 and 49) carry over.
+TEST(WorldChange, AWarmUpOfEpochsKeepsItsPlace) {
+  TempDir dir;
+  OptionValues options;
+  options.set("--warmup-epochs", "1");
+  TrainConfig three = two_epochs("pipe", 3);
+  set_method_options(three, options);
+  commit_until(three, dir.path(), 57);
+  TrainConfig two = two_epochs("pipe", 2);
+  set_method_options(two, options);
+  EXPECT_EQ(prepared(resuming(two, dir.path())).plan.warmup_iterations, 35);
+  EXPECT_TRUE(Trained(run_training(resuming(two, dir.path()), softmax_factory(), data())));
+}
+
 TEST(WorldChange, MethodsWithWeightsOrShardsOfTheirOwnAreRefused) {
   for (const char* name : {"nocomm", "pssync"}) {
     TempDir dir;

@@ -25,8 +25,12 @@ std::int64_t measured_from(std::int64_t start, std::int64_t total) {
 // The plan's means, deferred phase and fault checks for its length (plan_run, and again when a
 // resumed run continues another world's plan).
 void finish_plan(RunPlan& plan, const TrainConfig& config) {
+  // The warm-up's epochs are the plan's (a continued world's map to where the committed world's
+  // were); its iterations count from the run's start.
   const WarmUp warmup = config.method.options->warmup();
-  plan.warmup_iterations = warmup.epochs * plan.iterations_per_epoch + warmup.iterations;
+  const std::int64_t warmup_epochs_end =
+      warmup.epochs > 0 ? std::max<std::int64_t>(0, plan.epoch_start(warmup.epochs)) : 0;
+  plan.warmup_iterations = warmup_epochs_end + warmup.iterations;
   // The means start after the warm-up and whatever else the method does first (profiling, ...).
   plan.first_measured = measured_from(config.method.options->steady_state_start(plan.warmup_iterations),
                                       plan.total_iterations);
