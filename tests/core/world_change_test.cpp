@@ -189,6 +189,20 @@ TEST(WorldChange, AWarmUpOfEpochsKeepsItsPlace) {
   EXPECT_TRUE(Trained(run_training(resuming(two, dir.path()), softmax_factory(), data())));
 }
 
+// A commit torn by the failure (a part of the 3 workers' missing) is skipped whichever part it
+// lacks, also rank2, which 2 workers would not read: the run continues the commit before.
+TEST(WorldChange, ATornCommitOfTheOtherWorldIsSkipped) {
+  for (const char* missing : {"rank2", "rank1"}) {
+    TempDir dir;
+    commit_until(two_epochs("dsync", 3), dir.path(), 57);
+    ASSERT_TRUE(fs::remove(checkpoint_path(dir.path(), 50, missing))) << missing;
+    const RunContext run = prepared(resuming(two_epochs("dsync", 2), dir.path()));
+    ASSERT_TRUE(run.resumed_world.has_value()) << missing;
+    EXPECT_EQ(run.resume_from->iteration, 40) << missing;
+    EXPECT_EQ(run.resumed_world->workers, 3) << missing;
+  }
+}
+
 TEST(WorldChange, MethodsWithWeightsOrShardsOfTheirOwnAreRefused) {
   for (const char* name : {"nocomm", "pssync"}) {
     TempDir dir;

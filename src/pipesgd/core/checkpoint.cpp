@@ -634,15 +634,28 @@ fs::path checkpoint_companion_path(const fs::path& dir, std::int64_t iteration, 
 
 std::optional<CheckpointSet> find_newest_valid_checkpoint(
     const fs::path& dir, const std::vector<std::string>& required_parts,
-    const std::function<void(const std::string&)>& warn) {
+    const std::function<void(const std::string&)>& warn, std::optional<std::int64_t> older_than) {
   for (const std::string& part : required_parts) check_part(part);
   const Listing listing = list_directory(dir);
   for (const auto& [iteration, files] : listing.checkpoints) {
+    if (older_than && iteration >= *older_than) continue;
     if (valid_set(dir, iteration, files, required_parts, warn)) {
       return CheckpointSet{iteration, files};
     }
   }
   return std::nullopt;
+}
+
+std::optional<CheckpointSet> find_valid_checkpoint(const fs::path& dir, std::int64_t iteration,
+                                                   const std::vector<std::string>& required_parts,
+                                                   const std::function<void(const std::string&)>& warn) {
+  for (const std::string& part : required_parts) check_part(part);
+  const Listing listing = list_directory(dir);
+  const auto found = listing.checkpoints.find(iteration);
+  if (found == listing.checkpoints.end() || !valid_set(dir, iteration, found->second, required_parts, warn)) {
+    return std::nullopt;
+  }
+  return CheckpointSet{iteration, found->second};
 }
 
 std::vector<fs::path> prune_checkpoints(const fs::path& dir, std::size_t keep,

@@ -187,10 +187,16 @@ struct CheckpointSet {
 // missing part) and the reason. Files not named like a checkpoint (leftover temporary files
 // included) are ignored silently. A missing directory or one without a usable checkpoint gives
 // nullopt. Throws UsageError if `dir` exists but is not a directory or a required part name is
-// invalid, DataError if it cannot be listed.
+// invalid, DataError if it cannot be listed. With `older_than`, only the iterations before it count.
 std::optional<CheckpointSet> find_newest_valid_checkpoint(
     const std::filesystem::path& dir, const std::vector<std::string>& required_parts,
-    const std::function<void(const std::string&)>& warn);
+    const std::function<void(const std::string&)>& warn, std::optional<std::int64_t> older_than = std::nullopt);
+
+// The checkpoint of `iteration` in `dir` if it is usable as find_newest_valid_checkpoint judges (warn()
+// lines for what is wrong with it), else nullopt.
+std::optional<CheckpointSet> find_valid_checkpoint(const std::filesystem::path& dir, std::int64_t iteration,
+                                                   const std::vector<std::string>& required_parts,
+                                                   const std::function<void(const std::string&)>& warn);
 
 // Deletes old checkpoints from `dir`, keeping the newest `keep` complete iterations (every required
 // part present; with `required_parts` empty, any part present makes an iteration complete) and

@@ -146,29 +146,33 @@ std::optional<CommittedWorld> world_of(const CheckpointSet& set, const Checkpoin
 
 }  // namespace
 
-std::optional<CommittedWorld> find_committed_world(const TrainConfig& config) {
+std::optional<CommittedWorld> find_committed_world(const TrainConfig& config,
+                                                  const std::function<void(const std::string&)>& warn) {
   const std::string& dir = config.reliability.checkpoint_dir;
   auto quiet = [](const std::string&) {};
-  const auto newest_shared = find_newest_valid_checkpoint(dir, {"shared"}, quiet);
-  if (!newest_shared) return std::nullopt;
-  const auto newest = world_of(*newest_shared, CheckpointReader::read_file(newest_shared->parts.at("shared")));
-  if (!newest) return std::nullopt;  // an older pipesgd's: find_resume_point says what it is
-  // The newest complete set of the newest commit's world, this run's or the run's first (a world
-  // that failed before completing a commit of its own).
-  std::optional<CheckpointSet> best;
-  for (const int workers : {newest->workers, config.workers, newest->base_workers}) {
+  // Newest first, each set judged by the parts of the world its shared part names: one torn by a
+  // failure (a worker's part missing or corrupt) is skipped with the warnings an ordinary resume
+  // gives, which are held back (and not given) if it is this run's own world after all.
+  std::vector<std::string> warnings;
+  auto hold = [&](const std::string& line) { warnings.push_back(line); };
+  std::optional<CommittedWorld> world;
+  for (std::optional<std::int64_t> older_than;;) {
+    const auto listed = find_newest_valid_checkpoint(dir, {"shared"}, quiet, older_than);
+    if (!listed) return std::nullopt;
+    world = world_of(*listed, CheckpointReader::read_file(listed->parts.at("shared")));
+    if (!world) return std::nullopt;  // an older pipesgd's: find_resume_point says what it is
     TrainConfig world_config = config;
-    world_config.workers = workers;
-    const auto set = find_newest_valid_checkpoint(dir, checkpoint_part_names(world_config), quiet);
-    if (set && (!best || set->iteration > best->iteration)) best = set;
+    world_config.workers = world->workers;
+    if (const auto set = find_valid_checkpoint(dir, listed->iteration, checkpoint_part_names(world_config), hold)) {
+      world->set = *set;
+      break;
+    }
+    older_than = listed->iteration;
   }
-  if (!best) return std::nullopt;
-  const CheckpointReader shared = CheckpointReader::read_file(best->parts.at("shared"));
-  std::optional<CommittedWorld> world = world_of(*best, shared);
-  if (!world) return std::nullopt;
   if (world->workers == config.workers && world->base_workers == config.workers && world->shift == 0) {
     return std::nullopt;  // this run's own world: an ordinary resume
   }
+  for (const std::string& line : warnings) warn(line);
   const std::string this_run = run_fingerprint_of_any_world(config);
   if (world->run != this_run) {
     throw UsageError(concat("--resume: the checkpoint in '", dir, "' is of another run (", world->run, "; this run: ",
@@ -176,7 +180,7 @@ std::optional<CommittedWorld> find_committed_world(const TrainConfig& config) {
   }
   const MethodTraits& traits = config.method.traits();
   if (world->workers != config.workers && !continues_another_world(traits)) {
-    throw UsageError(concat("the newest commit in '", dir, "' (after iteration ", best->iteration, ") is of ",
+    throw UsageError(concat("the newest commit in '", dir, "' (after iteration ", world->set.iteration, ") is of ",
                             world->workers, " workers and this run has ", config.workers, ": ", config.method.name(),
                             " continues only the world that committed (", traits.uses_servers
                                 ? "its servers' shards are of that world"

@@ -146,8 +146,11 @@ std::string run_fingerprint_of_any_world(const TrainConfig& config);
 // With --resume from --checkpoint-dir: the world of the newest complete commit when this run
 // continues it as another world (another number of workers, or a world that itself continued
 // another; RunPlan::shift); nullopt for an ordinary resume (or none: find_resume_point says so).
+// A set torn by a failure is skipped (a part of its world missing or invalid), with warn() lines as
+// find_resume_point gives them (none when the result is nullopt: the ordinary resume gives them).
 // UsageError with one line if the commit is another run's or this method cannot change its world.
-std::optional<CommittedWorld> find_committed_world(const TrainConfig& config);
+std::optional<CommittedWorld> find_committed_world(const TrainConfig& config,
+                                                  const std::function<void(const std::string&)>& warn);
 
 // Checkpoints of a server rank: restores its shard from the set being resumed, if any, and returns
 // ServeOptions::on_checkpoint writing the shard's part in the background with `writer` (which

@@ -209,7 +209,7 @@ void restart_from_launcher(TrainConfig& config, const LauncherRestart& restart, 
   if (restart.attempt == 0) return;
   // The newest commit, of this world or of another (pipesgdrun --min-np relaunched another number
   // of ranks: the run continues it if its method can, else says why in one line).
-  const std::optional<CommittedWorld> world = find_committed_world(config);
+  const std::optional<CommittedWorld> world = find_committed_world(config, [](const std::string&) {});
   const std::int64_t commit = world ? world->set.iteration : newest_commit(reliability.checkpoint_dir, config);
   reliability.resume = reliability.resume || commit > 0;
   if (!leader) return;
