@@ -625,6 +625,47 @@ if [ "$rc" -eq 1 ] && grep -qF -- "--restarts 1 used up (the newest commit, afte
 else
   fail "restarts/used-up-exits-1-keeps-the-commit" "exit $rc; $(excerpt "$R/restarts-used-up.err")"
 fi
+# Another number of workers (user guide, "Continuing with another number of workers"): dsync of 3
+# workers (batch 25) crashes at 25 after its commit of 20; --resume with 2 continues that commit,
+# rank 0 saying so once, at 2/3 of the configured learning rate. nocomm (each worker's weights its
+# own) refuses the same in one line.
+WC=(--data synthetic --iters 40 --quiet --no-eval --checkpoint-every 10)
+run train --algo dsync "${WC[@]}" --workers 3 --checkpoint-dir "$R/wc" --inject-fault rank=2,iter=25,kind=crash \
+  --comm-timeout 2 >"$R/wc-crash.out" 2>"$R/wc-crash.err"
+rc=$?
+if [ "$rc" -eq 1 ] && [ -f "$R/wc/checkpoint-000000000020-shared.psgd" ]; then
+  pass "world-change/crash-exits-1-with-a-commit"
+else
+  fail "world-change/crash-exits-1-with-a-commit" "exit $rc; $(excerpt "$R/wc-crash.err")"
+fi
+run train --algo dsync "${WC[@]}" --workers 2 --checkpoint-dir "$R/wc" --resume --out "$R/wc-resumed" \
+  >"$R/wc-resumed.out" 2>"$R/wc-resumed.err"
+expect_success "world-change/resume-exit-0" $? "$R/wc-resumed.out" "$R/wc-resumed.err"
+said=$(grep -c "^pipesgd: continuing the commit of 3 workers" "$R/wc-resumed.err")
+if [ "$said" -eq 1 ] && grep -qF "pipesgd: continuing the commit of 3 workers after iteration 20 with 2 workers: global batch 50 (was 75), learning rate x0.6667 of the configured" "$R/wc-resumed.err"; then
+  pass "world-change/says-so-once"
+else
+  fail "world-change/says-so-once" "$said continuing lines; stderr: $(excerpt "$R/wc-resumed.err" 400)"
+fi
+expect_contains "world-change/report" "$R/wc-resumed.out" \
+  "Continued a commit of 3 workers with 2; the learning rate is x0.6667 of the configured"
+pycheck "world-change/summary" "$R/wc-resumed/summary.json" <<'PYEOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["resumed_from_workers"] == 3, s["resumed_from_workers"]
+assert abs(s["learning_rate_scale"] - 2 / 3) < 1e-12, s["learning_rate_scale"]
+assert s["resumed_from_iteration"] == 20 and s["iterations"] == 40, (s["resumed_from_iteration"], s["iterations"])
+PYEOF
+run train --algo nocomm "${WC[@]}" --workers 3 --checkpoint-dir "$R/wc-nocomm" \
+  --inject-fault rank=2,iter=25,kind=crash --comm-timeout 1 >"$R/wc-nocomm-crash.out" 2>"$R/wc-nocomm-crash.err"
+rc=$?
+if [ "$rc" -eq 1 ] && [ -f "$R/wc-nocomm/checkpoint-000000000020-shared.psgd" ]; then
+  pass "world-change/nocomm-crash-exits-1-with-a-commit"
+else
+  fail "world-change/nocomm-crash-exits-1-with-a-commit" "exit $rc; $(excerpt "$R/wc-nocomm-crash.err")"
+fi
+row world-change-nocomm     2 "is of 3 workers and this run has 2: nocomm continues only the world that committed (each worker trains weights of its own): relaunch it with 3 workers;" \
+  train --algo nocomm "${WC[@]}" --workers 2 --checkpoint-dir "$R/wc-nocomm" --resume
 
 # 3d''. Layer-wise communication: `pipesgd plan` prints every plan with its prediction, and the
 # optimal one is never predicted slower; a layer-wise run reports its plan, calls and t_c^no.

@@ -481,6 +481,68 @@ assert f["rolled_back_to"] >= 60 and f["rolled_back_to"] % 20 == 0, f
 assert "exit status" in f["failure"], f
 EOF
 
+# A host lost under pipesgdrun --restarts 1 --min-np 2 with `pipesgd train` (user guide,
+# "Continuing with another number of workers"): pipe on h1, h2 and h3 commits every 20 iterations;
+# once it has committed iteration 60, h2's link goes down. pipesgdrun relaunches on h1 and h3, and
+# train continues the newest commit of 3 workers, X, with 2, saying so once. The oracle is the same
+# among threads: 3 workers crash after X and before the next commit, and --resume --workers 2
+# continues X, saying the same and ending with the same weights (MPI and threads are bit-identical).
+S=(train --algo pipe --epochs 2 --data synthetic --no-eval --quiet)
+d=$R/train-shrinks
+mkdir -p "$d"
+timeout -k 5 300 "$PIPESGDRUN" --restarts 1 --min-np 2 -np 3 -H h1:1,h2:1,h3:1 "$BIN" "${S[@]}" --transport mpi \
+  --comm-timeout "$T" --checkpoint-dir "$d/ck" --checkpoint-every 20 --out "$d/out" >"$d/run.out" 2>"$d/run.err" &
+run_pid=$!
+i=0
+until [ -f "$d/ck/checkpoint-000000000060-shared.psgd" ] || [ $i -ge 900 ] || ! kill -0 $run_pid 2>/dev/null; do
+  i=$((i + 1))
+  sleep 0.1
+done
+"$CLUSTER" link h2 down >"$d/link.out" 2>&1
+wait $run_pid
+rc=$?
+"$CLUSTER" link h2 up >/dev/null 2>&1
+expect_success "train-shrinks/exit-0" $rc "$d/run.out" "$d/run.err"
+expect_contains "train-shrinks/relaunched-smaller" "$d/run.err" "relaunching it on 2 ranks (h1:1,h3:1; lost: h2) (restart 1 of 1)"
+grep "^pipesgd: continuing the commit of " "$d/run.err" >"$d/continuing"
+x=$(sed -n 's/^pipesgd: continuing the commit of 3 workers after iteration \([0-9][0-9]*\) with 2 workers: .*/\1/p' "$d/continuing")
+if [ "$(wc -l <"$d/continuing")" -eq 1 ] && [ -n "$x" ] && [ "$x" -ge 60 ] && [ $((x % 20)) -eq 0 ]; then
+  pass "train-shrinks/continues-the-commit-once"
+else
+  fail "train-shrinks/continues-the-commit-once" "$(wc -l <"$d/continuing") continuing lines: $(excerpt "$d/continuing" 400)"
+  x=60  # the oracle still runs, for its own checks
+fi
+pycheck "train-shrinks/summary" "$d/out/summary.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["resumed_from_workers"] == 3, s["resumed_from_workers"]
+assert abs(s["learning_rate_scale"] - 2 / 3) < 1e-12, s["learning_rate_scale"]
+assert s["recoveries"]["count"] == 1, s["recoveries"]
+EOF
+run "${S[@]}" --workers 3 --checkpoint-dir "$d/threads-ck" --checkpoint-every 20 --comm-timeout 2 \
+  --inject-fault rank=1,iter=$((x + 5)),kind=crash >"$d/threads-crash.out" 2>"$d/threads-crash.err"
+rc=$?
+if [ "$rc" -eq 1 ] && [ -f "$d/threads-ck/checkpoint-$(printf %012d "$x")-shared.psgd" ]; then
+  pass "train-shrinks/threads-crash-exits-1-with-the-commit"
+else
+  fail "train-shrinks/threads-crash-exits-1-with-the-commit" "exit $rc; $(excerpt "$d/threads-crash.err")"
+fi
+run "${S[@]}" --workers 2 --checkpoint-dir "$d/threads-ck" --checkpoint-every 20 --resume --out "$d/threads-out" \
+  >"$d/threads-resumed.out" 2>"$d/threads-resumed.err"
+expect_success "train-shrinks/threads-resume-exit-0" $? "$d/threads-resumed.out" "$d/threads-resumed.err"
+if [ -s "$d/continuing" ] && grep -qxF -f "$d/continuing" "$d/threads-resumed.err"; then
+  pass "train-shrinks/threads-say-the-same"
+else
+  fail "train-shrinks/threads-say-the-same" "hosts: $(excerpt "$d/continuing" 300) threads: $(excerpt "$d/threads-resumed.err" 300)"
+fi
+pycheck "train-shrinks/equals-threads" "$d/threads-out/summary.json" "$d/out/summary.json" <<'EOF'
+import json, sys
+a, b = (json.load(open(path)) for path in sys.argv[1:3])
+assert a["weights_checksum"] == b["weights_checksum"], (a["weights_checksum"], b["weights_checksum"])
+assert a["iterations"] == b["iterations"], (a["iterations"], b["iterations"])
+assert a["resumed_from_iteration"] == b["resumed_from_iteration"], (a["resumed_from_iteration"], b["resumed_from_iteration"])
+EOF
+
 # ---------------------------------------------------------------------------------------------------
 "$CLUSTER" down >"$R/down.out" 2>&1
 rc=$?
