@@ -381,6 +381,21 @@ assert f["rolled_back_to"] >= 60 and f["rolled_back_to"] % 20 == 0, f
 assert "exit status" in f["failure"], f
 EOF
 
+# Once FILE exists (at most 2 minutes) or the job PID (a child of this shell) ended: cuts h2's link
+# (a partition: h2 stops answering), waits for the job, restores the link; the job's status in $rc,
+# the cut's output in $d/link.out.
+partition_h2_when() {
+  local file=$1 pid=$2 i=0
+  until [ -f "$file" ] || [ $i -ge 1200 ] || ! kill -0 "$pid" 2>/dev/null; do
+    i=$((i + 1))
+    sleep 0.1
+  done
+  "$CLUSTER" link h2 down >"$d/link.out" 2>&1
+  wait "$pid"
+  rc=$?
+  "$CLUSTER" link h2 up >/dev/null 2>&1
+}
+
 # A host lost under pipesgdrun --restarts 1 --min-np 2 with a Python hvd.elastic script: h2's link
 # goes down at step 60; mpirun ends the job, pipesgdrun finds h2 silent and relaunches on h1 and h3,
 # saying so, and the script resumes from its commit at the new size and finishes.
@@ -419,16 +434,7 @@ d=$R/min-np
 mkdir -p "$d"
 PIPESGD_ELASTIC_DIR="$d/commits" PIPESGD_TIMEOUT=$T timeout -k 5 300 "$PIPESGDRUN" --restarts 1 --min-np 2 -np 3 \
   -H h1:1,h2:1,h3:1 /usr/bin/python3 "$R/elastic_shrink.py" "$d/marker" >"$d/run.out" 2>"$d/run.err" &
-run_pid=$!
-i=0
-until [ -f "$d/marker" ] || [ $i -ge 1200 ] || ! kill -0 $run_pid 2>/dev/null; do
-  i=$((i + 1))
-  sleep 0.1
-done
-"$CLUSTER" link h2 down >"$d/link.out" 2>&1
-wait $run_pid
-rc=$?
-"$CLUSTER" link h2 up >/dev/null 2>&1
+partition_h2_when "$d/marker" $!
 expect_success "min-np/exit-0" $rc "$d/run.out" "$d/run.err"
 expect_contains "min-np/relaunched-smaller" "$d/run.err" "relaunching it on 2 ranks (h1:1,h3:1; lost: h2) (restart 1 of 1)"
 expect_contains "min-np/resumed-at-the-new-size" "$d/run.out" "WORLD size=3 from step 0" "DONE size=2 step=160"
@@ -492,16 +498,7 @@ d=$R/train-shrinks
 mkdir -p "$d"
 timeout -k 5 300 "$PIPESGDRUN" --restarts 1 --min-np 2 -np 3 -H h1:1,h2:1,h3:1 "$BIN" "${S[@]}" --transport mpi \
   --comm-timeout "$T" --checkpoint-dir "$d/ck" --checkpoint-every 20 --out "$d/out" >"$d/run.out" 2>"$d/run.err" &
-run_pid=$!
-i=0
-until [ -f "$d/ck/checkpoint-000000000060-shared.psgd" ] || [ $i -ge 900 ] || ! kill -0 $run_pid 2>/dev/null; do
-  i=$((i + 1))
-  sleep 0.1
-done
-"$CLUSTER" link h2 down >"$d/link.out" 2>&1
-wait $run_pid
-rc=$?
-"$CLUSTER" link h2 up >/dev/null 2>&1
+partition_h2_when "$d/ck/checkpoint-000000000060-shared.psgd" $!
 expect_success "train-shrinks/exit-0" $rc "$d/run.out" "$d/run.err"
 expect_contains "train-shrinks/relaunched-smaller" "$d/run.err" "relaunching it on 2 ranks (h1:1,h3:1; lost: h2) (restart 1 of 1)"
 grep "^pipesgd: continuing the commit of " "$d/run.err" >"$d/continuing"
