@@ -172,7 +172,6 @@ std::optional<CommittedWorld> find_committed_world(const TrainConfig& config,
   if (world->workers == config.workers && world->base_workers == config.workers && world->shift == 0) {
     return std::nullopt;  // this run's own world: an ordinary resume
   }
-  for (const std::string& line : warnings) warn(line);
   const std::string this_run = run_fingerprint_of_any_world(config);
   if (world->run != this_run) {
     throw UsageError(concat("--resume: the checkpoint in '", dir, "' is of another run (", world->run, "; this run: ",
@@ -188,6 +187,7 @@ std::optional<CommittedWorld> find_committed_world(const TrainConfig& config,
                             "): relaunch it with ", world->workers, " workers; ", methods_where(continues_another_world),
                             " continue with another number"));
   }
+  for (const std::string& line : warnings) warn(line);  // after the refusals: an error stays one line
   return world;
 }
 

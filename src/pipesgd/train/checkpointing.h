@@ -147,7 +147,8 @@ std::string run_fingerprint_of_any_world(const TrainConfig& config);
 // continues it as another world (another number of workers, or a world that itself continued
 // another; RunPlan::shift); nullopt for an ordinary resume (or none: find_resume_point says so).
 // A set torn by a failure is skipped (a part of its world missing or invalid), with warn() lines as
-// find_resume_point gives them (none when the result is nullopt: the ordinary resume gives them).
+// find_resume_point gives them (none when the result is nullopt: the ordinary resume gives them;
+// none before a UsageError, which names the commit it refuses in its one line).
 // UsageError with one line if the commit is another run's or this method cannot change its world.
 std::optional<CommittedWorld> find_committed_world(const TrainConfig& config,
                                                   const std::function<void(const std::string&)>& warn);
