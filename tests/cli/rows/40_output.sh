@@ -8,14 +8,35 @@
 #  - a run crashed and resumed reports what the run never interrupted reports (every summary field
 #    that is not a timing) and its metrics.jsonl holds only the iterations it ran.
 
-# interrupted_run NAME SIGNAL SECONDS ARGS...: pipesgd ARGS, sent SIGNAL after SECONDS (coreutils
-# timeout, which signals the process and then its process group: the second delivery must not count
-# as a second Ctrl-C). Leaves $R/NAME.{out,err,rc}.
+# interrupted_run NAME SIGNAL SECONDS ARGS...: pipesgd ARGS, sent SIGNAL SECONDS after it has installed
+# its handler for SIGNAL (read from /proc, so a loaded machine cannot deliver it before the run starts).
+# The signal goes through coreutils timeout, which signals the process and then its process group: the
+# second delivery must not count as a second Ctrl-C. Leaves $R/NAME.{out,err,rc}.
 interrupted_run() {
   local name=$1 signal=$2 seconds=$3
   shift 3
   (ulimit -v "$MEMORY_LIMIT_KB" 2>/dev/null
-   exec timeout -k 30 --preserve-status -s "$signal" "$seconds" "$BIN" "$@") >"$R/$name.out" 2>"$R/$name.err"
+   exec timeout -k 30 --preserve-status -s "$signal" 100000 "$BIN" "$@") >"$R/$name.out" 2>"$R/$name.err" &
+  local watcher=$! child="" waited=0 stat line parent mask
+  local bit=$((1 << ($(kill -l "$signal") - 1)))
+  while [ "$waited" -lt 1200 ] && kill -0 "$watcher" 2>/dev/null; do
+    if [ -z "$child" ]; then
+      for stat in /proc/[0-9]*/stat; do  # fields after the command name: state, parent pid
+        line=$(cat "$stat" 2>/dev/null) || continue
+        read -r _ parent _ <<<"${line##*) }"
+        if [ "$parent" = "$watcher" ]; then child=${stat#/proc/}; child=${child%/stat}; break; fi
+      done
+    fi
+    if [ -n "$child" ]; then
+      mask=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$child/status" 2>/dev/null)
+      if [ -n "$mask" ] && [ $((16#$mask & bit)) -ne 0 ]; then break; fi
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  sleep "$seconds"
+  kill -s "$signal" "$watcher" 2>/dev/null
+  wait "$watcher"
   echo $? >"$R/$name.rc"
 }
 
