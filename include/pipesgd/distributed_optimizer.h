@@ -275,6 +275,8 @@ struct MethodInfo {
   // calls DistributedOptimizer::before_layer_forward before each layer's forward.
   bool needs_forward_hooks = false;
 };
+// The methods a DistributedOptimizer runs, in the registry's order (not those only `pipesgd train`
+// drives, such as auto).
 std::vector<MethodInfo> available_methods();
 // The method spec used when none is given (the CLI's default --algo).
 std::string default_method();

@@ -287,9 +287,9 @@ row calibrate-one-size      2 "--sizes: calibrate fits each algorithm's a + b*M"
 row calibrate-two-timings   2 "got 2 size(s) x 1 algorithm(s)" calibrate --workers 2 --sizes 4K,8K --algos ring
 # A method option a method does not take is refused for every method, and an option named twice
 # with two values (the spec's +int8 and --codec bf16) is an error.
-row staleness-with-dsync    2 "--staleness-k applies only to pipe, not 'dsync'" \
+row staleness-with-dsync    2 "--staleness-k applies only to pipe and auto with policy stale or any, not 'dsync'" \
   train --algo dsync --staleness-k 3 "${Q[@]}"
-row codec-with-pssync       2 "--codec applies only to dsync, pipe, wfbp, synceasgd, mgwfbp and sapipe, not 'pssync'" \
+row codec-with-pssync       2 "--codec applies only to dsync, pipe, wfbp, synceasgd, mgwfbp, sapipe and auto with policy lossy or any, not 'pssync'" \
   train --algo pssync --codec bf16 "${Q[@]}"
 row allreduce-with-asgd     2 "--allreduce applies only to" train --algo asgd --allreduce tree "${Q[@]}"
 row codec-spec-and-flag     2 "--codec bf16 and the method's codec 'int8': give one" \

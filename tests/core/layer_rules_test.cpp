@@ -6,6 +6,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -316,11 +317,13 @@ std::vector<std::string> string_literals(const std::string& line) {
   return literals;
 }
 
-// Every string literal outside algo/ that is a method's name or a spec of it ("pipe", "pipe+int8"),
-// other than a bucket plan's name (timing/bucket_plan.h: "wfbp" and "mgwfbp" name plans too).
+// Every string literal outside algo/ that is a method's name or a spec of it ("pipe", "pipe+int8",
+// "auto:any"), other than a word that names something else too (`other_words`: a bucket plan's name,
+// timing/bucket_plan.h: "wfbp" and "mgwfbp" name plans too; "auto", --allreduce's and
+// --segment-bytes' automatic value).
 // Prose that mentions a method ("use sapipe, ...") is not a special case and is left alone.
 std::vector<std::string> method_names_outside_algo(const fs::path& root, const std::vector<std::string>& methods,
-                                                   const std::vector<std::string>& bucket_plans) {
+                                                   const std::vector<std::string>& other_words) {
   std::vector<std::string> found;
   for (const SourceFile& file : source_files(root)) {
     if (file.folder.starts_with("algo/")) continue;
@@ -328,9 +331,12 @@ std::vector<std::string> method_names_outside_algo(const fs::path& root, const s
     for (std::size_t i = 0; i < lines.size(); ++i) {
       if (lines[i].find("#include") != std::string::npos) continue;
       for (const std::string& literal : string_literals(lines[i])) {
-        if (std::find(bucket_plans.begin(), bucket_plans.end(), literal) != bucket_plans.end()) continue;
+        if (std::find(other_words.begin(), other_words.end(), literal) != other_words.end()) continue;
         for (const std::string& method : methods) {
-          if (literal == method || literal.starts_with(method + "+")) {
+          // "auto:any" is a spec; "auto: message level, ..." is prose.
+          const bool policy_spec = literal.starts_with(method + ":") && literal.size() > method.size() + 1 &&
+                                   std::isalpha(static_cast<unsigned char>(literal[method.size() + 1]));
+          if (literal == method || literal.starts_with(method + "+") || policy_spec) {
             found.push_back(concat(file.shown, ":", i + 1, ": \"", literal, "\" names method '", method,
                                    "' outside algo/: use its registry trait (MethodTraits) or a registry function"));
           }
@@ -365,7 +371,9 @@ TEST(LayerRulesTest, SourceTreeFollowsTheArchitectureTable) {
 }
 
 TEST(LayerRulesTest, NoMethodNamedOutsideAlgo) {
-  const std::vector<std::string> found = method_names_outside_algo(kSourceDir, method_names(), bucket_plan_names());
+  std::vector<std::string> other_words = bucket_plan_names();
+  other_words.push_back("auto");  // --allreduce auto, --segment-bytes auto
+  const std::vector<std::string> found = method_names_outside_algo(kSourceDir, method_names(), other_words);
   EXPECT_TRUE(found.empty()) << lines_of(found);
 }
 
@@ -454,15 +462,18 @@ TEST_F(PlantedTreeTest, MethodNamesOutsideAlgoAreFound) {
   write_file(root() / "src/pipesgd/comm/warning.cpp",
              "if (method.name() != \"pipe\") return;  // not \"dsync\"\n"
              "auto plan = \"wfbp\";\nauto spec = \"dsync+optimal\";\nauto c = '\"'; auto prose = \"use sapipe or dsync\";\n"
-             "#include \"pipesgd/algo/pipe/pipe.h\"\nauto escaped = \"say \\\"pipe\\\"\";\n");
-  const std::vector<std::string> methods = {"dsync", "pipe", "wfbp", "sapipe"};
+             "#include \"pipesgd/algo/pipe/pipe.h\"\nauto escaped = \"say \\\"pipe\\\"\";\n"
+             "auto segments = \"auto\";\nauto chosen = \"auto:any\";\n");
+  const std::vector<std::string> methods = {"dsync", "pipe", "wfbp", "sapipe", "auto"};
   const std::vector<std::string> expected = {
       "src/pipesgd/comm/warning.cpp:1: \"pipe\" names method 'pipe' outside algo/: use its registry trait (MethodTraits) "
       "or a registry function",
       "src/pipesgd/comm/warning.cpp:3: \"dsync+optimal\" names method 'dsync' outside algo/: use its registry trait "
       "(MethodTraits) or a registry function",
+      "src/pipesgd/comm/warning.cpp:8: \"auto:any\" names method 'auto' outside algo/: use its registry trait "
+      "(MethodTraits) or a registry function",
   };
-  EXPECT_EQ(method_names_outside_algo(root(), methods, {"wfbp", "single"}), expected);
+  EXPECT_EQ(method_names_outside_algo(root(), methods, {"wfbp", "single", "auto"}), expected);
 }
 
 }  // namespace

@@ -45,6 +45,15 @@ TEST(MethodTraitsTest, UsesServersIsTheParameterServerFamily) {
             (Names{"pssync", "asgd", "dcasgd", "odsgd"}));
 }
 
+TEST(MethodTraitsTest, ReplicasIdenticalIsEveryAllreduceMethodPssyncAndAuto) {
+  EXPECT_EQ(methods_with([](const MethodTraits& t) { return t.replicas_identical; }),
+            (Names{"dsync", "pipe", "wfbp", "synceasgd", "mgwfbp", "pssync", "sapipe", "auto"}));
+}
+
+TEST(MethodTraitsTest, TrainerOnlyIsAutoOnly) {
+  EXPECT_EQ(methods_with([](const MethodTraits& t) { return t.trainer_only; }), Names{"auto"});
+}
+
 TEST(MethodTraitsTest, DefaultMethodIsARegisteredMethod) {
   EXPECT_EQ(default_method_spec(), "dsync");
   EXPECT_NE(method_of_spec(default_method_spec()), nullptr);

@@ -25,9 +25,9 @@
 
 namespace pipesgd {
 
-inline void run_ranks(int world_size, const std::function<void(int rank, Transport& transport)>& body,
-                      NetworkSpec network = {}) {
-  LocalFabric fabric(world_size, std::move(network));
+// The same on a fabric of the caller's (e.g. to slow a link mid-run: LocalFabric::slow_link).
+inline void run_ranks_on(LocalFabric& fabric, const std::function<void(int rank, Transport& transport)>& body) {
+  const int world_size = fabric.size();
   std::mutex first_failure_mutex;
   std::exception_ptr first_failure;
 
@@ -56,6 +56,12 @@ inline void run_ranks(int world_size, const std::function<void(int rank, Transpo
   }
   for (std::thread& thread : threads) thread.join();
   if (first_failure) std::rethrow_exception(first_failure);
+}
+
+inline void run_ranks(int world_size, const std::function<void(int rank, Transport& transport)>& body,
+                      NetworkSpec network = {}) {
+  LocalFabric fabric(world_size, std::move(network));
+  run_ranks_on(fabric, body);
 }
 
 }  // namespace pipesgd

@@ -243,6 +243,17 @@ def test_bad_method_spec_raises_the_cli_message(cli_arguments, method, options, 
     assert issubclass(pipesgd.CommError, RuntimeError)
 
 
+def test_auto_is_the_trainers_only():
+    """method="auto" (pipesgd train's) is refused with one line, and is not among available_methods()."""
+    model = fresh_model()
+    with pytest.raises(ValueError, match="^'auto' is available to pipesgd train and compare only, not yet to the C\\+\\+ "
+                                         "API or Python: give a method"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters(), method="auto")
+    assert "auto" not in [m["name"] for m in hvd.available_methods()]
+    assert hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item() == N
+
+
 # The original optimizer's own step() is never called (the wrapper's replaces it), so torch warns.
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before `optimizer.step\\(\\)`")
 def test_step_lr_scheduler_on_the_original_optimizer():

@@ -13,6 +13,7 @@
 #include "pipesgd/algo/common_options.h"
 #include "pipesgd/algo/method_options.h"
 #include "pipesgd/algo/method_report.h"
+#include "pipesgd/algo/planning.h"
 #include "pipesgd/algo/simulated_method.h"
 #include "pipesgd/algo/training_method.h"
 #include "pipesgd/comm/network_spec.h"
@@ -40,6 +41,24 @@ struct MethodContext {
   // applies the gradient of iteration t uses learning_rate_schedule.factor(t)
   // (Optimizer::set_learning_rate_factor before it), whenever that update happens.
   LrSchedule learning_rate_schedule{};
+  // The first iteration the method runs (begin_iteration's first t): 0, or where `auto`
+  // (algo/auto/) switches to it mid-run with the model's parameters and the optimizer's state as
+  // the method before left them (nothing in flight).
+  std::int64_t first_iteration = 0;
+  // What `auto` measured (averaged over the workers, identical on each): a planning method plans
+  // its buckets from it at once instead of profiling first. nullptr: the method profiles itself.
+  const PlanningInputs* planned_from = nullptr;
+  // Prints one line about the run as it goes (`auto`'s choices), on rank 0's stderr after
+  // "pipesgd: "; empty on the other ranks and where nobody reads it.
+  std::function<void(const std::string& line)> announce{};
+};
+
+// A method's prediction of its steady-state iteration, from a run's averaged measurements.
+struct IterationPrediction {
+  double seconds = 0;
+  double compute_seconds = 0;    // the compute thread's work: t_f + backward + its tail + update
+  double exposed_seconds = 0;    // communication not hidden behind computation
+  std::string model;             // how it was computed: "Eq. 4: max(compute, allreduce)"
 };
 
 // Facts about a method that do not depend on its options.
@@ -58,6 +77,9 @@ struct MethodTraits {
   // Applies its synchronous layers' updates just before each layer's forward (sapipe): a caller that
   // runs forward itself (the Python API) must report each layer's forward (before_layer_forward).
   bool needs_forward_hooks = false;
+  // Driven by `pipesgd train` and `compare` only (auto: it times the whole loop and switches
+  // methods): the C++ API and Python refuse it with one line.
+  bool trainer_only = false;
 };
 
 // A configuration of a method worth simulating for `pipesgd advise`, and what it trades.
@@ -98,6 +120,13 @@ struct MethodDescriptor {
   // parameters with the trainer's optimizer `sgd`, the median of `repetitions`. Empty: none.
   std::function<std::map<std::string, double>(std::size_t elements, const SgdOptions& sgd, int repetitions)>
       measure_costs;
+  // The iteration time of the method with `options` and `common` (its codec) in steady state at
+  // `workers` workers, predicted from `measured` (a layer-wise D-Sync profile of uncompressed
+  // gradients and a + b·M of this run's allreduce, algo/planning.h): how `--algo auto` (algo/auto/)
+  // ranks its candidates. Empty: auto never chooses the method.
+  std::function<IterationPrediction(const MethodOptions& options, const CommonOptions& common,
+                                    const PlanningInputs& measured, int workers)>
+      predict;
   // Tables `compare` prints for this method's family.
   std::vector<ComparisonTable> tables;
 };

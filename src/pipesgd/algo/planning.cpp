@@ -17,6 +17,19 @@ bool calibrated_here(const CommonOptions& options, int workers, const std::strin
 
 }  // namespace
 
+double measured_compute_seconds(const PlanningInputs& measured) {
+  double backward = 0;
+  for (double seconds : measured.profile.backward_seconds) backward += seconds;
+  return measured.profile.forward_seconds + backward + measured.backward_tail_seconds + measured.update_seconds;
+}
+
+LayerProfile profile_for_codec(const LayerProfile& measured, const std::string& codec) {
+  const double scale = bytes_per_element(*make_codec(codec)) / sizeof(float);
+  LayerProfile profile = measured;
+  for (double& bytes : profile.bytes) bytes *= scale;
+  return profile;
+}
+
 std::int64_t checked_profile_iterations(std::int64_t iterations) {
   if (iterations < 1 || iterations > kMaxProfileIterations) {
     throw UsageError(concat("--profile-iters must be in [1, ", kMaxProfileIterations, "], got ", iterations));

@@ -34,6 +34,12 @@ struct PlanningInputs {
   double backward_tail_seconds = 0;
 };
 
+// Predictions from what a planning method measured (MethodDescriptor::predict, `--algo auto`):
+// the compute thread's work per iteration (t_f, the layers' backward, backward's tail, the update),
+// and the profile with each layer's bytes as `codec` puts them on the wire (measured with none).
+double measured_compute_seconds(const PlanningInputs& measured);
+LayerProfile profile_for_codec(const LayerProfile& measured, const std::string& codec);
+
 // --profile-iters as given, or UsageError if < 1 or > kMaxProfileIterations.
 inline constexpr std::int64_t kMaxProfileIterations = 10'000'000;
 std::int64_t checked_profile_iterations(std::int64_t iterations);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "pipesgd/algo/auto/auto_method.h"
 #include "pipesgd/algo/dsync/dsync_methods.h"
 #include "pipesgd/algo/nocomm/nocomm_method.h"
 #include "pipesgd/algo/odsgd/odsgd_method.h"
@@ -28,6 +29,7 @@ const std::vector<MethodDescriptor>& descriptors() {
       odsgd_method(),
       sapipe_method(/*baseline=*/"pipe"),
       nocomm_method(),
+      auto_method(),
   };
   return methods;
 }
@@ -49,8 +51,14 @@ std::string spec_options_text(const MethodDescriptor& method) {
   return concat("options are ", join(kinds, "; "));
 }
 
+// "name+part+part"; "auto:any" is "auto+any" (a method's first part may follow a colon).
 std::vector<std::string> split_spec(std::string_view spec) {
   std::vector<std::string> parts;
+  const std::size_t colon = spec.find(':');
+  if (colon != std::string_view::npos && colon < spec.find('+')) {
+    parts.emplace_back(spec.substr(0, colon));
+    spec.remove_prefix(colon + 1);
+  }
   std::size_t begin = 0;
   while (true) {
     const std::size_t plus = spec.find('+', begin);
@@ -119,7 +127,7 @@ std::string example_compare_lists() {
          "dsync,pipe,sapipe+none,sapipe+dc,sapipe+wp1,sapipe";
 }
 
-const MethodDescriptor* method_of_spec(std::string_view spec) { return find_method(spec.substr(0, spec.find('+'))); }
+const MethodDescriptor* method_of_spec(std::string_view spec) { return find_method(split_spec(spec).front()); }
 
 std::vector<std::string> method_names() {
   std::vector<std::string> names;
@@ -220,11 +228,13 @@ MethodSelection select_method(std::string_view spec, const OptionValues& flags, 
 
 std::unique_ptr<TrainingMethod> make_method(const MethodSelection& selection, Transport& transport,
                                             FlatParameters& model, std::int64_t warmup_iterations,
-                                            const NetworkSpec& network, LrScheduleLength length) {
+                                            const NetworkSpec& network, LrScheduleLength length,
+                                            std::function<void(const std::string&)> announce) {
   PIPESGD_ASSERT(selection.descriptor != nullptr && selection.options != nullptr);
-  const MethodContext context{transport,         model,   selection.common,
-                              *selection.options, warmup_iterations, network,
-                              LrSchedule(selection.common.lr_schedule, length)};
+  MethodContext context{transport,         model,   selection.common,
+                        *selection.options, warmup_iterations, network,
+                        LrSchedule(selection.common.lr_schedule, length)};
+  context.announce = std::move(announce);
   return selection.descriptor->make(context);
 }
 

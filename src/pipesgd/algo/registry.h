@@ -72,9 +72,10 @@ MethodSelection select_method(std::string_view spec, const OptionValues& flags, 
 
 // The methods built for one worker from `selection`, its learning-rate schedule
 // (selection.common.lr_schedule) bound to `length` (needed unless the schedule is constant: a
-// UsageError says so).
+// UsageError says so); `announce`: MethodContext::announce.
 std::unique_ptr<TrainingMethod> make_method(const MethodSelection& selection, Transport& transport,
                                             FlatParameters& model, std::int64_t warmup_iterations,
-                                            const NetworkSpec& network = {}, LrScheduleLength length = {});
+                                            const NetworkSpec& network = {}, LrScheduleLength length = {},
+                                            std::function<void(const std::string&)> announce = {});
 
 }  // namespace pipesgd

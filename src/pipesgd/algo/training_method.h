@@ -22,6 +22,7 @@
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/checksum.h"
 #include "pipesgd/core/model.h"
+#include "pipesgd/optim/optimizer_interface.h"
 
 namespace pipesgd {
 
@@ -50,6 +51,9 @@ class TrainingMethod {
   // parameter-server method the version its push of iteration t carries, when the method's tags
   // tell the iteration; nullopt otherwise. (For tools that watch the wire: --inject-fault.)
   virtual std::optional<std::uint64_t> first_message_sequence(std::int64_t) const { return std::nullopt; }
+  // The optimizer that applies this method's updates, whose state (momentum, moments) `auto`
+  // (algo/auto/) hands to the method it switches to after finish(); nullptr if the method has none.
+  virtual Optimizer* optimizer() { return nullptr; }
   // Checkpoints (--checkpoint-dir). save_state, called after end_iteration(t), writes what this
   // worker's method needs to go on exactly with iteration t + 1 (it waits for the communication in
   // flight, applying nothing); load_state, called on a freshly built method before

@@ -590,6 +590,10 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> la
   base.timeout = options.timeout;
   base.lr_schedule = schedule;
   impl.selection = select_method(method_spec, impl.flags, FlagPolicy::kReject, base);
+  if (impl.selection.traits().trainer_only) {
+    throw UsageError(concat("'", method_spec, "' is available to pipesgd train and compare only, not yet to the C++ API ",
+                            "or Python: give a method (pipesgd advise ranks them for your model and cluster)"));
+  }
   const int servers = impl.selection.options->servers();
   impl.uses_servers = servers > 0;
   if (options.optimizer == kExternalOptimizer) {
@@ -840,6 +844,7 @@ void broadcast_optimizer_state(Worker& worker, DistributedOptimizer& optimizer, 
 std::vector<MethodInfo> available_methods() {
   std::vector<MethodInfo> methods;
   for (const MethodDescriptor* descriptor : method_registry()) {
+    if (descriptor->traits.trainer_only) continue;
     const bool servers = descriptor->traits.uses_servers || descriptor->parse(OptionValues{})->servers() > 0;
     const MethodTraits& traits = descriptor->traits;
     methods.push_back({descriptor->name, descriptor->summary, servers, traits.replicas_identical,

@@ -37,6 +37,7 @@ struct Link {
   std::mutex mutex;
   Clock::time_point egress_free{};
   Clock::time_point ingress_free{};
+  double slowdown = 1;  // LocalFabric::slow_link
 };
 
 struct Operation final : RequestState, std::enable_shared_from_this<Operation> {
@@ -286,8 +287,9 @@ class Endpoint final : public Transport {
     Link& in = *fabric_.links_[peer];
     std::scoped_lock lock(out.mutex, in.mutex);
     const auto egress_start = std::max(Clock::now(), out.egress_free);
-    out.egress_free = egress_start + wire;
-    const auto arrival = std::max(out.egress_free + latency, in.ingress_free + wire);
+    out.egress_free = egress_start + std::chrono::duration_cast<Clock::duration>(wire * out.slowdown);
+    const auto arrival = std::max(out.egress_free + latency,
+                                  in.ingress_free + std::chrono::duration_cast<Clock::duration>(wire * in.slowdown));
     in.ingress_free = arrival;
     return arrival;
   }
@@ -299,6 +301,13 @@ class Endpoint final : public Transport {
 };
 
 }  // namespace local_detail
+
+void LocalFabric::slow_link(int rank, double factor) {
+  PIPESGD_ASSERT(rank >= 0 && rank < ranks_ && factor > 0);
+  local_detail::Link& link = *links_[static_cast<std::size_t>(rank)];
+  std::lock_guard lock(link.mutex);
+  link.slowdown = factor;
+}
 
 LocalFabric::LocalFabric(int ranks, NetworkSpec network) : ranks_(ranks), network_(std::move(network)) {
   if (ranks < 1) throw UsageError(concat("a local fabric needs at least one rank, got ", ranks));

@@ -51,6 +51,9 @@ class LocalFabric {
   bool failed() const { return failure_.failed(); }
   std::string failure_message() const { return failure_.message(); }
   void report_failure(int rank, const std::string& reason);
+  // From now on rank `rank`'s emulated NIC moves bytes `factor` (> 0) times slower, both ways; its
+  // latency is unchanged (a congested link; tests of --algo auto's drift). Any thread.
+  void slow_link(int rank, double factor);
 
  private:
   friend class local_detail::Endpoint;

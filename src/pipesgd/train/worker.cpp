@@ -683,8 +683,10 @@ void run_worker(const WorkerRun& shared, int rank, Model& model, Transport& run_
   // The method's gradient allreduces report their CPU time and bytes here (per iteration: comm_cpu).
   AllreduceMeter allreduce_meter;
   const ScopedAllreduceMeter metered(&allreduce_meter);
-  std::unique_ptr<TrainingMethod> method =
-      make_method(config.method, transport, model, run.plan.warmup_iterations, config.network, schedule_length(run.plan));
+  std::function<void(const std::string&)> announce;
+  if (sinks.leader != nullptr) announce = [](const std::string& line) { std::cerr << "pipesgd: " << line << std::endl; };
+  std::unique_ptr<TrainingMethod> method = make_method(config.method, transport, model, run.plan.warmup_iterations,
+                                                       config.network, schedule_length(run.plan), std::move(announce));
   // Once the method is built (its usage errors come first): a run too short for its steady state.
   if (sinks.leader != nullptr && config.warn_short_run && run.plan.unreached_phase) {
     std::cerr << short_run_warning(*run.plan.unreached_phase, run.plan.total_iterations) << std::flush;

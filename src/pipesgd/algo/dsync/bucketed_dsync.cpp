@@ -1,6 +1,7 @@
 #include "pipesgd/algo/dsync/bucketed_dsync.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "pipesgd/algo/dsync/layer_wise_report.h"
 #include "pipesgd/core/error.h"
@@ -8,6 +9,9 @@
 
 namespace pipesgd {
 namespace {
+
+// No profiling cycle (far enough from the int64 limit to add a cycle's length).
+constexpr std::int64_t kNoCycle = std::numeric_limits<std::int64_t>::max() / 4;
 
 // The profile's scalars after its L backward times: t_f, update, kappa, backward's tail.
 constexpr std::size_t kPlanningScalars = 4;
@@ -56,6 +60,25 @@ BucketedDSync::BucketedDSync(const MethodContext& context)
   planned_profile_ = empty_profile(context.model.layout(), bytes_per_element_);
   make_bucket_plan(plan_name_, planned_profile_, cost_);  // an unknown plan fails here, not later
   chosen_plan_ = plan_ = single_plan(layers_);            // until the first plan
+  first_cycle_start_ = context.first_iteration == 0 ? kProfileWarmupIterations : context.first_iteration;
+  if (context.planned_from != nullptr) {
+    // `auto` switched here with the profile it measured: plan from it at once, as if this method's
+    // first cycle had just ended.
+    const PlanningInputs& measured = *context.planned_from;
+    PIPESGD_ASSERT(measured.profile.backward_seconds.size() == layers_);
+    planned_profile_.backward_seconds = measured.profile.backward_seconds;  // the bytes stay this codec's
+    planned_profile_.forward_seconds = measured.profile.forward_seconds;
+    planned_profile_.per_bucket_compute_seconds = measured.profile.per_bucket_compute_seconds;
+    planned_update_seconds_ = measured.update_seconds;
+    planned_backward_tail_seconds_ = measured.backward_tail_seconds;
+    if (measure_cost_) cost_ = measured.cost;
+    chosen_plan_ = make_bucket_plan(plan_name_, planned_profile_, cost_);
+    plans_made_ = 1;
+    planned_at_start_ = true;
+    first_cycle_start_ = replan_every_ > 0 ? context.first_iteration + replan_every_ : kNoCycle;
+  }
+  cycle_start_ = first_cycle_start_;
+  plan_start_ = planned_at_start_ ? context.first_iteration : first_cycle_start_ + profile_iterations_;
   on_segment_ready_ = [this](std::size_t segment, double seconds) { segment_ready(segment, seconds); };
 }
 
@@ -245,15 +268,15 @@ void BucketedDSync::load_state(const CheckpointReader& in, std::int64_t next_ite
   expect_setting("replan_every", "--replan-every", replan_every_);
   const std::int64_t plans_made = in.integer(prefix + "plans_made");
   const std::int64_t cycle_start = in.integer(prefix + "cycle_start");
-  // The first plan is made at the end of iteration kProfileWarmupIterations + P - 1.
-  const bool first_plan_due = next_iteration >= kProfileWarmupIterations + profile_iterations_;
+  // The first plan is made at the end of the first cycle's last iteration (or was given).
+  const bool first_plan_due = planned_at_start_ || next_iteration >= first_cycle_start_ + profile_iterations_;
   if (plans_made < 0 || plans_made > next_iteration || (plans_made > 0) != first_plan_due) {
     throw refuse(concat(plans_made, " plans made before iteration ", next_iteration, " with --profile-iters ",
                         profile_iterations_));
   }
   const bool cycle_valid = replan_every_ == 0
-                               ? cycle_start == kProfileWarmupIterations
-                               : cycle_start >= kProfileWarmupIterations && cycle_start <= next_iteration + replan_every_;
+                               ? cycle_start == first_cycle_start_
+                               : cycle_start >= first_cycle_start_ && cycle_start <= next_iteration + replan_every_;
   if (!cycle_valid) {
     throw refuse(concat("profiling cycle starting at iteration ", cycle_start, " before iteration ", next_iteration,
                         " with --replan-every ", replan_every_));
@@ -295,7 +318,7 @@ void BucketedDSync::load_state(const CheckpointReader& in, std::int64_t next_ite
 std::shared_ptr<MethodReport> BucketedDSync::report() const {
   auto report = std::make_shared<LayerWiseReport>();
   report->plan_name = plan_name_;
-  report->plan_start = kProfileWarmupIterations + profile_iterations_;
+  report->plan_start = plan_start_;
   // Before the first plan, what the last iteration ran (one bucket, or one per layer while profiling).
   const BucketPlan& ran = plans_made_ > 0 ? chosen_plan_ : plan_;
   report->plan = concat(plans_made_ > 0 ? plan_name_ : ran.name, ": ", describe_plan(ran));

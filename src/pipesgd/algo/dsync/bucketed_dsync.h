@@ -55,6 +55,7 @@ class BucketedDSync final : public TrainingMethod {
   // allreduce sums, hence the rounding) and never profiles again what was profiled.
   void save_state(CheckpointWriter& out) override;
   void load_state(const CheckpointReader& in, std::int64_t next_iteration) override;
+  Optimizer* optimizer() override { return optimizer_.get(); }
 
  private:
   void segment_ready(std::size_t segment, double backward_seconds);
@@ -92,6 +93,12 @@ class BucketedDSync final : public TrainingMethod {
   double planned_update_seconds_ = 0;
   double planned_backward_tail_seconds_ = 0;  // PlanningInputs::backward_tail_seconds
   std::int64_t plans_made_ = 0;
+  // The first profiling cycle's start: after kProfileWarmupIterations from iteration 0; at once when
+  // built mid-run (MethodContext::first_iteration); none when built with `auto`'s profile
+  // (MethodContext::planned_from), which is the first plan (planned_at_start_), until a re-plan.
+  std::int64_t first_cycle_start_ = kProfileWarmupIterations;
+  bool planned_at_start_ = false;
+  std::int64_t plan_start_ = 0;  // the first iteration with a plan of plan_name_
   std::int64_t cycle_start_ = kProfileWarmupIterations;
   enum class PlanInUse { kSingle, kOnePerLayer, kChosen };
   PlanInUse plan_in_use_ = PlanInUse::kSingle;  // what plan_ holds

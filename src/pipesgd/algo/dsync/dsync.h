@@ -23,6 +23,7 @@ class DSync final : public TrainingMethod {
   void save_state(CheckpointWriter& out) override { optimizer_->save_state(out, "method."); }
   void load_state(const CheckpointReader& in, std::int64_t) override { optimizer_->load_state(in, "method."); }
   std::shared_ptr<MethodReport> report() const override;
+  Optimizer* optimizer() override { return optimizer_.get(); }
 
  private:
   FlatParameters& model_;

@@ -1,6 +1,8 @@
 // The registry entries of the D-Sync family (algo/dsync/dsync_methods.h).
 #include "pipesgd/algo/dsync/dsync_methods.h"
 
+#include <algorithm>
+
 #include "pipesgd/algo/dsync/bucketed_dsync.h"
 #include "pipesgd/algo/dsync/dsync.h"
 #include "pipesgd/algo/dsync/dsync_options.h"
@@ -48,6 +50,32 @@ std::shared_ptr<const MethodOptions> parse_dsync_options(const OptionValues& giv
   return options;
 }
 
+// D-Sync: the compute thread's work, then the allreduce of the whole gradient (Pipe-SGD Eq. 2).
+// Layer-wise: the MG-WFBP timeline of the plan the method would make from the same profile, its
+// last bucket ending no earlier than backward's tail, then the update.
+IterationPrediction predict_dsync(const MethodOptions& options, const CommonOptions& common,
+                                  const PlanningInputs& measured, int) {
+  const DsyncOptions& dsync = options_as<DsyncOptions>(options);
+  const LayerProfile profile = profile_for_codec(measured.profile, common.codec);
+  IterationPrediction prediction;
+  prediction.compute_seconds = measured_compute_seconds(measured);
+  if (!dsync.layer_wise()) {
+    double bytes = 0;
+    for (double layer : profile.bytes) bytes += layer;
+    prediction.exposed_seconds = measured.cost.time(bytes);
+    prediction.seconds = prediction.compute_seconds + prediction.exposed_seconds;
+    prediction.model = "Pipe-SGD Eq. 2: compute + allreduce";
+    return prediction;
+  }
+  const BucketPlan plan = make_bucket_plan(dsync.buckets, profile, measured.cost);
+  const PlanTimeline timeline = simulate_plan(profile, measured.cost, plan);
+  prediction.seconds =
+      std::max(timeline.iteration, timeline.backward_end + measured.backward_tail_seconds) + measured.update_seconds;
+  prediction.exposed_seconds = std::max(0.0, prediction.seconds - prediction.compute_seconds);
+  prediction.model = concat("the MG-WFBP timeline of ", describe_plan(plan));
+  return prediction;
+}
+
 std::unique_ptr<TrainingMethod> make_dsync(const MethodContext& context) {
   if (options_as<DsyncOptions>(context.options).layer_wise()) return std::make_unique<BucketedDSync>(context);
   return std::make_unique<DSync>(context);
@@ -65,6 +93,7 @@ MethodDescriptor fixed_plan_method(std::string name, std::string plan, std::stri
   method.parse = [plan](const OptionValues& given) { return parse_dsync_options(given, plan); };
   method.make = [](const MethodContext& context) { return std::make_unique<BucketedDSync>(context); };
   method.simulate = simulate_dsync;
+  method.predict = predict_dsync;
   method.advise = [name](int) { return std::vector<AdvisedVariant>{{name, {}, ""}}; };
   method.spec_hint = [name, plan](std::string_view part) -> std::string {
     if (!is_bucket_plan_name(part)) return "";
@@ -93,6 +122,7 @@ MethodDescriptor dsync_method() {
   method.parse = [](const OptionValues& given) { return parse_dsync_options(given, ""); };
   method.make = make_dsync;
   method.simulate = simulate_dsync;
+  method.predict = predict_dsync;
   method.advise = [](int) {
     return std::vector<AdvisedVariant>{{"dsync", {}, ""}, {"dsync+optimal", {}, ""}, {"dsync+fixed:25", {}, ""}};
   };

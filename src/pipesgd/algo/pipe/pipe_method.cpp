@@ -1,5 +1,9 @@
 #include "pipesgd/algo/pipe/pipe_method.h"
 
+#include <algorithm>
+
+#include "pipesgd/algo/planning.h"
+
 #include "pipesgd/algo/pipe/pipe_sgd.h"
 #include "pipesgd/algo/pipe/pipe_simulation.h"
 #include "pipesgd/core/error.h"
@@ -41,6 +45,20 @@ MethodDescriptor pipe_method() {
   };
   method.make = [](const MethodContext& context) { return std::make_unique<PipeSgd>(context); };
   method.simulate = simulate_pipe;
+  // Pipe-SGD Eq. 4: with K >= 2 the allreduce of t runs beside the computation of t+1 (Eq. 2 for K = 1).
+  method.predict = [](const MethodOptions& options, const CommonOptions& common, const PlanningInputs& measured,
+                      int) {
+    const int k = options_as<PipeOptions>(options).k;
+    double bytes = 0;
+    for (double layer : profile_for_codec(measured.profile, common.codec).bytes) bytes += layer;
+    const double allreduce = measured.cost.time(bytes);
+    IterationPrediction prediction;
+    prediction.compute_seconds = measured_compute_seconds(measured);
+    prediction.seconds = k >= 2 ? std::max(prediction.compute_seconds, allreduce) : prediction.compute_seconds + allreduce;
+    prediction.exposed_seconds = prediction.seconds - prediction.compute_seconds;
+    prediction.model = k >= 2 ? "Pipe-SGD Eq. 4: max(compute, allreduce)" : "Pipe-SGD Eq. 2: compute + allreduce";
+    return prediction;
+  };
   method.advise = [](int) {
     std::vector<AdvisedVariant> variants;
     for (int k : {2, 3, 4}) {

@@ -54,6 +54,7 @@ PipeSgd::PipeSgd(const MethodContext& context)
       warmup_iterations_(context.warmup_iterations),
       final_gradients_(options_as<PipeOptions>(context.options).final_gradients),
       gradient_scale_(1.0f / static_cast<float>(context.transport.size())),
+      next_iteration_(context.first_iteration),
       slots_(static_cast<std::size_t>(staleness_)),
       comm_(context.transport, "pipe-sgd", static_cast<std::size_t>(staleness_), context.common.timeout,
             [this](const CommWorker::Job& job) {

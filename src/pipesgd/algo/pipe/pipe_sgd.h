@@ -90,6 +90,7 @@ class PipeSgd final : public TrainingMethod {
   // own (their waits in begin_iteration), so a commit costs the copies, not the overlap.
   void save_state_when_ready(CheckpointWriter out, const CommitReady& ready) override;
   std::shared_ptr<MethodReport> report() const override;
+  Optimizer* optimizer() override { return optimizer_.get(); }
 
  private:
   enum class SlotState { empty, queued, reduced };

@@ -1,0 +1,635 @@
+// `--algo auto`: the candidates, the decision and the method that switches (algo/auto/auto_method.h).
+#include "pipesgd/algo/auto/auto_method.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+
+#include "pipesgd/algo/planning.h"
+#include "pipesgd/core/clock.h"
+#include "pipesgd/core/error.h"
+#include "pipesgd/core/text_table.h"
+#include "pipesgd/core/trace.h"
+
+namespace pipesgd {
+namespace {
+
+constexpr const char* kPolicyNames = "sync, stale, lossy or any";
+// The profiling method: every input of every candidate's prediction (algo/registry.h).
+constexpr const char* kProfilingSpec = "dsync+optimal";
+// Channel::kPlanning sequences of auto's drift reductions (the planning methods' own start at 0).
+constexpr std::uint64_t kDriftSequenceBase = std::uint64_t{1} << 30;
+// Consecutive windows off the reference before auto chooses again.
+constexpr int kDriftStrikes = 2;
+
+bool allows_staleness(AutoPolicy policy) { return policy == AutoPolicy::kStale || policy == AutoPolicy::kAny; }
+bool allows_codecs(AutoPolicy policy) { return policy == AutoPolicy::kLossy || policy == AutoPolicy::kAny; }
+
+AutoPolicy given_policy(const OptionValues& given) {
+  return parse_auto_policy(given.text("--auto-policy", "sync")).value_or(AutoPolicy::kSync);
+}
+
+std::string ms(double seconds) { return concat(milliseconds(seconds), " ms"); }
+
+// One phase of the run: a method from `start` on.
+struct Phase {
+  std::int64_t start = 0;
+  // What runs: kProfiling (dsync+optimal measuring), kChosen (candidates_[index]) or kScheduled
+  // (AutoOptions::schedule[index], tests).
+  enum Kind : std::int64_t { kProfiling = 0, kChosen = 1, kScheduled = 2 };
+  Kind kind = kProfiling;
+  std::int64_t index = 0;
+  std::string label;
+  std::string reason;      // why it runs: the decision's line, "profiling", "scheduled"
+  double predicted = 0;    // its predicted iteration (kChosen), seconds
+  std::string model;       // what predicted it (kChosen): "Pipe-SGD Eq. 4: max(compute, allreduce)"
+};
+
+// auto's report: its phases (with the measured iteration of each), then the last method's report.
+class AutoReport final : public MethodReport {
+ public:
+  AutoReport(AutoPolicy policy, std::vector<Phase> phases, std::shared_ptr<MethodReport> last)
+      : policy_(policy), phases_(std::move(phases)), last_(std::move(last)) {}
+
+  void measure(const RunTimings& timings, std::int64_t first_measured) override {
+    last_->measure(timings, std::max(first_measured, phases_.back().start));
+    measured_.assign(phases_.size(), -1);
+    // The run's prediction over [first_measured, end): each chosen phase's prediction, each
+    // profiling phase as measured (nothing predicts it), weighted by its measured iterations.
+    double weighted = 0, count = 0;
+    std::size_t chosen_phases = 0;
+    for (std::size_t i = 0; i < phases_.size(); ++i) {
+      const std::int64_t end = i + 1 < phases_.size() ? phases_[i + 1].start : timings.iterations();
+      if (timings.recorded(phases_[i].start, end) > 0) measured_[i] = timings.mean(phases_[i].start, end).iteration;
+      const std::int64_t from = std::max(first_measured, phases_[i].start);
+      const auto n = static_cast<double>(timings.recorded(from, end));
+      if (n == 0) continue;
+      const bool chosen = phases_[i].kind == Phase::kChosen;
+      chosen_phases += chosen ? 1 : 0;
+      weighted += n * (chosen ? phases_[i].predicted : timings.mean(from, end).iteration);
+      count += n;
+    }
+    predicted_ = chosen_phases > 0 && count > 0 ? weighted / count : 0;
+    // What profiling cost: each profiling phase's iterations at its measured time less the time of
+    // the method chosen after it; against the whole run's iterations.
+    profiling_cost_ = run_seconds_ = 0;
+    for (std::size_t i = 0; i < phases_.size(); ++i) {
+      const std::int64_t end = i + 1 < phases_.size() ? phases_[i + 1].start : timings.iterations();
+      const auto n = static_cast<double>(timings.recorded(phases_[i].start, end));
+      if (measured_[i] >= 0) run_seconds_ += n * measured_[i];
+      if (phases_[i].kind == Phase::kProfiling && measured_[i] >= 0 && i + 1 < measured_.size() &&
+          measured_[i + 1] >= 0) {
+        profiling_cost_ += n * std::max(0.0, measured_[i] - measured_[i + 1]);
+      }
+    }
+    model_ = chosen_phases == 1 && count == static_cast<double>(timings.recorded(first_measured, timings.iterations()))
+                 ? chosen_model()
+                 : std::string("auto's predictions, phase by phase");
+  }
+  double predicted_iteration() const override { return predicted_; }
+  std::string timing_model() const override { return predicted_ > 0 ? model_ : ""; }
+  std::string bucket_plan() const override { return last_->bucket_plan(); }
+  std::size_t allreduce_calls() const override { return last_->allreduce_calls(); }
+  const PlanningInputs* planning_inputs() const override { return last_->planning_inputs(); }
+
+  void add_json(nlohmann::json& summary, const RunFigures& run) const override {
+    nlohmann::json phases = nlohmann::json::array();
+    for (std::size_t i = 0; i < phases_.size(); ++i) {
+      const Phase& phase = phases_[i];
+      phases.push_back({{"start_iteration", phase.start},
+                        {"method", phase.label},
+                        {"kind", phase.kind == Phase::kProfiling ? "profiling"
+                                 : phase.kind == Phase::kChosen  ? "chosen"
+                                                                 : "scheduled"},
+                        {"why", phase.reason},
+                        {"predicted_iteration_s", phase.kind == Phase::kChosen ? nlohmann::json(phase.predicted) : nullptr},
+                        {"measured_iteration_s",
+                         i < measured_.size() && measured_[i] >= 0 ? nlohmann::json(measured_[i]) : nullptr}});
+    }
+    summary["auto"] = {{"policy", auto_policy_name(policy_)},
+                       {"phases", std::move(phases)},
+                       {"profiling_cost_s", profiling_cost_},
+                       {"profiling_cost_fraction", run_seconds_ > 0 ? nlohmann::json(profiling_cost_ / run_seconds_) : nullptr}};
+    (void)run;
+  }
+
+  void print(std::ostream& out, const RunFigures&) const override {
+    out << "\nauto (policy " << auto_policy_name(policy_) << "):\n";
+    for (std::size_t i = 0; i < phases_.size(); ++i) {
+      const Phase& phase = phases_[i];
+      out << "  from iteration " << phase.start << ": " << phase.label;
+      if (phase.kind == Phase::kChosen) out << ", predicted " << ms(phase.predicted);
+      if (i < measured_.size() && measured_[i] >= 0) out << ", measured " << ms(measured_[i]);
+      out << " (" << phase.reason << ")\n";
+    }
+    if (run_seconds_ > 0) {
+      out << "  profiling cost " << format_number("%.3f", profiling_cost_) << " s, "
+          << format_number("%.1f%%", 100 * profiling_cost_ / run_seconds_)
+          << " of the run's iterations (each profiling iteration less one of the method chosen after it)\n";
+    }
+  }
+
+ private:
+  AutoPolicy policy_;
+  std::vector<Phase> phases_;
+  std::shared_ptr<MethodReport> last_;
+  // The one chosen phase's model, as the report's sentence names it.
+  std::string chosen_model() const {
+    for (const Phase& phase : phases_) {
+      if (phase.kind == Phase::kChosen) return concat("auto's prediction for ", phase.label, " (", phase.model, ")");
+    }
+    return "";
+  }
+
+  std::vector<double> measured_;  // per phase, -1: not measured
+  double predicted_ = 0;
+  std::string model_;
+  double profiling_cost_ = 0;  // seconds
+  double run_seconds_ = 0;     // the recorded iterations' total
+};
+
+class AutoMethod final : public TrainingMethod {
+ public:
+  explicit AutoMethod(const MethodContext& context)
+      : context_(context),
+        options_(options_as<AutoOptions>(context.options)),
+        workers_(context.transport.size()),
+        candidates_(auto_candidates(options_, context.common)),
+        profiler_(select_method(kProfilingSpec,
+                                {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
+                                FlagPolicy::kReject, context.common)),
+        drift_exchange_(context.transport, 1, context.common.timeout) {
+    for (const ScheduledMethod& scheduled : options_.schedule) {
+      scheduled_.push_back(select_method(scheduled.spec, scheduled.flags, FlagPolicy::kReject, context.common));
+    }
+    forward_ready_ = [this](std::size_t segment, double seconds) {
+      if (current_ready_ != nullptr && *current_ready_) (*current_ready_)(segment, seconds);
+    };
+    if (!options_.schedule.empty()) {
+      PIPESGD_ASSERT(options_.schedule.front().start == 0);
+      for (std::size_t i = 0; i < options_.schedule.size(); ++i) {
+        phases_.push_back({options_.schedule[i].start, Phase::kScheduled, static_cast<std::int64_t>(i),
+                           options_.schedule[i].spec, "scheduled", 0, ""});
+      }
+    } else {
+      phases_.push_back({0, Phase::kProfiling, 0, kProfilingSpec, "profiling", 0, ""});
+    }
+    build(0, context.first_iteration);
+  }
+
+  std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override {
+    if (next_phase_ < phases_.size() && phases_[next_phase_].start == t) switch_to(next_phase_, t, times);
+    iteration_clock_.restart();
+    return current_->begin_iteration(t, times);
+  }
+
+  void end_iteration(std::int64_t t, IterationTimes& times) override {
+    current_->end_iteration(t, times);
+    if (!options_.schedule.empty()) return;
+    const Phase& phase = phases_[current_phase_];
+    if (phase.kind == Phase::kProfiling) {
+      if (t == decision_iteration(phase.start)) choose(t);
+      return;
+    }
+    watch_drift(t, iteration_clock_.seconds());
+  }
+
+  void finish(IterationTimes& times) override { current_->finish(times); }
+  const SegmentReadyFn* segment_ready() override { return &forward_ready_; }
+  std::shared_ptr<MethodReport> report() const override {
+    return std::make_shared<AutoReport>(options_.policy, phases_, current_->report());
+  }
+  std::uint64_t replica_checksum(FlatParameters& model) const override { return current_->replica_checksum(model); }
+  std::optional<std::uint64_t> first_message_sequence(std::int64_t t) const override {
+    return current_->first_message_sequence(t);
+  }
+  Optimizer* optimizer() override { return current_->optimizer(); }
+
+  void save_state(CheckpointWriter& out) override {
+    save_own_state(out);
+    current_->save_state(out);
+  }
+  void save_state_when_ready(CheckpointWriter out, const CommitReady& ready) override {
+    save_own_state(out);
+    current_->save_state_when_ready(std::move(out), ready);
+  }
+
+  void load_state(const CheckpointReader& in, std::int64_t next_iteration) override {
+    const std::string prefix = "method.auto.";
+    auto refuse = [&](const std::string& why) { return DataError(concat("checkpoint '", in.origin(), "': ", why)); };
+    const std::int64_t count = in.integer(prefix + "phases");
+    if (count < 1 || count > 1'000'000) throw refuse(concat(count, " auto phases"));
+    std::vector<Phase> phases;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::string name = concat(prefix, "phase", i, ".");
+      Phase phase;
+      phase.start = in.integer(name + "start");
+      const std::int64_t kind = in.integer(name + "kind");
+      phase.index = in.integer(name + "index");
+      const std::size_t limit = kind == Phase::kChosen ? candidates_.size() : kind == Phase::kScheduled ? scheduled_.size() : 1;
+      // Scheduled phases are the schedule's (all of it, ahead of time); the others are decisions,
+      // the last of which may start at next_iteration.
+      const bool scheduled_here = kind == Phase::kScheduled
+                                      ? phase.index == i && static_cast<std::size_t>(i) < options_.schedule.size() &&
+                                            phase.start == options_.schedule[static_cast<std::size_t>(i)].start
+                                      : options_.schedule.empty() && phase.start <= next_iteration;
+      if (kind < Phase::kProfiling || kind > Phase::kScheduled || phase.index < 0 ||
+          static_cast<std::size_t>(phase.index) >= limit || phase.start < 0 || !scheduled_here ||
+          (i > 0 && phase.start <= phases.back().start) || (i == 0 && phase.start != 0)) {
+        throw refuse(concat("auto phase ", i, " is not one this run's options can have (kind ", kind, ", index ",
+                            phase.index, ", start ", phase.start, ")"));
+      }
+      phase.kind = static_cast<Phase::Kind>(kind);
+      phase.label = std::string(in.string(name + "label"));
+      phase.reason = std::string(in.string(name + "reason"));
+      phase.predicted = in.real(name + "predicted");
+      phase.model = std::string(in.string(name + "model"));
+      phases.push_back(std::move(phase));
+    }
+    if (in.integer(prefix + "has_measured") != 0) {
+      PlanningInputs measured;
+      const std::size_t layers = context_.model.layout().segment_count();
+      measured.profile.bytes = in.doubles(prefix + "measured.bytes", layers);
+      measured.profile.backward_seconds = in.doubles(prefix + "measured.backward_seconds", layers);
+      measured.profile.forward_seconds = in.real(prefix + "measured.forward_seconds");
+      measured.profile.per_bucket_compute_seconds = in.real(prefix + "measured.kappa_seconds");
+      measured.update_seconds = in.real(prefix + "measured.update_seconds");
+      measured.backward_tail_seconds = in.real(prefix + "measured.backward_tail_seconds");
+      measured.cost = LinearCost{in.real(prefix + "measured.cost.a"), in.real(prefix + "measured.cost.b")};
+      measured_ = std::move(measured);
+    } else {
+      measured_.reset();
+    }
+    phases_ = std::move(phases);
+    // The state that follows is the method of the phase that ran iteration next - 1; a phase
+    // starting at next_iteration is a switch still to make.
+    std::size_t running = 0;
+    while (running + 1 < phases_.size() && phases_[running + 1].start < next_iteration) ++running;
+    build(running, phases_[running].start);
+    window_seconds_ = in.real(prefix + "drift.window_seconds");
+    reference_seconds_ = in.real(prefix + "drift.reference_seconds");
+    strikes_ = static_cast<int>(in.integer(prefix + "drift.strikes"));
+    drift_windows_ = in.integer(prefix + "drift.windows");
+    drift_exchanges_ = static_cast<std::uint64_t>(in.integer(prefix + "drift.exchanges"));
+    current_->load_state(in, next_iteration);
+  }
+
+ private:
+  // The first iteration after the profiling that starts at `start` ends: its plan is made then.
+  std::int64_t decision_iteration(std::int64_t start) const {
+    return (start == 0 ? kProfileWarmupIterations : start) + options_.profile_iterations - 1;
+  }
+
+  // Builds phase `phase`'s method, starting at `first` (no state: a fresh method or one loaded next).
+  void build(std::size_t phase, std::int64_t first) {
+    const Phase& p = phases_[phase];
+    const MethodSelection& selection = p.kind == Phase::kProfiling ? profiler_
+                                       : p.kind == Phase::kChosen  ? candidates_[static_cast<std::size_t>(p.index)].selection
+                                                                   : scheduled_[static_cast<std::size_t>(p.index)];
+    MethodContext context{context_.transport, context_.model, selection.common, *selection.options,
+                          /*warmup_iterations=*/0, context_.network, context_.learning_rate_schedule};
+    context.first_iteration = first;
+    if (p.kind == Phase::kChosen && measured_) context.planned_from = &*measured_;
+    current_.reset();  // its comm thread stops before the next one starts
+    current_ = selection.descriptor->make(context);
+    current_ready_ = current_->segment_ready();
+    current_phase_ = phase;
+    next_phase_ = phase + 1;
+    window_seconds_ = 0;
+    drift_windows_ = 0;
+    reference_seconds_ = 0;
+    strikes_ = 0;
+  }
+
+  // At the boundary before iteration t: the method running finishes (what it has in flight is
+  // applied), hands its optimizer's state over, and phase `phase`'s method takes over.
+  void switch_to(std::size_t phase, std::int64_t t, IterationTimes& times) {
+    TraceArgs args;
+    args.iteration = t;
+    trace_instant("auto switch", kTraceRun, args);
+    current_->finish(times);
+    CheckpointWriter optimizer_state;
+    Optimizer* before = current_->optimizer();
+    if (before != nullptr) before->save_state(optimizer_state, "optimizer.");
+    build(phase, t);
+    Optimizer* after = current_->optimizer();
+    PIPESGD_ASSERT((before == nullptr) == (after == nullptr));
+    if (after != nullptr) {
+      after->load_state(CheckpointReader::parse(optimizer_state.serialize(), "<auto's switch>"), "optimizer.");
+    }
+  }
+
+  // The profiling's plan was made at the end of iteration t: choose, and switch at t + 1.
+  void choose(std::int64_t t) {
+    const std::shared_ptr<MethodReport> profiled = current_->report();
+    const PlanningInputs* inputs = profiled->planning_inputs();
+    PIPESGD_ASSERT(inputs != nullptr);
+    measured_ = *inputs;
+    const AutoDecision decision = decide_method(candidates_, *measured_, workers_, options_.min_gain);
+    const AutoCandidate& chosen = candidates_[decision.chosen];
+    std::string line = concat("auto:", auto_policy_name(options_.policy), " chose ", chosen.label, " from iteration ",
+                              t + 1, ": predicted ", ms(decision.predictions[decision.chosen].seconds),
+                              " per iteration");
+    if (decision.runner_up) {
+      line += concat(" (runner-up ", candidates_[*decision.runner_up].label, ", ",
+                     ms(decision.predictions[*decision.runner_up].seconds), ")");
+    }
+    line += concat("; ", decision.why);
+    phases_.push_back({t + 1, Phase::kChosen, static_cast<std::int64_t>(decision.chosen), chosen.label, decision.why,
+                       decision.predictions[decision.chosen].seconds, decision.predictions[decision.chosen].model});
+    next_phase_ = phases_.size() - 1;
+    if (context_.announce) context_.announce(line);
+  }
+
+  // Every drift_window iterations of a chosen method: the workers' mean iteration against the
+  // reference (the second window after the switch; the first settles).
+  void watch_drift(std::int64_t t, double seconds) {
+    if (options_.drift <= 0) return;
+    window_seconds_ += seconds;
+    const std::int64_t since = t + 1 - phases_[current_phase_].start;
+    if (since % options_.drift_window != 0) return;
+    float mean = static_cast<float>(window_seconds_ / static_cast<double>(options_.drift_window));
+    drift_exchange_.sum(std::span<float>(&mean, 1), kDriftSequenceBase + drift_exchanges_++);
+    const double window = mean / static_cast<float>(workers_);
+    window_seconds_ = 0;
+    if (++drift_windows_ == 1) return;
+    if (drift_windows_ == 2) {
+      reference_seconds_ = window;
+      return;
+    }
+    const double ratio = window / reference_seconds_;
+    strikes_ = ratio > 1 + options_.drift || ratio < 1 / (1 + options_.drift) ? strikes_ + 1 : 0;
+    if (strikes_ < kDriftStrikes || since < options_.min_interval) return;
+    const std::string why = concat("the measured iteration moved from ", ms(reference_seconds_), " to ", ms(window),
+                                   " (", format_number("%+.0f%%", 100 * (ratio - 1)), ", over --auto-drift ",
+                                   format_number("%g%%", 100 * options_.drift), " for ", kDriftStrikes,
+                                   " windows of ", options_.drift_window, " iterations)");
+    phases_.push_back({t + 1, Phase::kProfiling, 0, kProfilingSpec, concat("profiling again: ", why), 0, ""});
+    next_phase_ = phases_.size() - 1;
+    if (context_.announce) context_.announce(concat("auto: ", why, "; profiling again from iteration ", t + 1));
+  }
+
+  void save_own_state(CheckpointWriter& out) const {
+    const std::string prefix = "method.auto.";
+    out.add_int(prefix + "phases", static_cast<std::int64_t>(phases_.size()));
+    for (std::size_t i = 0; i < phases_.size(); ++i) {
+      const std::string name = concat(prefix, "phase", i, ".");
+      out.add_int(name + "start", phases_[i].start);
+      out.add_int(name + "kind", phases_[i].kind);
+      out.add_int(name + "index", phases_[i].index);
+      out.add_string(name + "label", phases_[i].label);
+      out.add_string(name + "reason", phases_[i].reason);
+      out.add_double(name + "predicted", phases_[i].predicted);
+      out.add_string(name + "model", phases_[i].model);
+    }
+    out.add_int(prefix + "has_measured", measured_ ? 1 : 0);
+    if (measured_) {
+      out.add_doubles(prefix + "measured.bytes", measured_->profile.bytes);
+      out.add_doubles(prefix + "measured.backward_seconds", measured_->profile.backward_seconds);
+      out.add_double(prefix + "measured.forward_seconds", measured_->profile.forward_seconds);
+      out.add_double(prefix + "measured.kappa_seconds", measured_->profile.per_bucket_compute_seconds);
+      out.add_double(prefix + "measured.update_seconds", measured_->update_seconds);
+      out.add_double(prefix + "measured.backward_tail_seconds", measured_->backward_tail_seconds);
+      out.add_double(prefix + "measured.cost.a", measured_->cost.a);
+      out.add_double(prefix + "measured.cost.b", measured_->cost.b);
+    }
+    out.add_double(prefix + "drift.window_seconds", window_seconds_);
+    out.add_double(prefix + "drift.reference_seconds", reference_seconds_);
+    out.add_int(prefix + "drift.strikes", strikes_);
+    out.add_int(prefix + "drift.windows", drift_windows_);
+    out.add_int(prefix + "drift.exchanges", static_cast<std::int64_t>(drift_exchanges_));
+  }
+
+  const MethodContext context_;  // as built (its references outlive the method); first_iteration 0
+  const AutoOptions& options_;
+  const int workers_;
+  const std::vector<AutoCandidate> candidates_;
+  const MethodSelection profiler_;
+  std::vector<MethodSelection> scheduled_;
+  PlanningExchange drift_exchange_;
+
+  std::vector<Phase> phases_;  // in order of start; the last may start after the current iteration
+  std::size_t current_phase_ = 0;
+  std::size_t next_phase_ = 1;
+  std::unique_ptr<TrainingMethod> current_;
+  const SegmentReadyFn* current_ready_ = nullptr;
+  SegmentReadyFn forward_ready_;
+  std::optional<PlanningInputs> measured_;  // the last profiling's, averaged over the workers
+  Stopwatch iteration_clock_;
+  double window_seconds_ = 0;     // this worker's iterations in the current drift window
+  double reference_seconds_ = 0;  // the workers' mean iteration in the reference window
+  int strikes_ = 0;
+  std::int64_t drift_windows_ = 0;
+  std::uint64_t drift_exchanges_ = 0;
+};
+
+std::string trade_of(const std::string& codec, bool stale, int k) {
+  std::vector<std::string> trades;
+  if (stale) trades.push_back(concat("staleness K=", k));
+  if (codec != "none") trades.push_back(concat("lossy codec ", codec));
+  return join(trades, ", ");
+}
+
+}  // namespace
+
+const char* auto_policy_name(AutoPolicy policy) {
+  switch (policy) {
+    case AutoPolicy::kSync: return "sync";
+    case AutoPolicy::kStale: return "stale";
+    case AutoPolicy::kLossy: return "lossy";
+    case AutoPolicy::kAny: return "any";
+  }
+  return "sync";
+}
+
+std::optional<AutoPolicy> parse_auto_policy(std::string_view name) {
+  for (AutoPolicy policy : {AutoPolicy::kSync, AutoPolicy::kStale, AutoPolicy::kLossy, AutoPolicy::kAny}) {
+    if (name == auto_policy_name(policy)) return policy;
+  }
+  return std::nullopt;
+}
+
+std::optional<DeferredPhase> AutoOptions::deferred_phase(std::int64_t) const {
+  if (!schedule.empty()) return std::nullopt;
+  const std::int64_t start = kProfileWarmupIterations + profile_iterations;
+  return DeferredPhase{start, "auto's chosen method takes over",
+                       concat("auto chooses it from ", profile_iterations, " profiled iterations after ",
+                              kProfileWarmupIterations, " start-up ones"),
+                       concat("until then it profiles with ", kProfilingSpec)};
+}
+
+std::string AutoOptions::fingerprint() const {
+  std::string text = concat("policy ", auto_policy_name(policy), ", profile ", profile_iterations, ", codecs ",
+                            join(codecs), ", K ", staleness, ", min gain ", min_gain, ", drift ", drift, " over ",
+                            drift_window, " min interval ", min_interval);
+  for (const ScheduledMethod& scheduled : schedule) text += concat(", ", scheduled.start, ":", scheduled.spec);
+  return text;
+}
+
+std::vector<AutoCandidate> auto_candidates(const AutoOptions& options, const CommonOptions& common) {
+  CommonOptions base = common;
+  base.codec = "none";
+  const bool stale = allows_staleness(options.policy);
+  std::vector<std::string> codecs = {"none"};
+  if (allows_codecs(options.policy)) codecs.insert(codecs.end(), options.codecs.begin(), options.codecs.end());
+  std::vector<AutoCandidate> candidates;
+  auto add = [&](const std::string& name, const std::string& codec) {
+    const bool pipe = name == "pipe";
+    OptionValues flags;
+    if (pipe) flags.set("--staleness-k", std::to_string(options.staleness));
+    if (name != "dsync" && !pipe) flags.set("--profile-iters", std::to_string(options.profile_iterations));
+    const std::string spec = codec == "none" ? name : concat(name, "+", codec);
+    AutoCandidate candidate{select_method(spec, flags, FlagPolicy::kReject, base),
+                            pipe ? concat(spec, " K=", options.staleness) : spec,
+                            trade_of(codec, pipe && options.staleness >= 2, options.staleness)};
+    candidates.push_back(std::move(candidate));
+  };
+  for (const std::string& codec : codecs) {
+    for (const char* name : {"dsync", "dsync+optimal", "mgwfbp", "wfbp"}) add(name, codec);
+    if (stale && (codec == "none" || options.policy == AutoPolicy::kAny)) add("pipe", codec);
+  }
+  return candidates;
+}
+
+AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const PlanningInputs& measured, int workers,
+                           double min_gain) {
+  PIPESGD_ASSERT(!candidates.empty());
+  AutoDecision decision;
+  for (const AutoCandidate& candidate : candidates) {
+    const MethodSelection& selection = candidate.selection;
+    PIPESGD_ASSERT(selection.descriptor->predict);
+    decision.predictions.push_back(selection.descriptor->predict(*selection.options, selection.common, measured, workers));
+  }
+  std::vector<std::size_t>& order = decision.ranking;
+  for (std::size_t i = 0; i < candidates.size(); ++i) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const double x = decision.predictions[a].seconds, y = decision.predictions[b].seconds;
+    if (std::abs(x - y) > 1e-9 * std::max(x, y)) return x < y;
+    return false;
+  });
+  const std::size_t fastest = order.front();
+  const auto safe = std::find_if(order.begin(), order.end(),
+                                 [&](std::size_t i) { return candidates[i].accuracy_trade.empty(); });
+  decision.chosen = fastest;
+  std::string trade_note;
+  if (!candidates[fastest].accuracy_trade.empty() && safe != order.end()) {
+    const double gain = decision.predictions[*safe].seconds / decision.predictions[fastest].seconds - 1;
+    if (gain < min_gain) {
+      decision.chosen = *safe;
+      trade_note = concat("; ", candidates[fastest].label, " would be ", format_number("%.1f%%", 100 * gain),
+                          " faster but trades accuracy (", candidates[fastest].accuracy_trade, "), below the ",
+                          format_number("%g%%", 100 * min_gain), " minimum (--auto-min-gain)");
+    } else {
+      trade_note = concat("; it trades accuracy (", candidates[fastest].accuracy_trade, ") for ",
+                          format_number("%.1f%%", 100 * gain), " over ", candidates[*safe].label);
+    }
+  }
+  for (std::size_t i : order) {
+    if (i != decision.chosen) {
+      decision.runner_up = i;
+      break;
+    }
+  }
+  double bytes = 0;
+  for (double layer : measured.profile.bytes) bytes += layer;
+  const IterationPrediction& chosen = decision.predictions[decision.chosen];
+  decision.why = concat("measured compute ", ms(chosen.compute_seconds), " and an allreduce of the whole gradient ",
+                        ms(measured.cost.time(bytes)), " per iteration; ", candidates[decision.chosen].label, " (",
+                        chosen.model, ") leaves ", ms(chosen.exposed_seconds), " of communication exposed", trade_note);
+  return decision;
+}
+
+MethodDescriptor auto_method() {
+  MethodDescriptor method;
+  method.name = "auto";
+  method.summary = "the run chooses its method: it profiles, predicts every candidate its policy allows (auto:sync, "
+                   "auto:stale, auto:lossy, auto:any), switches to the fastest, and chooses again when the measured "
+                   "iteration drifts";
+  method.commit = "its phases (which method from which iteration, and why), the profile it chose from, its drift "
+                  "windows, and the state of the method running (as that method commits it)";
+  method.traits.replicas_identical = true;
+  method.traits.trainer_only = true;
+  method.options = allreduce_method_declarations(CalibrationUse::kAlways);
+  for (OptionDeclaration& option : method.options) {
+    if (option.flag != "--codec") continue;
+    option.help = "With auto:lossy or auto:any: the one codec the lossy candidates use (default: bf16 and int8)";
+    option.default_text = "";
+    option.applies = [](const OptionValues& given) {
+      return allows_codecs(given_policy(given)) || given.text("--codec", "none") == "none";
+    };
+    option.condition = "with policy lossy or any";
+    option.rejection = [](const OptionValues& given, std::string_view) {
+      return concat("--codec ", given.text("--codec", ""), " trades accuracy (a lossy codec), which auto:",
+                    auto_policy_name(given_policy(given)), " does not allow: use auto:lossy or auto:any");
+    };
+  }
+  OptionDeclaration policy("--auto-policy",
+                           "What auto may trade for speed: sync (nothing), stale (staleness: pipe), lossy (the codecs), "
+                           "any; also given as auto:POLICY",
+                           "sync");
+  policy.spec_value = [](std::string_view value) { return parse_auto_policy(value).has_value(); };
+  policy.spec_kind = "policy";
+  policy.spec_values = kPolicyNames;
+  method.options.push_back(policy);
+  method.options.push_back(profile_iterations_declaration(
+      "Iterations auto profiles (after 8 start-up ones) before it chooses, and again after a drift"));
+  OptionDeclaration staleness("--staleness-k", "With auto:stale or auto:any: the K of the pipe candidate", "2");
+  staleness.applies = [](const OptionValues& given) { return allows_staleness(given_policy(given)); };
+  staleness.condition = "with policy stale or any";
+  staleness.rejection = [](const OptionValues& given, std::string_view) {
+    return concat("--staleness-k ", given.text("--staleness-k", ""), " trades accuracy (stale updates), which auto:",
+                  auto_policy_name(given_policy(given)), " does not allow: use auto:stale or auto:any");
+  };
+  method.options.push_back(staleness);
+  method.options.emplace_back("--auto-min-gain",
+                              "Choose a candidate that trades accuracy only if it is predicted at least this much "
+                              "faster than the fastest that trades none (0.05: 5%)",
+                              "0.05");
+  method.options.emplace_back("--auto-drift",
+                              "Choose again when the measured iteration departs from the reference by more than this "
+                              "fraction for 2 windows in a row (0: never)",
+                              "0.25");
+  method.options.emplace_back("--auto-window", "Iterations per drift window (the workers average their iteration)", "50");
+  method.options.emplace_back("--auto-min-interval", "Iterations at least between two choices", "200");
+  method.parse = [](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {
+    auto options = std::make_shared<AutoOptions>();
+    const std::string policy_text = given.text("--auto-policy", "sync");
+    const std::optional<AutoPolicy> policy = parse_auto_policy(policy_text);
+    if (!policy) throw UsageError(concat("--auto-policy must be ", kPolicyNames, ", got '", policy_text, "'"));
+    options->policy = *policy;
+    options->profile_iterations = checked_profile_iterations(given.integer("--profile-iters", options->profile_iterations));
+    const std::string codec = given.text("--codec", "none");
+    options->codecs = codec == "none" ? std::vector<std::string>{"bf16", "int8"} : std::vector<std::string>{codec};
+    const std::int64_t k = given.integer("--staleness-k", options->staleness);
+    if (k < 2 || k > 64) throw UsageError(concat("--staleness-k must be in [2, 64] for auto's pipe candidate, got ", k));
+    options->staleness = static_cast<int>(k);
+    options->min_gain = given.real("--auto-min-gain", options->min_gain);
+    if (!(options->min_gain >= 0 && options->min_gain <= 10)) {
+      throw UsageError(concat("--auto-min-gain must be in [0, 10], got ", given.text("--auto-min-gain", "")));
+    }
+    options->drift = given.real("--auto-drift", options->drift);
+    if (!(options->drift >= 0 && options->drift <= 100)) {
+      throw UsageError(concat("--auto-drift must be in [0, 100] (0: never choose again), got ",
+                              given.text("--auto-drift", "")));
+    }
+    options->drift_window = given.integer("--auto-window", options->drift_window);
+    if (options->drift_window < 1 || options->drift_window > kMaxProfileIterations) {
+      throw UsageError(concat("--auto-window must be in [1, ", kMaxProfileIterations, "], got ", options->drift_window));
+    }
+    options->min_interval = given.integer("--auto-min-interval", options->min_interval);
+    if (options->min_interval < 0 || options->min_interval > kMaxProfileIterations) {
+      throw UsageError(concat("--auto-min-interval must be in [0, ", kMaxProfileIterations, "], got ",
+                              options->min_interval));
+    }
+    return options;
+  };
+  method.make = [](const MethodContext& context) -> std::unique_ptr<TrainingMethod> {
+    return std::make_unique<AutoMethod>(context);
+  };
+  method.spec_hint = [](std::string_view part) -> std::string {
+    return concat("unknown policy '", part, "' in auto:", part, " (policies: ", kPolicyNames, ")");
+  };
+  return method;
+}
+
+}  // namespace pipesgd

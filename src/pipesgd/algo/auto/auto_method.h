@@ -1,0 +1,97 @@
+#pragma once
+// `--algo auto[:POLICY]`: the run chooses its method, and chooses again when the cluster changes.
+//
+// Start: auto runs layer-wise D-Sync with the optimal plan (dsync+optimal), which profiles in the
+// run itself (kProfileWarmupIterations start-up iterations, then --profile-iters P: each layer's
+// backward, the forward, the update, the allreduce's a + b·M at a few sizes; averaged over the
+// workers, so every worker holds the same numbers). From those numbers every candidate the policy
+// allows predicts its iteration (MethodDescriptor::predict), and auto switches to the fastest from
+// the next iteration on: every worker computes the same choice, so they switch at the same boundary.
+// A candidate that trades accuracy (staleness, a lossy codec) is chosen only if it is at least
+// --auto-min-gain faster than the fastest that trades none (as `pipesgd advise` recommends).
+//
+// Drift: every --auto-window W iterations the workers average their measured iteration (a small
+// reduction on Channel::kPlanning). The first window after a switch is the reference; when two
+// windows in a row depart from it by more than --auto-drift (relative), and the last switch is at
+// least --auto-min-interval iterations old, auto profiles again and chooses again (it may stay).
+//
+// A switch is exact: the method left behind finishes (finish(): Pipe-SGD applies its in-flight
+// aggregated gradients in iteration order), its optimizer's state (momentum, Adam's moments) goes to
+// the method that follows, built with MethodContext::first_iteration at the boundary. No gradient is
+// lost or applied twice: the weights follow each method's per-iteration rule, phase by phase.
+//
+// Policies (what auto may trade): sync (no staleness, no lossy codec: dsync and the layer-wise
+// plans), stale (adds pipe with K = --staleness-k, default 2), lossy (adds the codecs: --codec, or
+// bf16 and int8), any (all, pipe with the codecs too).
+//
+// Threads: the worker's compute thread makes every call (as for any TrainingMethod).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipesgd/algo/method_descriptor.h"
+#include "pipesgd/algo/registry.h"
+
+namespace pipesgd {
+
+enum class AutoPolicy { kSync, kStale, kLossy, kAny };
+// "sync" | "stale" | "lossy" | "any".
+const char* auto_policy_name(AutoPolicy policy);
+// The policy named `name`, or nullopt.
+std::optional<AutoPolicy> parse_auto_policy(std::string_view name);
+
+// A method a test runs from iteration `start` on, in place of auto's profiling and decisions
+// (AutoOptions::schedule; not a flag).
+struct ScheduledMethod {
+  std::int64_t start = 0;
+  std::string spec;
+  OptionValues flags;
+};
+
+class AutoOptions final : public MethodOptions {
+ public:
+  AutoPolicy policy = AutoPolicy::kSync;
+  std::int64_t profile_iterations = 10;  // --profile-iters of the profiling dsync+optimal
+  std::vector<std::string> codecs;       // the lossy candidates' codecs (policies lossy and any)
+  int staleness = 2;                     // pipe's K (policies stale and any)
+  double min_gain = 0.05;                // --auto-min-gain
+  double drift = 0.25;                   // --auto-drift; 0: never choose again
+  std::int64_t drift_window = 50;        // --auto-window
+  std::int64_t min_interval = 200;       // --auto-min-interval
+  // Tests: a fixed sequence of methods (the first starting at 0), no profiling and no decisions.
+  std::vector<ScheduledMethod> schedule;
+
+  // The first choice takes effect after the profiling: kProfileWarmupIterations + P.
+  std::optional<DeferredPhase> deferred_phase(std::int64_t warmup_iterations) const override;
+  std::string fingerprint() const override;
+};
+
+MethodDescriptor auto_method();
+
+// One method auto may switch to.
+struct AutoCandidate {
+  MethodSelection selection;  // e.g. spec "pipe+int8", with --staleness-k and --codec set
+  std::string label;          // "pipe+int8 K=2"
+  std::string accuracy_trade;  // "" for none, else what it trades ("staleness K=2", "lossy codec int8")
+};
+
+// The candidates `options`' policy allows, in order of preference among equals (the synchronous
+// uncompressed ones first), built on `common` (the run's optimizer, allreduce, timeout).
+std::vector<AutoCandidate> auto_candidates(const AutoOptions& options, const CommonOptions& common);
+
+// A decision: every candidate's prediction, the ranking (fastest first; equals keep candidate
+// order), the choice and why, in one line's words.
+struct AutoDecision {
+  std::vector<IterationPrediction> predictions;  // per candidate
+  std::vector<std::size_t> ranking;
+  std::size_t chosen = 0;
+  std::optional<std::size_t> runner_up;
+  std::string why;
+};
+
+// Chooses among `candidates` from `measured` (identical on every worker: the decision is too).
+AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const PlanningInputs& measured, int workers,
+                           double min_gain);
+
+}  // namespace pipesgd

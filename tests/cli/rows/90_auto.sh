@@ -1,0 +1,59 @@
+# shellcheck shell=bash
+# --algo auto (sourced by run_cli_tests.sh; uses $R, run, row, pycheck, expect_success):
+#  - bad input is one line: an unknown policy, an option the policy does not allow;
+#  - train: one stderr line with the choice, its prediction, the runner-up and why; summary.json's
+#    phases (profiling from 0, the choice from 18, each with its measured iteration) and the report's
+#    paragraph say the same;
+#  - compare: an auto row like any method's, with its phases in compare.json.
+AQ=(--data synthetic --no-eval --quiet --workers 2)
+
+row auto-unknown-policy 2 "unknown policy 'fast' in auto:fast (policies: sync, stale, lossy or any)" \
+  train --algo auto:fast --iters 3 "${AQ[@]}"
+row auto-sync-staleness 2 "--staleness-k 3 trades accuracy (stale updates), which auto:sync does not allow" \
+  train --algo auto --staleness-k 3 --iters 3 "${AQ[@]}"
+row auto-stale-codec 2 "--codec int8 trades accuracy (a lossy codec), which auto:stale does not allow" \
+  train --algo auto:stale+int8 --iters 3 "${AQ[@]}"
+
+d=$R/auto
+mkdir -p "$d"
+run train --algo auto:any --iters 40 --net bw=1Gbit,lat=200us --out "$d/train" "${AQ[@]}" >"$d/train.out" 2>"$d/train.err"
+expect_success "auto/train-exit-0" $? "$d/train.out" "$d/train.err"
+pycheck "auto/train-line-summary-report-agree" "$d/train.err" "$d/train" "$d/train.out" <<'PYEOF'
+import json, re, sys
+err, out_dir, out = sys.argv[1:4]
+lines = [line for line in open(err).read().splitlines() if "auto" in line]
+assert len(lines) == 1, lines
+label = r"(\S+(?: K=\d+)?)"
+m = re.fullmatch(r"pipesgd: auto:any chose " + label + r" from iteration 18: predicted (\d+\.\d{3}) ms per iteration "
+                 r"\(runner-up " + label + r", (\d+\.\d{3}) ms\); measured compute \d+\.\d{3} ms and an allreduce of "
+                 r"the whole gradient \d+\.\d{3} ms per iteration; .* leaves \d+\.\d{3} ms of communication exposed.*",
+                 lines[0])
+assert m, lines[0]
+assert float(m.group(2)) <= float(m.group(4)) or "trades accuracy" in lines[0], lines[0]
+s = json.load(open(out_dir + "/summary.json"))
+assert s["auto"]["policy"] == "any", s["auto"]
+phases = s["auto"]["phases"]
+assert [p["start_iteration"] for p in phases] == [0, 18], phases
+assert phases[0]["kind"] == "profiling" and phases[0]["method"] == "dsync+optimal", phases[0]
+assert phases[1]["kind"] == "chosen" and phases[1]["method"] == m.group(1), phases[1]
+assert abs(phases[1]["predicted_iteration_s"] * 1e3 - float(m.group(2))) < 1e-3, phases[1]
+assert all(p["measured_iteration_s"] > 0 for p in phases), phases
+text = open(out).read()
+assert "auto (policy any):" in text, text[-800:]
+assert "from iteration 18: " + m.group(1) + ", predicted " + m.group(2) + " ms, measured " in text, text[-800:]
+PYEOF
+
+run compare --algos dsync,auto:stale --iters 40 --net bw=1Gbit,lat=200us --out "$d/cmp" "${AQ[@]}" >"$d/cmp.out" 2>"$d/cmp.err"
+expect_success "auto/compare-exit-0" $? "$d/cmp.out" "$d/cmp.err"
+pycheck "auto/compare-row" "$d/cmp.out" "$d/cmp" <<'PYEOF'
+import json, re, sys
+out, out_dir = sys.argv[1:3]
+rows = [line for line in open(out).read().splitlines() if line.startswith("auto:stale ")]
+assert len(rows) == 1, open(out).read()[-1500:]
+records = {r["method"]: r for r in json.load(open(out_dir + "/compare.json"))}
+assert set(records) == {"dsync", "auto:stale"}, sorted(records)
+r = records["auto:stale"]
+assert r["throughput_samples_per_s"] > 0, r
+phases = json.load(open(out_dir + "/2-auto:stale/summary.json"))["auto"]["phases"]
+assert [p["start_iteration"] for p in phases] == [0, 18], phases
+PYEOF

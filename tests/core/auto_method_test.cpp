@@ -1,0 +1,377 @@
+// `--algo auto` (algo/auto/): a switch between methods loses no gradient and keeps the optimizer's
+// state (the weights against the hand-computed phased sequence of tests/core/phase_oracle.h, for
+// every ordered pair of the methods auto switches between, with momentum so that a lost momentum
+// buffer shows); a commit anywhere resumes bit for bit; and the decision on synthetic profiles picks
+// what the timing models say (tables of cases).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+#include <ostream>
+
+#include <nlohmann/json.hpp>
+
+#include "phase_oracle.h"
+#include "pipesgd/algo/auto/auto_method.h"
+#include "pipesgd/algo/planning.h"
+#include "pipesgd/core/checkpoint.h"
+#include "pipesgd/core/error.h"
+#include "test_world.h"
+#include "tiny_run.h"
+
+namespace pipesgd {
+namespace {
+
+constexpr std::size_t kFeatures = 6;
+constexpr std::size_t kClasses = 3;
+constexpr std::size_t kBatch = 4;
+constexpr std::uint64_t kSeed = 7;
+const SgdOptions kSgd{0.3f, 0.9f, 0.01f};
+
+// The methods auto switches between, with their iteration dependency K.
+struct Switchable {
+  std::string spec;
+  OptionValues flags;
+  int k;
+  std::string label;
+};
+const std::vector<Switchable>& switchable() {
+  static const std::vector<Switchable> methods = {
+      {"dsync", {}, 1, "dsync"},
+      {"dsync+optimal", {}, 1, "dsync+optimal"},
+      {"wfbp", {}, 1, "wfbp"},
+      {"synceasgd", {}, 1, "synceasgd"},
+      {"mgwfbp", {}, 1, "mgwfbp"},
+      {"pipe", {{"--staleness-k", "2"}}, 2, "pipe K=2"},
+      {"pipe", {{"--staleness-k", "3"}}, 3, "pipe K=3"},
+  };
+  return methods;
+}
+
+MethodSelection scheduled_auto(const std::vector<ScheduledMethod>& schedule, const SgdOptions& sgd = kSgd) {
+  MethodSelection selection = select_for_test("auto", {}, sgd);
+  auto options = std::make_shared<AutoOptions>(options_as<AutoOptions>(*selection.options));
+  options->schedule = schedule;
+  selection.options = options;
+  return selection;
+}
+
+struct Observed {
+  std::vector<std::vector<std::vector<float>>> weights_used;  // [rank][t]
+  std::vector<std::vector<float>> final_weights;              // [rank]
+};
+
+// Runs `selection` on `ranks` threads for `iterations`; with `commit_after` >= 0 every rank saves
+// its method's state after that iteration, and a new model and method restored from it go on.
+Observed run_auto(const MethodSelection& selection, int ranks, std::int64_t iterations, const SoftmaxBatches& data,
+                  std::int64_t commit_after = -1) {
+  Observed observed;
+  observed.weights_used.assign(ranks, {});
+  observed.final_weights.assign(ranks, {});
+  run_ranks(ranks, [&](int rank, Transport& transport) {
+    auto model = std::make_unique<SoftmaxRegression>(kFeatures, kClasses, kSeed);
+    auto method = make_method(selection, transport, *model, 0);
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      IterationTimes times;
+      const std::span<float> gradients = method->begin_iteration(t, times);
+      const std::span<const float> parameters = model->parameters();
+      observed.weights_used[rank].emplace_back(parameters.begin(), parameters.end());
+      const SegmentReadyFn* ready = method->segment_ready();
+      model->forward_backward(data.at(rank, t, ranks), gradients, ready != nullptr ? *ready : SegmentReadyFn{});
+      method->end_iteration(t, times);
+      if (t == commit_after) {
+        CheckpointWriter state;
+        method->save_state(state);
+        const std::vector<float> weights(model->parameters().begin(), model->parameters().end());
+        method.reset();
+        model = std::make_unique<SoftmaxRegression>(kFeatures, kClasses, kSeed + 1);
+        std::copy(weights.begin(), weights.end(), model->parameters().begin());
+        method = make_method(selection, transport, *model, 0);
+        method->load_state(CheckpointReader::parse(state.serialize(), "<test commit>"), t + 1);
+      }
+    }
+    IterationTimes times;
+    method->finish(times);
+    const std::span<const float> parameters = model->parameters();
+    observed.final_weights[rank].assign(parameters.begin(), parameters.end());
+  });
+  return observed;
+}
+
+void expect_close(const std::vector<float>& actual, const std::vector<double>& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_NEAR(actual[i], expected[i], 2e-5 * (1 + std::fabs(expected[i]))) << what << " element " << i;
+  }
+}
+
+// A -> B -> A, switched at iterations 5 and 11 of 16.
+struct SwitchCase {
+  int ranks;
+  std::size_t first;   // index into switchable()
+  std::size_t second;
+};
+
+void PrintTo(const SwitchCase& c, std::ostream* out) {
+  *out << c.ranks << " ranks, " << switchable()[c.first].label << " -> " << switchable()[c.second].label << " -> "
+       << switchable()[c.first].label;
+}
+
+class AutoSwitch : public ::testing::TestWithParam<SwitchCase> {};
+
+TEST_P(AutoSwitch, LosesNoGradientAndKeepsTheMomentum) {
+  const SwitchCase c = GetParam();
+  const Switchable& a = switchable()[c.first];
+  const Switchable& b = switchable()[c.second];
+  const std::int64_t iterations = 16;
+  const SoftmaxBatches data = make_softmax_batches(99, c.ranks, iterations, kFeatures, kClasses, kBatch);
+  const MethodSelection selection =
+      scheduled_auto({{0, a.spec, a.flags}, {5, b.spec, b.flags}, {11, a.spec, a.flags}});
+  const Observed observed = run_auto(selection, c.ranks, iterations, data);
+  const OracleRun expected =
+      phased_sgd(kSgd, {{0, a.k}, {5, b.k}, {11, a.k}}, c.ranks, iterations, data, kFeatures, kClasses, kSeed);
+  for (int rank = 0; rank < c.ranks; ++rank) {
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      expect_close(observed.weights_used[rank][t], expected.weights_used[t],
+                   concat("rank ", rank, " weights used at iteration ", t));
+    }
+    expect_close(observed.final_weights[rank], expected.final_weights, concat("rank ", rank, " final"));
+    EXPECT_EQ(observed.final_weights[rank], observed.final_weights[0]) << "replicas diverged";
+  }
+}
+
+std::vector<SwitchCase> switch_cases() {
+  std::vector<SwitchCase> cases;
+  const std::size_t n = switchable().size();
+  for (std::size_t a = 0; a < n; ++a) {
+    for (std::size_t b = 0; b < n; ++b) {
+      if (a != b) cases.push_back({2, a, b});
+    }
+  }
+  cases.push_back({1, 0, 5});  // dsync -> pipe K=2 -> dsync
+  cases.push_back({3, 0, 5});
+  cases.push_back({3, 4, 6});  // mgwfbp -> pipe K=3 -> mgwfbp
+  cases.push_back({3, 6, 1});  // pipe K=3 -> dsync+optimal -> pipe K=3
+  return cases;
+}
+
+std::string label_for_test_name(const std::string& label) {
+  std::string name;
+  for (char ch : label) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Pairs, AutoSwitch, ::testing::ValuesIn(switch_cases()), [](const auto& info) {
+  const SwitchCase& c = info.param;
+  return concat("ranks", c.ranks, "_", label_for_test_name(switchable()[c.first].label), "_then_",
+                label_for_test_name(switchable()[c.second].label));
+});
+
+// The oracle tells the phases apart: without the drain or the momentum the weights differ.
+TEST(AutoSwitch, OracleDistinguishesDrainAndMomentum) {
+  const SoftmaxBatches data = make_softmax_batches(99, 2, 16, kFeatures, kClasses, kBatch);
+  const OracleRun switched = phased_sgd(kSgd, {{0, 1}, {5, 2}, {11, 1}}, 2, 16, data, kFeatures, kClasses, kSeed);
+  const OracleRun dsync = phased_sgd(kSgd, {{0, 1}}, 2, 16, data, kFeatures, kClasses, kSeed);
+  const OracleRun pipe = phased_sgd(kSgd, {{0, 2}}, 2, 16, data, kFeatures, kClasses, kSeed);
+  EXPECT_NE(switched.final_weights, dsync.final_weights);
+  EXPECT_NE(switched.final_weights, pipe.final_weights);
+}
+
+// A commit anywhere (inside a phase, with pipe's gradients in flight, just before a switch) resumes
+// to the weights of the run never interrupted, bit for bit.
+class AutoCommit : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(AutoCommit, ResumesBitForBit) {
+  const std::int64_t iterations = 20;
+  const SoftmaxBatches data = make_softmax_batches(5, 2, iterations, kFeatures, kClasses, kBatch);
+  const MethodSelection selection = scheduled_auto(
+      {{0, "dsync", {}}, {5, "pipe", {{"--staleness-k", "2"}}}, {12, "mgwfbp", {}}, {16, "pipe", {{"--staleness-k", "3"}}}});
+  const Observed uninterrupted = run_auto(selection, 2, iterations, data);
+  const Observed resumed = run_auto(selection, 2, iterations, data, GetParam());
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(resumed.final_weights[rank], uninterrupted.final_weights[rank]) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(After, AutoCommit, ::testing::Values(3, 4, 6, 11, 13, 15, 17),
+                         [](const auto& info) { return concat("iteration", info.param); });
+
+// Synthetic measurements: `layers` layers of `bytes` each, backward `backward` s each, forward
+// `forward` s, update 0.5 ms, and an allreduce of a + b·M.
+PlanningInputs synthetic(std::size_t layers, double bytes, double backward, double forward, double a, double b) {
+  PlanningInputs inputs;
+  inputs.profile.bytes.assign(layers, bytes);
+  inputs.profile.backward_seconds.assign(layers, backward);
+  inputs.profile.forward_seconds = forward;
+  inputs.update_seconds = 0.5e-3;
+  inputs.cost = LinearCost{a, b};
+  return inputs;
+}
+
+struct DecisionCase {
+  std::string name;
+  std::string policy;
+  PlanningInputs measured;
+  std::string expected;  // the chosen candidate's label
+};
+
+void PrintTo(const DecisionCase& c, std::ostream* out) { *out << c.name << " (auto:" << c.policy << ")"; }
+
+class AutoDecides : public ::testing::TestWithParam<DecisionCase> {};
+
+TEST_P(AutoDecides, AsTheTimingModelsSay) {
+  const DecisionCase& c = GetParam();
+  const MethodSelection selection = select_for_test(concat("auto:", c.policy));
+  const std::vector<AutoCandidate> candidates =
+      auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
+  const AutoDecision decision = decide_method(candidates, c.measured, 2, 0.05);
+  ASSERT_LT(decision.chosen, candidates.size());
+  EXPECT_EQ(candidates[decision.chosen].label, c.expected) << decision.why;
+  // The chosen is never slower than the runner-up unless it trades less.
+  if (decision.runner_up) {
+    const std::size_t other = *decision.runner_up;
+    if (decision.predictions[decision.chosen].seconds > decision.predictions[other].seconds) {
+      EXPECT_TRUE(candidates[decision.chosen].accuracy_trade.empty()) << decision.why;
+      EXPECT_FALSE(candidates[other].accuracy_trade.empty()) << decision.why;
+    }
+  }
+  // Policy sync never trades accuracy.
+  if (c.policy == "sync") {
+    EXPECT_TRUE(candidates[decision.chosen].accuracy_trade.empty());
+  }
+}
+
+// 1 MB per layer; a 10 Gbit/s-like link (b = 1e-9 s/B: 1 ms per MB) or a slow one (1e-8 s/B).
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AutoDecides,
+    ::testing::Values(
+        // Compute-bound (4 ms allreduce beside 50 ms of compute): plain D-Sync is within a few
+        // percent of the layer-wise plans' overlap, and no trade is worth it.
+        DecisionCase{"compute_bound_any", "any", synthetic(4, 1e6, 10e-3, 10e-3, 0.1e-3, 1e-9), "dsync+optimal"},
+        // Communication-bound behind a long backward: the layer-wise plan hides most of it.
+        DecisionCase{"backward_hides_buckets_sync", "sync", synthetic(4, 1e6, 10e-3, 2e-3, 0.1e-3, 1e-8),
+                     "dsync+optimal"},
+        // Communication-bound, most compute in forward: only pipelining hides the allreduce.
+        DecisionCase{"comm_bound_stale", "stale", synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-8), "pipe K=2"},
+        DecisionCase{"comm_bound_sync", "sync", synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-8), "dsync+optimal"},
+        // ... a lossy codec shrinks it: int8 sends a quarter of the bytes.
+        DecisionCase{"comm_bound_lossy", "lossy", synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-8), "dsync+optimal+int8"},
+        DecisionCase{"comm_bound_any", "any", synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-8), "pipe+int8 K=2"},
+        // Pipelining would gain less than the 5% minimum: stay synchronous.
+        DecisionCase{"small_gain_stale", "stale", synthetic(4, 1e5, 0.5e-3, 28e-3, 0.1e-3, 2.5e-9), "dsync+optimal"},
+        // Many small layers on a high-latency link: per-layer allreduces pay 50 latencies, one
+        // allreduce after backward hides nothing; merged buckets win.
+        DecisionCase{"many_small_layers_sync", "sync", synthetic(50, 1e4, 0.2e-3, 2e-3, 0.5e-3, 1e-9), "dsync+optimal"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(AutoDecides, WhyNamesTheMeasurementsAndTheTrade) {
+  const MethodSelection selection = select_for_test("auto:stale");
+  const std::vector<AutoCandidate> candidates =
+      auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
+  const AutoDecision decision = decide_method(candidates, synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-8), 2, 0.05);
+  EXPECT_NE(decision.why.find("measured compute 10.500 ms"), std::string::npos) << decision.why;
+  EXPECT_NE(decision.why.find("allreduce of the whole gradient 40.100 ms"), std::string::npos) << decision.why;
+  EXPECT_NE(decision.why.find("trades accuracy (staleness K=2)"), std::string::npos) << decision.why;
+}
+
+TEST(AutoCandidates, FollowThePolicy) {
+  auto labels = [](const std::string& spec, const OptionValues& flags = {}) {
+    const MethodSelection selection = select_for_test(spec, flags);
+    std::vector<std::string> out;
+    for (const AutoCandidate& c : auto_candidates(options_as<AutoOptions>(*selection.options), selection.common)) {
+      out.push_back(c.label);
+    }
+    return out;
+  };
+  const std::vector<std::string> sync = {"dsync", "dsync+optimal", "mgwfbp", "wfbp"};
+  EXPECT_EQ(labels("auto"), sync);
+  EXPECT_EQ(labels("auto:sync"), sync);
+  std::vector<std::string> stale = sync;
+  stale.push_back("pipe K=3");
+  EXPECT_EQ(labels("auto:stale", {{"--staleness-k", "3"}}), stale);
+  EXPECT_EQ(labels("auto:lossy", {{"--codec", "bf16"}}),
+            (std::vector<std::string>{"dsync", "dsync+optimal", "mgwfbp", "wfbp", "dsync+bf16", "dsync+optimal+bf16",
+                                      "mgwfbp+bf16", "wfbp+bf16"}));
+  EXPECT_EQ(labels("auto:any").size(), 15u);  // 5 per codec: none, bf16, int8
+}
+
+TEST(AutoOptionsErrors, ContradictionsAndUnknownPoliciesAreOneLine) {
+  auto message = [](const std::string& spec, const OptionValues& flags) {
+    try {
+      select_for_test(spec, flags);
+    } catch (const UsageError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("auto:fast", {}), "unknown policy 'fast' in auto:fast (policies: sync, stale, lossy or any)");
+  EXPECT_EQ(message("auto:sync", {{"--staleness-k", "3"}}),
+            "--staleness-k 3 trades accuracy (stale updates), which auto:sync does not allow: use auto:stale or auto:any");
+  EXPECT_EQ(message("auto", {{"--codec", "int8"}}),
+            "--codec int8 trades accuracy (a lossy codec), which auto:sync does not allow: use auto:lossy or auto:any");
+  EXPECT_EQ(message("auto:stale", {{"--codec", "bf16"}}),
+            "--codec bf16 trades accuracy (a lossy codec), which auto:stale does not allow: use auto:lossy or auto:any");
+  EXPECT_EQ(message("auto:any", {{"--staleness-k", "1"}}),
+            "--staleness-k must be in [2, 64] for auto's pipe candidate, got 1");
+  EXPECT_EQ(message("auto", {{"--auto-drift", "-1"}}), "--auto-drift must be in [0, 100] (0: never choose again), got -1");
+  EXPECT_EQ(message("auto", {{"--auto-window", "0"}}), "--auto-window must be in [1, 10000000], got 0");
+  EXPECT_EQ(message("auto:any", {{"--codec", "int8"}, {"--staleness-k", "3"}}), "no error");
+}
+
+// Drift: rank 1's link slowed 10x at iteration 100 of 200 (an emulated link: the iteration is
+// mostly sleeping on the wire, so the machine's load hardly moves it) makes auto profile and choose
+// once more, and only once: the phases are profiling, chosen, profiling (after the slow-down),
+// chosen. The threshold (3x) is far above the iteration's noise and far below the slow-down.
+TEST(AutoDrift, ALinkSlowedMidRunMakesAutoChooseOnceMore) {
+  NetworkSpec network;
+  network.bits_per_second = 1e6;
+  network.latency_seconds = 0.1e-3;
+  network.name = "bw=1Mbit,lat=100us";
+  LocalFabric fabric(2, network);
+  const MethodSelection selection = select_for_test(
+      "auto:stale", {{"--profile-iters", "4"}, {"--auto-drift", "2"}, {"--auto-window", "20"}, {"--auto-min-interval", "60"}});
+  const std::int64_t iterations = 200, slowed_at = 100;
+  const SoftmaxBatches data = make_softmax_batches(3, 2, iterations, kFeatures, kClasses, kBatch);
+  nlohmann::json phases;
+  std::vector<std::string> announced;
+  std::mutex announced_mutex;
+  run_ranks_on(fabric, [&](int rank, Transport& transport) {
+    SoftmaxRegression model(kFeatures, kClasses, kSeed);
+    std::function<void(const std::string&)> announce;
+    if (rank == 0) {
+      announce = [&](const std::string& line) {
+        std::lock_guard lock(announced_mutex);
+        announced.push_back(line);
+      };
+    }
+    auto method = make_method(selection, transport, model, 0, network, {}, announce);
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      if (rank == 1 && t == slowed_at) fabric.slow_link(1, 10);
+      IterationTimes times;
+      const std::span<float> gradients = method->begin_iteration(t, times);
+      const SegmentReadyFn* ready = method->segment_ready();
+      model.forward_backward(data.at(rank, t, 2), gradients, ready != nullptr ? *ready : SegmentReadyFn{});
+      method->end_iteration(t, times);
+    }
+    IterationTimes times;
+    method->finish(times);
+    if (rank == 0) {
+      nlohmann::json summary;
+      method->report()->add_json(summary, RunFigures{});
+      phases = summary["auto"]["phases"];
+    }
+  });
+  std::vector<std::string> kinds;
+  for (const auto& phase : phases) kinds.push_back(phase["kind"].get<std::string>());
+  ASSERT_EQ(kinds, (std::vector<std::string>{"profiling", "chosen", "profiling", "chosen"})) << phases.dump();
+  EXPECT_EQ(phases[1]["start_iteration"], 12);
+  const std::int64_t again = phases[2]["start_iteration"].get<std::int64_t>();
+  EXPECT_GT(again, slowed_at) << phases.dump();
+  EXPECT_LE(again, slowed_at + 2 * 20 + 20) << phases.dump();
+  EXPECT_EQ(phases[3]["start_iteration"].get<std::int64_t>(), again + 4);
+  EXPECT_NE(phases[2]["why"].get<std::string>().find("the measured iteration moved from"), std::string::npos);
+  ASSERT_EQ(announced.size(), 3u) << "rank 0 says each choice and the drift";
+}
+
+}  // namespace
+}  // namespace pipesgd
