@@ -452,7 +452,7 @@ TEST(OdSgd, UsageErrors) {
   EXPECT_EQ(message("dcasgd", {{"--dc-lambda", "-0.5"}}), "--dc-lambda must be >= 0, got -0.5");
   EXPECT_EQ(message("odsgd+int8", {}),
             "unknown option 'int8' in method 'odsgd+int8': a codec, which applies only to dsync, pipe, wfbp, synceasgd, "
-            "mgwfbp and sapipe (method 'odsgd' takes no +options)");
+            "mgwfbp, sapipe and auto (method 'odsgd' takes no +options)");
   EXPECT_EQ(message("odsgd", {{"--dc-lambda", "0.1"}}),
             "--dc-lambda applies only to dcasgd, odsgd with --local-updater dcasgd-c or dcasgd-a and sapipe, not "
             "'odsgd'");

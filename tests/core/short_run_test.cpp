@@ -60,6 +60,8 @@ std::vector<PhaseCase> phase_cases() {
       {"sapipe_k1_wfbp_warmup_5", "sapipe", {{"--stale-layers", "1"}, {"--buckets", "wfbp"}, {"--warmup-iters", "5"}}, 5},
       {"sapipe_k2_mgwfbp_warmup_30", "sapipe",
        {{"--stale-layers", "2"}, {"--buckets", "mgwfbp"}, {"--profile-iters", "3"}, {"--warmup-iters", "30"}}, 30},
+      {"auto", "auto", {}, 18},  // its choice takes over after 8 + P
+      {"auto_any_profile_4", "auto:any", {{"--profile-iters", "4"}}, 12},
   };
 }
 

@@ -82,9 +82,10 @@ class AutoReport final : public MethodReport {
         profiling_cost_ += n * std::max(0.0, measured_[i] - measured_[i + 1]);
       }
     }
+    // The report's sentence reads "timing model is X; ... measured R x the X prediction".
     model_ = chosen_phases == 1 && count == static_cast<double>(timings.recorded(first_measured, timings.iterations()))
                  ? chosen_model()
-                 : std::string("auto's predictions, phase by phase");
+                 : concat("phase by phase (auto: ", chosen_phases, " choices)");
   }
   double predicted_iteration() const override { return predicted_; }
   std::string timing_model() const override { return predicted_ > 0 ? model_ : ""; }
@@ -133,10 +134,14 @@ class AutoReport final : public MethodReport {
   AutoPolicy policy_;
   std::vector<Phase> phases_;
   std::shared_ptr<MethodReport> last_;
-  // The one chosen phase's model, as the report's sentence names it.
+  // The one chosen phase's model as the report's sentence names it: "Pipe-SGD Eq. 4 (auto chose pipe
+  // K=2)", the model's words before its colon.
   std::string chosen_model() const {
     for (const Phase& phase : phases_) {
-      if (phase.kind == Phase::kChosen) return concat("auto's prediction for ", phase.label, " (", phase.model, ")");
+      if (phase.kind != Phase::kChosen) continue;
+      std::string headline = phase.model.substr(0, phase.model.find(':'));
+      if (headline.rfind("the ", 0) == 0) headline.erase(0, 4);
+      return concat(headline, " (auto chose ", phase.label, ")");
     }
     return "";
   }
@@ -360,10 +365,11 @@ class AutoMethod final : public TrainingMethod {
     const double ratio = window / reference_seconds_;
     strikes_ = ratio > 1 + options_.drift || ratio < 1 / (1 + options_.drift) ? strikes_ + 1 : 0;
     if (strikes_ < kDriftStrikes || since < options_.min_interval) return;
-    const std::string why = concat("the measured iteration moved from ", ms(reference_seconds_), " to ", ms(window),
-                                   " (", format_number("%+.0f%%", 100 * (ratio - 1)), ", over --auto-drift ",
-                                   format_number("%g%%", 100 * options_.drift), " for ", kDriftStrikes,
-                                   " windows of ", options_.drift_window, " iterations)");
+    const std::string why =
+        concat("the measured iteration moved from ", ms(reference_seconds_), " to ", ms(window), " (",
+               format_number("x%.2f", ratio), ", outside ", format_number("x%.2f", 1 / (1 + options_.drift)), " to ",
+               format_number("x%.2f", 1 + options_.drift), " (--auto-drift ", format_number("%g", options_.drift),
+               ") for ", kDriftStrikes, " windows of ", options_.drift_window, " iterations in a row)");
     phases_.push_back({t + 1, Phase::kProfiling, 0, kProfilingSpec, concat("profiling again: ", why), 0, ""});
     next_phase_ = phases_.size() - 1;
     if (context_.announce) context_.announce(concat("auto: ", why, "; profiling again from iteration ", t + 1));
