@@ -98,13 +98,6 @@ Observed run_auto(const MethodSelection& selection, int ranks, std::int64_t iter
   return observed;
 }
 
-void expect_close(const std::vector<float>& actual, const std::vector<double>& expected, const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    ASSERT_NEAR(actual[i], expected[i], 2e-5 * (1 + std::fabs(expected[i]))) << what << " element " << i;
-  }
-}
-
 // A -> B -> A, switched at iterations 5 and 11 of 16.
 struct SwitchCase {
   int ranks;

@@ -9,7 +9,11 @@
 //                                if K == 1: w <- SGD(w, g_t)
 //                         at b:  w <- SGD(w, g_i) for the i in [max(a, b-K), b) not yet applied
 // SGD as LibTorch: v = m v + (g + wd w); w -= lr v. Computed in double.
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "pipesgd/models/softmax_regression.h"
@@ -17,6 +21,15 @@
 #include "softmax_batches.h"
 
 namespace pipesgd {
+
+// Weights computed in float against the oracle's doubles: within 2e-5 relative (the tests of the
+// training methods, tests/core/training_method_test.cpp and auto_method_test.cpp).
+inline void expect_close(const std::vector<float>& actual, const std::vector<double>& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_NEAR(actual[i], expected[i], 2e-5 * (1 + std::fabs(expected[i]))) << what << " element " << i;
+  }
+}
 
 struct OraclePhase {
   std::int64_t start = 0;

@@ -10,6 +10,7 @@
 #include <ostream>
 
 #include "failing_model.h"
+#include "phase_oracle.h"
 #include "tiny_run.h"
 #include "pipesgd/algo/training_method.h"
 #include "pipesgd/core/error.h"
@@ -107,13 +108,6 @@ Expected hand_computed(const SgdOptions& sgd, int K, std::int64_t W, int ranks, 
   }
   expected.final_weights = w;
   return expected;
-}
-
-void expect_close(const std::vector<float>& actual, const std::vector<double>& expected, const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    ASSERT_NEAR(actual[i], expected[i], 2e-5 * (1 + std::fabs(expected[i]))) << what << " element " << i;
-  }
 }
 
 struct StalenessCase {
