@@ -163,7 +163,8 @@ class AutoMethod final : public TrainingMethod {
         profiler_(select_method(kProfilingSpec,
                                 {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
                                 FlagPolicy::kReject, context.common)),
-        drift_exchange_(context.transport, 1, context.common.timeout) {
+        drift_exchange_(context.transport, 1, context.common.timeout),
+        window_seconds_(static_cast<std::size_t>(options_.drift_window), 0.0) {
     for (const ScheduledMethod& scheduled : options_.schedule) {
       scheduled_.push_back(select_method(scheduled.spec, scheduled.flags, FlagPolicy::kReject, context.common));
     }
@@ -271,7 +272,8 @@ class AutoMethod final : public TrainingMethod {
     std::size_t running = 0;
     while (running + 1 < phases_.size() && phases_[running + 1].start < next_iteration) ++running;
     build(running, phases_[running].start);
-    window_seconds_ = in.real(prefix + "drift.window_seconds");
+    const std::vector<double> window = in.doubles(prefix + "drift.window_seconds", window_seconds_.size());
+    std::copy(window.begin(), window.end(), window_seconds_.begin());
     reference_seconds_ = in.real(prefix + "drift.reference_seconds");
     strikes_ = static_cast<int>(in.integer(prefix + "drift.strikes"));
     drift_windows_ = in.integer(prefix + "drift.windows");
@@ -300,7 +302,7 @@ class AutoMethod final : public TrainingMethod {
     current_ready_ = current_->segment_ready();
     current_phase_ = phase;
     next_phase_ = phase + 1;
-    window_seconds_ = 0;
+    std::fill(window_seconds_.begin(), window_seconds_.end(), 0.0);
     drift_windows_ = 0;
     reference_seconds_ = 0;
     strikes_ = 0;
@@ -346,17 +348,19 @@ class AutoMethod final : public TrainingMethod {
     if (context_.announce) context_.announce(line);
   }
 
-  // Every drift_window iterations of a chosen method: the workers' mean iteration against the
+  // Every drift_window iterations of a chosen method: the workers' mean of their median iteration
+  // in the window (a few iterations preempted by another job do not move a median) against the
   // reference (the second window after the switch; the first settles).
   void watch_drift(std::int64_t t, double seconds) {
     if (options_.drift <= 0) return;
-    window_seconds_ += seconds;
     const std::int64_t since = t + 1 - phases_[current_phase_].start;
+    window_seconds_[static_cast<std::size_t>((since - 1) % options_.drift_window)] = seconds;
     if (since % options_.drift_window != 0) return;
-    float mean = static_cast<float>(window_seconds_ / static_cast<double>(options_.drift_window));
-    drift_exchange_.sum(std::span<float>(&mean, 1), kDriftSequenceBase + drift_exchanges_++);
-    const double window = mean / static_cast<float>(workers_);
-    window_seconds_ = 0;
+    const auto middle = window_seconds_.begin() + static_cast<std::ptrdiff_t>(window_seconds_.size() / 2);
+    std::nth_element(window_seconds_.begin(), middle, window_seconds_.end());
+    float median = static_cast<float>(*middle);
+    drift_exchange_.sum(std::span<float>(&median, 1), kDriftSequenceBase + drift_exchanges_++);
+    const double window = median / static_cast<float>(workers_);
     if (++drift_windows_ == 1) return;
     if (drift_windows_ == 2) {
       reference_seconds_ = window;
@@ -399,7 +403,7 @@ class AutoMethod final : public TrainingMethod {
       out.add_double(prefix + "measured.cost.a", measured_->cost.a);
       out.add_double(prefix + "measured.cost.b", measured_->cost.b);
     }
-    out.add_double(prefix + "drift.window_seconds", window_seconds_);
+    out.add_doubles(prefix + "drift.window_seconds", window_seconds_);
     out.add_double(prefix + "drift.reference_seconds", reference_seconds_);
     out.add_int(prefix + "drift.strikes", strikes_);
     out.add_int(prefix + "drift.windows", drift_windows_);
@@ -422,7 +426,8 @@ class AutoMethod final : public TrainingMethod {
   SegmentReadyFn forward_ready_;
   std::optional<PlanningInputs> measured_;  // the last profiling's, averaged over the workers
   Stopwatch iteration_clock_;
-  double window_seconds_ = 0;     // this worker's iterations in the current drift window
+  // This worker's iterations of the current drift window (allocated once: drift_window of them).
+  std::vector<double> window_seconds_;
   double reference_seconds_ = 0;  // the workers' mean iteration in the reference window
   int strikes_ = 0;
   std::int64_t drift_windows_ = 0;
@@ -595,7 +600,7 @@ MethodDescriptor auto_method() {
                               "Choose again when the measured iteration departs from the reference by more than this "
                               "fraction for 2 windows in a row (0: never)",
                               "0.25");
-  method.options.emplace_back("--auto-window", "Iterations per drift window (the workers average their iteration)", "50");
+  method.options.emplace_back("--auto-window", "Iterations per drift window (the workers average their median iteration)", "50");
   method.options.emplace_back("--auto-min-interval", "Iterations at least between two choices", "200");
   method.parse = [](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {
     auto options = std::make_shared<AutoOptions>();

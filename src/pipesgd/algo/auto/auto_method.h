@@ -10,10 +10,11 @@
 // A candidate that trades accuracy (staleness, a lossy codec) is chosen only if it is at least
 // --auto-min-gain faster than the fastest that trades none (as `pipesgd advise` recommends).
 //
-// Drift: every --auto-window W iterations the workers average their measured iteration (a small
-// reduction on Channel::kPlanning). The first window after a switch is the reference; when two
-// windows in a row depart from it by more than --auto-drift (relative), and the last switch is at
-// least --auto-min-interval iterations old, auto profiles again and chooses again (it may stay).
+// Drift: every --auto-window W iterations the workers average their median iteration (a small
+// reduction on Channel::kPlanning). The first window after a switch settles, the second is the
+// reference; when two windows in a row depart from it by more than --auto-drift (relative), and
+// the last switch is at least --auto-min-interval iterations old, auto profiles again and chooses
+// again (it may stay).
 //
 // A switch is exact: the method left behind finishes (finish(): Pipe-SGD applies its in-flight
 // aggregated gradients in iteration order), its optimizer's state (momentum, Adam's moments) goes to
