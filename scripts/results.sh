@@ -3,7 +3,7 @@
 # docs/results/*.json and writes the page and its plots (docs/results.md, docs/images/results-*.svg)
 # with scripts/results_page.py. Builds nothing: give a build directory that has pipesgd and python/.
 #
-#   bash scripts/results.sh [--only SECTION[,SECTION...]] [--rounds N] [--quick] [BUILD_DIR=build]
+#   bash scripts/results.sh [--only SECTION[,SECTION...]] [--rounds N] [--auto-models LIST] [--quick] [BUILD_DIR=build]
 #
 # Sections, in the page's order (each one's command is printed on the page beside its figures):
 #   ddp       PyTorch DDP (gloo) against pipesgd: the CLI and pipesgd.torch, 4 ranks, mlp and cnn,
@@ -14,6 +14,11 @@
 #   accuracy  test accuracy after 3 epochs, mlp, 2 workers, plain SGD and momentum 0.9 (deterministic) ~1 min
 #   simulate  the same methods at 2 to 256 simulated nodes (SimGrid), ResNet-50 on a device 10x a K80 ~10 s
 #   horovod   Horovod's own test_torch.py against pipesgd.torch at 1, 2 and 3 ranks  ~1 min
+#   auto      --algo auto against every method it could have chosen: one compare per model and network
+#             (2 workers, 1 epoch, 10gbe and bw=1Gbit,lat=200us) of auto:any, auto (policy sync) and the
+#             15 candidates of auto:any; and a run whose link is slowed 4x mid-run (--inject-fault
+#             kind=slow), auto:any against each candidate. --auto-models picks the models (default
+#             mlp,cnn,resnet; resnet alone is ~80 min per network)              ~40 min (mlp, cnn)
 #   cluster   the local cluster (scripts/local-cluster.sh: hosts as network namespaces, real TCP, links
 #             at 1 Gbit/s; root only): ring allreduce against MPI_Allreduce at 2 and 4 hosts, the
 #             simulator against measured runs at 2 and 4 hosts (mlp, cnn; dsync, pipe), and partition
@@ -28,23 +33,26 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build=$repo/build
-only=ddp,pipe,accuracy,simulate,horovod,cluster
+only=ddp,pipe,accuracy,simulate,horovod,auto,cluster
 rounds=5
+auto_models=mlp,cnn,resnet
 quick=0
 die() { echo "results: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --only) [[ $# -ge 2 ]] || die "--only needs a list"; only=$2; shift 2 ;;
     --rounds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || die "--rounds needs a positive count"; rounds=$2; shift 2 ;;
+    --auto-models) [[ $# -ge 2 && $2 =~ ^[a-z]+(,[a-z]+)*$ ]] || die "--auto-models needs a list of models"
+      auto_models=$2; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    -*) die "unknown option '$1' (expected --only LIST, --rounds N, --quick)" ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown option '$1' (expected --only LIST, --rounds N, --auto-models LIST, --quick)" ;;
     *) build=$(cd "$1" && pwd); shift ;;
   esac
 done
 [[ -x $build/pipesgd ]] || die "no $build/pipesgd: build first (bash scripts/build.sh)"
 for section in ${only//,/ }; do
-  case $section in ddp|pipe|accuracy|simulate|horovod|cluster|none) ;; *) die "unknown section '$section'" ;; esac
+  case $section in ddp|pipe|accuracy|simulate|horovod|auto|cluster|none) ;; *) die "unknown section '$section'" ;; esac
 done
 selected() { [[ ",$only," == *",$1,"* ]]; }
 
@@ -202,6 +210,65 @@ for ranks in (1, 2, 3):
                      failing=sorted(n for n, v in tests.items() if v == "failed")))
 json.dump({"rows": rows}, sys.stdout)
 EOF
+fi
+
+if selected auto; then
+  length=(--epochs 1)
+  ((quick)) && length=(--iters 60)
+  # The candidates auto:any chooses from, as its summary.json lists them (pipe's K is its default, 2).
+  rm -rf "$work/auto-list"
+  "$pipesgd" train --algo auto:any --workers 2 --data synthetic --iters 20 --no-eval --quiet --out "$work/auto-list" \
+    >/dev/null 2>&1 || die "auto: the listing run failed"
+  candidates=$("$python" -c 'import json, sys
+labels = json.load(open(sys.argv[1]))["auto"]["candidates"]
+assert all(" " not in l or l.endswith(" K=2") for l in labels), labels
+print(",".join(l.split(" ")[0] for l in labels))' "$work/auto-list/summary.json")
+  : >"$work/auto.records"
+  record_compare() {  # DIR KIND MODEL NET
+    "$python" -c 'import json, sys
+for r in json.load(open(sys.argv[1] + "/compare.json")):
+    a = r.get("auto")
+    print(json.dumps(dict(kind=sys.argv[2], model=sys.argv[3], net=sys.argv[4], method=r["method"],
+        samples_per_s=r["throughput_samples_per_s"], test_accuracy=r["final_test_accuracy"],
+        phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
+        candidates=[c.split(" ")[0] for c in a["candidates"]] if a else None,
+        profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$1" "$2" "$3" "$4" >>"$work/auto.records"
+  }
+  for model in ${auto_models//,/ }; do
+    for net in 10gbe bw=1Gbit,lat=200us; do
+      log "auto: $model, $net: auto:any, auto and the 15 candidates, ${length[*]}"
+      rm -rf "$work/auto-cmp"
+      "$pipesgd" compare --model "$model" --algos "auto:any,auto,$candidates" --workers 2 --net "$net" "${length[@]}" \
+        --quiet --out "$work/auto-cmp" >/dev/null 2>"$work/auto-cmp.err" || { cat "$work/auto-cmp.err" >&2; exit 1; }
+      record_compare "$work/auto-cmp" steady "$model" "$net"
+    done
+  done
+  # A link slowed 4x halfway: throughput over the whole run (start-up, the slow-down and any re-plan
+  # included): samples / train_s of each run's summary.json.
+  slow_model=mlp slow_net=bw=1Gbit,lat=200us
+  iterations=$((quick ? 60 : 60000 / 50))
+  slow="rank=1,iter=$((iterations / 2)),kind=slow,factor=4"
+  log "auto: $slow_model, $slow_net slowed 4x at iteration $((iterations / 2)): auto:any and the 15 candidates"
+  rm -rf "$work/auto-slow"
+  "$pipesgd" compare --model "$slow_model" --algos "auto:any,$candidates" --workers 2 --net "$slow_net" \
+    --iters "$iterations" --inject-fault "$slow" --no-eval --quiet --out "$work/auto-slow" >/dev/null 2>"$work/auto-slow.err" ||
+    { cat "$work/auto-slow.err" >&2; exit 1; }
+  for dir in "$work"/auto-slow/*/; do
+    "$python" -c 'import json, sys
+s = json.load(open(sys.argv[1] + "summary.json"))
+a = s.get("auto")
+print(json.dumps(dict(kind="slowed", model=s["model"], net=s["network"], method=s["method"],
+    samples_per_s=s["iterations"] * s["workers"] * s["batch_per_worker"] / s["train_s"], test_accuracy=s["final_test_accuracy"],
+    phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
+    candidates=[c.split(" ")[0] for c in a["candidates"]] if a else None,
+    profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$dir" >>"$work/auto.records"
+  done
+  commands=$(printf '%s\n' \
+    "pipesgd compare --model MODEL --algos auto:any,auto,$candidates --workers 2 --net NET ${length[*]}" \
+    "pipesgd compare --model $slow_model --algos auto:any,$candidates --workers 2 --net $slow_net --iters $iterations --inject-fault $slow --no-eval")
+  "$python" -c 'import json, sys
+json.dump({"rows": [json.loads(l) for l in open(sys.argv[1])], "workers": 2, "slowed": sys.argv[2]}, sys.stdout)' \
+    "$work/auto.records" "$slow" | store auto "$commands"
 fi
 
 if selected cluster && [[ $(id -u) -ne 0 ]]; then

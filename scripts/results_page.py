@@ -166,6 +166,56 @@ def horovod_section(d):
         measured(d)])
 
 
+def auto_section(d):
+    rows, slowed = [r for r in d["rows"] if r["kind"] == "steady"], [r for r in d["rows"] if r["kind"] == "slowed"]
+    phases = lambda r: ", ".join(f"{p['method']}@{p['start']}" for p in r["phases"] if p["kind"] == "chosen")
+    pct = lambda x: "-" if x is None else f"{100 * x:.2f}"
+    steady, met = [], True
+    for model, net in dict.fromkeys((r["model"], r["net"]) for r in rows):
+        cell = {r["method"]: r for r in rows if r["model"] == model and r["net"] == net}
+        for spec in ("auto:any", "auto"):
+            a = cell[spec]
+            pool = [cell[c] for c in a["candidates"]]
+            best = max(pool, key=lambda r: r["samples_per_s"])
+            ratio = a["samples_per_s"] / best["samples_per_s"]
+            accuracies = [r["test_accuracy"] for r in pool if r["test_accuracy"] is not None]
+            within = a["test_accuracy"] is not None and min(accuracies) - 1e-9 <= a["test_accuracy"] <= max(accuracies) + 1e-9
+            met = met and ratio >= 0.95 and within and a["profiling_cost_fraction"] < 0.05
+            steady.append([model, net, spec, phases(a), f"{best['method']} {best['samples_per_s']:.0f}",
+                           f"{a['samples_per_s']:.0f}", f"**{ratio:.3f}**", pct(a["test_accuracy"]),
+                           f"{pct(min(accuracies))}-{pct(max(accuracies))}", pct(a["profiling_cost_fraction"])])
+    parts = [
+        "## `--algo auto`: the run chooses its method",
+        "`auto` profiles its first iterations with dsync+optimal, predicts every candidate its policy allows and "
+        "switches to the fastest (a trade of accuracy only for 5% or more); it chooses again when its measured "
+        "iteration drifts. One `compare` per model and network ran auto:any, auto (policy sync) and the 15 "
+        "candidates of auto:any one after another, 2 workers, 1 epoch of Fashion-MNIST; samples per second after "
+        "each run's start-up (auto's: after its first choice), test accuracy after the epoch. Target: auto "
+        ">= 0.95x the best of the candidates its policy allows, its accuracy within theirs, start-up under 5% of "
+        "the run. One compare per cell, so each ratio is one run on a shared machine, not a median.",
+        table(["model", "network", "auto", "chose (from iteration)", "best candidate samples/s", "auto samples/s",
+               "auto / best", "auto test %", "candidates' test %", "start-up % of the run"], steady),
+        ("Met in every row." if met else "Not met in every row: see the bold ratios, the accuracies and the "
+                                         "start-up column against the targets above.")]
+    if slowed:
+        ordered = sorted(slowed, key=lambda r: -r["samples_per_s"])
+        auto = next(r for r in slowed if r["method"].startswith("auto"))
+        best_fixed = max((r for r in slowed if r is not auto), key=lambda r: r["samples_per_s"])
+        parts += [
+            f"A link slowed 4x mid-run (`--inject-fault {d['slowed']}`), {auto['model']}, {auto['net']}: "
+            "samples per second over the whole run (start-up, slow-down and re-plan included).",
+            table(["method", "samples/s over the run", "/ auto", "phases"],
+                  [[r["method"], f"{r['samples_per_s']:.0f}", f"{r['samples_per_s'] / auto['samples_per_s']:.3f}",
+                    phases(r) if r["phases"] else "-"] for r in ordered]),
+            (f"auto beats every fixed method: the best, {best_fixed['method']}, reached "
+             f"{best_fixed['samples_per_s'] / auto['samples_per_s']:.3f}x auto's."
+             if auto["samples_per_s"] > best_fixed["samples_per_s"] else
+             f"Not met: {best_fixed['method']} reached {best_fixed['samples_per_s'] / auto['samples_per_s']:.3f}x "
+             "auto's throughput over the run.")]
+    parts.append(measured(d))
+    return "\n\n".join(parts)
+
+
 def cluster_section(d):
     size = lambda b: f"{b // (1 << 20)} MiB"
     allreduce = [[r["hosts"], size(r["bytes"]), f"{r['ring_ms']:.2f}", f"{r['mpi_ms']:.2f}", f"{r['busbw_gbit']:.2f}",
@@ -265,7 +315,7 @@ def page(data, images, draw):
              "figure is a ratio of runs alternated side by side, the median of several rounds."]
     sections = [("ddp", ddp_section), ("pipe", lambda d: pipe_section(d, images, draw)),
                 ("accuracy", accuracy_section), ("simulate", lambda d: simulate_section(d, images, draw)),
-                ("horovod", horovod_section), ("cluster", cluster_section), ("restarts", restarts_section)]
+                ("horovod", horovod_section), ("auto", auto_section), ("cluster", cluster_section), ("restarts", restarts_section)]
     for name, render in sections:
         d = load(data, name)
         parts.append(render(d) if d else f"## {name}\n\nNot measured yet: `bash scripts/results.sh --only {name}`.")

@@ -453,15 +453,14 @@ TEST(Errors, BadSpecHasTheCliMessage) {
   EXPECT_EQ(message, "unknown algorithm 'nosuch' in 'nosuch' (expected dsync, pipe, wfbp, synceasgd, mgwfbp, pssync, "
                      "asgd, dcasgd, odsgd, sapipe, nocomm, auto, optionally followed by +options such as a codec: "
                      "pipe+int8)");
-  // auto is pipesgd train's: the API says so in one line.
+  // auto's policy errors are the CLI's too.
   const std::string automatic = error_of([] {
     pipesgd::run_threads(1, [](Worker& w) {
       TwoLayerNet model(2, 2, 2);
-      DistributedOptimizer opt(w, model, "auto:any");
+      DistributedOptimizer opt(w, model, "auto:fast");
     });
   });
-  EXPECT_EQ(automatic, "'auto:any' is available to pipesgd train and compare only, not yet to the C++ API or Python: "
-                       "give a method (pipesgd advise ranks them for your model and cluster)");
+  EXPECT_EQ(automatic, "unknown policy 'fast' in auto:fast (policies: sync, stale, lossy or any)");
   const std::string flag = error_of([] {
     pipesgd::run_threads(1, [](Worker& w) {
       TwoLayerNet model(2, 2, 2);

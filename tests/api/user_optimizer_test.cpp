@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
+#include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipesgd/distributed_optimizer.h"
@@ -136,9 +140,12 @@ TEST_P(UserOptimizer, EqualsTheSingleProcessRule) {
 
 INSTANTIATE_TEST_SUITE_P(Methods, UserOptimizer,
                          ::testing::Values(Case{1, "dsync", 1}, Case{2, "dsync", 1}, Case{3, "dsync", 1},
-                                           Case{2, "wfbp", 1}, Case{2, "pipe", 2}, Case{3, "pipe", 2}),
+                                           Case{2, "wfbp", 1}, Case{2, "dsync+optimal", 1}, Case{2, "pipe", 2},
+                                           Case{3, "pipe", 2}),
                          [](const auto& info) {
-                           return info.param.spec + "_" + std::to_string(info.param.workers) + "_workers";
+                           std::string spec = info.param.spec;
+                           std::replace(spec.begin(), spec.end(), '+', '_');
+                           return spec + "_" + std::to_string(info.param.workers) + "_workers";
                          });
 
 TEST(UserOptimizer, ClippedGradientsAreApplied) {
@@ -148,6 +155,126 @@ TEST(UserOptimizer, ClippedGradientsAreApplied) {
   EXPECT_GT(relative_error(expected, unclipped), 1e-3);  // clipping changes the run
   for (const auto& replica : train(2, "dsync", clip)) EXPECT_LE(relative_error(replica, expected), 1e-5);
 }
+
+// --- auto through the API, with the user's AdamW -------------------------------------------------
+
+constexpr int kAutoSteps = 24;  // auto profiles iterations 0-17 and switches at 18
+
+// Every worker's weights after kAutoSteps steps of `spec` (with `flags`) and finish(), and what
+// worker 0 printed on stderr.
+std::pair<std::vector<std::vector<torch::Tensor>>, std::string> train_auto(int workers, const std::string& spec,
+                                                                           std::map<std::string, std::string> flags) {
+  std::vector<std::vector<torch::Tensor>> result(static_cast<std::size_t>(workers));
+  torch::manual_seed(200);
+  std::vector<Batch> batches;
+  for (int t = 0; t < kAutoSteps; ++t) {
+    batches.push_back({torch::randn({workers * kBatch, 4}), torch::randint(0, 3, {workers * kBatch}, torch::kInt64)});
+  }
+  initial_weights();
+  ::testing::internal::CaptureStderr();
+  pipesgd::run_threads(workers, [&](Worker& w) {
+    ThreeLayerNet net = fresh_net();
+    auto optimizer = adamw(net);
+    pipesgd::DistributedOptimizerOptions options;
+    options.flags = flags;
+    DistributedOptimizer opt(w, net, *optimizer, spec, options);
+    for (int t = 0; t < kAutoSteps; ++t) {
+      const Batch& batch = batches[static_cast<std::size_t>(t)];
+      const std::int64_t first = w.rank() * kBatch;
+      torch::nn::functional::cross_entropy(net->forward(batch.x.slice(0, first, first + kBatch)),
+                                           batch.y.slice(0, first, first + kBatch))
+          .backward();
+      opt.step();
+    }
+    opt.finish();
+    result[static_cast<std::size_t>(w.rank())] = pipesgd_test::clone_parameters(*net);
+  });
+  return {result, ::testing::internal::GetCapturedStderr()};
+}
+
+// Single process, the same batches: the gradient of iteration t at the weights then; step t applies
+// iteration t's (a synchronous method), or from iteration `pipe_from` on (pipe K=2) nothing at
+// pipe_from and t - 1's at t > pipe_from, and finish() the last one.
+std::vector<torch::Tensor> auto_oracle(int workers, int pipe_from) {
+  torch::manual_seed(200);
+  std::vector<Batch> batches;
+  for (int t = 0; t < kAutoSteps; ++t) {
+    batches.push_back({torch::randn({workers * kBatch, 4}), torch::randint(0, 3, {workers * kBatch}, torch::kInt64)});
+  }
+  ThreeLayerNet net = fresh_net();
+  auto optimizer = adamw(net);
+  std::vector<std::vector<torch::Tensor>> gradients;
+  auto apply = [&](int t) {
+    auto parameters = net->parameters();
+    for (std::size_t k = 0; k < parameters.size(); ++k) {
+      parameters[k].mutable_grad() = gradients[static_cast<std::size_t>(t)][k].clone();
+    }
+    optimizer->step();
+  };
+  for (int t = 0; t < kAutoSteps; ++t) {
+    optimizer->zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(batches[static_cast<std::size_t>(t)].x),
+                                         batches[static_cast<std::size_t>(t)].y)
+        .backward();
+    std::vector<torch::Tensor> gradient;
+    for (const auto& p : net->parameters()) gradient.push_back(p.grad().clone());
+    gradients.push_back(gradient);
+    if (pipe_from < 0 || t < pipe_from) {
+      apply(t);
+    } else if (t > pipe_from) {
+      apply(t - 1);
+    }
+  }
+  if (pipe_from >= 0) apply(kAutoSteps - 1);
+  return pipesgd_test::clone_parameters(*net);
+}
+
+struct AutoCase {
+  int workers;
+  std::string spec;
+  std::map<std::string, std::string> flags;
+  friend std::ostream& operator<<(std::ostream& out, const AutoCase& c) {
+    out << c.spec << " with AdamW, " << c.workers << " workers";
+    for (const auto& [flag, value] : c.flags) out << ", " << flag << " " << value;
+    return out;
+  }
+};
+
+class UserOptimizerAuto : public ::testing::TestWithParam<AutoCase> {};
+
+// auto chooses at iteration 18 (its one line on worker 0's stderr says which method) and switches
+// with nothing lost: the weights follow the rule of the method it chose from 18 on. Policy sync
+// only ever chooses a synchronous method; stale with --auto-min-gain 0 takes pipe whenever its
+// prediction is lower, as it is here (no emulated network: the allreduce hides behind compute).
+TEST_P(UserOptimizerAuto, FollowsTheRuleOfTheMethodItChose) {
+  const AutoCase c = GetParam();
+  const auto [replicas, err] = train_auto(c.workers, c.spec, c.flags);
+  std::smatch chose;
+  const std::regex line("pipesgd: (auto:\\w+) chose (\\S+)( K=(\\d+))? from iteration (\\d+): predicted ");
+  ASSERT_TRUE(std::regex_search(err, chose, line)) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << "one line, on worker 0 only: " << err;
+  EXPECT_EQ(chose[5].str(), "18");
+  const bool pipe = chose[2].str() == "pipe";
+  if (pipe) {
+    EXPECT_EQ(chose[4].str(), "2");
+  }
+  if (c.spec == "auto") {
+    EXPECT_FALSE(pipe) << "policy sync chose " << chose[2];
+  }
+  const auto expected = auto_oracle(c.workers, pipe ? 18 : -1);
+  EXPECT_GT(relative_error(expected, auto_oracle(c.workers, pipe ? -1 : 18)), 1e-4);  // the rules differ
+  for (const auto& replica : replicas) EXPECT_LE(relative_error(replica, expected), 1e-5) << chose[0];
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, UserOptimizerAuto,
+    ::testing::Values(AutoCase{2, "auto", {{"--auto-drift", "0"}}}, AutoCase{3, "auto", {{"--auto-drift", "0"}}},
+                      AutoCase{2, "auto:stale", {{"--auto-min-gain", "0"}, {"--auto-drift", "0"}}},
+                      AutoCase{3, "auto:stale", {{"--auto-min-gain", "0"}, {"--auto-drift", "0"}}}),
+    [](const auto& info) {
+      return std::string(info.param.spec == "auto" ? "sync" : "stale") + "_" + std::to_string(info.param.workers) +
+             "_workers";
+    });
 
 TEST(UserOptimizer, MethodsThatCannotHandOverAreRefused) {
   pipesgd::run_threads(1, [&](Worker& w) {

@@ -239,7 +239,7 @@ row check-consistency-asgd  2 "differ by design"          train --algo asgd --ch
 row inject-fault-no-iter    2 "'iter' is missing"         train --inject-fault rank=1 "${Q[@]}"
 row inject-fault-not-worker 2 "is not a worker"           train --inject-fault rank=9,iter=1,kind=crash "${Q[@]}"
 row inject-fault-past-run   2 "past the run"              train --inject-fault rank=1,iter=99999999,kind=crash "${Q[@]}"
-row inject-fault-bad-kind   2 "kind must be crash or hang" train --inject-fault rank=1,iter=1,kind=explode "${Q[@]}"
+row inject-fault-bad-kind   2 "kind must be crash, hang or slow" train --inject-fault rank=1,iter=1,kind=explode "${Q[@]}"
 row inject-fault-bad-at     2 "at must be iteration, checkpoint, allreduce or push" train --inject-fault rank=1,iter=1,kind=crash,at=backward "${Q[@]}"
 row inject-fault-push-dsync 2 "at=push: 'dsync' runs no parameter servers" train --algo dsync --inject-fault rank=1,iter=1,kind=crash,at=push "${Q[@]}"
 row inject-fault-allreduce-pssync 2 "at=allreduce: 'pssync' pushes to parameter servers" \

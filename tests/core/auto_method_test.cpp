@@ -22,10 +22,6 @@
 namespace pipesgd {
 namespace {
 
-constexpr std::size_t kFeatures = 6;
-constexpr std::size_t kClasses = 3;
-constexpr std::size_t kBatch = 4;
-constexpr std::uint64_t kSeed = 7;
 const SgdOptions kSgd{0.3f, 0.9f, 0.01f};
 
 // The methods auto switches between, with their iteration dependency K.

@@ -50,10 +50,6 @@ TEST(MethodTraitsTest, ReplicasIdenticalIsEveryAllreduceMethodPssyncAndAuto) {
             (Names{"dsync", "pipe", "wfbp", "synceasgd", "mgwfbp", "pssync", "sapipe", "auto"}));
 }
 
-TEST(MethodTraitsTest, TrainerOnlyIsAutoOnly) {
-  EXPECT_EQ(methods_with([](const MethodTraits& t) { return t.trainer_only; }), Names{"auto"});
-}
-
 TEST(MethodTraitsTest, DefaultMethodIsARegisteredMethod) {
   EXPECT_EQ(default_method_spec(), "dsync");
   EXPECT_NE(method_of_spec(default_method_spec()), nullptr);

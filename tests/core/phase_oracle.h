@@ -22,6 +22,14 @@
 
 namespace pipesgd {
 
+// The small problem the oracle tests train (training_method_test, auto_method_test,
+// mpi_auto_switch_test): softmax regression of 6 features to 3 classes, 4 examples per worker and
+// iteration, initial weights drawn with seed 7.
+inline constexpr std::size_t kFeatures = 6;
+inline constexpr std::size_t kClasses = 3;
+inline constexpr std::size_t kBatch = 4;
+inline constexpr std::uint64_t kSeed = 7;
+
 // Weights computed in float against the oracle's doubles: within 2e-5 relative (the tests of the
 // training methods, tests/core/training_method_test.cpp and auto_method_test.cpp).
 inline void expect_close(const std::vector<float>& actual, const std::vector<double>& expected, const std::string& what) {

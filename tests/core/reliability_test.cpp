@@ -20,6 +20,7 @@
 #include "pipesgd/algo/training_method.h"
 #include "pipesgd/collective/ring_allreduce.h"
 #include "pipesgd/comm/local_transport.h"
+#include "pipesgd/comm/network_spec.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/model.h"
 #include "pipesgd/train/fault_injection.h"
@@ -417,6 +418,37 @@ TEST(ReliabilityFaultParse, ValidForms) {
   EXPECT_EQ(fault.kind, FaultInjection::Kind::kCrash);
 
   EXPECT_FALSE(FaultInjection{}.active());
+
+  fault = parse_fault_injection("factor=2.5,kind=slow,iter=7,rank=1");
+  EXPECT_TRUE(fault.active());
+  EXPECT_TRUE(fault.slows_link());
+  EXPECT_EQ(fault.rank, 1);
+  EXPECT_EQ(fault.iteration, 7);
+  EXPECT_DOUBLE_EQ(fault.factor, 2.5);
+  EXPECT_EQ(describe(fault), "rank=1,iter=7,kind=slow,factor=2.5");
+  EXPECT_EQ(describe(parse_fault_injection(describe(fault))), describe(fault));
+  EXPECT_FALSE(parse_fault_injection("rank=0,iter=1,kind=hang").slows_link());
+}
+
+// kind=slow slows an emulated link: a run without an emulated bandwidth is refused before it starts.
+TEST(ReliabilityFaultParse, SlowLinkNeedsAnEmulatedBandwidth) {
+  TrainConfig config = method_config("dsync", 2);
+  config.reliability.fault = parse_fault_injection("rank=1,iter=1,kind=slow,factor=4");
+  try {
+    run_training(config, softmax_factory(), small_data());
+    ADD_FAILURE() << "expected a UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_TRUE(Contains(error.what(), "kind=slow slows worker 1's emulated link: it needs --net with a bandwidth"))
+        << error.what();
+  }
+  // With one, the run goes on: a slower link changes no weight.
+  config.network = parse_network_spec("bw=1Gbit");
+  config.keep_parameters = true;
+  const RunSummary slowed = run_training(config, softmax_factory(), small_data());
+  config.reliability.fault = FaultInjection{};
+  const RunSummary plain = run_training(config, softmax_factory(), small_data());
+  ASSERT_EQ(slowed.final_parameters.size(), 2u);
+  EXPECT_EQ(slowed.final_parameters, plain.final_parameters);
 }
 
 TEST(ReliabilityFaultParse, ErrorsNameTheFlag) {
@@ -428,9 +460,16 @@ TEST(ReliabilityFaultParse, ErrorsNameTheFlag) {
       {"rank=1,iter=2,kind=crash,when=now", "unknown key 'when'"},
       {"rank=1,iter=2,kind=crash,rank=2", "'rank' given twice"},
       {"rank=1,iter=2,iter=3,kind=crash", "'iter' given twice"},
-      {"rank=1,iter=2,kind=explode", "kind must be crash or hang"},
-      {"rank=1,iter=2,kind=", "kind must be crash or hang"},
-      {"rank=1,iter=2,kind=Crash", "kind must be crash or hang"},
+      {"rank=1,iter=2,kind=explode", "kind must be crash, hang or slow"},
+      {"rank=1,iter=2,kind=", "kind must be crash, hang or slow"},
+      {"rank=1,iter=2,kind=Crash", "kind must be crash, hang or slow"},
+      {"rank=1,iter=2,kind=slow", "kind=slow needs factor=F"},
+      {"rank=1,iter=2,kind=crash,factor=4", "factor applies to kind=slow only"},
+      {"rank=1,iter=2,kind=slow,factor=4,at=allreduce", "kind=slow takes no at="},
+      {"rank=1,iter=2,kind=slow,factor=0.5", "factor must be a number in [1, 1e6], got '0.5'"},
+      {"rank=1,iter=2,kind=slow,factor=4x", "factor must be a number in [1, 1e6], got '4x'"},
+      {"rank=1,iter=2,kind=slow,factor=", "factor must be a number in [1, 1e6], got ''"},
+      {"rank=1,iter=2,kind=slow,factor=nan", "factor must be a number in [1, 1e6]"},
       {"rank=-1,iter=2,kind=crash", "rank must be an integer >= 0"},
       {"rank=one,iter=2,kind=crash", "rank must be an integer >= 0"},
       {"rank=,iter=2,kind=crash", "rank must be an integer >= 0"},

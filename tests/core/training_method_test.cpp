@@ -25,11 +25,6 @@
 namespace pipesgd {
 namespace {
 
-constexpr std::size_t kFeatures = 6;
-constexpr std::size_t kClasses = 3;
-constexpr std::size_t kBatch = 4;
-constexpr std::uint64_t kSeed = 7;
-
 using Batches = SoftmaxBatches;
 Batches make_batches(int ranks, std::int64_t iterations) {
   return make_softmax_batches(99, ranks, iterations, kFeatures, kClasses, kBatch);

@@ -16,11 +16,6 @@
 namespace pipesgd {
 namespace {
 
-constexpr std::size_t kFeatures = 6;
-constexpr std::size_t kClasses = 3;
-constexpr std::size_t kBatch = 4;
-constexpr std::uint64_t kSeed = 7;
-
 struct MpiSwitchCase {
   std::string name;
   std::vector<ScheduledMethod> schedule;

@@ -9,6 +9,7 @@ layer-wise and SAPipe methods reach their pipelined phase within the few steps.
 """
 import contextlib
 import math
+import re
 import warnings
 
 import pytest
@@ -63,6 +64,7 @@ SPECS = [
     ("sapipe+dc", 6, {"stale_layers": 1, "buckets": "wfbp"}),
     ("sapipe+none", 6, {"stale_layers": 1, "buckets": "wfbp"}),
     ("sapipe+wp1+int8", 6, {"stale_layers": 1, "buckets": "wfbp"}),
+    ("auto:any", 14, {"profile_iters": 2}),  # profiles iterations 8-9, runs its choice from 10
 ]
 
 _final_weights = {}  # spec -> this rank's weights after finish() (for the staleness checks)
@@ -74,6 +76,11 @@ def batches(steps, seed):
     for _ in range(steps):
         ids = torch.randint(0, CLASSES, (BATCH,), generator=generator)
         yield torch.randn(BATCH, 1, 6, 6, generator=generator), ids, ids % 3
+
+
+def method_name(spec):
+    """The method a spec names: "pipe+int8" -> "pipe", "auto:any" -> "auto"."""
+    return re.split(r"[+:]", spec)[0]
 
 
 def predicts_weights(spec):
@@ -109,7 +116,7 @@ def train(spec, steps, compression=hvd.Compression.none, give_model=False, **opt
     assert all(math.isfinite(v) for v in losses), f"{spec}: losses {losses}"
     weights = flat(model.parameters())
     assert torch.isfinite(weights).all()
-    base = spec.split("+")[0]
+    base = method_name(spec)
     if METHODS[base]["replicas_identical"]:
         assert_same_on_every_rank(hvd, weights, f"{spec}: parameters after finish()")
     return model, weights
@@ -122,7 +129,7 @@ def test_method_trains(spec, steps, options):
 
 
 def test_every_worker_only_method_was_run():
-    ran = {spec.split("+")[0] for spec in _final_weights}
+    ran = {method_name(spec) for spec in _final_weights}
     worker_only = {name for name, m in METHODS.items() if not m["uses_servers"]}
     assert worker_only and worker_only <= ran
 

@@ -243,15 +243,36 @@ def test_bad_method_spec_raises_the_cli_message(cli_arguments, method, options, 
     assert issubclass(pipesgd.CommError, RuntimeError)
 
 
-def test_auto_is_the_trainers_only():
-    """method="auto" (pipesgd train's) is refused with one line, and is not among available_methods()."""
+def test_auto_chooses_and_switches_without_losing_a_gradient(capfd):
+    """method="auto" (policy sync): it profiles 18 steps, chooses a synchronous method, says so in one
+    line on rank 0's stderr, and switches without losing a gradient: the single-process oracle holds."""
+    steps = 24
     model = fresh_model()
-    with pytest.raises(ValueError, match="^'auto' is available to pipesgd train and compare only, not yet to the C\\+\\+ "
-                                         "API or Python: give a method"):
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                 named_parameters=model.named_parameters(), method="auto")
-    assert "auto" not in [m["name"] for m in hvd.available_methods()]
-    assert hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item() == N
+    oracle = copy.deepcopy(model)
+    initial = flat(model.parameters())
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(), method="auto",
+                                   auto_drift=0)
+    assert opt.method == "auto"
+    capfd.readouterr()
+    for x, y in global_batches(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
+        opt.step()
+    opt.finish()
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("pipesgd: auto")]
+    if R == 0:
+        assert len(lines) == 1 and lines[0].startswith("pipesgd: auto:sync chose ") and " from iteration 18: " in lines[0], err
+        assert not lines[0].startswith("pipesgd: auto:sync chose pipe"), lines[0]
+    else:
+        assert lines == [], err
+    oracle_opt = sgd(oracle.parameters())
+    for x, y in global_batches(steps):
+        oracle_opt.zero_grad()
+        mean_loss(oracle, x, y).backward()
+        oracle_opt.step()
+    check_against_oracle(model, oracle, initial)
+    assert "auto" in [m["name"] for m in hvd.available_methods()]
 
 
 # The original optimizer's own step() is never called (the wrapper's replaces it), so torch warns.

@@ -457,7 +457,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     schedulers on either work) whose step() is the method's. Horovod's arguments keep their
     meaning; num_groups/groups (fusion groups) and sparse_as_dense are accepted and do nothing
     (pipesgd's methods choose their own buckets: method="dsync+optimal", "wfbp", ...).
-    pipesgd's: ``method`` a method spec as the CLI's --algo (default "dsync"); ``model`` the module
+    pipesgd's: ``method`` a method spec as the CLI's --algo (default "dsync"; "auto[:POLICY]" chooses
+    one in the run from its first iterations and says which on rank 0's stderr); ``model`` the module
     (its layers become pipesgd's layers, and SAPipe applies updates from its forward pre-hooks);
     ``timeout`` seconds any wait may take; any other keyword is a method option of the CLI, e.g.
     ``staleness=2`` (--staleness-k), ``warmup_iters=100``, ``stale_layers=3``,

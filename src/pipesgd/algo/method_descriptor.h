@@ -77,9 +77,6 @@ struct MethodTraits {
   // Applies its synchronous layers' updates just before each layer's forward (sapipe): a caller that
   // runs forward itself (the Python API) must report each layer's forward (before_layer_forward).
   bool needs_forward_hooks = false;
-  // Driven by `pipesgd train` and `compare` only (auto: it times the whole loop and switches
-  // methods): the C++ API and Python refuse it with one line.
-  bool trainer_only = false;
 };
 
 // A configuration of a method worth simulating for `pipesgd advise`, and what it trades.

@@ -30,6 +30,12 @@ LayerProfile profile_for_codec(const LayerProfile& measured, const std::string& 
   return profile;
 }
 
+double whole_gradient_allreduce_seconds(const PlanningInputs& measured, const std::string& codec) {
+  double bytes = 0;
+  for (double layer : profile_for_codec(measured.profile, codec).bytes) bytes += layer;
+  return measured.cost.time(bytes);
+}
+
 std::int64_t checked_profile_iterations(std::int64_t iterations) {
   if (iterations < 1 || iterations > kMaxProfileIterations) {
     throw UsageError(concat("--profile-iters must be in [1, ", kMaxProfileIterations, "], got ", iterations));

@@ -39,6 +39,8 @@ struct PlanningInputs {
 // and the profile with each layer's bytes as `codec` puts them on the wire (measured with none).
 double measured_compute_seconds(const PlanningInputs& measured);
 LayerProfile profile_for_codec(const LayerProfile& measured, const std::string& codec);
+// One allreduce of the whole gradient as `codec` puts it on the wire: a + b·M from `measured`'s cost.
+double whole_gradient_allreduce_seconds(const PlanningInputs& measured, const std::string& codec);
 
 // --profile-iters as given, or UsageError if < 1 or > kMaxProfileIterations.
 inline constexpr std::int64_t kMaxProfileIterations = 10'000'000;

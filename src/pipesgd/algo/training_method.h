@@ -19,6 +19,7 @@
 #include <span>
 
 #include "pipesgd/algo/iteration_times.h"
+#include "pipesgd/algo/planning.h"
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/checksum.h"
 #include "pipesgd/core/model.h"
@@ -54,6 +55,9 @@ class TrainingMethod {
   // The optimizer that applies this method's updates, whose state (momentum, moments) `auto`
   // (algo/auto/) hands to the method it switches to after finish(); nullptr if the method has none.
   virtual Optimizer* optimizer() { return nullptr; }
+  // What a planning method computed its current plan from (averaged over the workers), once it
+  // planned; nullopt before, or for a method that plans nothing. (`auto` chooses from it.)
+  virtual std::optional<PlanningInputs> planning_inputs() const { return std::nullopt; }
   // Checkpoints (--checkpoint-dir). save_state, called after end_iteration(t), writes what this
   // worker's method needs to go on exactly with iteration t + 1 (it waits for the communication in
   // flight, applying nothing); load_state, called on a freshly built method before

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <unordered_set>
@@ -205,6 +206,11 @@ struct DistributedOptimizer::Impl final : FlatParameters {
   // The method's beginning of iteration t (what it records on the calling thread's trace carries t,
   // as does the next backward's), then the next backward armed; with the caller's optimizer
   // (handoff), the gradients to apply handed over instead and the arming left to step().
+  // MethodContext::announce (auto's choices): one line on the stderr of the set's first member.
+  std::function<void(const std::string&)> announcer() const {
+    if (worker.workers.rank() != set_ranks.front()) return {};
+    return [](const std::string& line) { std::cerr << "pipesgd: " << line << std::endl; };
+  }
   void begin_current_iteration() {
     trace_set_iteration(t);
     const std::span<float> next = method->begin_iteration(t, times);
@@ -431,7 +437,7 @@ void DistributedOptimizer::Impl::restore_state(std::span<const std::byte> bytes)
     first_gradients.assign(binding->layout().total(), 0.0f);
     arm(first_gradients);
   } else {
-    method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length);
+    method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length, announcer());
     method->load_state(in, next);
     first_gradients = {};
     if (handoff) handoff->plain_sgd = {};  // nothing is applied again
@@ -494,7 +500,7 @@ void DistributedOptimizer::Impl::first_step() {
     send_server_setup(w.world, w.worker_count, w.server_message_sequence,
                       ServerSetup{description.dump(), binding->parameters()}, options.timeout);
   }
-  method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length);
+  method = make_method(selection, method_transport(), *this, warmup_iterations, {}, schedule_length, announcer());
   // Iteration 0: its gradient was computed at the initial parameters, as every method's iteration 0 is.
   times = IterationTimes{};
   multiply(first_gradients);
@@ -590,10 +596,6 @@ DistributedOptimizer::DistributedOptimizer(Worker& worker, std::vector<Layer> la
   base.timeout = options.timeout;
   base.lr_schedule = schedule;
   impl.selection = select_method(method_spec, impl.flags, FlagPolicy::kReject, base);
-  if (impl.selection.traits().trainer_only) {
-    throw UsageError(concat("'", method_spec, "' is available to pipesgd train and compare only, not yet to the C++ API ",
-                            "or Python: give a method (pipesgd advise ranks them for your model and cluster)"));
-  }
   const int servers = impl.selection.options->servers();
   impl.uses_servers = servers > 0;
   if (options.optimizer == kExternalOptimizer) {
@@ -844,7 +846,6 @@ void broadcast_optimizer_state(Worker& worker, DistributedOptimizer& optimizer, 
 std::vector<MethodInfo> available_methods() {
   std::vector<MethodInfo> methods;
   for (const MethodDescriptor* descriptor : method_registry()) {
-    if (descriptor->traits.trainer_only) continue;
     const bool servers = descriptor->traits.uses_servers || descriptor->parse(OptionValues{})->servers() > 0;
     const MethodTraits& traits = descriptor->traits;
     methods.push_back({descriptor->name, descriptor->summary, servers, traits.replicas_identical,

@@ -106,8 +106,9 @@ void add_train_flags(CLI::App& command, TrainFlags& flags) {
                      "die (crash) or go silent (hang) at the start of iteration N (at=iteration), mid-write of its "
                      "checkpoint after N (at=checkpoint), mid-way through N's gradient allreduce (at=allreduce, "
                      "allreduce methods) or N's push to the servers (at=push, parameter-server methods); the others "
-                     "must exit within --comm-timeout. With --restarts it may be given again: the k-th is armed in "
-                     "the k-th restart");
+                     "must exit within --comm-timeout. rank=R,iter=N,kind=slow,factor=F instead slows worker R's "
+                     "emulated link F times from iteration N on (--net with a bandwidth) and the run goes on. With "
+                     "--restarts it may be given again: the k-th is armed in the k-th restart");
   command.add_option("--restarts", flags.restarts,
                      "When a worker fails, roll back to the newest commit and go on, up to R times: commits every "
                      "--checkpoint-every iterations (50 if not given), in memory or in --checkpoint-dir; the result "

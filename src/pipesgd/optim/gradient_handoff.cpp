@@ -18,7 +18,11 @@ bool HandedOverGradients::any() const {
 GradientHandoff::GradientHandoff(const Layout& layout, std::shared_ptr<HandedOverGradients> into)
     : layout_(layout), into_(std::move(into)) {
   PIPESGD_ASSERT(into_ != nullptr);
-  into_->reset(layout_);
+  // Sized once: a method built while the caller has yet to apply what its predecessor handed over
+  // (auto's switch, algo/auto/) leaves that in place.
+  if (into_->gradient.size() != layout_.total() || into_->updated.size() != layout_.segment_count()) {
+    into_->reset(layout_);
+  }
 }
 
 void GradientHandoff::mark_updated(std::size_t offset, std::size_t count) {

@@ -55,7 +55,8 @@ struct HandedOverGradients {
 
 class GradientHandoff final : public Optimizer {
  public:
-  // `into` is reset for `layout` and must outlive this optimizer.
+  // `into` is sized for `layout` unless it is (what it holds then stays) and must outlive this
+  // optimizer.
   GradientHandoff(const Layout& layout, std::shared_ptr<HandedOverGradients> into);
 
   void step(std::span<float> parameters, std::span<const float> gradients, float gradient_scale,

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <csignal>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -26,6 +27,7 @@ Integer parse_integer(const std::string& key, const std::string& value, Integer 
 }  // namespace
 
 void inject_fault(const FaultInjection& fault, const FaultControl& control) {
+  PIPESGD_ASSERT(!fault.slows_link());  // kind=slow is no failure (FaultControl::slow_link)
   if (control.fired_at_ns != nullptr) {
     control.fired_at_ns->store(unix_time_ns(), std::memory_order_relaxed);
   }
@@ -66,9 +68,23 @@ FaultInjection parse_fault_injection(const std::string& text) {
         fault.kind = FaultInjection::Kind::kCrash;
       } else if (value == "hang") {
         fault.kind = FaultInjection::Kind::kHang;
+      } else if (value == "slow") {
+        fault.kind = FaultInjection::Kind::kSlow;
       } else {
-        throw UsageError(concat("--inject-fault: kind must be crash or hang, got '", value, "'"));
+        throw UsageError(concat("--inject-fault: kind must be crash, hang or slow, got '", value, "'"));
       }
+    } else if (key == "factor") {
+      std::size_t used = 0;
+      double factor = 0;
+      try {
+        factor = std::stod(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != value.size() || !(factor >= 1) || factor > 1e6) {
+        throw UsageError(concat("--inject-fault: factor must be a number in [1, 1e6], got '", value, "'"));
+      }
+      fault.factor = factor;
     } else if (key == "at") {
       if (value == "iteration") {
         fault.point = FaultInjection::Point::kIteration;
@@ -82,7 +98,7 @@ FaultInjection parse_fault_injection(const std::string& text) {
         throw UsageError(concat("--inject-fault: at must be iteration, checkpoint, allreduce or push, got '", value, "'"));
       }
     } else {
-      throw UsageError(concat("--inject-fault: unknown key '", key, "' (keys: rank, iter, kind, at)"));
+      throw UsageError(concat("--inject-fault: unknown key '", key, "' (keys: rank, iter, kind, at, factor)"));
     }
     if (comma == std::string::npos) break;
     begin = comma + 1;
@@ -90,12 +106,22 @@ FaultInjection parse_fault_injection(const std::string& text) {
   for (const char* key : {"rank", "iter", "kind"}) {
     if (!seen.count(key)) throw UsageError(concat("--inject-fault: '", key, "' is missing (form: rank=R,iter=N,kind=crash|hang)"));
   }
+  if (fault.slows_link() && !seen.count("factor")) {
+    throw UsageError("--inject-fault: kind=slow needs factor=F, how many times slower the link gets (e.g. 4)");
+  }
+  if (!fault.slows_link() && seen.count("factor")) {
+    throw UsageError("--inject-fault: factor applies to kind=slow only");
+  }
+  if (fault.slows_link() && seen.count("at")) {
+    throw UsageError("--inject-fault: kind=slow takes no at= (the link slows from the start of iteration N on)");
+  }
   return fault;
 }
 
 std::string describe(const FaultInjection& fault) {
   if (!fault.active()) return "";
   constexpr const char* kPoints[] = {"iteration", "checkpoint", "allreduce", "push"};
+  if (fault.slows_link()) return concat("rank=", fault.rank, ",iter=", fault.iteration, ",kind=slow,factor=", fault.factor);
   return concat("rank=", fault.rank, ",iter=", fault.iteration, ",kind=",
                 fault.kind == FaultInjection::Kind::kCrash ? "crash" : "hang", ",at=",
                 kPoints[static_cast<int>(fault.point)]);

@@ -14,6 +14,9 @@
 //   hang   the worker stops communicating but stays alive: under local its thread blocks until
 //          another worker has failed, then ends silently; under mpi the process sleeps until it is
 //          killed (mpirun kills it once another rank exits with an error).
+// --inject-fault rank=R,iter=N,kind=slow,factor=F is no failure: from the start of iteration N worker
+// R's emulated link (both directions) moves its bytes F times slower, as a congested or degraded link
+// would (threads with --net only: LocalFabric::slow_link). The run goes on.
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -24,10 +27,11 @@
 namespace pipesgd {
 
 struct FaultInjection {
-  enum class Kind { kCrash, kHang };
+  enum class Kind { kCrash, kHang, kSlow };
   int rank = -1;  // -1: no fault
   std::int64_t iteration = 0;
   Kind kind = Kind::kCrash;
+  double factor = 1;  // kSlow: the link's wire time is multiplied by it
   // at=: where in iteration N.
   enum class Point { kIteration, kCheckpoint, kAllreduce, kPush };
   Point point = Point::kIteration;
@@ -35,12 +39,14 @@ struct FaultInjection {
   bool during_checkpoint() const { return point == Point::kCheckpoint; }
   bool in_operation() const { return point == Point::kAllreduce || point == Point::kPush; }
   bool active() const { return rank >= 0; }
+  bool slows_link() const { return kind == Kind::kSlow; }
 };
 
-// Parses "rank=R,iter=N,kind=crash|hang" (keys in any order, each once). Throws UsageError naming
+// Parses "rank=R,iter=N,kind=crash|hang" or "rank=R,iter=N,kind=slow,factor=F" (keys in any order, each once). Throws UsageError naming
 // --inject-fault and the bad part.
 FaultInjection parse_fault_injection(const std::string& text);
-// "rank=R,iter=N,kind=K,at=P", which parses back to `fault`; "" if it is not active.
+// "rank=R,iter=N,kind=K,at=P" (kind=slow: "rank=R,iter=N,kind=slow,factor=F"), which parses back to
+// `fault`; "" if it is not active.
 std::string describe(const FaultInjection& fault);
 
 // Thrown on the faulty worker's own thread to end it silently (not a std::exception: no handler
@@ -57,6 +63,9 @@ struct FaultControl {
   Timeout timeout{120000};  // --comm-timeout
   // --restarts: where the moment the fault fires is recorded (Unix-epoch ns; train/elastic.h).
   std::atomic<std::int64_t>* fired_at_ns = nullptr;
+  // kind=slow: slows rank's emulated link by factor (threads: the run's LocalFabric); empty where the
+  // links are real (validate_train_config refuses kind=slow there).
+  std::function<void(int rank, double factor)> slow_link;
 };
 
 // The faulty worker fails as `fault` asks. Never returns.

@@ -32,6 +32,11 @@ void validate_fault(const TrainConfig& config, const FaultInjection& fault) {
                             "' runs no parameter servers (use at=allreduce; at=push is for ",
                             methods_where([](const MethodTraits& t) { return t.uses_servers; }), ")"));
   }
+  if (fault.slows_link() && config.network.bits_per_second <= 0) {
+    throw UsageError(concat("--inject-fault kind=slow slows worker ", fault.rank,
+                            "'s emulated link: it needs --net with a bandwidth (e.g. --net 10gbe; --transport local). ",
+                            "Over real links shape them instead (tc)"));
+  }
   if (fault.rank >= config.workers) {
     throw UsageError(concat("--inject-fault: rank ", fault.rank, " is not a worker (the run has ", config.workers,
                             " workers: ranks 0-", config.workers - 1, ")"));

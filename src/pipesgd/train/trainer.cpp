@@ -191,7 +191,13 @@ class ThreadRanks final : public RankHost {
   void connect(const TrainConfig& config, int ranks) override { fabric_.emplace(ranks, config.network); }
   Transport& transport(int rank) override { return fabric_->endpoint(rank); }
   FaultControl fault_control(Timeout timeout) const override {
-    return FaultControl{&worker_failed_, /*rank_is_process=*/false, timeout};
+    FaultControl control;
+    control.any_worker_failed = &worker_failed_;
+    control.timeout = timeout;
+    LocalFabric* fabric = fabric_ ? &*fabric_ : nullptr;  // connect() came first
+    PIPESGD_ASSERT(fabric != nullptr);
+    control.slow_link = [fabric](int rank, double factor) { fabric->slow_link(rank, factor); };
+    return control;
   }
   const std::atomic<bool>* servers_stop() const override { return &worker_failed_; }
 
@@ -235,7 +241,7 @@ class ThreadRanks final : public RankHost {
   RecordsHeld gather(const RunContext&, std::vector<WorkerRecord>&) override { return RecordsHeld::kEveryStreamed; }
 
  private:
-  std::optional<LocalFabric> fabric_;
+  mutable std::optional<LocalFabric> fabric_;  // mutable: fault_control hands out kind=slow's hook
   std::atomic<bool> worker_failed_{false};  // stops the servers at once (ServeOptions::stop)
 };
 
@@ -257,7 +263,10 @@ class ProcessRank final : public RankHost {
   void connect(const TrainConfig&, int) override {}
   Transport& transport(int) override { return transport_; }
   FaultControl fault_control(Timeout timeout) const override {
-    return FaultControl{nullptr, /*rank_is_process=*/true, timeout};
+    FaultControl control;
+    control.rank_is_process = true;
+    control.timeout = timeout;
+    return control;
   }
   // A server rank notices a failed worker only by --comm-timeout (ps/parameter_server.h).
   const std::atomic<bool>* servers_stop() const override { return nullptr; }

@@ -448,7 +448,10 @@ class WorkerLoop {
     const FaultInjection& fault = config().reliability.fault;
     IterationTimes& times = sinks_.record.times[static_cast<std::size_t>(t_)];
     step_trace_.start_iteration(t_);
-    if (fault.active() && fault.at_iteration_start() && fault.rank == own_.rank && fault.iteration == t_) {
+    if (fault.active() && fault.slows_link() && fault.rank == own_.rank && fault.iteration == t_) {
+      trace_instant("link slowed", kTraceRun, iteration_args());
+      shared_.faults.slow_link(own_.rank, fault.factor);
+    } else if (fault.active() && fault.at_iteration_start() && fault.rank == own_.rank && fault.iteration == t_) {
       trace_instant("injected fault", kTraceRun, iteration_args());
       inject_fault(fault, shared_.faults);
     }

@@ -57,3 +57,25 @@ assert r["throughput_samples_per_s"] > 0, r
 phases = json.load(open(out_dir + "/2-auto:stale/summary.json"))["auto"]["phases"]
 assert [p["start_iteration"] for p in phases] == [0, 18], phases
 PYEOF
+
+# --inject-fault kind=slow: bad forms and a run without an emulated bandwidth are one line; a link
+# slowed 10x at iteration 60 makes auto profile and choose once more (windows of 20 iterations after
+# the choice at 18: 38 settles, 58 is the reference, the slow-down strikes at 78 and 98; the second
+# profiling takes --profile-iters, 10), and only once.
+row slow-without-factor 2 "--inject-fault: kind=slow needs factor=F" \
+  train --algo dsync --iters 3 --inject-fault rank=1,iter=1,kind=slow "${AQ[@]}"
+row slow-without-net 2 "--inject-fault kind=slow slows worker 1's emulated link: it needs --net with a bandwidth" \
+  train --algo dsync --iters 3 --inject-fault rank=1,iter=1,kind=slow,factor=4 "${AQ[@]}"
+run train --algo auto --iters 150 --net 10gbe --inject-fault rank=1,iter=60,kind=slow,factor=10 --auto-window 20 \
+  --auto-min-interval 50 --out "$d/slow" "${AQ[@]}" >"$d/slow.out" 2>"$d/slow.err"
+expect_success "auto/slowed-link-exit-0" $? "$d/slow.out" "$d/slow.err"
+pycheck "auto/slowed-link-one-replan" "$d/slow" "$d/slow.err" <<'PYEOF'
+import json, sys
+out_dir, err = sys.argv[1:3]
+phases = json.load(open(out_dir + "/summary.json"))["auto"]["phases"]
+assert [(p["start_iteration"], p["kind"]) for p in phases] == [(0, "profiling"), (18, "chosen"), (98, "profiling"),
+                                                                (108, "chosen")], phases
+assert phases[2]["why"].startswith("profiling again: the measured iteration moved from "), phases[2]
+lines = [line for line in open(err).read().splitlines() if line.startswith("pipesgd: auto")]
+assert len(lines) == 3 and lines[1].endswith("profiling again from iteration 98"), lines
+PYEOF

@@ -14,6 +14,19 @@
 namespace pipesgd {
 namespace {
 
+// select_method on the run's common options, whose optimizer stays the run's as it is: the public
+// API's hand-off to the caller's optimizer ("external") is no name a spec or flag may give.
+MethodSelection select_on(std::string_view spec, const OptionValues& flags, const CommonOptions& common) {
+  CommonOptions parsed = common;
+  if (parsed.optimizer.name == "external") {
+    parsed.optimizer.name = "sgd";
+    parsed.optimizer.handoff = nullptr;
+  }
+  MethodSelection selection = select_method(spec, flags, FlagPolicy::kReject, parsed);
+  selection.common.optimizer = common.optimizer;
+  return selection;
+}
+
 constexpr const char* kPolicyNames = "sync, stale, lossy or any";
 // The profiling method: every input of every candidate's prediction (algo/registry.h).
 constexpr const char* kProfilingSpec = "dsync+optimal";
@@ -48,8 +61,9 @@ struct Phase {
 // auto's report: its phases (with the measured iteration of each), then the last method's report.
 class AutoReport final : public MethodReport {
  public:
-  AutoReport(AutoPolicy policy, std::vector<Phase> phases, std::shared_ptr<MethodReport> last)
-      : policy_(policy), phases_(std::move(phases)), last_(std::move(last)) {}
+  AutoReport(AutoPolicy policy, std::vector<std::string> candidates, std::vector<Phase> phases,
+             std::shared_ptr<MethodReport> last)
+      : policy_(policy), candidates_(std::move(candidates)), phases_(std::move(phases)), last_(std::move(last)) {}
 
   void measure(const RunTimings& timings, std::int64_t first_measured) override {
     last_->measure(timings, std::max(first_measured, phases_.back().start));
@@ -108,6 +122,7 @@ class AutoReport final : public MethodReport {
                          i < measured_.size() && measured_[i] >= 0 ? nlohmann::json(measured_[i]) : nullptr}});
     }
     summary["auto"] = {{"policy", auto_policy_name(policy_)},
+                       {"candidates", candidates_},
                        {"phases", std::move(phases)},
                        {"profiling_cost_s", profiling_cost_},
                        {"profiling_cost_fraction", run_seconds_ > 0 ? nlohmann::json(profiling_cost_ / run_seconds_) : nullptr}};
@@ -132,6 +147,7 @@ class AutoReport final : public MethodReport {
 
  private:
   AutoPolicy policy_;
+  std::vector<std::string> candidates_;  // their labels, e.g. "pipe+int8 K=2"
   std::vector<Phase> phases_;
   std::shared_ptr<MethodReport> last_;
   // The one chosen phase's model as the report's sentence names it: "Pipe-SGD Eq. 4 (auto chose pipe
@@ -160,13 +176,13 @@ class AutoMethod final : public TrainingMethod {
         options_(options_as<AutoOptions>(context.options)),
         workers_(context.transport.size()),
         candidates_(auto_candidates(options_, context.common)),
-        profiler_(select_method(kProfilingSpec,
-                                {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
-                                FlagPolicy::kReject, context.common)),
+        profiler_(select_on(kProfilingSpec,
+                            {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
+                            context.common)),
         drift_exchange_(context.transport, 1, context.common.timeout),
         window_seconds_(static_cast<std::size_t>(options_.drift_window), 0.0) {
     for (const ScheduledMethod& scheduled : options_.schedule) {
-      scheduled_.push_back(select_method(scheduled.spec, scheduled.flags, FlagPolicy::kReject, context.common));
+      scheduled_.push_back(select_on(scheduled.spec, scheduled.flags, context.common));
     }
     forward_ready_ = [this](std::size_t segment, double seconds) {
       if (current_ready_ != nullptr && *current_ready_) (*current_ready_)(segment, seconds);
@@ -203,7 +219,9 @@ class AutoMethod final : public TrainingMethod {
   void finish(IterationTimes& times) override { current_->finish(times); }
   const SegmentReadyFn* segment_ready() override { return &forward_ready_; }
   std::shared_ptr<MethodReport> report() const override {
-    return std::make_shared<AutoReport>(options_.policy, phases_, current_->report());
+    std::vector<std::string> labels;
+    for (const AutoCandidate& candidate : candidates_) labels.push_back(candidate.label);
+    return std::make_shared<AutoReport>(options_.policy, std::move(labels), phases_, current_->report());
   }
   std::uint64_t replica_checksum(FlatParameters& model) const override { return current_->replica_checksum(model); }
   std::optional<std::uint64_t> first_message_sequence(std::int64_t t) const override {
@@ -328,10 +346,8 @@ class AutoMethod final : public TrainingMethod {
 
   // The profiling's plan was made at the end of iteration t: choose, and switch at t + 1.
   void choose(std::int64_t t) {
-    const std::shared_ptr<MethodReport> profiled = current_->report();
-    const PlanningInputs* inputs = profiled->planning_inputs();
-    PIPESGD_ASSERT(inputs != nullptr);
-    measured_ = *inputs;
+    measured_ = current_->planning_inputs();  // the profiling method planned at the end of iteration t
+    PIPESGD_ASSERT(measured_.has_value());
     const AutoDecision decision = decide_method(candidates_, *measured_, workers_, options_.min_gain);
     const AutoCandidate& chosen = candidates_[decision.chosen];
     std::string line = concat("auto:", auto_policy_name(options_.policy), " chose ", chosen.label, " from iteration ",
@@ -490,7 +506,7 @@ std::vector<AutoCandidate> auto_candidates(const AutoOptions& options, const Com
     if (pipe) flags.set("--staleness-k", std::to_string(options.staleness));
     if (name != "dsync" && !pipe) flags.set("--profile-iters", std::to_string(options.profile_iterations));
     const std::string spec = codec == "none" ? name : concat(name, "+", codec);
-    AutoCandidate candidate{select_method(spec, flags, FlagPolicy::kReject, base),
+    AutoCandidate candidate{select_on(spec, flags, base),
                             pipe ? concat(spec, " K=", options.staleness) : spec,
                             trade_of(codec, pipe && options.staleness >= 2, options.staleness)};
     candidates.push_back(std::move(candidate));
@@ -541,11 +557,9 @@ AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const P
       break;
     }
   }
-  double bytes = 0;
-  for (double layer : measured.profile.bytes) bytes += layer;
   const IterationPrediction& chosen = decision.predictions[decision.chosen];
   decision.why = concat("measured compute ", ms(chosen.compute_seconds), " and an allreduce of the whole gradient ",
-                        ms(measured.cost.time(bytes)), " per iteration; ", candidates[decision.chosen].label, " (",
+                        ms(whole_gradient_allreduce_seconds(measured, "none")), " per iteration; ", candidates[decision.chosen].label, " (",
                         chosen.model, ") leaves ", ms(chosen.exposed_seconds), " of communication exposed", trade_note);
   return decision;
 }
@@ -559,7 +573,6 @@ MethodDescriptor auto_method() {
   method.commit = "its phases (which method from which iteration, and why), the profile it chose from, its drift "
                   "windows, and the state of the method running (as that method commits it)";
   method.traits.replicas_identical = true;
-  method.traits.trainer_only = true;
   method.options = allreduce_method_declarations(CalibrationUse::kAlways);
   for (OptionDeclaration& option : method.options) {
     if (option.flag != "--codec") continue;

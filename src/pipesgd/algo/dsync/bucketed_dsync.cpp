@@ -328,9 +328,14 @@ std::shared_ptr<MethodReport> BucketedDSync::report() const {
     report->predicted = timeline.iteration + planned_update_seconds_;
     report->predicted_non_overlapped = timeline.non_overlapped;
     report->planned = true;
-    report->planned_from = PlanningInputs{planned_profile_, cost_, planned_update_seconds_, planned_backward_tail_seconds_};
+    report->planned_from = *planning_inputs();
   }
   return report;
+}
+
+std::optional<PlanningInputs> BucketedDSync::planning_inputs() const {
+  if (plans_made_ == 0) return std::nullopt;
+  return PlanningInputs{planned_profile_, cost_, planned_update_seconds_, planned_backward_tail_seconds_};
 }
 
 }  // namespace pipesgd

@@ -46,6 +46,7 @@ class BucketedDSync final : public TrainingMethod {
   void finish(IterationTimes&) override {}
   const SegmentReadyFn* segment_ready() override { return &on_segment_ready_; }
   std::shared_ptr<MethodReport> report() const override;
+  std::optional<PlanningInputs> planning_inputs() const override;
   std::optional<std::uint64_t> first_message_sequence(std::int64_t t) const override {
     return static_cast<std::uint64_t>(t) * layers_;
   }

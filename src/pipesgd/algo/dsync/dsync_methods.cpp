@@ -56,17 +56,15 @@ std::shared_ptr<const MethodOptions> parse_dsync_options(const OptionValues& giv
 IterationPrediction predict_dsync(const MethodOptions& options, const CommonOptions& common,
                                   const PlanningInputs& measured, int) {
   const DsyncOptions& dsync = options_as<DsyncOptions>(options);
-  const LayerProfile profile = profile_for_codec(measured.profile, common.codec);
   IterationPrediction prediction;
   prediction.compute_seconds = measured_compute_seconds(measured);
   if (!dsync.layer_wise()) {
-    double bytes = 0;
-    for (double layer : profile.bytes) bytes += layer;
-    prediction.exposed_seconds = measured.cost.time(bytes);
+    prediction.exposed_seconds = whole_gradient_allreduce_seconds(measured, common.codec);
     prediction.seconds = prediction.compute_seconds + prediction.exposed_seconds;
     prediction.model = "Pipe-SGD Eq. 2: compute + allreduce";
     return prediction;
   }
+  const LayerProfile profile = profile_for_codec(measured.profile, common.codec);
   const BucketPlan plan = make_bucket_plan(dsync.buckets, profile, measured.cost);
   const PlanTimeline timeline = simulate_plan(profile, measured.cost, plan);
   prediction.seconds =

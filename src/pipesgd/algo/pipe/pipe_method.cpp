@@ -49,9 +49,7 @@ MethodDescriptor pipe_method() {
   method.predict = [](const MethodOptions& options, const CommonOptions& common, const PlanningInputs& measured,
                       int) {
     const int k = options_as<PipeOptions>(options).k;
-    double bytes = 0;
-    for (double layer : profile_for_codec(measured.profile, common.codec).bytes) bytes += layer;
-    const double allreduce = measured.cost.time(bytes);
+    const double allreduce = whole_gradient_allreduce_seconds(measured, common.codec);
     IterationPrediction prediction;
     prediction.compute_seconds = measured_compute_seconds(measured);
     prediction.seconds = k >= 2 ? std::max(prediction.compute_seconds, allreduce) : prediction.compute_seconds + allreduce;
