@@ -192,9 +192,13 @@ def auto_section(d):
         "candidates of auto:any one after another, 2 workers, 1 epoch of Fashion-MNIST; samples per second after "
         "each run's start-up (auto's: after its first choice), test accuracy after the epoch. Target: auto "
         ">= 0.95x the best of the candidates its policy allows, its accuracy within theirs, start-up under 5% of "
-        "the run. One compare per cell, so each ratio is one run on a shared machine, not a median.",
+        "the run. One compare per cell, so each ratio is one run on a shared machine, not a median: the "
+        "methods run one after another for several minutes and the machine's speed drifts meanwhile.",
         table(["model", "network", "auto", "chose (from iteration)", "best candidate samples/s", "auto samples/s",
-               "auto / best", "auto test %", "candidates' test %", "start-up % of the run"], steady),
+               "auto / best", "auto test %", "candidates' test %", "profiling % of the run"], steady),
+        "The profiling column is every profiling of the run (the start-up's and any re-profiling after a "
+        "drift) less the same iterations at the chosen method's speed, against the run's time "
+        "(`summary.json` `auto.profiling_cost_fraction`).",
         ("Met in every row." if met else "Not met in every row: see the bold ratios, the accuracies and the "
                                          "start-up column against the targets above.")]
     if slowed:

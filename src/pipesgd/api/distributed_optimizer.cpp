@@ -203,14 +203,14 @@ struct DistributedOptimizer::Impl final : FlatParameters {
     binding->arm(gradients, ready != nullptr ? *ready : no_report,
                  static_cast<std::uint32_t>(options.backward_passes_per_step));
   }
-  // The method's beginning of iteration t (what it records on the calling thread's trace carries t,
-  // as does the next backward's), then the next backward armed; with the caller's optimizer
-  // (handoff), the gradients to apply handed over instead and the arming left to step().
   // MethodContext::announce (auto's choices): one line on the stderr of the set's first member.
   std::function<void(const std::string&)> announcer() const {
     if (worker.workers.rank() != set_ranks.front()) return {};
     return [](const std::string& line) { std::cerr << "pipesgd: " << line << std::endl; };
   }
+  // The method's beginning of iteration t (what it records on the calling thread's trace carries t,
+  // as does the next backward's), then the next backward armed; with the caller's optimizer
+  // (handoff), the gradients to apply handed over instead and the arming left to step().
   void begin_current_iteration() {
     trace_set_iteration(t);
     const std::span<float> next = method->begin_iteration(t, times);

@@ -55,7 +55,7 @@ FaultInjection parse_fault_injection(const std::string& text) {
     const std::size_t equals = part.find('=');
     if (equals == std::string::npos) {
       throw UsageError(concat("--inject-fault: expected key=value, got '", part,
-                              "' (form: rank=R,iter=N,kind=crash|hang)"));
+                              "' (form: rank=R,iter=N,kind=crash|hang|slow)"));
     }
     const std::string key = part.substr(0, equals), value = part.substr(equals + 1);
     if (!seen.insert(key).second) throw UsageError(concat("--inject-fault: '", key, "' given twice"));
@@ -104,7 +104,9 @@ FaultInjection parse_fault_injection(const std::string& text) {
     begin = comma + 1;
   }
   for (const char* key : {"rank", "iter", "kind"}) {
-    if (!seen.count(key)) throw UsageError(concat("--inject-fault: '", key, "' is missing (form: rank=R,iter=N,kind=crash|hang)"));
+    if (!seen.count(key)) {
+      throw UsageError(concat("--inject-fault: '", key, "' is missing (form: rank=R,iter=N,kind=crash|hang|slow)"));
+    }
   }
   if (fault.slows_link() && !seen.count("factor")) {
     throw UsageError("--inject-fault: kind=slow needs factor=F, how many times slower the link gets (e.g. 4)");

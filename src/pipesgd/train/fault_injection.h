@@ -42,8 +42,8 @@ struct FaultInjection {
   bool slows_link() const { return kind == Kind::kSlow; }
 };
 
-// Parses "rank=R,iter=N,kind=crash|hang" or "rank=R,iter=N,kind=slow,factor=F" (keys in any order, each once). Throws UsageError naming
-// --inject-fault and the bad part.
+// Parses "rank=R,iter=N,kind=crash|hang[,at=P]" or "rank=R,iter=N,kind=slow,factor=F" (keys in any
+// order, each once). Throws UsageError naming --inject-fault and the bad part.
 FaultInjection parse_fault_injection(const std::string& text);
 // "rank=R,iter=N,kind=K,at=P" (kind=slow: "rank=R,iter=N,kind=slow,factor=F"), which parses back to
 // `fault`; "" if it is not active.

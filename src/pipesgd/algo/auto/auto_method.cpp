@@ -559,8 +559,9 @@ AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const P
   }
   const IterationPrediction& chosen = decision.predictions[decision.chosen];
   decision.why = concat("measured compute ", ms(chosen.compute_seconds), " and an allreduce of the whole gradient ",
-                        ms(whole_gradient_allreduce_seconds(measured, "none")), " per iteration; ", candidates[decision.chosen].label, " (",
-                        chosen.model, ") leaves ", ms(chosen.exposed_seconds), " of communication exposed", trade_note);
+                        ms(whole_gradient_allreduce_seconds(measured, "none")), " per iteration; ",
+                        candidates[decision.chosen].label, " (", chosen.model, ") leaves ", ms(chosen.exposed_seconds),
+                        " of communication exposed", trade_note);
   return decision;
 }
 
