@@ -12,7 +12,6 @@
 #include <memory>
 #include <regex>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "pipesgd/distributed_optimizer.h"
@@ -51,10 +50,10 @@ ThreeLayerNet fresh_net() {
 struct Batch {
   torch::Tensor x, y;
 };
-std::vector<Batch> global_batches(int workers) {
+std::vector<Batch> global_batches(int workers, int steps = kSteps) {
   torch::manual_seed(100);
   std::vector<Batch> batches;
-  for (int t = 0; t < kSteps; ++t) {
+  for (int t = 0; t < steps; ++t) {
     batches.push_back({torch::randn({workers * kBatch, 4}), torch::randint(0, 3, {workers * kBatch}, torch::kInt64)});
   }
   return batches;
@@ -67,16 +66,19 @@ std::unique_ptr<torch::optim::Optimizer> adamw(ThreeLayerNet& net) {
 
 using Edit = std::function<void(ThreeLayerNet&)>;
 
-// Every worker's weights after kSteps steps and finish() with `spec` and AdamW.
-std::vector<std::vector<torch::Tensor>> train(int workers, const std::string& spec, const Edit& edit = {}) {
+// Every worker's weights after `steps` steps and finish() with `spec` (and `flags`) and AdamW.
+std::vector<std::vector<torch::Tensor>> train(int workers, const std::string& spec, const Edit& edit = {},
+                                              int steps = kSteps, std::map<std::string, std::string> flags = {}) {
   std::vector<std::vector<torch::Tensor>> result(static_cast<std::size_t>(workers));
-  const std::vector<Batch> batches = global_batches(workers);
+  const std::vector<Batch> batches = global_batches(workers, steps);
   initial_weights();
   pipesgd::run_threads(workers, [&](Worker& w) {
     ThreeLayerNet net = fresh_net();
     auto optimizer = adamw(net);
-    DistributedOptimizer opt(w, net, *optimizer, spec);
-    for (int t = 0; t < kSteps; ++t) {
+    pipesgd::DistributedOptimizerOptions options;
+    options.flags = flags;
+    DistributedOptimizer opt(w, net, *optimizer, spec, options);
+    for (int t = 0; t < steps; ++t) {
       const Batch& batch = batches[static_cast<std::size_t>(t)];
       const std::int64_t first = w.rank() * kBatch;
       torch::nn::functional::cross_entropy(net->forward(batch.x.slice(0, first, first + kBatch)),
@@ -160,47 +162,11 @@ TEST(UserOptimizer, ClippedGradientsAreApplied) {
 
 constexpr int kAutoSteps = 24;  // auto profiles iterations 0-17 and switches at 18
 
-// Every worker's weights after kAutoSteps steps of `spec` (with `flags`) and finish(), and what
-// worker 0 printed on stderr.
-std::pair<std::vector<std::vector<torch::Tensor>>, std::string> train_auto(int workers, const std::string& spec,
-                                                                           std::map<std::string, std::string> flags) {
-  std::vector<std::vector<torch::Tensor>> result(static_cast<std::size_t>(workers));
-  torch::manual_seed(200);
-  std::vector<Batch> batches;
-  for (int t = 0; t < kAutoSteps; ++t) {
-    batches.push_back({torch::randn({workers * kBatch, 4}), torch::randint(0, 3, {workers * kBatch}, torch::kInt64)});
-  }
-  initial_weights();
-  ::testing::internal::CaptureStderr();
-  pipesgd::run_threads(workers, [&](Worker& w) {
-    ThreeLayerNet net = fresh_net();
-    auto optimizer = adamw(net);
-    pipesgd::DistributedOptimizerOptions options;
-    options.flags = flags;
-    DistributedOptimizer opt(w, net, *optimizer, spec, options);
-    for (int t = 0; t < kAutoSteps; ++t) {
-      const Batch& batch = batches[static_cast<std::size_t>(t)];
-      const std::int64_t first = w.rank() * kBatch;
-      torch::nn::functional::cross_entropy(net->forward(batch.x.slice(0, first, first + kBatch)),
-                                           batch.y.slice(0, first, first + kBatch))
-          .backward();
-      opt.step();
-    }
-    opt.finish();
-    result[static_cast<std::size_t>(w.rank())] = pipesgd_test::clone_parameters(*net);
-  });
-  return {result, ::testing::internal::GetCapturedStderr()};
-}
-
 // Single process, the same batches: the gradient of iteration t at the weights then; step t applies
 // iteration t's (a synchronous method), or from iteration `pipe_from` on (pipe K=2) nothing at
 // pipe_from and t - 1's at t > pipe_from, and finish() the last one.
 std::vector<torch::Tensor> auto_oracle(int workers, int pipe_from) {
-  torch::manual_seed(200);
-  std::vector<Batch> batches;
-  for (int t = 0; t < kAutoSteps; ++t) {
-    batches.push_back({torch::randn({workers * kBatch, 4}), torch::randint(0, 3, {workers * kBatch}, torch::kInt64)});
-  }
+  const std::vector<Batch> batches = global_batches(workers, kAutoSteps);
   ThreeLayerNet net = fresh_net();
   auto optimizer = adamw(net);
   std::vector<std::vector<torch::Tensor>> gradients;
@@ -248,7 +214,9 @@ class UserOptimizerAuto : public ::testing::TestWithParam<AutoCase> {};
 // prediction is lower, as it is here (no emulated network: the allreduce hides behind compute).
 TEST_P(UserOptimizerAuto, FollowsTheRuleOfTheMethodItChose) {
   const AutoCase c = GetParam();
-  const auto [replicas, err] = train_auto(c.workers, c.spec, c.flags);
+  ::testing::internal::CaptureStderr();
+  const auto replicas = train(c.workers, c.spec, {}, kAutoSteps, c.flags);
+  const std::string err = ::testing::internal::GetCapturedStderr();
   std::smatch chose;
   const std::regex line("pipesgd: (auto:\\w+) chose (\\S+)( K=(\\d+))? from iteration (\\d+): predicted ");
   ASSERT_TRUE(std::regex_search(err, chose, line)) << err;
