@@ -224,15 +224,21 @@ labels = json.load(open(sys.argv[1]))["auto"]["candidates"]
 assert all(" " not in l or l.endswith(" K=2") for l in labels), labels
 print(",".join(l.split(" ")[0] for l in labels))' "$work/auto-list/summary.json")
   : >"$work/auto.records"
-  record_compare() {  # DIR KIND MODEL NET
-    "$python" -c 'import json, sys
-for r in json.load(open(sys.argv[1] + "/compare.json")):
-    a = r.get("auto")
-    print(json.dumps(dict(kind=sys.argv[2], model=sys.argv[3], net=sys.argv[4], method=r["method"],
-        samples_per_s=r["throughput_samples_per_s"], test_accuracy=r["final_test_accuracy"],
-        phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
-        candidates=[c.split(" ")[0] for c in a["candidates"]] if a else None,
-        profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$1" "$2" "$3" "$4" >>"$work/auto.records"
+  # One record per run of a compare (its DIR/*/summary.json): KIND steady counts samples per second
+  # after the run's start-up, slowed over the whole run (samples / train_s).
+  record_runs() {  # DIR KIND
+    for dir in "$1"/*/; do
+      "$python" -c 'import json, sys
+s, kind = json.load(open(sys.argv[1] + "summary.json")), sys.argv[2]
+a = s.get("auto")
+over_run = s["iterations"] * s["workers"] * s["batch_per_worker"] / s["train_s"]
+print(json.dumps(dict(kind=kind, model=s["model"], net=s["network"], method=s["method"],
+    samples_per_s=s["throughput_samples_per_s"] if kind == "steady" else over_run,
+    test_accuracy=s["final_test_accuracy"],
+    phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
+    candidates=[c.split(" ")[0] for c in a["candidates"]] if a else None,
+    profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$dir" "$2" >>"$work/auto.records"
+    done
   }
   for model in ${auto_models//,/ }; do
     for net in 10gbe bw=1Gbit,lat=200us; do
@@ -240,7 +246,7 @@ for r in json.load(open(sys.argv[1] + "/compare.json")):
       rm -rf "$work/auto-cmp"
       "$pipesgd" compare --model "$model" --algos "auto:any,auto,$candidates" --workers 2 --net "$net" "${length[@]}" \
         --quiet --out "$work/auto-cmp" >/dev/null 2>"$work/auto-cmp.err" || { cat "$work/auto-cmp.err" >&2; exit 1; }
-      record_compare "$work/auto-cmp" steady "$model" "$net"
+      record_runs "$work/auto-cmp" steady
     done
   done
   # A link slowed 4x halfway: throughput over the whole run (start-up, the slow-down and any re-plan
@@ -253,16 +259,7 @@ for r in json.load(open(sys.argv[1] + "/compare.json")):
   "$pipesgd" compare --model "$slow_model" --algos "auto:any,$candidates" --workers 2 --net "$slow_net" \
     --iters "$iterations" --inject-fault "$slow" --no-eval --quiet --out "$work/auto-slow" >/dev/null 2>"$work/auto-slow.err" ||
     { cat "$work/auto-slow.err" >&2; exit 1; }
-  for dir in "$work"/auto-slow/*/; do
-    "$python" -c 'import json, sys
-s = json.load(open(sys.argv[1] + "summary.json"))
-a = s.get("auto")
-print(json.dumps(dict(kind="slowed", model=s["model"], net=s["network"], method=s["method"],
-    samples_per_s=s["iterations"] * s["workers"] * s["batch_per_worker"] / s["train_s"], test_accuracy=s["final_test_accuracy"],
-    phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
-    candidates=[c.split(" ")[0] for c in a["candidates"]] if a else None,
-    profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$dir" >>"$work/auto.records"
-  done
+  record_runs "$work/auto-slow" slowed
   commands=$(printf '%s\n' \
     "pipesgd compare --model MODEL --algos auto:any,auto,$candidates --workers 2 --net NET ${length[*]}" \
     "pipesgd compare --model $slow_model --algos auto:any,$candidates --workers 2 --net $slow_net --iters $iterations --inject-fault $slow --no-eval")
