@@ -237,6 +237,7 @@ print(json.dumps(dict(kind=kind, model=s["model"], net=s["network"], method=s["m
     test_accuracy=s["final_test_accuracy"],
     phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
     candidates=[c.split(" ")[0] for c in a["candidates"]] if a else None,
+    startup_cost_fraction=a["startup_cost_fraction"] if a else None,
     profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$dir" "$2" >>"$work/auto.records"
     done
   }

@@ -236,9 +236,10 @@ TEST_P(UserOptimizerAuto, FollowsTheRuleOfTheMethodItChose) {
 
 INSTANTIATE_TEST_SUITE_P(
     Policies, UserOptimizerAuto,
-    ::testing::Values(AutoCase{2, "auto", {{"--auto-drift", "0"}}}, AutoCase{3, "auto", {{"--auto-drift", "0"}}},
-                      AutoCase{2, "auto:stale", {{"--auto-min-gain", "0"}, {"--auto-drift", "0"}}},
-                      AutoCase{3, "auto:stale", {{"--auto-min-gain", "0"}, {"--auto-drift", "0"}}}),
+    ::testing::Values(AutoCase{2, "auto", {{"--auto-drift", "0"}, {"--auto-trial", "0"}}},
+                      AutoCase{3, "auto", {{"--auto-drift", "0"}, {"--auto-trial", "0"}}},
+                      AutoCase{2, "auto:stale", {{"--auto-min-gain", "0"}, {"--auto-drift", "0"}, {"--auto-trial", "0"}}},
+                      AutoCase{3, "auto:stale", {{"--auto-min-gain", "0"}, {"--auto-drift", "0"}, {"--auto-trial", "0"}}}),
     [](const auto& info) {
       return std::string(info.param.spec == "auto" ? "sync" : "stale") + "_" + std::to_string(info.param.workers) +
              "_workers";

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <set>
 #include <ostream>
 
 #include <nlohmann/json.hpp>
@@ -55,6 +56,7 @@ MethodSelection scheduled_auto(const std::vector<ScheduledMethod>& schedule, con
 struct Observed {
   std::vector<std::vector<std::vector<float>>> weights_used;  // [rank][t]
   std::vector<std::vector<float>> final_weights;              // [rank]
+  nlohmann::json phases;                                      // rank 0's summary.json auto.phases
 };
 
 // Runs `selection` on `ranks` threads for `iterations`; with `commit_after` >= 0 every rank saves
@@ -90,6 +92,11 @@ Observed run_auto(const MethodSelection& selection, int ranks, std::int64_t iter
     method->finish(times);
     const std::span<const float> parameters = model->parameters();
     observed.final_weights[rank].assign(parameters.begin(), parameters.end());
+    if (rank == 0) {
+      nlohmann::json summary;
+      method->report()->add_json(summary, RunFigures{});
+      observed.phases = summary["auto"]["phases"];
+    }
   });
   return observed;
 }
@@ -263,6 +270,120 @@ TEST(AutoDecides, WhyNamesTheMeasurementsAndTheTrade) {
   EXPECT_NE(decision.why.find("trades accuracy (staleness K=2)"), std::string::npos) << decision.why;
 }
 
+// Trials: the candidates tried are the choice, then those predicted within the margin of the
+// fastest, at most kMaxTrials.
+AutoDecision predicted(std::vector<double> seconds, std::size_t chosen) {
+  AutoDecision decision;
+  for (double s : seconds) {
+    IterationPrediction prediction;
+    prediction.seconds = s;
+    decision.predictions.push_back(prediction);
+  }
+  for (std::size_t i = 0; i < seconds.size(); ++i) decision.ranking.push_back(i);
+  std::stable_sort(decision.ranking.begin(), decision.ranking.end(),
+                   [&](std::size_t a, std::size_t b) { return seconds[a] < seconds[b]; });
+  decision.chosen = chosen;
+  return decision;
+}
+
+TEST(AutoTrials, ContendersAreTheChoiceAndThoseWithinTheMargin) {
+  using Indices = std::vector<std::size_t>;
+  EXPECT_EQ(trial_contenders(predicted({10, 10.5, 12, 10.2, 30}, 0), 0.1), (Indices{0, 3, 1}));  // 12 is 20% off
+  EXPECT_EQ(trial_contenders(predicted({10, 10.5, 12, 10.2, 30}, 0), 0.0), (Indices{0}));        // trials off
+  EXPECT_EQ(trial_contenders(predicted({10, 10.5, 12, 10.2, 30}, 0), 0.01), (Indices{0}));       // none that close
+  EXPECT_EQ(trial_contenders(predicted({10, 10.5, 12, 10.2, 30}, 0), 5.0), (Indices{0, 3, 1}));  // at most 3
+  // The choice need not be the fastest (a trade below --auto-min-gain): it is tried first.
+  EXPECT_EQ(trial_contenders(predicted({10, 10.4, 50}, 1), 0.1), (Indices{1, 0}));
+  EXPECT_EQ(trial_contenders(predicted({10}, 0), 0.1), (Indices{0}));
+}
+
+// The measured choice follows --auto-min-gain: a contender that trades accuracy is kept only if it
+// measured at least 5% faster than the fastest that trades none.
+TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
+  const MethodSelection selection = select_for_test("auto:any");
+  const std::vector<AutoCandidate> candidates =
+      auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
+  auto index = [&](const std::string& label) {
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      if (candidates[i].label == label) return i;
+    }
+    ADD_FAILURE() << label;
+    return std::size_t{0};
+  };
+  const std::size_t dsync = index("dsync+optimal"), pipe = index("pipe K=2"), pipe_int8 = index("pipe+int8 K=2"),
+                    mgwfbp = index("mgwfbp");
+  auto keep = [&](std::vector<std::size_t> contenders, std::vector<double> seconds) {
+    return contenders[choose_measured(candidates, contenders, seconds, 0.05)];
+  };
+  const std::size_t pipe_bf16 = index("pipe+bf16 K=2"), dsync_int8 = index("dsync+int8");
+  EXPECT_EQ(keep({pipe, pipe_int8}, {13.5e-3, 10e-3}), pipe_int8);   // measured apart: worth the codec
+  EXPECT_EQ(keep({pipe, pipe_bf16}, {4.40e-3, 4.34e-3}), pipe);      // 1.4%: not worth a codec on top
+  EXPECT_EQ(keep({pipe_int8, pipe_bf16}, {4.40e-3, 4.34e-3}), pipe_bf16);  // as much traded: the fastest
+  // Step by step: pipe+int8 (2 trades) is not 5% faster than dsync+int8 (1), which is not 5% faster
+  // than dsync+optimal (0).
+  EXPECT_EQ(keep({pipe_int8, dsync_int8, dsync}, {9.6e-3, 9.8e-3, 10e-3}), dsync);
+  EXPECT_EQ(keep({pipe_int8, dsync_int8, dsync}, {9.6e-3, 9.8e-3, 11e-3}), dsync_int8);
+  EXPECT_EQ(keep({dsync, pipe}, {10e-3, 9e-3}), pipe);               // 11% faster: worth its staleness
+  EXPECT_EQ(keep({dsync, pipe}, {10e-3, 9.8e-3}), dsync);            // 2%: not
+  EXPECT_EQ(keep({pipe, dsync, mgwfbp}, {9.8e-3, 10.1e-3, 10e-3}), mgwfbp);  // the fastest that trades none
+  EXPECT_EQ(keep({dsync, mgwfbp}, {10e-3, 9.99e-3}), mgwfbp);
+  EXPECT_EQ(keep({pipe}, {1.0}), pipe);
+}
+
+// A run with trials (every candidate is close with --auto-trial 10): profiling, the trials of 3
+// candidates (4 + 2 iterations each), then the one kept; the weights follow the phases' rules, also
+// when the run commits in the middle of the second trial and resumes.
+struct TrialCase {
+  int ranks;
+  std::int64_t commit_after;  // -1: none
+};
+
+void PrintTo(const TrialCase& c, std::ostream* out) {
+  *out << c.ranks << " ranks, " << (c.commit_after < 0 ? "uninterrupted" : concat("commit after ", c.commit_after));
+}
+
+class AutoTrialRun : public ::testing::TestWithParam<TrialCase> {};
+
+TEST_P(AutoTrialRun, KeepsOneOfTheTriedAndLosesNoGradient) {
+  const TrialCase c = GetParam();
+  const std::int64_t iterations = 40;
+  const SoftmaxBatches data = make_softmax_batches(11, c.ranks, iterations, kFeatures, kClasses, kBatch);
+  const MethodSelection selection = select_for_test(
+      "auto:stale", {{"--profile-iters", "4"}, {"--auto-trial", "10"}, {"--auto-drift", "0"}}, kSgd);
+  const Observed observed = run_auto(selection, c.ranks, iterations, data, c.commit_after);
+  const nlohmann::json& phases = observed.phases;
+  std::vector<std::pair<std::int64_t, std::string>> shape;
+  for (const auto& phase : phases) shape.emplace_back(phase["start_iteration"], phase["kind"]);
+  ASSERT_EQ(shape, (std::vector<std::pair<std::int64_t, std::string>>{
+                       {0, "profiling"}, {12, "trial"}, {18, "trial"}, {24, "trial"}, {30, "chosen"}}))
+      << phases.dump();
+  std::set<std::string> tried;
+  for (int i = 1; i <= 3; ++i) tried.insert(phases[i]["method"].get<std::string>());
+  EXPECT_EQ(tried.size(), 3u) << phases.dump();
+  EXPECT_TRUE(tried.count(phases[4]["method"].get<std::string>())) << phases.dump();
+  const std::string why = phases[4]["why"];
+  EXPECT_TRUE(why.starts_with("the shortest median iteration in the trials: ") ||
+              why.starts_with("the median iteration in the trials: "))
+      << why;
+  std::vector<OraclePhase> oracle;
+  for (const auto& phase : phases) {
+    const std::string label = phase["method"];
+    const std::size_t k_at = label.find(" K=");
+    oracle.push_back({phase["start_iteration"].get<std::int64_t>(), k_at == std::string::npos ? 1 : std::stoi(label.substr(k_at + 3))});
+  }
+  const OracleRun expected = phased_sgd(kSgd, oracle, c.ranks, iterations, data, kFeatures, kClasses, kSeed);
+  for (int rank = 0; rank < c.ranks; ++rank) {
+    expect_close(observed.final_weights[rank], expected.final_weights, concat("rank ", rank, " final"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Runs, AutoTrialRun,
+                         ::testing::Values(TrialCase{2, -1}, TrialCase{3, -1}, TrialCase{2, 20}, TrialCase{1, 29}),
+                         [](const auto& info) {
+                           return concat("ranks", info.param.ranks, info.param.commit_after < 0 ? "_uninterrupted"
+                                                                      : concat("_commit", info.param.commit_after));
+                         });
+
 TEST(AutoCandidates, FollowThePolicy) {
   auto labels = [](const std::string& spec, const OptionValues& flags = {}) {
     const MethodSelection selection = select_for_test(spec, flags);
@@ -304,13 +425,15 @@ TEST(AutoOptionsErrors, ContradictionsAndUnknownPoliciesAreOneLine) {
             "--staleness-k must be in [2, 64] for auto's pipe candidate, got 1");
   EXPECT_EQ(message("auto", {{"--auto-drift", "-1"}}), "--auto-drift must be in [0, 100] (0: never choose again), got -1");
   EXPECT_EQ(message("auto", {{"--auto-window", "0"}}), "--auto-window must be in [1, 10000000], got 0");
+  EXPECT_EQ(message("auto", {{"--auto-trial", "-0.1"}}), "--auto-trial must be in [0, 10] (0: no trials), got -0.1");
   EXPECT_EQ(message("auto:any", {{"--codec", "int8"}, {"--staleness-k", "3"}}), "no error");
 }
 
 // Drift: rank 1's link slowed 10x at iteration 100 of 200 (an emulated link: the iteration is
 // mostly sleeping on the wire, so the machine's load hardly moves it) makes auto profile and choose
 // once more, and only once: the phases are profiling, chosen, profiling (after the slow-down),
-// chosen. The threshold (3x) is far above the iteration's noise and far below the slow-down.
+// chosen. The threshold (3x) is far above the iteration's noise and far below the slow-down. (No
+// trials: AutoTrialRun tries them.)
 TEST(AutoDrift, ALinkSlowedMidRunMakesAutoChooseOnceMore) {
   NetworkSpec network;
   network.bits_per_second = 1e6;
@@ -318,7 +441,8 @@ TEST(AutoDrift, ALinkSlowedMidRunMakesAutoChooseOnceMore) {
   network.name = "bw=1Mbit,lat=100us";
   LocalFabric fabric(2, network);
   const MethodSelection selection = select_for_test(
-      "auto:stale", {{"--profile-iters", "4"}, {"--auto-drift", "2"}, {"--auto-window", "20"}, {"--auto-min-interval", "60"}});
+      "auto:stale", {{"--profile-iters", "4"}, {"--auto-drift", "2"}, {"--auto-window", "20"}, {"--auto-min-interval", "60"},
+                     {"--auto-trial", "0"}});
   const std::int64_t iterations = 200, slowed_at = 100;
   const SoftmaxBatches data = make_softmax_batches(3, 2, iterations, kFeatures, kClasses, kBatch);
   nlohmann::json phases;

@@ -2,6 +2,7 @@
 #include "pipesgd/algo/auto/auto_method.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <ostream>
 
@@ -47,16 +48,27 @@ std::string ms(double seconds) { return concat(milliseconds(seconds), " ms"); }
 // One phase of the run: a method from `start` on.
 struct Phase {
   std::int64_t start = 0;
-  // What runs: kProfiling (dsync+optimal measuring), kChosen (candidates_[index]) or kScheduled
-  // (AutoOptions::schedule[index], tests).
-  enum Kind : std::int64_t { kProfiling = 0, kChosen = 1, kScheduled = 2 };
+  // What runs: kProfiling (dsync+optimal measuring), kChosen (candidates_[index]), kScheduled
+  // (AutoOptions::schedule[index], tests) or kTrial (candidates_[index], measured against the other
+  // trials of its decision).
+  enum Kind : std::int64_t { kProfiling = 0, kChosen = 1, kScheduled = 2, kTrial = 3 };
   Kind kind = kProfiling;
   std::int64_t index = 0;
   std::string label;
-  std::string reason;      // why it runs: the decision's line, "profiling", "scheduled"
-  double predicted = 0;    // its predicted iteration (kChosen), seconds
+  std::string reason;      // why it runs: the decision's line, "profiling", "scheduled", "trial ..."
+  double predicted = 0;    // its predicted iteration (kChosen, kTrial), seconds
   std::string model;       // what predicted it (kChosen): "Pipe-SGD Eq. 4: max(compute, allreduce)"
 };
+
+const char* phase_kind_name(Phase::Kind kind) {
+  switch (kind) {
+    case Phase::kProfiling: return "profiling";
+    case Phase::kChosen: return "chosen";
+    case Phase::kScheduled: return "scheduled";
+    case Phase::kTrial: return "trial";
+  }
+  return "profiling";
+}
 
 // auto's report: its phases (with the measured iteration of each), then the last method's report.
 class AutoReport final : public MethodReport {
@@ -84,17 +96,23 @@ class AutoReport final : public MethodReport {
       count += n;
     }
     predicted_ = chosen_phases > 0 && count > 0 ? weighted / count : 0;
-    // What profiling cost: each profiling phase's iterations at its measured time less the time of
-    // the method chosen after it; against the whole run's iterations.
-    profiling_cost_ = run_seconds_ = 0;
+    // What choosing cost: each profiling and trial phase's iterations at its measured time less the
+    // time of the method chosen after them; against the whole run's iterations. The start-up is
+    // what comes before the first choice.
+    profiling_cost_ = startup_cost_ = run_seconds_ = 0;
+    bool started = false;
     for (std::size_t i = 0; i < phases_.size(); ++i) {
       const std::int64_t end = i + 1 < phases_.size() ? phases_[i + 1].start : timings.iterations();
       const auto n = static_cast<double>(timings.recorded(phases_[i].start, end));
       if (measured_[i] >= 0) run_seconds_ += n * measured_[i];
-      if (phases_[i].kind == Phase::kProfiling && measured_[i] >= 0 && i + 1 < measured_.size() &&
-          measured_[i + 1] >= 0) {
-        profiling_cost_ += n * std::max(0.0, measured_[i] - measured_[i + 1]);
-      }
+      if (phases_[i].kind == Phase::kChosen) started = true;
+      if (phases_[i].kind != Phase::kProfiling && phases_[i].kind != Phase::kTrial) continue;
+      std::size_t chosen = i + 1;
+      while (chosen < phases_.size() && phases_[chosen].kind != Phase::kChosen) ++chosen;
+      if (measured_[i] < 0 || chosen == phases_.size() || measured_[chosen] < 0) continue;
+      const double cost = n * std::max(0.0, measured_[i] - measured_[chosen]);
+      profiling_cost_ += cost;
+      if (!started) startup_cost_ += cost;
     }
     // The report's sentence reads "timing model is X; ... measured R x the X prediction".
     model_ = chosen_phases == 1 && count == static_cast<double>(timings.recorded(first_measured, timings.iterations()))
@@ -113,19 +131,22 @@ class AutoReport final : public MethodReport {
       const Phase& phase = phases_[i];
       phases.push_back({{"start_iteration", phase.start},
                         {"method", phase.label},
-                        {"kind", phase.kind == Phase::kProfiling ? "profiling"
-                                 : phase.kind == Phase::kChosen  ? "chosen"
-                                                                 : "scheduled"},
+                        {"kind", phase_kind_name(phase.kind)},
                         {"why", phase.reason},
-                        {"predicted_iteration_s", phase.kind == Phase::kChosen ? nlohmann::json(phase.predicted) : nullptr},
+                        {"predicted_iteration_s", phase.kind == Phase::kChosen || phase.kind == Phase::kTrial
+                                                      ? nlohmann::json(phase.predicted)
+                                                      : nullptr},
                         {"measured_iteration_s",
                          i < measured_.size() && measured_[i] >= 0 ? nlohmann::json(measured_[i]) : nullptr}});
     }
+    auto fraction = [&](double seconds) { return run_seconds_ > 0 ? nlohmann::json(seconds / run_seconds_) : nullptr; };
     summary["auto"] = {{"policy", auto_policy_name(policy_)},
                        {"candidates", candidates_},
                        {"phases", std::move(phases)},
+                       {"startup_cost_s", startup_cost_},
+                       {"startup_cost_fraction", fraction(startup_cost_)},
                        {"profiling_cost_s", profiling_cost_},
-                       {"profiling_cost_fraction", run_seconds_ > 0 ? nlohmann::json(profiling_cost_ / run_seconds_) : nullptr}};
+                       {"profiling_cost_fraction", fraction(profiling_cost_)}};
     (void)run;
   }
 
@@ -134,14 +155,19 @@ class AutoReport final : public MethodReport {
     for (std::size_t i = 0; i < phases_.size(); ++i) {
       const Phase& phase = phases_[i];
       out << "  from iteration " << phase.start << ": " << phase.label;
-      if (phase.kind == Phase::kChosen) out << ", predicted " << ms(phase.predicted);
+      if (phase.kind == Phase::kChosen || phase.kind == Phase::kTrial) out << ", predicted " << ms(phase.predicted);
       if (i < measured_.size() && measured_[i] >= 0) out << ", measured " << ms(measured_[i]);
       out << " (" << phase.reason << ")\n";
     }
     if (run_seconds_ > 0) {
-      out << "  profiling cost " << format_number("%.3f", profiling_cost_) << " s, "
-          << format_number("%.1f%%", 100 * profiling_cost_ / run_seconds_)
-          << " of the run's iterations (each profiling iteration less one of the method chosen after it)\n";
+      out << "  start-up cost " << format_number("%.3f", startup_cost_) << " s, "
+          << format_number("%.1f%%", 100 * startup_cost_ / run_seconds_)
+          << " of the run's iterations (each profiling and trial iteration before the first choice less one of the "
+             "method chosen)\n";
+      if (profiling_cost_ > startup_cost_) {
+        out << "  with the choices after a drift " << format_number("%.3f", profiling_cost_) << " s, "
+            << format_number("%.1f%%", 100 * profiling_cost_ / run_seconds_) << "\n";
+      }
     }
   }
 
@@ -165,7 +191,8 @@ class AutoReport final : public MethodReport {
   std::vector<double> measured_;  // per phase, -1: not measured
   double predicted_ = 0;
   std::string model_;
-  double profiling_cost_ = 0;  // seconds
+  double profiling_cost_ = 0;  // seconds: every profiling and trial phase
+  double startup_cost_ = 0;    // seconds: those before the first choice
   double run_seconds_ = 0;     // the recorded iterations' total
 };
 
@@ -179,8 +206,10 @@ class AutoMethod final : public TrainingMethod {
         profiler_(select_on(kProfilingSpec,
                             {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
                             context.common)),
-        drift_exchange_(context.transport, 1, context.common.timeout),
-        window_seconds_(static_cast<std::size_t>(options_.drift_window), 0.0) {
+        drift_exchange_(context.transport, kMaxTrials, context.common.timeout),
+        window_seconds_(static_cast<std::size_t>(options_.drift_window), 0.0),
+        trial_seconds_(static_cast<std::size_t>(kTrialSettleIterations + options_.profile_iterations), 0.0),
+        trial_medians_(kMaxTrials, 0.0) {
     for (const ScheduledMethod& scheduled : options_.schedule) {
       scheduled_.push_back(select_on(scheduled.spec, scheduled.flags, context.common));
     }
@@ -211,6 +240,10 @@ class AutoMethod final : public TrainingMethod {
     const Phase& phase = phases_[current_phase_];
     if (phase.kind == Phase::kProfiling) {
       if (t == decision_iteration(phase.start)) choose(t);
+      return;
+    }
+    if (phase.kind == Phase::kTrial) {
+      watch_trial(t, iteration_clock_.seconds());
       return;
     }
     watch_drift(t, iteration_clock_.seconds());
@@ -250,14 +283,16 @@ class AutoMethod final : public TrainingMethod {
       phase.start = in.integer(name + "start");
       const std::int64_t kind = in.integer(name + "kind");
       phase.index = in.integer(name + "index");
-      const std::size_t limit = kind == Phase::kChosen ? candidates_.size() : kind == Phase::kScheduled ? scheduled_.size() : 1;
+      const std::size_t limit = kind == Phase::kChosen || kind == Phase::kTrial ? candidates_.size()
+                                : kind == Phase::kScheduled                  ? scheduled_.size()
+                                                                             : 1;
       // Scheduled phases are the schedule's (all of it, ahead of time); the others are decisions,
-      // the last of which may start at next_iteration.
+      // the last of which may start at next_iteration (a decision's trials, all of them).
       const bool scheduled_here = kind == Phase::kScheduled
                                       ? phase.index == i && static_cast<std::size_t>(i) < options_.schedule.size() &&
                                             phase.start == options_.schedule[static_cast<std::size_t>(i)].start
-                                      : options_.schedule.empty() && phase.start <= next_iteration;
-      if (kind < Phase::kProfiling || kind > Phase::kScheduled || phase.index < 0 ||
+                                      : options_.schedule.empty() && (phase.start <= next_iteration || kind == Phase::kTrial);
+      if (kind < Phase::kProfiling || kind > Phase::kTrial || phase.index < 0 ||
           static_cast<std::size_t>(phase.index) >= limit || phase.start < 0 || !scheduled_here ||
           (i > 0 && phase.start <= phases.back().start) || (i == 0 && phase.start != 0)) {
         throw refuse(concat("auto phase ", i, " is not one this run's options can have (kind ", kind, ", index ",
@@ -296,6 +331,10 @@ class AutoMethod final : public TrainingMethod {
     strikes_ = static_cast<int>(in.integer(prefix + "drift.strikes"));
     drift_windows_ = in.integer(prefix + "drift.windows");
     drift_exchanges_ = static_cast<std::uint64_t>(in.integer(prefix + "drift.exchanges"));
+    const std::vector<double> trial = in.doubles(prefix + "trial.seconds", trial_seconds_.size());
+    std::copy(trial.begin(), trial.end(), trial_seconds_.begin());
+    const std::vector<double> medians = in.doubles(prefix + "trial.medians", trial_medians_.size());
+    std::copy(medians.begin(), medians.end(), trial_medians_.begin());
     current_->load_state(in, next_iteration);
   }
 
@@ -309,18 +348,20 @@ class AutoMethod final : public TrainingMethod {
   void build(std::size_t phase, std::int64_t first) {
     const Phase& p = phases_[phase];
     const MethodSelection& selection = p.kind == Phase::kProfiling ? profiler_
-                                       : p.kind == Phase::kChosen  ? candidates_[static_cast<std::size_t>(p.index)].selection
-                                                                   : scheduled_[static_cast<std::size_t>(p.index)];
+                                       : p.kind == Phase::kScheduled
+                                           ? scheduled_[static_cast<std::size_t>(p.index)]
+                                           : candidates_[static_cast<std::size_t>(p.index)].selection;
     MethodContext context{context_.transport, context_.model, selection.common, *selection.options,
                           /*warmup_iterations=*/0, context_.network, context_.learning_rate_schedule};
     context.first_iteration = first;
-    if (p.kind == Phase::kChosen && measured_) context.planned_from = &*measured_;
+    if ((p.kind == Phase::kChosen || p.kind == Phase::kTrial) && measured_) context.planned_from = &*measured_;
     current_.reset();  // its comm thread stops before the next one starts
     current_ = selection.descriptor->make(context);
     current_ready_ = current_->segment_ready();
     current_phase_ = phase;
     next_phase_ = phase + 1;
     std::fill(window_seconds_.begin(), window_seconds_.end(), 0.0);
+    std::fill(trial_seconds_.begin(), trial_seconds_.end(), 0.0);
     drift_windows_ = 0;
     reference_seconds_ = 0;
     strikes_ = 0;
@@ -349,6 +390,27 @@ class AutoMethod final : public TrainingMethod {
     measured_ = current_->planning_inputs();  // the profiling method planned at the end of iteration t
     PIPESGD_ASSERT(measured_.has_value());
     const AutoDecision decision = decide_method(candidates_, *measured_, workers_, options_.min_gain);
+    const std::vector<std::size_t> contenders = trial_contenders(decision, options_.trial_margin);
+    if (contenders.size() > 1) {
+      const auto length = static_cast<std::int64_t>(trial_seconds_.size());
+      std::vector<std::string> tried;
+      for (std::size_t j = 0; j < contenders.size(); ++j) {
+        const std::size_t c = contenders[j];
+        const IterationPrediction& predicted = decision.predictions[c];
+        phases_.push_back({t + 1 + static_cast<std::int64_t>(j) * length, Phase::kTrial, static_cast<std::int64_t>(c),
+                           candidates_[c].label, concat("trial ", j + 1, " of ", contenders.size()), predicted.seconds,
+                           predicted.model});
+        tried.push_back(concat(candidates_[c].label, " (predicted ", ms(predicted.seconds), ")"));
+      }
+      next_phase_ = phases_.size() - contenders.size();
+      if (context_.announce) {
+        context_.announce(concat("auto:", auto_policy_name(options_.policy), " tries ", join(tried, ", "),
+                                 ", predicted within ", format_number("%g%%", 100 * options_.trial_margin),
+                                 " (--auto-trial), for ", length, " iterations each from iteration ", t + 1,
+                                 "; ", decision.why));
+      }
+      return;
+    }
     const AutoCandidate& chosen = candidates_[decision.chosen];
     std::string line = concat("auto:", auto_policy_name(options_.policy), " chose ", chosen.label, " from iteration ",
                               t + 1, ": predicted ", ms(decision.predictions[decision.chosen].seconds),
@@ -362,6 +424,67 @@ class AutoMethod final : public TrainingMethod {
                        decision.predictions[decision.chosen].seconds, decision.predictions[decision.chosen].model});
     next_phase_ = phases_.size() - 1;
     if (context_.announce) context_.announce(line);
+  }
+
+  // The first phase of the trials the current one belongs to (a decision's trials follow each other).
+  std::size_t first_trial_phase() const {
+    std::size_t first = current_phase_;
+    while (first > 0 && phases_[first - 1].kind == Phase::kTrial) --first;
+    return first;
+  }
+
+  // A trial's iteration t took `seconds` on this worker; at the trial's end its median over the
+  // measured iterations is kept, and after the last trial the workers choose.
+  void watch_trial(std::int64_t t, double seconds) {
+    const auto since = static_cast<std::size_t>(t - phases_[current_phase_].start);
+    PIPESGD_ASSERT(since < trial_seconds_.size());
+    trial_seconds_[since] = seconds;
+    if (since + 1 < trial_seconds_.size()) return;
+    const auto measured_from = trial_seconds_.begin() + kTrialSettleIterations;
+    const auto middle = measured_from + (trial_seconds_.end() - measured_from) / 2;
+    std::nth_element(measured_from, middle, trial_seconds_.end());
+    trial_medians_[current_phase_ - first_trial_phase()] = *middle;
+    if (current_phase_ + 1 == phases_.size()) choose_after_trials(t);
+  }
+
+  // The last trial ended with iteration t: the workers average each trial's median and keep the
+  // fastest (choose_measured), from t + 1 on.
+  void choose_after_trials(std::int64_t t) {
+    const std::size_t first = first_trial_phase();
+    const std::size_t count = phases_.size() - first;
+    std::array<float, kMaxTrials> sums{};
+    for (std::size_t j = 0; j < count; ++j) sums[j] = static_cast<float>(trial_medians_[j]);
+    drift_exchange_.sum(std::span<float>(sums.data(), count), kDriftSequenceBase + drift_exchanges_++);
+    std::vector<std::size_t> contenders;
+    std::vector<double> seconds;
+    for (std::size_t j = 0; j < count; ++j) {
+      contenders.push_back(static_cast<std::size_t>(phases_[first + j].index));
+      seconds.push_back(sums[j] / static_cast<float>(workers_));
+    }
+    const std::size_t keep = choose_measured(candidates_, contenders, seconds, options_.min_gain);
+    const std::size_t fastest = static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
+    const std::size_t chosen = contenders[keep];
+    std::vector<std::string> others;
+    for (std::size_t j = 0; j < count; ++j) {
+      if (j != keep) others.push_back(concat(candidates_[contenders[j]].label, " ", ms(seconds[j])));
+    }
+    std::string why = concat(fastest == keep ? "the shortest median iteration in the trials: "
+                                             : "the median iteration in the trials: ",
+                             ms(seconds[keep]), " (", join(others, ", "), ")");
+    if (fastest != keep) {
+      why += concat("; ", candidates_[contenders[fastest]].label, " measured ",
+                    format_number("%.1f%%", 100 * (seconds[keep] / seconds[fastest] - 1)),
+                    " faster but trades more accuracy (", candidates_[contenders[fastest]].accuracy_trade,
+                    "), below the ", format_number("%g%%", 100 * options_.min_gain), " minimum (--auto-min-gain)");
+    }
+    const Phase& trial = phases_[first + keep];
+    phases_.push_back({t + 1, Phase::kChosen, static_cast<std::int64_t>(chosen), candidates_[chosen].label, why,
+                       trial.predicted, trial.model});
+    next_phase_ = phases_.size() - 1;
+    if (context_.announce) {
+      context_.announce(concat("auto:", auto_policy_name(options_.policy), " chose ", candidates_[chosen].label,
+                               " from iteration ", t + 1, ": ", why, "; predicted ", ms(trial.predicted)));
+    }
   }
 
   // Every drift_window iterations of a chosen method: the workers' mean of their median iteration
@@ -424,6 +547,8 @@ class AutoMethod final : public TrainingMethod {
     out.add_int(prefix + "drift.strikes", strikes_);
     out.add_int(prefix + "drift.windows", drift_windows_);
     out.add_int(prefix + "drift.exchanges", static_cast<std::int64_t>(drift_exchanges_));
+    out.add_doubles(prefix + "trial.seconds", trial_seconds_);
+    out.add_doubles(prefix + "trial.medians", trial_medians_);
   }
 
   const MethodContext context_;  // as built (its references outlive the method); first_iteration 0
@@ -444,6 +569,10 @@ class AutoMethod final : public TrainingMethod {
   Stopwatch iteration_clock_;
   // This worker's iterations of the current drift window (allocated once: drift_window of them).
   std::vector<double> window_seconds_;
+  // This worker's iterations of the current trial (kTrialSettleIterations + P) and each trial's
+  // median so far (kMaxTrials), allocated once.
+  std::vector<double> trial_seconds_;
+  std::vector<double> trial_medians_;
   double reference_seconds_ = 0;  // the workers' mean iteration in the reference window
   int strikes_ = 0;
   std::int64_t drift_windows_ = 0;
@@ -487,7 +616,7 @@ std::optional<DeferredPhase> AutoOptions::deferred_phase(std::int64_t) const {
 
 std::string AutoOptions::fingerprint() const {
   std::string text = concat("policy ", auto_policy_name(policy), ", profile ", profile_iterations, ", codecs ",
-                            join(codecs), ", K ", staleness, ", min gain ", min_gain, ", drift ", drift, " over ",
+                            join(codecs), ", K ", staleness, ", min gain ", min_gain, ", trial ", trial_margin, ", drift ", drift, " over ",
                             drift_window, " min interval ", min_interval);
   for (const ScheduledMethod& scheduled : schedule) text += concat(", ", scheduled.start, ":", scheduled.spec);
   return text;
@@ -506,9 +635,10 @@ std::vector<AutoCandidate> auto_candidates(const AutoOptions& options, const Com
     if (pipe) flags.set("--staleness-k", std::to_string(options.staleness));
     if (name != "dsync" && !pipe) flags.set("--profile-iters", std::to_string(options.profile_iterations));
     const std::string spec = codec == "none" ? name : concat(name, "+", codec);
-    AutoCandidate candidate{select_on(spec, flags, base),
-                            pipe ? concat(spec, " K=", options.staleness) : spec,
-                            trade_of(codec, pipe && options.staleness >= 2, options.staleness)};
+    const bool stale_trade = pipe && options.staleness >= 2;
+    AutoCandidate candidate{select_on(spec, flags, base), pipe ? concat(spec, " K=", options.staleness) : spec,
+                            trade_of(codec, stale_trade, options.staleness),
+                            (stale_trade ? 1 : 0) + (codec != "none" ? 1 : 0)};
     candidates.push_back(std::move(candidate));
   };
   for (const std::string& codec : codecs) {
@@ -565,6 +695,38 @@ AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const P
   return decision;
 }
 
+std::vector<std::size_t> trial_contenders(const AutoDecision& decision, double margin) {
+  std::vector<std::size_t> contenders = {decision.chosen};
+  if (margin <= 0 || decision.ranking.empty()) return contenders;
+  const double fastest = decision.predictions[decision.ranking.front()].seconds;
+  for (std::size_t i : decision.ranking) {
+    if (contenders.size() == kMaxTrials) break;
+    if (decision.predictions[i].seconds > fastest * (1 + margin)) break;
+    if (i != decision.chosen) contenders.push_back(i);
+  }
+  return contenders;
+}
+
+std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const std::vector<std::size_t>& contenders,
+                            std::span<const double> seconds, double min_gain) {
+  PIPESGD_ASSERT(!contenders.empty() && seconds.size() == contenders.size());
+  // The fastest of the contenders that trade fewer than `below` things.
+  auto fastest_trading_fewer = [&](int below) {
+    std::optional<std::size_t> best;
+    for (std::size_t j = 0; j < contenders.size(); ++j) {
+      if (candidates[contenders[j]].trades >= below) continue;
+      if (!best || seconds[j] < seconds[*best]) best = j;
+    }
+    return best;
+  };
+  std::size_t kept = *fastest_trading_fewer(3);
+  for (std::optional<std::size_t> fewer; (fewer = fastest_trading_fewer(candidates[contenders[kept]].trades));) {
+    if (seconds[*fewer] / seconds[kept] - 1 >= min_gain) break;
+    kept = *fewer;
+  }
+  return kept;
+}
+
 MethodDescriptor auto_method() {
   MethodDescriptor method;
   method.name = "auto";
@@ -610,6 +772,10 @@ MethodDescriptor auto_method() {
                               "Choose a candidate that trades accuracy only if it is predicted at least this much "
                               "faster than the fastest that trades none (0.05: 5%)",
                               "0.05");
+  method.options.emplace_back("--auto-trial",
+                              "Try the choice and up to 2 candidates predicted within this fraction of the fastest "
+                              "for P + 2 iterations each, and keep the fastest measured (0: no trials)",
+                              "0.1");
   method.options.emplace_back("--auto-drift",
                               "Choose again when the measured iteration departs from the reference by more than this "
                               "fraction for 2 windows in a row (0: never)",
@@ -631,6 +797,10 @@ MethodDescriptor auto_method() {
     options->min_gain = given.real("--auto-min-gain", options->min_gain);
     if (!(options->min_gain >= 0 && options->min_gain <= 10)) {
       throw UsageError(concat("--auto-min-gain must be in [0, 10], got ", given.text("--auto-min-gain", "")));
+    }
+    options->trial_margin = given.real("--auto-trial", options->trial_margin);
+    if (!(options->trial_margin >= 0 && options->trial_margin <= 10)) {
+      throw UsageError(concat("--auto-trial must be in [0, 10] (0: no trials), got ", given.text("--auto-trial", "")));
     }
     options->drift = given.real("--auto-drift", options->drift);
     if (!(options->drift >= 0 && options->drift <= 100)) {

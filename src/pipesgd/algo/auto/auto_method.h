@@ -10,6 +10,13 @@
 // A candidate that trades accuracy (staleness, a lossy codec) is chosen only if it is at least
 // --auto-min-gain faster than the fastest that trades none (as `pipesgd advise` recommends).
 //
+// Trials: the predictions cannot see everything (a codec's CPU time, communication competing with
+// compute for shared cores), so when other candidates are predicted within --auto-trial (relative)
+// of the fastest, auto runs the choice and up to kMaxTrials - 1 of them for kTrialSettleIterations +
+// P iterations each, and keeps the one whose median iteration over its last P was the shortest
+// (averaged over the workers, so every worker keeps the same), under the same --auto-min-gain rule
+// on the measured times. The trials are part of the start-up.
+//
 // Drift: every --auto-window W iterations the workers average their median iteration (a small
 // reduction on Channel::kPlanning). The first window after a switch settles, the second is the
 // reference; when two windows in a row depart from it by more than --auto-drift (relative), and
@@ -28,6 +35,7 @@
 // Threads: the worker's compute thread makes every call (as for any TrainingMethod).
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,6 +65,7 @@ class AutoOptions final : public MethodOptions {
   std::vector<std::string> codecs;       // the lossy candidates' codecs (policies lossy and any)
   int staleness = 2;                     // pipe's K (policies stale and any)
   double min_gain = 0.05;                // --auto-min-gain
+  double trial_margin = 0.1;             // --auto-trial; 0: no trials
   double drift = 0.25;                   // --auto-drift; 0: never choose again
   std::int64_t drift_window = 50;        // --auto-window
   std::int64_t min_interval = 200;       // --auto-min-interval
@@ -75,6 +84,7 @@ struct AutoCandidate {
   MethodSelection selection;  // e.g. spec "pipe+int8", with --staleness-k and --codec set
   std::string label;          // "pipe+int8 K=2"
   std::string accuracy_trade;  // "" for none, else what it trades ("staleness K=2", "lossy codec int8")
+  int trades = 0;              // how many: 0, 1 (staleness or a codec) or 2 (both)
 };
 
 // The candidates `options`' policy allows, in order of preference among equals (the synchronous
@@ -94,5 +104,21 @@ struct AutoDecision {
 // Chooses among `candidates` from `measured` (identical on every worker: the decision is too).
 AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const PlanningInputs& measured, int workers,
                            double min_gain);
+
+// Trials: at most this many candidates, each run for kTrialSettleIterations + P iterations (P: the
+// profiling's --profile-iters), of which the first kTrialSettleIterations are not measured.
+inline constexpr std::size_t kMaxTrials = 3;
+inline constexpr std::int64_t kTrialSettleIterations = 2;
+
+// The candidates worth a trial: the decision's choice first, then, fastest first, those predicted
+// within `margin` (relative) of the fastest prediction; at most kMaxTrials. One (the choice) when
+// no other is that close or margin is 0.
+std::vector<std::size_t> trial_contenders(const AutoDecision& decision, double margin);
+
+// The contender to keep, given each one's measured iteration (`seconds`, in contenders' order): the
+// fastest measured, unless a contender that trades less (AutoCandidate::trades) is within `min_gain`
+// of it; then the fastest of those, under the same rule again. Returns an index into `contenders`.
+std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const std::vector<std::size_t>& contenders,
+                            std::span<const double> seconds, double min_gain);
 
 }  // namespace pipesgd
