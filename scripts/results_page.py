@@ -196,10 +196,11 @@ def auto_section(d):
     parts = [
         "## `--algo auto`: the run chooses its method",
         "`auto` profiles its first iterations with dsync+optimal, predicts every candidate its policy allows and "
-        "switches to the fastest (a trade of accuracy only for 5% or more); it chooses again when its measured "
+        "switches to the fastest (a trade of accuracy only for 5% or more; candidates predicted within 10% of the "
+        "fastest are tried for 12 iterations each and the fastest measured is kept); it chooses again when its measured "
         "iteration drifts. One `compare` per model and network ran auto:any, auto (policy sync) and the 15 "
         "candidates of auto:any one after another, 2 workers, 1 epoch of Fashion-MNIST; samples per second after "
-        "each run's start-up (auto's: after its first choice), test accuracy after the epoch. Target: auto "
+        "each run's start-up (auto's: after its profiling, with its trials), test accuracy after the epoch. Target: auto "
         ">= 0.95x the best of the candidates its policy allows, its accuracy within theirs, start-up under 5% of "
         "the run. One compare per cell, so each ratio is one run on a shared machine, not a median: the "
         "methods run one after another for several minutes and the machine's speed drifts meanwhile.",
