@@ -362,8 +362,8 @@ TEST_P(AutoTrialRun, KeepsOneOfTheTriedAndLosesNoGradient) {
   EXPECT_EQ(tried.size(), 3u) << phases.dump();
   EXPECT_TRUE(tried.count(phases[4]["method"].get<std::string>())) << phases.dump();
   const std::string why = phases[4]["why"];
-  EXPECT_TRUE(why.starts_with("the shortest median iteration in the trials: ") ||
-              why.starts_with("the median iteration in the trials: "))
+  EXPECT_TRUE(why.starts_with("the shortest iteration in the trials: ") ||
+              why.starts_with("the iteration in the trials: "))
       << why;
   std::vector<OraclePhase> oracle;
   for (const auto& phase : phases) {
@@ -383,6 +383,35 @@ INSTANTIATE_TEST_SUITE_P(Runs, AutoTrialRun,
                            return concat("ranks", info.param.ranks, info.param.commit_after < 0 ? "_uninterrupted"
                                                                       : concat("_commit", info.param.commit_after));
                          });
+
+// A drift window lasts at least --auto-window-seconds: a 4 ms iteration's window of 50 would be
+// 0.2 s, in which the machine's own swings look like drift.
+TEST(AutoDrift, AWindowLastsAtLeastTheGivenSeconds) {
+  AutoOptions options;  // --auto-window 50, --auto-window-seconds 2
+  EXPECT_EQ(drift_window_for(options, 4e-3), 500);
+  EXPECT_EQ(drift_window_for(options, 0.1), 50);     // 50 iterations last 5 s
+  EXPECT_EQ(drift_window_for(options, 1e-9), kMaxDriftWindow);
+  EXPECT_EQ(drift_window_for(options, 0), 50);       // nothing predicted
+  options.drift_window_seconds = 0;
+  EXPECT_EQ(drift_window_for(options, 4e-3), 50);
+  // A run records each chosen phase's window: here the iterations are microseconds, so 2 s is the
+  // cap, and the first window of 20 at 0 s.
+  const SoftmaxBatches data = make_softmax_batches(3, 2, 20, kFeatures, kClasses, kBatch);
+  for (const char* seconds : {"2", "0"}) {
+    const Observed observed =
+        run_auto(select_for_test("auto", {{"--profile-iters", "2"}, {"--auto-trial", "0"}, {"--auto-window", "20"},
+                                          {"--auto-window-seconds", seconds}}),
+                 2, 20, data);
+    ASSERT_EQ(observed.phases.size(), 2u) << observed.phases.dump();
+    const nlohmann::json& chosen = observed.phases[1];
+    options.drift_window = 20;
+    options.drift_window_seconds = std::stod(seconds);
+    EXPECT_EQ(chosen["drift_window_iterations"].get<std::int64_t>(),
+              drift_window_for(options, chosen["predicted_iteration_s"].get<double>()))
+        << chosen.dump();
+    EXPECT_EQ(chosen["drift_window_iterations"].get<std::int64_t>() > 20, std::string(seconds) == "2") << chosen.dump();
+  }
+}
 
 TEST(AutoCandidates, FollowThePolicy) {
   auto labels = [](const std::string& spec, const OptionValues& flags = {}) {
@@ -426,6 +455,7 @@ TEST(AutoOptionsErrors, ContradictionsAndUnknownPoliciesAreOneLine) {
   EXPECT_EQ(message("auto", {{"--auto-drift", "-1"}}), "--auto-drift must be in [0, 100] (0: never choose again), got -1");
   EXPECT_EQ(message("auto", {{"--auto-window", "0"}}), "--auto-window must be in [1, 10000000], got 0");
   EXPECT_EQ(message("auto", {{"--auto-trial", "-0.1"}}), "--auto-trial must be in [0, 10] (0: no trials), got -0.1");
+  EXPECT_EQ(message("auto", {{"--auto-window-seconds", "-1"}}), "--auto-window-seconds must be in [0, 3600], got -1");
   EXPECT_EQ(message("auto:any", {{"--codec", "int8"}, {"--staleness-k", "3"}}), "no error");
 }
 
@@ -442,7 +472,7 @@ TEST(AutoDrift, ALinkSlowedMidRunMakesAutoChooseOnceMore) {
   LocalFabric fabric(2, network);
   const MethodSelection selection = select_for_test(
       "auto:stale", {{"--profile-iters", "4"}, {"--auto-drift", "2"}, {"--auto-window", "20"}, {"--auto-min-interval", "60"},
-                     {"--auto-trial", "0"}});
+                     {"--auto-trial", "0"}, {"--auto-window-seconds", "0"}});
   const std::int64_t iterations = 200, slowed_at = 100;
   const SoftmaxBatches data = make_softmax_batches(3, 2, iterations, kFeatures, kClasses, kBatch);
   nlohmann::json phases;

@@ -35,6 +35,8 @@ constexpr const char* kProfilingSpec = "dsync+optimal";
 constexpr std::uint64_t kDriftSequenceBase = std::uint64_t{1} << 30;
 // Consecutive windows off the reference before auto chooses again.
 constexpr int kDriftStrikes = 2;
+// A trial's iteration counts at most this many times the trial's median iteration.
+constexpr double kTrialOutlier = 3;
 
 bool allows_staleness(AutoPolicy policy) { return policy == AutoPolicy::kStale || policy == AutoPolicy::kAny; }
 bool allows_codecs(AutoPolicy policy) { return policy == AutoPolicy::kLossy || policy == AutoPolicy::kAny; }
@@ -58,6 +60,7 @@ struct Phase {
   std::string reason;      // why it runs: the decision's line, "profiling", "scheduled", "trial ..."
   double predicted = 0;    // its predicted iteration (kChosen, kTrial), seconds
   std::string model;       // what predicted it (kChosen): "Pipe-SGD Eq. 4: max(compute, allreduce)"
+  std::int64_t window = 0;  // its drift window, iterations (kChosen; drift_window_for)
 };
 
 const char* phase_kind_name(Phase::Kind kind) {
@@ -137,7 +140,8 @@ class AutoReport final : public MethodReport {
                                                       ? nlohmann::json(phase.predicted)
                                                       : nullptr},
                         {"measured_iteration_s",
-                         i < measured_.size() && measured_[i] >= 0 ? nlohmann::json(measured_[i]) : nullptr}});
+                         i < measured_.size() && measured_[i] >= 0 ? nlohmann::json(measured_[i]) : nullptr},
+                        {"drift_window_iterations", phase.kind == Phase::kChosen ? nlohmann::json(phase.window) : nullptr}});
     }
     auto fraction = [&](double seconds) { return run_seconds_ > 0 ? nlohmann::json(seconds / run_seconds_) : nullptr; };
     summary["auto"] = {{"policy", auto_policy_name(policy_)},
@@ -207,9 +211,10 @@ class AutoMethod final : public TrainingMethod {
                             {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
                             context.common)),
         drift_exchange_(context.transport, kMaxTrials, context.common.timeout),
-        window_seconds_(static_cast<std::size_t>(options_.drift_window), 0.0),
+
         trial_seconds_(static_cast<std::size_t>(kTrialSettleIterations + options_.profile_iterations), 0.0),
-        trial_medians_(kMaxTrials, 0.0) {
+        trial_sorted_(static_cast<std::size_t>(options_.profile_iterations), 0.0),
+        trial_figures_(kMaxTrials, 0.0) {
     for (const ScheduledMethod& scheduled : options_.schedule) {
       scheduled_.push_back(select_on(scheduled.spec, scheduled.flags, context.common));
     }
@@ -220,15 +225,20 @@ class AutoMethod final : public TrainingMethod {
       PIPESGD_ASSERT(options_.schedule.front().start == 0);
       for (std::size_t i = 0; i < options_.schedule.size(); ++i) {
         phases_.push_back({options_.schedule[i].start, Phase::kScheduled, static_cast<std::int64_t>(i),
-                           options_.schedule[i].spec, "scheduled", 0, ""});
+                           options_.schedule[i].spec, "scheduled", 0, "", 0});
       }
     } else {
-      phases_.push_back({0, Phase::kProfiling, 0, kProfilingSpec, "profiling", 0, ""});
+      phases_.push_back({0, Phase::kProfiling, 0, kProfilingSpec, "profiling", 0, "", 0});
     }
     build(0, context.first_iteration);
   }
 
   std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override {
+    if (next_phase_ == phases_.size() && phases_[current_phase_].kind == Phase::kTrial &&
+        t == phases_[current_phase_].start + static_cast<std::int64_t>(trial_seconds_.size())) {
+      finish_current(times);  // the last trial's drain is part of its figure
+      choose_after_trials(t - 1);
+    }
     if (next_phase_ < phases_.size() && phases_[next_phase_].start == t) switch_to(next_phase_, t, times);
     iteration_clock_.restart();
     return current_->begin_iteration(t, times);
@@ -249,7 +259,7 @@ class AutoMethod final : public TrainingMethod {
     watch_drift(t, iteration_clock_.seconds());
   }
 
-  void finish(IterationTimes& times) override { current_->finish(times); }
+  void finish(IterationTimes& times) override { finish_current(times); }
   const SegmentReadyFn* segment_ready() override { return &forward_ready_; }
   std::shared_ptr<MethodReport> report() const override {
     std::vector<std::string> labels;
@@ -303,6 +313,10 @@ class AutoMethod final : public TrainingMethod {
       phase.reason = std::string(in.string(name + "reason"));
       phase.predicted = in.real(name + "predicted");
       phase.model = std::string(in.string(name + "model"));
+      phase.window = in.integer(name + "window");
+      if (kind == Phase::kChosen && (phase.window < 1 || phase.window > std::max(kMaxDriftWindow, options_.drift_window))) {
+        throw refuse(concat("auto phase ", i, " has a drift window of ", phase.window, " iterations"));
+      }
       phases.push_back(std::move(phase));
     }
     if (in.integer(prefix + "has_measured") != 0) {
@@ -333,8 +347,8 @@ class AutoMethod final : public TrainingMethod {
     drift_exchanges_ = static_cast<std::uint64_t>(in.integer(prefix + "drift.exchanges"));
     const std::vector<double> trial = in.doubles(prefix + "trial.seconds", trial_seconds_.size());
     std::copy(trial.begin(), trial.end(), trial_seconds_.begin());
-    const std::vector<double> medians = in.doubles(prefix + "trial.medians", trial_medians_.size());
-    std::copy(medians.begin(), medians.end(), trial_medians_.begin());
+    const std::vector<double> figures = in.doubles(prefix + "trial.figures", trial_figures_.size());
+    std::copy(figures.begin(), figures.end(), trial_figures_.begin());
     current_->load_state(in, next_iteration);
   }
 
@@ -360,7 +374,9 @@ class AutoMethod final : public TrainingMethod {
     current_ready_ = current_->segment_ready();
     current_phase_ = phase;
     next_phase_ = phase + 1;
-    std::fill(window_seconds_.begin(), window_seconds_.end(), 0.0);
+    current_finished_ = false;
+    // A chosen phase's drift window (allocated here, at a switch, not per iteration).
+    window_seconds_.assign(p.kind == Phase::kChosen ? static_cast<std::size_t>(p.window) : 0, 0.0);
     std::fill(trial_seconds_.begin(), trial_seconds_.end(), 0.0);
     drift_windows_ = 0;
     reference_seconds_ = 0;
@@ -373,7 +389,7 @@ class AutoMethod final : public TrainingMethod {
     TraceArgs args;
     args.iteration = t;
     trace_instant("auto switch", kTraceRun, args);
-    current_->finish(times);
+    finish_current(times);
     CheckpointWriter optimizer_state;
     Optimizer* before = current_->optimizer();
     if (before != nullptr) before->save_state(optimizer_state, "optimizer.");
@@ -399,7 +415,7 @@ class AutoMethod final : public TrainingMethod {
         const IterationPrediction& predicted = decision.predictions[c];
         phases_.push_back({t + 1 + static_cast<std::int64_t>(j) * length, Phase::kTrial, static_cast<std::int64_t>(c),
                            candidates_[c].label, concat("trial ", j + 1, " of ", contenders.size()), predicted.seconds,
-                           predicted.model});
+                           predicted.model, 0});
         tried.push_back(concat(candidates_[c].label, " (predicted ", ms(predicted.seconds), ")"));
       }
       next_phase_ = phases_.size() - contenders.size();
@@ -420,10 +436,23 @@ class AutoMethod final : public TrainingMethod {
                      ms(decision.predictions[*decision.runner_up].seconds), ")");
     }
     line += concat("; ", decision.why);
+    const double predicted = decision.predictions[decision.chosen].seconds;
     phases_.push_back({t + 1, Phase::kChosen, static_cast<std::int64_t>(decision.chosen), chosen.label, decision.why,
-                       decision.predictions[decision.chosen].seconds, decision.predictions[decision.chosen].model});
+                       predicted, decision.predictions[decision.chosen].model, drift_window_for(options_, predicted)});
     next_phase_ = phases_.size() - 1;
     if (context_.announce) context_.announce(line);
+  }
+
+  // The method running applies what it has in flight, once. Leaving a trial, the time it waited for
+  // that (a pipelined method's backlog of allreduces) counts in the trial's figure, per iteration.
+  void finish_current(IterationTimes& times) {
+    if (current_finished_) return;
+    const Stopwatch drain;
+    current_->finish(times);
+    current_finished_ = true;
+    if (phases_[current_phase_].kind == Phase::kTrial) {
+      trial_figures_[current_phase_ - first_trial_phase()] += drain.seconds() / static_cast<double>(trial_seconds_.size());
+    }
   }
 
   // The first phase of the trials the current one belongs to (a decision's trials follow each other).
@@ -433,27 +462,33 @@ class AutoMethod final : public TrainingMethod {
     return first;
   }
 
-  // A trial's iteration t took `seconds` on this worker; at the trial's end its median over the
-  // measured iterations is kept, and after the last trial the workers choose.
+  // A trial's iteration t took `seconds` on this worker. At the trial's end its figure is the mean
+  // of its iterations, each at most kTrialOutlier times the median of the measured ones (an
+  // iteration preempted by another job counts as a typical one); finish_current adds the drain
+  // when the trial is left, so a pipelined method's backlog, which its first iterations do not
+  // wait for, is paid in its figure: the figure is its iteration once the pipeline is full.
   void watch_trial(std::int64_t t, double seconds) {
     const auto since = static_cast<std::size_t>(t - phases_[current_phase_].start);
     PIPESGD_ASSERT(since < trial_seconds_.size());
     trial_seconds_[since] = seconds;
     if (since + 1 < trial_seconds_.size()) return;
     const auto measured_from = trial_seconds_.begin() + kTrialSettleIterations;
-    const auto middle = measured_from + (trial_seconds_.end() - measured_from) / 2;
-    std::nth_element(measured_from, middle, trial_seconds_.end());
-    trial_medians_[current_phase_ - first_trial_phase()] = *middle;
-    if (current_phase_ + 1 == phases_.size()) choose_after_trials(t);
+    std::copy(measured_from, trial_seconds_.end(), trial_sorted_.begin());
+    const auto middle = trial_sorted_.begin() + static_cast<std::ptrdiff_t>(trial_sorted_.size() / 2);
+    std::nth_element(trial_sorted_.begin(), middle, trial_sorted_.end());
+    const double cap = kTrialOutlier * *middle;
+    double sum = 0;
+    for (double x : trial_seconds_) sum += std::min(x, cap);
+    trial_figures_[current_phase_ - first_trial_phase()] = sum / static_cast<double>(trial_seconds_.size());
   }
 
-  // The last trial ended with iteration t: the workers average each trial's median and keep the
-  // fastest (choose_measured), from t + 1 on.
+  // The last trial ended with iteration t and was drained: the workers average each trial's figure
+  // and keep the fastest (choose_measured), from t + 1 on.
   void choose_after_trials(std::int64_t t) {
     const std::size_t first = first_trial_phase();
     const std::size_t count = phases_.size() - first;
     std::array<float, kMaxTrials> sums{};
-    for (std::size_t j = 0; j < count; ++j) sums[j] = static_cast<float>(trial_medians_[j]);
+    for (std::size_t j = 0; j < count; ++j) sums[j] = static_cast<float>(trial_figures_[j]);
     drift_exchange_.sum(std::span<float>(sums.data(), count), kDriftSequenceBase + drift_exchanges_++);
     std::vector<std::size_t> contenders;
     std::vector<double> seconds;
@@ -468,8 +503,7 @@ class AutoMethod final : public TrainingMethod {
     for (std::size_t j = 0; j < count; ++j) {
       if (j != keep) others.push_back(concat(candidates_[contenders[j]].label, " ", ms(seconds[j])));
     }
-    std::string why = concat(fastest == keep ? "the shortest median iteration in the trials: "
-                                             : "the median iteration in the trials: ",
+    std::string why = concat(fastest == keep ? "the shortest iteration in the trials: " : "the iteration in the trials: ",
                              ms(seconds[keep]), " (", join(others, ", "), ")");
     if (fastest != keep) {
       why += concat("; ", candidates_[contenders[fastest]].label, " measured ",
@@ -477,9 +511,10 @@ class AutoMethod final : public TrainingMethod {
                     " faster but trades more accuracy (", candidates_[contenders[fastest]].accuracy_trade,
                     "), below the ", format_number("%g%%", 100 * options_.min_gain), " minimum (--auto-min-gain)");
     }
-    const Phase& trial = phases_[first + keep];
+    const Phase trial = phases_[first + keep];
+    // Its drift window from its measured iteration (the same figure on every worker).
     phases_.push_back({t + 1, Phase::kChosen, static_cast<std::int64_t>(chosen), candidates_[chosen].label, why,
-                       trial.predicted, trial.model});
+                       trial.predicted, trial.model, drift_window_for(options_, seconds[keep])});
     next_phase_ = phases_.size() - 1;
     if (context_.announce) {
       context_.announce(concat("auto:", auto_policy_name(options_.policy), " chose ", candidates_[chosen].label,
@@ -493,8 +528,9 @@ class AutoMethod final : public TrainingMethod {
   void watch_drift(std::int64_t t, double seconds) {
     if (options_.drift <= 0) return;
     const std::int64_t since = t + 1 - phases_[current_phase_].start;
-    window_seconds_[static_cast<std::size_t>((since - 1) % options_.drift_window)] = seconds;
-    if (since % options_.drift_window != 0) return;
+    const auto window_length = static_cast<std::int64_t>(window_seconds_.size());
+    window_seconds_[static_cast<std::size_t>((since - 1) % window_length)] = seconds;
+    if (since % window_length != 0) return;
     const auto middle = window_seconds_.begin() + static_cast<std::ptrdiff_t>(window_seconds_.size() / 2);
     std::nth_element(window_seconds_.begin(), middle, window_seconds_.end());
     float median = static_cast<float>(*middle);
@@ -512,8 +548,8 @@ class AutoMethod final : public TrainingMethod {
         concat("the measured iteration moved from ", ms(reference_seconds_), " to ", ms(window), " (",
                format_number("x%.2f", ratio), ", outside ", format_number("x%.2f", 1 / (1 + options_.drift)), " to ",
                format_number("x%.2f", 1 + options_.drift), " (--auto-drift ", format_number("%g", options_.drift),
-               ") for ", kDriftStrikes, " windows of ", options_.drift_window, " iterations in a row)");
-    phases_.push_back({t + 1, Phase::kProfiling, 0, kProfilingSpec, concat("profiling again: ", why), 0, ""});
+               ") for ", kDriftStrikes, " windows of ", window_length, " iterations in a row)");
+    phases_.push_back({t + 1, Phase::kProfiling, 0, kProfilingSpec, concat("profiling again: ", why), 0, "", 0});
     next_phase_ = phases_.size() - 1;
     if (context_.announce) context_.announce(concat("auto: ", why, "; profiling again from iteration ", t + 1));
   }
@@ -530,6 +566,7 @@ class AutoMethod final : public TrainingMethod {
       out.add_string(name + "reason", phases_[i].reason);
       out.add_double(name + "predicted", phases_[i].predicted);
       out.add_string(name + "model", phases_[i].model);
+      out.add_int(name + "window", phases_[i].window);
     }
     out.add_int(prefix + "has_measured", measured_ ? 1 : 0);
     if (measured_) {
@@ -548,7 +585,7 @@ class AutoMethod final : public TrainingMethod {
     out.add_int(prefix + "drift.windows", drift_windows_);
     out.add_int(prefix + "drift.exchanges", static_cast<std::int64_t>(drift_exchanges_));
     out.add_doubles(prefix + "trial.seconds", trial_seconds_);
-    out.add_doubles(prefix + "trial.medians", trial_medians_);
+    out.add_doubles(prefix + "trial.figures", trial_figures_);
   }
 
   const MethodContext context_;  // as built (its references outlive the method); first_iteration 0
@@ -567,12 +604,14 @@ class AutoMethod final : public TrainingMethod {
   SegmentReadyFn forward_ready_;
   std::optional<PlanningInputs> measured_;  // the last profiling's, averaged over the workers
   Stopwatch iteration_clock_;
-  // This worker's iterations of the current drift window (allocated once: drift_window of them).
+  // This worker's iterations of the current drift window (the chosen phase's window of them).
   std::vector<double> window_seconds_;
-  // This worker's iterations of the current trial (kTrialSettleIterations + P) and each trial's
-  // median so far (kMaxTrials), allocated once.
+  // This worker's iterations of the current trial (kTrialSettleIterations + P), the last P's copy
+  // to take their median, and each trial's figure so far (kMaxTrials); allocated once.
   std::vector<double> trial_seconds_;
-  std::vector<double> trial_medians_;
+  std::vector<double> trial_sorted_;
+  std::vector<double> trial_figures_;
+  bool current_finished_ = false;  // current_->finish ran (at a switch or the run's end)
   double reference_seconds_ = 0;  // the workers' mean iteration in the reference window
   int strikes_ = 0;
   std::int64_t drift_windows_ = 0;
@@ -617,7 +656,7 @@ std::optional<DeferredPhase> AutoOptions::deferred_phase(std::int64_t) const {
 std::string AutoOptions::fingerprint() const {
   std::string text = concat("policy ", auto_policy_name(policy), ", profile ", profile_iterations, ", codecs ",
                             join(codecs), ", K ", staleness, ", min gain ", min_gain, ", trial ", trial_margin, ", drift ", drift, " over ",
-                            drift_window, " min interval ", min_interval);
+                            drift_window, " or ", drift_window_seconds, " s min interval ", min_interval);
   for (const ScheduledMethod& scheduled : schedule) text += concat(", ", scheduled.start, ":", scheduled.spec);
   return text;
 }
@@ -693,6 +732,12 @@ AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const P
                         candidates[decision.chosen].label, " (", chosen.model, ") leaves ", ms(chosen.exposed_seconds),
                         " of communication exposed", trade_note);
   return decision;
+}
+
+std::int64_t drift_window_for(const AutoOptions& options, double predicted_seconds) {
+  if (!(predicted_seconds > 0) || options.drift_window_seconds <= 0) return options.drift_window;
+  const double lasting = std::ceil(options.drift_window_seconds / predicted_seconds);
+  return std::max(options.drift_window, static_cast<std::int64_t>(std::min(lasting, static_cast<double>(kMaxDriftWindow))));
 }
 
 std::vector<std::size_t> trial_contenders(const AutoDecision& decision, double margin) {
@@ -781,6 +826,10 @@ MethodDescriptor auto_method() {
                               "fraction for 2 windows in a row (0: never)",
                               "0.25");
   method.options.emplace_back("--auto-window", "Iterations per drift window (the workers average their median iteration)", "50");
+  method.options.emplace_back("--auto-window-seconds",
+                              "A drift window lasts at least this long: more iterations than --auto-window if the "
+                              "chosen method's predicted iteration is short (at most 100000)",
+                              "2");
   method.options.emplace_back("--auto-min-interval", "Iterations at least between two choices", "200");
   method.parse = [](const OptionValues& given) -> std::shared_ptr<const MethodOptions> {
     auto options = std::make_shared<AutoOptions>();
@@ -810,6 +859,10 @@ MethodDescriptor auto_method() {
     options->drift_window = given.integer("--auto-window", options->drift_window);
     if (options->drift_window < 1 || options->drift_window > kMaxProfileIterations) {
       throw UsageError(concat("--auto-window must be in [1, ", kMaxProfileIterations, "], got ", options->drift_window));
+    }
+    options->drift_window_seconds = given.real("--auto-window-seconds", options->drift_window_seconds);
+    if (!(options->drift_window_seconds >= 0 && options->drift_window_seconds <= 3600)) {
+      throw UsageError(concat("--auto-window-seconds must be in [0, 3600], got ", given.text("--auto-window-seconds", "")));
     }
     options->min_interval = given.integer("--auto-min-interval", options->min_interval);
     if (options->min_interval < 0 || options->min_interval > kMaxProfileIterations) {

@@ -13,12 +13,14 @@
 // Trials: the predictions cannot see everything (a codec's CPU time, communication competing with
 // compute for shared cores), so when other candidates are predicted within --auto-trial (relative)
 // of the fastest, auto runs the choice and up to kMaxTrials - 1 of them for kTrialSettleIterations +
-// P iterations each, and keeps the one whose median iteration over its last P was the shortest
-// (averaged over the workers, so every worker keeps the same), under the same --auto-min-gain rule
-// on the measured times. The trials are part of the start-up.
+// P iterations each, and keeps the one whose iteration measured shortest (the trial's mean with
+// outliers clipped, plus the wait to drain it when it is left, so that a pipelined method's backlog
+// counts; averaged over the workers, so every worker keeps the same), under the same
+// --auto-min-gain rule on the measured times. The trials are part of the start-up.
 //
-// Drift: every --auto-window W iterations the workers average their median iteration (a small
-// reduction on Channel::kPlanning). The first window after a switch settles, the second is the
+// Drift: every --auto-window W iterations (more if W predicted iterations of the method chosen last
+// less than --auto-window-seconds: a short window sees the machine's own swings) the workers
+// average their median iteration (a small reduction on Channel::kPlanning). The first window after a switch settles, the second is the
 // reference; when two windows in a row depart from it by more than --auto-drift (relative), and
 // the last switch is at least --auto-min-interval iterations old, auto profiles again and chooses
 // again (it may stay).
@@ -68,6 +70,7 @@ class AutoOptions final : public MethodOptions {
   double trial_margin = 0.1;             // --auto-trial; 0: no trials
   double drift = 0.25;                   // --auto-drift; 0: never choose again
   std::int64_t drift_window = 50;        // --auto-window
+  double drift_window_seconds = 2;       // --auto-window-seconds: a window lasts at least this long
   std::int64_t min_interval = 200;       // --auto-min-interval
   // Tests: a fixed sequence of methods (the first starting at 0), no profiling and no decisions.
   std::vector<ScheduledMethod> schedule;
@@ -114,6 +117,11 @@ inline constexpr std::int64_t kTrialSettleIterations = 2;
 // within `margin` (relative) of the fastest prediction; at most kMaxTrials. One (the choice) when
 // no other is that close or margin is 0.
 std::vector<std::size_t> trial_contenders(const AutoDecision& decision, double margin);
+
+// The drift window of a method predicted at `predicted_seconds` per iteration: options.drift_window
+// iterations, or as many as last options.drift_window_seconds (at most kMaxDriftWindow).
+inline constexpr std::int64_t kMaxDriftWindow = 100'000;
+std::int64_t drift_window_for(const AutoOptions& options, double predicted_seconds);
 
 // The contender to keep, given each one's measured iteration (`seconds`, in contenders' order): the
 // fastest measured, unless a contender that trades less (AutoCandidate::trades) is within `min_gain`
