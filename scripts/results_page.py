@@ -170,14 +170,6 @@ def auto_section(d):
     rows, slowed = [r for r in d["rows"] if r["kind"] == "steady"], [r for r in d["rows"] if r["kind"] == "slowed"]
     phases = lambda r: ", ".join(f"{p['method']}@{p['start']}" for p in r["phases"] if p["kind"] == "chosen")
     pct = lambda x: "-" if x is None else f"{100 * x:.2f}"
-
-    def startup(r):
-        # Records measured before summary.json had auto.startup_cost_fraction: with one profiling
-        # and no trial, the run's profiling is its start-up; otherwise it is not known.
-        if "startup_cost_fraction" in r:
-            return r["startup_cost_fraction"]
-        kinds = [p["kind"] for p in r["phases"]]
-        return r["profiling_cost_fraction"] if kinds.count("profiling") == 1 and "trial" not in kinds else None
     steady, met = [], True
     for model, net in dict.fromkeys((r["model"], r["net"]) for r in rows):
         cell = {r["method"]: r for r in rows if r["model"] == model and r["net"] == net}
@@ -188,10 +180,10 @@ def auto_section(d):
             ratio = a["samples_per_s"] / best["samples_per_s"]
             accuracies = [r["test_accuracy"] for r in pool if r["test_accuracy"] is not None]
             within = a["test_accuracy"] is not None and min(accuracies) - 1e-9 <= a["test_accuracy"] <= max(accuracies) + 1e-9
-            met = met and ratio >= 0.95 and within and startup(a) is not None and startup(a) < 0.05
+            met = met and ratio >= 0.95 and within and a["startup_cost_fraction"] < 0.05
             steady.append([model, net, spec, phases(a), f"{best['method']} {best['samples_per_s']:.0f}",
                            f"{a['samples_per_s']:.0f}", f"**{ratio:.3f}**", pct(a["test_accuracy"]),
-                           f"{pct(min(accuracies))}-{pct(max(accuracies))}", pct(startup(a)),
+                           f"{pct(min(accuracies))}-{pct(max(accuracies))}", pct(a["startup_cost_fraction"]),
                            pct(a["profiling_cost_fraction"])])
     parts = [
         "## `--algo auto`: the run chooses its method",
@@ -208,8 +200,7 @@ def auto_section(d):
                "auto / best", "auto test %", "candidates' test %", "start-up % of the run",
                "all choosing % of the run"], steady),
         "The start-up column is the profiling (and trials) before the first choice, less the same iterations "
-        "at the chosen method's speed, against the run's time (`summary.json` `auto.startup_cost_fraction`; "
-        "`-` where a run that chose again after a drift was measured before that figure was recorded). The "
+        "at the chosen method's speed, against the run's time (`summary.json` `auto.startup_cost_fraction`). The "
         "last column adds every profiling and trial after a drift (`auto.profiling_cost_fraction`).",
         ("Met in every row." if met else "Not met in every row: see the bold ratios, the accuracies and the "
                                          "start-up column against the targets above.")]

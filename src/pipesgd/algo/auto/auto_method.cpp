@@ -47,6 +47,13 @@ AutoPolicy given_policy(const OptionValues& given) {
 
 std::string ms(double seconds) { return concat(milliseconds(seconds), " ms"); }
 
+// The median of `values` (the upper one of an even count), reordering them in place.
+double median_in_place(std::span<double> values) {
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  return *middle;
+}
+
 // One phase of the run: a method from `start` on.
 struct Phase {
   std::int64_t start = 0;
@@ -472,11 +479,8 @@ class AutoMethod final : public TrainingMethod {
     PIPESGD_ASSERT(since < trial_seconds_.size());
     trial_seconds_[since] = seconds;
     if (since + 1 < trial_seconds_.size()) return;
-    const auto measured_from = trial_seconds_.begin() + kTrialSettleIterations;
-    std::copy(measured_from, trial_seconds_.end(), trial_sorted_.begin());
-    const auto middle = trial_sorted_.begin() + static_cast<std::ptrdiff_t>(trial_sorted_.size() / 2);
-    std::nth_element(trial_sorted_.begin(), middle, trial_sorted_.end());
-    const double cap = kTrialOutlier * *middle;
+    std::copy(trial_seconds_.begin() + kTrialSettleIterations, trial_seconds_.end(), trial_sorted_.begin());
+    const double cap = kTrialOutlier * median_in_place(trial_sorted_);
     double sum = 0;
     for (double x : trial_seconds_) sum += std::min(x, cap);
     trial_figures_[current_phase_ - first_trial_phase()] = sum / static_cast<double>(trial_seconds_.size());
@@ -531,9 +535,7 @@ class AutoMethod final : public TrainingMethod {
     const auto window_length = static_cast<std::int64_t>(window_seconds_.size());
     window_seconds_[static_cast<std::size_t>((since - 1) % window_length)] = seconds;
     if (since % window_length != 0) return;
-    const auto middle = window_seconds_.begin() + static_cast<std::ptrdiff_t>(window_seconds_.size() / 2);
-    std::nth_element(window_seconds_.begin(), middle, window_seconds_.end());
-    float median = static_cast<float>(*middle);
+    float median = static_cast<float>(median_in_place(window_seconds_));
     drift_exchange_.sum(std::span<float>(&median, 1), kDriftSequenceBase + drift_exchanges_++);
     const double window = median / static_cast<float>(workers_);
     if (++drift_windows_ == 1) return;
