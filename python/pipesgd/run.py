@@ -18,6 +18,11 @@ lost_hosts and added_hosts). `pipesgd train` then resumes from the newest commit
 --checkpoint-dir (docs/user-guide.md, "Surviving failures"). A job that ends with exit status 2 (a
 usage error: it would fail again) or that this launcher's user interrupted is not relaunched.
 
+A Ctrl-C (SIGINT) or SIGTERM reaches mpirun and the ranks directly (they run in this launcher's
+process group); mpirun ends the job, and pipesgdrun exits with 128 + the signal (130 for Ctrl-C)
+after one line, as an interrupted command does, so that a script running it stops too. A signal sent
+to pipesgdrun alone is forwarded to mpirun if the job is still running 5 s later.
+
 With --min-np N and -H, a relaunch goes on with the hosts of -H that still answer (each asked to run
 `true` through mpirun's rsh agent), with as many ranks as their slots hold up to --max-np. With
 --min-np N and --host-discovery-script SCRIPT instead of -H (Horovod's flag and contract: SCRIPT is
@@ -268,6 +273,49 @@ def _world_text(np_, hosts, lost, added, silent):
     return f"{np_} rank{'s' if np_ != 1 else ''} ({'; '.join(notes)})"
 
 
+# A signal that mpirun has not ended the job for after this long did not reach it (a `kill` of this
+# process alone, not of its process group): it is forwarded then, once. Never at once: mpirun takes a
+# second signal as "terminate forcibly" and exits leaving the ranks running.
+FORWARD_AFTER_S = 5.0
+
+
+class Interrupts:
+    """The SIGINT / SIGTERM this launcher receives while mpirun runs (the terminal's Ctrl-C reaches
+    mpirun and the ranks too: they are in this process group)."""
+
+    def __init__(self):
+        self.received = []  # (signal number, time.monotonic())
+
+    def install(self):
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, lambda number, _frame: self.received.append((number, time.monotonic())))
+
+    def __bool__(self):
+        return bool(self.received)
+
+    def exit_status(self, mpirun_status, err):
+        """128 + the first signal, as for any interrupted command, after one line."""
+        number = self.received[0][0]
+        what = "it had completed" if mpirun_status == 0 else "the job stopped"
+        print(f"pipesgdrun: interrupted by {signal.Signals(number).name}: {what} (mpirun exit status {mpirun_status})",
+              file=err, flush=True)
+        return 128 + number
+
+
+def run_mpirun(command, env, interrupts):
+    """Runs mpirun (in this process group) until it exits; returns its exit status."""
+    child = subprocess.Popen(command, env=env)
+    forwarded = False
+    while True:
+        try:
+            return child.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        if interrupts and not forwarded and time.monotonic() - interrupts.received[0][1] >= FORWARD_AFTER_S:
+            child.send_signal(interrupts.received[0][0])
+            forwarded = True
+
+
 def run_with_restarts(args, environ=None, launch=None, clock=time.time, err=sys.stderr, probe=probe_host):
     """Runs the job, relaunching it after a failure up to args.restarts times; returns the exit status.
     `launch(command, env)` runs one mpirun and returns its exit status and `probe(host, environ)` says
@@ -277,10 +325,7 @@ def run_with_restarts(args, environ=None, launch=None, clock=time.time, err=sys.
     script = getattr(args, "host_discovery_script", None)
     default_slots = getattr(args, "slots", None) or 1
     max_np = args.np if args.max_np is None else args.max_np
-    interrupted = []
-
-    def on_signal(number, _frame):
-        interrupted.append(number)  # mpirun gets the terminal's signal too and ends the job
+    interrupted = Interrupts()
 
     def discovered(previous, want):
         """(world or None, printed, silent) from the script; DiscoveryError if it fails."""
@@ -312,9 +357,8 @@ def run_with_restarts(args, environ=None, launch=None, clock=time.time, err=sys.
 
     if launch is None:
         def launch(command, env):
-            return subprocess.run(command, env=env, check=False).returncode
-        for number in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(number, on_signal)
+            return run_mpirun(command, env, interrupted)
+        interrupted.install()
     failures = []
     attempt = 0
     while True:
@@ -325,10 +369,12 @@ def run_with_restarts(args, environ=None, launch=None, clock=time.time, err=sys.
         started = clock()
         exit_code = launch(command, environ)
         if exit_code == 0:
-            return 0
+            return interrupted.exit_status(0, err) if interrupted else 0
         ended = clock()
         if not should_relaunch(exit_code, attempt, args.restarts, bool(interrupted)):
-            if exit_code != _USAGE_ERROR and not interrupted and args.restarts > 0:
+            if interrupted:
+                return interrupted.exit_status(exit_code, err)
+            if exit_code != _USAGE_ERROR and args.restarts > 0:
                 print(f"pipesgdrun: the job failed (exit status {exit_code}) and --restarts {args.restarts} are used "
                       f"up; the newest commit is still in the job's --checkpoint-dir", file=err, flush=True)
             return exit_code
@@ -431,7 +477,10 @@ def main(argv=None):
         return 127
     if args.restarts > 0:
         return run_with_restarts(args)
-    os.execvp(command[0], command)
+    interrupts = Interrupts()
+    interrupts.install()
+    status = run_mpirun(command, os.environ, interrupts)
+    return interrupts.exit_status(status, sys.stderr) if interrupts else status
 
 
 if __name__ == "__main__":

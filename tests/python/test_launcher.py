@@ -1,6 +1,12 @@
 """pipesgdrun (pipesgd.run): the mpirun command it builds, --dry-run, and a real 2-rank launch
 (run by pytest alone; the launches are child processes)."""
 import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
 
 from pipesgd import run as launcher
 from psgd_testlib import PIPESGDRUN, PYTHON, clean_env
@@ -84,6 +90,55 @@ def test_pipesgdrun_launches_two_ranks(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     written = {path.name: path.read_text() for path in tmp_path.iterdir()}
     assert written == {"rank0": "size 2 rank 0", "rank1": "size 2 rank 1"}, (written, result.stdout + result.stderr)
+
+
+# Ctrl-C: the terminal signals the whole process group (pipesgdrun, mpirun, the ranks); mpirun ends
+# the job and exits 1, and pipesgdrun exits 130 after one line (a shell script running it stops: the
+# README's blocks are run so). A signal to pipesgdrun alone reaches mpirun FORWARD_AFTER_S later.
+SLEEPING_RANK = ("import os, sys, time; rank = os.environ['OMPI_COMM_WORLD_RANK']; "
+                 "open(f'{sys.argv[1]}/rank{rank}', 'w').write(str(os.getpid())); time.sleep(300)")
+
+
+def start_sleeping_ranks(tmp_path, restarts):
+    child = subprocess.Popen([PIPESGDRUN, "--restarts", str(restarts), "-np", "2", PYTHON, "-c", SLEEPING_RANK,
+                              str(tmp_path)], env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 100
+    while len(list(tmp_path.glob("rank*"))) < 2:
+        assert child.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.1)
+    time.sleep(0.5)  # both pids written
+    return child, [int(path.read_text()) for path in tmp_path.glob("rank*")]
+
+
+def assert_ranks_gone(pids):
+    deadline = time.monotonic() + 30
+    for pid in pids:
+        while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+            assert time.monotonic() < deadline, f"rank process {pid} still runs"
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_ctrl_c_ends_the_job_and_exits_130(tmp_path, restarts):
+    child, pids = start_sleeping_ranks(tmp_path, restarts)
+    os.killpg(child.pid, signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, (child.returncode, err)
+    assert re.fullmatch(r"pipesgdrun: interrupted by SIGINT: the job stopped \(mpirun exit status [1-9]\d*\)",
+                        err.strip().splitlines()[-1]), err
+    assert_ranks_gone(pids)
+
+
+def test_a_signal_to_pipesgdrun_alone_reaches_the_job(tmp_path):
+    child, pids = start_sleeping_ranks(tmp_path, 0)
+    started = time.monotonic()
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 143, (child.returncode, err)
+    assert time.monotonic() - started >= launcher.FORWARD_AFTER_S, "forwarded at once: mpirun would get it twice"
+    assert err.strip().splitlines()[-1].startswith("pipesgdrun: interrupted by SIGTERM: the job stopped"), err
+    assert_ranks_gone(pids)
 
 
 # --restarts: the relaunch rule, the environment each launch gets, and a real relaunch of a

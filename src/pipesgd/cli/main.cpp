@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -162,7 +163,18 @@ int main(int argc, char** argv) {
       session = std::make_unique<MpiSession>(&argc, &argv);
     }
     init_torch_runtime(1);
-    return chosen->run(session.get());
+    const int code = chosen->run(session.get());
+    // A SIGINT / SIGTERM waits for an iteration boundary (core/interrupt.h); one that came after the
+    // last one (during the final evaluation or the writing of the results) found the work done.
+    // The command still exits as interrupted, so that the shell or script that sent it stops too.
+    const int late = interrupt_signal().load();
+    if (code != 0 || late == 0) return code;
+    if (session == nullptr || session->leader()) {
+      std::cout << std::flush;
+      std::fprintf(stderr, "pipesgd: interrupted by %s after the last iteration: the results above are complete\n",
+                   signal_name(late).c_str());
+    }
+    return 128 + late;
   } catch (const std::exception& error) {
     const bool usage = dynamic_cast<const UsageError*>(&error) != nullptr;
     const int exit_code = usage ? 2 : 1;

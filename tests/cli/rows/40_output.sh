@@ -98,6 +98,55 @@ assert json.load(open(out + "/1-dsync/summary.json"))["interrupted"]["at_iterati
 assert not os.path.exists(out + "/2-pipe"), "pipe started after the interrupt"
 PYEOF
 
+# A signal after the last iteration (here during the final evaluation, which this model makes last
+# seconds: its eval-mode forward spins) finds the work done: the run completes and writes its results,
+# but still exits 130, so that the script that sent the Ctrl-C stops too. The signal goes when the
+# progress line of iteration 1 of 2 appears; one that lands before iteration 2 ends stops the run
+# there instead (the early-stop rows above), and that attempt is repeated (at most 3 times).
+cat >"$TMP/slow_eval.py" <<'PYEOF'
+import sys, torch
+class SlowEval(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(784, 10)
+    def forward(self, x):
+        y = self.fc(x.flatten(1))
+        if not self.training:
+            for _ in range(150000):
+                y = y * 1.0
+        return y
+torch.jit.save(torch.jit.script(SlowEval()), sys.argv[1])
+PYEOF
+/usr/bin/python3 "$TMP/slow_eval.py" "$TMP/slow-eval.pt" >"$R/slow-eval.log" 2>&1  # TorchScript reads the source file
+for attempt in 1 2 3; do
+  rm -rf "$R/late-sigint"
+  (ulimit -v "$MEMORY_LIMIT_KB" 2>/dev/null
+   exec timeout -k 5 120 "$BIN" train --model "$TMP/slow-eval.pt" --data synthetic --iters 2 --workers 2 \
+     --out "$R/late-sigint") >"$R/late-sigint.out" 2>"$R/late-sigint.err" &
+  late_pid=$!
+  for _ in $(seq 1 1200); do
+    grep -q "1/2 iterations" "$R/late-sigint.err" 2>/dev/null && break
+    kill -0 "$late_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -INT "$late_pid" 2>/dev/null
+  wait "$late_pid"
+  echo $? >"$R/late-sigint.rc"
+  grep -q "interrupted by SIGINT after iteration 1 of 2" "$R/late-sigint.err" || break
+done
+rc=$(cat "$R/late-sigint.rc")
+if [ "$rc" = 130 ]; then pass "interrupt/after-last-iteration-exit-130"; else fail "interrupt/after-last-iteration-exit-130" "exit $rc [stderr: $(excerpt "$R/late-sigint.err")]"; fi
+pycheck "interrupt/after-last-iteration-complete-and-says-so" "$R/late-sigint.err" "$R/late-sigint" <<'PYEOF'
+import json, os, sys
+err, out = sys.argv[1:3]
+last = open(err).read().splitlines()[-1]
+assert last == "pipesgd: interrupted by SIGINT after the last iteration: the results above are complete", last
+s = json.load(open(out + "/summary.json"))
+assert s.get("interrupted") is None and s["iterations"] == 2, (s.get("interrupted"), s["iterations"])
+assert s["final_test_accuracy"] is not None, "no final evaluation"
+assert os.path.getsize(out + "/model.pt") > 0
+PYEOF
+
 # An --out where no file can be created (as root too: /proc takes none) fails before any work.
 row out-unwritable-train   2 "--out '/proc': cannot write in it" train --data synthetic --iters 3 --quiet --out /proc
 row out-unwritable-compare 2 "--out '/proc': cannot write in it" compare --algos dsync,pipe --data synthetic --iters 3 \
