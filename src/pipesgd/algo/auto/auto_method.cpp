@@ -217,7 +217,7 @@ class AutoMethod final : public TrainingMethod {
         profiler_(select_on(kProfilingSpec,
                             {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
                             context.common)),
-        drift_exchange_(context.transport, kMaxTrials, context.common.timeout),
+        measurement_exchange_(context.transport, kMaxTrials, context.common.timeout),
 
         trial_seconds_(static_cast<std::size_t>(kTrialSettleIterations + options_.profile_iterations), 0.0),
         trial_sorted_(static_cast<std::size_t>(options_.profile_iterations), 0.0),
@@ -351,7 +351,7 @@ class AutoMethod final : public TrainingMethod {
     reference_seconds_ = in.real(prefix + "drift.reference_seconds");
     strikes_ = static_cast<int>(in.integer(prefix + "drift.strikes"));
     drift_windows_ = in.integer(prefix + "drift.windows");
-    drift_exchanges_ = static_cast<std::uint64_t>(in.integer(prefix + "drift.exchanges"));
+    measurement_exchanges_ = static_cast<std::uint64_t>(in.integer(prefix + "drift.exchanges"));
     const std::vector<double> trial = in.doubles(prefix + "trial.seconds", trial_seconds_.size());
     std::copy(trial.begin(), trial.end(), trial_seconds_.begin());
     const std::vector<double> figures = in.doubles(prefix + "trial.figures", trial_figures_.size());
@@ -493,7 +493,7 @@ class AutoMethod final : public TrainingMethod {
     const std::size_t count = phases_.size() - first;
     std::array<float, kMaxTrials> sums{};
     for (std::size_t j = 0; j < count; ++j) sums[j] = static_cast<float>(trial_figures_[j]);
-    drift_exchange_.sum(std::span<float>(sums.data(), count), kDriftSequenceBase + drift_exchanges_++);
+    measurement_exchange_.sum(std::span<float>(sums.data(), count), kDriftSequenceBase + measurement_exchanges_++);
     std::vector<std::size_t> contenders;
     std::vector<double> seconds;
     for (std::size_t j = 0; j < count; ++j) {
@@ -536,7 +536,7 @@ class AutoMethod final : public TrainingMethod {
     window_seconds_[static_cast<std::size_t>((since - 1) % window_length)] = seconds;
     if (since % window_length != 0) return;
     float median = static_cast<float>(median_in_place(window_seconds_));
-    drift_exchange_.sum(std::span<float>(&median, 1), kDriftSequenceBase + drift_exchanges_++);
+    measurement_exchange_.sum(std::span<float>(&median, 1), kDriftSequenceBase + measurement_exchanges_++);
     const double window = median / static_cast<float>(workers_);
     if (++drift_windows_ == 1) return;
     if (drift_windows_ == 2) {
@@ -585,7 +585,7 @@ class AutoMethod final : public TrainingMethod {
     out.add_double(prefix + "drift.reference_seconds", reference_seconds_);
     out.add_int(prefix + "drift.strikes", strikes_);
     out.add_int(prefix + "drift.windows", drift_windows_);
-    out.add_int(prefix + "drift.exchanges", static_cast<std::int64_t>(drift_exchanges_));
+    out.add_int(prefix + "drift.exchanges", static_cast<std::int64_t>(measurement_exchanges_));
     out.add_doubles(prefix + "trial.seconds", trial_seconds_);
     out.add_doubles(prefix + "trial.figures", trial_figures_);
   }
@@ -596,7 +596,7 @@ class AutoMethod final : public TrainingMethod {
   const std::vector<AutoCandidate> candidates_;
   const MethodSelection profiler_;
   std::vector<MethodSelection> scheduled_;
-  PlanningExchange drift_exchange_;
+  PlanningExchange measurement_exchange_;  // the workers' sums of drift-window medians and of trial figures
 
   std::vector<Phase> phases_;  // in order of start; the last may start after the current iteration
   std::size_t current_phase_ = 0;
@@ -617,7 +617,7 @@ class AutoMethod final : public TrainingMethod {
   double reference_seconds_ = 0;  // the workers' mean iteration in the reference window
   int strikes_ = 0;
   std::int64_t drift_windows_ = 0;
-  std::uint64_t drift_exchanges_ = 0;
+  std::uint64_t measurement_exchanges_ = 0;
 };
 
 std::string trade_of(const std::string& codec, bool stale, int k) {
