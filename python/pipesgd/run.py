@@ -288,7 +288,7 @@ class Interrupts:
 
     def install(self):
         for number in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(number, lambda number, _frame: self.received.append((number, time.monotonic())))
+            signal.signal(number, lambda signum, _frame: self.received.append((signum, time.monotonic())))
 
     def __bool__(self):
         return bool(self.received)

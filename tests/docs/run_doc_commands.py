@@ -13,9 +13,9 @@ the repository's build/, profiles/, examples/, scripts/ and bench/ linked in, BU
 a `pipesgd` on PATH, and PYTHONPATH=BUILD/python. A block still running after --budget seconds
 (default 60) gets SIGINT, as a user's Ctrl-C: it passes if it then stops within 30 s with the
 status of an interrupt (130) and nothing on stderr says "usage" or "unknown": the command was
-accepted and ran. A block that runs mpirun itself may stop with 1 instead: that is Open MPI's mpirun's
-own status after a Ctrl-C (pipesgdrun's is 130). Prints `ok DOC:LINE` / `FAIL DOC:LINE: why` per block and a summary line;
-exits 1 if any block failed.
+accepted and ran. A block that runs mpirun itself may stop with 1 instead: that is Open MPI's
+mpirun's own status after a Ctrl-C (pipesgdrun's is 130). Prints `ok DOC:LINE` / `FAIL DOC:LINE: why`
+per block and a summary line; exits 1 if any block failed.
 """
 import argparse
 import os
