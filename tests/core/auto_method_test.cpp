@@ -270,6 +270,65 @@ TEST(AutoDecides, WhyNamesTheMeasurementsAndTheTrade) {
   EXPECT_NE(decision.why.find("trades accuracy (staleness K=2)"), std::string::npos) << decision.why;
 }
 
+// Drift across a decision boundary (cnn at 10gbe with its link slowed 4x, in synthetic numbers):
+// 10.5 ms of compute, mostly forward, and a 0.5 ms allreduce that the layer-wise plan nearly hides,
+// so auto:stale keeps dsync+optimal (pipe would gain < 5%). The measured allreduce 4x longer makes
+// pipe more than 5% faster by the profile: a crossing. Returns the label the scaled profile chooses.
+std::optional<std::string> crossing_label(const std::string& policy, const std::string& running, double comm_scale,
+                                          double compute_scale) {
+  const MethodSelection selection = select_for_test(concat("auto:", policy));
+  const std::vector<AutoCandidate> candidates =
+      auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
+  std::size_t index = candidates.size();
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].label == running) index = i;
+  }
+  EXPECT_LT(index, candidates.size()) << running;
+  const std::optional<BoundaryCrossing> crossing = decision_boundary_crossed(
+      candidates, synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-10), 2, 0.05, index, comm_scale, compute_scale);
+  if (!crossing) return std::nullopt;
+  EXPECT_LT(crossing->choice_seconds * 1.05, crossing->running_seconds) << candidates[crossing->choice].label;
+  return candidates[crossing->choice].label;
+}
+
+TEST(AutoDrift, AComm4xLongerCrossesTheBoundaryToPipe) {
+  const MethodSelection selection = select_for_test("auto:stale");
+  const std::vector<AutoCandidate> candidates =
+      auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
+  const PlanningInputs measured = synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-10);
+  ASSERT_EQ(candidates[decide_method(candidates, measured, 2, 0.05).chosen].label, "dsync+optimal");
+  EXPECT_EQ(crossing_label("stale", "dsync+optimal", 4, 1), "pipe K=2");
+  EXPECT_EQ(crossing_label("stale", "dsync+optimal", 1, 1), std::nullopt);    // nothing moved
+  EXPECT_EQ(crossing_label("stale", "dsync+optimal", 1.2, 1), std::nullopt);  // still hidden
+  // Compute 4x longer too: the ratio is the reference's, the choice stays.
+  EXPECT_EQ(crossing_label("stale", "dsync+optimal", 4, 4), std::nullopt);
+  // auto:sync has no pipe: the slower link changes nothing the policy allows.
+  EXPECT_EQ(crossing_label("sync", "dsync+optimal", 4, 1), std::nullopt);
+  // The trials kept pipe, which the profile predicted no faster: unchanged scales cross nothing, and
+  // a faster link does not make auto leave a method that is not predicted slower than the choice.
+  EXPECT_EQ(crossing_label("stale", "pipe K=2", 1, 1), std::nullopt);
+  EXPECT_EQ(crossing_label("stale", "pipe K=2", 0.25, 1), std::nullopt);
+  // The trials kept plain dsync (predicted behind dsync+optimal already): only a move beyond that counts.
+  EXPECT_EQ(crossing_label("stale", "dsync", 1, 1), std::nullopt);
+  EXPECT_EQ(crossing_label("stale", "dsync", 4, 1), "pipe K=2");
+}
+
+TEST(AutoDrift, ScaledInputsScaleTheAllreduceAndTheCompute) {
+  PlanningInputs measured = synthetic(2, 1e6, 1e-3, 2e-3, 0.1e-3, 1e-9);
+  measured.backward_tail_seconds = 0.2e-3;
+  measured.profile.per_bucket_compute_seconds = 0.01e-3;
+  const PlanningInputs scaled = scaled_planning_inputs(measured, 4, 0.5);
+  EXPECT_DOUBLE_EQ(scaled.cost.a, 0.4e-3);
+  EXPECT_DOUBLE_EQ(scaled.cost.b, 4e-9);
+  EXPECT_EQ(scaled.profile.backward_seconds, (std::vector<double>{0.5e-3, 0.5e-3}));
+  EXPECT_DOUBLE_EQ(scaled.profile.forward_seconds, 1e-3);
+  EXPECT_DOUBLE_EQ(scaled.profile.per_bucket_compute_seconds, 0.005e-3);
+  EXPECT_DOUBLE_EQ(scaled.update_seconds, 0.25e-3);
+  EXPECT_DOUBLE_EQ(scaled.backward_tail_seconds, 0.1e-3);
+  EXPECT_EQ(scaled.profile.bytes, measured.profile.bytes);
+  EXPECT_DOUBLE_EQ(measured_compute_seconds(scaled), 0.5 * measured_compute_seconds(measured));
+}
+
 // Trials: the candidates tried are the choice, then those predicted within the margin of the
 // fastest, at most kMaxTrials.
 AutoDecision predicted(std::vector<double> seconds, std::size_t chosen) {

@@ -314,6 +314,50 @@ TEST(HtmlReport, SaysNotEvaluatedWithoutAccuracy) {
   EXPECT_NE(html.find("moving average over 2 iterations"), std::string::npos);
 }
 
+// `--algo auto`'s phases, as its summary.json gives them: a table of the phases and the costs.
+TEST(HtmlReport, ShowsAutosPhases) {
+  TempDir dir;
+  json summary = summary_json("auto:any");
+  summary["auto"] = {
+      {"policy", "any"},
+      {"candidates", {"dsync", "pipe K=2"}},
+      {"phases",
+       {{{"start_iteration", 0}, {"method", "dsync+optimal"}, {"kind", "profiling"}, {"why", "profiling"},
+         {"predicted_iteration_s", nullptr}, {"measured_iteration_s", 0.0051}, {"drift_window_iterations", nullptr}},
+        {{"start_iteration", 18}, {"method", "pipe K=2"}, {"kind", "chosen"}, {"why", "measured compute <4 ms>"},
+         {"predicted_iteration_s", 0.004}, {"measured_iteration_s", 0.0045}, {"drift_window_iterations", 500}},
+        {{"start_iteration", 600}, {"method", "dsync+optimal"}, {"kind", "profiling"},
+         {"why", "profiling again: the allreduce moved"}, {"predicted_iteration_s", nullptr},
+         {"measured_iteration_s", nullptr}, {"drift_window_iterations", nullptr}}}},
+      {"startup_cost_s", 0.0125},
+      {"startup_cost_fraction", 0.0123},
+      {"profiling_cost_s", 0.025},
+      {"profiling_cost_fraction", 0.0246}};
+  write_text(dir.file("summary.json"), summary.dump());
+  write_text(dir.file("metrics.jsonl"), metrics_text(20, 0.5, false));
+  const ReportInput input = read_report_input(dir.path());
+  ASSERT_TRUE(input.runs[0].auto_phases);
+  EXPECT_EQ(input.runs[0].auto_phases->phases.size(), 3u);
+  const std::string html = render_html_report(input, report_accuracy_target(input, std::nullopt), dir.path());
+  EXPECT_NE(html.find("<h2>auto:any: auto's phases (policy any)</h2>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<tr><td>18</td><td>pipe K=2</td><td>chosen</td><td>4.000</td><td>4.500</td><td>measured "
+                      "compute &lt;4 ms&gt;</td></tr>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<tr><td>600</td><td>dsync+optimal</td><td>profiling</td><td>-</td><td>-</td>"),
+            std::string::npos);
+  EXPECT_NE(html.find("0.013 s (1.23% of the run)"), std::string::npos);
+  EXPECT_NE(html.find("0.025 s (2.46% of the run)"), std::string::npos);
+  // A run of another method has no such section.
+  write_text(dir.file("summary.json"), summary_json("dsync").dump());
+  const ReportInput plain = read_report_input(dir.path());
+  EXPECT_EQ(render_html_report(plain, std::nullopt, dir.path()).find("auto's phases"), std::string::npos);
+  // A malformed phase is one line naming the file and the phase.
+  summary["auto"]["phases"][1].erase("kind");
+  write_text(dir.file("summary.json"), summary.dump());
+  EXPECT_EQ(error_of<DataError>([&] { read_report_input(dir.path()); }),
+            concat("summary '", dir.file("summary.json"), "' \"auto\" phase 2: no \"kind\""));
+}
+
 TEST(HtmlReport, NeedsGnuplot) {
   TempDir dir;
   write_compare_directory(dir.path(), {"dsync"});

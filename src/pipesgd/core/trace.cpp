@@ -164,6 +164,7 @@ nlohmann::json TraceRecorder::events_json(std::int64_t offset_ns) const {
       if (a.tag > 0) args["tag"] = a.tag;
       if (a.algorithm != nullptr) args["algorithm"] = a.algorithm;
       if (a.codec != nullptr) args["codec"] = a.codec;
+      if (a.detail != nullptr) args["detail"] = a.detail;
       if (!args.empty()) out["args"] = std::move(args);
       events.push_back(std::move(out));
     }

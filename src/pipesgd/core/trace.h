@@ -51,6 +51,7 @@ struct TraceArgs {
   std::uint64_t tag = 0;
   const char* algorithm = nullptr;
   const char* codec = nullptr;
+  const char* detail = nullptr;  // free text (e.g. why auto switched); interned (TraceRecorder::intern)
 };
 
 // The categories the run's events use.

@@ -499,6 +499,36 @@ std::string summary_section(const ReportInput& input, const std::optional<Accura
   return html + "</p>\n";
 }
 
+// `--algo auto`'s runs: each phase (from which iteration, which method and why, predicted and
+// measured iteration) and what choosing cost. Empty if no run is auto's.
+std::string auto_section(const ReportInput& input) {
+  std::string html;
+  const auto cost = [](double seconds, const std::optional<double>& fraction) {
+    return concat(format_number("%.3f", seconds), " s", fraction ? format_number(" (%.2f%% of the run)", 100 * *fraction) : "");
+  };
+  for (const MethodRun& run : input.runs) {
+    if (!run.auto_phases) continue;
+    const AutoRecord& record = *run.auto_phases;
+    std::vector<std::vector<std::string>> rows = {
+        {"from iteration", "method", "phase", "predicted ms", "measured ms", "why"}};
+    for (const AutoPhaseRecord& phase : record.phases) {
+      const auto ms_or_dash = [](const std::optional<double>& seconds) {
+        return seconds ? milliseconds(*seconds) : std::string("-");
+      };
+      rows.push_back({std::to_string(phase.start_iteration), phase.method, phase.kind,
+                      ms_or_dash(phase.predicted_iteration), ms_or_dash(phase.measured_iteration), phase.why});
+    }
+    html += concat("<h2>", html_escape(run.method), ": auto's phases (policy ", html_escape(record.policy), ")</h2>\n",
+                   "<div class=\"phases\">\n", html_table(rows), "</div>\n");
+    html += concat("<p>Start-up cost (the profiling and trials before the first choice, each iteration less one of "
+                   "the method chosen): ",
+                   cost(record.startup_cost, record.startup_cost_fraction),
+                   "; every profiling and trial of the run: ", cost(record.profiling_cost, record.profiling_cost_fraction),
+                   ".</p>\n");
+  }
+  return html;
+}
+
 std::string run_title(const ReportInput& input) {
   std::vector<std::string> methods;
   for (const MethodRun& run : input.runs) methods.push_back(run.method);
@@ -544,6 +574,7 @@ std::string render_html_report(const ReportInput& input, const std::optional<Acc
           "th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }\n"
           "th:first-child, td:first-child { text-align: left; }\n"
           "th { background: #f2f2f2; }\n"
+          ".phases td { text-align: left; }\n"
           "figure { margin: 1.2em 0; }\n"
           "figure svg { display: block; max-width: 100%; height: auto; }\n"
           "figcaption { font-size: 0.9em; color: #444; max-width: 900px; }\n"
@@ -552,6 +583,7 @@ std::string render_html_report(const ReportInput& input, const std::optional<Acc
   html += concat("<p>Model ", html_escape(input.model), ", ", input.workers, " workers x batch ", input.batch_per_worker,
                  ", network ", html_escape(input.network), ". From <code>", html_escape(source), "</code>.</p>\n");
   html += summary_section(input, target);
+  html += auto_section(input);
   for (const Section& section : sections) {
     html += concat("<h2>", html_escape(section.heading), "</h2>\n", section.text);
     for (const Figure& figure : section.figures) {

@@ -89,6 +89,29 @@ bool unmeasured(const json& object, const char* means_key) {
   return found != object.end() && found->is_null();
 }
 
+// `record`'s "auto" (summary.json or a compare.json record), if it has one.
+std::optional<AutoRecord> auto_record(const json& record, const std::string& source) {
+  const auto found = record.find("auto");
+  if (found == record.end() || found->is_null()) return std::nullopt;
+  const std::string auto_source = source + " \"auto\"";
+  AutoRecord out;
+  out.policy = text(*found, "policy", auto_source);
+  const json& phases = field(*found, "phases", auto_source);
+  if (!phases.is_array()) malformed(auto_source, "\"phases\" is not a list");
+  for (std::size_t i = 0; i < phases.size(); ++i) {
+    const std::string phase_source = concat(auto_source, " phase ", i + 1);
+    out.phases.push_back({integer(phases[i], "start_iteration", phase_source), text(phases[i], "method", phase_source),
+                          text(phases[i], "kind", phase_source), text(phases[i], "why", phase_source),
+                          optional_number(phases[i], "predicted_iteration_s", phase_source),
+                          optional_number(phases[i], "measured_iteration_s", phase_source)});
+  }
+  out.startup_cost = number(*found, "startup_cost_s", auto_source);
+  out.profiling_cost = number(*found, "profiling_cost_s", auto_source);
+  out.startup_cost_fraction = optional_number(*found, "startup_cost_fraction", auto_source);
+  out.profiling_cost_fraction = optional_number(*found, "profiling_cost_fraction", auto_source);
+  return out;
+}
+
 // The figures summary.json gives every run.
 void read_summary_figures(const json& summary, const std::string& source, MethodRun& run) {
   run.method = text(summary, "method", source);
@@ -101,6 +124,7 @@ void read_summary_figures(const json& summary, const std::string& source, Method
   run.predicted_iteration = number(summary, "predicted_iteration_s", source);
   run.final_train_accuracy = optional_number(summary, "final_train_accuracy", source);
   run.final_test_accuracy = optional_number(summary, "final_test_accuracy", source);
+  run.auto_phases = auto_record(summary, source);
 }
 
 void read_setup(const json& summary, const std::string& source, ReportInput& input) {
@@ -131,6 +155,7 @@ ReportInput read_compare_directory(const std::filesystem::path& dir) {
     run.speedup = optional_number(record, "speedup", record_source);  // null: no baseline measured
     run.final_train_accuracy = optional_number(record, "final_train_accuracy", record_source);
     run.final_test_accuracy = optional_number(record, "final_test_accuracy", record_source);
+    run.auto_phases = auto_record(record, record_source);
     if (input.runs.empty()) {
       input.speedup_baseline = text(record, "speedup_baseline", record_source);
       if (const auto target = record.find("target_accuracy"); target != record.end()) {

@@ -35,6 +35,24 @@ struct MetricsRecords {
 // a field the report uses).
 MetricsRecords read_metrics_file(const std::filesystem::path& path);
 
+// `--algo auto`'s phases, as summary.json's (and compare.json's) "auto" gives them.
+struct AutoPhaseRecord {
+  std::int64_t start_iteration = 0;
+  std::string method;  // e.g. "pipe+int8 K=2"
+  std::string kind;    // "profiling", "trial", "chosen" or "scheduled"
+  std::string why;
+  std::optional<double> predicted_iteration;  // seconds; chosen and trial phases
+  std::optional<double> measured_iteration;   // seconds; null if none of its iterations was measured
+};
+struct AutoRecord {
+  std::string policy;
+  std::vector<AutoPhaseRecord> phases;
+  double startup_cost = 0;    // seconds: the profiling and trials before the first choice
+  double profiling_cost = 0;  // seconds: every profiling and trial of the run
+  std::optional<double> startup_cost_fraction;  // of the run's recorded iterations
+  std::optional<double> profiling_cost_fraction;
+};
+
 // One method's run: its figures (summary.json, or its compare.json record) and its metrics.
 struct MethodRun {
   std::string method;
@@ -46,6 +64,7 @@ struct MethodRun {
   std::optional<double> speedup;    // compare only: throughput relative to the first method
   std::optional<double> final_train_accuracy;
   std::optional<double> final_test_accuracy;
+  std::optional<AutoRecord> auto_phases;  // `--algo auto` only
   MetricsRecords metrics;
 };
 

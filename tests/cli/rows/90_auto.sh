@@ -3,7 +3,7 @@
 #  - bad input is one line: an unknown policy, an option the policy does not allow;
 #  - train (--auto-trial 0): one stderr line with the choice, its prediction, the runner-up and why;
 #    summary.json's phases (profiling from 0, the choice from 18, each with its measured iteration)
-#    and the report's paragraph say the same;
+#    and the report's paragraph say the same; the trace marks the switch with the same words;
 #  - train with trials: a line naming the 3 candidates tried, then the one kept; the phases and the
 #    report's start-up cost say the same;
 #  - compare: an auto row like any method's, with its phases in compare.json.
@@ -18,8 +18,8 @@ row auto-stale-codec 2 "--codec int8 trades accuracy (a lossy codec), which auto
 
 d=$R/auto
 mkdir -p "$d"
-run train --algo auto:any --iters 40 --net bw=1Gbit,lat=200us --auto-trial 0 --out "$d/train" "${AQ[@]}" >"$d/train.out" \
-  2>"$d/train.err"
+run train --algo auto:any --iters 40 --net bw=1Gbit,lat=200us --auto-trial 0 --out "$d/train" --trace "$d/train.trace" \
+  "${AQ[@]}" >"$d/train.out" 2>"$d/train.err"
 expect_success "auto/train-exit-0" $? "$d/train.out" "$d/train.err"
 pycheck "auto/train-line-summary-report-agree" "$d/train.err" "$d/train" "$d/train.out" <<'PYEOF'
 import json, re, sys
@@ -44,6 +44,20 @@ assert all(p["measured_iteration_s"] > 0 for p in phases), phases
 text = open(out).read()
 assert "auto (policy any):" in text, text[-800:]
 assert "from iteration 18: " + m.group(1) + ", predicted " + m.group(2) + " ms, measured " in text, text[-800:]
+PYEOF
+# The trace marks the switch on each worker's compute thread: the method, its phase, its prediction and why.
+pycheck "auto/trace-names-the-switch" "$d/train.trace" "$d/train" <<'PYEOF'
+import json, sys
+trace, out_dir = sys.argv[1:3]
+events = json.load(open(trace))
+events = events["traceEvents"] if isinstance(events, dict) else events
+switches = [e for e in events if e.get("name") == "auto switch"]
+chosen = json.load(open(out_dir + "/summary.json"))["auto"]["phases"][1]
+assert len(switches) == 2 and len({e["pid"] for e in switches}) == 2, switches
+for e in switches:
+    assert e["ph"] == "i" and e["args"]["iteration"] == 18, e
+    expected = "%s (chosen), predicted %.3f ms: %s" % (chosen["method"], chosen["predicted_iteration_s"] * 1e3, chosen["why"])
+    assert e["args"]["detail"] == expected, (e, expected)
 PYEOF
 
 # --auto-trial 10: every candidate is close enough to try, so 3 are tried (12 iterations each).

@@ -37,6 +37,10 @@ constexpr std::uint64_t kDriftSequenceBase = std::uint64_t{1} << 30;
 constexpr int kDriftStrikes = 2;
 // A trial's iteration counts at most this many times the trial's median iteration.
 constexpr double kTrialOutlier = 3;
+// What the workers average at the end of a drift window: the medians of its iterations, of their
+// allreduce time and of their compute (the iteration less the wait for communication).
+constexpr std::size_t kDriftFigures = 3;
+static_assert(kDriftFigures <= kMaxTrials, "the measurement exchange holds kMaxTrials values");
 
 bool allows_staleness(AutoPolicy policy) { return policy == AutoPolicy::kStale || policy == AutoPolicy::kAny; }
 bool allows_codecs(AutoPolicy policy) { return policy == AutoPolicy::kLossy || policy == AutoPolicy::kAny; }
@@ -263,7 +267,7 @@ class AutoMethod final : public TrainingMethod {
       watch_trial(t, iteration_clock_.seconds());
       return;
     }
-    watch_drift(t, iteration_clock_.seconds());
+    watch_drift(t, iteration_clock_.seconds(), times);
   }
 
   void finish(IterationTimes& times) override { finish_current(times); }
@@ -349,6 +353,15 @@ class AutoMethod final : public TrainingMethod {
     const std::vector<double> window = in.doubles(prefix + "drift.window_seconds", window_seconds_.size());
     std::copy(window.begin(), window.end(), window_seconds_.begin());
     reference_seconds_ = in.real(prefix + "drift.reference_seconds");
+    // The comm/compute windows (pipesgd before them: none; the next reference window sets them).
+    if (in.has(prefix + "drift.window_comm_seconds")) {
+      const std::vector<double> comm = in.doubles(prefix + "drift.window_comm_seconds", window_comm_.size());
+      std::copy(comm.begin(), comm.end(), window_comm_.begin());
+      const std::vector<double> compute = in.doubles(prefix + "drift.window_compute_seconds", window_compute_.size());
+      std::copy(compute.begin(), compute.end(), window_compute_.begin());
+      reference_comm_ = in.real(prefix + "drift.reference_comm_seconds");
+      reference_compute_ = in.real(prefix + "drift.reference_compute_seconds");
+    }
     strikes_ = static_cast<int>(in.integer(prefix + "drift.strikes"));
     drift_windows_ = in.integer(prefix + "drift.windows");
     measurement_exchanges_ = static_cast<std::uint64_t>(in.integer(prefix + "drift.exchanges"));
@@ -383,19 +396,20 @@ class AutoMethod final : public TrainingMethod {
     next_phase_ = phase + 1;
     current_finished_ = false;
     // A chosen phase's drift window (allocated here, at a switch, not per iteration).
-    window_seconds_.assign(p.kind == Phase::kChosen ? static_cast<std::size_t>(p.window) : 0, 0.0);
+    const std::size_t window = p.kind == Phase::kChosen ? static_cast<std::size_t>(p.window) : 0;
+    window_seconds_.assign(window, 0.0);
+    window_comm_.assign(window, 0.0);
+    window_compute_.assign(window, 0.0);
     std::fill(trial_seconds_.begin(), trial_seconds_.end(), 0.0);
     drift_windows_ = 0;
-    reference_seconds_ = 0;
+    reference_seconds_ = reference_comm_ = reference_compute_ = 0;
     strikes_ = 0;
   }
 
   // At the boundary before iteration t: the method running finishes (what it has in flight is
   // applied), hands its optimizer's state over, and phase `phase`'s method takes over.
   void switch_to(std::size_t phase, std::int64_t t, IterationTimes& times) {
-    TraceArgs args;
-    args.iteration = t;
-    trace_instant("auto switch", kTraceRun, args);
+    trace_phase(phases_[phase], t);
     finish_current(times);
     CheckpointWriter optimizer_state;
     Optimizer* before = current_->optimizer();
@@ -406,6 +420,19 @@ class AutoMethod final : public TrainingMethod {
     if (after != nullptr) {
       after->load_state(CheckpointReader::parse(optimizer_state.serialize(), "<auto's switch>"), "optimizer.");
     }
+  }
+
+  // An instant "auto switch" at iteration t on the calling thread's trace (if it records t): its
+  // detail names the phase's method, kind, prediction and why.
+  static void trace_phase(const Phase& phase, std::int64_t t) {
+    ThreadTrace* trace = current_thread_trace();
+    if (trace == nullptr || !trace->recording()) return;
+    TraceArgs args;
+    args.iteration = t;
+    std::string detail = concat(phase.label, " (", phase_kind_name(phase.kind), ")");
+    if (phase.kind == Phase::kChosen || phase.kind == Phase::kTrial) detail += concat(", predicted ", ms(phase.predicted));
+    args.detail = trace->recorder().intern(concat(detail, ": ", phase.reason));
+    trace_instant("auto switch", kTraceRun, args);
   }
 
   // The profiling's plan was made at the end of iteration t: choose, and switch at t + 1.
@@ -526,31 +553,62 @@ class AutoMethod final : public TrainingMethod {
     }
   }
 
-  // Every drift_window iterations of a chosen method: the workers' mean of their median iteration
-  // in the window (a few iterations preempted by another job do not move a median) against the
-  // reference (the second window after the switch; the first settles).
-  void watch_drift(std::int64_t t, double seconds) {
+  // Every drift_window iterations of a chosen method: the workers' means of their median iteration,
+  // allreduce time and compute in the window (a few iterations preempted by another job do not move
+  // a median) against the reference (the second window after the switch; the first settles). A
+  // window strikes when its iteration is off the reference by more than --auto-drift, or when its
+  // comm/compute ratio is and, with the profile scaled by the measured allreduce and compute, another
+  // candidate is predicted faster (decision_boundary_crossed). Two strikes in a row choose again.
+  void watch_drift(std::int64_t t, double seconds, const IterationTimes& times) {
     if (options_.drift <= 0) return;
     const std::int64_t since = t + 1 - phases_[current_phase_].start;
     const auto window_length = static_cast<std::int64_t>(window_seconds_.size());
-    window_seconds_[static_cast<std::size_t>((since - 1) % window_length)] = seconds;
+    const auto slot = static_cast<std::size_t>((since - 1) % window_length);
+    window_seconds_[slot] = seconds;
+    window_comm_[slot] = times.comm;
+    window_compute_[slot] = std::max(0.0, seconds - times.wait);
     if (since % window_length != 0) return;
-    float median = static_cast<float>(median_in_place(window_seconds_));
-    measurement_exchange_.sum(std::span<float>(&median, 1), kDriftSequenceBase + measurement_exchanges_++);
-    const double window = median / static_cast<float>(workers_);
+    std::array<float, kDriftFigures> medians = {static_cast<float>(median_in_place(window_seconds_)),
+                                                static_cast<float>(median_in_place(window_comm_)),
+                                                static_cast<float>(median_in_place(window_compute_))};
+    measurement_exchange_.sum(medians, kDriftSequenceBase + measurement_exchanges_++);
+    const double window = medians[0] / static_cast<float>(workers_);
+    const double comm = medians[1] / static_cast<float>(workers_);
+    const double compute = medians[2] / static_cast<float>(workers_);
     if (++drift_windows_ == 1) return;
     if (drift_windows_ == 2) {
       reference_seconds_ = window;
+      reference_comm_ = comm;
+      reference_compute_ = compute;
       return;
     }
+    const auto outside = [&](double ratio) { return ratio > 1 + options_.drift || ratio < 1 / (1 + options_.drift); };
     const double ratio = window / reference_seconds_;
-    strikes_ = ratio > 1 + options_.drift || ratio < 1 / (1 + options_.drift) ? strikes_ + 1 : 0;
+    std::optional<BoundaryCrossing> crossing;
+    if (!outside(ratio) && measured_ && reference_comm_ > 0 && reference_compute_ > 0 && comm > 0 && compute > 0 &&
+        outside((comm / compute) / (reference_comm_ / reference_compute_))) {
+      crossing = decision_boundary_crossed(candidates_, *measured_, workers_, options_.min_gain,
+                                           static_cast<std::size_t>(phases_[current_phase_].index),
+                                           comm / reference_comm_, compute / reference_compute_);
+    }
+    strikes_ = outside(ratio) || crossing ? strikes_ + 1 : 0;
     if (strikes_ < kDriftStrikes || since < options_.min_interval) return;
-    const std::string why =
-        concat("the measured iteration moved from ", ms(reference_seconds_), " to ", ms(window), " (",
-               format_number("x%.2f", ratio), ", outside ", format_number("x%.2f", 1 / (1 + options_.drift)), " to ",
-               format_number("x%.2f", 1 + options_.drift), " (--auto-drift ", format_number("%g", options_.drift),
-               ") for ", kDriftStrikes, " windows of ", window_length, " iterations in a row)");
+    const std::string band = concat(format_number("x%.2f", 1 / (1 + options_.drift)), " to ",
+                                    format_number("x%.2f", 1 + options_.drift), " (--auto-drift ",
+                                    format_number("%g", options_.drift), ")");
+    const std::string in_a_row = concat(" for ", kDriftStrikes, " windows of ", window_length, " iterations in a row");
+    std::string why;
+    if (crossing) {
+      why = concat("the allreduce moved from ", ms(reference_comm_), " to ", ms(comm), " and the compute from ",
+                   ms(reference_compute_), " to ", ms(compute), " per iteration (comm/compute ",
+                   format_number("x%.2f", (comm / compute) / (reference_comm_ / reference_compute_)), ", outside ", band,
+                   "): with them the profile predicts ", candidates_[crossing->choice].label, " ",
+                   ms(crossing->choice_seconds), " against ", phases_[current_phase_].label, " ",
+                   ms(crossing->running_seconds), in_a_row);
+    } else {
+      why = concat("the measured iteration moved from ", ms(reference_seconds_), " to ", ms(window), " (",
+                   format_number("x%.2f", ratio), ", outside ", band, ")", in_a_row);
+    }
     phases_.push_back({t + 1, Phase::kProfiling, 0, kProfilingSpec, concat("profiling again: ", why), 0, "", 0});
     next_phase_ = phases_.size() - 1;
     if (context_.announce) context_.announce(concat("auto: ", why, "; profiling again from iteration ", t + 1));
@@ -583,6 +641,10 @@ class AutoMethod final : public TrainingMethod {
     }
     out.add_doubles(prefix + "drift.window_seconds", window_seconds_);
     out.add_double(prefix + "drift.reference_seconds", reference_seconds_);
+    out.add_doubles(prefix + "drift.window_comm_seconds", window_comm_);
+    out.add_doubles(prefix + "drift.window_compute_seconds", window_compute_);
+    out.add_double(prefix + "drift.reference_comm_seconds", reference_comm_);
+    out.add_double(prefix + "drift.reference_compute_seconds", reference_compute_);
     out.add_int(prefix + "drift.strikes", strikes_);
     out.add_int(prefix + "drift.windows", drift_windows_);
     out.add_int(prefix + "drift.exchanges", static_cast<std::int64_t>(measurement_exchanges_));
@@ -606,8 +668,11 @@ class AutoMethod final : public TrainingMethod {
   SegmentReadyFn forward_ready_;
   std::optional<PlanningInputs> measured_;  // the last profiling's, averaged over the workers
   Stopwatch iteration_clock_;
-  // This worker's iterations of the current drift window (the chosen phase's window of them).
+  // This worker's iterations of the current drift window (the chosen phase's window of them), their
+  // allreduce time (IterationTimes::comm) and their compute (the iteration less IterationTimes::wait).
   std::vector<double> window_seconds_;
+  std::vector<double> window_comm_;
+  std::vector<double> window_compute_;
   // This worker's iterations of the current trial (kTrialSettleIterations + P), the last P's copy
   // to take their median, and each trial's figure so far (kMaxTrials); allocated once.
   std::vector<double> trial_seconds_;
@@ -615,6 +680,8 @@ class AutoMethod final : public TrainingMethod {
   std::vector<double> trial_figures_;
   bool current_finished_ = false;  // current_->finish ran (at a switch or the run's end)
   double reference_seconds_ = 0;  // the workers' mean iteration in the reference window
+  double reference_comm_ = 0;     // and their mean allreduce time and compute per iteration there
+  double reference_compute_ = 0;
   int strikes_ = 0;
   std::int64_t drift_windows_ = 0;
   std::uint64_t measurement_exchanges_ = 0;
@@ -736,6 +803,36 @@ AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const P
   return decision;
 }
 
+PlanningInputs scaled_planning_inputs(const PlanningInputs& measured, double comm_scale, double compute_scale) {
+  PlanningInputs scaled = measured;
+  scaled.cost.a *= comm_scale;
+  scaled.cost.b *= comm_scale;
+  for (double& seconds : scaled.profile.backward_seconds) seconds *= compute_scale;
+  scaled.profile.forward_seconds *= compute_scale;
+  scaled.profile.per_bucket_compute_seconds *= compute_scale;
+  scaled.update_seconds *= compute_scale;
+  scaled.backward_tail_seconds *= compute_scale;
+  return scaled;
+}
+
+std::optional<BoundaryCrossing> decision_boundary_crossed(const std::vector<AutoCandidate>& candidates,
+                                                          const PlanningInputs& measured, int workers, double min_gain,
+                                                          std::size_t running, double comm_scale,
+                                                          double compute_scale) {
+  PIPESGD_ASSERT(running < candidates.size());
+  const AutoDecision before = decide_method(candidates, measured, workers, min_gain);
+  const AutoDecision after =
+      decide_method(candidates, scaled_planning_inputs(measured, comm_scale, compute_scale), workers, min_gain);
+  if (after.chosen == running) return std::nullopt;
+  // How much slower than the decision's choice the running method is predicted: 1 when the profile
+  // chose it (trials may have kept another, which the profile predicted slower already).
+  const auto behind = [running](const AutoDecision& decision) {
+    return decision.predictions[running].seconds / decision.predictions[decision.chosen].seconds;
+  };
+  if (!(behind(after) > behind(before) * (1 + min_gain))) return std::nullopt;
+  return BoundaryCrossing{after.chosen, after.predictions[after.chosen].seconds, after.predictions[running].seconds};
+}
+
 std::int64_t drift_window_for(const AutoOptions& options, double predicted_seconds) {
   if (!(predicted_seconds > 0) || options.drift_window_seconds <= 0) return options.drift_window;
   const double lasting = std::ceil(options.drift_window_seconds / predicted_seconds);
@@ -779,7 +876,7 @@ MethodDescriptor auto_method() {
   method.name = "auto";
   method.summary = "the run chooses its method: it profiles, predicts every candidate its policy allows (auto:sync, "
                    "auto:stale, auto:lossy, auto:any), switches to the fastest, and chooses again when the measured "
-                   "iteration drifts";
+                   "iteration drifts or the comm/compute ratio crosses a decision boundary";
   method.commit = "its phases (which method from which iteration, and why), the profile it chose from, its drift "
                   "windows, and the state of the method running (as that method commits it)";
   method.traits.replicas_identical = true;
@@ -825,9 +922,13 @@ MethodDescriptor auto_method() {
                               "0.1");
   method.options.emplace_back("--auto-drift",
                               "Choose again when the measured iteration departs from the reference by more than this "
-                              "fraction for 2 windows in a row (0: never)",
+                              "fraction for 2 windows in a row, or the comm/compute ratio does and the profile then "
+                              "predicts another method faster by --auto-min-gain (0: never)",
                               "0.25");
-  method.options.emplace_back("--auto-window", "Iterations per drift window (the workers average their median iteration)", "50");
+  method.options.emplace_back("--auto-window",
+                              "Iterations per drift window (the workers average their median iteration, allreduce "
+                              "and compute)",
+                              "50");
   method.options.emplace_back("--auto-window-seconds",
                               "A drift window lasts at least this long: more iterations than --auto-window if the "
                               "chosen method's predicted iteration is short (at most 100000)",

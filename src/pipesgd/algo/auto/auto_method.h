@@ -20,10 +20,14 @@
 //
 // Drift: every --auto-window W iterations (more if W predicted iterations of the method chosen last
 // less than --auto-window-seconds: a short window sees the machine's own swings) the workers
-// average their median iteration (a small reduction on Channel::kPlanning). The first window after a switch settles, the second is the
-// reference; when two windows in a row depart from it by more than --auto-drift (relative), and
-// the last switch is at least --auto-min-interval iterations old, auto profiles again and chooses
-// again (it may stay).
+// average their median iteration, allreduce time and compute (a small reduction on
+// Channel::kPlanning). The first window after a switch settles, the second is the reference. A
+// window strikes when its iteration departs from the reference by more than --auto-drift
+// (relative), or when its comm/compute ratio does and the profile, scaled by the measured allreduce
+// and compute, predicts another candidate more than --auto-min-gain faster (a decision boundary
+// crossed: a slower link that a synchronous method hides in part moves its iteration less than the
+// band). Two strikes in a row, with the last switch at least --auto-min-interval iterations old,
+// make auto profile again and choose again (it may stay).
 //
 // A switch is exact: the method left behind finishes (finish(): Pipe-SGD applies its in-flight
 // aggregated gradients in iteration order), its optimizer's state (momentum, Adam's moments) goes to
@@ -117,6 +121,21 @@ inline constexpr std::int64_t kTrialSettleIterations = 2;
 // within `margin` (relative) of the fastest prediction; at most kMaxTrials. One (the choice) when
 // no other is that close or margin is 0.
 std::vector<std::size_t> trial_contenders(const AutoDecision& decision, double margin);
+
+// The comm/compute ratio crossed a decision boundary: with `measured` (the profile chosen from)
+// scaled by what a drift window measured against its reference (the allreduce's cost a + b·M by
+// `comm_scale`, every compute time by `compute_scale`), the decision is another candidate than the
+// one `running`, and `running` is predicted more than `min_gain` (relative) further behind that
+// choice than the unscaled profile predicts it behind its own choice (0 when the profile chose it).
+struct BoundaryCrossing {
+  std::size_t choice = 0;      // the candidate the scaled profile chooses
+  double choice_seconds = 0;   // its predicted iteration, and the running method's, scaled
+  double running_seconds = 0;
+};
+PlanningInputs scaled_planning_inputs(const PlanningInputs& measured, double comm_scale, double compute_scale);
+std::optional<BoundaryCrossing> decision_boundary_crossed(const std::vector<AutoCandidate>& candidates,
+                                                          const PlanningInputs& measured, int workers, double min_gain,
+                                                          std::size_t running, double comm_scale, double compute_scale);
 
 // The drift window of a method predicted at `predicted_seconds` per iteration: options.drift_window
 // iterations, or as many as last options.drift_window_seconds (at most kMaxDriftWindow).
