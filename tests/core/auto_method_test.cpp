@@ -227,8 +227,7 @@ TEST_P(AutoDecides, AsTheTimingModelsSay) {
   if (decision.runner_up) {
     const std::size_t other = *decision.runner_up;
     if (decision.predictions[decision.chosen].seconds > decision.predictions[other].seconds) {
-      EXPECT_TRUE(candidates[decision.chosen].accuracy_trade.empty()) << decision.why;
-      EXPECT_FALSE(candidates[other].accuracy_trade.empty()) << decision.why;
+      EXPECT_LT(candidates[decision.chosen].trades, candidates[other].trades) << decision.why;
     }
   }
   // Policy sync never trades accuracy.
@@ -253,6 +252,11 @@ INSTANTIATE_TEST_SUITE_P(
         // ... a lossy codec shrinks it: int8 sends a quarter of the bytes.
         DecisionCase{"comm_bound_lossy", "lossy", synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-8), "dsync+optimal+int8"},
         DecisionCase{"comm_bound_any", "any", synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-8), "pipe+int8 K=2"},
+        // The allreduce just past the compute: pipe with a codec hides it all but is < 5% faster
+        // than pipe, which is far faster than any synchronous method: a codec on top of staleness
+        // is not worth it, staleness is (the rule goes tier by tier, as the trials' does).
+        DecisionCase{"codec_on_staleness_below_gain_any", "any", synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 2.675e-9),
+                     "pipe K=2"},
         // Pipelining would gain less than the 5% minimum: stay synchronous.
         DecisionCase{"small_gain_stale", "stale", synthetic(4, 1e5, 0.5e-3, 28e-3, 0.1e-3, 2.5e-9), "dsync+optimal"},
         // Many small layers on a high-latency link: per-layer allreduces pay 50 latencies, one
@@ -268,6 +272,17 @@ TEST(AutoDecides, WhyNamesTheMeasurementsAndTheTrade) {
   EXPECT_NE(decision.why.find("measured compute 10.500 ms"), std::string::npos) << decision.why;
   EXPECT_NE(decision.why.find("allreduce of the whole gradient 40.100 ms"), std::string::npos) << decision.why;
   EXPECT_NE(decision.why.find("trades accuracy (staleness K=2)"), std::string::npos) << decision.why;
+  // Tier by tier: a codec on top of staleness 2.9% faster (10.5 against 10.8 ms) is below the
+  // minimum; staleness alone gains 84.3% over the fastest synchronous method.
+  const MethodSelection any = select_for_test("auto:any");
+  const std::vector<AutoCandidate> all = auto_candidates(options_as<AutoOptions>(*any.options), any.common);
+  const AutoDecision tiers = decide_method(all, synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 2.675e-9), 2, 0.05);
+  EXPECT_EQ(all[tiers.chosen].label, "pipe K=2");
+  EXPECT_NE(tiers.why.find("; pipe+bf16 K=2 would be 2.9% faster but trades more accuracy (staleness K=2, lossy codec "
+                           "bf16), below the 5% minimum (--auto-min-gain); it trades accuracy (staleness K=2) for "
+                           "84.3% over dsync+optimal"),
+            std::string::npos)
+      << tiers.why;
 }
 
 // Drift across a decision boundary (cnn at 10gbe with its link slowed 4x, in synthetic numbers):
@@ -357,7 +372,7 @@ TEST(AutoTrials, ContendersAreTheChoiceAndThoseWithinTheMargin) {
 }
 
 // The measured choice follows --auto-min-gain: a contender that trades accuracy is kept only if it
-// measured at least 5% faster than the fastest that trades none.
+// measured at least 5% faster than the fastest that trades less.
 TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
   const MethodSelection selection = select_for_test("auto:any");
   const std::vector<AutoCandidate> candidates =

@@ -37,10 +37,16 @@ constexpr std::uint64_t kDriftSequenceBase = std::uint64_t{1} << 30;
 constexpr int kDriftStrikes = 2;
 // A trial's iteration counts at most this many times the trial's median iteration.
 constexpr double kTrialOutlier = 3;
-// What the workers average at the end of a drift window: the medians of its iterations, of their
-// allreduce time and of their compute (the iteration less the wait for communication).
+// What the workers average at the end of a drift window: the median of its iterations, the median
+// of their compute (the iteration less the wait for communication) and the link probe's time.
 constexpr std::size_t kDriftFigures = 3;
 static_assert(kDriftFigures <= kMaxTrials, "the measurement exchange holds kMaxTrials values");
+// The link probe: an allreduce of the whole gradient, at most this many floats (256 KiB: a fraction
+// of a millisecond at 10 Gbit/s, 2 ms at 1 Gbit/s), run kLinkProbeRuns times at each drift window's
+// end on Channel::kPlanning; its time is the fastest run (the first may wait for a late peer). It
+// measures the link itself: the gradients' own allreduce time also holds the wait for the peer.
+constexpr std::size_t kLinkProbeFloats = std::size_t{1} << 16;
+constexpr int kLinkProbeRuns = 3;
 
 bool allows_staleness(AutoPolicy policy) { return policy == AutoPolicy::kStale || policy == AutoPolicy::kAny; }
 bool allows_codecs(AutoPolicy policy) { return policy == AutoPolicy::kLossy || policy == AutoPolicy::kAny; }
@@ -222,6 +228,9 @@ class AutoMethod final : public TrainingMethod {
                             {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
                             context.common)),
         measurement_exchange_(context.transport, kMaxTrials, context.common.timeout),
+        link_probe_(context.transport, std::max<std::size_t>(1, std::min(context.model.layout().total(), kLinkProbeFloats)),
+                    context.common.timeout),
+        link_probe_buffer_(std::max<std::size_t>(1, std::min(context.model.layout().total(), kLinkProbeFloats)), 0.0f),
 
         trial_seconds_(static_cast<std::size_t>(kTrialSettleIterations + options_.profile_iterations), 0.0),
         trial_sorted_(static_cast<std::size_t>(options_.profile_iterations), 0.0),
@@ -354,12 +363,10 @@ class AutoMethod final : public TrainingMethod {
     std::copy(window.begin(), window.end(), window_seconds_.begin());
     reference_seconds_ = in.real(prefix + "drift.reference_seconds");
     // The comm/compute windows (pipesgd before them: none; the next reference window sets them).
-    if (in.has(prefix + "drift.window_comm_seconds")) {
-      const std::vector<double> comm = in.doubles(prefix + "drift.window_comm_seconds", window_comm_.size());
-      std::copy(comm.begin(), comm.end(), window_comm_.begin());
+    if (in.has(prefix + "drift.window_compute_seconds")) {
       const std::vector<double> compute = in.doubles(prefix + "drift.window_compute_seconds", window_compute_.size());
       std::copy(compute.begin(), compute.end(), window_compute_.begin());
-      reference_comm_ = in.real(prefix + "drift.reference_comm_seconds");
+      reference_probe_ = in.real(prefix + "drift.reference_probe_seconds");
       reference_compute_ = in.real(prefix + "drift.reference_compute_seconds");
     }
     strikes_ = static_cast<int>(in.integer(prefix + "drift.strikes"));
@@ -398,11 +405,10 @@ class AutoMethod final : public TrainingMethod {
     // A chosen phase's drift window (allocated here, at a switch, not per iteration).
     const std::size_t window = p.kind == Phase::kChosen ? static_cast<std::size_t>(p.window) : 0;
     window_seconds_.assign(window, 0.0);
-    window_comm_.assign(window, 0.0);
     window_compute_.assign(window, 0.0);
     std::fill(trial_seconds_.begin(), trial_seconds_.end(), 0.0);
     drift_windows_ = 0;
-    reference_seconds_ = reference_comm_ = reference_compute_ = 0;
+    reference_seconds_ = reference_probe_ = reference_compute_ = 0;
     strikes_ = 0;
   }
 
@@ -553,43 +559,43 @@ class AutoMethod final : public TrainingMethod {
     }
   }
 
-  // Every drift_window iterations of a chosen method: the workers' means of their median iteration,
-  // allreduce time and compute in the window (a few iterations preempted by another job do not move
-  // a median) against the reference (the second window after the switch; the first settles). A
-  // window strikes when its iteration is off the reference by more than --auto-drift, or when its
-  // comm/compute ratio is and, with the profile scaled by the measured allreduce and compute, another
-  // candidate is predicted faster (decision_boundary_crossed). Two strikes in a row choose again.
+  // Every drift_window iterations of a chosen method: the workers' means of their median iteration
+  // and compute in the window (a few iterations preempted by another job do not move a median) and
+  // of the link probe's time, against the reference (the second window after the switch; the first
+  // settles). A window strikes when its iteration is off the reference by more than --auto-drift,
+  // or when its comm/compute ratio (probe / compute) is and, with the profile scaled by the probe and
+  // the compute, another candidate is predicted faster (decision_boundary_crossed). Two strikes in a
+  // row choose again.
   void watch_drift(std::int64_t t, double seconds, const IterationTimes& times) {
     if (options_.drift <= 0) return;
     const std::int64_t since = t + 1 - phases_[current_phase_].start;
     const auto window_length = static_cast<std::int64_t>(window_seconds_.size());
     const auto slot = static_cast<std::size_t>((since - 1) % window_length);
     window_seconds_[slot] = seconds;
-    window_comm_[slot] = times.comm;
     window_compute_[slot] = std::max(0.0, seconds - times.wait);
     if (since % window_length != 0) return;
     std::array<float, kDriftFigures> medians = {static_cast<float>(median_in_place(window_seconds_)),
-                                                static_cast<float>(median_in_place(window_comm_)),
-                                                static_cast<float>(median_in_place(window_compute_))};
+                                                static_cast<float>(median_in_place(window_compute_)),
+                                                static_cast<float>(probe_link())};
     measurement_exchange_.sum(medians, kDriftSequenceBase + measurement_exchanges_++);
     const double window = medians[0] / static_cast<float>(workers_);
-    const double comm = medians[1] / static_cast<float>(workers_);
-    const double compute = medians[2] / static_cast<float>(workers_);
+    const double compute = medians[1] / static_cast<float>(workers_);
+    const double comm = medians[2] / static_cast<float>(workers_);
     if (++drift_windows_ == 1) return;
     if (drift_windows_ == 2) {
       reference_seconds_ = window;
-      reference_comm_ = comm;
+      reference_probe_ = comm;
       reference_compute_ = compute;
       return;
     }
     const auto outside = [&](double ratio) { return ratio > 1 + options_.drift || ratio < 1 / (1 + options_.drift); };
     const double ratio = window / reference_seconds_;
     std::optional<BoundaryCrossing> crossing;
-    if (!outside(ratio) && measured_ && reference_comm_ > 0 && reference_compute_ > 0 && comm > 0 && compute > 0 &&
-        outside((comm / compute) / (reference_comm_ / reference_compute_))) {
+    if (!outside(ratio) && measured_ && workers_ > 1 && reference_probe_ > 0 && reference_compute_ > 0 && comm > 0 &&
+        compute > 0 && outside((comm / compute) / (reference_probe_ / reference_compute_))) {
       crossing = decision_boundary_crossed(candidates_, *measured_, workers_, options_.min_gain,
                                            static_cast<std::size_t>(phases_[current_phase_].index),
-                                           comm / reference_comm_, compute / reference_compute_);
+                                           comm / reference_probe_, compute / reference_compute_);
     }
     strikes_ = outside(ratio) || crossing ? strikes_ + 1 : 0;
     if (strikes_ < kDriftStrikes || since < options_.min_interval) return;
@@ -599,9 +605,10 @@ class AutoMethod final : public TrainingMethod {
     const std::string in_a_row = concat(" for ", kDriftStrikes, " windows of ", window_length, " iterations in a row");
     std::string why;
     if (crossing) {
-      why = concat("the allreduce moved from ", ms(reference_comm_), " to ", ms(comm), " and the compute from ",
+      why = concat("the link probe (an allreduce of ", link_probe_buffer_.size() * sizeof(float), " bytes) moved from ",
+                   ms(reference_probe_), " to ", ms(comm), " and the compute from ",
                    ms(reference_compute_), " to ", ms(compute), " per iteration (comm/compute ",
-                   format_number("x%.2f", (comm / compute) / (reference_comm_ / reference_compute_)), ", outside ", band,
+                   format_number("x%.2f", (comm / compute) / (reference_probe_ / reference_compute_)), ", outside ", band,
                    "): with them the profile predicts ", candidates_[crossing->choice].label, " ",
                    ms(crossing->choice_seconds), " against ", phases_[current_phase_].label, " ",
                    ms(crossing->running_seconds), in_a_row);
@@ -612,6 +619,20 @@ class AutoMethod final : public TrainingMethod {
     phases_.push_back({t + 1, Phase::kProfiling, 0, kProfilingSpec, concat("profiling again: ", why), 0, "", 0});
     next_phase_ = phases_.size() - 1;
     if (context_.announce) context_.announce(concat("auto: ", why, "; profiling again from iteration ", t + 1));
+  }
+
+  // The link probe (collective: every worker at the same window's end): the fastest of
+  // kLinkProbeRuns allreduces of link_probe_buffer_, seconds (0 with one worker).
+  double probe_link() {
+    if (workers_ < 2) return 0;
+    double fastest = 0;
+    for (int run = 0; run < kLinkProbeRuns; ++run) {
+      const Stopwatch clock;
+      link_probe_.sum(link_probe_buffer_, kDriftSequenceBase + measurement_exchanges_++);
+      const double seconds = clock.seconds();
+      fastest = run == 0 ? seconds : std::min(fastest, seconds);
+    }
+    return fastest;
   }
 
   void save_own_state(CheckpointWriter& out) const {
@@ -641,9 +662,8 @@ class AutoMethod final : public TrainingMethod {
     }
     out.add_doubles(prefix + "drift.window_seconds", window_seconds_);
     out.add_double(prefix + "drift.reference_seconds", reference_seconds_);
-    out.add_doubles(prefix + "drift.window_comm_seconds", window_comm_);
     out.add_doubles(prefix + "drift.window_compute_seconds", window_compute_);
-    out.add_double(prefix + "drift.reference_comm_seconds", reference_comm_);
+    out.add_double(prefix + "drift.reference_probe_seconds", reference_probe_);
     out.add_double(prefix + "drift.reference_compute_seconds", reference_compute_);
     out.add_int(prefix + "drift.strikes", strikes_);
     out.add_int(prefix + "drift.windows", drift_windows_);
@@ -659,6 +679,8 @@ class AutoMethod final : public TrainingMethod {
   const MethodSelection profiler_;
   std::vector<MethodSelection> scheduled_;
   PlanningExchange measurement_exchange_;  // the workers' sums of drift-window medians and of trial figures
+  PlanningExchange link_probe_;            // the drift windows' link probe (kLinkProbeFloats at most)
+  std::vector<float> link_probe_buffer_;   // what it allreduces: zeros, whose sums stay zero
 
   std::vector<Phase> phases_;  // in order of start; the last may start after the current iteration
   std::size_t current_phase_ = 0;
@@ -671,7 +693,6 @@ class AutoMethod final : public TrainingMethod {
   // This worker's iterations of the current drift window (the chosen phase's window of them), their
   // allreduce time (IterationTimes::comm) and their compute (the iteration less IterationTimes::wait).
   std::vector<double> window_seconds_;
-  std::vector<double> window_comm_;
   std::vector<double> window_compute_;
   // This worker's iterations of the current trial (kTrialSettleIterations + P), the last P's copy
   // to take their median, and each trial's figure so far (kMaxTrials); allocated once.
@@ -680,7 +701,7 @@ class AutoMethod final : public TrainingMethod {
   std::vector<double> trial_figures_;
   bool current_finished_ = false;  // current_->finish ran (at a switch or the run's end)
   double reference_seconds_ = 0;  // the workers' mean iteration in the reference window
-  double reference_comm_ = 0;     // and their mean allreduce time and compute per iteration there
+  double reference_probe_ = 0;    // and their mean link probe and compute per iteration there
   double reference_compute_ = 0;
   int strikes_ = 0;
   std::int64_t drift_windows_ = 0;
@@ -772,21 +793,29 @@ AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const P
     if (std::abs(x - y) > 1e-9 * std::max(x, y)) return x < y;
     return false;
   });
+  // The accuracy-trade rule the trials' measurements follow too (choose_measured), on the predictions.
   const std::size_t fastest = order.front();
-  const auto safe = std::find_if(order.begin(), order.end(),
-                                 [&](std::size_t i) { return candidates[i].accuracy_trade.empty(); });
-  decision.chosen = fastest;
+  std::vector<double> seconds, ranked;
+  for (const IterationPrediction& prediction : decision.predictions) seconds.push_back(prediction.seconds);
+  for (std::size_t i : order) ranked.push_back(seconds[i]);
+  decision.chosen = order[choose_measured(candidates, order, ranked, min_gain)];
   std::string trade_note;
-  if (!candidates[fastest].accuracy_trade.empty() && safe != order.end()) {
-    const double gain = decision.predictions[*safe].seconds / decision.predictions[fastest].seconds - 1;
-    if (gain < min_gain) {
-      decision.chosen = *safe;
-      trade_note = concat("; ", candidates[fastest].label, " would be ", format_number("%.1f%%", 100 * gain),
-                          " faster but trades accuracy (", candidates[fastest].accuracy_trade, "), below the ",
-                          format_number("%g%%", 100 * min_gain), " minimum (--auto-min-gain)");
-    } else {
-      trade_note = concat("; it trades accuracy (", candidates[fastest].accuracy_trade, ") for ",
-                          format_number("%.1f%%", 100 * gain), " over ", candidates[*safe].label);
+  const AutoCandidate& chosen_candidate = candidates[decision.chosen];
+  const auto gain = [&](std::size_t slower, std::size_t faster) {
+    return format_number("%.1f%%", 100 * (seconds[slower] / seconds[faster] - 1));
+  };
+  if (decision.chosen != fastest) {
+    trade_note += concat("; ", candidates[fastest].label, " would be ", gain(decision.chosen, fastest),
+                         " faster but trades more accuracy (", candidates[fastest].accuracy_trade, "), below the ",
+                         format_number("%g%%", 100 * min_gain), " minimum (--auto-min-gain)");
+  }
+  if (chosen_candidate.trades > 0) {
+    // What it gains over the fastest that trades less (the one it had to beat by min_gain).
+    const auto fewer = std::find_if(order.begin(), order.end(),
+                                    [&](std::size_t i) { return candidates[i].trades < chosen_candidate.trades; });
+    if (fewer != order.end()) {
+      trade_note += concat("; it trades accuracy (", chosen_candidate.accuracy_trade, ") for ",
+                           gain(*fewer, decision.chosen), " over ", candidates[*fewer].label);
     }
   }
   for (std::size_t i : order) {
@@ -913,8 +942,8 @@ MethodDescriptor auto_method() {
   };
   method.options.push_back(staleness);
   method.options.emplace_back("--auto-min-gain",
-                              "Choose a candidate that trades accuracy only if it is predicted at least this much "
-                              "faster than the fastest that trades none (0.05: 5%)",
+                              "Choose a candidate that trades accuracy only if it is predicted (or, in trials, "
+                              "measured) at least this much faster than the fastest that trades less (0.05: 5%)",
                               "0.05");
   method.options.emplace_back("--auto-trial",
                               "Try the choice and up to 2 candidates predicted within this fraction of the fastest "

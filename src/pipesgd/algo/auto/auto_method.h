@@ -8,7 +8,8 @@
 // allows predicts its iteration (MethodDescriptor::predict), and auto switches to the fastest from
 // the next iteration on: every worker computes the same choice, so they switch at the same boundary.
 // A candidate that trades accuracy (staleness, a lossy codec) is chosen only if it is at least
-// --auto-min-gain faster than the fastest that trades none (as `pipesgd advise` recommends).
+// --auto-min-gain faster than the fastest that trades less, step by step (choose_measured's rule:
+// a codec on top of staleness must gain that much over staleness alone, which must gain it over none).
 //
 // Trials: the predictions cannot see everything (a codec's CPU time, communication competing with
 // compute for shared cores), so when other candidates are predicted within --auto-trial (relative)
@@ -19,14 +20,15 @@
 // --auto-min-gain rule on the measured times. The trials are part of the start-up.
 //
 // Drift: every --auto-window W iterations (more if W predicted iterations of the method chosen last
-// less than --auto-window-seconds: a short window sees the machine's own swings) the workers
-// average their median iteration, allreduce time and compute (a small reduction on
-// Channel::kPlanning). The first window after a switch settles, the second is the reference. A
-// window strikes when its iteration departs from the reference by more than --auto-drift
-// (relative), or when its comm/compute ratio does and the profile, scaled by the measured allreduce
-// and compute, predicts another candidate more than --auto-min-gain faster (a decision boundary
-// crossed: a slower link that a synchronous method hides in part moves its iteration less than the
-// band). Two strikes in a row, with the last switch at least --auto-min-interval iterations old,
+// less than --auto-window-seconds: a short window sees the machine's own swings) the workers time
+// a link probe (allreduces of up to 256 KiB of the gradient's size) and average it with their
+// median iteration and compute (the iteration less the wait for communication) in one small
+// reduction on Channel::kPlanning. The first window after a switch settles, the second is the
+// reference. A window strikes when its iteration departs from the reference by more than
+// --auto-drift (relative), or when its comm/compute ratio (probe / compute) does and the profile,
+// its allreduce cost scaled by the probe and its compute by the compute, predicts another candidate
+// more than --auto-min-gain faster (a decision boundary crossed: a slower link that a synchronous
+// method hides in part moves its iteration less than the band). Two strikes in a row, with the last switch at least --auto-min-interval iterations old,
 // make auto profile again and choose again (it may stay).
 //
 // A switch is exact: the method left behind finishes (finish(): Pipe-SGD applies its in-flight
@@ -108,7 +110,8 @@ struct AutoDecision {
   std::string why;
 };
 
-// Chooses among `candidates` from `measured` (identical on every worker: the decision is too).
+// Chooses among `candidates` from `measured` (identical on every worker: the decision is too): the
+// fastest predicted, under choose_measured's --auto-min-gain rule.
 AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const PlanningInputs& measured, int workers,
                            double min_gain);
 
