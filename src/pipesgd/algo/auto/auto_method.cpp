@@ -362,7 +362,8 @@ class AutoMethod final : public TrainingMethod {
     const std::vector<double> window = in.doubles(prefix + "drift.window_seconds", window_seconds_.size());
     std::copy(window.begin(), window.end(), window_seconds_.begin());
     reference_seconds_ = in.real(prefix + "drift.reference_seconds");
-    // The comm/compute windows (pipesgd before them: none; the next reference window sets them).
+    // The compute window and the references of the comm/compute ratio (a commit written before they
+    // were has none: the ratio is not watched until the next switch sets a reference).
     if (in.has(prefix + "drift.window_compute_seconds")) {
       const std::vector<double> compute = in.doubles(prefix + "drift.window_compute_seconds", window_compute_.size());
       std::copy(compute.begin(), compute.end(), window_compute_.begin());
@@ -580,22 +581,22 @@ class AutoMethod final : public TrainingMethod {
     measurement_exchange_.sum(medians, kDriftSequenceBase + measurement_exchanges_++);
     const double window = medians[0] / static_cast<float>(workers_);
     const double compute = medians[1] / static_cast<float>(workers_);
-    const double comm = medians[2] / static_cast<float>(workers_);
+    const double probe = medians[2] / static_cast<float>(workers_);
     if (++drift_windows_ == 1) return;
     if (drift_windows_ == 2) {
       reference_seconds_ = window;
-      reference_probe_ = comm;
+      reference_probe_ = probe;
       reference_compute_ = compute;
       return;
     }
     const auto outside = [&](double ratio) { return ratio > 1 + options_.drift || ratio < 1 / (1 + options_.drift); };
     const double ratio = window / reference_seconds_;
     std::optional<BoundaryCrossing> crossing;
-    if (!outside(ratio) && measured_ && workers_ > 1 && reference_probe_ > 0 && reference_compute_ > 0 && comm > 0 &&
-        compute > 0 && outside((comm / compute) / (reference_probe_ / reference_compute_))) {
+    if (!outside(ratio) && measured_ && workers_ > 1 && reference_probe_ > 0 && reference_compute_ > 0 && probe > 0 &&
+        compute > 0 && outside((probe / compute) / (reference_probe_ / reference_compute_))) {
       crossing = decision_boundary_crossed(candidates_, *measured_, workers_, options_.min_gain,
                                            static_cast<std::size_t>(phases_[current_phase_].index),
-                                           comm / reference_probe_, compute / reference_compute_);
+                                           probe / reference_probe_, compute / reference_compute_);
     }
     strikes_ = outside(ratio) || crossing ? strikes_ + 1 : 0;
     if (strikes_ < kDriftStrikes || since < options_.min_interval) return;
@@ -606,9 +607,9 @@ class AutoMethod final : public TrainingMethod {
     std::string why;
     if (crossing) {
       why = concat("the link probe (an allreduce of ", link_probe_buffer_.size() * sizeof(float), " bytes) moved from ",
-                   ms(reference_probe_), " to ", ms(comm), " and the compute from ",
+                   ms(reference_probe_), " to ", ms(probe), " and the compute from ",
                    ms(reference_compute_), " to ", ms(compute), " per iteration (comm/compute ",
-                   format_number("x%.2f", (comm / compute) / (reference_probe_ / reference_compute_)), ", outside ", band,
+                   format_number("x%.2f", (probe / compute) / (reference_probe_ / reference_compute_)), ", outside ", band,
                    "): with them the profile predicts ", candidates_[crossing->choice].label, " ",
                    ms(crossing->choice_seconds), " against ", phases_[current_phase_].label, " ",
                    ms(crossing->running_seconds), in_a_row);
@@ -678,7 +679,7 @@ class AutoMethod final : public TrainingMethod {
   const std::vector<AutoCandidate> candidates_;
   const MethodSelection profiler_;
   std::vector<MethodSelection> scheduled_;
-  PlanningExchange measurement_exchange_;  // the workers' sums of drift-window medians and of trial figures
+  PlanningExchange measurement_exchange_;  // the workers' sums of drift-window figures and of trial figures
   PlanningExchange link_probe_;            // the drift windows' link probe (kLinkProbeFloats at most)
   std::vector<float> link_probe_buffer_;   // what it allreduces: zeros, whose sums stay zero
 
@@ -690,8 +691,8 @@ class AutoMethod final : public TrainingMethod {
   SegmentReadyFn forward_ready_;
   std::optional<PlanningInputs> measured_;  // the last profiling's, averaged over the workers
   Stopwatch iteration_clock_;
-  // This worker's iterations of the current drift window (the chosen phase's window of them), their
-  // allreduce time (IterationTimes::comm) and their compute (the iteration less IterationTimes::wait).
+  // This worker's iterations of the current drift window (the chosen phase's window of them) and
+  // their compute (the iteration less IterationTimes::wait).
   std::vector<double> window_seconds_;
   std::vector<double> window_compute_;
   // This worker's iterations of the current trial (kTrialSettleIterations + P), the last P's copy
