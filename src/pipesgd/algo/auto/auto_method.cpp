@@ -228,9 +228,8 @@ class AutoMethod final : public TrainingMethod {
                             {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
                             context.common)),
         measurement_exchange_(context.transport, kMaxTrials, context.common.timeout),
-        link_probe_(context.transport, std::max<std::size_t>(1, std::min(context.model.layout().total(), kLinkProbeFloats)),
-                    context.common.timeout),
         link_probe_buffer_(std::max<std::size_t>(1, std::min(context.model.layout().total(), kLinkProbeFloats)), 0.0f),
+        link_probe_(context.transport, link_probe_buffer_.size(), context.common.timeout),
 
         trial_seconds_(static_cast<std::size_t>(kTrialSettleIterations + options_.profile_iterations), 0.0),
         trial_sorted_(static_cast<std::size_t>(options_.profile_iterations), 0.0),
@@ -680,8 +679,8 @@ class AutoMethod final : public TrainingMethod {
   const MethodSelection profiler_;
   std::vector<MethodSelection> scheduled_;
   PlanningExchange measurement_exchange_;  // the workers' sums of drift-window figures and of trial figures
+  std::vector<float> link_probe_buffer_;   // what the link probe allreduces: zeros, whose sums stay zero
   PlanningExchange link_probe_;            // the drift windows' link probe (kLinkProbeFloats at most)
-  std::vector<float> link_probe_buffer_;   // what it allreduces: zeros, whose sums stay zero
 
   std::vector<Phase> phases_;  // in order of start; the last may start after the current iteration
   std::size_t current_phase_ = 0;
