@@ -221,7 +221,10 @@ cmd_status() {
 # host that cannot be reached (local-cluster-agent.sh); its daemons and ranks talk over the bridge's
 # subnet only (TCP between hosts, shared memory within one); and mpirun's own TCP keepalives notice a
 # silent daemon within about 10 s (5 s idle, then 5 probes 1 s apart) instead of OpenMPI's default 8
-# minutes.
+# minutes. A daemon whose first connection back to mpirun fails tries again 1 s later, up to 10 times
+# (as ssh's ConnectionAttempts would), instead of OpenMPI's default of no second attempt
+# (oob_tcp_retry_delay 0): with that default one failed connect, on a loaded machine right after a
+# partition healed, ended a launch with "ORTE was unable to reliably start one or more daemons".
 cmd_env() {
   [ $# -eq 0 ] || die "env takes no arguments"
   cat <<EOF
@@ -234,6 +237,8 @@ export OMPI_MCA_btl=tcp,vader,self
 export OMPI_MCA_oob_tcp_keepalive_time=5
 export OMPI_MCA_oob_tcp_keepalive_intvl=1
 export OMPI_MCA_oob_tcp_keepalive_probes=5
+export OMPI_MCA_oob_tcp_retry_delay=1
+export OMPI_MCA_oob_tcp_max_recon_attempts=10
 EOF
 }
 
