@@ -14,6 +14,14 @@
 #include "pipesgd/pipesgd.h"
 #include "test_modules.h"
 
+namespace pipesgd {
+// gtest prints a registry entry (EveryMethod's parameter) by this: its name and what it needs.
+void PrintTo(const MethodInfo& method, std::ostream* out) {
+  *out << method.name << (method.uses_servers ? " (with a server)" : "")
+       << (method.replicas_identical ? " (identical replicas)" : "");
+}
+}  // namespace pipesgd
+
 namespace {
 
 using pipesgd::DistributedOptimizer;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,11 @@ struct LaunchCase {
   int rank;
   bool several;
 };
+
+// gtest prints a failing case by this (the name, then what the case expects).
+void PrintTo(const LaunchCase& c, std::ostream* out) {
+  *out << c.name << " (launcher '" << c.launcher << "', size " << c.size << ", rank " << c.rank << ")";
+}
 
 std::vector<LaunchCase> launch_cases() {
   return {
@@ -65,6 +71,10 @@ struct TorchrunCase {
   std::string variables;
   bool world;  // torchrun_world(): refused by the CLI
 };
+
+void PrintTo(const TorchrunCase& c, std::ostream* out) {
+  *out << c.name << " (size " << c.size << ", rank " << c.rank << ", variables '" << c.variables << "')";
+}
 
 // As torchrun --nproc_per_node 2 sets them for its second process.
 const std::map<std::string, std::string> kTorchrunRank1 = {

@@ -34,6 +34,13 @@ struct PhaseCase {
   std::int64_t expected_start;  // -1: no deferred phase
 };
 
+// gtest prints a failing case by this.
+void PrintTo(const PhaseCase& c, std::ostream* out) {
+  *out << c.name << " (" << c.spec;
+  for (const auto& [flag, value] : c.options.all()) *out << " " << flag << " " << value;
+  *out << ", deferred phase at " << c.expected_start << ")";
+}
+
 // The starts, by hand: a layer-wise plan takes effect after kProfileWarmupIterations (8) start-up
 // and P profiled iterations (8 + P); a warm-up of W iterations ends at W; sapipe pipelines at
 // max(W, 8 + P) when k is auto or its plan needs measured times (optimal, mgwfbp), else at W.
