@@ -3,7 +3,8 @@
 # docs/results/*.json and writes the page and its plots (docs/results.md, docs/images/results-*.svg)
 # with scripts/results_page.py. Builds nothing: give a build directory that has pipesgd and python/.
 #
-#   bash scripts/results.sh [--only SECTION[,SECTION...]] [--rounds N] [--auto-models LIST] [--quick] [BUILD_DIR=build]
+#   bash scripts/results.sh [--only SECTION[,SECTION...]] [--rounds N] [--auto-models LIST] [--slowed-rounds N]
+#                           [--quick] [BUILD_DIR=build]
 #
 # Sections, in the page's order (each one's command is printed on the page beside its figures):
 #   ddp       PyTorch DDP (gloo) against pipesgd: the CLI and pipesgd.torch, 4 ranks, mlp and cnn,
@@ -14,18 +15,20 @@
 #   accuracy  test accuracy after 3 epochs, mlp, 2 workers, plain SGD and momentum 0.9 (deterministic) ~1 min
 #   simulate  the same methods at 2 to 256 simulated nodes (SimGrid), ResNet-50 on a device 10x a K80 ~10 s
 #   horovod   Horovod's own test_torch.py against pipesgd.torch at 1, 2 and 3 ranks  ~1 min
-#   auto      --algo auto against every method it could have chosen: one compare per model and network
-#             (2 workers, 1 epoch, 10gbe and bw=1Gbit,lat=200us) of auto:any, auto (policy sync) and the
-#             15 candidates of auto:any; and a run whose link is slowed 4x mid-run (--inject-fault
-#             kind=slow), auto:any against each candidate. --auto-models picks the models (default
-#             mlp,cnn,resnet; resnet alone is ~80 min per network)              ~40 min (mlp, cnn)
+#   auto      --algo auto against every method it could have chosen: alternated rounds of one compare
+#             per model and network (2 workers, 1 epoch, 10gbe and bw=1Gbit,lat=200us) of auto:any,
+#             auto (policy sync) and the 15 candidates of auto:any, the order reversed every other
+#             round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
+#             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1).
+#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~80 min per
+#             network and round)                                    ~17 min a round (mlp, cnn)
 #   cluster   the local cluster (scripts/local-cluster.sh: hosts as network namespaces, real TCP, links
 #             at 1 Gbit/s; root only): ring allreduce against MPI_Allreduce at 2 and 4 hosts, the
 #             simulator against measured runs at 2 and 4 hosts (mlp, cnn; dsync, pipe), and partition
 #             and host-kill runs repeated 20 times (tests/cluster)           ~15 min
 # --only LIST: run these sections; the others keep their stored figures (docs/results/*.json), and
 #   the page is written from all of them. With no section run (--only none) the page is only redrawn.
-# --rounds N: alternated rounds of the timed sections (default 5; ddp 3).
+# --rounds N: alternated rounds of the timed sections (default 5; ddp 3; auto 3).
 # --quick: one short round of everything into /tmp/pipesgd-results-quick/ (the figures mean nothing;
 #   it checks the harness). docs/ is not touched.
 # Run it on an idle machine: other work skews the timed figures (the machine has 2 cores).
@@ -35,18 +38,22 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 build=$repo/build
 only=ddp,pipe,accuracy,simulate,horovod,auto,cluster
 rounds=5
+rounds_given=0
+slowed_rounds=1
 auto_models=mlp,cnn,resnet
 quick=0
 die() { echo "results: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --only) [[ $# -ge 2 ]] || die "--only needs a list"; only=$2; shift 2 ;;
-    --rounds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || die "--rounds needs a positive count"; rounds=$2; shift 2 ;;
+    --rounds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || die "--rounds needs a positive count"; rounds=$2; rounds_given=1; shift 2 ;;
     --auto-models) [[ $# -ge 2 && $2 =~ ^[a-z]+(,[a-z]+)*$ ]] || die "--auto-models needs a list of models"
       auto_models=$2; shift 2 ;;
+    --slowed-rounds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || die "--slowed-rounds needs a positive count"
+      slowed_rounds=$2; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    -*) die "unknown option '$1' (expected --only LIST, --rounds N, --auto-models LIST, --quick)" ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown option '$1' (expected --only LIST, --rounds N, --auto-models LIST, --slowed-rounds N, --quick)" ;;
     *) build=$(cd "$1" && pwd); shift ;;
   esac
 done
@@ -224,30 +231,41 @@ labels = json.load(open(sys.argv[1]))["auto"]["candidates"]
 assert all(" " not in l or l.endswith(" K=2") for l in labels), labels
 print(",".join(l.split(" ")[0] for l in labels))' "$work/auto-list/summary.json")
   : >"$work/auto.records"
+  auto_rounds=$rounds
+  ((rounds_given)) || auto_rounds=3
+  ((quick)) && auto_rounds=1 slowed_rounds=1
+  # in_round_order ROUND LIST: the comma list as it is in even rounds, reversed in odd ones (each
+  # method runs early in one round and late in the next, against the machine's drift).
+  in_round_order() {
+    if (($1 % 2 == 0)); then echo "$2"; else tr ',' '\n' <<<"$2" | tac | paste -sd, -; fi
+  }
   # One record per run of a compare (its DIR/*/summary.json): KIND steady counts samples per second
   # after the run's start-up, slowed over the whole run (samples / train_s).
-  record_runs() {  # DIR KIND
+  record_runs() {  # DIR KIND ROUND
     for dir in "$1"/*/; do
       "$python" -c 'import json, sys
-s, kind = json.load(open(sys.argv[1] + "summary.json")), sys.argv[2]
+s, kind, rnd = json.load(open(sys.argv[1] + "summary.json")), sys.argv[2], int(sys.argv[3])
 a = s.get("auto")
 over_run = s["iterations"] * s["workers"] * s["batch_per_worker"] / s["train_s"]
-print(json.dumps(dict(kind=kind, model=s["model"], net=s["network"], method=s["method"],
+print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], method=s["method"],
     samples_per_s=s["throughput_samples_per_s"] if kind == "steady" else over_run,
     test_accuracy=s["final_test_accuracy"],
     phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
     candidates=[c.split(" ")[0] for c in a["candidates"]] if a else None,
     startup_cost_fraction=a["startup_cost_fraction"] if a else None,
-    profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$dir" "$2" >>"$work/auto.records"
+    profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$dir" "$2" "$3" >>"$work/auto.records"
     done
   }
   for model in ${auto_models//,/ }; do
     for net in 10gbe bw=1Gbit,lat=200us; do
-      log "auto: $model, $net: auto:any, auto and the 15 candidates, ${length[*]}"
-      rm -rf "$work/auto-cmp"
-      "$pipesgd" compare --model "$model" --algos "auto:any,auto,$candidates" --workers 2 --net "$net" "${length[@]}" \
-        --quiet --out "$work/auto-cmp" >/dev/null 2>"$work/auto-cmp.err" || { cat "$work/auto-cmp.err" >&2; exit 1; }
-      record_runs "$work/auto-cmp" steady
+      for ((round = 0; round < auto_rounds; round++)); do
+        log "auto: $model, $net, round $((round + 1)) of $auto_rounds: auto:any, auto and the 15 candidates, ${length[*]}"
+        rm -rf "$work/auto-cmp"
+        "$pipesgd" compare --model "$model" --algos "$(in_round_order $round "auto:any,auto,$candidates")" --workers 2 \
+          --net "$net" "${length[@]}" --quiet --out "$work/auto-cmp" >/dev/null 2>"$work/auto-cmp.err" ||
+          { cat "$work/auto-cmp.err" >&2; exit 1; }
+        record_runs "$work/auto-cmp" steady $round
+      done
     done
   done
   # A link slowed 4x halfway: throughput over the whole run (start-up, the slow-down and any re-plan
@@ -255,18 +273,22 @@ print(json.dumps(dict(kind=kind, model=s["model"], net=s["network"], method=s["m
   slow_model=mlp slow_net=bw=1Gbit,lat=200us
   iterations=$((quick ? 60 : 60000 / 50))
   slow="rank=1,iter=$((iterations / 2)),kind=slow,factor=4"
-  log "auto: $slow_model, $slow_net slowed 4x at iteration $((iterations / 2)): auto:any and the 15 candidates"
-  rm -rf "$work/auto-slow"
-  "$pipesgd" compare --model "$slow_model" --algos "auto:any,$candidates" --workers 2 --net "$slow_net" \
-    --iters "$iterations" --inject-fault "$slow" --no-eval --quiet --out "$work/auto-slow" >/dev/null 2>"$work/auto-slow.err" ||
-    { cat "$work/auto-slow.err" >&2; exit 1; }
-  record_runs "$work/auto-slow" slowed
+  for ((round = 0; round < slowed_rounds; round++)); do
+    log "auto: $slow_model, $slow_net slowed 4x at iteration $((iterations / 2)), round $((round + 1)) of $slowed_rounds:" \
+      "auto:any and the 15 candidates"
+    rm -rf "$work/auto-slow"
+    "$pipesgd" compare --model "$slow_model" --algos "$(in_round_order $round "auto:any,$candidates")" --workers 2 \
+      --net "$slow_net" --iters "$iterations" --inject-fault "$slow" --no-eval --quiet --out "$work/auto-slow" \
+      >/dev/null 2>"$work/auto-slow.err" || { cat "$work/auto-slow.err" >&2; exit 1; }
+    record_runs "$work/auto-slow" slowed $round
+  done
   commands=$(printf '%s\n' \
     "pipesgd compare --model MODEL --algos auto:any,auto,$candidates --workers 2 --net NET ${length[*]}" \
     "pipesgd compare --model $slow_model --algos auto:any,$candidates --workers 2 --net $slow_net --iters $iterations --inject-fault $slow --no-eval")
   "$python" -c 'import json, sys
-json.dump({"rows": [json.loads(l) for l in open(sys.argv[1])], "workers": 2, "slowed": sys.argv[2]}, sys.stdout)' \
-    "$work/auto.records" "$slow" | store auto "$commands"
+json.dump({"rows": [json.loads(l) for l in open(sys.argv[1])], "workers": 2, "slowed": sys.argv[2],
+           "rounds": int(sys.argv[3])}, sys.stdout)' \
+    "$work/auto.records" "$slow" "$auto_rounds" | store auto "$commands"
 fi
 
 if selected cluster && [[ $(id -u) -ne 0 ]]; then
