@@ -360,15 +360,43 @@ AutoDecision predicted(std::vector<double> seconds, std::size_t chosen) {
   return decision;
 }
 
+// Candidates that trade `trades[i]` things each (only AutoCandidate::trades matters to the trials).
+std::vector<AutoCandidate> trading(std::vector<int> trades) {
+  std::vector<AutoCandidate> candidates(trades.size());
+  for (std::size_t i = 0; i < trades.size(); ++i) candidates[i].trades = trades[i];
+  return candidates;
+}
+
 TEST(AutoTrials, ContendersAreTheChoiceAndThoseWithinTheMargin) {
   using Indices = std::vector<std::size_t>;
-  EXPECT_EQ(trial_contenders(predicted({10, 10.5, 12, 10.2, 30}, 0), 0.1), (Indices{0, 3, 1}));  // 12 is 20% off
-  EXPECT_EQ(trial_contenders(predicted({10, 10.5, 12, 10.2, 30}, 0), 0.0), (Indices{0}));        // trials off
-  EXPECT_EQ(trial_contenders(predicted({10, 10.5, 12, 10.2, 30}, 0), 0.01), (Indices{0}));       // none that close
-  EXPECT_EQ(trial_contenders(predicted({10, 10.5, 12, 10.2, 30}, 0), 5.0), (Indices{0, 3, 1}));  // at most 3
+  const std::vector<AutoCandidate> none = trading({0, 0, 0, 0, 0});
+  EXPECT_EQ(trial_contenders(none, predicted({10, 10.5, 12, 10.2, 30}, 0), 0.1), (Indices{0, 3, 1}));  // 12: 20% off
+  EXPECT_EQ(trial_contenders(none, predicted({10, 10.5, 12, 10.2, 30}, 0), 0.0), (Indices{0}));        // trials off
+  EXPECT_EQ(trial_contenders(none, predicted({10, 10.5, 12, 10.2, 30}, 0), 0.01), (Indices{0}));       // none that close
+  EXPECT_EQ(trial_contenders(none, predicted({10, 10.5, 12, 10.2, 30}, 0), 5.0), (Indices{0, 3, 1}));  // at most 3
   // The choice need not be the fastest (a trade below --auto-min-gain): it is tried first.
-  EXPECT_EQ(trial_contenders(predicted({10, 10.4, 50}, 1), 0.1), (Indices{1, 0}));
-  EXPECT_EQ(trial_contenders(predicted({10}, 0), 0.1), (Indices{0}));
+  EXPECT_EQ(trial_contenders(trading({1, 0, 0}), predicted({10, 10.4, 50}, 1), 0.1), (Indices{1, 0}));
+  EXPECT_EQ(trial_contenders(trading({0}), predicted({10}, 0), 0.1), (Indices{0}));
+}
+
+// A choice that trades accuracy on a predicted gain below kTradeCheckGain is tried against the
+// fastest candidate that trades less, before those within the margin; not with trials off, and not
+// when the gain is larger.
+TEST(AutoTrials, ATradeIsMeasuredAgainstTheFastestThatTradesLess) {
+  using Indices = std::vector<std::size_t>;
+  // pipe (1 trade) 10, pipe+bf16 (2) 10, pipe+int8 (2) 10, wfbp (0) 13, dsync (0) 14.
+  const std::vector<AutoCandidate> candidates = trading({1, 2, 2, 0, 0});
+  const AutoDecision decision = predicted({10, 10, 10, 13, 14}, 0);
+  EXPECT_EQ(trial_contenders(candidates, decision, 0.1), (Indices{0, 3, 1}));
+  EXPECT_EQ(trial_contenders(candidates, decision, 0.0), (Indices{0}));
+  // Just below and at the gain: 14.99 is tried, 15 is not.
+  const double below = 10 * (1 + kTradeCheckGain) - 0.01, at = 10 * (1 + kTradeCheckGain);
+  EXPECT_EQ(trial_contenders(candidates, predicted({10, 10, 10, below, 16}, 0), 0.1), (Indices{0, 3, 1}));
+  EXPECT_EQ(trial_contenders(candidates, predicted({10, 10, 10, at, 16}, 0), 0.1), (Indices{0, 1, 2}));
+  // Two trades (a codec on staleness): the check is the fastest with fewer, here pipe (1 trade).
+  EXPECT_EQ(trial_contenders(candidates, predicted({11, 10, 20, 13, 14}, 1), 0.1), (Indices{1, 0}));
+  // A choice that trades nothing adds no check.
+  EXPECT_EQ(trial_contenders(trading({0, 1, 0}), predicted({10, 9.9, 12}, 0), 0.1), (Indices{0, 1}));
 }
 
 // The measured choice follows --auto-min-gain: a contender that trades accuracy is kept only if it

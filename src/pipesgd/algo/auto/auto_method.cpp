@@ -446,7 +446,7 @@ class AutoMethod final : public TrainingMethod {
     measured_ = current_->planning_inputs();  // the profiling method planned at the end of iteration t
     PIPESGD_ASSERT(measured_.has_value());
     const AutoDecision decision = decide_method(candidates_, *measured_, workers_, options_.min_gain);
-    const std::vector<std::size_t> contenders = trial_contenders(decision, options_.trial_margin);
+    const std::vector<std::size_t> contenders = trial_contenders(candidates_, decision, options_.trial_margin);
     if (contenders.size() > 1) {
       const auto length = static_cast<std::int64_t>(trial_seconds_.size());
       std::vector<std::string> tried;
@@ -456,7 +456,11 @@ class AutoMethod final : public TrainingMethod {
         phases_.push_back({t + 1 + static_cast<std::int64_t>(j) * length, Phase::kTrial, static_cast<std::int64_t>(c),
                            candidates_[c].label, concat("trial ", j + 1, " of ", contenders.size()), predicted.seconds,
                            predicted.model, 0});
-        tried.push_back(concat(candidates_[c].label, " (predicted ", ms(predicted.seconds), ")"));
+        // Beyond the margin only the trade's check (trial_contenders).
+        const bool check = predicted.seconds > decision.predictions[decision.ranking.front()].seconds *
+                                                   (1 + options_.trial_margin);
+        tried.push_back(concat(candidates_[c].label, " (predicted ", ms(predicted.seconds),
+                               check ? ", to measure the trade's gain" : "", ")"));
       }
       next_phase_ = phases_.size() - contenders.size();
       if (context_.announce) {
@@ -868,14 +872,26 @@ std::int64_t drift_window_for(const AutoOptions& options, double predicted_secon
   return std::max(options.drift_window, static_cast<std::int64_t>(std::min(lasting, static_cast<double>(kMaxDriftWindow))));
 }
 
-std::vector<std::size_t> trial_contenders(const AutoDecision& decision, double margin) {
+std::vector<std::size_t> trial_contenders(const std::vector<AutoCandidate>& candidates, const AutoDecision& decision,
+                                          double margin) {
   std::vector<std::size_t> contenders = {decision.chosen};
   if (margin <= 0 || decision.ranking.empty()) return contenders;
+  // A trade chosen on a predicted gain below kTradeCheckGain is measured against the fastest
+  // candidate that trades less (the one it had to beat).
+  const int trades = candidates[decision.chosen].trades;
+  if (trades > 0) {
+    const auto fewer = std::find_if(decision.ranking.begin(), decision.ranking.end(),
+                                    [&](std::size_t i) { return candidates[i].trades < trades; });
+    if (fewer != decision.ranking.end() &&
+        decision.predictions[*fewer].seconds < decision.predictions[decision.chosen].seconds * (1 + kTradeCheckGain)) {
+      contenders.push_back(*fewer);
+    }
+  }
   const double fastest = decision.predictions[decision.ranking.front()].seconds;
   for (std::size_t i : decision.ranking) {
     if (contenders.size() == kMaxTrials) break;
     if (decision.predictions[i].seconds > fastest * (1 + margin)) break;
-    if (i != decision.chosen) contenders.push_back(i);
+    if (std::find(contenders.begin(), contenders.end(), i) == contenders.end()) contenders.push_back(i);
   }
   return contenders;
 }

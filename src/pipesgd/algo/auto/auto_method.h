@@ -13,8 +13,9 @@
 //
 // Trials: the predictions cannot see everything (a codec's CPU time, communication competing with
 // compute for shared cores), so when other candidates are predicted within --auto-trial (relative)
-// of the fastest, auto runs the choice and up to kMaxTrials - 1 of them for kTrialSettleIterations +
-// P iterations each, and keeps the one whose iteration measured shortest (the trial's mean with
+// of the fastest, or the choice trades accuracy on a predicted gain below kTradeCheckGain over the
+// fastest that trades less, auto runs the choice and up to kMaxTrials - 1 of them (trial_contenders)
+// for kTrialSettleIterations + P iterations each, and keeps the one whose iteration measured shortest (the trial's mean with
 // outliers clipped, plus the wait to drain it when it is left, so that a pipelined method's backlog
 // counts; averaged over the workers, so every worker keeps the same), under the same
 // --auto-min-gain rule on the measured times. The trials are part of the start-up.
@@ -120,10 +121,18 @@ AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const P
 inline constexpr std::size_t kMaxTrials = 3;
 inline constexpr std::int64_t kTrialSettleIterations = 2;
 
-// The candidates worth a trial: the decision's choice first, then, fastest first, those predicted
-// within `margin` (relative) of the fastest prediction; at most kMaxTrials. One (the choice) when
-// no other is that close or margin is 0.
-std::vector<std::size_t> trial_contenders(const AutoDecision& decision, double margin);
+// A choice that trades accuracy on a predicted gain below this (relative) over the fastest
+// candidate that trades less is tried against it: a pipelined method's prediction does not see its
+// communication competing with the compute for a few cores (mlp at 10gbe, 2 workers on 2 cores:
+// pipe K=2 predicted 21-30% faster than the synchronous methods, measured 12% slower than wfbp).
+inline constexpr double kTradeCheckGain = 0.5;
+
+// The candidates worth a trial, at most kMaxTrials, with margin > 0 (0: the choice alone): the
+// decision's choice first; if it trades accuracy (AutoCandidate::trades), the fastest predicted
+// candidate that trades less, when the choice is predicted less than kTradeCheckGain faster than it;
+// then, fastest first, those predicted within `margin` (relative) of the fastest prediction.
+std::vector<std::size_t> trial_contenders(const std::vector<AutoCandidate>& candidates, const AutoDecision& decision,
+                                          double margin);
 
 // The comm/compute ratio crossed a decision boundary: with `measured` (the profile chosen from)
 // scaled by what a drift window measured against its reference (the allreduce's cost a + b·M by
