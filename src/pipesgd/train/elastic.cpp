@@ -209,9 +209,15 @@ void restart_from_launcher(TrainConfig& config, const LauncherRestart& restart, 
   if (restart.attempt == 0) return;
   // The newest commit, of this world or of another (pipesgdrun --min-np relaunched another number
   // of ranks: the run continues it if its method can, else says why in one line).
-  const std::optional<CommittedWorld> world = find_committed_world(config, [](const std::string&) {});
+  // prepare_run continues it without looking again, so the warnings about newer torn sets are this
+  // search's (rank 0's).
+  log.relaunch_world = find_committed_world(config, [leader](const std::string& line) {
+    if (leader) std::cerr << "pipesgd: warning: " << line << "\n";
+  });
+  const std::optional<CommittedWorld>& world = log.relaunch_world;
   const std::int64_t commit = world ? world->set.iteration : newest_commit(reliability.checkpoint_dir, config);
   reliability.resume = reliability.resume || commit > 0;
+  log.relaunch_world_found = reliability.resume;  // else no prepare_run looks
   if (!leader) return;
   // pipesgdrun's records of the failed launches, oldest first.
   std::int64_t last_failure_ns = 0;

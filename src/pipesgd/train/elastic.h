@@ -39,6 +39,10 @@ struct RecoveryLog {
   // metrics.jsonl's lines kept from the attempts before (their iterations before the commit rolled
   // back to, and a "rollback" record per failure): the next attempt writes them first.
   std::string metrics_prefix;
+  // A relaunch's commit (restart_from_launcher looked for it): the first prepare_run after takes it
+  // instead of looking again (find_committed_world validates every part of the set it returns).
+  bool relaunch_world_found = false;
+  std::optional<CommittedWorld> relaunch_world;
 
   // This attempt's, reset by begin_attempt.
   std::atomic<std::int64_t> furthest{0};         // iterations completed by the furthest worker

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
+#include <utility>
 
 #include "pipesgd/core/atomic_file.h"
 #include "pipesgd/core/error.h"
@@ -136,9 +137,14 @@ RunContext prepare_run(const TrainConfig& config, const Dataset& train, bool lea
     ensure_writable_directory(reliability.checkpoint_dir, "--checkpoint-dir");
   }
   if (reliability.resume && run.memory_commits == nullptr) {
-    run.resumed_world = find_committed_world(config, [leader](const std::string& line) {
-      if (leader) std::cerr << "pipesgd: warning: " << line << "\n";
-    });
+    if (config.recovery != nullptr && std::exchange(config.recovery->relaunch_world_found, false)) {
+      run.resumed_world = std::move(config.recovery->relaunch_world);  // restart_from_launcher found it
+      config.recovery->relaunch_world.reset();
+    } else {
+      run.resumed_world = find_committed_world(config, [leader](const std::string& line) {
+        if (leader) std::cerr << "pipesgd: warning: " << line << "\n";
+      });
+    }
     if (run.resumed_world) {
       continue_world_plan(run.plan, config, train, *run.resumed_world);
       if (leader && run.resumed_world->workers != config.workers) std::cerr << describe_world_change(run) << std::flush;

@@ -231,7 +231,7 @@ class AutoMethod final : public TrainingMethod {
         link_probe_buffer_(std::max<std::size_t>(1, std::min(context.model.layout().total(), kLinkProbeFloats)), 0.0f),
         link_probe_(context.transport, link_probe_buffer_.size(), context.common.timeout),
 
-        trial_seconds_(static_cast<std::size_t>(kTrialSettleIterations + options_.profile_iterations), 0.0),
+        trial_seconds_(static_cast<std::size_t>(trial_settle_iterations(options_) + options_.profile_iterations), 0.0),
         trial_sorted_(static_cast<std::size_t>(options_.profile_iterations), 0.0),
         trial_figures_(kMaxTrials, 0.0) {
     for (const ScheduledMethod& scheduled : options_.schedule) {
@@ -255,7 +255,7 @@ class AutoMethod final : public TrainingMethod {
   std::span<float> begin_iteration(std::int64_t t, IterationTimes& times) override {
     if (next_phase_ == phases_.size() && phases_[current_phase_].kind == Phase::kTrial &&
         t == phases_[current_phase_].start + static_cast<std::int64_t>(trial_seconds_.size())) {
-      finish_current(times);  // the last trial's drain is part of its figure
+      finish_current(times);
       choose_after_trials(t - 1);
     }
     if (next_phase_ < phases_.size() && phases_[next_phase_].start == t) switch_to(next_phase_, t, times);
@@ -487,16 +487,11 @@ class AutoMethod final : public TrainingMethod {
     if (context_.announce) context_.announce(line);
   }
 
-  // The method running applies what it has in flight, once. Leaving a trial, the time it waited for
-  // that (a pipelined method's backlog of allreduces) counts in the trial's figure, per iteration.
+  // The method running applies what it has in flight, once.
   void finish_current(IterationTimes& times) {
     if (current_finished_) return;
-    const Stopwatch drain;
     current_->finish(times);
     current_finished_ = true;
-    if (phases_[current_phase_].kind == Phase::kTrial) {
-      trial_figures_[current_phase_ - first_trial_phase()] += drain.seconds() / static_cast<double>(trial_seconds_.size());
-    }
   }
 
   // The first phase of the trials the current one belongs to (a decision's trials follow each other).
@@ -507,20 +502,22 @@ class AutoMethod final : public TrainingMethod {
   }
 
   // A trial's iteration t took `seconds` on this worker. At the trial's end its figure is the mean
-  // of its iterations, each at most kTrialOutlier times the median of the measured ones (an
-  // iteration preempted by another job counts as a typical one); finish_current adds the drain
-  // when the trial is left, so a pipelined method's backlog, which its first iterations do not
-  // wait for, is paid in its figure: the figure is its iteration once the pipeline is full.
+  // of its last P iterations (after trial_settle_iterations: a pipelined method's pipeline is full
+  // then, so each of them waits for its allreduce as every later one would), each at most
+  // kTrialOutlier times their median (an iteration preempted by another job counts as a typical
+  // one). The settling iterations are not counted: they hold the switch's one-time costs (building
+  // the method, its first allreduces), which a 12-iteration mean would weigh as 1/12 of the run.
   void watch_trial(std::int64_t t, double seconds) {
     const auto since = static_cast<std::size_t>(t - phases_[current_phase_].start);
     PIPESGD_ASSERT(since < trial_seconds_.size());
     trial_seconds_[since] = seconds;
     if (since + 1 < trial_seconds_.size()) return;
-    std::copy(trial_seconds_.begin() + kTrialSettleIterations, trial_seconds_.end(), trial_sorted_.begin());
+    const auto measured = trial_seconds_.end() - static_cast<std::ptrdiff_t>(trial_sorted_.size());
+    std::copy(measured, trial_seconds_.end(), trial_sorted_.begin());
     const double cap = kTrialOutlier * median_in_place(trial_sorted_);
     double sum = 0;
-    for (double x : trial_seconds_) sum += std::min(x, cap);
-    trial_figures_[current_phase_ - first_trial_phase()] = sum / static_cast<double>(trial_seconds_.size());
+    for (auto x = measured; x != trial_seconds_.end(); ++x) sum += std::min(*x, cap);
+    trial_figures_[current_phase_ - first_trial_phase()] = sum / static_cast<double>(trial_sorted_.size());
   }
 
   // The last trial ended with iteration t and was drained: the workers average each trial's figure
@@ -698,7 +695,7 @@ class AutoMethod final : public TrainingMethod {
   // their compute (the iteration less IterationTimes::wait).
   std::vector<double> window_seconds_;
   std::vector<double> window_compute_;
-  // This worker's iterations of the current trial (kTrialSettleIterations + P), the last P's copy
+  // This worker's iterations of the current trial (trial_settle_iterations + P), the last P's copy
   // to take their median, and each trial's figure so far (kMaxTrials); allocated once.
   std::vector<double> trial_seconds_;
   std::vector<double> trial_sorted_;
@@ -870,6 +867,10 @@ std::int64_t drift_window_for(const AutoOptions& options, double predicted_secon
   if (!(predicted_seconds > 0) || options.drift_window_seconds <= 0) return options.drift_window;
   const double lasting = std::ceil(options.drift_window_seconds / predicted_seconds);
   return std::max(options.drift_window, static_cast<std::int64_t>(std::min(lasting, static_cast<double>(kMaxDriftWindow))));
+}
+
+std::int64_t trial_settle_iterations(const AutoOptions& options) {
+  return std::max<std::int64_t>(kTrialSettleIterations, options.staleness);
 }
 
 std::vector<std::size_t> trial_contenders(const std::vector<AutoCandidate>& candidates, const AutoDecision& decision,

@@ -15,9 +15,9 @@
 // compute for shared cores), so when other candidates are predicted within --auto-trial (relative)
 // of the fastest, or the choice trades accuracy on a predicted gain below kTradeCheckGain over the
 // fastest that trades less, auto runs the choice and up to kMaxTrials - 1 of them (trial_contenders)
-// for kTrialSettleIterations + P iterations each, and keeps the one whose iteration measured shortest (the trial's mean with
-// outliers clipped, plus the wait to drain it when it is left, so that a pipelined method's backlog
-// counts; averaged over the workers, so every worker keeps the same), under the same
+// for trial_settle_iterations + P iterations each, and keeps the one whose iteration measured
+// shortest (the mean of the last P with outliers clipped: a pipelined method's pipeline is full by
+// then; averaged over the workers, so every worker keeps the same), under the same
 // --auto-min-gain rule on the measured times. The trials are part of the start-up.
 //
 // Drift: every --auto-window W iterations (more if W predicted iterations of the method chosen last
@@ -116,15 +116,18 @@ struct AutoDecision {
 AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const PlanningInputs& measured, int workers,
                            double min_gain);
 
-// Trials: at most this many candidates, each run for kTrialSettleIterations + P iterations (P: the
-// profiling's --profile-iters), of which the first kTrialSettleIterations are not measured.
+// Trials: at most this many candidates, each run for trial_settle_iterations + P iterations (P: the
+// profiling's --profile-iters), of which the first trial_settle_iterations are not measured: at least
+// kTrialSettleIterations, and pipe's K (options.staleness), after which its pipeline is full.
 inline constexpr std::size_t kMaxTrials = 3;
 inline constexpr std::int64_t kTrialSettleIterations = 2;
+std::int64_t trial_settle_iterations(const AutoOptions& options);
 
 // A choice that trades accuracy on a predicted gain below this (relative) over the fastest
 // candidate that trades less is tried against it: a pipelined method's prediction does not see its
 // communication competing with the compute for a few cores (mlp at 10gbe, 2 workers on 2 cores:
-// pipe K=2 predicted 21-30% faster than the synchronous methods, measured 12% slower than wfbp).
+// pipe K=2 predicted 21-30% faster than dsync+optimal; in 1-epoch compares their order changes
+// from round to round).
 inline constexpr double kTradeCheckGain = 0.5;
 
 // The candidates worth a trial, at most kMaxTrials, with margin > 0 (0: the choice alone): the
