@@ -347,16 +347,23 @@ for i in $(seq 1 "$REPEATS"); do
   expect_contains "host-kill$suffix/mpirun-names-the-host" "$R/host-kill$suffix/mpirun.err" "on node h2"
 done
 
-# wait_for_commit DIR ITERATION RANKS PID: returns once every part of the commit of ITERATION in DIR
-# exists (shared and rank0..RANKS-1: each is renamed into place whole, so present means written), at
-# most 2 minutes, or once the job PID ended. The shared part alone is not the commit: the other ranks may
-# still be writing theirs, and a host lost then rolls back to the commit before.
-wait_for_commit() {
-  local dir=$1 iteration=$2 ranks=$3 pid=$4 i=0 r name
-  name=$dir/checkpoint-$(printf %012d "$iteration")
-  while [ $i -lt 1200 ] && kill -0 "$pid" 2>/dev/null; do
-    [ -f "$name-shared.psgd" ] && for ((r = 0; r < ranks; r++)); do [ -f "$name-rank$r.psgd" ] || break; done &&
-      [ "$r" = "$ranks" ] && return
+# commit_written DIR ITERATION RANKS: whether every part of the commit of ITERATION in DIR exists
+# (shared and rank0..RANKS-1; each is renamed into place whole, so present means written). The
+# shared part alone is not the commit: the other ranks may still be writing theirs, and a host lost
+# then rolls back to the commit before.
+commit_written() {
+  local name r
+  name=$1/checkpoint-$(printf %012d "$2")
+  [ -f "$name-shared.psgd" ] || return 1
+  for ((r = 0; r < $3; r++)); do [ -f "$name-rank$r.psgd" ] || return 1; done
+}
+
+# wait_until PID TEST...: returns once `TEST...` succeeds, at most 2 minutes, or once the job PID
+# ended.
+wait_until() {
+  local pid=$1 i=0
+  shift
+  until "$@" || [ $i -ge 1200 ] || ! kill -0 "$pid" 2>/dev/null; do
     i=$((i + 1))
     sleep 0.1
   done
@@ -375,7 +382,7 @@ mkdir -p "$d"
 timeout -k 5 300 "$PIPESGDRUN" --restarts 1 -np 3 -H h1:1,h2:1,h3:1 "$BIN" "${K[@]}" --transport mpi \
   --comm-timeout "$T" --checkpoint-dir "$d/ck" --checkpoint-every 20 --out "$d/out" >"$d/run.out" 2>"$d/run.err" &
 run_pid=$!
-wait_for_commit "$d/ck" 60 3 $run_pid
+wait_until $run_pid commit_written "$d/ck" 60 3
 "$CLUSTER" kill h2 >"$d/kill.out" 2>&1
 wait $run_pid
 rc=$?
@@ -392,24 +399,13 @@ assert f["rolled_back_to"] >= 60 and f["rolled_back_to"] % 20 == 0, f
 assert "exit status" in f["failure"], f
 EOF
 
-# wait_for_file FILE PID: returns once FILE exists, at most 2 minutes, or once the job PID ended.
-wait_for_file() {
-  local file=$1 pid=$2 i=0
-  until [ -f "$file" ] || [ $i -ge 1200 ] || ! kill -0 "$pid" 2>/dev/null; do
-    i=$((i + 1))
-    sleep 0.1
-  done
-}
-
-# partition_h2_when PID WAIT...: once `WAIT... PID` returns (wait_for_file or wait_for_commit), cuts
-# h2's link (a partition: h2 stops answering), waits for the job PID (a child of this shell),
-# restores the link; the job's status in $rc, the cut's output in $d/link.out.
+# partition_h2_when PID TEST...: once `TEST...` succeeds (wait_until), cuts h2's link (a partition:
+# h2 stops answering), waits for the job PID (a child of this shell), restores the link; the job's
+# status in $rc, the cut's output in $d/link.out.
 partition_h2_when() {
-  local pid=$1
-  shift
-  "$@" "$pid"
+  wait_until "$@"
   "$CLUSTER" link h2 down >"$d/link.out" 2>&1
-  wait "$pid"
+  wait "$1"
   rc=$?
   "$CLUSTER" link h2 up >/dev/null 2>&1
 }
@@ -452,7 +448,7 @@ d=$R/min-np
 mkdir -p "$d"
 PIPESGD_ELASTIC_DIR="$d/commits" PIPESGD_TIMEOUT=$T timeout -k 5 300 "$PIPESGDRUN" --restarts 1 --min-np 2 -np 3 \
   -H h1:1,h2:1,h3:1 /usr/bin/python3 "$R/elastic_shrink.py" "$d/marker" >"$d/run.out" 2>"$d/run.err" &
-partition_h2_when $! wait_for_file "$d/marker"
+partition_h2_when $! test -f "$d/marker"
 expect_success "min-np/exit-0" $rc "$d/run.out" "$d/run.err"
 expect_contains "min-np/relaunched-smaller" "$d/run.err" "relaunching it on 2 ranks (h1:1,h3:1; lost: h2) (restart 1 of 1)"
 expect_contains "min-np/resumed-at-the-new-size" "$d/run.out" "WORLD size=3 from step 0" "DONE size=2 step=160"
@@ -478,7 +474,7 @@ timeout -k 5 300 "$PIPESGDRUN" --restarts 1 --min-np 2 -np 2 --host-discovery-sc
   "${K[@]}" --transport mpi --comm-timeout "$T" --checkpoint-dir "$d/ck" --checkpoint-every 20 --out "$d/out" \
   >"$d/run.out" 2>"$d/run.err" &
 run_pid=$!
-wait_for_commit "$d/ck" 60 2 $run_pid
+wait_until $run_pid commit_written "$d/ck" 60 2
 printf 'h1\nh3\n' >"$d/hosts"
 "$CLUSTER" kill h2 >"$d/kill.out" 2>&1
 wait $run_pid
@@ -512,7 +508,7 @@ d=$R/train-shrinks
 mkdir -p "$d"
 timeout -k 5 300 "$PIPESGDRUN" --restarts 1 --min-np 2 -np 3 -H h1:1,h2:1,h3:1 "$BIN" "${S[@]}" --transport mpi \
   --comm-timeout "$T" --checkpoint-dir "$d/ck" --checkpoint-every 20 --out "$d/out" >"$d/run.out" 2>"$d/run.err" &
-partition_h2_when $! wait_for_commit "$d/ck" 60 3
+partition_h2_when $! commit_written "$d/ck" 60 3
 expect_success "train-shrinks/exit-0" $rc "$d/run.out" "$d/run.err"
 expect_contains "train-shrinks/relaunched-smaller" "$d/run.err" "relaunching it on 2 ranks (h1:1,h3:1; lost: h2) (restart 1 of 1)"
 grep "^pipesgd: continuing the commit of " "$d/run.err" >"$d/continuing"
