@@ -21,7 +21,8 @@
 #             round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1).
 #             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~80 min per
-#             network and round)                                    ~17 min a round (mlp, cnn)
+#             network and round; the stored rows of the other models are kept)
+#                                                                   ~17 min a round (mlp, cnn)
 #   cluster   the local cluster (scripts/local-cluster.sh: hosts as network namespaces, real TCP, links
 #             at 1 Gbit/s; root only): ring allreduce against MPI_Allreduce at 2 and 4 hosts, the
 #             simulator against measured runs at 2 and 4 hosts (mlp, cnn; dsync, pipe), and partition
@@ -240,20 +241,31 @@ print(",".join(l.split(" ")[0] for l in labels))' "$work/auto-list/summary.json"
     if (($1 % 2 == 0)); then echo "$2"; else tr ',' '\n' <<<"$2" | tac | paste -sd, -; fi
   }
   # One record per run of a compare (its DIR/*/summary.json): KIND steady counts samples per second
-  # after the run's start-up, slowed over the whole run (samples / train_s).
-  record_runs() {  # DIR KIND ROUND
+  # after the run's start-up, slowed over the whole run (samples / train_s) and, from metrics.jsonl,
+  # the seconds of the iterations before and from the slowed iteration SLOWED_AT (what an oracle that
+  # ran the best method of each side would take: the ceiling of any choosing).
+  record_runs() {  # DIR KIND ROUND [SLOWED_AT]
     for dir in "$1"/*/; do
       "$python" -c 'import json, sys
 s, kind, rnd = json.load(open(sys.argv[1] + "summary.json")), sys.argv[2], int(sys.argv[3])
 a = s.get("auto")
 over_run = s["iterations"] * s["workers"] * s["batch_per_worker"] / s["train_s"]
-print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], method=s["method"],
+sides = None
+if kind == "slowed":
+    at = int(sys.argv[4])
+    its = [json.loads(l) for l in open(sys.argv[1] + "metrics.jsonl") if "\"iteration_s\"" in l]
+    its = [r for r in its if r.get("type") == "iteration"]
+    assert len(its) == s["iterations"], (len(its), s["iterations"])
+    sides = dict(slowed_at=at, iterations=s["iterations"],
+                 before_s=sum(r["iteration_s"] for r in its if r["iteration"] < at),
+                 after_s=sum(r["iteration_s"] for r in its if r["iteration"] >= at))
+print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], method=s["method"], **(sides or {}),
     samples_per_s=s["throughput_samples_per_s"] if kind == "steady" else over_run,
     test_accuracy=s["final_test_accuracy"],
     phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
     candidates=[c.split(" ")[0] for c in a["candidates"]] if a else None,
     startup_cost_fraction=a["startup_cost_fraction"] if a else None,
-    profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$dir" "$2" "$3" >>"$work/auto.records"
+    profiling_cost_fraction=a["profiling_cost_fraction"] if a else None)))' "$dir" "$2" "$3" "${4:-0}" >>"$work/auto.records"
     done
   }
   for model in ${auto_models//,/ }; do
@@ -280,15 +292,24 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
     "$pipesgd" compare --model "$slow_model" --algos "$(in_round_order $round "auto:any,$candidates")" --workers 2 \
       --net "$slow_net" --iters "$iterations" --inject-fault "$slow" --no-eval --quiet --out "$work/auto-slow" \
       >/dev/null 2>"$work/auto-slow.err" || { cat "$work/auto-slow.err" >&2; exit 1; }
-    record_runs "$work/auto-slow" slowed $round
+    record_runs "$work/auto-slow" slowed $round $((iterations / 2))
   done
   commands=$(printf '%s\n' \
     "pipesgd compare --model MODEL --algos auto:any,auto,$candidates --workers 2 --net NET ${length[*]}" \
     "pipesgd compare --model $slow_model --algos auto:any,$candidates --workers 2 --net $slow_net --iters $iterations --inject-fault $slow --no-eval")
+  # The stored steady rows of the models not measured now are kept (--auto-models mlp keeps cnn's),
+  # each with the date and machine it was measured on (measured_on).
+  kept=/dev/null
+  if ((!quick)) && [[ -f $data/auto.json ]]; then kept=$data/auto.json; fi
   "$python" -c 'import json, sys
-json.dump({"rows": [json.loads(l) for l in open(sys.argv[1])], "workers": 2, "slowed": sys.argv[2],
+rows = [json.loads(l) for l in open(sys.argv[1])]
+measured = {r["model"] for r in rows if r["kind"] == "steady"}
+old = json.load(open(sys.argv[4])) if sys.argv[4] != "/dev/null" else {"rows": []}
+kept = [dict(r, measured_on=r.get("measured_on") or dict(date=old["date"], machine=old["machine"]))
+        for r in old["rows"] if r["kind"] == "steady" and r["model"] not in measured]
+json.dump({"rows": kept + rows, "workers": 2, "slowed": sys.argv[2],
            "rounds": int(sys.argv[3])}, sys.stdout)' \
-    "$work/auto.records" "$slow" "$auto_rounds" | store auto "$commands"
+    "$work/auto.records" "$slow" "$auto_rounds" "$kept" | store auto "$commands"
 fi
 
 if selected cluster && [[ $(id -u) -ne 0 ]]; then
