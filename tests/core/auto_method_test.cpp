@@ -399,6 +399,27 @@ TEST(AutoTrials, ATradeIsMeasuredAgainstTheFastestThatTradesLess) {
   EXPECT_EQ(trial_contenders(trading({0, 1, 0}), predicted({10, 9.9, 12}, 0), 0.1), (Indices{0, 1}));
 }
 
+// A trial's figure: the settling iterations (the switch's one-time costs) are not counted, the
+// counted ones are averaged, and one far above their median (preempted) counts at kTrialOutlier
+// times it.
+TEST(AutoTrials, TheFigureIsTheMeanOfTheCountedIterationsClippedAtTheirMedian) {
+  std::vector<double> scratch(4);
+  // 2 settling iterations (50 and 20: building the method, filling the pipeline), then 4 counted.
+  EXPECT_DOUBLE_EQ(trial_figure(std::vector<double>{50, 20, 1, 2, 3, 2}, scratch), 2.0);
+  // A preempted iteration of 100 counts at 3 x the median (upper median of {1, 2, 3, 100}: 3): 9.
+  EXPECT_DOUBLE_EQ(trial_figure(std::vector<double>{50, 20, 1, 2, 3, 100}, scratch), (1 + 2 + 3 + kTrialOutlier * 3) / 4);
+  // No settling (scratch as long as the trial) and one counted iteration: itself.
+  EXPECT_DOUBLE_EQ(trial_figure(std::vector<double>{4, 5, 6, 9}, scratch), 6.0);
+  std::vector<double> one(1);
+  EXPECT_DOUBLE_EQ(trial_figure(std::vector<double>{50, 7}, one), 7.0);
+  // Pipe K=3 settles max(2, K) = 3 iterations; every other candidate 2.
+  AutoOptions options;
+  options.staleness = 3;
+  EXPECT_EQ(trial_settle_iterations(options), 3);
+  options.staleness = 1;
+  EXPECT_EQ(trial_settle_iterations(options), kTrialSettleIterations);
+}
+
 // The measured choice follows --auto-min-gain: a contender that trades accuracy is kept only if it
 // measured at least 5% faster than the fastest that trades less.
 TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {

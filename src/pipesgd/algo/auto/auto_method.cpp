@@ -35,8 +35,6 @@ constexpr const char* kProfilingSpec = "dsync+optimal";
 constexpr std::uint64_t kDriftSequenceBase = std::uint64_t{1} << 30;
 // Consecutive windows off the reference before auto chooses again.
 constexpr int kDriftStrikes = 2;
-// A trial's iteration counts at most this many times the trial's median iteration.
-constexpr double kTrialOutlier = 3;
 // What the workers average at the end of a drift window: the median of its iterations, the median
 // of their compute (the iteration less the wait for communication) and the link probe's time.
 constexpr std::size_t kDriftFigures = 3;
@@ -501,23 +499,16 @@ class AutoMethod final : public TrainingMethod {
     return first;
   }
 
-  // A trial's iteration t took `seconds` on this worker. At the trial's end its figure is the mean
-  // of its last P iterations (after trial_settle_iterations: a pipelined method's pipeline is full
-  // then, so each of them waits for its allreduce as every later one would), each at most
-  // kTrialOutlier times their median (an iteration preempted by another job counts as a typical
-  // one). The settling iterations are not counted: they hold the switch's one-time costs (building
-  // the method, its first allreduces), which a 12-iteration mean would weigh as 1/12 of the run.
+  // A trial's iteration t took `seconds` on this worker; at the trial's end its figure is
+  // trial_figure of them (the settling iterations are not counted: they hold the switch's one-time
+  // costs, building the method and its first allreduces, which a 12-iteration mean would weigh as
+  // 1/12 of the run).
   void watch_trial(std::int64_t t, double seconds) {
     const auto since = static_cast<std::size_t>(t - phases_[current_phase_].start);
     PIPESGD_ASSERT(since < trial_seconds_.size());
     trial_seconds_[since] = seconds;
     if (since + 1 < trial_seconds_.size()) return;
-    const auto measured = trial_seconds_.end() - static_cast<std::ptrdiff_t>(trial_sorted_.size());
-    std::copy(measured, trial_seconds_.end(), trial_sorted_.begin());
-    const double cap = kTrialOutlier * median_in_place(trial_sorted_);
-    double sum = 0;
-    for (auto x = measured; x != trial_seconds_.end(); ++x) sum += std::min(*x, cap);
-    trial_figures_[current_phase_ - first_trial_phase()] = sum / static_cast<double>(trial_sorted_.size());
+    trial_figures_[current_phase_ - first_trial_phase()] = trial_figure(trial_seconds_, trial_sorted_);
   }
 
   // The last trial ended with iteration t and was drained: the workers average each trial's figure
@@ -867,6 +858,16 @@ std::int64_t drift_window_for(const AutoOptions& options, double predicted_secon
   if (!(predicted_seconds > 0) || options.drift_window_seconds <= 0) return options.drift_window;
   const double lasting = std::ceil(options.drift_window_seconds / predicted_seconds);
   return std::max(options.drift_window, static_cast<std::int64_t>(std::min(lasting, static_cast<double>(kMaxDriftWindow))));
+}
+
+double trial_figure(std::span<const double> iteration_seconds, std::span<double> scratch) {
+  PIPESGD_ASSERT(!scratch.empty() && scratch.size() <= iteration_seconds.size());
+  const std::span<const double> counted = iteration_seconds.last(scratch.size());
+  std::copy(counted.begin(), counted.end(), scratch.begin());
+  const double cap = kTrialOutlier * median_in_place(scratch);
+  double sum = 0;
+  for (const double seconds : counted) sum += std::min(seconds, cap);
+  return sum / static_cast<double>(counted.size());
 }
 
 std::int64_t trial_settle_iterations(const AutoOptions& options) {

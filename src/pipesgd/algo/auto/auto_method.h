@@ -123,6 +123,16 @@ inline constexpr std::size_t kMaxTrials = 3;
 inline constexpr std::int64_t kTrialSettleIterations = 2;
 std::int64_t trial_settle_iterations(const AutoOptions& options);
 
+// A trial iteration counts at most this many times the median of the trial's counted iterations.
+inline constexpr double kTrialOutlier = 3;
+
+// A trial's figure from one worker's `iteration_seconds` (its trial_settle_iterations + P
+// iterations): the mean of the last scratch.size() (P), each at most kTrialOutlier times their
+// median (an iteration preempted by another job counts as a typical one). From K on, pipe's
+// pipeline is full, so each counted iteration waits for its allreduce as every later one will.
+// `scratch` is the caller's buffer (the hot path allocates nothing); its contents are overwritten.
+double trial_figure(std::span<const double> iteration_seconds, std::span<double> scratch);
+
 // A choice that trades accuracy on a predicted gain below this (relative) over the fastest
 // candidate that trades less is tried against it: a pipelined method's prediction does not see its
 // communication competing with the compute for a few cores (mlp at 10gbe, 2 workers on 2 cores:
