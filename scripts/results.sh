@@ -250,16 +250,15 @@ print(",".join(l.split(" ")[0] for l in labels))' "$work/auto-list/summary.json"
 s, kind, rnd = json.load(open(sys.argv[1] + "summary.json")), sys.argv[2], int(sys.argv[3])
 a = s.get("auto")
 over_run = s["iterations"] * s["workers"] * s["batch_per_worker"] / s["train_s"]
-sides = None
+sides = {}
 if kind == "slowed":
     at = int(sys.argv[4])
-    its = [json.loads(l) for l in open(sys.argv[1] + "metrics.jsonl") if "\"iteration_s\"" in l]
-    its = [r for r in its if r.get("type") == "iteration"]
+    its = [r for r in map(json.loads, open(sys.argv[1] + "metrics.jsonl")) if r.get("type") == "iteration"]
     assert len(its) == s["iterations"], (len(its), s["iterations"])
     sides = dict(slowed_at=at, iterations=s["iterations"],
                  before_s=sum(r["iteration_s"] for r in its if r["iteration"] < at),
                  after_s=sum(r["iteration_s"] for r in its if r["iteration"] >= at))
-print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], method=s["method"], **(sides or {}),
+print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], method=s["method"], **sides,
     samples_per_s=s["throughput_samples_per_s"] if kind == "steady" else over_run,
     test_accuracy=s["final_test_accuracy"],
     phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
