@@ -477,8 +477,12 @@ TEST_P(AutoTrialRun, KeepsOneOfTheTriedAndLosesNoGradient) {
   const nlohmann::json& phases = observed.phases;
   std::vector<std::pair<std::int64_t, std::string>> shape;
   for (const auto& phase : phases) shape.emplace_back(phase["start_iteration"], phase["kind"]);
-  ASSERT_EQ(shape, (std::vector<std::pair<std::int64_t, std::string>>{
-                       {0, "profiling"}, {12, "trial"}, {18, "trial"}, {24, "trial"}, {30, "chosen"}}))
+  const std::int64_t chosen = kAutoProfileWarmupIterations + 4;  // after --profile-iters 4
+  ASSERT_EQ(shape, (std::vector<std::pair<std::int64_t, std::string>>{{0, "profiling"},
+                                                                      {chosen, "trial"},
+                                                                      {chosen + 6, "trial"},
+                                                                      {chosen + 12, "trial"},
+                                                                      {chosen + 18, "chosen"}}))
       << phases.dump();
   std::set<std::string> tried;
   for (int i = 1; i <= 3; ++i) tried.insert(phases[i]["method"].get<std::string>());
@@ -630,7 +634,7 @@ TEST(AutoDrift, ALinkSlowedMidRunMakesAutoChooseOnceMore) {
   std::vector<std::string> kinds;
   for (const auto& phase : phases) kinds.push_back(phase["kind"].get<std::string>());
   ASSERT_EQ(kinds, (std::vector<std::string>{"profiling", "chosen", "profiling", "chosen"})) << phases.dump();
-  EXPECT_EQ(phases[1]["start_iteration"], 12);
+  EXPECT_EQ(phases[1]["start_iteration"], kAutoProfileWarmupIterations + 4);
   const std::int64_t again = phases[2]["start_iteration"].get<std::int64_t>();
   EXPECT_GT(again, slowed_at) << phases.dump();
   EXPECT_LE(again, slowed_at + 2 * 20 + 20) << phases.dump();

@@ -43,7 +43,8 @@ void PrintTo(const PhaseCase& c, std::ostream* out) {
 
 // The starts, by hand: a layer-wise plan takes effect after kProfileWarmupIterations (8) start-up
 // and P profiled iterations (8 + P); a warm-up of W iterations ends at W; sapipe pipelines at
-// max(W, 8 + P) when k is auto or its plan needs measured times (optimal, mgwfbp), else at W.
+// max(W, 8 + P) when k is auto or its plan needs measured times (optimal, mgwfbp), else at W; auto's
+// choice takes over after kAutoProfileWarmupIterations (3) start-up and P profiled iterations.
 std::vector<PhaseCase> phase_cases() {
   return {
       {"dsync", "dsync", {}, -1},
@@ -67,8 +68,8 @@ std::vector<PhaseCase> phase_cases() {
       {"sapipe_k1_wfbp_warmup_5", "sapipe", {{"--stale-layers", "1"}, {"--buckets", "wfbp"}, {"--warmup-iters", "5"}}, 5},
       {"sapipe_k2_mgwfbp_warmup_30", "sapipe",
        {{"--stale-layers", "2"}, {"--buckets", "mgwfbp"}, {"--profile-iters", "3"}, {"--warmup-iters", "30"}}, 30},
-      {"auto", "auto", {}, 18},  // its choice takes over after 8 + P
-      {"auto_any_profile_4", "auto:any", {{"--profile-iters", "4"}}, 12},
+      {"auto", "auto", {}, 13},
+      {"auto_any_profile_4", "auto:any", {{"--profile-iters", "4"}}, 7},
   };
 }
 

@@ -245,7 +245,7 @@ def test_bad_method_spec_raises_the_cli_message(cli_arguments, method, options, 
 
 
 def test_auto_chooses_and_switches_without_losing_a_gradient(capfd):
-    """method="auto" (policy sync): it profiles 18 steps, chooses a synchronous method (or tries the
+    """method="auto" (policy sync): it profiles 13 steps, chooses a synchronous method (or tries the
     synchronous ones predicted close, one after another), says so in one line on rank 0's stderr, and
     switches without losing a gradient: the single-process oracle holds."""
     steps = 24
@@ -266,8 +266,8 @@ def test_auto_chooses_and_switches_without_losing_a_gradient(capfd):
     if R == 0:
         assert len(lines) == 1, err
         assert re.match(r"pipesgd: auto:sync (chose \S+|tries .*, predicted within 10% \(--auto-trial\), for 12 "
-                        r"iterations each) from iteration 18[:;] ", lines[0]), lines[0]
-        assert "pipe" not in lines[0].removeprefix("pipesgd: auto:sync ").split(" from iteration 18")[0], lines[0]
+                        r"iterations each) from iteration 13[:;] ", lines[0]), lines[0]
+        assert "pipe" not in lines[0].removeprefix("pipesgd: auto:sync ").split(" from iteration 13")[0], lines[0]
     else:
         assert lines == [], err
     oracle_opt = sgd(oracle.parameters())

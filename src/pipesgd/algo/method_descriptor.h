@@ -48,6 +48,9 @@ struct MethodContext {
   // What `auto` measured (averaged over the workers, identical on each): a planning method plans
   // its buckets from it at once instead of profiling first. nullptr: the method profiles itself.
   const PlanningInputs* planned_from = nullptr;
+  // A planning method built at iteration 0 profiles after this many start-up iterations (`auto`'s
+  // profiler after fewer: kAutoProfileWarmupIterations).
+  std::int64_t profile_warmup_iterations = kProfileWarmupIterations;
   // Prints one line about the run as it goes (`auto`'s choices), on rank 0's stderr after
   // "pipesgd: "; empty on the other ranks and where nobody reads it.
   std::function<void(const std::string& line)> announce{};

@@ -380,7 +380,7 @@ class AutoMethod final : public TrainingMethod {
  private:
   // The first iteration after the profiling that starts at `start` ends: its plan is made then.
   std::int64_t decision_iteration(std::int64_t start) const {
-    return (start == 0 ? kProfileWarmupIterations : start) + options_.profile_iterations - 1;
+    return (start == 0 ? kAutoProfileWarmupIterations : start) + options_.profile_iterations - 1;
   }
 
   // Builds phase `phase`'s method, starting at `first` (no state: a fresh method or one loaded next).
@@ -393,6 +393,7 @@ class AutoMethod final : public TrainingMethod {
     MethodContext context{context_.transport, context_.model, selection.common, *selection.options,
                           /*warmup_iterations=*/0, context_.network, context_.learning_rate_schedule};
     context.first_iteration = first;
+    context.profile_warmup_iterations = kAutoProfileWarmupIterations;
     if ((p.kind == Phase::kChosen || p.kind == Phase::kTrial) && measured_) context.planned_from = &*measured_;
     current_.reset();  // its comm thread stops before the next one starts
     current_ = selection.descriptor->make(context);
@@ -728,10 +729,10 @@ std::optional<AutoPolicy> parse_auto_policy(std::string_view name) {
 
 std::optional<DeferredPhase> AutoOptions::deferred_phase(std::int64_t) const {
   if (!schedule.empty()) return std::nullopt;
-  const std::int64_t start = kProfileWarmupIterations + profile_iterations;
+  const std::int64_t start = kAutoProfileWarmupIterations + profile_iterations;
   return DeferredPhase{start, "auto's chosen method takes over",
                        concat("auto chooses it from ", profile_iterations, " profiled iterations after ",
-                              kProfileWarmupIterations, " start-up ones"),
+                              kAutoProfileWarmupIterations, " start-up ones"),
                        concat("until then it profiles with ", kProfilingSpec)};
 }
 

@@ -48,6 +48,7 @@ BucketedDSync::BucketedDSync(const MethodContext& context)
       schedule_(context.learning_rate_schedule),
       gradients_(context.model.layout().total()),
       backward_sums_(layers_),
+      single_comm_seconds_(static_cast<std::size_t>(profile_iterations_ - profile_iterations_ / 2), 0.0),
       profile_buffer_(layers_ + kPlanningScalars + kCostProbes, 0.0f),
       bucket_tickets_(layers_, 0),
       comm_(context.transport, "layer-wise dsync", std::max<std::size_t>(layers_, 1), context.common.timeout,
@@ -60,7 +61,7 @@ BucketedDSync::BucketedDSync(const MethodContext& context)
   planned_profile_ = empty_profile(context.model.layout(), bytes_per_element_);
   make_bucket_plan(plan_name_, planned_profile_, cost_);  // an unknown plan fails here, not later
   chosen_plan_ = plan_ = single_plan(layers_);            // until the first plan
-  first_cycle_start_ = context.first_iteration == 0 ? kProfileWarmupIterations : context.first_iteration;
+  first_cycle_start_ = context.first_iteration == 0 ? context.profile_warmup_iterations : context.first_iteration;
   if (context.planned_from != nullptr) {
     // `auto` switched here with the profile it measured: plan from it at once, as if this method's
     // first cycle had just ended.
@@ -146,6 +147,8 @@ void BucketedDSync::end_iteration(std::int64_t t, IterationTimes& times) {
   // layer's backward (segment_ready) and the update. Interference phase (one bucket per layer):
   // the whole backward, slowed by the allreduces running beside it.
   if (records_single_phase(t)) {
+    PIPESGD_ASSERT(static_cast<std::size_t>(single_iterations_) < single_comm_seconds_.size());
+    single_comm_seconds_[static_cast<std::size_t>(single_iterations_)] = comm_seconds;
     before_backward_sum_ += before_backward;
     update_sum_ += times.update;
     single_backward_sum_ += times.backward;
@@ -198,11 +201,19 @@ void BucketedDSync::replan(std::int64_t plan_number) {
   const std::size_t first_probe = layers_ + kPlanningScalars;
   const std::vector<double> sizes = cost_probe_sizes(planned_profile_.bytes);
   if (measure_cost_) {
-    // The gradients were applied: the buffer is free until the next backward.
-    const std::vector<double> medians =
-        measure_allreduce_seconds(*allreduce_, gradients_, sizes, bytes_per_element_, 3, sequence + 1);
-    for (int k = 0; k < kCostProbes; ++k) {
-      profile_buffer_[first_probe + static_cast<std::size_t>(k)] = static_cast<float>(medians[static_cast<std::size_t>(k)]);
+    // The largest size is the whole gradient, which the single phase allreduced in every
+    // iteration: the median of those is its probe (the slowest to time again; for mlp at
+    // 1 Gbit/s, 3 more allreduces of 21 ms). The gradients were applied: the buffer is free until
+    // the next backward.
+    const std::span<double> single(single_comm_seconds_.data(), static_cast<std::size_t>(single_iterations_));
+    const bool single_timed = !single.empty() && std::ranges::all_of(single, [](double s) { return s >= 0; });
+    const std::size_t timed = single_timed ? kCostProbes - 1 : kCostProbes;
+    const std::vector<double> medians = measure_allreduce_seconds(
+        *allreduce_, gradients_, std::span(sizes).first(timed), bytes_per_element_, 3, sequence + 1);
+    std::copy(medians.begin(), medians.end(), profile_buffer_.begin() + static_cast<std::ptrdiff_t>(first_probe));
+    if (single_timed) {
+      std::sort(single.begin(), single.end());
+      profile_buffer_[first_probe + timed] = static_cast<float>(single[single.size() / 2]);
     }
   }
   planning_.sum(profile_buffer_, sequence);
@@ -250,6 +261,7 @@ void BucketedDSync::save_state(CheckpointWriter& out) {
   out.add_double(prefix + "cycle.interference_backward_sum", interference_backward_sum_);
   out.add_double(prefix + "cycle.single_backward_sum", single_backward_sum_);
   out.add_int(prefix + "cycle.single_iterations", single_iterations_);
+  out.add_doubles(prefix + "cycle.single_comm_seconds", single_comm_seconds_);
   out.add_int(prefix + "cycle.interference_iterations", interference_iterations_);
 }
 
@@ -303,6 +315,13 @@ void BucketedDSync::load_state(const CheckpointReader& in, std::int64_t next_ite
   planned_backward_tail_seconds_ = in.real(prefix + "planned.backward_tail_seconds");
   cost_ = LinearCost{in.real(prefix + "cost.a"), in.real(prefix + "cost.b")};
   backward_sums_ = std::move(backward_sums);
+  // A checkpoint of an earlier version has no such times (-1: the plan times that size again).
+  const std::string single_comm = prefix + "cycle.single_comm_seconds";
+  if (in.has(single_comm)) {
+    single_comm_seconds_ = in.doubles(single_comm, single_comm_seconds_.size());
+  } else {
+    std::fill(single_comm_seconds_.begin(), single_comm_seconds_.end(), -1.0);
+  }
   before_backward_sum_ = in.real(prefix + "cycle.before_backward_sum");
   update_sum_ = in.real(prefix + "cycle.update_sum");
   interference_backward_sum_ = in.real(prefix + "cycle.interference_backward_sum");

@@ -6,17 +6,19 @@
 // training methods `wfbp`, `synceasgd` and `mgwfbp` are this with the wfbp, single and mgwfbp plans;
 // `dsync+optimal`, `dsync+fixed:25` etc. choose another plan. Every plan composes with every codec.
 //
-// Planning: after kProfileWarmupIterations, `profile_iterations` P iterations profile. The first
-// P - P/2 run one bucket and record each layer's backward time (from the model's readiness
-// reports), the time before backward (data, forward, bookkeeping) and the update; the other P/2 run
-// one bucket per layer and record how much the allreduces running beside backward slow it: kappa
-// per bucket (LayerProfile::per_bucket_compute_seconds; 0 if P < 2). Then, unless a calibration
-// file gives the cost model (algo/planning.h, planning_cost), the workers time their allreduce at
+// Planning: after kProfileWarmupIterations (MethodContext::profile_warmup_iterations),
+// `profile_iterations` P iterations profile. The first P - P/2 run one bucket and record each
+// layer's backward time (from the model's readiness reports), the time before backward (data,
+// forward, bookkeeping), the update and the allreduce of the whole gradient; the other P/2 run one
+// bucket per layer and record how much the allreduces running beside backward slow it: kappa per
+// bucket (LayerProfile::per_bucket_compute_seconds; 0 if P < 2). Then, unless a calibration file
+// gives the cost model (algo/planning.h, planning_cost), the workers time their allreduce at
 // kCostProbes sizes (the cost of this transport and network as it is, software overheads included)
-// for a + b·M. The workers average their profiles and timings (PlanningExchange, so every worker
-// computes the same plan from the same numbers) and compute the plan. With `replan_every` N > 0 a
-// new profiling cycle starts N iterations after each plan. A plan is never changed while a bucket
-// is in flight.
+// for a + b·M: the largest, the whole gradient, is the median of the single phase's allreduces; the
+// others are timed after the cycle. The workers average their profiles and timings
+// (PlanningExchange, so every worker computes the same plan from the same numbers) and compute the
+// plan. With `replan_every` N > 0 a new profiling cycle starts N iterations after each plan. A plan
+// is never changed while a bucket is in flight.
 //
 // Tags: bucket b of iteration t uses sequence t * L + b on Channel::kGradients (L = the model's
 // layer count, an upper bound of the bucket count).
@@ -111,6 +113,9 @@ class BucketedDSync final : public TrainingMethod {
   // layers' readiness intervals in backward_sums_).
   double before_backward_sum_ = 0, update_sum_ = 0, interference_backward_sum_ = 0, single_backward_sum_ = 0;
   std::int64_t single_iterations_ = 0, interference_iterations_ = 0;
+  // The single phase's allreduce of the whole gradient, seconds per iteration (the first
+  // single_iterations_ of P - P/2): the cost probe at the largest size, timed by the training.
+  std::vector<double> single_comm_seconds_;
   // The averaged profile's wire form: L backward times, t_f, update, kappa, backward's tail,
   // kCostProbes probe medians.
   std::vector<float> profile_buffer_;
