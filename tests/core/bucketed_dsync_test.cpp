@@ -4,8 +4,10 @@
 // reported, replanning mid-run is safe, a model without readiness reports still works, usage errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -231,6 +233,62 @@ TEST(LayerWise, PlanningSeparatesBackwardsTailFromKappa) {
     EXPECT_NEAR(inputs.backward_tail_seconds, kWholeBackward - hooks, 1e-8);
     // One bucket launched during backward (2 layers, wfbp's phase: a bucket per layer).
     EXPECT_NEAR(inputs.profile.per_bucket_compute_seconds, kSlowedBackward - kWholeBackward, 1e-8);
+  }
+}
+
+// The cost probe at the whole gradient is the one-bucket iterations' own allreduce (each worker's
+// median, averaged over the workers), not timed again after them: with rank 1's emulated link 20x
+// slower during those iterations only, the probe holds their time, far above the smaller probes
+// timed at the normal speed after the cycle (the fit of a + b·M weighs it as one point of four).
+TEST(LayerWise, TheWholeGradientsProbeIsTheOneBucketIterationsOwnAllreduce) {
+  constexpr std::int64_t kProfileIterations = 6;  // 3 one-bucket iterations, then 3 with a bucket per layer
+  constexpr double kSlowdown = 20;
+  NetworkSpec network;
+  network.bits_per_second = 100e6;
+  network.latency_seconds = 50e-6;
+  network.name = "bw=100Mbit,lat=50us";
+  LocalFabric fabric(2, network);
+  const MethodSelection selection =
+      select_for_test("dsync", {{"--buckets", "wfbp"}, {"--profile-iters", std::to_string(kProfileIterations)}});
+  const std::int64_t single_begin = kProfileWarmupIterations;
+  const std::int64_t single_end = single_begin + kProfileIterations - kProfileIterations / 2;
+  const std::int64_t iterations = kProfileWarmupIterations + kProfileIterations;
+  const SoftmaxBatches data = make_softmax_batches(5, 2, iterations, 784, 10, 4);
+  std::vector<std::vector<double>> single_comm(2);  // each rank's, written by its own thread
+  std::vector<std::optional<PlanningInputs>> planned(2);
+  run_ranks_on(fabric, [&](int rank, Transport& transport) {
+    std::unique_ptr<Model> model = softmax_factory()(1);
+    std::unique_ptr<TrainingMethod> method = make_method(selection, transport, *model, 0);
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      if (rank == 1 && t == single_begin) fabric.slow_link(1, kSlowdown);
+      if (rank == 1 && t == single_end) fabric.slow_link(1, 1);
+      IterationTimes times;
+      std::span<float> gradients = method->begin_iteration(t, times);
+      model->forward_backward(data.at(rank, t, 2), gradients, *method->segment_ready());
+      method->end_iteration(t, times);
+      if (t >= single_begin && t < single_end) single_comm[static_cast<std::size_t>(rank)].push_back(times.comm);
+    }
+    IterationTimes times;
+    method->finish(times);
+    if (const PlanningInputs* inputs = method->report()->planning_inputs()) planned[static_cast<std::size_t>(rank)] = *inputs;
+  });
+  double expected = 0;
+  for (std::vector<double>& seconds : single_comm) {
+    ASSERT_EQ(seconds.size(), 3u);
+    std::sort(seconds.begin(), seconds.end());
+    expected += seconds[1] / 2;
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(::testing::Message() << "rank " << rank);
+    ASSERT_TRUE(planned[static_cast<std::size_t>(rank)].has_value()) << "no plan was made";
+    const PlanningInputs& inputs = *planned[static_cast<std::size_t>(rank)];
+    ASSERT_EQ(inputs.probe_seconds.size(), static_cast<std::size_t>(kCostProbes));
+    ASSERT_EQ(inputs.probe_bytes.size(), static_cast<std::size_t>(kCostProbes));
+    EXPECT_EQ(inputs.probe_bytes.back(), (784 * 10 + 10) * 4);
+    EXPECT_NEAR(inputs.probe_seconds.back(), expected, 1e-6 * expected);  // averaged as float
+    // The slowed allreduce moves its 31 KB at 5 Mbit/s, ~50 ms; the probe before it, about half
+    // the bytes at full speed, ~1.3 ms: a timing of the whole gradient after the cycle would be ~2.5 ms.
+    EXPECT_GT(inputs.probe_seconds.back(), 5 * inputs.probe_seconds[kCostProbes - 2]) << inputs.probe_seconds[kCostProbes - 2];
   }
 }
 

@@ -32,6 +32,10 @@ struct PlanningInputs {
   // Backward's time after its last gradient is ready (the trainer's clock of the whole backward
   // less the layers' readiness intervals): compute that no bucket can overlap.
   double backward_tail_seconds = 0;
+  // The cost probes `cost` was fitted to, averaged over the workers: message bytes and seconds (the
+  // last, the whole gradient, from the profiling's own allreduces; algo/dsync/bucketed_dsync.h).
+  // Empty when the cost came from elsewhere (a calibration file, a checkpoint, auto's profile).
+  std::vector<double> probe_bytes, probe_seconds;
 };
 
 // Predictions from what a planning method measured (MethodDescriptor::predict, `--algo auto`):

@@ -224,6 +224,8 @@ void BucketedDSync::replan(std::int64_t plan_number) {
       seconds[static_cast<std::size_t>(k)] = profile_buffer_[first_probe + static_cast<std::size_t>(k)] / workers;
     }
     cost_ = fit_measured_cost(sizes, seconds, algorithm_, workers_);
+    probe_bytes_ = sizes;
+    probe_seconds_ = std::move(seconds);
   }
   for (std::size_t s = 0; s < layers_; ++s) {
     planned_profile_.backward_seconds[s] = profile_buffer_[s] / workers;
@@ -354,7 +356,8 @@ std::shared_ptr<MethodReport> BucketedDSync::report() const {
 
 std::optional<PlanningInputs> BucketedDSync::planning_inputs() const {
   if (plans_made_ == 0) return std::nullopt;
-  return PlanningInputs{planned_profile_, cost_, planned_update_seconds_, planned_backward_tail_seconds_};
+  return PlanningInputs{planned_profile_, cost_, planned_update_seconds_, planned_backward_tail_seconds_,
+                        probe_bytes_, probe_seconds_};
 }
 
 }  // namespace pipesgd

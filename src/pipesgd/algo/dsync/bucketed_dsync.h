@@ -116,6 +116,8 @@ class BucketedDSync final : public TrainingMethod {
   // The single phase's allreduce of the whole gradient, seconds per iteration (the first
   // single_iterations_ of P - P/2): the cost probe at the largest size, timed by the training.
   std::vector<double> single_comm_seconds_;
+  // The last plan's cost probes (PlanningInputs::probe_bytes, probe_seconds; not checkpointed).
+  std::vector<double> probe_bytes_, probe_seconds_;
   // The averaged profile's wire form: L backward times, t_f, update, kappa, backward's tail,
   // kCostProbes probe medians.
   std::vector<float> profile_buffer_;
