@@ -25,13 +25,18 @@ namespace {
 
 const SgdOptions kSgd{0.3f, 0.9f, 0.01f};
 
-// The methods auto switches between, with their iteration dependency K.
+// The methods auto switches between, with their iteration dependency K (of their first
+// stale_elements: SAPipe's stale layer, the softmax model's weight matrix).
 struct Switchable {
   std::string spec;
   OptionValues flags;
   int k;
   std::string label;
+  std::size_t stale_elements = SIZE_MAX;
 };
+// SAPipe with the weight matrix stale and the bias synchronous, no compensation (the oracle's rule;
+// weight prediction is checked against SAPipe's own run below), a plan that needs no profile.
+const OptionValues kSapipeOneStaleLayer = {{"--stale-layers", "1"}, {"--buckets", "wfbp"}, {"--compensation", "none"}};
 const std::vector<Switchable>& switchable() {
   static const std::vector<Switchable> methods = {
       {"dsync", {}, 1, "dsync"},
@@ -41,6 +46,7 @@ const std::vector<Switchable>& switchable() {
       {"mgwfbp", {}, 1, "mgwfbp"},
       {"pipe", {{"--staleness-k", "2"}}, 2, "pipe K=2"},
       {"pipe", {{"--staleness-k", "3"}}, 3, "pipe K=3"},
+      {"sapipe", kSapipeOneStaleLayer, 2, "sapipe+none k=1", kClasses * kFeatures},
   };
   return methods;
 }
@@ -59,6 +65,14 @@ struct Observed {
   nlohmann::json phases;                                      // rank 0's summary.json auto.phases
 };
 
+// The softmax model without forward reports: SAPipe then applies its synchronous layers' updates
+// at the start of the iteration, before the test reads the weights the iteration computes on.
+class SoftmaxWithoutForwardReports final : public SoftmaxRegression {
+ public:
+  using SoftmaxRegression::SoftmaxRegression;
+  bool reports_forward_progress() const override { return false; }
+};
+
 // Runs `selection` on `ranks` threads for `iterations`; with `commit_after` >= 0 every rank saves
 // its method's state after that iteration, and a new model and method restored from it go on.
 Observed run_auto(const MethodSelection& selection, int ranks, std::int64_t iterations, const SoftmaxBatches& data,
@@ -67,7 +81,7 @@ Observed run_auto(const MethodSelection& selection, int ranks, std::int64_t iter
   observed.weights_used.assign(ranks, {});
   observed.final_weights.assign(ranks, {});
   run_ranks(ranks, [&](int rank, Transport& transport) {
-    auto model = std::make_unique<SoftmaxRegression>(kFeatures, kClasses, kSeed);
+    std::unique_ptr<SoftmaxRegression> model = std::make_unique<SoftmaxWithoutForwardReports>(kFeatures, kClasses, kSeed);
     auto method = make_method(selection, transport, *model, 0);
     for (std::int64_t t = 0; t < iterations; ++t) {
       IterationTimes times;
@@ -82,7 +96,7 @@ Observed run_auto(const MethodSelection& selection, int ranks, std::int64_t iter
         method->save_state(state);
         const std::vector<float> weights(model->parameters().begin(), model->parameters().end());
         method.reset();
-        model = std::make_unique<SoftmaxRegression>(kFeatures, kClasses, kSeed + 1);
+        model = std::make_unique<SoftmaxWithoutForwardReports>(kFeatures, kClasses, kSeed + 1);
         std::copy(weights.begin(), weights.end(), model->parameters().begin());
         method = make_method(selection, transport, *model, 0);
         method->load_state(CheckpointReader::parse(state.serialize(), "<test commit>"), t + 1);
@@ -125,7 +139,8 @@ TEST_P(AutoSwitch, LosesNoGradientAndKeepsTheMomentum) {
       scheduled_auto({{0, a.spec, a.flags}, {5, b.spec, b.flags}, {11, a.spec, a.flags}});
   const Observed observed = run_auto(selection, c.ranks, iterations, data);
   const OracleRun expected =
-      phased_sgd(kSgd, {{0, a.k}, {5, b.k}, {11, a.k}}, c.ranks, iterations, data, kFeatures, kClasses, kSeed);
+      phased_sgd(kSgd, {{0, a.k, a.stale_elements}, {5, b.k, b.stale_elements}, {11, a.k, a.stale_elements}}, c.ranks,
+                 iterations, data, kFeatures, kClasses, kSeed);
   for (int rank = 0; rank < c.ranks; ++rank) {
     for (std::int64_t t = 0; t < iterations; ++t) {
       expect_close(observed.weights_used[rank][t], expected.weights_used[t],
@@ -148,6 +163,8 @@ std::vector<SwitchCase> switch_cases() {
   cases.push_back({3, 0, 5});
   cases.push_back({3, 4, 6});  // mgwfbp -> pipe K=3 -> mgwfbp
   cases.push_back({3, 6, 1});  // pipe K=3 -> dsync+optimal -> pipe K=3
+  cases.push_back({1, 0, 7});  // dsync -> sapipe -> dsync
+  cases.push_back({3, 7, 5});  // sapipe -> pipe K=2 -> sapipe
   return cases;
 }
 
@@ -173,15 +190,29 @@ TEST(AutoSwitch, OracleDistinguishesDrainAndMomentum) {
   EXPECT_NE(switched.final_weights, pipe.final_weights);
 }
 
-// A commit anywhere (inside a phase, with pipe's gradients in flight, just before a switch) resumes
-// to the weights of the run never interrupted, bit for bit.
+// SAPipe with weight prediction (wp3, its default) computes on predicted weights: the method that
+// follows it starts from the true ones, which SAPipe's own run ends with (finish()).
+TEST(AutoSwitch, AfterSapipesWeightPredictionTheNextMethodStartsFromTheTrueWeights) {
+  const SoftmaxBatches data = make_softmax_batches(31, 2, 12, kFeatures, kClasses, kBatch);
+  const OptionValues wp3 = {{"--stale-layers", "1"}, {"--buckets", "wfbp"}};
+  const Observed sapipe_alone = run_auto(scheduled_auto({{0, "dsync", {}}, {3, "sapipe", wp3}}), 2, 9, data);
+  const Observed switched = run_auto(scheduled_auto({{0, "dsync", {}}, {3, "sapipe", wp3}, {9, "dsync", {}}}), 2, 12, data);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(switched.weights_used[rank][9], sapipe_alone.final_weights[rank]) << "rank " << rank;
+    EXPECT_EQ(switched.final_weights[rank], switched.final_weights[0]) << "replicas diverged";
+  }
+}
+
+// A commit anywhere (inside a phase, with pipe's or SAPipe's gradients in flight, just before a
+// switch) resumes to the weights of the run never interrupted, bit for bit.
 class AutoCommit : public ::testing::TestWithParam<std::int64_t> {};
 
 TEST_P(AutoCommit, ResumesBitForBit) {
   const std::int64_t iterations = 20;
   const SoftmaxBatches data = make_softmax_batches(5, 2, iterations, kFeatures, kClasses, kBatch);
   const MethodSelection selection = scheduled_auto(
-      {{0, "dsync", {}}, {5, "pipe", {{"--staleness-k", "2"}}}, {12, "mgwfbp", {}}, {16, "pipe", {{"--staleness-k", "3"}}}});
+      {{0, "dsync", {}}, {5, "pipe", {{"--staleness-k", "2"}}}, {9, "sapipe", {{"--stale-layers", "1"}, {"--buckets", "wfbp"}}},
+       {12, "mgwfbp", {}}, {16, "pipe", {{"--staleness-k", "3"}}}});
   const Observed uninterrupted = run_auto(selection, 2, iterations, data);
   const Observed resumed = run_auto(selection, 2, iterations, data, GetParam());
   for (int rank = 0; rank < 2; ++rank) {
@@ -189,7 +220,7 @@ TEST_P(AutoCommit, ResumesBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(After, AutoCommit, ::testing::Values(3, 4, 6, 11, 13, 15, 17),
+INSTANTIATE_TEST_SUITE_P(After, AutoCommit, ::testing::Values(3, 4, 6, 9, 10, 11, 13, 15, 17),
                          [](const auto& info) { return concat("iteration", info.param); });
 
 // Synthetic measurements: `layers` layers of `bytes` each, backward `backward` s each, forward
@@ -472,7 +503,8 @@ TEST_P(AutoTrialRun, KeepsOneOfTheTriedAndLosesNoGradient) {
   const std::int64_t iterations = 40;
   const SoftmaxBatches data = make_softmax_batches(11, c.ranks, iterations, kFeatures, kClasses, kBatch);
   const MethodSelection selection = select_for_test(
-      "auto:stale", {{"--profile-iters", "4"}, {"--auto-trial", "10"}, {"--auto-drift", "0"}}, kSgd);
+      "auto:stale", {{"--profile-iters", "4"}, {"--auto-trial", "10"}, {"--auto-drift", "0"}, {"--compensation", "none"}},
+      kSgd);
   const Observed observed = run_auto(selection, c.ranks, iterations, data, c.commit_after);
   const nlohmann::json& phases = observed.phases;
   std::vector<std::pair<std::int64_t, std::string>> shape;
@@ -495,8 +527,18 @@ TEST_P(AutoTrialRun, KeepsOneOfTheTriedAndLosesNoGradient) {
   std::vector<OraclePhase> oracle;
   for (const auto& phase : phases) {
     const std::string label = phase["method"];
+    const std::int64_t start = phase["start_iteration"];
+    if (label.starts_with("sapipe")) {
+      // k as its prediction chose it ("k = 1 of 2 layers stale"): the weight matrix is layer 0.
+      const std::string model = phase["model"];
+      const std::size_t k_at = model.find("k = ");
+      ASSERT_NE(k_at, std::string::npos) << model;
+      const int k = std::stoi(model.substr(k_at + 4));
+      oracle.push_back({start, 2, k == 0 ? 0 : k == 1 ? kClasses * kFeatures : SIZE_MAX});
+      continue;
+    }
     const std::size_t k_at = label.find(" K=");
-    oracle.push_back({phase["start_iteration"].get<std::int64_t>(), k_at == std::string::npos ? 1 : std::stoi(label.substr(k_at + 3))});
+    oracle.push_back({start, k_at == std::string::npos ? 1 : std::stoi(label.substr(k_at + 3))});
   }
   const OracleRun expected = phased_sgd(kSgd, oracle, c.ranks, iterations, data, kFeatures, kClasses, kSeed);
   for (int rank = 0; rank < c.ranks; ++rank) {
@@ -553,12 +595,39 @@ TEST(AutoCandidates, FollowThePolicy) {
   EXPECT_EQ(labels("auto"), sync);
   EXPECT_EQ(labels("auto:sync"), sync);
   std::vector<std::string> stale = sync;
+  stale.push_back("sapipe");
   stale.push_back("pipe K=3");
   EXPECT_EQ(labels("auto:stale", {{"--staleness-k", "3"}}), stale);
   EXPECT_EQ(labels("auto:lossy", {{"--codec", "bf16"}}),
             (std::vector<std::string>{"dsync", "dsync+optimal", "mgwfbp", "wfbp", "dsync+bf16", "dsync+optimal+bf16",
                                       "mgwfbp+bf16", "wfbp+bf16"}));
-  EXPECT_EQ(labels("auto:any").size(), 15u);  // 5 per codec: none, bf16, int8
+  EXPECT_EQ(labels("auto:any").size(), 18u);  // 6 per codec: none, bf16, int8
+  EXPECT_EQ(labels("auto:any")[16], "sapipe+int8");
+}
+
+// SAPipe's prediction: with every layer's allreduce far longer than the compute, k is every layer
+// and the iteration is the allreduce of the whole gradient (one, the stale range's, per iteration),
+// then the update and wp3's estimated 2 more updates; with a fast link no layer need be stale.
+TEST(AutoCandidates, SapipePredictsItsTimeline) {
+  const MethodSelection selection = select_for_test("auto:stale");
+  const std::vector<AutoCandidate> candidates =
+      auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
+  std::size_t sapipe = candidates.size();
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].label == "sapipe") sapipe = i;
+  }
+  ASSERT_LT(sapipe, candidates.size());
+  EXPECT_EQ(candidates[sapipe].trades, 1);
+  // 4 layers of 1 MB, 0.5 ms backward each, 8 ms forward, update 0.5 ms; allreduce 0.1 ms + 10 ms/MB.
+  const AutoDecision slow = decide_method(candidates, synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-8), 2, 0.05);
+  EXPECT_NEAR(slow.predictions[sapipe].seconds, (0.1e-3 + 4e6 * 1e-8) + 0.5e-3 * 3, 1e-9);
+  EXPECT_NE(slow.predictions[sapipe].model.find("k = 4 of 4 layers stale"), std::string::npos)
+      << slow.predictions[sapipe].model;
+  // A link 1000x faster: the layers' allreduces hide behind the backward of the layers before them
+  // and the forward, but for the first layer's, launched when backward ends: k = 1.
+  const AutoDecision fast = decide_method(candidates, synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-6, 1e-11), 2, 0.05);
+  EXPECT_NE(fast.predictions[sapipe].model.find("k = 1 of 4 layers stale"), std::string::npos)
+      << fast.predictions[sapipe].model;
 }
 
 TEST(AutoOptionsErrors, ContradictionsAndUnknownPoliciesAreOneLine) {
@@ -584,6 +653,36 @@ TEST(AutoOptionsErrors, ContradictionsAndUnknownPoliciesAreOneLine) {
   EXPECT_EQ(message("auto", {{"--auto-trial", "-0.1"}}), "--auto-trial must be in [0, 10] (0: no trials), got -0.1");
   EXPECT_EQ(message("auto", {{"--auto-window-seconds", "-1"}}), "--auto-window-seconds must be in [0, 3600], got -1");
   EXPECT_EQ(message("auto:any", {{"--codec", "int8"}, {"--staleness-k", "3"}}), "no error");
+  EXPECT_EQ(message("auto", {{"--compensation", "dc"}}),
+            "--compensation dc is the sapipe candidate's, which auto:sync does not have: use auto:stale or auto:any");
+  EXPECT_EQ(message("auto:stale", {{"--compensation", "wp9"}}),
+            "unknown --compensation 'wp9' (expected none, dc, wp1, wp2, wp3)");
+  EXPECT_EQ(message("auto:any", {{"--compensation", "dc"}}), "no error");
+}
+
+// The sapipe candidate's compensation: wp3 by default; with the caller's optimizer (the API's
+// "external") dc, since weight prediction needs the optimizer's own rule, and wp3 given is refused.
+TEST(AutoOptionsErrors, SapipeCompensationFollowsTheOptimizer) {
+  auto sapipe_label = [](const OptionValues& flags, bool external) {
+    const MethodSelection selection = select_for_test("auto:stale", flags);
+    CommonOptions common = selection.common;
+    if (external) common.optimizer.name = "external";
+    for (const AutoCandidate& c : auto_candidates(options_as<AutoOptions>(*selection.options), common)) {
+      if (c.label.starts_with("sapipe")) return c.label + " / " + c.accuracy_trade;
+    }
+    return std::string("none");
+  };
+  EXPECT_EQ(sapipe_label({}, false), "sapipe / partial staleness: the first k layers 1 step stale, compensated by wp3");
+  EXPECT_EQ(sapipe_label({}, true), "sapipe+dc / partial staleness: the first k layers 1 step stale, compensated by dc");
+  EXPECT_EQ(sapipe_label({{"--compensation", "none"}}, true), "sapipe+none / partial staleness: the first k layers 1 step stale");
+  try {
+    sapipe_label({{"--compensation", "wp3"}}, true);
+    ADD_FAILURE() << "wp3 with the caller's optimizer was accepted";
+  } catch (const UsageError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              "auto:stale --compensation wp3: SAPipe's weight prediction computes the next update with the optimizer's "
+              "own rule, so it cannot hand its gradients to your optimizer: use --compensation dc or none");
+  }
 }
 
 // Drift: rank 1's link slowed 10x at iteration 100 of 200 (an emulated link: the iteration is

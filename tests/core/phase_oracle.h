@@ -8,9 +8,11 @@
 //                                g_t = mean_r g_r(w_t)
 //                                if K == 1: w <- SGD(w, g_t)
 //                         at b:  w <- SGD(w, g_i) for the i in [max(a, b-K), b) not yet applied
+// (with stale_elements, the stale rule holds for those first elements and K = 1 for the others).
 // SGD as LibTorch: v = m v + (g + wd w); w -= lr v. Computed in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -39,9 +41,12 @@ inline void expect_close(const std::vector<float>& actual, const std::vector<dou
   }
 }
 
+// K applies to the elements [0, stale_elements) (all of them by default: Pipe-SGD); the others are
+// synchronous (K = 1) as SAPipe's layers after its first k (stale_elements: their elements).
 struct OraclePhase {
   std::int64_t start = 0;
   int k = 1;
+  std::size_t stale_elements = SIZE_MAX;
 };
 
 struct OracleRun {
@@ -56,9 +61,10 @@ inline OracleRun phased_sgd(const SgdOptions& sgd, const std::vector<OraclePhase
   std::vector<double> w(initial.parameters().begin(), initial.parameters().end());
   std::vector<double> v(w.size(), 0.0);
   std::vector<std::vector<double>> gradient_of(static_cast<std::size_t>(iterations));
-  auto apply = [&](std::int64_t i) {
+  // Applies gradient i to the elements [begin, end).
+  auto apply = [&](std::int64_t i, std::size_t begin, std::size_t end) {
     const std::vector<double>& g = gradient_of[static_cast<std::size_t>(i)];
-    for (std::size_t e = 0; e < w.size(); ++e) {
+    for (std::size_t e = begin; e < std::min(end, w.size()); ++e) {
       v[e] = sgd.momentum * v[e] + (g[e] + sgd.weight_decay * w[e]);
       w[e] -= sgd.learning_rate * v[e];
     }
@@ -68,8 +74,9 @@ inline OracleRun phased_sgd(const SgdOptions& sgd, const std::vector<OraclePhase
     const std::int64_t a = phases[p].start;
     const std::int64_t b = p + 1 < phases.size() ? phases[p + 1].start : iterations;
     const int k = phases[p].k;
+    const std::size_t stale = k >= 2 ? std::min(phases[p].stale_elements, w.size()) : 0;
     for (std::int64_t t = a; t < b; ++t) {
-      if (k >= 2 && t - k >= a) apply(t - k);
+      if (k >= 2 && t - k >= a) apply(t - k, 0, stale);
       run.weights_used.push_back(w);
       const std::vector<float> w_float(w.begin(), w.end());
       std::vector<double> mean(w.size(), 0.0);
@@ -78,10 +85,10 @@ inline OracleRun phased_sgd(const SgdOptions& sgd, const std::vector<OraclePhase
         for (std::size_t e = 0; e < g.size(); ++e) mean[e] += g[e] / ranks;
       }
       gradient_of[static_cast<std::size_t>(t)] = std::move(mean);
-      if (k == 1) apply(t);
+      apply(t, stale, w.size());  // the synchronous elements
     }
     if (k >= 2) {
-      for (std::int64_t i = std::max(a, b - k); i < b; ++i) apply(i);  // finish() at the boundary
+      for (std::int64_t i = std::max(a, b - k); i < b; ++i) apply(i, 0, stale);  // finish() at the boundary
     }
   }
   run.final_weights = w;

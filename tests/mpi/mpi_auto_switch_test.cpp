@@ -1,5 +1,6 @@
 // `--algo auto`'s switches over MpiTransport (ctest runs this with 2, 3, 4 and 5 ranks): dsync ->
-// pipe K=2 -> dsync and mgwfbp -> pipe K=3 -> dsync+optimal lose no gradient and keep the momentum,
+// pipe K=2 -> dsync, mgwfbp -> pipe K=3 -> dsync+optimal and dsync -> sapipe (k = 1) -> pipe K=2 lose
+// no gradient and keep the momentum,
 // against the hand-computed phased sequence (tests/core/phase_oracle.h); every rank ends
 // bit-identical.
 #include <gtest/gtest.h>
@@ -72,7 +73,13 @@ INSTANTIATE_TEST_SUITE_P(
                       {{0, 1}, {5, 2}, {11, 1}}},
         MpiSwitchCase{"mgwfbp_pipe3_optimal",
                       {{0, "mgwfbp", {}}, {4, "pipe", {{"--staleness-k", "3"}}}, {12, "dsync+optimal", {}}},
-                      {{0, 1}, {4, 3}, {12, 1}}}),
+                      {{0, 1}, {4, 3}, {12, 1}}},
+        // SAPipe with the weight matrix (18 elements) stale, the bias synchronous.
+        MpiSwitchCase{"dsync_sapipe_pipe2",
+                      {{0, "dsync", {}},
+                       {4, "sapipe", {{"--stale-layers", "1"}, {"--buckets", "wfbp"}, {"--compensation", "none"}}},
+                       {10, "pipe", {{"--staleness-k", "2"}}}},
+                      {{0, 1}, {4, 2, kClasses * kFeatures}, {10, 2}}}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -31,6 +31,8 @@ MethodSelection select_on(std::string_view spec, const OptionValues& flags, cons
 constexpr const char* kPolicyNames = "sync, stale, lossy or any";
 // The profiling method: every input of every candidate's prediction (algo/registry.h).
 constexpr const char* kProfilingSpec = "dsync+optimal";
+// The partial-staleness candidate (policies stale and any).
+constexpr const char* kSapipeSpec = "sapipe";
 // Channel::kPlanning sequences of auto's drift reductions (the planning methods' own start at 0).
 constexpr std::uint64_t kDriftSequenceBase = std::uint64_t{1} << 30;
 // Consecutive windows off the reference before auto chooses again.
@@ -150,6 +152,7 @@ class AutoReport final : public MethodReport {
       phases.push_back({{"start_iteration", phase.start},
                         {"method", phase.label},
                         {"kind", phase_kind_name(phase.kind)},
+                        {"model", phase.model.empty() ? nlohmann::json(nullptr) : nlohmann::json(phase.model)},
                         {"why", phase.reason},
                         {"predicted_iteration_s", phase.kind == Phase::kChosen || phase.kind == Phase::kTrial
                                                       ? nlohmann::json(phase.predicted)
@@ -327,6 +330,14 @@ class AutoMethod final : public TrainingMethod {
       }
       phase.kind = static_cast<Phase::Kind>(kind);
       phase.label = std::string(in.string(name + "label"));
+      const std::string expected_label = kind == Phase::kProfiling ? std::string(kProfilingSpec)
+                                          : kind == Phase::kScheduled
+                                              ? options_.schedule[static_cast<std::size_t>(phase.index)].spec
+                                              : candidates_[static_cast<std::size_t>(phase.index)].label;
+      if (phase.label != expected_label) {
+        throw refuse(concat("auto phase ", i, " ran ", phase.label, ", which this run's candidate ", phase.index,
+                            " is not (", expected_label, ")"));
+      }
       phase.reason = std::string(in.string(name + "reason"));
       phase.predicted = in.real(name + "predicted");
       phase.model = std::string(in.string(name + "model"));
@@ -701,13 +712,6 @@ class AutoMethod final : public TrainingMethod {
   std::uint64_t measurement_exchanges_ = 0;
 };
 
-std::string trade_of(const std::string& codec, bool stale, int k) {
-  std::vector<std::string> trades;
-  if (stale) trades.push_back(concat("staleness K=", k));
-  if (codec != "none") trades.push_back(concat("lossy codec ", codec));
-  return join(trades, ", ");
-}
-
 }  // namespace
 
 const char* auto_policy_name(AutoPolicy policy) {
@@ -739,7 +743,8 @@ std::optional<DeferredPhase> AutoOptions::deferred_phase(std::int64_t) const {
 std::string AutoOptions::fingerprint() const {
   std::string text = concat("policy ", auto_policy_name(policy), ", profile ", profile_iterations, ", codecs ",
                             join(codecs), ", K ", staleness, ", min gain ", min_gain, ", trial ", trial_margin, ", drift ", drift, " over ",
-                            drift_window, " or ", drift_window_seconds, " s min interval ", min_interval);
+                            drift_window, " or ", drift_window_seconds, " s min interval ", min_interval,
+                            ", sapipe ", sapipe_compensation.empty() ? "wp3 (dc with the caller's optimizer)" : sapipe_compensation);
   for (const ScheduledMethod& scheduled : schedule) text += concat(", ", scheduled.start, ":", scheduled.spec);
   return text;
 }
@@ -751,21 +756,44 @@ std::vector<AutoCandidate> auto_candidates(const AutoOptions& options, const Com
   std::vector<std::string> codecs = {"none"};
   if (allows_codecs(options.policy)) codecs.insert(codecs.end(), options.codecs.begin(), options.codecs.end());
   std::vector<AutoCandidate> candidates;
+  // SAPipe's compensation: the paper's default (wp3), but dc with the caller's optimizer (the API's
+  // "external"), since weight prediction needs the optimizer's own update rule.
+  const bool external_optimizer = common.optimizer.name == "external";
+  std::string compensation = options.sapipe_compensation.empty() ? (external_optimizer ? "dc" : "wp3")
+                                                                 : options.sapipe_compensation;
+  if (external_optimizer && allows_staleness(options.policy) && (compensation.starts_with("wp"))) {
+    throw UsageError(concat("auto:", auto_policy_name(options.policy), " --compensation ", compensation,
+                            ": SAPipe's weight prediction computes the next update with the optimizer's own rule, so it "
+                            "cannot hand its gradients to your optimizer: use --compensation dc or none"));
+  }
   auto add = [&](const std::string& name, const std::string& codec) {
-    const bool pipe = name == "pipe";
+    const bool pipe = name == "pipe", sapipe = name == kSapipeSpec;
     OptionValues flags;
     if (pipe) flags.set("--staleness-k", std::to_string(options.staleness));
+    if (sapipe) flags.set("--compensation", compensation);
     if (name != "dsync" && !pipe) flags.set("--profile-iters", std::to_string(options.profile_iterations));
     const std::string spec = codec == "none" ? name : concat(name, "+", codec);
-    const bool stale_trade = pipe && options.staleness >= 2;
-    AutoCandidate candidate{select_on(spec, flags, base), pipe ? concat(spec, " K=", options.staleness) : spec,
-                            trade_of(codec, stale_trade, options.staleness),
-                            (stale_trade ? 1 : 0) + (codec != "none" ? 1 : 0)};
+    const bool stale_trade = (pipe && options.staleness >= 2) || sapipe;
+    // What it trades, in words: "staleness K=2", "partial staleness (...)", "lossy codec int8".
+    std::string trade = sapipe ? concat("partial staleness: the first k layers 1 step stale",
+                                        compensation == "none" ? std::string() : concat(", compensated by ", compensation))
+                        : stale_trade ? concat("staleness K=", options.staleness)
+                                      : std::string();
+    if (codec != "none") trade += concat(trade.empty() ? "" : ", ", "lossy codec ", codec);
+    AutoCandidate candidate{select_on(spec, flags, base),
+                            pipe                                ? concat(spec, " K=", options.staleness)
+                            : sapipe && compensation != "wp3" ? concat(spec, "+", compensation)
+                                                                : spec,
+                            trade, (stale_trade ? 1 : 0) + (codec != "none" ? 1 : 0)};
     candidates.push_back(std::move(candidate));
   };
   for (const std::string& codec : codecs) {
     for (const char* name : {"dsync", "dsync+optimal", "mgwfbp", "wfbp"}) add(name, codec);
-    if (stale && (codec == "none" || options.policy == AutoPolicy::kAny)) add("pipe", codec);
+    if (stale && (codec == "none" || options.policy == AutoPolicy::kAny)) {
+      // SAPipe before Pipe-SGD: at an equal prediction it trades less (k layers, compensated).
+      add(kSapipeSpec, codec);
+      add("pipe", codec);
+    }
   }
   return candidates;
 }
@@ -943,15 +971,16 @@ MethodDescriptor auto_method() {
     };
   }
   OptionDeclaration policy("--auto-policy",
-                           "What auto may trade for speed: sync (nothing), stale (staleness: pipe), lossy (the codecs), "
-                           "any; also given as auto:POLICY",
+                           "What auto may trade for speed: sync (nothing), stale (staleness: sapipe and pipe), lossy (the "
+                           "codecs), any; also given as auto:POLICY",
                            "sync");
   policy.spec_value = [](std::string_view value) { return parse_auto_policy(value).has_value(); };
   policy.spec_kind = "policy";
   policy.spec_values = kPolicyNames;
   method.options.push_back(policy);
   method.options.push_back(profile_iterations_declaration(
-      "Iterations auto profiles (after 8 start-up ones) before it chooses, and again after a drift"));
+      concat("Iterations auto profiles (after ", kAutoProfileWarmupIterations,
+             " start-up ones) before it chooses, and again after a drift")));
   OptionDeclaration staleness("--staleness-k", "With auto:stale or auto:any: the K of the pipe candidate", "2");
   staleness.applies = [](const OptionValues& given) { return allows_staleness(given_policy(given)); };
   staleness.condition = "with policy stale or any";
@@ -960,6 +989,17 @@ MethodDescriptor auto_method() {
                   auto_policy_name(given_policy(given)), " does not allow: use auto:stale or auto:any");
   };
   method.options.push_back(staleness);
+  OptionDeclaration compensation("--compensation",
+                                 "With auto:stale or auto:any: the sapipe candidate's staleness compensation (none, dc, "
+                                 "wp1, wp2, wp3; default wp3, or dc with the caller's optimizer)",
+                                 "");
+  compensation.applies = [](const OptionValues& given) { return allows_staleness(given_policy(given)); };
+  compensation.condition = "with policy stale or any";
+  compensation.rejection = [](const OptionValues& given, std::string_view) {
+    return concat("--compensation ", given.text("--compensation", ""), " is the sapipe candidate's, which auto:",
+                  auto_policy_name(given_policy(given)), " does not have: use auto:stale or auto:any");
+  };
+  method.options.push_back(compensation);
   method.options.emplace_back("--auto-min-gain",
                               "Choose a candidate that trades accuracy only if it is predicted (or, in trials, "
                               "measured) at least this much faster than the fastest that trades less (0.05: 5%)",
@@ -994,6 +1034,13 @@ MethodDescriptor auto_method() {
     const std::int64_t k = given.integer("--staleness-k", options->staleness);
     if (k < 2 || k > 64) throw UsageError(concat("--staleness-k must be in [2, 64] for auto's pipe candidate, got ", k));
     options->staleness = static_cast<int>(k);
+    options->sapipe_compensation = given.text("--compensation", "");
+    if (!options->sapipe_compensation.empty()) {
+      // The sapipe candidate's own parse checks the name (and says which exist).
+      OptionValues sapipe;
+      sapipe.set("--compensation", options->sapipe_compensation);
+      find_method(kSapipeSpec)->parse(sapipe);
+    }
     options->min_gain = given.real("--auto-min-gain", options->min_gain);
     if (!(options->min_gain >= 0 && options->min_gain <= 10)) {
       throw UsageError(concat("--auto-min-gain must be in [0, 10], got ", given.text("--auto-min-gain", "")));

@@ -38,8 +38,11 @@
 // lost or applied twice: the weights follow each method's per-iteration rule, phase by phase.
 //
 // Policies (what auto may trade): sync (no staleness, no lossy codec: dsync and the layer-wise
-// plans), stale (adds pipe with K = --staleness-k, default 2), lossy (adds the codecs: --codec, or
-// bf16 and int8), any (all, pipe with the codecs too).
+// plans), stale (adds sapipe, k chosen from the same profile and --compensation, default wp3, and
+// pipe with K = --staleness-k, default 2), lossy (adds the codecs: --codec, or bf16 and int8), any
+// (all, sapipe and pipe with the codecs too). SAPipe's prediction is never below Pipe-SGD K=2's (it
+// hides no more communication and adds the compensation's compute): it is tried when predicted
+// within --auto-trial of the fastest, and kept when measured fastest.
 //
 // Threads: the worker's compute thread makes every call (as for any TrainingMethod).
 #include <cstdint>
@@ -80,6 +83,7 @@ class AutoOptions final : public MethodOptions {
   std::int64_t profile_iterations = 10;  // --profile-iters of the profiling dsync+optimal
   std::vector<std::string> codecs;       // the lossy candidates' codecs (policies lossy and any)
   int staleness = 2;                     // pipe's K (policies stale and any)
+  std::string sapipe_compensation;       // --compensation of the sapipe candidate; "": wp3 (dc with "external")
   double min_gain = 0.05;                // --auto-min-gain
   double trial_margin = 0.1;             // --auto-trial; 0: no trials
   double drift = 0.25;                   // --auto-drift; 0: never choose again

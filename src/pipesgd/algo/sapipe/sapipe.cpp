@@ -28,6 +28,9 @@ SaPipe::SaPipe(const MethodContext& context)
                                static_cast<double>(context.model.layout().total()) * sizeof(float))),
       compensation_(options_.compensation, static_cast<float>(options_.lambda), options_.dc_bound, gradient_scale_,
                     context.model.layout().total()),
+      first_iteration_(context.first_iteration),
+      profile_start_(context.first_iteration + context.profile_warmup_iterations),
+      drained_iteration_(context.first_iteration - 1),
       forward_sums_(layers_),
       backward_sums_(layers_),
       profile_buffer_(2 * layers_ + kCostProbes, 0.0f),
@@ -39,11 +42,19 @@ SaPipe::SaPipe(const MethodContext& context)
   bytes_per_element_ = bytes_per_element(*codec_);
   const std::size_t total = context.model.layout().total();
   for (auto& slot : slots_) slot.assign(total, 0.0f);
-  pipeline_start_ = options_.pipeline_start(context.warmup_iterations);
+  next_iteration_ = iteration_ = first_iteration_;
+  pipeline_start_ = first_iteration_ + context.warmup_iterations;
+  plan_iteration_ = first_iteration_;
   if (!options_.needs_profile()) {
     // k is given and its plan needs no profile: the partition is known now.
     partition_.use_fixed(static_cast<std::size_t>(options_.stale_layers));
     partition_changed();
+  } else if (context.planned_from != nullptr) {
+    // auto's profile: k and the plan now, from the numbers its prediction used.
+    plan_partition(staleness_profile_from(*context.planned_from, bytes_per_element_), context.planned_from->cost);
+  } else {
+    plan_iteration_ = profile_start_ + options_.profile_iterations;
+    pipeline_start_ = std::max(pipeline_start_, plan_iteration_);
   }
   on_segment_ready_ = [this](std::size_t segment, double seconds) { segment_ready(segment, seconds); };
   if (model_.reports_forward_progress()) {
@@ -74,8 +85,7 @@ double SaPipe::wait_for(std::uint64_t job, const char* what, std::int64_t iterat
 }
 
 bool SaPipe::profiling(std::int64_t t) const {
-  return !partition_.planned() && t >= kProfileWarmupIterations &&
-         t < kProfileWarmupIterations + options_.profile_iterations;
+  return !partition_.planned() && t >= profile_start_ && t < plan_iteration_;
 }
 
 std::span<float> SaPipe::begin_iteration(std::int64_t t, IterationTimes& times) {
@@ -223,7 +233,7 @@ void SaPipe::end_iteration(std::int64_t t, IterationTimes& times) {
         backward_sums_.add(s, profile_buffer_[layers_ + s]);
       }
       ++profiled_iterations_;
-      if (t + 1 == kProfileWarmupIterations + options_.profile_iterations) plan_from_profile();
+      if (t + 1 == plan_iteration_) plan_from_profile();
     }
     return;
   }
@@ -306,6 +316,10 @@ void SaPipe::plan_from_profile() {
     }
     cost = fit_measured_cost(sizes, seconds, algorithm_, workers_);
   }
+  plan_partition(profile, cost);
+}
+
+void SaPipe::plan_partition(const StalenessProfile& profile, const LinearCost& cost) {
   partition_.plan(profile, cost, options_.stale_layers);
   partition_changed();
   TraceArgs planned;

@@ -28,6 +28,11 @@
 // first pipelined iteration). finish() applies the last gradients (stale ones with their
 // compensation) and leaves the true weights in the model.
 //
+// Built mid-run (MethodContext::first_iteration F > 0, `auto` switching to it): nothing is in flight,
+// as after a drain; with MethodContext::planned_from (auto's profile) k and the plan are made at once
+// from it (staleness_profile_from) and pipelining starts at F, else the profiling starts
+// profile_warmup_iterations after F.
+//
 // Tags: job j of iteration t uses sequence t * (m + 1) + j on Channel::kGradients, j = the bucket
 // index (backward order) for synchronous buckets and m for the stale range.
 //
@@ -62,6 +67,7 @@ class SaPipe final : public TrainingMethod {
   void finish(IterationTimes& times) override;
   const SegmentReadyFn* segment_ready() override { return &on_segment_ready_; }
   std::shared_ptr<MethodReport> report() const override;
+  Optimizer* optimizer() override { return optimizer_.get(); }
   // With weight prediction the model's stale range holds this worker's prediction: the true weights
   // are checked instead.
   std::uint64_t replica_checksum(FlatParameters& model) const override;
@@ -108,6 +114,9 @@ class SaPipe final : public TrainingMethod {
   // anticipates: the next one, which applies G(t-1) at the start of t+1.
   void update_stale_range(std::int64_t gradient_iteration, bool predict, IterationTimes& times);
   void plan_from_profile();
+  // k and the synchronous plan from the averaged `profile` and `cost` (at construction from auto's
+  // profile, or after the profiling), and what follows from them.
+  void plan_partition(const StalenessProfile& profile, const LinearCost& cost);
   // The stall check of --stale-layers auto at the end of pipelined iteration t (collective).
   void check_for_stalls(std::int64_t t, IterationTimes& times);
 
@@ -129,8 +138,13 @@ class SaPipe final : public TrainingMethod {
   SapipePartition partition_;
   StallMonitor monitor_;
   StaleCompensation compensation_;
+  // The first iteration the method runs (MethodContext::first_iteration), the first profiled one,
+  // and the iteration before which the partition is planned (planned at construction: the first).
+  const std::int64_t first_iteration_;
+  const std::int64_t profile_start_;
+  std::int64_t plan_iteration_ = 0;
   std::int64_t pipeline_start_ = 0;
-  std::int64_t drained_iteration_ = -1;  // the pipeline was drained after this iteration
+  std::int64_t drained_iteration_ = -1;  // the pipeline was drained after this iteration (first - 1: nothing ran)
 
   // Two gradient slots (iteration t writes slot t % 2) and the jobs reducing them.
   std::vector<float> slots_[2];

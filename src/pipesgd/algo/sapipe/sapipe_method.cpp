@@ -5,6 +5,7 @@
 
 #include "pipesgd/algo/planning.h"
 #include "pipesgd/algo/sapipe/sapipe.h"
+#include "pipesgd/algo/sapipe/sapipe_partition.h"
 #include "pipesgd/algo/sapipe/sapipe_report.h"
 #include "pipesgd/algo/sapipe/sapipe_simulation.h"
 #include "pipesgd/algo/sapipe/stale_compensation.h"
@@ -47,6 +48,33 @@ std::shared_ptr<const MethodOptions> parse_sapipe_options(const OptionValues& gi
   options->profile_iterations = checked_profile_iterations(given.integer("--profile-iters", options->profile_iterations));
   options->warmup_given = parse_warmup(given, 0);
   return options;
+}
+
+// SAPipe's steady state from a layer-wise D-Sync profile (`auto`): k and the plan as the method
+// makes them from the same numbers (SaPipe with MethodContext::planned_from), the forward spread
+// over the layers like their backward; the timeline of compute and communication
+// (simulate_bucketed_staleness), then backward's tail, the update and the compensation's estimated
+// compute (compensation_update_passes updates of the stale range), which the timeline leaves out.
+IterationPrediction predict_sapipe(const MethodOptions& options, const CommonOptions& common,
+                                   const PlanningInputs& measured, int) {
+  const SapipeOptions& sapipe = options_as<SapipeOptions>(options);
+  const StalenessProfile profile = staleness_profile_from(measured, bytes_per_element(*make_codec(common.codec)));
+  const StalenessPlan plan = sapipe_staleness_plan(profile, measured.cost, sapipe.sync_plan, sapipe.stale_layers);
+  double total = 0, stale = 0;
+  for (std::size_t s = 0; s < profile.bytes.size(); ++s) {
+    total += profile.bytes[s];
+    if (s < plan.stale_layers) stale += profile.bytes[s];
+  }
+  const double compensation =
+      measured.update_seconds * (total > 0 ? stale / total : 0) * compensation_update_passes(sapipe.compensation);
+  IterationPrediction prediction;
+  prediction.compute_seconds = measured_compute_seconds(measured) + compensation;
+  prediction.seconds = plan.timeline.iteration + measured.backward_tail_seconds + measured.update_seconds + compensation;
+  prediction.exposed_seconds = std::max(0.0, prediction.seconds - prediction.compute_seconds);
+  prediction.model = concat("SAPipe's timeline: k = ", plan.stale_layers, " of ", profile.bytes.size(), " layers stale",
+                            plan.stalls ? " (every k stalls)" : "", ", ", compensation_name(sapipe.compensation),
+                            plan.sync_plan.buckets.empty() ? std::string() : concat(", ", describe_plan(plan.sync_plan)));
+  return prediction;
 }
 
 }  // namespace
@@ -106,6 +134,7 @@ MethodDescriptor sapipe_method(const std::string& baseline) {
   method.parse = parse_sapipe_options;
   method.make = [](const MethodContext& context) { return std::make_unique<SaPipe>(context); };
   method.simulate = simulate_sapipe;
+  method.predict = predict_sapipe;
   method.measure_costs = [](std::size_t elements, const SgdOptions& sgd, int repetitions) {
     std::map<std::string, double> costs;
     for (std::size_t k = 0; k < compensation_names().size(); ++k) {

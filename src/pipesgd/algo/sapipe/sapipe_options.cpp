@@ -23,6 +23,17 @@ std::string compensation_name(Compensation compensation) {
   return compensation_names()[static_cast<std::size_t>(compensation)];
 }
 
+double compensation_update_passes(Compensation compensation) {
+  switch (compensation) {
+    case Compensation::kNone: return 0;
+    case Compensation::kDelay:
+    case Compensation::kPredictLocal:
+    case Compensation::kPredictSynchronized: return 1;
+    case Compensation::kPredictCombined: return 2;
+  }
+  return 0;
+}
+
 long parse_stale_layers(const std::string& text, std::size_t layers) {
   if (text == "auto") return -1;
   long value = -1;

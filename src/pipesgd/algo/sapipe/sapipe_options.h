@@ -23,6 +23,10 @@ bool has_dc_term(Compensation compensation);   // dc, wp3: lambda and --dc-bound
 // default staleness compensation method").
 inline constexpr Compensation kSapipeDefaultCompensation = Compensation::kPredictCombined;
 std::string compensation_name(Compensation compensation);
+// An estimate of the compensation's compute, in optimizer updates of the stale range beyond its own
+// update (none 0, dc 1, wp1 1, wp2 1, wp3 2): the simulator's without a measured cost, and auto's
+// prediction.
+double compensation_update_passes(Compensation compensation);
 
 // "auto" or a layer count in [0, layers] (kLayersUnknown: any count >= 0); throws UsageError
 // otherwise (naming --stale-layers). Returns -1 for auto.

@@ -5,6 +5,34 @@
 
 namespace pipesgd {
 
+StalenessProfile staleness_profile_from(const PlanningInputs& measured, double bytes_per_element) {
+  const LayerProfile& layers = measured.profile;
+  const std::size_t count = layers.backward_seconds.size();
+  double backward = 0;
+  for (double seconds : layers.backward_seconds) backward += seconds;
+  StalenessProfile profile;
+  for (std::size_t s = 0; s < count; ++s) {
+    const double share = backward > 0 ? layers.backward_seconds[s] / backward : 1.0 / static_cast<double>(count);
+    profile.forward_seconds.push_back(layers.forward_seconds * share);
+    profile.backward_seconds.push_back(layers.backward_seconds[s]);
+    profile.bytes.push_back(layers.bytes[s] * bytes_per_element / sizeof(float));
+  }
+  return profile;
+}
+
+StalenessPlan sapipe_staleness_plan(const StalenessProfile& profile, const LinearCost& cost,
+                                    const std::string& plan_name, long requested) {
+  if (requested < 0) return plan_partial_staleness(profile, cost, plan_name);
+  StalenessPlan plan;
+  plan.stale_layers = static_cast<std::size_t>(requested);
+  if (plan.stale_layers < profile.bytes.size()) {
+    plan.sync_plan = make_bucket_plan(plan_name, synchronous_layer_profile(profile, plan.stale_layers), cost);
+  }
+  plan.timeline = simulate_bucketed_staleness(profile, cost, plan.stale_layers, plan.sync_plan);
+  plan.stalls = plan.timeline.stalls;
+  return plan;
+}
+
 SapipePartition::SapipePartition(const Layout& layout, double bytes_per_element, std::string plan_name, LinearCost cost)
     : layout_(layout),
       layers_(layout.segment_count()),
@@ -57,19 +85,9 @@ void SapipePartition::plan(const StalenessProfile& profile, const LinearCost& co
   profile_.backward_seconds = profile.backward_seconds;
   cost_ = cost;
   paper_stale_layers_ = pipesgd::paper_stale_layers(profile_, cost_);
-  if (requested < 0) {
-    staleness_plan_ = plan_partial_staleness(profile_, cost_, plan_name_);
-    use(staleness_plan_.stale_layers, staleness_plan_.sync_plan);
-    timeline_stale_layers_ = stale_layers_;
-    return;
-  }
-  const auto k = static_cast<std::size_t>(requested);
-  const BucketPlan plan = plan_for(k, cost_);
-  staleness_plan_.stale_layers = k;
-  staleness_plan_.sync_plan = plan;
-  staleness_plan_.timeline = simulate_bucketed_staleness(profile_, cost_, k, plan);
-  staleness_plan_.stalls = staleness_plan_.timeline.stalls;
-  use(k, plan);
+  staleness_plan_ = sapipe_staleness_plan(profile_, cost_, plan_name_, requested);
+  use(staleness_plan_.stale_layers, staleness_plan_.sync_plan);
+  if (requested < 0) timeline_stale_layers_ = stale_layers_;
 }
 
 void SapipePartition::raise(double scale) {

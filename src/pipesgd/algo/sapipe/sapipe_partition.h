@@ -9,11 +9,23 @@
 #include <string>
 #include <vector>
 
+#include "pipesgd/algo/planning.h"
 #include "pipesgd/core/checkpoint.h"
 #include "pipesgd/core/layout.h"
 #include "pipesgd/timing/partial_staleness.h"
 
 namespace pipesgd {
+
+// SAPipe's profile from what a layer-wise D-Sync profiling measured (`auto`'s PlanningInputs, which
+// hold the forward as a whole and each layer's backward): the forward spread over the layers like
+// their backward (equally if backward took no time), each layer's bytes as `bytes_per_element` puts
+// them on the wire (the measured bytes are 4 per element).
+StalenessProfile staleness_profile_from(const PlanningInputs& measured, double bytes_per_element);
+
+// k and the synchronous layers' plan `plan_name` for `requested` stale layers (-1: auto, the least k
+// whose timeline does not stall, plan_partial_staleness) with its simulated timeline.
+StalenessPlan sapipe_staleness_plan(const StalenessProfile& profile, const LinearCost& cost,
+                                    const std::string& plan_name, long requested);
 
 class SapipePartition {
  public:

@@ -8,17 +8,6 @@
 namespace pipesgd {
 namespace {
 
-double compensation_passes(Compensation compensation) {
-  switch (compensation) {
-    case Compensation::kNone: return 0;
-    case Compensation::kDelay:
-    case Compensation::kPredictLocal:
-    case Compensation::kPredictSynchronized: return 1;
-    case Compensation::kPredictCombined: return 2;
-  }
-  return 0;
-}
-
 class SimulatedSapipe final : public SimulatedMethod {
  public:
   enum Event { kBucketReady, kBucketReduced, kStaleReady, kStaleReduced };
@@ -60,7 +49,7 @@ class SimulatedSapipe final : public SimulatedMethod {
     }
     const double stale_update = profile_.update_seconds_of(stale);
     compute.compute(stale_update, "update");
-    if (t - 1 >= warmup_) compute.compute(stale_update * compensation_passes(options_.compensation), "compensation");
+    if (t - 1 >= warmup_) compute.compute(stale_update * compensation_update_passes(options_.compensation), "compensation");
   }
 
   bool wants_forward_hooks() const override { return true; }

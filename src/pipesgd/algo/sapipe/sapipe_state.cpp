@@ -65,11 +65,10 @@ void SaPipe::load_state(const CheckpointReader& in, std::int64_t next_iteration)
                         options_.profile_iterations));
   }
   // The partition and the iteration it was saved at: planned at construction, or from then on.
-  const std::int64_t plan_iteration = kProfileWarmupIterations + options_.profile_iterations;
   const bool planned = in.integer(kPrefix + "partition.planned") == 1;
-  if (planned != (!options_.needs_profile() || next_iteration >= plan_iteration)) {
+  if (planned != (partition_.planned() || next_iteration >= plan_iteration_)) {
     throw refuse(concat(planned ? "planned" : "not planned", " before iteration ", next_iteration,
-                        " (the plan is made before iteration ", plan_iteration, ")"));
+                        " (the plan is made before iteration ", plan_iteration_, ")"));
   }
   const std::int64_t pipeline_start = integer("pipeline_start");
   const std::int64_t drained_iteration = integer("drained_iteration");
@@ -77,7 +76,7 @@ void SaPipe::load_state(const CheckpointReader& in, std::int64_t next_iteration)
   // --stale-layers auto drained and restarted it (after the previous iteration).
   const bool restarted = options_.automatic() && drained_iteration >= 0 && drained_iteration == pipeline_start - 1 &&
                          pipeline_start > pipeline_start_ && pipeline_start <= next_iteration;
-  if (!(pipeline_start == pipeline_start_ && drained_iteration == -1) && !restarted) {
+  if (!(pipeline_start == pipeline_start_ && drained_iteration == first_iteration_ - 1) && !restarted) {
     throw refuse(concat("pipeline started at iteration ", pipeline_start, " (drained after ", drained_iteration,
                         "), this run starts it at ", pipeline_start_, " and resumes at ", next_iteration));
   }
