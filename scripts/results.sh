@@ -17,7 +17,7 @@
 #   horovod   Horovod's own test_torch.py against pipesgd.torch at 1, 2 and 3 ranks  ~1 min
 #   auto      --algo auto against every method it could have chosen: alternated rounds of one compare
 #             per model and network (2 workers, 1 epoch, 10gbe and bw=1Gbit,lat=200us) of auto:any,
-#             auto (policy sync) and the 15 candidates of auto:any, the order reversed every other
+#             auto (policy sync) and the candidates of auto:any (18: 6 per codec), the order reversed every other
 #             round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1).
 #             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~80 min per
@@ -231,6 +231,7 @@ if selected auto; then
 labels = json.load(open(sys.argv[1]))["auto"]["candidates"]
 assert all(" " not in l or l.endswith(" K=2") for l in labels), labels
 print(",".join(l.split(" ")[0] for l in labels))' "$work/auto-list/summary.json")
+  candidate_count=$(tr ',' '\n' <<<"$candidates" | wc -l)
   : >"$work/auto.records"
   auto_rounds=$rounds
   ((rounds_given)) || auto_rounds=3
@@ -270,7 +271,7 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
   for model in ${auto_models//,/ }; do
     for net in 10gbe bw=1Gbit,lat=200us; do
       for ((round = 0; round < auto_rounds; round++)); do
-        log "auto: $model, $net, round $((round + 1)) of $auto_rounds: auto:any, auto and the 15 candidates, ${length[*]}"
+        log "auto: $model, $net, round $((round + 1)) of $auto_rounds: auto:any, auto and the $candidate_count candidates, ${length[*]}"
         rm -rf "$work/auto-cmp"
         "$pipesgd" compare --model "$model" --algos "$(in_round_order $round "auto:any,auto,$candidates")" --workers 2 \
           --net "$net" "${length[@]}" --quiet --out "$work/auto-cmp" >/dev/null 2>"$work/auto-cmp.err" ||
@@ -286,7 +287,7 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
   slow="rank=1,iter=$((iterations / 2)),kind=slow,factor=4"
   for ((round = 0; round < slowed_rounds; round++)); do
     log "auto: $slow_model, $slow_net slowed 4x at iteration $((iterations / 2)), round $((round + 1)) of $slowed_rounds:" \
-      "auto:any and the 15 candidates"
+      "auto:any and the $candidate_count candidates"
     rm -rf "$work/auto-slow"
     "$pipesgd" compare --model "$slow_model" --algos "$(in_round_order $round "auto:any,$candidates")" --workers 2 \
       --net "$slow_net" --iters "$iterations" --inject-fault "$slow" --no-eval --quiet --out "$work/auto-slow" \

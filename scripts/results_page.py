@@ -221,8 +221,9 @@ def auto_section(d):
         "less, are tried for 12 iterations each, the last 10 counted, and the fastest measured is kept); it chooses again "
         "when its measured iteration, or its comm/compute ratio across a decision boundary, drifts. "
         + (rounds_text if n > 1 else "One round") +
-        " per model and network, each one `compare` of auto:any, auto (policy sync) and the 15 candidates of "
-        "auto:any one after another" + (", the order reversed every other round" if n > 1 else "") +
+        " per model and network, each one `compare` of auto:any, auto (policy sync) and the "
+        + "/".join(str(c) for c in sorted({len(r["candidates"]) for r in steady_rows if r["method"] == "auto:any"}))
+        + " candidates of auto:any one after another" + (", the order reversed every other round" if n > 1 else "") +
         ", 2 workers, 1 epoch of Fashion-MNIST; samples per second after each run's start-up (auto's: after its "
         "profiling, with its trials), test accuracy after the epoch. The ratio is auto's samples per second over "
         "the best candidate's of the same round" + (", the median of the rounds" if n > 1 else "") +
