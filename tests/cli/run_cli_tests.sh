@@ -251,7 +251,7 @@ row stale-layers-with-pipe  2 "--stale-layers applies only to sapipe, not 'pipe'
   train --algo pipe --stale-layers 1 "${Q[@]}"
 row compensation-unknown    2 "unknown --compensation 'dcx' (expected none, dc, wp1, wp2, wp3)" \
   train --algo sapipe --compensation dcx "${Q[@]}"
-row compensation-with-dsync 2 "--compensation applies only to sapipe, not 'dsync'" \
+row compensation-with-dsync 2 "--compensation applies only to sapipe and auto with policy stale or any, not 'dsync'" \
   train --compensation dc "${Q[@]}"
 row compensation-twice      2 "method 'sapipe+dc+wp1' names more than one compensation" \
   train --algo sapipe+dc+wp1 "${Q[@]}"
