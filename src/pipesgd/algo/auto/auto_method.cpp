@@ -761,11 +761,6 @@ std::vector<AutoCandidate> auto_candidates(const AutoOptions& options, const Com
   const bool external_optimizer = common.optimizer.name == "external";
   std::string compensation = options.sapipe_compensation.empty() ? (external_optimizer ? "dc" : "wp3")
                                                                  : options.sapipe_compensation;
-  if (external_optimizer && allows_staleness(options.policy) && (compensation.starts_with("wp"))) {
-    throw UsageError(concat("auto:", auto_policy_name(options.policy), " --compensation ", compensation,
-                            ": SAPipe's weight prediction computes the next update with the optimizer's own rule, so it "
-                            "cannot hand its gradients to your optimizer: use --compensation dc or none"));
-  }
   auto add = [&](const std::string& name, const std::string& codec) {
     const bool pipe = name == "pipe", sapipe = name == kSapipeSpec;
     OptionValues flags;
@@ -780,7 +775,13 @@ std::vector<AutoCandidate> auto_candidates(const AutoOptions& options, const Com
                         : stale_trade ? concat("staleness K=", options.staleness)
                                       : std::string();
     if (codec != "none") trade += concat(trade.empty() ? "" : ", ", "lossy codec ", codec);
-    AutoCandidate candidate{select_on(spec, flags, base),
+    MethodSelection selection = select_on(spec, flags, base);
+    if (external_optimizer && !selection.options->needs_update_rule().empty()) {
+      throw UsageError(concat("auto:", auto_policy_name(options.policy), " --compensation ", compensation,
+                              ": SAPipe's weight prediction computes the next update with the optimizer's own rule, so "
+                              "it cannot hand its gradients to your optimizer: use --compensation dc or none"));
+    }
+    AutoCandidate candidate{std::move(selection),
                             pipe                                ? concat(spec, " K=", options.staleness)
                             : sapipe && compensation != "wp3" ? concat(spec, "+", compensation)
                                                                 : spec,

@@ -51,7 +51,7 @@ SaPipe::SaPipe(const MethodContext& context)
     partition_changed();
   } else if (context.planned_from != nullptr) {
     // auto's profile: k and the plan now, from the numbers its prediction used.
-    plan_partition(staleness_profile_from(*context.planned_from, bytes_per_element_), context.planned_from->cost);
+    plan_partition(staleness_profile_from(*context.planned_from, context.common.codec), context.planned_from->cost);
   } else {
     plan_iteration_ = profile_start_ + options_.profile_iterations;
     pipeline_start_ = std::max(pipeline_start_, plan_iteration_);

@@ -58,7 +58,7 @@ std::shared_ptr<const MethodOptions> parse_sapipe_options(const OptionValues& gi
 IterationPrediction predict_sapipe(const MethodOptions& options, const CommonOptions& common,
                                    const PlanningInputs& measured, int) {
   const SapipeOptions& sapipe = options_as<SapipeOptions>(options);
-  const StalenessProfile profile = staleness_profile_from(measured, bytes_per_element(*make_codec(common.codec)));
+  const StalenessProfile profile = staleness_profile_from(measured, common.codec);
   const StalenessPlan plan = sapipe_staleness_plan(profile, measured.cost, sapipe.sync_plan, sapipe.stale_layers);
   double total = 0, stale = 0;
   for (std::size_t s = 0; s < profile.bytes.size(); ++s) {

@@ -5,8 +5,19 @@
 
 namespace pipesgd {
 
-StalenessProfile staleness_profile_from(const PlanningInputs& measured, double bytes_per_element) {
-  const LayerProfile& layers = measured.profile;
+namespace {
+
+// The plan `plan_name` of the synchronous layers k..m-1 (none when every layer is stale).
+BucketPlan synchronous_plan(const StalenessProfile& profile, const std::string& plan_name, std::size_t stale_layers,
+                            const LinearCost& cost) {
+  if (stale_layers >= profile.bytes.size()) return {};
+  return make_bucket_plan(plan_name, synchronous_layer_profile(profile, stale_layers), cost);
+}
+
+}  // namespace
+
+StalenessProfile staleness_profile_from(const PlanningInputs& measured, const std::string& codec) {
+  const LayerProfile layers = profile_for_codec(measured.profile, codec);
   const std::size_t count = layers.backward_seconds.size();
   double backward = 0;
   for (double seconds : layers.backward_seconds) backward += seconds;
@@ -15,7 +26,7 @@ StalenessProfile staleness_profile_from(const PlanningInputs& measured, double b
     const double share = backward > 0 ? layers.backward_seconds[s] / backward : 1.0 / static_cast<double>(count);
     profile.forward_seconds.push_back(layers.forward_seconds * share);
     profile.backward_seconds.push_back(layers.backward_seconds[s]);
-    profile.bytes.push_back(layers.bytes[s] * bytes_per_element / sizeof(float));
+    profile.bytes.push_back(layers.bytes[s]);
   }
   return profile;
 }
@@ -25,9 +36,7 @@ StalenessPlan sapipe_staleness_plan(const StalenessProfile& profile, const Linea
   if (requested < 0) return plan_partial_staleness(profile, cost, plan_name);
   StalenessPlan plan;
   plan.stale_layers = static_cast<std::size_t>(requested);
-  if (plan.stale_layers < profile.bytes.size()) {
-    plan.sync_plan = make_bucket_plan(plan_name, synchronous_layer_profile(profile, plan.stale_layers), cost);
-  }
+  plan.sync_plan = synchronous_plan(profile, plan_name, plan.stale_layers, cost);
   plan.timeline = simulate_bucketed_staleness(profile, cost, plan.stale_layers, plan.sync_plan);
   plan.stalls = plan.timeline.stalls;
   return plan;
@@ -61,8 +70,7 @@ SapipePartition::Range SapipePartition::range(std::size_t begin, std::size_t end
 }
 
 BucketPlan SapipePartition::plan_for(std::size_t stale_layers, const LinearCost& cost) const {
-  if (stale_layers >= layers_) return {};
-  return make_bucket_plan(plan_name_, synchronous_layer_profile(profile_, stale_layers), cost);
+  return synchronous_plan(profile_, plan_name_, stale_layers, cost);
 }
 
 void SapipePartition::use(std::size_t stale_layers, const BucketPlan& sync_plan) {
@@ -94,10 +102,7 @@ void SapipePartition::raise(double scale) {
   const LinearCost scaled{cost_.a * scale, cost_.b * scale};
   StalenessPlan plan = plan_partial_staleness(profile_, scaled, plan_name_);
   if (plan.stale_layers <= stale_layers_) {
-    plan.stale_layers = stale_layers_ + 1;
-    plan.sync_plan = plan_for(plan.stale_layers, scaled);
-    plan.timeline = simulate_bucketed_staleness(profile_, scaled, plan.stale_layers, plan.sync_plan);
-    plan.stalls = plan.timeline.stalls;
+    plan = sapipe_staleness_plan(profile_, scaled, plan_name_, static_cast<long>(stale_layers_ + 1));
   }
   cost_ = scaled;
   staleness_plan_ = plan;

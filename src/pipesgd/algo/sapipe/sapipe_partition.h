@@ -18,9 +18,9 @@ namespace pipesgd {
 
 // SAPipe's profile from what a layer-wise D-Sync profiling measured (`auto`'s PlanningInputs, which
 // hold the forward as a whole and each layer's backward): the forward spread over the layers like
-// their backward (equally if backward took no time), each layer's bytes as `bytes_per_element` puts
-// them on the wire (the measured bytes are 4 per element).
-StalenessProfile staleness_profile_from(const PlanningInputs& measured, double bytes_per_element);
+// their backward (equally if backward took no time), each layer's bytes as `codec` puts them on the
+// wire (profile_for_codec).
+StalenessProfile staleness_profile_from(const PlanningInputs& measured, const std::string& codec);
 
 // k and the synchronous layers' plan `plan_name` for `requested` stale layers (-1: auto, the least k
 // whose timeline does not stall, plan_partial_staleness) with its simulated timeline.
