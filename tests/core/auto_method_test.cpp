@@ -451,6 +451,30 @@ TEST(AutoTrials, TheFigureIsTheMeanOfTheCountedIterationsClippedAtTheirMedian) {
   EXPECT_EQ(trial_settle_iterations(options), kTrialSettleIterations);
 }
 
+// Each contender counts at least P iterations and at least --auto-trial-seconds at the fastest
+// prediction, an even number (two halves), at most kMaxTrialCounted.
+TEST(AutoTrials, ACandidateCountsAtLeastPIterationsAndTheGivenSeconds) {
+  AutoOptions options;  // P = 10, --auto-trial-seconds 0.05
+  EXPECT_EQ(trial_counted_iterations(options, 20e-3), 10);    // 0.05 s is 3 iterations: P
+  EXPECT_EQ(trial_counted_iterations(options, 2.4e-3), 22);   // ceil(20.8) = 21, made even
+  EXPECT_EQ(trial_counted_iterations(options, 1e-6), kMaxTrialCounted);
+  options.profile_iterations = 7;
+  EXPECT_EQ(trial_counted_iterations(options, 1.0), 8);       // P, made even
+  options.trial_seconds = 0;
+  EXPECT_EQ(trial_counted_iterations(options, 1e-6), 8);      // 0: P alone
+  options.profile_iterations = 1;
+  EXPECT_EQ(trial_counted_iterations(options, 1e-6), 2);      // one iteration per half at least
+}
+
+// The order of the trials is a palindrome: every contender's counted iterations centre on the same
+// moment, the last one's run once.
+TEST(AutoTrials, TheOrderIsAPalindromeAroundTheLastContender) {
+  using Indices = std::vector<std::size_t>;
+  EXPECT_EQ(trial_order(1), (Indices{0}));
+  EXPECT_EQ(trial_order(2), (Indices{0, 1, 0}));
+  EXPECT_EQ(trial_order(3), (Indices{0, 1, 2, 1, 0}));
+}
+
 // The measured choice follows --auto-min-gain: a contender that trades accuracy is kept only if it
 // measured at least 5% faster than the fastest that trades less.
 TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
@@ -485,8 +509,9 @@ TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
 }
 
 // A run with trials (every candidate is close with --auto-trial 10): profiling, the trials of 3
-// candidates (4 + 2 iterations each), then the one kept; the weights follow the phases' rules, also
-// when the run commits in the middle of the second trial and resumes.
+// candidates in the order 1 2 3 2 1 (2 settling iterations at each switch, then 2 counted, 4 for the
+// third), then the one kept; the weights follow the phases' rules, also when the run commits in the
+// middle of the third trial, or of the second's second half, and resumes.
 struct TrialCase {
   int ranks;
   std::int64_t commit_after;  // -1: none
@@ -503,7 +528,9 @@ TEST_P(AutoTrialRun, KeepsOneOfTheTriedAndLosesNoGradient) {
   const std::int64_t iterations = 40;
   const SoftmaxBatches data = make_softmax_batches(11, c.ranks, iterations, kFeatures, kClasses, kBatch);
   const MethodSelection selection = select_for_test(
-      "auto:stale", {{"--profile-iters", "4"}, {"--auto-trial", "10"}, {"--auto-drift", "0"}, {"--compensation", "none"}},
+      "auto:stale",
+      {{"--profile-iters", "4"}, {"--auto-trial", "10"}, {"--auto-trial-seconds", "0"}, {"--auto-drift", "0"},
+       {"--compensation", "none"}},
       kSgd);
   const Observed observed = run_auto(selection, c.ranks, iterations, data, c.commit_after);
   const nlohmann::json& phases = observed.phases;
@@ -512,15 +539,22 @@ TEST_P(AutoTrialRun, KeepsOneOfTheTriedAndLosesNoGradient) {
   const std::int64_t chosen = kAutoProfileWarmupIterations + 4;  // after --profile-iters 4
   ASSERT_EQ(shape, (std::vector<std::pair<std::int64_t, std::string>>{{0, "profiling"},
                                                                       {chosen, "trial"},
-                                                                      {chosen + 6, "trial"},
-                                                                      {chosen + 12, "trial"},
-                                                                      {chosen + 18, "chosen"}}))
+                                                                      {chosen + 4, "trial"},
+                                                                      {chosen + 8, "trial"},
+                                                                      {chosen + 14, "trial"},
+                                                                      {chosen + 18, "trial"},
+                                                                      {chosen + 22, "chosen"}}))
       << phases.dump();
   std::set<std::string> tried;
   for (int i = 1; i <= 3; ++i) tried.insert(phases[i]["method"].get<std::string>());
   EXPECT_EQ(tried.size(), 3u) << phases.dump();
-  EXPECT_TRUE(tried.count(phases[4]["method"].get<std::string>())) << phases.dump();
-  const std::string why = phases[4]["why"];
+  EXPECT_EQ(phases[4]["method"], phases[2]["method"]) << phases.dump();
+  EXPECT_EQ(phases[5]["method"], phases[1]["method"]) << phases.dump();
+  EXPECT_EQ(phases[1]["why"], "trial 1 of 3, first half");
+  EXPECT_EQ(phases[3]["why"], "trial 3 of 3");
+  EXPECT_EQ(phases[5]["why"], "trial 1 of 3, second half");
+  EXPECT_TRUE(tried.count(phases[6]["method"].get<std::string>())) << phases.dump();
+  const std::string why = phases[6]["why"];
   EXPECT_TRUE(why.starts_with("the shortest iteration in the trials: ") ||
               why.starts_with("the iteration in the trials: "))
       << why;
@@ -547,7 +581,7 @@ TEST_P(AutoTrialRun, KeepsOneOfTheTriedAndLosesNoGradient) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Runs, AutoTrialRun,
-                         ::testing::Values(TrialCase{2, -1}, TrialCase{3, -1}, TrialCase{2, 20}, TrialCase{1, 29}),
+                         ::testing::Values(TrialCase{2, -1}, TrialCase{3, -1}, TrialCase{2, 17}, TrialCase{1, 26}),
                          [](const auto& info) {
                            return concat("ranks", info.param.ranks, info.param.commit_after < 0 ? "_uninterrupted"
                                                                       : concat("_commit", info.param.commit_after));
@@ -652,6 +686,7 @@ TEST(AutoOptionsErrors, ContradictionsAndUnknownPoliciesAreOneLine) {
   EXPECT_EQ(message("auto", {{"--auto-window", "0"}}), "--auto-window must be in [1, 10000000], got 0");
   EXPECT_EQ(message("auto", {{"--auto-trial", "-0.1"}}), "--auto-trial must be in [0, 10] (0: no trials), got -0.1");
   EXPECT_EQ(message("auto", {{"--auto-window-seconds", "-1"}}), "--auto-window-seconds must be in [0, 3600], got -1");
+  EXPECT_EQ(message("auto", {{"--auto-trial-seconds", "61"}}), "--auto-trial-seconds must be in [0, 60], got 61");
   EXPECT_EQ(message("auto:any", {{"--codec", "int8"}, {"--staleness-k", "3"}}), "no error");
   EXPECT_EQ(message("auto", {{"--compensation", "dc"}}),
             "--compensation dc is the sapipe candidate's, which auto:sync does not have: use auto:stale or auto:any");

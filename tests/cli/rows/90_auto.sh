@@ -60,8 +60,10 @@ for e in switches:
     assert e["args"]["detail"] == expected, (e, expected)
 PYEOF
 
-# --auto-trial 10: every candidate is close enough to try, so 3 are tried (12 iterations each).
-run train --algo auto:any --iters 60 --net bw=1Gbit,lat=200us --auto-trial 10 --out "$d/trials" "${AQ[@]}" \
+# --auto-trial 10: every candidate is close enough to try, so 3 are tried in the order 1 2 3 2 1
+# (--auto-trial-seconds 0: P = 10 counted iterations each, 5 per half, 2 settling at each switch).
+run train --algo auto:any --iters 60 --net bw=1Gbit,lat=200us --auto-trial 10 --auto-trial-seconds 0 \
+  --out "$d/trials" "${AQ[@]}" \
   >"$d/trials.out" 2>"$d/trials.err"
 expect_success "auto/trials-exit-0" $? "$d/trials.out" "$d/trials.err"
 pycheck "auto/trials-lines-phases-report-agree" "$d/trials.err" "$d/trials" "$d/trials.out" <<'PYEOF'
@@ -71,21 +73,23 @@ lines = [line for line in open(err).read().splitlines() if line.startswith("pipe
 assert len(lines) == 2, lines
 label = r"(\S+(?: K=\d+)?)"
 tried = re.match(r"pipesgd: auto:any tries " + r", ".join([label + r" \(predicted \d+\.\d{3} ms\)"] * 3) +
-                 r", predicted within 1000% \(--auto-trial\), for 12 iterations each from iteration 13; measured compute ",
+                 r", predicted within 1000% \(--auto-trial\), for 10 counted iterations each \(in the order 1 2 3 2 1, 2 "
+                 r"settling at each switch, 40 in all\) from iteration 13; measured compute ",
                  lines[0])
 assert tried, lines[0]
-kept = re.match(r"pipesgd: auto:any chose " + label + r" from iteration 49: the (?:shortest )?iteration in the "
+kept = re.match(r"pipesgd: auto:any chose " + label + r" from iteration 53: the (?:shortest )?iteration in the "
                 r"trials: \d+\.\d{3} ms \(" + label + r" \d+\.\d{3} ms, " + label + r" \d+\.\d{3} ms\)", lines[1])
 assert kept, lines[1]
 assert sorted(kept.group(1, 2, 3)) == sorted(tried.group(1, 2, 3)), (tried.groups(), kept.groups())
 a = json.load(open(out_dir + "/summary.json"))["auto"]
 assert [(p["start_iteration"], p["kind"], p["method"]) for p in a["phases"]] == [
-    (0, "profiling", "dsync+optimal"), (13, "trial", tried.group(1)), (25, "trial", tried.group(2)),
-    (37, "trial", tried.group(3)), (49, "chosen", kept.group(1))], a["phases"]
+    (0, "profiling", "dsync+optimal"), (13, "trial", tried.group(1)), (20, "trial", tried.group(2)),
+    (27, "trial", tried.group(3)), (39, "trial", tried.group(2)), (46, "trial", tried.group(1)),
+    (53, "chosen", kept.group(1))], a["phases"]
 assert 0 <= a["startup_cost_fraction"] == a["profiling_cost_fraction"] < 1, a
 text = open(out).read()
 assert re.search(r"  start-up cost \d+\.\d{3} s, \d+\.\d% of the run's iterations", text), text[-1500:]
-assert "from iteration 25: " + tried.group(2) + ", predicted " in text, text[-1500:]
+assert "from iteration 20: " + tried.group(2) + ", predicted " in text, text[-1500:]
 PYEOF
 
 run compare --algos dsync,auto:stale --iters 40 --net bw=1Gbit,lat=200us --out "$d/cmp" "${AQ[@]}" >"$d/cmp.out" 2>"$d/cmp.err"

@@ -41,6 +41,8 @@ constexpr int kDriftStrikes = 2;
 // of their compute (the iteration less the wait for communication) and the link probe's time.
 constexpr std::size_t kDriftFigures = 3;
 static_assert(kDriftFigures <= kMaxTrials, "the measurement exchange holds kMaxTrials values");
+// A decision's trial phases at most (trial_order of kMaxTrials contenders).
+constexpr std::size_t kMaxTrialPhases = 2 * kMaxTrials - 1;
 // The link probe: an allreduce of the whole gradient, at most this many floats (256 KiB: a fraction
 // of a millisecond at 10 Gbit/s, 2 ms at 1 Gbit/s), run kLinkProbeRuns times at each drift window's
 // end on Channel::kPlanning; its time is the fastest run (the first may wait for a late peer). It
@@ -232,9 +234,7 @@ class AutoMethod final : public TrainingMethod {
         link_probe_buffer_(std::max<std::size_t>(1, std::min(context.model.layout().total(), kLinkProbeFloats)), 0.0f),
         link_probe_(context.transport, link_probe_buffer_.size(), context.common.timeout),
 
-        trial_seconds_(static_cast<std::size_t>(trial_settle_iterations(options_) + options_.profile_iterations), 0.0),
-        trial_sorted_(static_cast<std::size_t>(options_.profile_iterations), 0.0),
-        trial_figures_(kMaxTrials, 0.0) {
+        trial_figures_(kMaxTrialPhases, 0.0) {
     for (const ScheduledMethod& scheduled : options_.schedule) {
       scheduled_.push_back(select_on(scheduled.spec, scheduled.flags, context.common));
     }
@@ -381,9 +381,18 @@ class AutoMethod final : public TrainingMethod {
     strikes_ = static_cast<int>(in.integer(prefix + "drift.strikes"));
     drift_windows_ = in.integer(prefix + "drift.windows");
     measurement_exchanges_ = static_cast<std::uint64_t>(in.integer(prefix + "drift.exchanges"));
-    const std::vector<double> trial = in.doubles(prefix + "trial.seconds", trial_seconds_.size());
-    std::copy(trial.begin(), trial.end(), trial_seconds_.begin());
-    const std::vector<double> figures = in.doubles(prefix + "trial.figures", trial_figures_.size());
+    // Only a trial phase's iterations matter (its length, as its phases say); each phase's figure so far.
+    const std::vector<double> trial = in.doubles(prefix + "trial.seconds");
+    if (phases_[running].kind == Phase::kTrial) {
+      if (trial.size() != trial_seconds_.size()) {
+        throw refuse(concat("auto's trial phase ", running, " has ", trial.size(), " iterations, its phases say ",
+                            trial_seconds_.size()));
+      }
+      std::copy(trial.begin(), trial.end(), trial_seconds_.begin());
+    }
+    const std::vector<double> figures = in.doubles(prefix + "trial.figures");
+    if (figures.size() > trial_figures_.size()) throw refuse(concat(figures.size(), " auto trial figures"));
+    std::fill(trial_figures_.begin(), trial_figures_.end(), 0.0);
     std::copy(figures.begin(), figures.end(), trial_figures_.begin());
     current_->load_state(in, next_iteration);
   }
@@ -416,7 +425,12 @@ class AutoMethod final : public TrainingMethod {
     const std::size_t window = p.kind == Phase::kChosen ? static_cast<std::size_t>(p.window) : 0;
     window_seconds_.assign(window, 0.0);
     window_compute_.assign(window, 0.0);
-    std::fill(trial_seconds_.begin(), trial_seconds_.end(), 0.0);
+    // A trial phase's iterations and the scratch for its counted ones' median (also at a switch).
+    const std::int64_t trial_length = p.kind == Phase::kTrial ? trial_phase_length(phase) : 0;
+    PIPESGD_ASSERT(p.kind != Phase::kTrial || trial_length > trial_settle_iterations(options_));
+    trial_seconds_.assign(static_cast<std::size_t>(trial_length), 0.0);
+    trial_sorted_.assign(p.kind == Phase::kTrial ? static_cast<std::size_t>(trial_length - trial_settle_iterations(options_)) : 0,
+                         0.0);
     drift_windows_ = 0;
     reference_seconds_ = reference_probe_ = reference_compute_ = 0;
     strikes_ = 0;
@@ -458,26 +472,42 @@ class AutoMethod final : public TrainingMethod {
     const AutoDecision decision = decide_method(candidates_, *measured_, workers_, options_.min_gain);
     const std::vector<std::size_t> contenders = trial_contenders(candidates_, decision, options_.trial_margin);
     if (contenders.size() > 1) {
-      const auto length = static_cast<std::int64_t>(trial_seconds_.size());
-      std::vector<std::string> tried;
-      for (std::size_t j = 0; j < contenders.size(); ++j) {
+      double fastest = decision.predictions[contenders.front()].seconds;
+      for (const std::size_t c : contenders) fastest = std::min(fastest, decision.predictions[c].seconds);
+      const std::int64_t counted = trial_counted_iterations(options_, fastest);
+      const std::int64_t settle = trial_settle_iterations(options_);
+      const std::size_t n = contenders.size();
+      const std::vector<std::size_t> order = trial_order(n);
+      std::vector<bool> seen(n, false);
+      std::int64_t start = t + 1;
+      for (const std::size_t j : order) {
         const std::size_t c = contenders[j];
         const IterationPrediction& predicted = decision.predictions[c];
-        phases_.push_back({t + 1 + static_cast<std::int64_t>(j) * length, Phase::kTrial, static_cast<std::int64_t>(c),
-                           candidates_[c].label, concat("trial ", j + 1, " of ", contenders.size()), predicted.seconds,
-                           predicted.model, 0});
+        std::string reason = concat("trial ", j + 1, " of ", n);
+        if (j + 1 < n) reason += seen[j] ? ", second half" : ", first half";
+        seen[j] = true;
+        phases_.push_back({start, Phase::kTrial, static_cast<std::int64_t>(c), candidates_[c].label, reason,
+                           predicted.seconds, predicted.model, 0});
+        start += settle + (j + 1 < n ? counted / 2 : counted);
+      }
+      std::vector<std::string> tried;
+      for (const std::size_t c : contenders) {
+        const IterationPrediction& predicted = decision.predictions[c];
         // Beyond the margin only the trade's check (trial_contenders).
         const bool check = predicted.seconds > decision.predictions[decision.ranking.front()].seconds *
                                                    (1 + options_.trial_margin);
         tried.push_back(concat(candidates_[c].label, " (predicted ", ms(predicted.seconds),
                                check ? ", to measure the trade's gain" : "", ")"));
       }
-      next_phase_ = phases_.size() - contenders.size();
+      std::vector<std::string> sequence;
+      for (const std::size_t j : order) sequence.push_back(concat(j + 1));
+      next_phase_ = phases_.size() - order.size();
       if (context_.announce) {
         context_.announce(concat("auto:", auto_policy_name(options_.policy), " tries ", join(tried, ", "),
                                  ", predicted within ", format_number("%g%%", 100 * options_.trial_margin),
-                                 " (--auto-trial), for ", length, " iterations each from iteration ", t + 1,
-                                 "; ", decision.why));
+                                 " (--auto-trial), for ", counted, " counted iterations each (in the order ",
+                                 join(sequence, " "), ", ", settle, " settling at each switch, ", start - (t + 1),
+                                 " in all) from iteration ", t + 1, "; ", decision.why));
       }
       return;
     }
@@ -504,32 +534,48 @@ class AutoMethod final : public TrainingMethod {
     current_finished_ = true;
   }
 
-  // The first phase of the trials the current one belongs to (a decision's trials follow each other).
-  std::size_t first_trial_phase() const {
-    std::size_t first = current_phase_;
+  // The first phase of the trials phase `phase` belongs to (a decision's trials follow each other).
+  std::size_t first_trial_phase(std::size_t phase) const {
+    std::size_t first = phase;
     while (first > 0 && phases_[first - 1].kind == Phase::kTrial) --first;
     return first;
   }
+  std::size_t first_trial_phase() const { return first_trial_phase(current_phase_); }
 
-  // A trial's iteration t took `seconds` on this worker; at the trial's end its figure is
+  // The iterations of trial phase `phase`: to the next phase's start; the last of a decision's
+  // trials is its first contender's second half, as long as its first.
+  std::int64_t trial_phase_length(std::size_t phase) const {
+    if (phase + 1 < phases_.size()) return phases_[phase + 1].start - phases_[phase].start;
+    const std::size_t first = first_trial_phase(phase);
+    PIPESGD_ASSERT(first < phase);
+    return phases_[first + 1].start - phases_[first].start;
+  }
+
+  // A trial phase's iteration t took `seconds` on this worker; at the phase's end its figure is
   // trial_figure of them (the settling iterations are not counted: they hold the switch's one-time
-  // costs, building the method and its first allreduces, which a 12-iteration mean would weigh as
-  // 1/12 of the run).
+  // costs, building the method and its first allreduces, which a short mean would weigh heavily).
   void watch_trial(std::int64_t t, double seconds) {
     const auto since = static_cast<std::size_t>(t - phases_[current_phase_].start);
     PIPESGD_ASSERT(since < trial_seconds_.size());
     trial_seconds_[since] = seconds;
     if (since + 1 < trial_seconds_.size()) return;
-    trial_figures_[current_phase_ - first_trial_phase()] = trial_figure(trial_seconds_, trial_sorted_);
+    const std::size_t slot = current_phase_ - first_trial_phase();
+    PIPESGD_ASSERT(slot < trial_figures_.size());
+    trial_figures_[slot] = trial_figure(trial_seconds_, trial_sorted_);
   }
 
-  // The last trial ended with iteration t and was drained: the workers average each trial's figure
-  // and keep the fastest (choose_measured), from t + 1 on.
+  // The last trial phase ended with iteration t and was drained: each contender's figure is the mean
+  // of its phases' (trial_order: its two halves count alike), the workers average them and keep the
+  // fastest (choose_measured), from t + 1 on.
   void choose_after_trials(std::int64_t t) {
     const std::size_t first = first_trial_phase();
-    const std::size_t count = phases_.size() - first;
+    const std::size_t phase_count = phases_.size() - first;
+    const std::size_t count = (phase_count + 1) / 2;
+    PIPESGD_ASSERT(phase_count == trial_order(count).size() && count <= kMaxTrials);
     std::array<float, kMaxTrials> sums{};
-    for (std::size_t j = 0; j < count; ++j) sums[j] = static_cast<float>(trial_figures_[j]);
+    for (std::size_t j = 0; j < count; ++j) {
+      sums[j] = static_cast<float>((trial_figures_[j] + trial_figures_[phase_count - 1 - j]) / 2);
+    }
     measurement_exchange_.sum(std::span<float>(sums.data(), count), kDriftSequenceBase + measurement_exchanges_++);
     std::vector<std::size_t> contenders;
     std::vector<double> seconds;
@@ -698,8 +744,8 @@ class AutoMethod final : public TrainingMethod {
   // their compute (the iteration less IterationTimes::wait).
   std::vector<double> window_seconds_;
   std::vector<double> window_compute_;
-  // This worker's iterations of the current trial (trial_settle_iterations + P), the last P's copy
-  // to take their median, and each trial's figure so far (kMaxTrials); allocated once.
+  // This worker's iterations of the current trial phase (allocated when it starts), its counted
+  // ones' copy to take their median, and each trial phase's figure so far (kMaxTrialPhases).
   std::vector<double> trial_seconds_;
   std::vector<double> trial_sorted_;
   std::vector<double> trial_figures_;
@@ -742,7 +788,7 @@ std::optional<DeferredPhase> AutoOptions::deferred_phase(std::int64_t) const {
 
 std::string AutoOptions::fingerprint() const {
   std::string text = concat("policy ", auto_policy_name(policy), ", profile ", profile_iterations, ", codecs ",
-                            join(codecs), ", K ", staleness, ", min gain ", min_gain, ", trial ", trial_margin, ", drift ", drift, " over ",
+                            join(codecs), ", K ", staleness, ", min gain ", min_gain, ", trial ", trial_margin, " for ", trial_seconds, " s, drift ", drift, " over ",
                             drift_window, " or ", drift_window_seconds, " s min interval ", min_interval,
                             ", sapipe ", sapipe_compensation.empty() ? "wp3 (dc with the caller's optimizer)" : sapipe_compensation);
   for (const ScheduledMethod& scheduled : schedule) text += concat(", ", scheduled.start, ":", scheduled.spec);
@@ -890,6 +936,22 @@ std::int64_t drift_window_for(const AutoOptions& options, double predicted_secon
   return std::max(options.drift_window, static_cast<std::int64_t>(std::min(lasting, static_cast<double>(kMaxDriftWindow))));
 }
 
+std::int64_t trial_counted_iterations(const AutoOptions& options, double fastest_predicted_seconds) {
+  double counted = static_cast<double>(options.profile_iterations);
+  if (fastest_predicted_seconds > 0 && options.trial_seconds > 0) {
+    counted = std::max(counted, std::ceil(options.trial_seconds / fastest_predicted_seconds));
+  }
+  const auto even = static_cast<std::int64_t>(std::min(counted, static_cast<double>(kMaxTrialCounted)));
+  return std::max<std::int64_t>(2, even + even % 2);
+}
+
+std::vector<std::size_t> trial_order(std::size_t contenders) {
+  std::vector<std::size_t> order;
+  for (std::size_t j = 0; j < contenders; ++j) order.push_back(j);
+  for (std::size_t j = contenders; j-- > 1;) order.push_back(j - 1);
+  return order;
+}
+
 double trial_figure(std::span<const double> iteration_seconds, std::span<double> scratch) {
   PIPESGD_ASSERT(!scratch.empty() && scratch.size() <= iteration_seconds.size());
   const std::span<const double> counted = iteration_seconds.last(scratch.size());
@@ -1006,9 +1068,13 @@ MethodDescriptor auto_method() {
                               "measured) at least this much faster than the fastest that trades less (0.05: 5%)",
                               "0.05");
   method.options.emplace_back("--auto-trial",
-                              "Try the choice and up to 2 candidates predicted within this fraction of the fastest "
-                              "for P + 2 iterations each, and keep the fastest measured (0: no trials)",
+                              "Try the choice and up to 2 candidates predicted within this fraction of the fastest, "
+                              "in the order A B C B A, and keep the fastest measured (0: no trials)",
                               "0.1");
+  method.options.emplace_back("--auto-trial-seconds",
+                              "Each tried candidate counts at least P iterations and at least this long at the "
+                              "fastest prediction (at most 2000 iterations; 0: P)",
+                              "0.05");
   method.options.emplace_back("--auto-drift",
                               "Choose again when the measured iteration departs from the reference by more than this "
                               "fraction for 2 windows in a row, or the comm/compute ratio does and the profile then "
@@ -1049,6 +1115,10 @@ MethodDescriptor auto_method() {
     options->trial_margin = given.real("--auto-trial", options->trial_margin);
     if (!(options->trial_margin >= 0 && options->trial_margin <= 10)) {
       throw UsageError(concat("--auto-trial must be in [0, 10] (0: no trials), got ", given.text("--auto-trial", "")));
+    }
+    options->trial_seconds = given.real("--auto-trial-seconds", options->trial_seconds);
+    if (!(options->trial_seconds >= 0 && options->trial_seconds <= 60)) {
+      throw UsageError(concat("--auto-trial-seconds must be in [0, 60], got ", given.text("--auto-trial-seconds", "")));
     }
     options->drift = given.real("--auto-drift", options->drift);
     if (!(options->drift >= 0 && options->drift <= 100)) {

@@ -15,10 +15,14 @@
 // compute for shared cores), so when other candidates are predicted within --auto-trial (relative)
 // of the fastest, or the choice trades accuracy on a predicted gain below kTradeCheckGain over the
 // fastest that trades less, auto runs the choice and up to kMaxTrials - 1 of them (trial_contenders)
-// for trial_settle_iterations + P iterations each, and keeps the one whose iteration measured
-// shortest (the mean of the last P with outliers clipped: a pipelined method's pipeline is full by
-// then; averaged over the workers, so every worker keeps the same), under the same
-// --auto-min-gain rule on the measured times. The trials are part of the start-up.
+// and keeps the one whose iteration measured shortest (averaged over the workers, so every worker
+// keeps the same), under the same --auto-min-gain rule on the measured times. Each contender counts
+// trial_counted_iterations (at least P, and at least --auto-trial-seconds of the fastest
+// prediction), in the palindromic order of trial_order (A B C B A: the middle one runs once, the
+// others in two halves), so that a drift of the machine's speed during the trials (measured: the
+// first ~50 iterations of a process slow by up to 30%) weighs on every contender alike. Each phase
+// first runs trial_settle_iterations that are not counted (a pipelined method's pipeline fills). The
+// trials are part of the start-up.
 //
 // Drift: every --auto-window W iterations (more if W predicted iterations of the method chosen last
 // less than --auto-window-seconds: a short window sees the machine's own swings) the workers time
@@ -86,6 +90,7 @@ class AutoOptions final : public MethodOptions {
   std::string sapipe_compensation;       // --compensation of the sapipe candidate; "": wp3 (dc with "external")
   double min_gain = 0.05;                // --auto-min-gain
   double trial_margin = 0.1;             // --auto-trial; 0: no trials
+  double trial_seconds = 0.05;           // --auto-trial-seconds: a contender's counted iterations last at least this long
   double drift = 0.25;                   // --auto-drift; 0: never choose again
   std::int64_t drift_window = 50;        // --auto-window
   double drift_window_seconds = 2;       // --auto-window-seconds: a window lasts at least this long
@@ -127,18 +132,31 @@ struct AutoDecision {
 AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const PlanningInputs& measured, int workers,
                            double min_gain);
 
-// Trials: at most this many candidates, each run for trial_settle_iterations + P iterations (P: the
-// profiling's --profile-iters), of which the first trial_settle_iterations are not measured: at least
-// kTrialSettleIterations, and pipe's K (options.staleness), after which its pipeline is full.
+// Trials: at most this many candidates. Each trial phase first runs trial_settle_iterations that
+// are not measured: at least kTrialSettleIterations, and pipe's K (options.staleness), after which
+// its pipeline is full.
 inline constexpr std::size_t kMaxTrials = 3;
 inline constexpr std::int64_t kTrialSettleIterations = 2;
 std::int64_t trial_settle_iterations(const AutoOptions& options);
 
+// The iterations each contender counts in its trial (all its phases together; an even number, split
+// in two halves for the contenders that run twice): at least P (options.profile_iterations), and at
+// least options.trial_seconds at `fastest_predicted_seconds` (the fastest contender's prediction),
+// at most kMaxTrialCounted.
+inline constexpr std::int64_t kMaxTrialCounted = 2000;
+std::int64_t trial_counted_iterations(const AutoOptions& options, double fastest_predicted_seconds);
+
+// The order in which `contenders` contenders (indices 0..n-1, the choice first) run their trials:
+// 0, 1, ..., n-1, ..., 1, 0. The last one (n-1) runs once, counting all its iterations; the others
+// run twice, each time counting half: every contender's counted iterations are centred on the same
+// moment, so a speed that drifts steadily during the trials favours none.
+std::vector<std::size_t> trial_order(std::size_t contenders);
+
 // A trial iteration counts at most this many times the median of the trial's counted iterations.
 inline constexpr double kTrialOutlier = 3;
 
-// A trial's figure from one worker's `iteration_seconds` (its trial_settle_iterations + P
-// iterations): the mean of the last scratch.size() (P), each at most kTrialOutlier times their
+// A trial phase's figure from one worker's `iteration_seconds` (its trial_settle_iterations and
+// counted iterations): the mean of the last scratch.size() (the counted), each at most kTrialOutlier times their
 // median (an iteration preempted by another job counts as a typical one). From K on, pipe's
 // pipeline is full, so each counted iteration waits for its allreduce as every later one will.
 // `scratch` is the caller's buffer (the hot path allocates nothing); its contents are overwritten.
