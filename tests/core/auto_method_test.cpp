@@ -5,9 +5,11 @@
 // what the timing models say (tables of cases).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <ostream>
 
 #include <nlohmann/json.hpp>
@@ -720,6 +722,49 @@ TEST(AutoOptionsErrors, SapipeCompensationFollowsTheOptimizer) {
   }
 }
 
+// Runs `selection` on 2 ranks of a LocalFabric with `network` for `iterations`, rank 1's link
+// slowed 10x from `slowed_at` on, each iteration sleeping `compute` before the forward (the profile
+// counts it as forward). Returns summary.json's auto phases and rank 0's announced lines.
+struct DriftRun {
+  nlohmann::json phases;
+  std::vector<std::string> announced;
+};
+DriftRun run_slowed_link(const MethodSelection& selection, const NetworkSpec& network, std::int64_t iterations,
+                         std::int64_t slowed_at, std::chrono::milliseconds compute, std::uint64_t data_seed) {
+  LocalFabric fabric(2, network);
+  const SoftmaxBatches data = make_softmax_batches(data_seed, 2, iterations, kFeatures, kClasses, kBatch);
+  DriftRun run;
+  std::mutex announced_mutex;
+  run_ranks_on(fabric, [&](int rank, Transport& transport) {
+    SoftmaxRegression model(kFeatures, kClasses, kSeed);
+    std::function<void(const std::string&)> announce;
+    if (rank == 0) {
+      announce = [&](const std::string& line) {
+        std::lock_guard lock(announced_mutex);
+        run.announced.push_back(line);
+      };
+    }
+    auto method = make_method(selection, transport, model, 0, network, {}, announce);
+    for (std::int64_t t = 0; t < iterations; ++t) {
+      if (rank == 1 && t == slowed_at) fabric.slow_link(1, 10);
+      IterationTimes times;
+      const std::span<float> gradients = method->begin_iteration(t, times);
+      if (compute.count() > 0) std::this_thread::sleep_for(compute);
+      const SegmentReadyFn* ready = method->segment_ready();
+      model.forward_backward(data.at(rank, t, 2), gradients, ready != nullptr ? *ready : SegmentReadyFn{});
+      method->end_iteration(t, times);
+    }
+    IterationTimes times;
+    method->finish(times);
+    if (rank == 0) {
+      nlohmann::json summary;
+      method->report()->add_json(summary, RunFigures{});
+      run.phases = summary["auto"]["phases"];
+    }
+  });
+  return run;
+}
+
 // Drift: rank 1's link slowed 10x at iteration 100 of 200 (an emulated link: the iteration is
 // mostly sleeping on the wire, so the machine's load hardly moves it) makes auto profile and choose
 // once more, and only once: the phases are profiling, chosen, profiling (after the slow-down),
@@ -730,41 +775,13 @@ TEST(AutoDrift, ALinkSlowedMidRunMakesAutoChooseOnceMore) {
   network.bits_per_second = 1e6;
   network.latency_seconds = 0.1e-3;
   network.name = "bw=1Mbit,lat=100us";
-  LocalFabric fabric(2, network);
   const MethodSelection selection = select_for_test(
       "auto:stale", {{"--profile-iters", "4"}, {"--auto-drift", "2"}, {"--auto-window", "20"}, {"--auto-min-interval", "60"},
                      {"--auto-trial", "0"}, {"--auto-window-seconds", "0"}});
   const std::int64_t iterations = 200, slowed_at = 100;
-  const SoftmaxBatches data = make_softmax_batches(3, 2, iterations, kFeatures, kClasses, kBatch);
-  nlohmann::json phases;
-  std::vector<std::string> announced;
-  std::mutex announced_mutex;
-  run_ranks_on(fabric, [&](int rank, Transport& transport) {
-    SoftmaxRegression model(kFeatures, kClasses, kSeed);
-    std::function<void(const std::string&)> announce;
-    if (rank == 0) {
-      announce = [&](const std::string& line) {
-        std::lock_guard lock(announced_mutex);
-        announced.push_back(line);
-      };
-    }
-    auto method = make_method(selection, transport, model, 0, network, {}, announce);
-    for (std::int64_t t = 0; t < iterations; ++t) {
-      if (rank == 1 && t == slowed_at) fabric.slow_link(1, 10);
-      IterationTimes times;
-      const std::span<float> gradients = method->begin_iteration(t, times);
-      const SegmentReadyFn* ready = method->segment_ready();
-      model.forward_backward(data.at(rank, t, 2), gradients, ready != nullptr ? *ready : SegmentReadyFn{});
-      method->end_iteration(t, times);
-    }
-    IterationTimes times;
-    method->finish(times);
-    if (rank == 0) {
-      nlohmann::json summary;
-      method->report()->add_json(summary, RunFigures{});
-      phases = summary["auto"]["phases"];
-    }
-  });
+  const DriftRun run = run_slowed_link(selection, network, iterations, slowed_at, std::chrono::milliseconds(0), 3);
+  const nlohmann::json& phases = run.phases;
+  const std::vector<std::string>& announced = run.announced;
   std::vector<std::string> kinds;
   for (const auto& phase : phases) kinds.push_back(phase["kind"].get<std::string>());
   ASSERT_EQ(kinds, (std::vector<std::string>{"profiling", "chosen", "profiling", "chosen"})) << phases.dump();
@@ -775,6 +792,39 @@ TEST(AutoDrift, ALinkSlowedMidRunMakesAutoChooseOnceMore) {
   EXPECT_EQ(phases[3]["start_iteration"].get<std::int64_t>(), again + 4);
   EXPECT_NE(phases[2]["why"].get<std::string>().find("the measured iteration moved from"), std::string::npos);
   ASSERT_EQ(announced.size(), 3u) << "rank 0 says each choice and the drift";
+}
+
+// A decision boundary crossed: each iteration computes 30 ms (a sleep before the forward, which the
+// profile counts as forward) and allreduces 84 bytes over a 1 Mbit/s link (~1 ms): compute-bound,
+// so auto:stale picks a synchronous method (pipe would gain ~3%, below --auto-min-gain). Rank 1's
+// link slowed 10x at iteration 50 makes the allreduce ~9 ms: the iteration moves x1.3, inside the
+// band (--auto-drift 1: x0.5 to x2), but the comm/compute ratio moves x10 and the profile scaled by
+// it predicts pipe (or sapipe) ~30% faster. Two such windows make auto profile again, saying so,
+// and choose a method that hides the allreduce.
+TEST(AutoDrift, ACommComputeRatioAcrossADecisionBoundaryMakesAutoChooseAgain) {
+  NetworkSpec network;
+  network.bits_per_second = 1e6;
+  network.latency_seconds = 0.1e-3;
+  network.name = "bw=1Mbit,lat=100us";
+  const MethodSelection selection =
+      select_for_test("auto:stale", {{"--profile-iters", "4"}, {"--auto-drift", "1"}, {"--auto-window", "10"},
+                                     {"--auto-min-interval", "30"}, {"--auto-trial", "0"}, {"--auto-window-seconds", "0"},
+                                     {"--compensation", "none"}});
+  const std::int64_t iterations = 110, slowed_at = 50;
+  const nlohmann::json phases =
+      run_slowed_link(selection, network, iterations, slowed_at, std::chrono::milliseconds(30), 5).phases;
+  std::vector<std::string> kinds;
+  for (const auto& phase : phases) kinds.push_back(phase["kind"].get<std::string>());
+  ASSERT_EQ(kinds, (std::vector<std::string>{"profiling", "chosen", "profiling", "chosen"})) << phases.dump();
+  const std::string first = phases[1]["method"];
+  EXPECT_EQ(first.find("pipe"), std::string::npos) << "compute-bound: a synchronous method, not " << first;
+  const std::string again = phases[2]["why"];
+  EXPECT_NE(again.find("the link probe (an allreduce of 84 bytes) moved from"), std::string::npos) << again;
+  EXPECT_NE(again.find("with them the profile predicts "), std::string::npos) << again;
+  EXPECT_GT(phases[2]["start_iteration"].get<std::int64_t>(), slowed_at) << phases.dump();
+  const std::string last = phases[3]["method"];
+  EXPECT_TRUE(last.starts_with("pipe") || last.starts_with("sapipe")) << "comm-bound: a method that hides it, not "
+                                                                      << last;
 }
 
 }  // namespace
