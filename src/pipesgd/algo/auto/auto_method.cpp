@@ -427,10 +427,10 @@ class AutoMethod final : public TrainingMethod {
     window_compute_.assign(window, 0.0);
     // A trial phase's iterations and the scratch for its counted ones' median (also at a switch).
     const std::int64_t trial_length = p.kind == Phase::kTrial ? trial_phase_length(phase) : 0;
-    PIPESGD_ASSERT(p.kind != Phase::kTrial || trial_length > trial_settle_iterations(options_));
+    const std::int64_t trial_counted = p.kind == Phase::kTrial ? trial_length - trial_settle_iterations(options_) : 0;
+    PIPESGD_ASSERT(p.kind != Phase::kTrial || trial_counted > 0);
     trial_seconds_.assign(static_cast<std::size_t>(trial_length), 0.0);
-    trial_sorted_.assign(p.kind == Phase::kTrial ? static_cast<std::size_t>(trial_length - trial_settle_iterations(options_)) : 0,
-                         0.0);
+    trial_sorted_.assign(static_cast<std::size_t>(trial_counted), 0.0);
     drift_windows_ = 0;
     reference_seconds_ = reference_probe_ = reference_compute_ = 0;
     strikes_ = 0;
@@ -478,14 +478,13 @@ class AutoMethod final : public TrainingMethod {
       const std::int64_t settle = trial_settle_iterations(options_);
       const std::size_t n = contenders.size();
       const std::vector<std::size_t> order = trial_order(n);
-      std::vector<bool> seen(n, false);
       std::int64_t start = t + 1;
-      for (const std::size_t j : order) {
+      for (std::size_t position = 0; position < order.size(); ++position) {
+        const std::size_t j = order[position];
         const std::size_t c = contenders[j];
         const IterationPrediction& predicted = decision.predictions[c];
         std::string reason = concat("trial ", j + 1, " of ", n);
-        if (j + 1 < n) reason += seen[j] ? ", second half" : ", first half";
-        seen[j] = true;
+        if (j + 1 < n) reason += position + 1 < n ? ", first half" : ", second half";
         phases_.push_back({start, Phase::kTrial, static_cast<std::int64_t>(c), candidates_[c].label, reason,
                            predicted.seconds, predicted.model, 0});
         start += settle + (j + 1 < n ? counted / 2 : counted);
@@ -571,7 +570,7 @@ class AutoMethod final : public TrainingMethod {
     const std::size_t first = first_trial_phase();
     const std::size_t phase_count = phases_.size() - first;
     const std::size_t count = (phase_count + 1) / 2;
-    PIPESGD_ASSERT(phase_count == trial_order(count).size() && count <= kMaxTrials);
+    PIPESGD_ASSERT(phase_count == 2 * count - 1 && count <= kMaxTrials);  // trial_order's length
     std::array<float, kMaxTrials> sums{};
     for (std::size_t j = 0; j < count; ++j) {
       sums[j] = static_cast<float>((trial_figures_[j] + trial_figures_[phase_count - 1 - j]) / 2);
