@@ -19,7 +19,8 @@
 #             per model and network (2 workers, 1 epoch, 10gbe and bw=1Gbit,lat=200us) of auto:any,
 #             auto (policy sync) and the candidates of auto:any (18: 6 per codec), the order reversed every other
 #             round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
-#             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1).
+#             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1;
+#             0 keeps the stored slowed rows).
 #             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~80 min per
 #             network and round; the stored rows of the other models are kept)
 #                                                                   ~17 min a round (mlp, cnn)
@@ -50,7 +51,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || die "--rounds needs a positive count"; rounds=$2; rounds_given=1; shift 2 ;;
     --auto-models) [[ $# -ge 2 && $2 =~ ^[a-z]+(,[a-z]+)*$ ]] || die "--auto-models needs a list of models"
       auto_models=$2; shift 2 ;;
-    --slowed-rounds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || die "--slowed-rounds needs a positive count"
+    --slowed-rounds) [[ $# -ge 2 && $2 =~ ^[0-9]+$ ]] || die "--slowed-rounds needs a count (0: keep the stored rows)"
       slowed_rounds=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -76,13 +77,16 @@ else data=$repo/docs/results; page=$repo/docs/results.md; images=$repo/docs/imag
 mkdir -p "$data" "$images"
 machine="$(nproc --all) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))"
 today=$(date -u +%Y-%m-%d)
+# The commit measured (with "+changes" when the tree differs from it), stored with each section.
+commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+[[ -z $(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null) ]] || commit+="+changes"
 log() { echo "== results: $*" >&2; }
 
 # Writes DATA/NAME.json from a JSON document on stdin, adding the date, the machine and the command.
 store() {  # NAME COMMAND
   "$python" -c 'import json, sys
-d = json.load(sys.stdin); d.update(date=sys.argv[2], machine=sys.argv[3], command=sys.argv[4])
-json.dump(d, open(sys.argv[1], "w"), indent=1, sort_keys=True)' "$data/$1.json" "$today" "$machine" "$2"
+d = json.load(sys.stdin); d.update(date=sys.argv[2], machine=sys.argv[3], command=sys.argv[4], commit=sys.argv[5])
+json.dump(d, open(sys.argv[1], "w"), indent=1, sort_keys=True)' "$data/$1.json" "$today" "$machine" "$2" "$commit"
 }
 
 if selected ddp; then
@@ -298,15 +302,18 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
     "pipesgd compare --model MODEL --algos auto:any,auto,$candidates --workers 2 --net NET ${length[*]}" \
     "pipesgd compare --model $slow_model --algos auto:any,$candidates --workers 2 --net $slow_net --iters $iterations --inject-fault $slow --no-eval")
   # The stored steady rows of the models not measured now are kept (--auto-models mlp keeps cnn's),
-  # each with the date and machine it was measured on (measured_on).
+  # and the stored slowed rows with --slowed-rounds 0, each with the date, machine and commit it was
+  # measured on (measured_on).
   kept=/dev/null
   if ((!quick)) && [[ -f $data/auto.json ]]; then kept=$data/auto.json; fi
   "$python" -c 'import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 measured = {r["model"] for r in rows if r["kind"] == "steady"}
 old = json.load(open(sys.argv[4])) if sys.argv[4] != "/dev/null" else {"rows": []}
-kept = [dict(r, measured_on=r.get("measured_on") or dict(date=old["date"], machine=old["machine"]))
-        for r in old["rows"] if r["kind"] == "steady" and r["model"] not in measured]
+keep_slowed = not any(r["kind"] == "slowed" for r in rows)
+kept = [dict(r, measured_on=r.get("measured_on") or {k: old[k] for k in ("date", "machine", "commit") if k in old})
+        for r in old["rows"]
+        if (r["kind"] == "steady" and r["model"] not in measured) or (r["kind"] == "slowed" and keep_slowed)]
 json.dump({"rows": kept + rows, "workers": 2, "slowed": sys.argv[2],
            "rounds": int(sys.argv[3])}, sys.stdout)' \
     "$work/auto.records" "$slow" "$auto_rounds" "$kept" | store auto "$commands"

@@ -167,6 +167,11 @@ def horovod_section(d):
         measured(d)])
 
 
+def measured_on(on):
+    """When, where and at which commit kept rows were measured, in words."""
+    return f"{on['date']} on {on['machine']}" + (f" at commit {on['commit']}" if on.get("commit") else "")
+
+
 def auto_section(d):
     # Rows of the stored figures: one per run, in alternated rounds (`round`; figures stored before
     # rounds existed are one round, 0).
@@ -241,8 +246,8 @@ def auto_section(d):
         "The start-up column is the profiling (and trials) before the first choice, less the same iterations "
         "at the chosen method's speed, against the run's time (`summary.json` `auto.startup_cost_fraction`). The "
         "last column adds every profiling and trial after a drift (`auto.profiling_cost_fraction`)."
-        + "".join(f" {model}'s rows were measured {on['date']} on {on['machine']} (kept when other models were "
-                  "measured again)." for model, on in kept_on.items()),
+        + "".join(f" {model}'s rows were measured {measured_on(on)} (kept when other models were measured again)."
+                  for model, on in kept_on.items()),
         ("Met in every row." if met else "Not met in every row: see the bold ratios, the accuracies and the "
                                          "start-up column against the targets above.")]
     if slowed:
@@ -291,7 +296,9 @@ def auto_section(d):
              if best_fixed_ratio < 1 else
              f"Not met: {best_fixed} reached {best_fixed_ratio:.3f}x auto's throughput over the run")
             + (f" (median); auto beat every fixed method in {beats} of {len(slowed_rounds)} rounds."
-               if len(slowed_rounds) > 1 else ".")]
+               if len(slowed_rounds) > 1 else ".")
+            + (f" These rows were measured {measured_on(example['measured_on'])} (kept when the steady rows were "
+               "measured again)." if example.get("measured_on") else "")]
         if sided:
             parts.append(
                 "The ceiling of any choosing (the iteration times of each run's `metrics.jsonl`, before and from the "

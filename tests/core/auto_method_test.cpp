@@ -417,19 +417,53 @@ TEST(AutoTrials, ContendersAreTheChoiceAndThoseWithinTheMargin) {
 // when the gain is larger.
 TEST(AutoTrials, ATradeIsMeasuredAgainstTheFastestThatTradesLess) {
   using Indices = std::vector<std::size_t>;
-  // pipe (1 trade) 10, pipe+bf16 (2) 10, pipe+int8 (2) 10, wfbp (0) 13, dsync (0) 14.
-  const std::vector<AutoCandidate> candidates = trading({1, 2, 2, 0, 0});
+  // pipe (1 trade) 10, pipe+bf16 (2) 10, pipe+int8 (2) 10, wfbp (0) 13, dsync (0) 14; the last
+  // slot goes to int8 (fewest bytes among the equal predictions).
+  std::vector<AutoCandidate> candidates = trading({1, 2, 2, 0, 0});
+  candidates[1].wire_bytes_per_value = 2;
+  candidates[2].wire_bytes_per_value = 1.01;
   const AutoDecision decision = predicted({10, 10, 10, 13, 14}, 0);
-  EXPECT_EQ(trial_contenders(candidates, decision, 0.1), (Indices{0, 3, 1}));
+  EXPECT_EQ(trial_contenders(candidates, decision, 0.1), (Indices{0, 3, 2}));
   EXPECT_EQ(trial_contenders(candidates, decision, 0.0), (Indices{0}));
   // Just below and at the gain: 14.99 is tried, 15 is not.
   const double below = 10 * (1 + kTradeCheckGain) - 0.01, at = 10 * (1 + kTradeCheckGain);
-  EXPECT_EQ(trial_contenders(candidates, predicted({10, 10, 10, below, 16}, 0), 0.1), (Indices{0, 3, 1}));
-  EXPECT_EQ(trial_contenders(candidates, predicted({10, 10, 10, at, 16}, 0), 0.1), (Indices{0, 1, 2}));
+  EXPECT_EQ(trial_contenders(candidates, predicted({10, 10, 10, below, 16}, 0), 0.1), (Indices{0, 3, 2}));
+  EXPECT_EQ(trial_contenders(candidates, predicted({10, 10, 10, at, 16}, 0), 0.1), (Indices{0, 2, 1}));
   // Two trades (a codec on staleness): the check is the fastest with fewer, here pipe (1 trade).
   EXPECT_EQ(trial_contenders(candidates, predicted({11, 10, 20, 13, 14}, 1), 0.1), (Indices{1, 0}));
   // A choice that trades nothing adds no check.
   EXPECT_EQ(trial_contenders(trading({0, 1, 0}), predicted({10, 9.9, 12}, 0), 0.1), (Indices{0, 1}));
+}
+
+// Among equal predictions (a codec on a method whose communication the model sees hidden) the
+// fewest bytes on the wire are tried first; a faster prediction still comes before fewer bytes.
+TEST(AutoTrials, AmongEqualPredictionsTheFewestBytesOnTheWireAreTriedFirst) {
+  using Indices = std::vector<std::size_t>;
+  // none 4 bytes, bf16 2, int8 1.01 per value, all trading nothing.
+  std::vector<AutoCandidate> candidates = trading({0, 0, 0, 0});
+  candidates[1].wire_bytes_per_value = 2;
+  candidates[2].wire_bytes_per_value = 1.01;
+  candidates[3].wire_bytes_per_value = 1.01;
+  EXPECT_EQ(trial_contenders(candidates, predicted({10, 10, 10, 10}, 0), 0.1), (Indices{0, 2, 3}));
+  EXPECT_EQ(trial_contenders(candidates, predicted({10, 10, 10.01, 10.02}, 0), 0.1), (Indices{0, 1, 2}));
+  EXPECT_EQ(trial_contenders(candidates, predicted({10, 10, 10, 10}, 1), 0.1), (Indices{1, 2, 3}));
+  // auto:any's own candidates, with links the pipeline hides whatever the codec.
+  const MethodSelection any = select_for_test("auto:any");
+  const std::vector<AutoCandidate> all = auto_candidates(options_as<AutoOptions>(*any.options), any.common);
+  const auto contenders = [&](const PlanningInputs& measured) {
+    const AutoDecision decision = decide_method(all, measured, 2, 0.05);
+    std::vector<std::string> labels;
+    for (std::size_t i : trial_contenders(all, decision, 0.1)) labels.push_back(all[i].label);
+    return labels;
+  };
+  // A 4 ms allreduce that D-Sync's plan half hides: pipe K=2 is chosen, dsync+optimal is its trade's
+  // check, and int8 takes the last slot from bf16 (cnn at 1 Gbit/s).
+  EXPECT_EQ(contenders(synthetic(4, 1e6, 0.5e-3, 8e-3, 0.1e-3, 1e-9)),
+            (std::vector<std::string>{"pipe K=2", "dsync+optimal", "pipe+int8 K=2"}));
+  // A 0.5 ms allreduce: pipe gains 1.9%, below the minimum, so dsync+optimal is chosen; the pipes
+  // tie within the margin, the codecs first (cnn at 10gbe).
+  EXPECT_EQ(contenders(synthetic(4, 1e5, 0.5e-3, 8e-3, 0.1e-3, 1e-9)),
+            (std::vector<std::string>{"dsync+optimal", "pipe+int8 K=2", "pipe+bf16 K=2"}));
 }
 
 // A trial's figure: the settling iterations (the switch's one-time costs) are not counted, the

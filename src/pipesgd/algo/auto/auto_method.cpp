@@ -7,6 +7,7 @@
 #include <ostream>
 
 #include "pipesgd/algo/planning.h"
+#include "pipesgd/collective/codec_names.h"
 #include "pipesgd/core/clock.h"
 #include "pipesgd/core/error.h"
 #include "pipesgd/core/text_table.h"
@@ -49,6 +50,8 @@ constexpr std::size_t kMaxTrialPhases = 2 * kMaxTrials - 1;
 // measures the link itself: the gradients' own allreduce time also holds the wait for the peer.
 constexpr std::size_t kLinkProbeFloats = std::size_t{1} << 16;
 constexpr int kLinkProbeRuns = 3;
+// Values a codec's wire bytes per value are averaged over (int8's per-segment scale is amortized).
+constexpr std::size_t kWireBytesSample = std::size_t{1} << 20;
 
 bool allows_staleness(AutoPolicy policy) { return policy == AutoPolicy::kStale || policy == AutoPolicy::kAny; }
 bool allows_codecs(AutoPolicy policy) { return policy == AutoPolicy::kLossy || policy == AutoPolicy::kAny; }
@@ -58,6 +61,9 @@ AutoPolicy given_policy(const OptionValues& given) {
 }
 
 std::string ms(double seconds) { return concat(milliseconds(seconds), " ms"); }
+
+// Two predicted iteration times the ranking takes for equal (the same model's figure, up to rounding).
+bool equal_predictions(double x, double y) { return std::abs(x - y) <= 1e-9 * std::max(x, y); }
 
 // The median of `values` (the upper one of an even count), reordering them in place.
 double median_in_place(std::span<double> values) {
@@ -830,7 +836,8 @@ std::vector<AutoCandidate> auto_candidates(const AutoOptions& options, const Com
                             pipe                                ? concat(spec, " K=", options.staleness)
                             : sapipe && compensation != "wp3" ? concat(spec, "+", compensation)
                                                                 : spec,
-                            trade, (stale_trade ? 1 : 0) + (codec != "none" ? 1 : 0)};
+                            trade, (stale_trade ? 1 : 0) + (codec != "none" ? 1 : 0),
+                            static_cast<double>(codec_encoded_bytes(codec, kWireBytesSample)) / kWireBytesSample};
     candidates.push_back(std::move(candidate));
   };
   for (const std::string& codec : codecs) {
@@ -857,8 +864,7 @@ AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const P
   for (std::size_t i = 0; i < candidates.size(); ++i) order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     const double x = decision.predictions[a].seconds, y = decision.predictions[b].seconds;
-    if (std::abs(x - y) > 1e-9 * std::max(x, y)) return x < y;
-    return false;
+    return !equal_predictions(x, y) && x < y;
   });
   // The accuracy-trade rule the trials' measurements follow too (choose_measured), on the predictions.
   const std::size_t fastest = order.front();
@@ -981,7 +987,13 @@ std::vector<std::size_t> trial_contenders(const std::vector<AutoCandidate>& cand
     }
   }
   const double fastest = decision.predictions[decision.ranking.front()].seconds;
-  for (std::size_t i : decision.ranking) {
+  std::vector<std::size_t> by_prediction_then_bytes = decision.ranking;
+  std::stable_sort(by_prediction_then_bytes.begin(), by_prediction_then_bytes.end(), [&](std::size_t a, std::size_t b) {
+    const double x = decision.predictions[a].seconds, y = decision.predictions[b].seconds;
+    if (!equal_predictions(x, y)) return x < y;
+    return candidates[a].wire_bytes_per_value < candidates[b].wire_bytes_per_value;
+  });
+  for (std::size_t i : by_prediction_then_bytes) {
     if (contenders.size() == kMaxTrials) break;
     if (decision.predictions[i].seconds > fastest * (1 + margin)) break;
     if (std::find(contenders.begin(), contenders.end(), i) == contenders.end()) contenders.push_back(i);
