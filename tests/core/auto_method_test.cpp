@@ -533,10 +533,16 @@ TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
   EXPECT_EQ(keep({pipe, pipe_int8}, {13.5e-3, 10e-3}), pipe_int8);   // measured apart: worth the codec
   EXPECT_EQ(keep({pipe, pipe_bf16}, {4.40e-3, 4.34e-3}), pipe);      // 1.4%: not worth a codec on top
   EXPECT_EQ(keep({pipe_int8, pipe_bf16}, {4.40e-3, 4.34e-3}), pipe_bf16);  // as much traded: the fastest
-  // Step by step: pipe+int8 (2 trades) is not 5% faster than dsync+int8 (1), which is not 5% faster
-  // than dsync+optimal (0).
+  // dsync+optimal (0 trades) within 5% of the fastest, pipe+int8 (2): it trades nothing.
   EXPECT_EQ(keep({pipe_int8, dsync_int8, dsync}, {9.6e-3, 9.8e-3, 10e-3}), dsync);
+  // dsync+optimal 14.6% slower: the one within 5% that trades least, dsync+int8 (1).
   EXPECT_EQ(keep({pipe_int8, dsync_int8, dsync}, {9.6e-3, 9.8e-3, 11e-3}), dsync_int8);
+  // No compounding over tiers: pipe is 4.3% slower than pipe+int8 and dsync+optimal 4.2% slower
+  // than pipe, but 8.7% slower than the fastest: pipe, not dsync+optimal (a tier-by-tier rule would
+  // give up 8.7%).
+  EXPECT_EQ(keep({pipe_int8, pipe, dsync}, {9.2e-3, 9.6e-3, 10e-3}), pipe);
+  // At exactly min_gain slower it is no choice (gives up 5%).
+  EXPECT_EQ(keep({pipe, dsync}, {10e-3, 10.5e-3 * (1 + 1e-12)}), pipe);
   EXPECT_EQ(keep({dsync, pipe}, {10e-3, 9e-3}), pipe);               // 11% faster: worth its staleness
   EXPECT_EQ(keep({dsync, pipe}, {10e-3, 9.8e-3}), dsync);            // 2%: not
   EXPECT_EQ(keep({pipe, dsync, mgwfbp}, {9.8e-3, 10.1e-3, 10e-3}), mgwfbp);  // the fastest that trades none

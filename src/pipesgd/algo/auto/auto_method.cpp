@@ -883,7 +883,7 @@ AutoDecision decide_method(const std::vector<AutoCandidate>& candidates, const P
                          format_number("%g%%", 100 * min_gain), " minimum (--auto-min-gain)");
   }
   if (chosen_candidate.trades > 0) {
-    // What it gains over the fastest that trades less (the one it had to beat by min_gain).
+    // What it gains over the fastest that trades less (min_gain or more slower than the fastest).
     const auto fewer = std::find_if(order.begin(), order.end(),
                                     [&](std::size_t i) { return candidates[i].trades < chosen_candidate.trades; });
     if (fewer != order.end()) {
@@ -976,7 +976,7 @@ std::vector<std::size_t> trial_contenders(const std::vector<AutoCandidate>& cand
   std::vector<std::size_t> contenders = {decision.chosen};
   if (margin <= 0 || decision.ranking.empty()) return contenders;
   // A trade chosen on a predicted gain below kTradeCheckGain is measured against the fastest
-  // candidate that trades less (the one it had to beat).
+  // candidate that trades less (its measured time decides whether the trade is worth it).
   const int trades = candidates[decision.chosen].trades;
   if (trades > 0) {
     const auto fewer = std::find_if(decision.ranking.begin(), decision.ranking.end(),
@@ -1004,19 +1004,16 @@ std::vector<std::size_t> trial_contenders(const std::vector<AutoCandidate>& cand
 std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const std::vector<std::size_t>& contenders,
                             std::span<const double> seconds, double min_gain) {
   PIPESGD_ASSERT(!contenders.empty() && seconds.size() == contenders.size());
-  // The fastest of the contenders that trade fewer than `below` things.
-  auto fastest_trading_fewer = [&](int below) {
-    std::optional<std::size_t> best;
-    for (std::size_t j = 0; j < contenders.size(); ++j) {
-      if (candidates[contenders[j]].trades >= below) continue;
-      if (!best || seconds[j] < seconds[*best]) best = j;
+  const double fastest = *std::min_element(seconds.begin(), seconds.end());
+  std::size_t kept = contenders.size();
+  for (std::size_t j = 0; j < contenders.size(); ++j) {
+    if (seconds[j] / fastest - 1 >= min_gain) continue;  // gives up min_gain or more: not a choice
+    if (kept == contenders.size()) {
+      kept = j;
+      continue;
     }
-    return best;
-  };
-  std::size_t kept = *fastest_trading_fewer(3);
-  for (std::optional<std::size_t> fewer; (fewer = fastest_trading_fewer(candidates[contenders[kept]].trades));) {
-    if (seconds[*fewer] / seconds[kept] - 1 >= min_gain) break;
-    kept = *fewer;
+    const int trades = candidates[contenders[j]].trades, kept_trades = candidates[contenders[kept]].trades;
+    if (trades < kept_trades || (trades == kept_trades && seconds[j] < seconds[kept])) kept = j;
   }
   return kept;
 }
@@ -1075,8 +1072,9 @@ MethodDescriptor auto_method() {
   };
   method.options.push_back(compensation);
   method.options.emplace_back("--auto-min-gain",
-                              "Choose a candidate that trades accuracy only if it is predicted (or, in trials, "
-                              "measured) at least this much faster than the fastest that trades less (0.05: 5%)",
+                              "The most speed auto gives up to trade less accuracy: of the candidates predicted (or, in "
+                              "trials, measured) less than this fraction slower than the fastest, it chooses the one "
+                              "that trades least (0.05: 5%)",
                               "0.05");
   method.options.emplace_back("--auto-trial",
                               "Try the choice and up to 2 candidates predicted within this fraction of the fastest, "

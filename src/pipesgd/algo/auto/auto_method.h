@@ -7,9 +7,10 @@
 // workers, so every worker holds the same numbers). From those numbers every candidate the policy
 // allows predicts its iteration (MethodDescriptor::predict), and auto switches to the fastest from
 // the next iteration on: every worker computes the same choice, so they switch at the same boundary.
-// A candidate that trades accuracy (staleness, a lossy codec) is chosen only if it is at least
-// --auto-min-gain faster than the fastest that trades less, step by step (choose_measured's rule:
-// a codec on top of staleness must gain that much over staleness alone, which must gain it over none).
+// A candidate that trades accuracy (staleness, a lossy codec) is chosen only if every candidate that
+// trades less is --auto-min-gain or more slower than the fastest (choose_measured's rule: of those
+// within --auto-min-gain of the fastest, the one that trades least), so auto gives up less than
+// --auto-min-gain of speed to trade less accuracy.
 //
 // Trials: the predictions cannot see everything (a codec's CPU time, communication competing with
 // compute for shared cores), so when other candidates are predicted within --auto-trial (relative)
@@ -201,9 +202,11 @@ std::optional<BoundaryCrossing> decision_boundary_crossed(const std::vector<Auto
 inline constexpr std::int64_t kMaxDriftWindow = 100'000;
 std::int64_t drift_window_for(const AutoOptions& options, double predicted_seconds);
 
-// The contender to keep, given each one's measured iteration (`seconds`, in contenders' order): the
-// fastest measured, unless a contender that trades less (AutoCandidate::trades) is within `min_gain`
-// of it; then the fastest of those, under the same rule again. Returns an index into `contenders`.
+// The contender to keep, given each one's measured iteration (`seconds`, in contenders' order): of
+// those less than `min_gain` (relative) slower than the fastest, the one that trades least
+// (AutoCandidate::trades), the fastest among equals. So auto gives up less than min_gain to trade
+// less, however many tiers of trades there are (staleness, a codec on it). Returns an index into
+// `contenders`.
 std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const std::vector<std::size_t>& contenders,
                             std::span<const double> seconds, double min_gain);
 
