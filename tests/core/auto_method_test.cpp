@@ -526,8 +526,12 @@ TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
   };
   const std::size_t dsync = index("dsync+optimal"), pipe = index("pipe K=2"), pipe_int8 = index("pipe+int8 K=2"),
                     mgwfbp = index("mgwfbp");
+  auto contenders_kept = [](const std::vector<AutoCandidate>& all, std::vector<std::size_t> contenders,
+                            std::vector<double> seconds, double min_gain) {
+    return contenders[choose_measured(all, contenders, seconds, min_gain)];
+  };
   auto keep = [&](std::vector<std::size_t> contenders, std::vector<double> seconds) {
-    return contenders[choose_measured(candidates, contenders, seconds, 0.05)];
+    return contenders_kept(candidates, contenders, seconds, 0.05);
   };
   const std::size_t pipe_bf16 = index("pipe+bf16 K=2"), dsync_int8 = index("dsync+int8");
   EXPECT_EQ(keep({pipe, pipe_int8}, {13.5e-3, 10e-3}), pipe_int8);   // measured apart: worth the codec
@@ -543,6 +547,10 @@ TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
   EXPECT_EQ(keep({pipe_int8, pipe, dsync}, {9.2e-3, 9.6e-3, 10e-3}), pipe);
   // At exactly min_gain slower it is no choice (gives up 5%).
   EXPECT_EQ(keep({pipe, dsync}, {10e-3, 10.5e-3 * (1 + 1e-12)}), pipe);
+  // --auto-min-gain 0: the fastest, and among equally fast the one that trades least.
+  EXPECT_EQ(contenders_kept(candidates, {pipe_int8, pipe, dsync}, {9.2e-3, 9.6e-3, 10e-3}, 0.0), pipe_int8);
+  EXPECT_EQ(contenders_kept(candidates, {dsync, pipe}, {10e-3, 9.99e-3}, 0.0), pipe);
+  EXPECT_EQ(contenders_kept(candidates, {pipe, dsync}, {10e-3, 10e-3}, 0.0), dsync);
   EXPECT_EQ(keep({dsync, pipe}, {10e-3, 9e-3}), pipe);               // 11% faster: worth its staleness
   EXPECT_EQ(keep({dsync, pipe}, {10e-3, 9.8e-3}), dsync);            // 2%: not
   EXPECT_EQ(keep({pipe, dsync, mgwfbp}, {9.8e-3, 10.1e-3, 10e-3}), mgwfbp);  // the fastest that trades none

@@ -1007,7 +1007,8 @@ std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const 
   const double fastest = *std::min_element(seconds.begin(), seconds.end());
   std::size_t kept = contenders.size();
   for (std::size_t j = 0; j < contenders.size(); ++j) {
-    if (seconds[j] / fastest - 1 >= min_gain) continue;  // gives up min_gain or more: not a choice
+    // Gives up min_gain or more: not a choice (the fastest always is, also with min_gain 0).
+    if (seconds[j] > fastest && seconds[j] / fastest - 1 >= min_gain) continue;
     if (kept == contenders.size()) {
       kept = j;
       continue;
@@ -1015,6 +1016,7 @@ std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const 
     const int trades = candidates[contenders[j]].trades, kept_trades = candidates[contenders[kept]].trades;
     if (trades < kept_trades || (trades == kept_trades && seconds[j] < seconds[kept])) kept = j;
   }
+  PIPESGD_ASSERT(kept < contenders.size());
   return kept;
 }
 
