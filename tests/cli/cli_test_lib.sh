@@ -119,7 +119,7 @@ pycheck() {
   if [ $rc -eq 0 ] && [ -z "$message" ]; then
     pass "$name"
   else
-    fail "$name" "$(printf '%s' "$message" | tr '\n' '|' | head -c 400)"
+    fail "$name" "$(printf '%s' "$message" | tr '\n' '|' | head -c 1200)"
   fi
 }
 

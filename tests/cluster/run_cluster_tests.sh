@@ -262,6 +262,9 @@ fault_run() {
     sleep 0.2
   done
   for host in h1 h2 h3; do ip netns pids "pipesgd-$host"; done >"$d/left"
+  # What they are and where they wait, for the failure's message.
+  local pid
+  for pid in $(cat "$d/left"); do ps -o pid=,stat=,wchan:24=,etime=,args= -p "$pid"; done >"$d/left.ps" 2>/dev/null
 }
 
 # check_fault NAME DEAD_RANK LOWER_BOUND: the checks of a fault run.
@@ -282,7 +285,12 @@ if "timeout: sending signal" in open(d + "/mpirun.err").read():
 if took < lower:
     problems.append(f"ended {took:.1f} s after the fault, before {lower:g} s")
 if left:
-    problems.append(f"processes left in the hosts' namespaces: {left}")
+    problems.append(f"processes left in the hosts' namespaces: {left} ({open(d + '/left.ps').read()[:250]!r})")
+if problems:  # each rank's last line says where it was (the checks below read them whole)
+    import os
+    for r in range(3):
+        lines = open(f"{d}/rank{r}.err").read().splitlines() if os.path.exists(f"{d}/rank{r}.err") else ["(none)"]
+        problems.append(f"rank {r} last: {(lines or [''])[-1][:150]!r}")
 assert not problems, "; ".join(problems)
 EOF
   pycheck "$name/error-lines-name-the-lost-rank" "$d" "$dead" "$T" "$CRASH_PATTERN" <<'EOF'
