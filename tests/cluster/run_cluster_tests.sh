@@ -272,7 +272,7 @@ check_fault() {
   local name=$1 dead=$2 lower=$3
   local d=$R/$name
   pycheck "$name/ends-without-leftovers" "$d" "$lower" <<'EOF'
-import sys
+import os, sys
 d, lower = sys.argv[1], float(sys.argv[2])
 rc = int(open(d + "/mpirun.rc").read())
 took = float(open(d + "/end").read()) - float(open(d + "/fault").read())
@@ -287,7 +287,6 @@ if took < lower:
 if left:
     problems.append(f"processes left in the hosts' namespaces: {left} ({open(d + '/left.ps').read()[:250]!r})")
 if problems:  # each rank's last line says where it was (the checks below read them whole)
-    import os
     for r in range(3):
         lines = open(f"{d}/rank{r}.err").read().splitlines() if os.path.exists(f"{d}/rank{r}.err") else ["(none)"]
         problems.append(f"rank {r} last: {(lines or [''])[-1][:150]!r}")

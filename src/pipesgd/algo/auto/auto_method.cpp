@@ -1004,19 +1004,14 @@ std::vector<std::size_t> trial_contenders(const std::vector<AutoCandidate>& cand
 std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const std::vector<std::size_t>& contenders,
                             std::span<const double> seconds, double min_gain) {
   PIPESGD_ASSERT(!contenders.empty() && seconds.size() == contenders.size());
-  const double fastest = *std::min_element(seconds.begin(), seconds.end());
-  std::size_t kept = contenders.size();
+  std::size_t kept = static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
+  const double fastest = seconds[kept];
   for (std::size_t j = 0; j < contenders.size(); ++j) {
-    // Gives up min_gain or more: not a choice (the fastest always is, also with min_gain 0).
+    // Gives up min_gain or more: not a choice (one as fast as the fastest always is, also with 0).
     if (seconds[j] > fastest && seconds[j] / fastest - 1 >= min_gain) continue;
-    if (kept == contenders.size()) {
-      kept = j;
-      continue;
-    }
     const int trades = candidates[contenders[j]].trades, kept_trades = candidates[contenders[kept]].trades;
     if (trades < kept_trades || (trades == kept_trades && seconds[j] < seconds[kept])) kept = j;
   }
-  PIPESGD_ASSERT(kept < contenders.size());
   return kept;
 }
 
