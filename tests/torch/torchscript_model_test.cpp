@@ -277,7 +277,61 @@ TEST(TorchScriptModelTest, BadInputIsOneLine) {
       load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/regression-debug-pkl-oom",
            Loss::kCrossEntropy, labelled),
       "__torch__.py.debug_pkl: pickle");
+  // A deflated record declaring 4.2 GB from 343 bytes, which LibTorch allocated (the fuzzer's find).
+  expect_one_line_error<DataError>(
+      load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/regression-zip-declared-size-oom",
+           Loss::kCrossEntropy, labelled),
+      "zip record regression/code/__torch__.py.debug_pkl declares 4227858432 bytes from 343 deflated bytes");
   EXPECT_THROW(parse_loss("hinge"), UsageError);
+}
+
+// A zip of one record "m/version" holding "3\n", its central directory entry written with the given
+// method, sizes and extra field (the local header always says stored, 2 bytes).
+std::string one_record_zip(std::uint16_t method, std::uint32_t compressed, std::uint32_t uncompressed,
+                           const std::string& extra = "") {
+  const auto put = [](std::string& out, std::uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+  };
+  const std::string name = "m/version", content = "3\n";
+  std::string zip;
+  put(zip, 0x04034b50, 4), put(zip, 20, 2), put(zip, 0, 2), put(zip, 0, 2), put(zip, 0, 4), put(zip, 0, 4);
+  put(zip, content.size(), 4), put(zip, content.size(), 4), put(zip, name.size(), 2), put(zip, 0, 2);
+  zip += name + content;
+  const std::size_t directory = zip.size();
+  put(zip, 0x02014b50, 4), put(zip, 20, 2), put(zip, 20, 2), put(zip, 0, 2), put(zip, method, 2), put(zip, 0, 4);
+  put(zip, 0, 4), put(zip, compressed, 4), put(zip, uncompressed, 4), put(zip, name.size(), 2);
+  put(zip, extra.size(), 2), put(zip, 0, 2), put(zip, 0, 2), put(zip, 0, 2), put(zip, 0, 4), put(zip, 0, 4);
+  zip += name + extra;
+  const std::size_t directory_size = zip.size() - directory;
+  put(zip, 0x06054b50, 4), put(zip, 0, 2), put(zip, 0, 2), put(zip, 1, 2), put(zip, 1, 2);
+  put(zip, directory_size, 4), put(zip, directory, 4), put(zip, 0, 2);
+  return zip;
+}
+
+// A zip64 extended information field (id 1) holding `uncompressed` as 8 bytes.
+std::string zip64_size_field(std::uint64_t uncompressed) {
+  std::string field = {1, 0, 8, 0};
+  for (int i = 0; i < 8; ++i) field.push_back(static_cast<char>((uncompressed >> (8 * i)) & 0xFF));
+  return field;
+}
+
+// LibTorch's zip reader allocates what a record declares before it reads it: the declared sizes are
+// checked against the bytes first. The well-formed zip fails later, in LibTorch (it is no module).
+TEST(TorchScriptModelTest, ZipRecordsDeclaringMoreThanTheirBytesAreRefusedBeforeLibTorchReadsThem) {
+  const auto check = [](const std::string& zip) { return [zip] { check_torchscript_bytes(zip, "x.pt"); }; };
+  expect_one_line_error<DataError>(check(one_record_zip(0, 2, 2)), "model file 'x.pt' is not a TorchScript module");
+  try {
+    check_torchscript_bytes(one_record_zip(0, 2, 2), "x.pt");
+  } catch (const DataError& error) {
+    EXPECT_EQ(std::string(error.what()).find("zip record"), std::string::npos) << error.what();
+  }
+  expect_one_line_error<DataError>(check(one_record_zip(8, 2, 2 * 1032 + 1)),
+                                   "zip record m/version declares 2065 bytes from 2 deflated bytes");
+  expect_one_line_error<DataError>(check(one_record_zip(0, 0xFFFFFFFF, 0xFFFFFFFF, zip64_size_field(1ull << 33))),
+                                   "zip record m/version declares 4294967295 compressed bytes in a");
+  expect_one_line_error<DataError>(check(one_record_zip(0, 2, 0xFFFFFFFF, zip64_size_field(1ull << 33))),
+                                   "zip record m/version declares 8589934592 bytes from 2 stored bytes");
+  expect_one_line_error<DataError>(check(one_record_zip(12, 2, 2)), "zip record m/version has compression method 12");
 }
 
 TEST(TorchScriptModelTest, NllWithLogSoftmaxOutputs) {

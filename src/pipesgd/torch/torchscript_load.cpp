@@ -2,6 +2,7 @@
 
 #include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -97,9 +98,87 @@ std::optional<std::string> pickle_problem(const std::uint8_t* data, std::size_t 
   return std::string("pickle has no STOP opcode");
 }
 
+// LibTorch 1.13's zip reader (its bundled miniz) allocates the uncompressed size a record's central
+// directory entry declares before it reads the record, and PyTorchStreamReader's constructor already
+// reads the "version" record; so a 5 KB file declaring 4.2 GB made it allocate 4.2 GB
+// (fuzz/torchscript_load). This reads the central directory the way miniz 2.1 does (the last
+// end-of-central-directory signature with a whole record after it, then the zip64 locator and record
+// if there are any) and returns why it refuses an entry before LibTorch sees the file: a method miniz
+// cannot extract (other than 0 stored, 8 deflate), a compressed size past the file, or an uncompressed
+// size the compressed bytes cannot hold (stored: equal; deflate: at most kDeflateMaxRatio times).
+// Structural errors it leaves to miniz, which reports them.
+std::optional<std::string> zip_record_size_problem(std::string_view bytes) {
+  const auto* data = reinterpret_cast<const std::uint8_t*>(bytes.data());
+  const std::uint64_t size = bytes.size();
+  const auto le = [&](std::uint64_t at, int width) {
+    std::uint64_t value = 0;
+    for (int i = 0; i < width; ++i) value |= std::uint64_t{data[at + i]} << (8 * i);
+    return value;
+  };
+  constexpr std::uint64_t kEndRecordSize = 22, kLocatorSize = 20, kZip64EndRecordSize = 56, kEntrySize = 46;
+  constexpr std::uint64_t kMax32 = 0xFFFFFFFFu;
+  constexpr std::uint64_t kDeflateMaxRatio = 1032;  // 258 bytes per 2-bit length/distance pair
+  if (size < kEndRecordSize) return std::nullopt;
+  std::uint64_t end_record = size - kEndRecordSize + 1;
+  do {
+    --end_record;
+  } while (end_record > 0 && le(end_record, 4) != 0x06054b50u);
+  if (le(end_record, 4) != 0x06054b50u) return std::nullopt;
+  std::uint64_t entries = le(end_record + 10, 2), directory_size = le(end_record + 12, 4);
+  std::uint64_t directory = le(end_record + 16, 4);
+  if (end_record >= kLocatorSize + kZip64EndRecordSize && le(end_record - kLocatorSize, 4) == 0x07064b50u) {
+    const std::uint64_t zip64_end = le(end_record - kLocatorSize + 8, 8);
+    if (zip64_end <= size - kZip64EndRecordSize && le(zip64_end, 4) == 0x06064b50u) {
+      entries = le(zip64_end + 32, 8);
+      directory_size = le(zip64_end + 40, 8);
+      directory = le(zip64_end + 48, 8);
+    }
+  }
+  if (directory > size || directory_size > size - directory) return std::nullopt;
+  std::uint64_t at = directory;
+  const std::uint64_t directory_end = directory + directory_size;
+  for (std::uint64_t entry = 0; entry < entries; ++entry) {
+    if (directory_end - at < kEntrySize || le(at, 4) != 0x02014b50u) return std::nullopt;
+    const std::uint64_t method = le(at + 10, 2);
+    std::uint64_t compressed = le(at + 20, 4), uncompressed = le(at + 24, 4);
+    const std::uint64_t name_size = le(at + 28, 2), extra_size = le(at + 30, 2), comment_size = le(at + 32, 2);
+    const std::uint64_t local_header = le(at + 42, 4);
+    if (kEntrySize + name_size + extra_size + comment_size > directory_end - at) return std::nullopt;
+    const std::string name(bytes.substr(at + kEntrySize, name_size));
+    if (std::max({compressed, uncompressed, local_header}) == kMax32) {
+      // The zip64 extended information field (id 1): the 8-byte values of the fields marked 0xFFFFFFFF.
+      for (std::uint64_t field = at + kEntrySize + name_size, extra_end = field + extra_size;
+           extra_end - field >= 4;) {
+        const std::uint64_t id = le(field, 2), field_size = le(field + 2, 2);
+        if (field_size > extra_end - field - 4) break;
+        if (id == 1) {
+          std::uint64_t value = field + 4;
+          const std::uint64_t value_end = value + field_size;
+          if (uncompressed == kMax32 && value_end - value >= 8) uncompressed = le(value, 8), value += 8;
+          if (compressed == kMax32 && value_end - value >= 8) compressed = le(value, 8);
+          break;
+        }
+        field += 4 + field_size;
+      }
+    }
+    if (method != 0 && method != 8) return concat("zip record ", name, " has compression method ", method);
+    if (compressed > size) {
+      return concat("zip record ", name, " declares ", compressed, " compressed bytes in a ", size, "-byte file");
+    }
+    const std::uint64_t most = method == 0 ? compressed : compressed * kDeflateMaxRatio;
+    if (uncompressed > most) {
+      return concat("zip record ", name, " declares ", uncompressed, " bytes from ", compressed,
+                    method == 0 ? " stored bytes" : " deflated bytes");
+    }
+    at += kEntrySize + name_size + extra_size + comment_size;
+  }
+  return std::nullopt;
+}
+
 // Opens the zip container with LibTorch's reader and checks every pickle in it (pickle_problem),
 // .debug_pkl records included (a corrupt one made LibTorch allocate 1.8 GB; fuzz/torchscript_load).
 void check_container(std::string_view bytes) {
+  if (const std::optional<std::string> problem = zip_record_size_problem(bytes)) throw std::runtime_error(*problem);
   std::istringstream stream{std::string(bytes)};
   caffe2::serialize::PyTorchStreamReader reader(&stream);
   for (const std::string& record : reader.getAllRecords()) {
