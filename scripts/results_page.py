@@ -221,7 +221,7 @@ def auto_section(d):
     parts = [
         "## `--algo auto`: the run chooses its method",
         "`auto` profiles its first iterations with dsync+optimal, predicts every candidate its policy allows and "
-        "switches to the best (of those predicted less than 5% slower than the fastest, the one that trades least accuracy; candidates predicted within "
+        "switches to the best (of those predicted less than 2% slower than the fastest, the one that trades least accuracy; candidates predicted within "
         "10% of the fastest, and against a trade predicted to gain less than 50% the fastest candidate that trades "
         "less, are tried in the order 1 2 3 2 1, each counting at least 10 iterations and 0.05 s, and the fastest "
         "measured under the same rule is kept); it chooses again "

@@ -844,7 +844,7 @@ TEST(AutoDrift, ALinkSlowedMidRunMakesAutoChooseOnceMore) {
 
 // A decision boundary crossed: each iteration computes 30 ms (a sleep before the forward, which the
 // profile counts as forward) and allreduces 84 bytes over a 1 Mbit/s link (~1 ms): compute-bound,
-// so auto:stale picks a synchronous method (pipe would gain ~3%, below --auto-min-gain). Rank 1's
+// so auto:stale picks a synchronous method (pipe would gain ~3%, below --auto-min-gain 0.05). Rank 1's
 // link slowed 10x at iteration 50 makes the allreduce ~9 ms: the iteration moves x1.3, inside the
 // band (--auto-drift 1: x0.5 to x2), but the comm/compute ratio moves x10 and the profile scaled by
 // it predicts pipe (or sapipe) ~30% faster. Two such windows make auto profile again, saying so,
@@ -857,7 +857,7 @@ TEST(AutoDrift, ACommComputeRatioAcrossADecisionBoundaryMakesAutoChooseAgain) {
   const MethodSelection selection =
       select_for_test("auto:stale", {{"--profile-iters", "4"}, {"--auto-drift", "1"}, {"--auto-window", "10"},
                                      {"--auto-min-interval", "30"}, {"--auto-trial", "0"}, {"--auto-window-seconds", "0"},
-                                     {"--compensation", "none"}});
+                                     {"--compensation", "none"}, {"--auto-min-gain", "0.05"}});
   const std::int64_t iterations = 110, slowed_at = 50;
   const nlohmann::json phases =
       run_slowed_link(selection, network, iterations, slowed_at, std::chrono::milliseconds(30), 5).phases;

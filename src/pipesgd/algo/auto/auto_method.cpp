@@ -1071,8 +1071,8 @@ MethodDescriptor auto_method() {
   method.options.emplace_back("--auto-min-gain",
                               "The most speed auto gives up to trade less accuracy: of the candidates predicted (or, in "
                               "trials, measured) less than this fraction slower than the fastest, it chooses the one "
-                              "that trades least (0.05: 5%)",
-                              "0.05");
+                              "that trades least (0.02: 2%)",
+                              "0.02");
   method.options.emplace_back("--auto-trial",
                               "Try the choice and up to 2 candidates predicted within this fraction of the fastest, "
                               "in the order A B C B A, and keep the fastest measured (0: no trials)",

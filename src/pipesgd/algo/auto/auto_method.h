@@ -89,7 +89,7 @@ class AutoOptions final : public MethodOptions {
   std::vector<std::string> codecs;       // the lossy candidates' codecs (policies lossy and any)
   int staleness = 2;                     // pipe's K (policies stale and any)
   std::string sapipe_compensation;       // --compensation of the sapipe candidate; "": wp3 (dc with "external")
-  double min_gain = 0.05;                // --auto-min-gain
+  double min_gain = 0.02;                // --auto-min-gain
   double trial_margin = 0.1;             // --auto-trial; 0: no trials
   double trial_seconds = 0.05;           // --auto-trial-seconds: a contender's counted iterations last at least this long
   double drift = 0.25;                   // --auto-drift; 0: never choose again
