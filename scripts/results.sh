@@ -3,8 +3,8 @@
 # docs/results/*.json and writes the page and its plots (docs/results.md, docs/images/results-*.svg)
 # with scripts/results_page.py. Builds nothing: give a build directory that has pipesgd and python/.
 #
-#   bash scripts/results.sh [--only SECTION[,SECTION...]] [--rounds N] [--auto-models LIST] [--slowed-rounds N]
-#                           [--quick] [BUILD_DIR=build]
+#   bash scripts/results.sh [--only SECTION[,SECTION...]] [--rounds N] [--auto-models LIST] [--auto-sync-models LIST]
+#                           [--slowed-rounds N] [--quick] [BUILD_DIR=build]
 #
 # Sections, in the page's order (each one's command is printed on the page beside its figures):
 #   ddp       PyTorch DDP (gloo) against pipesgd: the CLI and pipesgd.torch, 4 ranks, mlp and cnn,
@@ -22,7 +22,9 @@
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1;
 #             0 keeps the stored slowed rows).
 #             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~80 min per
-#             network and round; the stored rows of the other models are kept)
+#             network and round; the stored rows of the other models are kept); --auto-sync-models
+#             LIST: of those, the models measured with auto (policy sync) and its 4 candidates only
+#             (resnet: ~20 min per network and round)
 #                                                                   ~17 min a round (mlp, cnn)
 #   cluster   the local cluster (scripts/local-cluster.sh: hosts as network namespaces, real TCP, links
 #             at 1 Gbit/s; root only): ring allreduce against MPI_Allreduce at 2 and 4 hosts, the
@@ -43,6 +45,7 @@ rounds=5
 rounds_given=0
 slowed_rounds=1
 auto_models=mlp,cnn,resnet
+auto_sync_models=
 quick=0
 die() { echo "results: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -51,17 +54,22 @@ while [[ $# -gt 0 ]]; do
     --rounds) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || die "--rounds needs a positive count"; rounds=$2; rounds_given=1; shift 2 ;;
     --auto-models) [[ $# -ge 2 && $2 =~ ^[a-z]+(,[a-z]+)*$ ]] || die "--auto-models needs a list of models"
       auto_models=$2; shift 2 ;;
+    --auto-sync-models) [[ $# -ge 2 && $2 =~ ^[a-z]+(,[a-z]+)*$ ]] || die "--auto-sync-models needs a list of models"
+      auto_sync_models=$2; shift 2 ;;
     --slowed-rounds) [[ $# -ge 2 && $2 =~ ^[0-9]+$ ]] || die "--slowed-rounds needs a count (0: keep the stored rows)"
       slowed_rounds=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    -*) die "unknown option '$1' (expected --only LIST, --rounds N, --auto-models LIST, --slowed-rounds N, --quick)" ;;
+    -*) die "unknown option '$1' (expected --only LIST, --rounds N, --auto-models LIST, --auto-sync-models LIST, --slowed-rounds N, --quick)" ;;
     *) build=$(cd "$1" && pwd); shift ;;
   esac
 done
 [[ -x $build/pipesgd ]] || die "no $build/pipesgd: build first (bash scripts/build.sh)"
 for section in ${only//,/ }; do
   case $section in ddp|pipe|accuracy|simulate|horovod|auto|cluster|none) ;; *) die "unknown section '$section'" ;; esac
+done
+for model in ${auto_sync_models//,/ }; do
+  [[ ,$auto_models, == *,$model,* ]] || die "--auto-sync-models: $model is not in --auto-models ($auto_models)"
 done
 selected() { [[ ",$only," == *",$1,"* ]]; }
 
@@ -236,6 +244,13 @@ labels = json.load(open(sys.argv[1]))["auto"]["candidates"]
 assert all(" " not in l or l.endswith(" K=2") for l in labels), labels
 print(",".join(l.split(" ")[0] for l in labels))' "$work/auto-list/summary.json")
   candidate_count=$(tr ',' '\n' <<<"$candidates" | wc -l)
+  # And those of auto (policy sync), for --auto-sync-models.
+  rm -rf "$work/auto-list"
+  "$pipesgd" train --algo auto --workers 2 --data synthetic --iters 20 --no-eval --quiet --out "$work/auto-list" \
+    >/dev/null 2>&1 || die "auto: the listing run of policy sync failed"
+  sync_candidates=$("$python" -c 'import json, sys
+print(",".join(json.load(open(sys.argv[1]))["auto"]["candidates"]))' "$work/auto-list/summary.json")
+  sync_candidate_count=$(tr ',' '\n' <<<"$sync_candidates" | wc -l)
   : >"$work/auto.records"
   auto_rounds=$rounds
   ((rounds_given)) || auto_rounds=3
@@ -275,9 +290,14 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
   for model in ${auto_models//,/ }; do
     for net in 10gbe bw=1Gbit,lat=200us; do
       for ((round = 0; round < auto_rounds; round++)); do
-        log "auto: $model, $net, round $((round + 1)) of $auto_rounds: auto:any, auto and the $candidate_count candidates, ${length[*]}"
+        if [[ ,$auto_sync_models, == *,$model,* ]]; then
+          algos="auto,$sync_candidates" what="auto and its $sync_candidate_count candidates (policy sync only)"
+        else
+          algos="auto:any,auto,$candidates" what="auto:any, auto and the $candidate_count candidates"
+        fi
+        log "auto: $model, $net, round $((round + 1)) of $auto_rounds: $what, ${length[*]}"
         rm -rf "$work/auto-cmp"
-        "$pipesgd" compare --model "$model" --algos "$(in_round_order $round "auto:any,auto,$candidates")" --workers 2 \
+        "$pipesgd" compare --model "$model" --algos "$(in_round_order $round "$algos")" --workers 2 \
           --net "$net" "${length[@]}" --quiet --out "$work/auto-cmp" >/dev/null 2>"$work/auto-cmp.err" ||
           { cat "$work/auto-cmp.err" >&2; exit 1; }
         record_runs "$work/auto-cmp" steady $round
@@ -300,6 +320,7 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
   done
   commands=$(printf '%s\n' \
     "pipesgd compare --model MODEL --algos auto:any,auto,$candidates --workers 2 --net NET ${length[*]}" \
+    ${auto_sync_models:+"pipesgd compare --model MODEL --algos auto,$sync_candidates --workers 2 --net NET ${length[*]} (MODEL: $auto_sync_models)"} \
     "pipesgd compare --model $slow_model --algos auto:any,$candidates --workers 2 --net $slow_net --iters $iterations --inject-fault $slow --no-eval")
   # The stored steady rows of the models not measured now are kept (--auto-models mlp keeps cnn's),
   # and the stored slowed rows with --slowed-rounds 0, each with the date, machine and commit it was

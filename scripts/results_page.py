@@ -189,6 +189,8 @@ def auto_section(d):
         rounds = sorted({k for k, _ in runs})
         round_counts.add(len(rounds))
         for spec in ("auto:any", "auto"):
+            if (rounds[0], spec) not in runs:  # --auto-sync-models: auto (policy sync) and its candidates only
+                continue
             ratios, bests, chosen, auto_accuracy, accuracies, startups, costs = [], [], [], [], [], [], []
             # The candidate of the highest median over the rounds, against auto in each round: free of
             # the each-round best's selection (the fastest of N noisy runs of near-equal methods).
@@ -243,7 +245,10 @@ def auto_section(d):
                "auto / best" + (" (median)" if n > 1 else ""), "each round",
                "auto / the best by median (which)", "auto test %", "candidates' test %",
                "start-up % of the run (max)", "all choosing % of the run (max)"], steady),
-        "The start-up column is the profiling (and trials) before the first choice, less the same iterations "
+        "".join(f"{model} was measured with auto (policy sync) and its candidates only: a round of auto:any "
+                f"and its candidates is ~80 min per network. " for model in sorted(
+                    {r["model"] for r in steady_rows} - {r["model"] for r in steady_rows if r["method"] == "auto:any"}))
+        + "The start-up column is the profiling (and trials) before the first choice, less the same iterations "
         "at the chosen method's speed, against the run's time (`summary.json` `auto.startup_cost_fraction`). The "
         "last column adds every profiling and trial after a drift (`auto.profiling_cost_fraction`)."
         + "".join(f" {model}'s rows were measured {measured_on(on)} (kept when other models were measured again)."
