@@ -21,10 +21,10 @@
 #             round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1;
 #             0 keeps the stored slowed rows).
-#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~80 min per
+#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~40 min per
 #             network and round; the stored rows of the other models are kept); --auto-sync-models
 #             LIST: of those, the models measured with auto (policy sync) and its 4 candidates only
-#             (resnet: ~20 min per network and round)
+#             (resnet: ~10 min per network and round)
 #                                                                   ~17 min a round (mlp, cnn)
 #   cluster   the local cluster (scripts/local-cluster.sh: hosts as network namespaces, real TCP, links
 #             at 1 Gbit/s; root only): ring allreduce against MPI_Allreduce at 2 and 4 hosts, the
@@ -85,9 +85,12 @@ else data=$repo/docs/results; page=$repo/docs/results.md; images=$repo/docs/imag
 mkdir -p "$data" "$images"
 machine="$(nproc --all) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))"
 today=$(date -u +%Y-%m-%d)
-# The commit measured (with "+changes" when the tree differs from it), stored with each section.
+# The commit measured (with "+changes" when the tree differs from it, the figures this script writes
+# aside: a run started after another one's figures were written measures the same code), stored with
+# each section.
 commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[[ -z $(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null) ]] || commit+="+changes"
+[[ -z $(git -C "$repo" status --porcelain --untracked-files=no -- . ':!docs/results.md' ':!docs/results' \
+  ':!docs/images/results-*' 2>/dev/null) ]] || commit+="+changes"
 log() { echo "== results: $*" >&2; }
 
 # Writes DATA/NAME.json from a JSON document on stdin, adding the date, the machine and the command.
