@@ -238,21 +238,20 @@ fi
 if selected auto; then
   length=(--epochs 1)
   ((quick)) && length=(--iters 60)
-  # The candidates auto:any chooses from, as its summary.json lists them (pipe's K is its default, 2).
-  rm -rf "$work/auto-list"
-  "$pipesgd" train --algo auto:any --workers 2 --data synthetic --iters 20 --no-eval --quiet --out "$work/auto-list" \
-    >/dev/null 2>&1 || die "auto: the listing run failed"
-  candidates=$("$python" -c 'import json, sys
+  # list_candidates SPEC: the candidates auto (SPEC: auto or auto:POLICY) chooses from, as its
+  # summary.json lists them, comma-separated (pipe's K is its default, 2).
+  list_candidates() {
+    rm -rf "$work/auto-list"
+    "$pipesgd" train --algo "$1" --workers 2 --data synthetic --iters 20 --no-eval --quiet --out "$work/auto-list" \
+      >/dev/null 2>&1 || die "auto: the listing run of $1 failed"
+    "$python" -c 'import json, sys
 labels = json.load(open(sys.argv[1]))["auto"]["candidates"]
 assert all(" " not in l or l.endswith(" K=2") for l in labels), labels
-print(",".join(l.split(" ")[0] for l in labels))' "$work/auto-list/summary.json")
+print(",".join(l.split(" ")[0] for l in labels))' "$work/auto-list/summary.json"
+  }
+  candidates=$(list_candidates auto:any)
   candidate_count=$(tr ',' '\n' <<<"$candidates" | wc -l)
-  # And those of auto (policy sync), for --auto-sync-models.
-  rm -rf "$work/auto-list"
-  "$pipesgd" train --algo auto --workers 2 --data synthetic --iters 20 --no-eval --quiet --out "$work/auto-list" \
-    >/dev/null 2>&1 || die "auto: the listing run of policy sync failed"
-  sync_candidates=$("$python" -c 'import json, sys
-print(",".join(json.load(open(sys.argv[1]))["auto"]["candidates"]))' "$work/auto-list/summary.json")
+  sync_candidates=$(list_candidates auto)  # for --auto-sync-models
   sync_candidate_count=$(tr ',' '\n' <<<"$sync_candidates" | wc -l)
   : >"$work/auto.records"
   auto_rounds=$rounds

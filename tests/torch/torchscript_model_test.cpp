@@ -285,13 +285,15 @@ TEST(TorchScriptModelTest, BadInputIsOneLine) {
   EXPECT_THROW(parse_loss("hinge"), UsageError);
 }
 
+// Appends `value` to `out` as `bytes` little-endian bytes (the zip format's integers).
+void put(std::string& out, std::uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+}
+
 // A zip of one record "m/version" holding "3\n", its central directory entry written with the given
 // method, sizes and extra field (the local header always says stored, 2 bytes).
 std::string one_record_zip(std::uint16_t method, std::uint32_t compressed, std::uint32_t uncompressed,
                            const std::string& extra = "") {
-  const auto put = [](std::string& out, std::uint64_t value, int bytes) {
-    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
-  };
   const std::string name = "m/version", content = "3\n";
   std::string zip;
   put(zip, 0x04034b50, 4), put(zip, 20, 2), put(zip, 0, 2), put(zip, 0, 2), put(zip, 0, 4), put(zip, 0, 4);
@@ -310,8 +312,8 @@ std::string one_record_zip(std::uint16_t method, std::uint32_t compressed, std::
 
 // A zip64 extended information field (id 1) holding `uncompressed` as 8 bytes.
 std::string zip64_size_field(std::uint64_t uncompressed) {
-  std::string field = {1, 0, 8, 0};
-  for (int i = 0; i < 8; ++i) field.push_back(static_cast<char>((uncompressed >> (8 * i)) & 0xFF));
+  std::string field;
+  put(field, 1, 2), put(field, 8, 2), put(field, uncompressed, 8);
   return field;
 }
 
