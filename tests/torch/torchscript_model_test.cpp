@@ -4,10 +4,12 @@
 #include "pipesgd/torch/torchscript_model.h"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -267,16 +269,18 @@ TEST(TorchScriptModelTest, BadInputIsOneLine) {
   std::filesystem::copy_file(model_file("gru.pt"), truncated);
   std::filesystem::resize_file(truncated, 4000);
   expect_one_line_error<DataError>(load(truncated, Loss::kCrossEntropy, labelled), "truncated.pt");
-  // A pickle whose memo index would make LibTorch allocate 10 GB (the fuzzer's find): refused first.
-  expect_one_line_error<DataError>(
-      load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/regression-memo-index-oom",
-           Loss::kCrossEntropy, labelled),
-      "pickle memo index 671107865 beyond its 561 bytes");
-  // A corrupt source-range pickle (.debug_pkl) on which LibTorch allocated 1.8 GB before failing.
-  expect_one_line_error<DataError>(
-      load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/regression-debug-pkl-oom",
-           Loss::kCrossEntropy, labelled),
-      "__torch__.py.debug_pkl: pickle");
+  // The fuzzer's finds on damaged records, refused before LibTorch reads them: a pickle whose memo
+  // index would make it allocate 10 GB, a source-range pickle (.debug_pkl) on which it allocated 1.8 GB,
+  // and a code/__torch__.py on which its TorchScript parser crashed (SEGV). Their records fail their
+  // CRC-32 (the pickle checks themselves: PicklesSizingMoreThanTheirBytesAreRefused...).
+  for (const auto& [seed, record] : std::vector<std::pair<std::string, std::string>>{
+           {"regression-memo-index-oom", "regression/data.pkl"},
+           {"regression-debug-pkl-oom", "regression/data/0"},
+           {"regression-code-crc-segv", "no_parameters/code/__torch__.py"}}) {
+    expect_one_line_error<DataError>(
+        load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/" + seed, Loss::kCrossEntropy, labelled),
+        "zip record " + record + " fails its CRC-32 check (the file is damaged)");
+  }
   // A deflated record declaring 4.2 GB from 343 bytes, which LibTorch allocated (the fuzzer's find).
   expect_one_line_error<DataError>(
       load(std::string(PIPESGD_SOURCE_DIR) + "/fuzz/corpus/torchscript_load/regression-zip-declared-size-oom",
@@ -290,24 +294,54 @@ void put(std::string& out, std::uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
 }
 
+// A record of a hand-made zip: stored bytes, and what its central directory entry says of them (by
+// default the truth; a test overrides one field to lie).
+struct ZipRecord {
+  std::string name, content;
+  std::uint16_t method = 0;
+  std::optional<std::uint32_t> compressed, uncompressed, crc;
+  std::string extra;  // the entry's extra field
+};
+
+ZipRecord zip_record(std::string name, std::string content) {
+  ZipRecord record;
+  record.name = std::move(name), record.content = std::move(content);
+  return record;
+}
+
+// A zip of `records`, each stored (the local headers always say stored and tell the truth).
+std::string stored_zip(const std::vector<ZipRecord>& records) {
+  std::string zip, directory_entries;
+  for (const ZipRecord& record : records) {
+    const std::size_t local_header = zip.size();
+    const auto size = static_cast<std::uint32_t>(record.content.size());
+    const std::uint32_t crc =
+        crc32(0, reinterpret_cast<const Bytef*>(record.content.data()), static_cast<uInt>(record.content.size()));
+    put(zip, 0x04034b50, 4), put(zip, 20, 2), put(zip, 0, 2), put(zip, 0, 2), put(zip, 0, 4), put(zip, crc, 4);
+    put(zip, size, 4), put(zip, size, 4), put(zip, record.name.size(), 2), put(zip, 0, 2);
+    zip += record.name + record.content;
+    std::string& entry = directory_entries;
+    put(entry, 0x02014b50, 4), put(entry, 20, 2), put(entry, 20, 2), put(entry, 0, 2), put(entry, record.method, 2);
+    put(entry, 0, 4), put(entry, record.crc.value_or(crc), 4), put(entry, record.compressed.value_or(size), 4);
+    put(entry, record.uncompressed.value_or(size), 4), put(entry, record.name.size(), 2);
+    put(entry, record.extra.size(), 2), put(entry, 0, 2), put(entry, 0, 2), put(entry, 0, 2), put(entry, 0, 4);
+    put(entry, local_header, 4);
+    entry += record.name + record.extra;
+  }
+  const std::size_t directory = zip.size();
+  zip += directory_entries;
+  put(zip, 0x06054b50, 4), put(zip, 0, 2), put(zip, 0, 2), put(zip, records.size(), 2), put(zip, records.size(), 2);
+  put(zip, directory_entries.size(), 4), put(zip, directory, 4), put(zip, 0, 2);
+  return zip;
+}
+
 // A zip of one record "m/version" holding "3\n", its central directory entry written with the given
-// method, sizes and extra field (the local header always says stored, 2 bytes).
+// method, sizes and extra field.
 std::string one_record_zip(std::uint16_t method, std::uint32_t compressed, std::uint32_t uncompressed,
                            const std::string& extra = "") {
-  const std::string name = "m/version", content = "3\n";
-  std::string zip;
-  put(zip, 0x04034b50, 4), put(zip, 20, 2), put(zip, 0, 2), put(zip, 0, 2), put(zip, 0, 4), put(zip, 0, 4);
-  put(zip, content.size(), 4), put(zip, content.size(), 4), put(zip, name.size(), 2), put(zip, 0, 2);
-  zip += name + content;
-  const std::size_t directory = zip.size();
-  put(zip, 0x02014b50, 4), put(zip, 20, 2), put(zip, 20, 2), put(zip, 0, 2), put(zip, method, 2), put(zip, 0, 4);
-  put(zip, 0, 4), put(zip, compressed, 4), put(zip, uncompressed, 4), put(zip, name.size(), 2);
-  put(zip, extra.size(), 2), put(zip, 0, 2), put(zip, 0, 2), put(zip, 0, 2), put(zip, 0, 4), put(zip, 0, 4);
-  zip += name + extra;
-  const std::size_t directory_size = zip.size() - directory;
-  put(zip, 0x06054b50, 4), put(zip, 0, 2), put(zip, 0, 2), put(zip, 1, 2), put(zip, 1, 2);
-  put(zip, directory_size, 4), put(zip, directory, 4), put(zip, 0, 2);
-  return zip;
+  ZipRecord version = zip_record("m/version", "3\n");
+  version.method = method, version.compressed = compressed, version.uncompressed = uncompressed, version.extra = extra;
+  return stored_zip({version});
 }
 
 // A zip64 extended information field (id 1) holding `uncompressed` as 8 bytes.
@@ -334,6 +368,41 @@ TEST(TorchScriptModelTest, ZipRecordsDeclaringMoreThanTheirBytesAreRefusedBefore
   expect_one_line_error<DataError>(check(one_record_zip(0, 2, 0xFFFFFFFF, zip64_size_field(1ull << 33))),
                                    "zip record m/version declares 8589934592 bytes from 2 stored bytes");
   expect_one_line_error<DataError>(check(one_record_zip(12, 2, 2)), "zip record m/version has compression method 12");
+}
+
+// LibTorch 1.13 reads records without checking their CRC-32, and its TorchScript parser crashed (SEGV)
+// on a damaged code/*.py record: a record's bytes are checked against its entry before LibTorch reads
+// them. Every size check comes before any content check.
+TEST(TorchScriptModelTest, DamagedRecordsAreRefusedBeforeLibTorchReadsThem) {
+  const auto check = [](const std::vector<ZipRecord>& records) {
+    return [zip = stored_zip(records)] { check_torchscript_bytes(zip, "x.pt"); };
+  };
+  const ZipRecord version = zip_record("m/version", "3\n");
+  ZipRecord damaged = zip_record("m/code/__torch__.py", "class M(Module):\n  pass\n");
+  damaged.crc = 0x12345678;
+  expect_one_line_error<DataError>(check({version, damaged}),
+                                   "zip record m/code/__torch__.py fails its CRC-32 check (the file is damaged)");
+  ZipRecord oversized = version;
+  oversized.name = "m/data.pkl", oversized.uncompressed = 3;
+  expect_one_line_error<DataError>(check({damaged, version, oversized}),
+                                   "zip record m/data.pkl declares 3 bytes from 2 stored bytes");
+  // A deflated entry whose stored bytes are no deflate stream.
+  ZipRecord not_deflate = version;
+  not_deflate.method = 8;
+  expect_one_line_error<DataError>(check({not_deflate}), "zip record m/version does not inflate to its declared 2 bytes");
+}
+
+// Each pickle is walked before LibTorch unpickles it: lengths and memo indexes larger than the record
+// (which LibTorch 1.13 allocates) are refused, in records whose CRC-32 is right.
+TEST(TorchScriptModelTest, PicklesSizingMoreThanTheirBytesAreRefusedBeforeLibTorchReadsThem) {
+  const auto check = [](const std::string& pickle) {
+    return [zip = stored_zip({zip_record("m/version", "3\n"), zip_record("m/data.pkl", pickle)})] { check_torchscript_bytes(zip, "x.pt"); };
+  };
+  expect_one_line_error<DataError>(check(std::string("\x80\x02r\xff\xff\xff\x7f.", 8)),
+                                   "data.pkl: pickle memo index 2147483647 beyond its 8 bytes");
+  expect_one_line_error<DataError>(check(std::string("\x80\x02X\x00\x00\x00\x40.", 8)),
+                                   "data.pkl: pickle length runs past its end at byte 7");
+  expect_one_line_error<DataError>(check(std::string("\x80\x02\xff.", 4)), "data.pkl: unknown pickle opcode 255 at byte 2");
 }
 
 TEST(TorchScriptModelTest, NllWithLogSoftmaxOutputs) {

@@ -1,6 +1,7 @@
 #include "pipesgd/torch/torchscript_load.h"
 
 #include <caffe2/serialize/inline_container.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -98,16 +99,17 @@ std::optional<std::string> pickle_problem(const std::uint8_t* data, std::size_t 
   return std::string("pickle has no STOP opcode");
 }
 
-// LibTorch 1.13's zip reader (its bundled miniz) allocates the uncompressed size a record's central
-// directory entry declares before it reads the record, and PyTorchStreamReader's constructor already
-// reads the "version" record; so a 5 KB file declaring 4.2 GB made it allocate 4.2 GB
-// (fuzz/torchscript_load). This reads the central directory the way miniz 2.1 does (the last
-// end-of-central-directory signature with a whole record after it, then the zip64 locator and record
-// if there are any) and returns why it refuses an entry before LibTorch sees the file: a method miniz
-// cannot extract (other than 0 stored, 8 deflate), a compressed size past the file, or an uncompressed
-// size the compressed bytes cannot hold (stored: equal; deflate: at most kDeflateMaxRatio times).
-// Structural errors it leaves to miniz, which reports them.
-std::optional<std::string> zip_record_size_problem(std::string_view bytes) {
+// One entry of a zip's central directory, its sizes and offset as zip64 gives them where it does.
+struct ZipEntry {
+  std::string name;
+  std::uint64_t method = 0, compressed = 0, uncompressed = 0, local_header = 0, crc32 = 0;
+};
+
+// Reads the central directory the way LibTorch 1.13's miniz 2.1 does: the last end-of-central-directory
+// signature with a whole record after it, then the zip64 locator and record if there are any, then
+// each entry with its zip64 extended information field (id 1) for the fields marked 0xFFFFFFFF.
+// nullopt for a directory miniz would refuse itself (a structural error it reports).
+std::optional<std::vector<ZipEntry>> read_zip_directory(std::string_view bytes) {
   const auto* data = reinterpret_cast<const std::uint8_t*>(bytes.data());
   const std::uint64_t size = bytes.size();
   const auto le = [&](std::uint64_t at, int width) {
@@ -117,7 +119,6 @@ std::optional<std::string> zip_record_size_problem(std::string_view bytes) {
   };
   constexpr std::uint64_t kEndRecordSize = 22, kLocatorSize = 20, kZip64EndRecordSize = 56, kEntrySize = 46;
   constexpr std::uint64_t kMax32 = 0xFFFFFFFFu;
-  constexpr std::uint64_t kDeflateMaxRatio = 1032;  // 258 bytes per 2-bit length/distance pair
   if (size < kEndRecordSize) return std::nullopt;
   std::uint64_t end_record = size - kEndRecordSize + 1;
   do {
@@ -135,42 +136,124 @@ std::optional<std::string> zip_record_size_problem(std::string_view bytes) {
     }
   }
   if (directory > size || directory_size > size - directory) return std::nullopt;
+  std::vector<ZipEntry> result;
   std::uint64_t at = directory;
   const std::uint64_t directory_end = directory + directory_size;
   for (std::uint64_t entry = 0; entry < entries; ++entry) {
     if (directory_end - at < kEntrySize || le(at, 4) != 0x02014b50u) return std::nullopt;
-    const std::uint64_t method = le(at + 10, 2);
-    std::uint64_t compressed = le(at + 20, 4), uncompressed = le(at + 24, 4);
+    ZipEntry record;
+    record.method = le(at + 10, 2);
+    record.crc32 = le(at + 16, 4);
+    record.compressed = le(at + 20, 4);
+    record.uncompressed = le(at + 24, 4);
     const std::uint64_t name_size = le(at + 28, 2), extra_size = le(at + 30, 2), comment_size = le(at + 32, 2);
-    const std::uint64_t local_header = le(at + 42, 4);
+    record.local_header = le(at + 42, 4);
     if (kEntrySize + name_size + extra_size + comment_size > directory_end - at) return std::nullopt;
-    const std::string name(bytes.substr(at + kEntrySize, name_size));
-    if (std::max({compressed, uncompressed, local_header}) == kMax32) {
-      // The zip64 extended information field (id 1): the 8-byte values of the fields marked 0xFFFFFFFF.
+    record.name = std::string(bytes.substr(at + kEntrySize, name_size));
+    if (std::max({record.compressed, record.uncompressed, record.local_header}) == kMax32) {
       for (std::uint64_t field = at + kEntrySize + name_size, extra_end = field + extra_size;
            extra_end - field >= 4;) {
         const std::uint64_t id = le(field, 2), field_size = le(field + 2, 2);
         if (field_size > extra_end - field - 4) break;
-        if (id == 1) {
+        if (id == 1) {  // the 8-byte values of the marked fields, in this order
           std::uint64_t value = field + 4;
           const std::uint64_t value_end = value + field_size;
-          if (uncompressed == kMax32 && value_end - value >= 8) uncompressed = le(value, 8), value += 8;
-          if (compressed == kMax32 && value_end - value >= 8) compressed = le(value, 8);
+          for (std::uint64_t* marked : {&record.uncompressed, &record.compressed, &record.local_header}) {
+            if (*marked == kMax32 && value_end - value >= 8) *marked = le(value, 8), value += 8;
+          }
           break;
         }
         field += 4 + field_size;
       }
     }
-    if (method != 0 && method != 8) return concat("zip record ", name, " has compression method ", method);
-    if (compressed > size) {
-      return concat("zip record ", name, " declares ", compressed, " compressed bytes in a ", size, "-byte file");
-    }
-    const std::uint64_t most = method == 0 ? compressed : compressed * kDeflateMaxRatio;
-    if (uncompressed > most) {
-      return concat("zip record ", name, " declares ", uncompressed, " bytes from ", compressed,
-                    method == 0 ? " stored bytes" : " deflated bytes");
-    }
+    result.push_back(std::move(record));
     at += kEntrySize + name_size + extra_size + comment_size;
+  }
+  return result;
+}
+
+// Why the bytes of `record` are not what its directory entry says, or nullopt: its local header
+// missing, its data past the end of the file, a deflate stream that does not inflate to exactly the
+// declared size, or a CRC-32 other than the declared one. Reads the record in place (inflating through
+// a fixed buffer), so it allocates nothing the size of the record.
+std::optional<std::string> zip_record_content_problem(std::string_view bytes, const ZipEntry& record) {
+  const auto* data = reinterpret_cast<const std::uint8_t*>(bytes.data());
+  const std::uint64_t size = bytes.size();
+  constexpr std::uint64_t kLocalHeaderSize = 30;
+  const std::uint64_t header = record.local_header;
+  const auto le16 = [&](std::uint64_t at) { return std::uint64_t{data[at]} | std::uint64_t{data[at + 1]} << 8; };
+  if (header > size || size - header < kLocalHeaderSize ||
+      (le16(header) | le16(header + 2) << 16) != 0x04034b50u) {
+    return concat("zip record ", record.name, " has no local header at byte ", header);
+  }
+  const std::uint64_t start = header + kLocalHeaderSize + le16(header + 26) + le16(header + 28);
+  if (start > size || record.compressed > size - start) {
+    return concat("zip record ", record.name, " runs past the end of the file");
+  }
+  std::uint64_t crc = 0;
+  if (record.method == 0) {
+    crc = crc32_z(0, data + start, static_cast<z_size_t>(record.compressed));
+  } else {
+    z_stream stream{};
+    if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) throw std::runtime_error("zlib: inflateInit2 failed");
+    std::vector<std::uint8_t> buffer(std::size_t{1} << 16);
+    std::uint64_t inflated = 0, input_left = record.compressed;
+    const std::uint8_t* input = data + start;
+    int status = Z_OK;
+    while (status == Z_OK && inflated <= record.uncompressed) {
+      if (stream.avail_in == 0 && input_left > 0) {
+        const auto chunk = static_cast<uInt>(std::min<std::uint64_t>(input_left, 1u << 30));
+        stream.next_in = const_cast<Bytef*>(input);
+        stream.avail_in = chunk;
+        input += chunk;
+        input_left -= chunk;
+      }
+      stream.next_out = buffer.data();
+      stream.avail_out = static_cast<uInt>(buffer.size());
+      status = inflate(&stream, Z_NO_FLUSH);  // Z_BUF_ERROR: the stream ends before its end marker
+      const std::uint64_t produced = buffer.size() - stream.avail_out;
+      crc = crc32_z(crc, buffer.data(), static_cast<z_size_t>(produced));
+      inflated += produced;
+    }
+    inflateEnd(&stream);
+    if (status != Z_STREAM_END || inflated != record.uncompressed) {
+      return concat("zip record ", record.name, " does not inflate to its declared ", record.uncompressed, " bytes");
+    }
+  }
+  if (crc != record.crc32) return concat("zip record ", record.name, " fails its CRC-32 check (the file is damaged)");
+  return std::nullopt;
+}
+
+// LibTorch 1.13's zip reader (its bundled miniz) allocates the uncompressed size a record's central
+// directory entry declares before it reads the record, and PyTorchStreamReader's constructor already
+// reads the "version" record; so a 5 KB file declaring 4.2 GB made it allocate 4.2 GB; and it is built
+// without miniz's CRC-32 checks, so a damaged code/*.py record reached TorchScript's source parser,
+// which crashed on it (SEGV; both found by fuzz/torchscript_load). This returns why it refuses the
+// file before LibTorch sees it: first any entry with a method miniz cannot extract (other than 0
+// stored, 8 deflate), a compressed size past the file, or an uncompressed size the compressed bytes
+// cannot hold (stored: equal; deflate: at most kDeflateMaxRatio times); then any record whose bytes
+// are not what its entry says (zip_record_content_problem). Structural errors of the directory it
+// leaves to miniz, which reports them.
+std::optional<std::string> zip_record_problem(std::string_view bytes) {
+  constexpr std::uint64_t kDeflateMaxRatio = 1032;  // 258 bytes per 2-bit length/distance pair
+  const std::optional<std::vector<ZipEntry>> entries = read_zip_directory(bytes);
+  if (!entries) return std::nullopt;
+  for (const ZipEntry& record : *entries) {
+    if (record.method != 0 && record.method != 8) {
+      return concat("zip record ", record.name, " has compression method ", record.method);
+    }
+    if (record.compressed > bytes.size()) {
+      return concat("zip record ", record.name, " declares ", record.compressed, " compressed bytes in a ",
+                    bytes.size(), "-byte file");
+    }
+    const std::uint64_t most = record.method == 0 ? record.compressed : record.compressed * kDeflateMaxRatio;
+    if (record.uncompressed > most) {
+      return concat("zip record ", record.name, " declares ", record.uncompressed, " bytes from ", record.compressed,
+                    record.method == 0 ? " stored bytes" : " deflated bytes");
+    }
+  }
+  for (const ZipEntry& record : *entries) {
+    if (std::optional<std::string> problem = zip_record_content_problem(bytes, record)) return problem;
   }
   return std::nullopt;
 }
@@ -178,7 +261,7 @@ std::optional<std::string> zip_record_size_problem(std::string_view bytes) {
 // Opens the zip container with LibTorch's reader and checks every pickle in it (pickle_problem),
 // .debug_pkl records included (a corrupt one made LibTorch allocate 1.8 GB; fuzz/torchscript_load).
 void check_container(std::string_view bytes) {
-  if (const std::optional<std::string> problem = zip_record_size_problem(bytes)) throw std::runtime_error(*problem);
+  if (const std::optional<std::string> problem = zip_record_problem(bytes)) throw std::runtime_error(*problem);
   std::istringstream stream{std::string(bytes)};
   caffe2::serialize::PyTorchStreamReader reader(&stream);
   for (const std::string& record : reader.getAllRecords()) {
