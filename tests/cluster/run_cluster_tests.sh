@@ -128,6 +128,25 @@ else
   fail "cluster/a-host-has-its-name-address-and-only-the-bridge-route" \
     "$(cat "$R/hostname.out") | $(cat "$R/address.out") | $(tr '\n' ';' <"$R/route.out")"
 fi
+# The agent plays ssh's part: a session killed under it (the host killed) ends the agent with a line
+# naming the host and exit 255, as ssh's "Connection to h2 closed by remote host."; a command's own
+# status passes through.
+AGENT=$(dirname "$CLUSTER")/local-cluster-agent.sh
+"$AGENT" -x h2 sleep 60 >"$R/agent-killed.out" 2>"$R/agent-killed.err" &
+agent_pid=$!
+for _ in $(seq 1 50); do [ -n "$(ip netns pids pipesgd-h2)" ] && break; sleep 0.1; done
+"$CLUSTER" kill h2 >/dev/null 2>&1
+wait $agent_pid
+rc_killed=$?
+"$AGENT" h2 'exit 3' >/dev/null 2>"$R/agent-exit3.err"
+rc_exit3=$?
+if [ $rc_killed -eq 255 ] && [ $rc_exit3 -eq 3 ] && [ ! -s "$R/agent-exit3.err" ] &&
+   grep -qx "local-cluster-agent: connection to host h2 closed (its session was killed by signal 9)" "$R/agent-killed.err"; then
+  pass "cluster/agent-names-a-host-whose-session-was-killed"
+else
+  fail "cluster/agent-names-a-host-whose-session-was-killed" \
+    "exit $rc_killed (killed), $rc_exit3 (exit 3): $(head -c 300 "$R/agent-killed.err") $(head -c 200 "$R/agent-exit3.err")"
+fi
 
 fi  # ONLY = all
 
@@ -339,11 +358,14 @@ EOF
     --comm-timeout "$T" --data synthetic --no-eval --quiet --checkpoint-dir "$d/ck" --checkpoint-every 20 --resume
   expect_success "$name/newest-checkpoint-resumes" $? "$R/$name-resume.out" "$R/$name-resume.err"
 }
-# mpirun_names_the_host NAME: mpirun says the job ended for h2: it lost h2's daemon ("Remote daemon:
-# ... on node h2") or h2's daemon reported its rank killed ("process rank 1 with PID ... on node h2
-# exited on signal 9"). When the daemon's report and its loss cross, OpenMPI records the job as
-# aborted by a signal (exit 137) with no process to name (its help text orterun:proc-aborted-signal-unknown),
-# and names no host: accepted with that exit status only. Anything else fails with what mpirun said.
+# mpirun_names_the_host NAME: mpirun's output says the job ended for h2: mpirun lost h2's daemon
+# ("Remote daemon: ... on node h2"), h2's daemon reported its rank killed ("process rank 1 with PID
+# ... on node h2 exited on signal 9"), or h2's agent ended first (OpenMPI's "ORTE was unable to
+# reliably start one or more daemons", naming no host, after the agent's "local-cluster-agent:
+# connection to host h2 closed", as ssh's "Connection to h2 closed by remote host."). When the
+# daemon's report and its loss cross, OpenMPI records the job as aborted by a signal (exit 137) with
+# no process to name (its help text orterun:proc-aborted-signal-unknown), and names no host: accepted
+# with that exit status only. Anything else fails with what mpirun said.
 mpirun_names_the_host() {
   pycheck "$1/mpirun-names-the-host" "$R/$1" <<'EOF'
 import sys
@@ -351,7 +373,8 @@ d = sys.argv[1]
 said = " ".join(open(d + "/mpirun.err").read().split())  # OpenMPI's help texts break lines anywhere
 rc = int(open(d + "/mpirun.rc").read())
 unnamed = "noticed that the job aborted by signal, but has no info as to the process that caused that situation"
-assert "on node h2" in said or (rc == 137 and unnamed in said), f"exit {rc}, mpirun said: {said[:300]!r}"
+agent = "local-cluster-agent: connection to host h2 closed"
+assert "on node h2" in said or agent in said or (rc == 137 and unnamed in said), f"exit {rc}, mpirun said: {said[:300]!r}"
 EOF
 }
 
