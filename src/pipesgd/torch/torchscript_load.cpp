@@ -99,6 +99,13 @@ std::optional<std::string> pickle_problem(const std::uint8_t* data, std::size_t 
   return std::string("pickle has no STOP opcode");
 }
 
+// The `width`-byte little-endian integer at data[at] (the zip format's integers).
+std::uint64_t read_le(const std::uint8_t* data, std::uint64_t at, int width) {
+  std::uint64_t value = 0;
+  for (int i = 0; i < width; ++i) value |= std::uint64_t{data[at + i]} << (8 * i);
+  return value;
+}
+
 // One entry of a zip's central directory, its sizes and offset as zip64 gives them where it does.
 struct ZipEntry {
   std::string name;
@@ -112,11 +119,7 @@ struct ZipEntry {
 std::optional<std::vector<ZipEntry>> read_zip_directory(std::string_view bytes) {
   const auto* data = reinterpret_cast<const std::uint8_t*>(bytes.data());
   const std::uint64_t size = bytes.size();
-  const auto le = [&](std::uint64_t at, int width) {
-    std::uint64_t value = 0;
-    for (int i = 0; i < width; ++i) value |= std::uint64_t{data[at + i]} << (8 * i);
-    return value;
-  };
+  const auto le = [data](std::uint64_t at, int width) { return read_le(data, at, width); };
   constexpr std::uint64_t kEndRecordSize = 22, kLocatorSize = 20, kZip64EndRecordSize = 56, kEntrySize = 46;
   constexpr std::uint64_t kMax32 = 0xFFFFFFFFu;
   if (size < kEndRecordSize) return std::nullopt;
@@ -181,12 +184,11 @@ std::optional<std::string> zip_record_content_problem(std::string_view bytes, co
   const std::uint64_t size = bytes.size();
   constexpr std::uint64_t kLocalHeaderSize = 30;
   const std::uint64_t header = record.local_header;
-  const auto le16 = [&](std::uint64_t at) { return std::uint64_t{data[at]} | std::uint64_t{data[at + 1]} << 8; };
-  if (header > size || size - header < kLocalHeaderSize ||
-      (le16(header) | le16(header + 2) << 16) != 0x04034b50u) {
+  if (header > size || size - header < kLocalHeaderSize || read_le(data, header, 4) != 0x04034b50u) {
     return concat("zip record ", record.name, " has no local header at byte ", header);
   }
-  const std::uint64_t start = header + kLocalHeaderSize + le16(header + 26) + le16(header + 28);
+  const std::uint64_t name_and_extra = read_le(data, header + 26, 2) + read_le(data, header + 28, 2);
+  const std::uint64_t start = header + kLocalHeaderSize + name_and_extra;
   if (start > size || record.compressed > size - start) {
     return concat("zip record ", record.name, " runs past the end of the file");
   }
