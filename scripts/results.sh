@@ -4,7 +4,7 @@
 # with scripts/results_page.py. Builds nothing: give a build directory that has pipesgd and python/.
 #
 #   bash scripts/results.sh [--only SECTION[,SECTION...]] [--rounds N] [--auto-models LIST] [--auto-sync-models LIST]
-#                           [--slowed-rounds N] [--quick] [BUILD_DIR=build]
+#                           [--auto-net NET]... [--slowed-rounds N] [--quick] [BUILD_DIR=build]
 #
 # Sections, in the page's order (each one's command is printed on the page beside its figures):
 #   ddp       PyTorch DDP (gloo) against pipesgd: the CLI and pipesgd.torch, 4 ranks, mlp and cnn,
@@ -21,8 +21,10 @@
 #             round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1;
 #             0 keeps the stored slowed rows).
-#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~40 min per
-#             network and round; the stored rows of the other models are kept); --auto-sync-models
+#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~31 min per
+#             network and round; the stored rows of the other models are kept); --auto-net NET (once
+#             per network, 10gbe or bw=1Gbit,lat=200us; default both) picks the networks (the stored
+#             rows of the others are kept); --auto-sync-models
 #             LIST: of those, the models measured with auto (policy sync) and its 4 candidates only
 #             (resnet: ~10 min per network and round)
 #                                                                   ~17 min a round (mlp, cnn)
@@ -46,6 +48,7 @@ rounds_given=0
 slowed_rounds=1
 auto_models=mlp,cnn,resnet
 auto_sync_models=
+auto_nets=()
 quick=0
 die() { echo "results: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -56,11 +59,14 @@ while [[ $# -gt 0 ]]; do
       auto_models=$2; shift 2 ;;
     --auto-sync-models) [[ $# -ge 2 && $2 =~ ^[a-z]+(,[a-z]+)*$ ]] || die "--auto-sync-models needs a list of models"
       auto_sync_models=$2; shift 2 ;;
+    --auto-net) [[ $# -ge 2 && ( $2 == 10gbe || $2 == bw=1Gbit,lat=200us ) ]] ||
+        die "--auto-net needs one of the measured networks: 10gbe or bw=1Gbit,lat=200us"
+      auto_nets+=("$2"); shift 2 ;;
     --slowed-rounds) [[ $# -ge 2 && $2 =~ ^[0-9]+$ ]] || die "--slowed-rounds needs a count (0: keep the stored rows)"
       slowed_rounds=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    -*) die "unknown option '$1' (expected --only LIST, --rounds N, --auto-models LIST, --auto-sync-models LIST, --slowed-rounds N, --quick)" ;;
+    -*) die "unknown option '$1' (expected --only LIST, --rounds N, --auto-models LIST, --auto-sync-models LIST, --auto-net NET, --slowed-rounds N, --quick)" ;;
     *) build=$(cd "$1" && pwd); shift ;;
   esac
 done
@@ -71,6 +77,7 @@ done
 for model in ${auto_sync_models//,/ }; do
   [[ ,$auto_models, == *,$model,* ]] || die "--auto-sync-models: $model is not in --auto-models ($auto_models)"
 done
+((${#auto_nets[@]})) || auto_nets=(10gbe bw=1Gbit,lat=200us)
 selected() { [[ ",$only," == *",$1,"* ]]; }
 
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -290,7 +297,7 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
     done
   }
   for model in ${auto_models//,/ }; do
-    for net in 10gbe bw=1Gbit,lat=200us; do
+    for net in "${auto_nets[@]}"; do
       for ((round = 0; round < auto_rounds; round++)); do
         if [[ ,$auto_sync_models, == *,$model,* ]]; then
           algos="auto,$sync_candidates" what="auto and its $sync_candidate_count candidates (policy sync only)"
@@ -324,19 +331,20 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
     "pipesgd compare --model MODEL --algos auto:any,auto,$candidates --workers 2 --net NET ${length[*]}" \
     ${auto_sync_models:+"pipesgd compare --model MODEL --algos auto,$sync_candidates --workers 2 --net NET ${length[*]} (MODEL: $auto_sync_models)"} \
     "pipesgd compare --model $slow_model --algos auto:any,$candidates --workers 2 --net $slow_net --iters $iterations --inject-fault $slow --no-eval")
-  # The stored steady rows of the models not measured now are kept (--auto-models mlp keeps cnn's),
+  # The stored steady rows of the models and networks not measured now are kept (--auto-models mlp
+  # keeps cnn's, --auto-net 10gbe the other network's),
   # and the stored slowed rows with --slowed-rounds 0, each with the date, machine and commit it was
   # measured on (measured_on).
   kept=/dev/null
   if ((!quick)) && [[ -f $data/auto.json ]]; then kept=$data/auto.json; fi
   "$python" -c 'import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-measured = {r["model"] for r in rows if r["kind"] == "steady"}
+measured = {(r["model"], r["net"]) for r in rows if r["kind"] == "steady"}
 old = json.load(open(sys.argv[4])) if sys.argv[4] != "/dev/null" else {"rows": []}
 keep_slowed = not any(r["kind"] == "slowed" for r in rows)
 kept = [dict(r, measured_on=r.get("measured_on") or {k: old[k] for k in ("date", "machine", "commit") if k in old})
         for r in old["rows"]
-        if (r["kind"] == "steady" and r["model"] not in measured) or (r["kind"] == "slowed" and keep_slowed)]
+        if (r["kind"] == "steady" and (r["model"], r["net"]) not in measured) or (r["kind"] == "slowed" and keep_slowed)]
 json.dump({"rows": kept + rows, "workers": 2, "slowed": sys.argv[2],
            "rounds": int(sys.argv[3])}, sys.stdout)' \
     "$work/auto.records" "$slow" "$auto_rounds" "$kept" | store auto "$commands"

@@ -172,13 +172,26 @@ def measured_on(on):
     return f"{on['date']} on {on['machine']}" + (f" at commit {on['commit']}" if on.get("commit") else "")
 
 
+def kept_text(kept_on, steady_rows):
+    """(whose rows, measured_on) of the kept rows: a model's rows at once where all its networks' rows
+    were kept from the same measurement, else each network's."""
+    for model in dict.fromkeys(m for m, _ in kept_on):
+        nets = list(dict.fromkeys(r["net"] for r in steady_rows if r["model"] == model))
+        ons = [kept_on.get((model, net)) for net in nets]
+        if all(on == ons[0] for on in ons):
+            yield f"{model}'s rows were", ons[0]
+        else:
+            yield from ((f"{model}'s rows at {net} were", on) for net, on in zip(nets, ons) if on)
+
+
 def auto_section(d):
     # Rows of the stored figures: one per run, in alternated rounds (`round`; figures stored before
     # rounds existed are one round, 0).
     rnd = lambda r: r.get("round", 0)
     steady_rows = [r for r in d["rows"] if r["kind"] == "steady"]
-    # Rows kept from an earlier measurement of other models (results.sh --auto-models) say when and where.
-    kept_on = {r["model"]: r["measured_on"] for r in steady_rows if r.get("measured_on")}
+    # Rows kept from an earlier measurement of other models or networks (results.sh --auto-models,
+    # --auto-net) say when and where.
+    kept_on = {(r["model"], r["net"]): r["measured_on"] for r in steady_rows if r.get("measured_on")}
     slowed = [r for r in d["rows"] if r["kind"] == "slowed"]
     phases = lambda r: ", ".join(f"{p['method']}@{p['start']}" for p in r["phases"] if p["kind"] == "chosen")
     pct = lambda x: "-" if x is None else f"{100 * x:.2f}"
@@ -246,13 +259,13 @@ def auto_section(d):
                "auto / the best by median (which)", "auto test %", "candidates' test %",
                "start-up % of the run (max)", "all choosing % of the run (max)"], steady),
         "".join(f"{model} was measured with auto (policy sync) and its candidates only: a round of auto:any "
-                f"and its candidates is ~40 min per network. " for model in sorted(
+                f"and its candidates is ~31 min per network. " for model in sorted(
                     {r["model"] for r in steady_rows} - {r["model"] for r in steady_rows if r["method"] == "auto:any"}))
         + "The start-up column is the profiling (and trials) before the first choice, less the same iterations "
         "at the chosen method's speed, against the run's time (`summary.json` `auto.startup_cost_fraction`). The "
         "last column adds every profiling and trial after a drift (`auto.profiling_cost_fraction`)."
-        + "".join(f" {model}'s rows were measured {measured_on(on)} (kept when other models were measured again)."
-                  for model, on in kept_on.items()),
+        + "".join(f" {who} measured {measured_on(on)} (kept when other rows were measured again)."
+                  for who, on in kept_text(kept_on, steady_rows)),
         ("Met in every row." if met else "Not met in every row: see the bold ratios, the accuracies and the "
                                          "start-up column against the targets above.")]
     if slowed:
