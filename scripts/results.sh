@@ -21,8 +21,8 @@
 #             round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1;
 #             0 keeps the stored slowed rows).
-#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~31 min per
-#             network and round; the stored rows of the other models are kept); --auto-net NET (once
+#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~30-50 min
+#             per network and round; the stored rows of the other models are kept); --auto-net NET (once
 #             per network, 10gbe or bw=1Gbit,lat=200us; default both) picks the networks (the stored
 #             rows of the others are kept); --auto-sync-models
 #             LIST: of those, the models measured with auto (policy sync) and its 4 candidates only
@@ -48,6 +48,7 @@ rounds_given=0
 slowed_rounds=1
 auto_models=mlp,cnn,resnet
 auto_sync_models=
+auto_networks=(10gbe bw=1Gbit,lat=200us)  # the networks auto is measured on (--auto-net picks)
 auto_nets=()
 quick=0
 die() { echo "results: $*" >&2; exit 2; }
@@ -59,8 +60,8 @@ while [[ $# -gt 0 ]]; do
       auto_models=$2; shift 2 ;;
     --auto-sync-models) [[ $# -ge 2 && $2 =~ ^[a-z]+(,[a-z]+)*$ ]] || die "--auto-sync-models needs a list of models"
       auto_sync_models=$2; shift 2 ;;
-    --auto-net) [[ $# -ge 2 && ( $2 == 10gbe || $2 == bw=1Gbit,lat=200us ) ]] ||
-        die "--auto-net needs one of the measured networks: 10gbe or bw=1Gbit,lat=200us"
+    --auto-net) [[ $# -ge 2 && " ${auto_networks[*]} " == *" $2 "* ]] ||
+        die "--auto-net needs one of the measured networks:$(printf " '%s'" "${auto_networks[@]}")"
       auto_nets+=("$2"); shift 2 ;;
     --slowed-rounds) [[ $# -ge 2 && $2 =~ ^[0-9]+$ ]] || die "--slowed-rounds needs a count (0: keep the stored rows)"
       slowed_rounds=$2; shift 2 ;;
@@ -77,7 +78,7 @@ done
 for model in ${auto_sync_models//,/ }; do
   [[ ,$auto_models, == *,$model,* ]] || die "--auto-sync-models: $model is not in --auto-models ($auto_models)"
 done
-((${#auto_nets[@]})) || auto_nets=(10gbe bw=1Gbit,lat=200us)
+((${#auto_nets[@]})) || auto_nets=("${auto_networks[@]}")
 selected() { [[ ",$only," == *",$1,"* ]]; }
 
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
