@@ -30,7 +30,6 @@ namespace {
 constexpr std::int64_t image_side = 28;
 constexpr std::size_t image_features = 784;
 constexpr std::size_t class_count = 10;
-constexpr std::size_t evaluation_chunk_rows = 1000;
 
 // Intra-op threads requested by init_torch_runtime (0: not set). OpenMP keeps the thread count per
 // calling thread, so every thread that runs a model applies it once itself (see apply_thread_setting).
@@ -454,8 +453,8 @@ Evaluation TorchModel::evaluate(const Batch& batch) {
   Evaluation evaluation;
   evaluation.count = batch.size;
   const auto summed = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
-  for (std::size_t first_row = 0; first_row < batch.size; first_row += evaluation_chunk_rows) {
-    const std::size_t rows = std::min(evaluation_chunk_rows, batch.size - first_row);
+  for (std::size_t first_row = 0; first_row < batch.size; first_row += kEvaluationChunkRows) {
+    const std::size_t rows = std::min(kEvaluationChunkRows, batch.size - first_row);
     const torch::Tensor labels = label_rows(batch, first_row, rows);
     const torch::Tensor logits = forward_(input_rows(batch, first_row, rows), /*hook=*/nullptr);
     evaluation.loss_sum += torch::nn::functional::cross_entropy(logits, labels, summed).item<double>();

@@ -23,7 +23,6 @@
 namespace pipesgd {
 namespace {
 
-constexpr std::size_t evaluation_chunk_rows = 1000;
 constexpr std::int64_t probe_rows = 2;  // BatchNorm in train mode needs more than one value per channel
 
 // Rethrows our checked errors unchanged; turns anything else LibTorch throws into UsageError(prefix:
@@ -110,8 +109,8 @@ class TorchScriptModel final : public Model {
     evaluation.count = batch.size;
     try {
       module_.eval();
-      for (std::size_t first = 0; first < batch.size; first += evaluation_chunk_rows) {
-        const std::size_t rows = std::min(evaluation_chunk_rows, batch.size - first);
+      for (std::size_t first = 0; first < batch.size; first += kEvaluationChunkRows) {
+        const std::size_t rows = std::min(kEvaluationChunkRows, batch.size - first);
         const torch::Tensor output = run(input_rows(batch, first, rows));
         evaluation.loss_sum += loss_of(output, batch, first, rows, torch::Reduction::Sum).item<double>();
         evaluation.correct += correct_of(output, batch, first, rows);
