@@ -21,7 +21,7 @@
 #             round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1;
 #             0 keeps the stored slowed rows).
-#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~30-50 min
+#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~20-25 min
 #             per network and round; the stored rows of the other models are kept); --auto-net NET (once
 #             per network, 10gbe or bw=1Gbit,lat=200us; default both) picks the networks (the stored
 #             rows of the others are kept); --auto-sync-models

@@ -259,7 +259,7 @@ def auto_section(d):
                "auto / the best by median (which)", "auto test %", "candidates' test %",
                "start-up % of the run (max)", "all choosing % of the run (max)"], steady),
         "".join(f"{model} was measured with auto (policy sync) and its candidates only: a round of auto:any "
-                f"and its candidates is ~30-50 min per network. " for model in sorted(
+                f"and its candidates is ~20-25 min per network. " for model in sorted(
                     {r["model"] for r in steady_rows} - {r["model"] for r in steady_rows if r["method"] == "auto:any"}))
         + "The start-up column is the profiling (and trials) before the first choice, less the same iterations "
         "at the chosen method's speed, against the run's time (`summary.json` `auto.startup_cost_fraction`). The "
