@@ -58,8 +58,8 @@ void apply_torch_thread_setting();
 
 // The rows every model's evaluate() runs through one forward (the built-in models and TorchScript
 // files). Large chunks are slow: ResNet-20's eval forward on one thread (LibTorch 1.13, 2-core
-// EPYC) takes 0.47 ms per image in chunks of 25 to 200 rows, 3.9 ms at 500 and 9.6 ms at 1000 (its
-// activations grow past the caches and the allocator's reuse: 50 MB per layer at 1000 rows).
+// EPYC) takes 0.47 ms per image in chunks of 25 to 200 rows, 3.9 ms at 500 and 9.6 ms at 1000 (at
+// 1000 rows one layer's activations are 50 MB).
 inline constexpr std::size_t kEvaluationChunkRows = 100;
 
 // The LibTorch version this binary was built with, e.g. "1.13.0".

@@ -99,8 +99,8 @@ assert not os.path.exists(out + "/2-pipe"), "pipe started after the interrupt"
 PYEOF
 
 # A signal after the last iteration (here during the final evaluation, which this model makes last
-# seconds: its eval-mode forward spins, once per chunk of kEvaluationChunkRows rows, 100: a few seconds
-# for the synthetic test set) finds the work done: the run completes and writes its results,
+# seconds: its eval-mode forward spins, and runs once per kEvaluationChunkRows (100) rows of the
+# synthetic test set) finds the work done: the run completes and writes its results,
 # but still exits 130, so that the script that sent the Ctrl-C stops too. The signal goes when the
 # progress line of iteration 1 of 2 appears; one that lands before iteration 2 ends stops the run
 # there instead (the early-stop rows above), and that attempt is repeated (at most 3 times).
