@@ -16,9 +16,9 @@
 #   simulate  the same methods at 2 to 256 simulated nodes (SimGrid), ResNet-50 on a device 10x a K80 ~10 s
 #   horovod   Horovod's own test_torch.py against pipesgd.torch at 1, 2 and 3 ranks  ~1 min
 #   auto      --algo auto against every method it could have chosen: alternated rounds of one compare
-#             per model and network (2 workers, 1 epoch, 10gbe and bw=1Gbit,lat=200us) of auto:any,
-#             auto (policy sync) and the candidates of auto:any (18: 6 per codec), the order reversed every other
-#             round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
+#             per model and network (2 workers, 1 epoch, 10gbe and bw=1Gbit,lat=200us) of auto:any and
+#             auto (policy sync) at both ends (their figure: the mean of the two) and the candidates of
+#             auto:any (18: 6 per codec) between, the order reversed every other round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1;
 #             0 keeps the stored slowed rows).
 #             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~20-25 min
@@ -288,7 +288,8 @@ if kind == "slowed":
     sides = dict(slowed_at=at, iterations=s["iterations"],
                  before_s=sum(r["iteration_s"] for r in its if r["iteration"] < at),
                  after_s=sum(r["iteration_s"] for r in its if r["iteration"] >= at))
-print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], method=s["method"], **sides,
+print(json.dumps(dict(kind=kind, round=rnd, position=int(sys.argv[1].rstrip("/").split("/")[-1].split("-")[0]),
+    model=s["model"], net=s["network"], method=s["method"], **sides,
     samples_per_s=s["throughput_samples_per_s"] if kind == "steady" else over_run,
     test_accuracy=s["final_test_accuracy"],
     phases=[dict(start=p["start_iteration"], method=p["method"], kind=p["kind"]) for p in a["phases"]] if a else None,
@@ -300,10 +301,15 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
   for model in ${auto_models//,/ }; do
     for net in "${auto_nets[@]}"; do
       for ((round = 0; round < auto_rounds; round++)); do
+        # auto runs at both ends of the round (the list reads the same reversed), its samples per
+        # second the mean of the two: against the machine's drift through a round, as the rounds'
+        # alternation is for the candidates.
         if [[ ,$auto_sync_models, == *,$model,* ]]; then
-          algos="auto,$sync_candidates" what="auto and its $sync_candidate_count candidates (policy sync only)"
+          algos="auto,$sync_candidates,auto"
+          what="auto at both ends and its $sync_candidate_count candidates (policy sync only)"
         else
-          algos="auto:any,auto,$candidates" what="auto:any, auto and the $candidate_count candidates"
+          algos="auto:any,auto,$candidates,auto,auto:any"
+          what="auto:any and auto at both ends and the $candidate_count candidates"
         fi
         log "auto: $model, $net, round $((round + 1)) of $auto_rounds: $what, ${length[*]}"
         rm -rf "$work/auto-cmp"
@@ -329,8 +335,8 @@ print(json.dumps(dict(kind=kind, round=rnd, model=s["model"], net=s["network"], 
     record_runs "$work/auto-slow" slowed $round $((iterations / 2))
   done
   commands=$(printf '%s\n' \
-    "pipesgd compare --model MODEL --algos auto:any,auto,$candidates --workers 2 --net NET ${length[*]}" \
-    ${auto_sync_models:+"pipesgd compare --model MODEL --algos auto,$sync_candidates --workers 2 --net NET ${length[*]} (MODEL: $auto_sync_models)"} \
+    "pipesgd compare --model MODEL --algos auto:any,auto,$candidates,auto,auto:any --workers 2 --net NET ${length[*]}" \
+    ${auto_sync_models:+"pipesgd compare --model MODEL --algos auto,$sync_candidates,auto --workers 2 --net NET ${length[*]} (MODEL: $auto_sync_models)"} \
     "pipesgd compare --model $slow_model --algos auto:any,$candidates --workers 2 --net $slow_net --iters $iterations --inject-fault $slow --no-eval")
   # The stored steady rows of the models and networks not measured now are kept (--auto-models mlp
   # keeps cnn's, --auto-net 10gbe the other network's),

@@ -196,32 +196,40 @@ def auto_section(d):
     phases = lambda r: ", ".join(f"{p['method']}@{p['start']}" for p in r["phases"] if p["kind"] == "chosen")
     pct = lambda x: "-" if x is None else f"{100 * x:.2f}"
     ratios_text = lambda xs: ", ".join(f"{x:.3f}" for x in xs)
-    steady, met, round_counts = [], True, set()
+    steady, met, round_counts, both_ends, round_counts_by_pair = [], True, set(), [], []
     for model, net in dict.fromkeys((r["model"], r["net"]) for r in steady_rows):
-        runs = {(rnd(r), r["method"]): r for r in steady_rows if r["model"] == model and r["net"] == net}
+        # A method's runs in a round (auto's: one at each end of the round since results.sh ran it twice,
+        # one before), its samples per second the mean of them.
+        runs = {}
+        for r in steady_rows:
+            if r["model"] == model and r["net"] == net:
+                runs.setdefault((rnd(r), r["method"]), []).append(r)
+        rate = lambda k, m: statistics.mean(r["samples_per_s"] for r in runs[k, m])
         rounds = sorted({k for k, _ in runs})
         round_counts.add(len(rounds))
+        round_counts_by_pair.append(len(rounds))
+        if any(len(rs) > 1 for (_, m), rs in runs.items() if m.startswith("auto")):
+            both_ends.append(f"{model} at {net}")
         for spec in ("auto:any", "auto"):
             if (rounds[0], spec) not in runs:  # --auto-sync-models: auto (policy sync) and its candidates only
                 continue
             ratios, bests, chosen, auto_accuracy, accuracies, startups, costs = [], [], [], [], [], [], []
             # The candidate of the highest median over the rounds, against auto in each round: free of
             # the each-round best's selection (the fastest of N noisy runs of near-equal methods).
-            median_best = max(runs[rounds[0], spec]["candidates"],
-                              key=lambda c: statistics.median(runs[k, c]["samples_per_s"] for k in rounds))
-            over_median_best = statistics.median(
-                runs[k, spec]["samples_per_s"] / runs[k, median_best]["samples_per_s"] for k in rounds)
+            candidates = runs[rounds[0], spec][0]["candidates"]
+            median_best = max(candidates, key=lambda c: statistics.median(rate(k, c) for k in rounds))
+            over_median_best = statistics.median(rate(k, spec) / rate(k, median_best) for k in rounds)
             for k in rounds:
-                a = runs[k, spec]
-                pool = [runs[k, c] for c in a["candidates"]]
-                best = max(pool, key=lambda r: r["samples_per_s"])
-                ratios.append(a["samples_per_s"] / best["samples_per_s"])
-                bests.append(best["method"])
-                chosen.append(phases(a))
-                auto_accuracy.append(a["test_accuracy"])
-                accuracies += [r["test_accuracy"] for r in pool if r["test_accuracy"] is not None]
-                startups.append(a["startup_cost_fraction"])
-                costs.append(a["profiling_cost_fraction"])
+                best = max(candidates, key=lambda c: rate(k, c))
+                ratios.append(rate(k, spec) / rate(k, best))
+                bests.append(best)
+                for a in runs[k, spec]:
+                    chosen.append(phases(a))
+                    auto_accuracy.append(a["test_accuracy"])
+                    startups.append(a["startup_cost_fraction"])
+                    costs.append(a["profiling_cost_fraction"])
+                accuracies += [r["test_accuracy"] for c in candidates for r in runs[k, c]
+                               if r["test_accuracy"] is not None]
             ratio = statistics.median(ratios)
             within = all(x is not None and min(accuracies) - 1e-9 <= x <= max(accuracies) + 1e-9 for x in auto_accuracy)
             met = met and ratio >= 0.95 and within and max(startups) < 0.05
@@ -264,6 +272,11 @@ def auto_section(d):
         + "The start-up column is the profiling (and trials) before the first choice, less the same iterations "
         "at the chosen method's speed, against the run's time (`summary.json` `auto.startup_cost_fraction`). The "
         "last column adds every profiling and trial after a drift (`auto.profiling_cost_fraction`)."
+        + (f" In the rows of {', '.join(both_ends)}, auto:any and auto ran at both ends of each round (the list "
+           "reads the same reversed) and their samples per second are the mean of the two runs, against the "
+           "machine's drift through a round" + ("; in the other rows they ran once each, at the start or the end "
+                                                "of a round." if len(both_ends) < len(round_counts_by_pair) else ".")
+           if both_ends else "")
         + "".join(f" {who} measured {measured_on(on)} (kept when other rows were measured again)."
                   for who, on in kept_text(kept_on, steady_rows)),
         ("Met in every row." if met else "Not met in every row: see the bold ratios, the accuracies and the "
