@@ -21,13 +21,13 @@
 #             auto:any (18: 6 per codec) between, the order reversed every other round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1;
 #             0 keeps the stored slowed rows).
-#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~20-25 min
-#             per network and round; the stored rows of the other models are kept); --auto-net NET (once
+#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~30 min
+#             per network and round (22 runs of ~80 s); the stored rows of the other models are kept); --auto-net NET (once
 #             per network, 10gbe or bw=1Gbit,lat=200us; default both) picks the networks (the stored
 #             rows of the others are kept); --auto-sync-models
 #             LIST: of those, the models measured with auto (policy sync) and its 4 candidates only
 #             (resnet: ~10 min per network and round)
-#                                                                   ~17 min a round (mlp, cnn)
+#                                                                   ~19 min a round (mlp, cnn)
 #   cluster   the local cluster (scripts/local-cluster.sh: hosts as network namespaces, real TCP, links
 #             at 1 Gbit/s; root only): ring allreduce against MPI_Allreduce at 2 and 4 hosts, the
 #             simulator against measured runs at 2 and 4 hosts (mlp, cnn; dsync, pipe), and partition
