@@ -179,13 +179,13 @@ int main(int argc, char** argv) {
     const bool usage = dynamic_cast<const UsageError*>(&error) != nullptr;
     const int exit_code = usage ? 2 : 1;
     if (!session) {
-      // Every rank of a launch has the same usage error before MPI starts: rank 0 prints it, the
-      // others give it a moment to (mpirun ends the job at the first non-zero exit).
-      if (usage && launch.rank > 0) {
-        std::this_thread::sleep_for(std::chrono::seconds(1));
-      } else {
-        std::fprintf(stderr, "pipesgd: error: %s\n", error.what());
-      }
+      // Every rank of a launch has the same usage error before MPI starts: rank 0 prints it and
+      // exits, and mpirun ends the job at that first non-zero exit, these waits included. The others
+      // wait for that, and print the error themselves only if rank 0 has not ended the job by then
+      // (its environment differed, or it started very late): a 1 s wait lost rank 0's line to a
+      // loaded machine (mpirun ended the job at rank 1's exit, before rank 0 printed).
+      if (usage && launch.rank > 0) std::this_thread::sleep_for(std::chrono::seconds(15));
+      std::fprintf(stderr, "pipesgd: error: %s\n", error.what());
       return exit_code;
     }
     // Under MPI: a rank other than 0 that stops because the run was interrupted (another rank told
