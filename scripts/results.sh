@@ -18,11 +18,13 @@
 #   auto      --algo auto against every method it could have chosen: alternated rounds of one compare
 #             per model and network (2 workers, 1 epoch, 10gbe and bw=1Gbit,lat=200us) of auto:any and
 #             auto (policy sync) at both ends (their figure: the mean of the two) and the candidates of
-#             auto:any (18: 6 per codec) between, the order reversed every other round; and a run whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
+#             auto:any (18: 6 per codec) between, the order reversed every other round; and a run
+#             whose link is slowed 4x mid-run (--inject-fault kind=slow), auto:any
 #             against each candidate (~12 min; --slowed-rounds N alternated rounds of it, default 1;
 #             0 keeps the stored slowed rows).
-#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~30 min
-#             per network and round (22 runs of ~80 s); the stored rows of the other models are kept); --auto-net NET (once
+#             --auto-models picks the models (default mlp,cnn,resnet; resnet alone is ~30 min per
+#             network and round, 22 runs of ~80 s; the stored rows of the other models are kept);
+#             --auto-net NET (once
 #             per network, 10gbe or bw=1Gbit,lat=200us; default both) picks the networks (the stored
 #             rows of the others are kept); --auto-sync-models
 #             LIST: of those, the models measured with auto (policy sync) and its 4 candidates only

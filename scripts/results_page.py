@@ -196,7 +196,7 @@ def auto_section(d):
     phases = lambda r: ", ".join(f"{p['method']}@{p['start']}" for p in r["phases"] if p["kind"] == "chosen")
     pct = lambda x: "-" if x is None else f"{100 * x:.2f}"
     ratios_text = lambda xs: ", ".join(f"{x:.3f}" for x in xs)
-    steady, met, round_counts, both_ends, round_counts_by_pair = [], True, set(), [], []
+    steady, met, round_counts, both_ends = [], True, [], []  # round_counts: one per model and network
     for model, net in dict.fromkeys((r["model"], r["net"]) for r in steady_rows):
         # A method's runs in a round (auto's: one at each end of the round since results.sh ran it twice,
         # one before), its samples per second the mean of them.
@@ -206,8 +206,7 @@ def auto_section(d):
                 runs.setdefault((rnd(r), r["method"]), []).append(r)
         rate = lambda k, m: statistics.mean(r["samples_per_s"] for r in runs[k, m])
         rounds = sorted({k for k, _ in runs})
-        round_counts.add(len(rounds))
-        round_counts_by_pair.append(len(rounds))
+        round_counts.append(len(rounds))
         if any(len(rs) > 1 for (_, m), rs in runs.items() if m.startswith("auto")):
             both_ends.append(f"{model} at {net}")
         for spec in ("auto:any", "auto"):
@@ -245,8 +244,8 @@ def auto_section(d):
                            f"{pct(min(known))}-{pct(max(known))}" if known else "-",
                            f"{pct(min(accuracies))}-{pct(max(accuracies))}", pct(max(startups)), pct(max(costs))])
     n = max(round_counts)
-    rounds_text = (f"{n} alternated rounds" if len(round_counts) == 1 else
-                   f"{' or '.join(map(str, sorted(round_counts)))} alternated rounds (the 'each round' column)")
+    rounds_text = (f"{n} alternated rounds" if len(set(round_counts)) == 1 else
+                   f"{' or '.join(map(str, sorted(set(round_counts))))} alternated rounds (the 'each round' column)")
     parts = [
         "## `--algo auto`: the run chooses its method",
         "`auto` profiles its first iterations with dsync+optimal, predicts every candidate its policy allows and "
@@ -286,7 +285,7 @@ def auto_section(d):
         + (f" In the rows of {', '.join(both_ends)}, auto:any and auto ran at both ends of each round (the list "
            "reads the same reversed) and their samples per second are the mean of the two runs, against the "
            "machine's drift through a round" + ("; in the other rows they ran once each, at the start or the end "
-                                                "of a round." if len(both_ends) < len(round_counts_by_pair) else ".")
+                                                "of a round." if len(both_ends) < len(round_counts) else ".")
            if both_ends else "")
         + "".join(f" {who} measured {measured_on(on)} (kept when other rows were measured again)."
                   for who, on in kept_text(kept_on, steady_rows)),
