@@ -558,6 +558,77 @@ TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
   EXPECT_EQ(keep({pipe}, {1.0}), pipe);
 }
 
+// The trials decide between contenders that trade alike only by more than they can tell apart:
+// the --auto-min-gain minimum (2%) or their spread (how far one contender's two halves measured
+// apart), whichever is larger; within it, the one predicted faster stays.
+TEST(AutoTrials, WithinTheTrialsSpreadThePredictionsOrderHolds) {
+  const MethodSelection selection = select_for_test("auto:any");
+  const std::vector<AutoCandidate> candidates =
+      auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
+  auto index = [&](const std::string& label) {
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      if (candidates[i].label == label) return i;
+    }
+    ADD_FAILURE() << label;
+    return std::size_t{0};
+  };
+  const std::size_t optimal = index("dsync+optimal"), dsync = index("dsync"), mgwfbp = index("mgwfbp"),
+                    pipe = index("pipe K=2"), pipe_int8 = index("pipe+int8 K=2"), pipe_bf16 = index("pipe+bf16 K=2");
+  struct Judged {
+    std::size_t measured, kept;
+    double spread;
+  };
+  auto judge = [&](std::vector<std::size_t> contenders, std::vector<double> predicted, std::vector<double> phases) {
+    const TrialVerdict verdict = judge_trials(candidates, contenders, predicted, phases, 0.02);
+    EXPECT_EQ(verdict.seconds.size(), contenders.size());
+    return Judged{contenders[verdict.measured_choice], contenders[verdict.kept], verdict.spread};
+  };
+  // dsync+optimal predicted 2.4% faster than dsync (its buckets overlap the backward).
+  const std::vector<double> predicted = {54.8e-3, 56.1e-3};
+  // Halves alike (spread 0): dsync measured 3.3% faster is more than the trials' 2%: dsync.
+  Judged judged = judge({optimal, dsync}, predicted, {60e-3, 58e-3, 60e-3});
+  EXPECT_EQ(judged.measured, dsync);
+  EXPECT_EQ(judged.kept, dsync);
+  EXPECT_DOUBLE_EQ(judged.spread, 0);
+  // The same means, halves 10% apart: the trials cannot tell a 3.3% difference; the prediction's
+  // order holds.
+  judged = judge({optimal, dsync}, predicted, {57e-3, 58e-3, 63e-3});
+  EXPECT_EQ(judged.measured, dsync);
+  EXPECT_EQ(judged.kept, optimal);
+  EXPECT_NEAR(judged.spread, 0.1, 1e-12);
+  // 1.5% faster, halves alike: below the 2% minimum.
+  EXPECT_EQ(judge({optimal, dsync}, predicted, {60e-3, 59.1e-3, 60e-3}).kept, optimal);
+  // Measured slower than predicted faster: nothing to overrule.
+  EXPECT_EQ(judge({dsync, optimal}, {56.1e-3, 54.8e-3}, {60e-3, 55e-3, 60e-3}).kept, optimal);
+  // Three contenders: the middle one (mgwfbp, predicted slowest) measured fastest by 3% with
+  // halves 4% apart: of those within 4% of it, dsync+optimal is predicted fastest; dsync's
+  // halves are the widest apart.
+  judged = judge({optimal, dsync, mgwfbp}, {54.8e-3, 56.1e-3, 57e-3}, {60e-3, 59e-3, 58.3e-3, 61.4e-3, 60e-3});
+  EXPECT_EQ(judged.measured, mgwfbp);
+  EXPECT_EQ(judged.kept, optimal);
+  EXPECT_NEAR(judged.spread, 2.4 / 60.2, 1e-12);
+  // ... and when dsync+optimal measured 5% slower than mgwfbp, outside the 4%: dsync, the faster
+  // predicted of the two within it.
+  judged = judge({optimal, dsync, mgwfbp}, {54.8e-3, 56.1e-3, 57e-3}, {61e-3, 59e-3, 58.3e-3, 61.4e-3, 61.5e-3});
+  EXPECT_EQ(judged.measured, mgwfbp);
+  EXPECT_EQ(judged.kept, dsync);
+  // Equal predictions (a codec on a pipeline the model sees hidden): the measurement decides, however
+  // wide the spread.
+  judged = judge({pipe_int8, pipe_bf16}, {40e-3, 40e-3}, {38e-3, 40e-3, 46e-3});
+  EXPECT_EQ(judged.kept, pipe_bf16);
+  EXPECT_EQ(judged.kept, judged.measured);
+  // Contenders that trade differently follow the --auto-min-gain rule alone: pipe measured 10%
+  // faster than dsync+optimal keeps its staleness, whatever the spread.
+  judged = judge({optimal, pipe}, {60e-3, 50e-3}, {61e-3, 55e-3, 69e-3});
+  EXPECT_EQ(judged.kept, pipe);
+  judged = judge({pipe, optimal}, {50e-3, 60e-3}, {50e-3, 54.5e-3, 60e-3});  // 1% slower: no trade
+  EXPECT_EQ(judged.kept, optimal);
+  // One contender: kept, no spread.
+  judged = judge({pipe}, {50e-3}, {50e-3});
+  EXPECT_EQ(judged.kept, pipe);
+  EXPECT_DOUBLE_EQ(judged.spread, 0);
+}
+
 // A run with trials (every candidate is close with --auto-trial 10): profiling, the trials of 3
 // candidates in the order 1 2 3 2 1 (2 settling iterations at each switch, then 2 counted, 4 for the
 // third), then the one kept; the weights follow the phases' rules, also when the run commits in the

@@ -78,7 +78,8 @@ tried = re.match(r"pipesgd: auto:any tries " + r", ".join([label + r" \(predicte
                  lines[0])
 assert tried, lines[0]
 kept = re.match(r"pipesgd: auto:any chose " + label + r" from iteration 53: the (?:shortest )?iteration in the "
-                r"trials: \d+\.\d{3} ms \(" + label + r" \d+\.\d{3} ms, " + label + r" \d+\.\d{3} ms\)", lines[1])
+                r"trials: \d+\.\d{3} ms \(" + label + r" \d+\.\d{3} ms, " + label + r" \d+\.\d{3} ms; halves "
+                r"\d+\.\d% apart at most\)", lines[1])
 assert kept, lines[1]
 assert sorted(kept.group(1, 2, 3)) == sorted(tried.group(1, 2, 3)), (tried.groups(), kept.groups())
 a = json.load(open(out_dir + "/summary.json"))["auto"]

@@ -41,9 +41,9 @@ constexpr int kDriftStrikes = 2;
 // What the workers average at the end of a drift window: the median of its iterations, the median
 // of their compute (the iteration less the wait for communication) and the link probe's time.
 constexpr std::size_t kDriftFigures = 3;
-static_assert(kDriftFigures <= kMaxTrials, "the measurement exchange holds kMaxTrials values");
 // A decision's trial phases at most (trial_order of kMaxTrials contenders).
 constexpr std::size_t kMaxTrialPhases = 2 * kMaxTrials - 1;
+static_assert(kDriftFigures <= kMaxTrialPhases, "the measurement exchange holds kMaxTrialPhases values");
 // The link probe: an allreduce of the whole gradient, at most this many floats (256 KiB: a fraction
 // of a millisecond at 10 Gbit/s, 2 ms at 1 Gbit/s), run kLinkProbeRuns times at each drift window's
 // end on Channel::kPlanning; its time is the fastest run (the first may wait for a late peer). It
@@ -236,7 +236,7 @@ class AutoMethod final : public TrainingMethod {
         profiler_(select_on(kProfilingSpec,
                             {{"--codec", "none"}, {"--profile-iters", std::to_string(options_.profile_iterations)}},
                             context.common)),
-        measurement_exchange_(context.transport, kMaxTrials, context.common.timeout),
+        measurement_exchange_(context.transport, kMaxTrialPhases, context.common.timeout),
         link_probe_buffer_(std::max<std::size_t>(1, std::min(context.model.layout().total(), kLinkProbeFloats)), 0.0f),
         link_probe_(context.transport, link_probe_buffer_.size(), context.common.timeout),
 
@@ -569,39 +569,53 @@ class AutoMethod final : public TrainingMethod {
     trial_figures_[slot] = trial_figure(trial_seconds_, trial_sorted_);
   }
 
-  // The last trial phase ended with iteration t and was drained: each contender's figure is the mean
-  // of its phases' (trial_order: its two halves count alike), the workers average them and keep the
-  // fastest (choose_measured), from t + 1 on.
+  // The last trial phase ended with iteration t and was drained: the workers average each phase's
+  // figure and judge_trials keeps one contender, from t + 1 on.
   void choose_after_trials(std::int64_t t) {
     const std::size_t first = first_trial_phase();
     const std::size_t phase_count = phases_.size() - first;
     const std::size_t count = (phase_count + 1) / 2;
     PIPESGD_ASSERT(phase_count == 2 * count - 1 && count <= kMaxTrials);  // trial_order's length
-    std::array<float, kMaxTrials> sums{};
-    for (std::size_t j = 0; j < count; ++j) {
-      sums[j] = static_cast<float>((trial_figures_[j] + trial_figures_[phase_count - 1 - j]) / 2);
-    }
-    measurement_exchange_.sum(std::span<float>(sums.data(), count), kDriftSequenceBase + measurement_exchanges_++);
+    std::array<float, kMaxTrialPhases> sums{};
+    for (std::size_t p = 0; p < phase_count; ++p) sums[p] = static_cast<float>(trial_figures_[p]);
+    measurement_exchange_.sum(std::span<float>(sums.data(), phase_count),
+                              kDriftSequenceBase + measurement_exchanges_++);
+    std::array<double, kMaxTrialPhases> phase_seconds{};
+    for (std::size_t p = 0; p < phase_count; ++p) phase_seconds[p] = sums[p] / static_cast<float>(workers_);
     std::vector<std::size_t> contenders;
-    std::vector<double> seconds;
+    std::vector<double> predicted;
     for (std::size_t j = 0; j < count; ++j) {
       contenders.push_back(static_cast<std::size_t>(phases_[first + j].index));
-      seconds.push_back(sums[j] / static_cast<float>(workers_));
+      predicted.push_back(phases_[first + j].predicted);
     }
-    const std::size_t keep = choose_measured(candidates_, contenders, seconds, options_.min_gain);
+    const TrialVerdict verdict = judge_trials(candidates_, contenders, predicted,
+                                              std::span<const double>(phase_seconds.data(), phase_count),
+                                              options_.min_gain);
+    const std::vector<double>& seconds = verdict.seconds;
+    const std::size_t keep = verdict.kept, measured = verdict.measured_choice;
     const std::size_t fastest = static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
     const std::size_t chosen = contenders[keep];
     std::vector<std::string> others;
     for (std::size_t j = 0; j < count; ++j) {
       if (j != keep) others.push_back(concat(candidates_[contenders[j]].label, " ", ms(seconds[j])));
     }
+    const auto faster = [&](std::size_t slower, std::size_t than) {
+      return format_number("%.1f%%", 100 * (seconds[slower] / seconds[than] - 1));
+    };
     std::string why = concat(fastest == keep ? "the shortest iteration in the trials: " : "the iteration in the trials: ",
-                             ms(seconds[keep]), " (", join(others, ", "), ")");
-    if (fastest != keep) {
-      why += concat("; ", candidates_[contenders[fastest]].label, " measured ",
-                    format_number("%.1f%%", 100 * (seconds[keep] / seconds[fastest] - 1)),
+                             ms(seconds[keep]), " (", join(others, ", "), "; halves ",
+                             format_number("%.1f%%", 100 * verdict.spread), " apart at most)");
+    if (fastest != measured) {
+      why += concat("; ", candidates_[contenders[fastest]].label, " measured ", faster(measured, fastest),
                     " faster but trades more accuracy (", candidates_[contenders[fastest]].accuracy_trade,
                     "), below the ", format_number("%g%%", 100 * options_.min_gain), " minimum (--auto-min-gain)");
+    }
+    if (measured != keep) {
+      why += concat("; ", candidates_[contenders[measured]].label, " measured ", faster(keep, measured),
+                    " faster, less than the trials can tell apart (the larger of the ",
+                    format_number("%g%%", 100 * options_.min_gain), " minimum, --auto-min-gain, and the halves' ",
+                    format_number("%.1f%%", 100 * verdict.spread), "), and is predicted slower (",
+                    ms(predicted[measured]), " against ", ms(predicted[keep]), ")");
     }
     const Phase trial = phases_[first + keep];
     // Its drift window from its measured iteration (the same figure on every worker).
@@ -1013,6 +1027,32 @@ std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const 
     if (trades < kept_trades || (trades == kept_trades && seconds[j] < seconds[kept])) kept = j;
   }
   return kept;
+}
+
+TrialVerdict judge_trials(const std::vector<AutoCandidate>& candidates, const std::vector<std::size_t>& contenders,
+                          std::span<const double> predicted, std::span<const double> phase_seconds, double min_gain) {
+  const std::size_t n = contenders.size();
+  PIPESGD_ASSERT(n > 0 && predicted.size() == n && phase_seconds.size() == 2 * n - 1);
+  TrialVerdict verdict;
+  for (std::size_t j = 0; j < n; ++j) {
+    const double first = phase_seconds[j], second = phase_seconds[2 * n - 2 - j];  // the same phase for the last
+    verdict.seconds.push_back((first + second) / 2);
+    if (j + 1 < n && first + second > 0) {
+      verdict.spread = std::max(verdict.spread, std::abs(first - second) / ((first + second) / 2));
+    }
+  }
+  const std::vector<double>& seconds = verdict.seconds;
+  verdict.measured_choice = verdict.kept = choose_measured(candidates, contenders, seconds, min_gain);
+  const std::size_t measured = verdict.measured_choice;
+  const double band = std::max(min_gain, verdict.spread);
+  for (std::size_t j = 0; j < n; ++j) {
+    if (candidates[contenders[j]].trades != candidates[contenders[measured]].trades) continue;
+    if (seconds[j] >= seconds[measured] * (1 + band)) continue;
+    std::size_t& kept = verdict.kept;
+    const bool equal = equal_predictions(predicted[j], predicted[kept]);
+    if ((!equal && predicted[j] < predicted[kept]) || (equal && seconds[j] < seconds[kept])) kept = j;
+  }
+  return verdict;
 }
 
 MethodDescriptor auto_method() {

@@ -210,4 +210,24 @@ std::int64_t drift_window_for(const AutoOptions& options, double predicted_secon
 std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const std::vector<std::size_t>& contenders,
                             std::span<const double> seconds, double min_gain);
 
+
+// What a decision's trials measured, and the contender kept. `phase_seconds` holds each trial
+// phase's figure in trial_order (2n - 1 for n contenders, the workers' mean), `predicted` each
+// contender's predicted iteration. A contender's measured iteration is the mean of its phases'
+// figures; the trials' spread is how far the two halves of one contender measured apart at most,
+// relative to their mean (the machine's own swings during the trials: on this project's shared
+// 2-core machine, resnet's dsync and dsync+optimal, 2% apart in 1-epoch runs, measured up to 6.6%
+// the wrong way round in 10-iteration trials). The choice is choose_measured's, unless a contender
+// that trades as much accuracy is predicted faster (not equal) and measured less than
+// max(min_gain, spread) slower: then the fastest predicted of those (the trials cannot tell them
+// apart, and the prediction sees what they differ in, such as the overlap of a bucket plan).
+struct TrialVerdict {
+  std::vector<double> seconds;      // per contender, its measured iteration
+  double spread = 0;                // relative; 0 with one contender
+  std::size_t measured_choice = 0;  // choose_measured's, an index into the contenders
+  std::size_t kept = 0;             // an index into the contenders
+};
+TrialVerdict judge_trials(const std::vector<AutoCandidate>& candidates, const std::vector<std::size_t>& contenders,
+                          std::span<const double> predicted, std::span<const double> phase_seconds, double min_gain);
+
 }  // namespace pipesgd
