@@ -623,6 +623,15 @@ TEST(AutoTrials, WithinTheTrialsSpreadThePredictionsOrderHolds) {
   EXPECT_EQ(judged.kept, pipe);
   judged = judge({pipe, optimal}, {50e-3, 60e-3}, {50e-3, 54.5e-3, 60e-3});  // 1% slower: no trade
   EXPECT_EQ(judged.kept, optimal);
+  // The --auto-min-gain rule holds: pipe measured fastest, dsync 1.5% slower (kept: it trades less),
+  // dsync+optimal predicted faster than dsync and within the spread (4%) of it, but 3% slower than
+  // pipe: trading less is not worth 2% or more.
+  judged = judge({optimal, pipe, dsync}, {54.8e-3, 50e-3, 56.1e-3}, {103e-3, 98e-3, 101.5e-3, 102e-3, 103e-3});
+  EXPECT_EQ(judged.measured, dsync);
+  EXPECT_EQ(judged.kept, dsync);
+  // ... and with dsync+optimal 1.9% slower than pipe, it is.
+  EXPECT_EQ(judge({optimal, pipe, dsync}, {54.8e-3, 50e-3, 56.1e-3}, {101.9e-3, 98e-3, 101.5e-3, 102e-3, 101.9e-3}).kept,
+            optimal);
   // One contender: kept, no spread.
   judged = judge({pipe}, {50e-3}, {50e-3});
   EXPECT_EQ(judged.kept, pipe);

@@ -1044,10 +1044,14 @@ TrialVerdict judge_trials(const std::vector<AutoCandidate>& candidates, const st
   const std::vector<double>& seconds = verdict.seconds;
   verdict.measured_choice = verdict.kept = choose_measured(candidates, contenders, seconds, min_gain);
   const std::size_t measured = verdict.measured_choice;
+  const std::size_t fastest = static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
   const double band = std::max(min_gain, verdict.spread);
   for (std::size_t j = 0; j < n; ++j) {
-    if (candidates[contenders[j]].trades != candidates[contenders[measured]].trades) continue;
+    const int trades = candidates[contenders[j]].trades;
+    if (trades != candidates[contenders[measured]].trades) continue;
     if (seconds[j] >= seconds[measured] * (1 + band)) continue;
+    // Trading less than the fastest measured costs less than min_gain, as in choose_measured.
+    if (trades < candidates[contenders[fastest]].trades && seconds[j] >= seconds[fastest] * (1 + min_gain)) continue;
     std::size_t& kept = verdict.kept;
     const bool equal = equal_predictions(predicted[j], predicted[kept]);
     if ((!equal && predicted[j] < predicted[kept]) || (equal && seconds[j] < seconds[kept])) kept = j;

@@ -210,7 +210,6 @@ std::int64_t drift_window_for(const AutoOptions& options, double predicted_secon
 std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const std::vector<std::size_t>& contenders,
                             std::span<const double> seconds, double min_gain);
 
-
 // What a decision's trials measured, and the contender kept. `phase_seconds` holds each trial
 // phase's figure in trial_order (2n - 1 for n contenders, the workers' mean), `predicted` each
 // contender's predicted iteration. A contender's measured iteration is the mean of its phases'
@@ -220,7 +219,9 @@ std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const 
 // the wrong way round in 10-iteration trials). The choice is choose_measured's, unless a contender
 // that trades as much accuracy is predicted faster (not equal) and measured less than
 // max(min_gain, spread) slower: then the fastest predicted of those (the trials cannot tell them
-// apart, and the prediction sees what they differ in, such as the overlap of a bucket plan).
+// apart, and the prediction sees what they differ in, such as the overlap of a bucket plan). Like
+// choose_measured, it never keeps a contender that trades less than the fastest measured and
+// measured min_gain or more slower than it.
 struct TrialVerdict {
   std::vector<double> seconds;      // per contender, its measured iteration
   double spread = 0;                // relative; 0 with one contender
