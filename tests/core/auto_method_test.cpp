@@ -511,19 +511,28 @@ TEST(AutoTrials, TheOrderIsAPalindromeAroundTheLastContender) {
   EXPECT_EQ(trial_order(3), (Indices{0, 1, 2, 1, 0}));
 }
 
+// auto:any's candidates, each found by its label.
+struct AnyCandidates {
+  std::vector<AutoCandidate> all;
+  AnyCandidates() {
+    const MethodSelection selection = select_for_test("auto:any");
+    all = auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
+  }
+  std::size_t index(const std::string& label) const {
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (all[i].label == label) return i;
+    }
+    ADD_FAILURE() << label;
+    return 0;
+  }
+};
+
 // The measured choice follows --auto-min-gain: a contender that trades accuracy is kept only if it
 // measured at least 5% faster than the fastest that trades less.
 TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
-  const MethodSelection selection = select_for_test("auto:any");
-  const std::vector<AutoCandidate> candidates =
-      auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
-  auto index = [&](const std::string& label) {
-    for (std::size_t i = 0; i < candidates.size(); ++i) {
-      if (candidates[i].label == label) return i;
-    }
-    ADD_FAILURE() << label;
-    return std::size_t{0};
-  };
+  const AnyCandidates any;
+  const std::vector<AutoCandidate>& candidates = any.all;
+  auto index = [&](const std::string& label) { return any.index(label); };
   const std::size_t dsync = index("dsync+optimal"), pipe = index("pipe K=2"), pipe_int8 = index("pipe+int8 K=2"),
                     mgwfbp = index("mgwfbp");
   auto contenders_kept = [](const std::vector<AutoCandidate>& all, std::vector<std::size_t> contenders,
@@ -562,16 +571,9 @@ TEST(AutoTrials, TheFastestMeasuredUnderTheMinimumGain) {
 // the --auto-min-gain minimum (2%) or their spread (how far one contender's two halves measured
 // apart), whichever is larger; within it, the one predicted faster stays.
 TEST(AutoTrials, WithinTheTrialsSpreadThePredictionsOrderHolds) {
-  const MethodSelection selection = select_for_test("auto:any");
-  const std::vector<AutoCandidate> candidates =
-      auto_candidates(options_as<AutoOptions>(*selection.options), selection.common);
-  auto index = [&](const std::string& label) {
-    for (std::size_t i = 0; i < candidates.size(); ++i) {
-      if (candidates[i].label == label) return i;
-    }
-    ADD_FAILURE() << label;
-    return std::size_t{0};
-  };
+  const AnyCandidates any;
+  const std::vector<AutoCandidate>& candidates = any.all;
+  auto index = [&](const std::string& label) { return any.index(label); };
   const std::size_t optimal = index("dsync+optimal"), dsync = index("dsync"), mgwfbp = index("mgwfbp"),
                     pipe = index("pipe K=2"), pipe_int8 = index("pipe+int8 K=2"), pipe_bf16 = index("pipe+bf16 K=2");
   struct Judged {
