@@ -220,12 +220,11 @@ def auto_section(d):
             over_median_best = statistics.median(rate(k, spec) / rate(k, median_best) for k in rounds)
             # What the same statistic gives a fixed candidate (the noise floor): each candidate's median over
             # the rounds of its samples per second against the round's best, the highest of them.
-            floor_of = {c: statistics.median(rate(k, c) / max(rate(k, o) for o in candidates) for k in rounds)
-                        for c in candidates}
+            over_best = lambda k, c: rate(k, c) / max(rate(k, o) for o in candidates)
+            floor_of = {c: statistics.median(over_best(k, c) for k in rounds) for c in candidates}
             floor = max(candidates, key=lambda c: floor_of[c])
             # The same without hindsight: in each round, the candidate the other rounds rank highest on
             # that statistic (a method chosen in advance from earlier measurements), against the round's best.
-            over_best = lambda k, c: rate(k, c) / max(rate(k, o) for o in candidates)
             picks = {k: max(candidates, key=lambda c: statistics.median(over_best(j, c) for j in rounds if j != k))
                      for k in rounds} if len(rounds) > 1 else {}
             held_out = statistics.median(over_best(k, picks[k]) for k in rounds) if picks else None

@@ -592,8 +592,7 @@ class AutoMethod final : public TrainingMethod {
                                               std::span<const double>(phase_seconds.data(), phase_count),
                                               options_.min_gain);
     const std::vector<double>& seconds = verdict.seconds;
-    const std::size_t keep = verdict.kept, measured = verdict.measured_choice;
-    const std::size_t fastest = static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
+    const std::size_t keep = verdict.kept, measured = verdict.measured_choice, fastest = verdict.fastest;
     const std::size_t chosen = contenders[keep];
     std::vector<std::string> others;
     for (std::size_t j = 0; j < count; ++j) {
@@ -1044,7 +1043,8 @@ TrialVerdict judge_trials(const std::vector<AutoCandidate>& candidates, const st
   const std::vector<double>& seconds = verdict.seconds;
   verdict.measured_choice = verdict.kept = choose_measured(candidates, contenders, seconds, min_gain);
   const std::size_t measured = verdict.measured_choice;
-  const std::size_t fastest = static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
+  const std::size_t fastest = verdict.fastest =
+      static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) - seconds.begin());
   const double band = std::max(min_gain, verdict.spread);
   for (std::size_t j = 0; j < n; ++j) {
     const int trades = candidates[contenders[j]].trades;

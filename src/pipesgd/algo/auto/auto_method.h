@@ -225,6 +225,7 @@ std::size_t choose_measured(const std::vector<AutoCandidate>& candidates, const 
 struct TrialVerdict {
   std::vector<double> seconds;      // per contender, its measured iteration
   double spread = 0;                // relative; 0 with one contender
+  std::size_t fastest = 0;          // the shortest measured, an index into the contenders
   std::size_t measured_choice = 0;  // choose_measured's, an index into the contenders
   std::size_t kept = 0;             // an index into the contenders
 };
