@@ -184,7 +184,37 @@ def kept_text(kept_on, steady_rows):
             yield from ((f"{model}'s rows at {net} were", on) for net, on in zip(nets, ons) if on)
 
 
-def auto_section(d):
+def auto_substitution_text(s):
+    """The substitution experiment (docs/results/auto_substitution.json, measured by hand): rounds of auto
+    at both ends of its candidates (A) and of a fixed method in auto's place (B), the target's statistic of each."""
+    def statistic(r):
+        runs = r["runs"]
+        return statistics.mean(x["samples_per_s"] for x in (runs[0], runs[-1])) / max(x["samples_per_s"] for x in runs[1:-1])
+    arms = {name: [statistic(r) for r in s["rounds"] if r["runs"][0]["method"] == name] for name in (s["auto"], s["fixed"])}
+    median = {name: statistics.median(v) for name, v in arms.items()}
+    chosen = [c for r in s["rounds"] for x in (r["runs"][0], r["runs"][-1]) if x["method"] == s["auto"] for c in x["chosen"][-1:]]
+    ends = lambda name: f"{len(arms[name])} rounds: {', '.join(f'{x:.3f}' for x in arms[name])}; median **{median[name]:.3f}**"
+    below = sum(1 for x in arms[s["fixed"]] if x < 0.95)
+    verdict = (f"A fixed {s['fixed']} in auto's place scores below 0.95 in {below} of {len(arms[s['fixed']])} rounds and "
+               f"{median[s['fixed']]:.3f} in the median: "
+               + ("the statistic misses for a fixed method as well: its figure is set by the luckiest of the "
+                  "near-equal candidates and by when the ends ran, not by auto's choosing."
+                  if median[s["fixed"]] < 0.95 else
+                  f"auto's median is {median[s['auto']] / median[s['fixed']]:.3f}x the fixed method's at the same "
+                  "positions."))
+    return (f"Policy sync alone, {s['model']} at {s['net']}, with a substitution (measured by hand; "
+            "`docs/results/auto_substitution.json`): alternated rounds of one `compare` each, "
+            f"{s['auto']} at both ends of its 4 candidates (A: the target's comparison, a full compare of the "
+            f"candidates of policy sync in the same run), or {s['fixed']} (auto's choice in "
+            f"{chosen.count(s['fixed'])} of its {len(chosen)} runs here) at both ends in auto's place (B), the "
+            "same statistic: the mean of the two ends over the round's best candidate. "
+            f"A, {s['auto']}: {ends(s['auto'])} ("
+            + ("met" if median[s["auto"]] >= 0.95 else "not met") + f" in this layout). "
+            f"B, {s['fixed']}: {ends(s['fixed'])}. {verdict} "
+            f"Measured {s['date']} on {s['machine']}, commit {s['commit']}:\n\n```\n{s['command']}\n```")
+
+
+def auto_section(d, substitution=None):
     # Rows of the stored figures: one per run, in alternated rounds (`round`; figures stored before
     # rounds existed are one round, 0).
     rnd = lambda r: r.get("round", 0)
@@ -303,6 +333,8 @@ def auto_section(d):
                   for who, on in kept_text(kept_on, steady_rows)),
         ("Met in every row." if met else "Not met in every row: see the bold ratios, the accuracies and the "
                                          "start-up column against the targets above.")]
+    if substitution:
+        parts.append(auto_substitution_text(substitution))
     if slowed:
         auto_name = next(r["method"] for r in slowed if r["method"].startswith("auto"))
         methods = list(dict.fromkeys(r["method"] for r in slowed))
@@ -465,7 +497,7 @@ def page(data, images, draw):
              "figure is a ratio of runs alternated side by side, the median of several rounds."]
     sections = [("ddp", ddp_section), ("pipe", lambda d: pipe_section(d, images, draw)),
                 ("accuracy", accuracy_section), ("simulate", lambda d: simulate_section(d, images, draw)),
-                ("horovod", horovod_section), ("auto", auto_section), ("cluster", cluster_section), ("restarts", restarts_section)]
+                ("horovod", horovod_section), ("auto", lambda d: auto_section(d, load(data, "auto_substitution"))), ("cluster", cluster_section), ("restarts", restarts_section)]
     for name, render in sections:
         d = load(data, name)
         parts.append(render(d) if d else f"## {name}\n\nNot measured yet: `bash scripts/results.sh --only {name}`.")
